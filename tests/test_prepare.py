@@ -1,0 +1,186 @@
+import json
+
+import numpy as np
+import pytest
+
+from transformer import data
+from transformer.data import DataError, PrepareOptions, sources
+from conftest import run_module
+
+
+def _reassemble(prepared):
+  """The source text back from all splits: pieces decoded and put in (document, piece) order."""
+  pieces = []
+  for split in ("train", "validation", "test"):
+    tokens = prepared.tokens(split)
+    for doc, piece, start, end in prepared.index(split):
+      pieces.append(((doc, piece), prepared.tokenizer.decode(tokens[start:end])))
+  return "".join(text for _, text in sorted(pieces))
+
+
+def test_shakespeare_shards_decode_back_to_source(tmp_path, shakespeare_dir, shakespeare_text):
+  out = tmp_path / "sh"
+  data.prepare(data.named_source("shakespeare"), out, PrepareOptions(tokenizer="gpt2", test_fraction=0.05),
+               progress=False)
+  ds = data.load_prepared(out)
+  assert _reassemble(ds) == shakespeare_text
+  m = ds.manifest
+  assert m["tokenizer"] == {"name": "gpt2", "vocab_size": 50257, "eot_id": 50256, "dir": "tokenizer"}
+  assert m["dtype"] == "uint16"
+  assert sum(m["splits"][s]["tokens"] for s in ("train", "validation", "test")) == sum(
+      len(ds.tokens(s)) for s in ("train", "validation", "test"))
+  # Each play ends with one <|endoftext|> in exactly one split.
+  assert sum(int((ds.tokens(s) == 50256).sum()) for s in ("train", "validation", "test")) == 42
+  assert m["request"]["files"][0]["sha256"] and len(m["request"]["files"]) == 42
+  for s, frac in (("validation", 0.1), ("test", 0.05)):
+    share = m["splits"][s]["chars"] / len(shakespeare_text)
+    assert frac / 2 < share < frac * 2
+
+
+def _write_corpus(tmp_path, n_docs=3, lines=400):
+  files = []
+  rng = np.random.default_rng(0)
+  words = ["alpha", "beta", "gamma", "délta", "ε", "日本", "zeta", "eta!"]
+  for d in range(n_docs):
+    p = tmp_path / f"doc{d}.txt"
+    p.write_text("".join(" ".join(rng.choice(words, size=rng.integers(1, 12))) + "\n" for _ in range(lines)))
+    files.append(p)
+  return files
+
+
+@pytest.mark.parametrize("tokenizer,vocab", [("char", None), ("bpe", 280), ("cl100k_base", None)])
+def test_user_files_stream_and_decode_back(tmp_path, monkeypatch, tokenizer, vocab):
+  monkeypatch.setattr(sources, "CHUNK_BYTES", 333)  # many chunk boundaries, mid-character too
+  files = _write_corpus(tmp_path)
+  out = tmp_path / "out"
+  data.prepare(data.file_source(files), out, PrepareOptions(tokenizer=tokenizer, vocab_size=vocab,
+                                                            piece_chars=500), progress=False)
+  ds = data.load_prepared(out)
+  assert _reassemble(ds) == "".join(f.read_text() for f in files)
+  assert ds.tokenizer.vocab_size == (vocab or ds.tokenizer.vocab_size)
+  assert ds.manifest["dtype"] == ("uint32" if tokenizer == "cl100k_base" else "uint16")
+
+
+def test_split_is_deterministic_by_seed(tmp_path):
+  files = _write_corpus(tmp_path)
+  def split_rows(seed, name):
+    data.prepare(data.file_source(files), tmp_path / name, PrepareOptions(tokenizer="char", seed=seed,
+                                                                         piece_chars=300), progress=False)
+    return data.load_prepared(tmp_path / name).index("validation")[:, :2].tolist()
+  assert split_rows(0, "a") == split_rows(0, "b")
+  assert split_rows(0, "a") != split_rows(1, "c")
+
+
+def test_pairs_and_classification(tmp_path):
+  tsv = tmp_path / "pairs.tsv"
+  tsv.write_text("".join(f"Satz Nummer {i}.\tSentence number {i}.\n" for i in range(200)) + "\n")
+  out = tmp_path / "p"
+  data.prepare(data.file_source([tsv], "pairs"), out, PrepareOptions(tokenizer="gpt2"), progress=False)
+  ds = data.load_prepared(out)
+  seen = {}
+  for split in ("train", "validation"):
+    src, tgt = ds.tokens(split, "src"), ds.tokens(split, "tgt")
+    for line, s0, s1, t0, t1 in ds.index(split):
+      seen[line] = (ds.tokenizer.decode(src[s0:s1]), ds.tokenizer.decode(tgt[t0:t1]))
+  assert seen == {i + 1: (f"Satz Nummer {i}.", f"Sentence number {i}.") for i in range(200)}
+
+  vader = tmp_path / "v"
+  data.prepare(data.named_source("vader"), vader, PrepareOptions(tokenizer="gpt2"), progress=False)
+  ds = data.load_prepared(vader)
+  labels, idx = ds.labels("train"), ds.index("train")
+  assert len(labels) == len(idx) > 9000 and -4 <= labels.min() < 0 < labels.max() <= 4
+  assert ds.manifest["splits"]["train"]["records"] + ds.manifest["splits"]["validation"]["records"] > 10500
+
+
+def test_ding_pairs_are_sentences(tmp_path):
+  out = tmp_path / "d"
+  data.prepare(data.named_source("ding_de_en"), out, PrepareOptions(tokenizer="gpt2", test_fraction=0.05),
+               progress=False)
+  m = json.loads((out / "manifest.json").read_text())
+  total = sum(m["splits"][s]["records"] for s in ("train", "validation", "test"))
+  assert 19000 < total < 20000 and m["columns"] == ["de", "en"]
+  ds = data.load_prepared(out)
+  line, s0, s1, t0, t1 = ds.index("test")[0]
+  de, en = ds.tokenizer.decode(ds.tokens("test", "src")[s0:s1]), ds.tokenizer.decode(ds.tokens("test", "tgt")[t0:t1])
+  assert de[0].isupper() and en[0].isupper() and de[-1] in ".!?" and en[-1] in ".!?"
+
+
+@pytest.mark.parametrize("content,message", [
+    (b"", r"bad\.txt: the file is empty"),
+    (b"  \n\n \t\n", r"bad\.txt: the file holds only whitespace"),
+    (b"hello\x00world\n", r"bad\.txt: binary data \(a NUL byte at byte 5\)"),
+    ("caf\u00e9 ok\n".encode("latin-1"), r"bad\.txt: not valid UTF-8 at byte 3"),
+])
+def test_bad_text_files_are_refused_by_name(tmp_path, content, message):
+  bad = tmp_path / "bad.txt"
+  bad.write_bytes(content)
+  with pytest.raises(DataError, match=message):
+    data.prepare(data.file_source([bad]), tmp_path / "out", PrepareOptions(tokenizer="gpt2"), progress=False)
+  assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("content,message", [
+    ("Hallo.\tHello.\nKein Tab hier\n", r"pairs\.tsv:2: expected 'source<TAB>target' but the line has no tab"),
+    ("Hallo.\tHello.\n\tEmpty source.\n", r"pairs\.tsv:2: the source side is empty"),
+    ("Hallo.\t   \n", r"pairs\.tsv:1: the target side is empty"),
+])
+def test_bad_pairs_name_the_line(tmp_path, content, message):
+  bad = tmp_path / "pairs.tsv"
+  bad.write_text(content)
+  with pytest.raises(DataError, match=message):
+    data.prepare(data.file_source([bad], "pairs"), tmp_path / "out", PrepareOptions(tokenizer="gpt2"),
+                 progress=False)
+
+
+def test_failure_loses_nothing_and_rerun_is_reused(tmp_path):
+  files = _write_corpus(tmp_path, n_docs=1)
+  out = tmp_path / "out"
+  opts = PrepareOptions(tokenizer="char", piece_chars=300)
+  data.prepare(data.file_source(files), out, opts, progress=False)
+  before = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+  # Same request: reused, not rewritten.
+  data.prepare(data.file_source(files), out, opts, progress=False)
+  # A different request without overwrite: refused. With overwrite but bad input: old data kept.
+  with pytest.raises(DataError, match="already holds a different preparation"):
+    data.prepare(data.file_source(files), out, PrepareOptions(tokenizer="gpt2"), progress=False)
+  bad = tmp_path / "bad.txt"
+  bad.write_bytes(b"\xff\xfe")
+  with pytest.raises(DataError, match="not valid UTF-8"):
+    data.prepare(data.file_source([bad]), out, opts, overwrite=True, progress=False)
+  assert {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+  assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_bad_options():
+  with pytest.raises(DataError, match="validation_fraction must be in"):
+    PrepareOptions(validation_fraction=1.5).check()
+  with pytest.raises(DataError, match="must leave data for training"):
+    PrepareOptions(validation_fraction=0.5, test_fraction=0.5).check()
+  with pytest.raises(DataError, match="'bpe' needs a vocab_size"):
+    PrepareOptions(tokenizer="bpe").check()
+  with pytest.raises(DataError, match="unknown data set 'wiki'"):
+    data.named_source("wiki")
+  with pytest.raises(DataError, match="no prepared data set at /nowhere"):
+    data.load_prepared("/nowhere")
+
+
+def test_too_small_input_names_the_split(tmp_path):
+  small = tmp_path / "small.txt"
+  small.write_text("just one line\n")
+  with pytest.raises(DataError, match="split of small came out empty"):
+    data.prepare(data.file_source([small]), tmp_path / "o", PrepareOptions(tokenizer="char"), progress=False)
+
+
+def test_cli_prepares_and_reports_errors_in_one_line(tmp_path):
+  files = _write_corpus(tmp_path, n_docs=2)
+  out = tmp_path / "cli"
+  proc = run_module("launch.prepare", f"--input_files={files[0]},{files[1]}", "--tokenizer=char",
+                    "--piece_chars=1000", f"--output_dir={out}")
+  assert proc.returncode == 0, proc.stderr
+  assert "first training tokens" in proc.stdout and (out / "manifest.json").exists()
+  bad = tmp_path / "bin.txt"
+  bad.write_bytes(b"\x00\x01")
+  proc = run_module("launch.prepare", f"--input_files={bad}", f"--output_dir={tmp_path / 'x'}")
+  assert proc.returncode == 1
+  assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {bad}: binary data")
+  assert "Traceback" not in proc.stderr

@@ -1,0 +1,316 @@
+"""Text -> tokenized train/validation/test shards on disk (numpy memmaps) with a JSON manifest.
+
+Layout of a prepared directory:
+  manifest.json              what was prepared from what: sources + sha256, tokenizer, split, counts
+  tokenizer/                 the tokenizer, loadable with `load_tokenizer` (trained ones included)
+  text:            {split}.bin        token ids; documents end with <|endoftext|>
+                   {split}.idx.npy    int64 rows (document, piece, start, end) into {split}.bin
+  pairs:           {split}.src.bin, {split}.tgt.bin, {split}.idx.npy rows (line, src_start,
+                   src_end, tgt_start, tgt_end)
+  classification:  {split}.bin, {split}.idx.npy rows (line, start, end), {split}.labels.npy
+
+The split is deterministic for a seed: each record (a piece of a document cut at a line end, a
+pair, a row) goes to a split by a hash of (seed, its position), so it does not depend on chunking
+or on the order of processing. Preparation streams and writes into a temporary directory that
+replaces the output only when everything succeeded, so a failure loses nothing already there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+from absl import logging
+from tqdm import tqdm
+
+from transformer import tokenizers
+from transformer.data.sources import DataError, Source, read_text, records
+
+SPLITS = ("train", "validation", "test")
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class PrepareOptions:
+  tokenizer: str = "gpt2"
+  vocab_size: int | None = None  # for trained tokenizers ("bpe")
+  seed: int = 0
+  validation_fraction: float = 0.1
+  test_fraction: float = 0.0
+  piece_chars: int = 16384  # text documents are cut at the first line end past this many characters
+
+  def check(self) -> None:
+    for name in ("validation_fraction", "test_fraction"):
+      v = getattr(self, name)
+      if not 0.0 <= v < 1.0:
+        raise DataError(f"{name} must be in [0, 1), got {v}")
+    if self.validation_fraction + self.test_fraction >= 1.0:
+      raise DataError(f"validation_fraction + test_fraction must leave data for training, got "
+                      f"{self.validation_fraction} + {self.test_fraction}")
+    if self.piece_chars < 1:
+      raise DataError(f"piece_chars must be positive, got {self.piece_chars}")
+    if self.tokenizer == "bpe" and not self.vocab_size:
+      raise DataError("tokenizer 'bpe' needs a vocab_size (for example 8192)")
+
+
+def default_dir(source: Source, options: PrepareOptions, root: str | os.PathLike = "data") -> Path:
+  """data/<source>-<tokenizer>[<vocab_size>], e.g. data/shakespeare-gpt2 or data/ding_de_en-bpe8000."""
+  vocab = options.vocab_size if options.tokenizer == "bpe" else ""
+  return Path(root) / f"{source.name}-{options.tokenizer}{vocab}"
+
+
+def _split_of(seed: int, *key: int, fractions: tuple[float, float]) -> int:
+  """0 train, 1 validation, 2 test: a hash of (seed, key) mapped to [0, 1)."""
+  h = hashlib.blake2b(repr((seed, *key)).encode(), digest_size=8).digest()
+  u = int.from_bytes(h, "little") / 2**64
+  val, test = fractions
+  return 1 if u < val else 2 if u < val + test else 0
+
+
+def _file_sha256(path: Path) -> str:
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      h.update(block)
+  return h.hexdigest()
+
+
+class _Writer:
+  """Appends token ids of one split to binary files and keeps its index rows."""
+
+  def __init__(self, directory: Path, split: str, kind: str, dtype):
+    columns = ("src", "tgt") if kind == "pairs" else ("",)
+    self.kind = kind
+    self.paths = [directory / (f"{split}.{c}.bin" if c else f"{split}.bin") for c in columns]
+    self.files = [open(p, "wb") for p in self.paths]
+    self.lengths = [0] * len(columns)
+    self.dtype = dtype
+    self.rows: list[tuple] = []
+    self.labels: list[float] = []
+    self.documents: set[int] = set()
+
+  def append(self, column: int, ids: list[int]) -> tuple[int, int]:
+    np.asarray(ids, dtype=self.dtype).tofile(self.files[column])
+    start = self.lengths[column]
+    self.lengths[column] += len(ids)
+    return start, start + len(ids)
+
+  def close(self, directory: Path, split: str) -> None:
+    for f in self.files:
+      f.close()
+    width = {"text": 4, "pairs": 5, "classification": 3}[self.kind]
+    np.save(directory / f"{split}.idx.npy", np.asarray(self.rows, dtype=np.int64).reshape(-1, width))
+    if self.kind == "classification":
+      np.save(directory / f"{split}.labels.npy", np.asarray(self.labels, dtype=np.float32))
+
+
+def _text_pieces(source: Source, piece_chars: int) -> Iterator[tuple[int, int, str, bool, int]]:
+  """(document, piece, text, is_last_piece, bytes read) for every document of a text source."""
+  for doc, path in enumerate(source.files):
+    buf, piece = "", 0
+    for chunk in read_text(path):
+      buf += chunk
+      nbytes = len(chunk.encode("utf-8"))
+      while len(buf) > piece_chars:
+        cut = buf.find("\n", piece_chars) + 1
+        if not cut or cut == len(buf):
+          break  # keep the tail: it may be the document's last piece
+        yield doc, piece, buf[:cut], False, nbytes
+        nbytes, buf, piece = 0, buf[cut:], piece + 1
+      if nbytes:
+        yield doc, -1, "", False, nbytes  # progress only
+    yield doc, piece, buf, True, 0
+
+
+def _corpus(source: Source) -> Iterator[str]:
+  """All the text of a source, for training a tokenizer on it."""
+  if source.kind == "text":
+    for path in source.files:
+      yield from read_text(path)
+  else:
+    for _, _, rec in records(source):
+      yield from (x for x in rec if isinstance(x, str))
+
+
+def _build_tokenizer(source: Source, options: PrepareOptions) -> tokenizers.Tokenizer:
+  if options.tokenizer in ("char", "bpe"):
+    logging.info("building the %s tokenizer from %s", options.tokenizer, source.name)
+    kw = {"vocab_size": options.vocab_size} if options.tokenizer == "bpe" else {}
+    return tokenizers.get_tokenizer(options.tokenizer, corpus=_corpus(source), **kw)
+  return tokenizers.get_tokenizer(options.tokenizer)
+
+
+def _request(source: Source, options: PrepareOptions) -> dict:
+  return {
+      "source": source.name, "kind": source.kind, "columns": list(source.columns),
+      "files": [{"path": str(p.resolve()), "sha256": _file_sha256(p), "bytes": p.stat().st_size}
+                for p in source.files],
+      "options": dataclasses.asdict(options),
+  }
+
+
+def prepare(source: Source, out_dir: str | os.PathLike, options: PrepareOptions = PrepareOptions(),
+            *, overwrite: bool = False, progress: bool = True) -> Path:
+  """Tokenizes `source` into `out_dir`; returns the manifest's path. Reuses an identical preparation."""
+  options.check()
+  out_dir = Path(out_dir)
+  request = _request(source, options)
+  manifest_path = out_dir / MANIFEST
+  if manifest_path.exists():
+    old = json.loads(manifest_path.read_text())
+    if old.get("request") == request:
+      logging.info("%s already holds this preparation; reusing it", out_dir)
+      return manifest_path
+    if not overwrite:
+      raise DataError(f"{out_dir} already holds a different preparation ({old.get('request', {}).get('source')}"
+                      f", tokenizer {old.get('tokenizer', {}).get('name')}); choose another output "
+                      f"directory or pass overwrite=True (--overwrite)")
+  elif out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
+    raise DataError(f"{out_dir} exists, is not empty and holds no {MANIFEST}; choose another output "
+                    f"directory or pass overwrite=True (--overwrite)")
+
+  out_dir.parent.mkdir(parents=True, exist_ok=True)
+  staging = out_dir.parent / f".{out_dir.name}.staging-{os.getpid()}"
+  shutil.rmtree(staging, ignore_errors=True)
+  staging.mkdir()
+  try:
+    start = time.time()
+    tokenizer = _build_tokenizer(source, options)
+    tokenizer.save(staging / "tokenizer")
+    dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
+    counts, dropped = _write_splits(source, options, tokenizer, dtype, staging, progress)
+    for split, c in counts.items():
+      if split != "test" and c["records"] == 0 and (split == "train" or options.validation_fraction > 0):
+        raise DataError(f"the {split} split of {source.name} came out empty: the input is too small "
+                        f"for the split (piece_chars={options.piece_chars}); give more text, or lower "
+                        f"piece_chars / the split fractions")
+    manifest = {
+        "format": FORMAT_VERSION, "kind": source.kind, "source": source.name,
+        "columns": list(source.columns), "dtype": np.dtype(dtype).name,
+        "tokenizer": {"name": tokenizer.name, "vocab_size": tokenizer.vocab_size,
+                      "eot_id": tokenizer.eot_id, "dir": "tokenizer"},
+        "splits": counts, "dropped_duplicates": dropped, "seconds": round(time.time() - start, 2), "request": request,
+    }
+    (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    if out_dir.exists():
+      old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
+      os.rename(out_dir, old)
+      os.rename(staging, out_dir)
+      shutil.rmtree(old)
+    else:
+      os.rename(staging, out_dir)
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
+  return manifest_path
+
+
+def _write_splits(source: Source, options: PrepareOptions, tokenizer, dtype, directory: Path,
+                  progress: bool) -> tuple[dict, int]:
+  fractions = (options.validation_fraction, options.test_fraction)
+  writers = [_Writer(directory, s, source.kind, dtype) for s in SPLITS]
+  total = sum(p.stat().st_size for p in source.files)
+  bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"tokenizing {source.name}", disable=not progress)
+  counts = {s: {"records": 0, "documents": 0, "tokens": 0, "chars": 0} for s in SPLITS}
+  dropped = 0
+  try:
+    if source.kind == "text":
+      for doc, piece, text, last, nbytes in _text_pieces(source, options.piece_chars):
+        bar.update(nbytes)
+        if piece < 0 or (not text and not last):
+          continue
+        s = _split_of(options.seed, doc, piece, fractions=fractions)
+        w = writers[s]
+        ids = tokenizer.encode(text, allow_special=False) if text else []
+        start, end = w.append(0, ids + ([tokenizer.eot_id] if last else []))
+        w.rows.append((doc, piece, start, start + len(ids)))
+        w.documents.add(doc)
+        counts[SPLITS[s]]["chars"] += len(text)
+    else:
+      seen: set[bytes] = set()
+      last_line = {}
+      for path, lineno, rec in records(source):
+        # Exact duplicates (the Ding dictionary repeats entries) would leak between splits.
+        key = hashlib.blake2b(repr(rec).encode(), digest_size=12).digest()
+        if key in seen:
+          dropped += 1
+          continue
+        seen.add(key)
+        fileno = source.files.index(path)
+        ordinal = last_line.get((fileno, lineno), 0)
+        last_line[(fileno, lineno)] = ordinal + 1
+        s = _split_of(options.seed, fileno, lineno, ordinal, fractions=fractions)
+        w = writers[s]
+        if source.kind == "pairs":
+          a = w.append(0, tokenizer.encode(rec[0]))
+          b = w.append(1, tokenizer.encode(rec[1]))
+          w.rows.append((lineno, *a, *b))
+          counts[SPLITS[s]]["chars"] += len(rec[0]) + len(rec[1])
+        else:
+          w.rows.append((lineno, *w.append(0, tokenizer.encode(rec[1]))))
+          w.labels.append(rec[0])
+          counts[SPLITS[s]]["chars"] += len(rec[1])
+      bar.update(total - bar.n)
+  finally:
+    bar.close()
+    for split, w in zip(SPLITS, writers):
+      w.close(directory, split)
+  for split, w in zip(SPLITS, writers):
+    counts[split].update(records=len(w.rows), documents=len(w.documents) if source.kind == "text"
+                         else len(w.rows), tokens=int(sum(w.lengths)))
+  return counts, dropped
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a prepared directory back.
+
+
+@dataclasses.dataclass
+class Prepared:
+  directory: Path
+  manifest: dict
+  tokenizer: tokenizers.Tokenizer
+
+  @property
+  def kind(self) -> str:
+    return self.manifest["kind"]
+
+  def tokens(self, split: str, column: str = "") -> np.ndarray:
+    """The token ids of a split as a read-only memmap (column "src"/"tgt" for pairs)."""
+    self._check_split(split)
+    path = self.directory / (f"{split}.{column}.bin" if column else f"{split}.bin")
+    if path.stat().st_size == 0:
+      return np.zeros(0, dtype=self.manifest["dtype"])
+    return np.memmap(path, dtype=self.manifest["dtype"], mode="r")
+
+  def index(self, split: str) -> np.ndarray:
+    self._check_split(split)
+    return np.load(self.directory / f"{split}.idx.npy")
+
+  def labels(self, split: str) -> np.ndarray:
+    self._check_split(split)
+    return np.load(self.directory / f"{split}.labels.npy")
+
+  def _check_split(self, split: str) -> None:
+    if split not in SPLITS:
+      raise DataError(f"unknown split {split!r}; splits are {', '.join(SPLITS)}")
+
+
+def load_prepared(directory: str | os.PathLike) -> Prepared:
+  directory = Path(directory)
+  path = directory / MANIFEST
+  if not path.exists():
+    raise DataError(f"no prepared data set at {directory} (no {MANIFEST}); prepare it with "
+                    f"`python -m launch.prepare --dataset=... --output_dir={directory}`")
+  manifest = json.loads(path.read_text())
+  if manifest.get("format") != FORMAT_VERSION:
+    raise DataError(f"{path} has format {manifest.get('format')}, this code reads format "
+                    f"{FORMAT_VERSION}; prepare the data again")
+  return Prepared(directory, manifest, tokenizers.load_tokenizer(directory / manifest["tokenizer"]["dir"]))

