@@ -1,0 +1,258 @@
+"""The layers both model families are built from: embeddings, attention, MLP, transformer blocks.
+
+Conventions (nanodo's): tensors carry their shapes in their names, with
+  B batch, T query length, S key/value length, D model width, H heads, K head width (D = H*K),
+  F MLP width, V vocabulary.
+Every parameter is created with logical axis names (`nn.with_logical_partitioning`) and the main
+activations carry logical constraints, so that sharding is a matter of rules and a mesh
+(`transformer.sharding`), never of model edits. Logical names used:
+  vocab, embed, heads, kv, mlp, position, layers (params); batch, length, embed, heads, kv, mlp,
+  vocab (activations).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer.errors import UserError
+
+ATTENTION_IMPLEMENTATIONS = ("einsum", "xla", "cudnn")
+
+
+class ConfigError(UserError, ValueError):
+  """A model or training config value that cannot work; the message names the field."""
+
+
+def _dtype(name: str):
+  try:
+    return jnp.dtype(name)
+  except TypeError:
+    raise ConfigError(f"unknown dtype {name!r}; use float32, bfloat16 or float16") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockConfig:
+  """What a transformer block needs to know; model configs produce one with `block()`."""
+  d_model: int
+  num_heads: int
+  d_mlp: int
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  layer_norm_epsilon: float = 1e-5
+  use_bias: bool = True
+  dtype: str = "float32"  # compute
+  param_dtype: str = "float32"
+  attention: str = "xla"
+  pre_layer_norm: bool = True  # GPT-2; the 2017 paper normalises after the residual instead
+  activation: str = "gelu_tanh"  # GPT-2's approximate GELU; the 2017 paper uses relu
+
+  @property
+  def head_dim(self) -> int:
+    return self.d_model // self.num_heads
+
+
+def check_block_config(cfg: BlockConfig) -> None:
+  if cfg.d_model <= 0 or cfg.num_heads <= 0 or cfg.d_mlp <= 0:
+    raise ConfigError(f"d_model, num_heads and d_mlp must be positive, got {cfg.d_model}, "
+                      f"{cfg.num_heads}, {cfg.d_mlp}")
+  if cfg.d_model % cfg.num_heads:
+    raise ConfigError(f"d_model={cfg.d_model} is not divisible by num_heads={cfg.num_heads}; every head "
+                      f"gets d_model/num_heads channels, so pick e.g. num_heads="
+                      f"{math.gcd(cfg.d_model, cfg.num_heads) or 1} or d_model="
+                      f"{cfg.num_heads * max(1, round(cfg.d_model / cfg.num_heads))}")
+  if cfg.attention not in ATTENTION_IMPLEMENTATIONS:
+    raise ConfigError(f"unknown attention implementation {cfg.attention!r}; choose one of "
+                      f"{', '.join(ATTENTION_IMPLEMENTATIONS)}")
+  if cfg.attention_dropout_rate > 0 and cfg.attention != "einsum":
+    raise ConfigError(f"attention_dropout_rate={cfg.attention_dropout_rate} needs attention='einsum' "
+                      f"(jax.nn.dot_product_attention has no dropout); set one or the other")
+  for name in ("dropout_rate", "attention_dropout_rate"):
+    if not 0.0 <= getattr(cfg, name) < 1.0:
+      raise ConfigError(f"{name} must be in [0, 1), got {getattr(cfg, name)}")
+  if cfg.layer_norm_epsilon <= 0:
+    raise ConfigError(f"layer_norm_epsilon must be positive, got {cfg.layer_norm_epsilon}")
+  if cfg.activation not in ACTIVATIONS:
+    raise ConfigError(f"unknown activation {cfg.activation!r}; choose one of {', '.join(ACTIVATIONS)}")
+  _dtype(cfg.dtype), _dtype(cfg.param_dtype)
+
+
+ACTIVATIONS = {"gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True), "gelu": jax.nn.gelu,
+               "relu": jax.nn.relu}
+
+
+def _init(std: float, names: tuple[str | None, ...]):
+  return nn.with_logical_partitioning(nn.initializers.normal(std), names)
+
+
+def _zeros(names):
+  return nn.with_logical_partitioning(nn.initializers.zeros_init(), names)
+
+
+def layer_norm(cfg: BlockConfig, name: str | None = None) -> nn.LayerNorm:
+  # epsilon explicitly: GPT-2 uses 1e-5, Flax's default is 1e-6.
+  return nn.LayerNorm(epsilon=cfg.layer_norm_epsilon, dtype=_dtype(cfg.dtype), use_bias=cfg.use_bias,
+                      param_dtype=_dtype(cfg.param_dtype), name=name,
+                      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
+                      bias_init=_zeros(("embed",)))
+
+
+def sinusoidal_positions(length: int, d_model: int) -> np.ndarray:
+  """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)); shape (length, d)."""
+  pos_Lx1 = np.arange(length, dtype=np.float64)[:, None]
+  freq = np.exp(-math.log(10000.0) * np.arange(0, d_model, 2, dtype=np.float64) / d_model)
+  pe_LxD = np.zeros((length, d_model), dtype=np.float32)
+  pe_LxD[:, 0::2] = np.sin(pos_Lx1 * freq)
+  pe_LxD[:, 1::2] = np.cos(pos_Lx1 * freq)[:, : d_model // 2]
+  return pe_LxD
+
+
+def causal_mask(length_q: int, length_k: int | None = None) -> jax.Array:
+  """True where query t may attend to key s (s <= t), shape (1, T, S)."""
+  length_k = length_q if length_k is None else length_k
+  return (jnp.arange(length_k)[None, :] <= jnp.arange(length_q)[:, None])[None]
+
+
+def attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, implementation: str,
+           dropout: nn.Dropout | None = None, deterministic: bool = True) -> jax.Array:
+  """softmax(Q Kᵀ / √K) V over the keys that `mask` allows (True = attend)."""
+  if implementation == "einsum":
+    # The reference: every step visible. Scores in float32; masking by jnp.where, never by adding a
+    # large negative number (which overflows in half precision).
+    scale = 1.0 / math.sqrt(q_BxTxHxK.shape[-1])
+    scores_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK,
+                                preferred_element_type=jnp.float32) * scale
+    scores_BxHxTxS = jnp.where(mask_BxTxS[:, None], scores_BxHxTxS, jnp.finfo(jnp.float32).min)
+    probs_BxHxTxS = jax.nn.softmax(scores_BxHxTxS, axis=-1)
+    if dropout is not None:
+      probs_BxHxTxS = dropout(probs_BxHxTxS, deterministic=deterministic)
+    return jnp.einsum("bhts,bshk->bthk", probs_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK)
+  # Fused kernels: XLA's on any backend, cuDNN flash attention on NVIDIA GPUs (bf16/fp16 only).
+  return jax.nn.dot_product_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask=mask_BxTxS[:, None],
+                                      implementation=implementation)
+
+
+class MultiHeadAttention(nn.Module):
+  """Self-attention (one fused Q/K/V projection) or cross-attention (Q from x, K/V from `context`)."""
+  cfg: BlockConfig
+  # GPT-2 scales the init of projections into the residual stream by 1/sqrt(2 * layers).
+  residual_std: float = 0.02
+
+  @nn.compact
+  def __call__(self, x_BxTxD, mask_BxTxS, *, context_BxSxD=None, deterministic=True):
+    cfg = self.cfg
+    H, K, D = cfg.num_heads, cfg.head_dim, cfg.d_model
+    dense = lambda features, axis, names, std, name: nn.DenseGeneral(
+        features, axis=axis, use_bias=cfg.use_bias, dtype=_dtype(cfg.dtype),
+        param_dtype=_dtype(cfg.param_dtype), kernel_init=_init(std, names),
+        bias_init=_zeros(names[len(np.atleast_1d(axis)):]), name=name)
+    if context_BxSxD is None:
+      qkv_BxTx3xHxK = dense((3, H, K), -1, ("embed", None, "heads", "kv"), 0.02, "qkv")(x_BxTxD)
+      q_BxTxHxK, k_BxSxHxK, v_BxSxHxK = (qkv_BxTx3xHxK[:, :, i] for i in range(3))
+    else:
+      q_BxTxHxK = dense((H, K), -1, ("embed", "heads", "kv"), 0.02, "q")(x_BxTxD)
+      kv_BxSx2xHxK = dense((2, H, K), -1, ("embed", None, "heads", "kv"), 0.02, "kv")(context_BxSxD)
+      k_BxSxHxK, v_BxSxHxK = kv_BxSx2xHxK[:, :, 0], kv_BxSx2xHxK[:, :, 1]
+    q_BxTxHxK = nn.with_logical_constraint(q_BxTxHxK, ("batch", "length", "heads", "kv"))
+    dropout = nn.Dropout(cfg.attention_dropout_rate) if cfg.attention_dropout_rate else None
+    out_BxTxHxK = attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, cfg.attention, dropout, deterministic)
+    return dense(D, (-2, -1), ("heads", "kv", "embed"), self.residual_std, "out")(out_BxTxHxK)
+
+
+class MLP(nn.Module):
+  cfg: BlockConfig
+  residual_std: float = 0.02
+
+  @nn.compact
+  def __call__(self, x_BxTxD):
+    cfg = self.cfg
+    kw = dict(use_bias=cfg.use_bias, dtype=_dtype(cfg.dtype), param_dtype=_dtype(cfg.param_dtype))
+    h_BxTxF = nn.Dense(cfg.d_mlp, kernel_init=_init(0.02, ("embed", "mlp")), bias_init=_zeros(("mlp",)),
+                       name="fc", **kw)(x_BxTxD)
+    h_BxTxF = nn.with_logical_constraint(ACTIVATIONS[cfg.activation](h_BxTxF), ("batch", "length", "mlp"))
+    return nn.Dense(cfg.d_model, kernel_init=_init(self.residual_std, ("mlp", "embed")),
+                    bias_init=_zeros(("embed",)), name="proj", **kw)(h_BxTxF)
+
+
+class Block(nn.Module):
+  """Self-attention, optional cross-attention, MLP; each a residual branch with LayerNorm before
+  it (pre-LN, GPT-2) or after the sum (post-LN, the 2017 paper)."""
+  cfg: BlockConfig
+  cross_attention: bool = False
+  residual_std: float = 0.02
+  deterministic: bool = True  # no dropout; an attribute, not an argument, so scan/remat see no bool
+
+  @nn.compact
+  def __call__(self, x_BxTxD, mask_BxTxT, context_BxSxD=None, context_mask_BxTxS=None):
+    cfg, deterministic = self.cfg, self.deterministic
+    drop = nn.Dropout(cfg.dropout_rate)
+
+    def residual(x, branch, norm):
+      if cfg.pre_layer_norm:
+        return x + drop(branch(norm(x)), deterministic=deterministic)
+      return norm(x + drop(branch(x), deterministic=deterministic))
+
+    x_BxTxD = residual(x_BxTxD, lambda h: MultiHeadAttention(cfg, self.residual_std, name="attn")(
+        h, mask_BxTxT, deterministic=deterministic), layer_norm(cfg, "ln_1"))
+    if self.cross_attention:
+      x_BxTxD = residual(x_BxTxD, lambda h: MultiHeadAttention(cfg, self.residual_std, name="cross_attn")(
+          h, context_mask_BxTxS, context_BxSxD=context_BxSxD, deterministic=deterministic),
+          layer_norm(cfg, "ln_cross"))
+    x_BxTxD = residual(x_BxTxD, MLP(cfg, self.residual_std, name="mlp"), layer_norm(cfg, "ln_2"))
+    return nn.with_logical_constraint(x_BxTxD, ("batch", "length", "embed"))
+
+
+REMAT_POLICIES = {
+    "none": None,  # keep every activation (fastest, most memory)
+    "full": jax.checkpoint_policies.nothing_saveable,  # recompute the whole block in the backward pass
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep matmul outputs only
+}
+
+
+class Stack(nn.Module):
+  """`num_layers` blocks, unrolled (`layer_0`, `layer_1`, ...) or scanned (`layers`, with a leading
+  `layers` axis on every parameter: one compiled block, faster compiles for deep models)."""
+  cfg: BlockConfig
+  num_layers: int
+  scan: bool = False
+  remat_policy: str = "none"
+  cross_attention: bool = False
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, x_BxTxD, mask_BxTxT, context_BxSxD=None, context_mask_BxTxS=None):
+    if self.remat_policy not in REMAT_POLICIES:
+      raise ConfigError(f"unknown remat_policy {self.remat_policy!r}; choose one of {', '.join(REMAT_POLICIES)}")
+    block = Block
+    if self.remat_policy != "none":
+      block = nn.remat(Block, policy=REMAT_POLICIES[self.remat_policy], prevent_cse=not self.scan)
+    residual_std = 0.02 / math.sqrt(2 * self.num_layers)
+    if self.scan:
+      scanned = nn.scan(lambda mdl, x, *args: (mdl(x, *args), None), variable_axes={"params": 0},
+                        split_rngs={"params": True, "dropout": True}, length=self.num_layers,
+                        in_axes=(nn.broadcast,) * 3, metadata_params={nn.PARTITION_NAME: "layers"})
+      x_BxTxD, _ = scanned(block(self.cfg, self.cross_attention, residual_std, self.deterministic,
+                                 name="layers"), x_BxTxD, mask_BxTxT, context_BxSxD, context_mask_BxTxS)
+      return x_BxTxD
+    for i in range(self.num_layers):
+      x_BxTxD = block(self.cfg, self.cross_attention, residual_std, self.deterministic, name=f"layer_{i}")(
+          x_BxTxD, mask_BxTxT, context_BxSxD, context_mask_BxTxS)
+    return x_BxTxD
+
+
+def stack_layers(params: dict, num_layers: int) -> dict:
+  """Unrolled params (`layer_0` ... `layer_{n-1}`) -> scanned params (`layers`, leading axis n)."""
+  layers = [params[f"layer_{i}"] for i in range(num_layers)]
+  rest = {k: v for k, v in params.items() if not k.startswith("layer_")}
+  return {**rest, "layers": jax.tree.map(lambda *xs: jnp.stack(xs), *layers)}
+
+
+def unstack_layers(params: dict, num_layers: int) -> dict:
+  """The inverse of `stack_layers`."""
+  rest = {k: v for k, v in params.items() if k != "layers"}
+  return {**rest, **{f"layer_{i}": jax.tree.map(lambda x: x[i], params["layers"]) for i in range(num_layers)}}

@@ -1,0 +1,131 @@
+"""GPT-2: a decoder-only transformer language model, as a pure Flax linen module.
+
+  tokens_BxT -> token embedding + learned position embedding -> dropout
+             -> N pre-LayerNorm blocks (causal self-attention, GELU-tanh MLP, each residual)
+             -> final LayerNorm -> logits over the vocabulary (head tied to the token embedding)
+
+Presets `gpt2`, `gpt2-medium`, `gpt2-large`, `gpt2-xl` have the exact shapes of OpenAI's GPT-2
+(124,439,808 / 354,823,168 / 774,030,080 / 1,557,611,200 parameters with the tied head), so real
+weights load into them (`transformer.checkpoints.import_hf_gpt2`); `cpu-small` and `cpu-tiny`
+train on a laptop CPU.
+
+    >>> cfg = preset("gpt2")
+    >>> model = GPT(cfg)
+    >>> params = model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]
+    >>> logits_BxTxV = model.apply({"params": params}, tokens_BxT)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer import layers
+from transformer.layers import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class GPTConfig:
+  vocab_size: int = 50257
+  context_length: int = 1024  # size of the learned position table: the longest sequence
+  num_layers: int = 12
+  num_heads: int = 12
+  d_model: int = 768
+  d_mlp: int = 0  # 0 means 4 * d_model, as in GPT-2
+  dropout_rate: float = 0.0  # embeddings and residual branches (GPT-2 trained with 0.1)
+  attention_dropout_rate: float = 0.0  # needs attention="einsum"
+  layer_norm_epsilon: float = 1e-5
+  use_bias: bool = True
+  tie_embeddings: bool = True  # the output head is the token embedding, transposed
+  dtype: str = "float32"  # compute dtype ("bfloat16" on accelerators)
+  param_dtype: str = "float32"
+  attention: str = "xla"  # "einsum" (the readable reference) | "xla" | "cudnn" (NVIDIA GPUs)
+  scan_layers: bool = False  # one scanned block instead of N unrolled ones (faster compiles)
+  remat_policy: str = "none"  # "none" | "dots" | "full": what the backward pass recomputes
+
+  def block(self) -> layers.BlockConfig:
+    return layers.BlockConfig(
+        d_model=self.d_model, num_heads=self.num_heads, d_mlp=self.d_mlp or 4 * self.d_model,
+        dropout_rate=self.dropout_rate, attention_dropout_rate=self.attention_dropout_rate,
+        layer_norm_epsilon=self.layer_norm_epsilon, use_bias=self.use_bias, dtype=self.dtype,
+        param_dtype=self.param_dtype, attention=self.attention, pre_layer_norm=True,
+        activation="gelu_tanh")
+
+  def replace(self, **changes) -> "GPTConfig":
+    return dataclasses.replace(self, **changes)
+
+  def check(self) -> "GPTConfig":
+    """Raises ConfigError naming the field for values that cannot work; returns self."""
+    for name in ("vocab_size", "context_length", "num_layers"):
+      if getattr(self, name) <= 0:
+        raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+    layers.check_block_config(self.block())
+    if self.remat_policy not in layers.REMAT_POLICIES:
+      raise ConfigError(f"unknown remat_policy {self.remat_policy!r}; choose one of "
+                        f"{', '.join(layers.REMAT_POLICIES)}")
+    return self
+
+
+PRESETS: dict[str, GPTConfig] = {
+    "gpt2": GPTConfig(num_layers=12, num_heads=12, d_model=768),
+    "gpt2-medium": GPTConfig(num_layers=24, num_heads=16, d_model=1024),
+    "gpt2-large": GPTConfig(num_layers=36, num_heads=20, d_model=1280),
+    "gpt2-xl": GPTConfig(num_layers=48, num_heads=25, d_model=1600),
+    # Small enough to train on a 2-core CPU in minutes (vocab_size is set from the tokenizer).
+    "cpu-small": GPTConfig(context_length=256, num_layers=4, num_heads=4, d_model=256),
+    "cpu-tiny": GPTConfig(context_length=64, num_layers=2, num_heads=2, d_model=64),
+}
+
+
+def preset(name: str, **overrides) -> GPTConfig:
+  if name not in PRESETS:
+    raise ConfigError(f"unknown GPT preset {name!r}; presets are {', '.join(PRESETS)}")
+  return PRESETS[name].replace(**overrides).check()
+
+
+class GPT(nn.Module):
+  config: GPTConfig
+
+  @nn.compact
+  def __call__(self, tokens_BxT: jax.Array, *, deterministic: bool = True) -> jax.Array:
+    cfg = self.config
+    B, T = tokens_BxT.shape
+    if T > cfg.context_length:
+      raise ConfigError(f"a sequence of {T} tokens is longer than context_length={cfg.context_length} "
+                        f"(the position table); use at most {cfg.context_length} tokens")
+    dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
+    wte = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=param_dtype, name="wte",
+                   embedding_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ("vocab", "embed")))
+    wpe_LxD = self.param("wpe", nn.with_logical_partitioning(nn.initializers.normal(0.01), ("position", "embed")),
+                         (cfg.context_length, cfg.d_model), param_dtype)
+    x_BxTxD = wte(tokens_BxT) + wpe_LxD[:T].astype(dtype)[None]
+    x_BxTxD = nn.Dropout(cfg.dropout_rate)(x_BxTxD, deterministic=deterministic)
+    x_BxTxD = nn.with_logical_constraint(x_BxTxD, ("batch", "length", "embed"))
+
+    x_BxTxD = layers.Stack(cfg.block(), cfg.num_layers, scan=cfg.scan_layers, remat_policy=cfg.remat_policy,
+                           deterministic=deterministic, name="h")(x_BxTxD, layers.causal_mask(T))
+    x_BxTxD = layers.layer_norm(cfg.block(), "ln_f")(x_BxTxD)
+
+    if cfg.tie_embeddings:
+      logits_BxTxV = wte.attend(x_BxTxD)
+    else:
+      logits_BxTxV = nn.Dense(cfg.vocab_size, use_bias=False, dtype=dtype, param_dtype=param_dtype,
+                              kernel_init=nn.with_logical_partitioning(nn.initializers.normal(0.02),
+                                                                       ("embed", "vocab")),
+                              name="lm_head")(x_BxTxD)
+    # Softmax/cross-entropy in float32 whatever the compute dtype.
+    return nn.with_logical_constraint(logits_BxTxV.astype(jnp.float32), ("batch", "length", "vocab"))
+
+
+def param_shapes(config: GPTConfig):
+  """The parameter tree as ShapeDtypeStructs (with their logical axis metadata), allocating nothing."""
+  model = GPT(config.check())
+  tokens = jax.ShapeDtypeStruct((1, min(8, config.context_length)), jnp.int32)
+  return jax.eval_shape(lambda t: model.init(jax.random.key(0), t), tokens)["params"]
+
+
+def count_params(config: GPTConfig) -> int:
+  return sum(x.size for x in jax.tree.leaves(nn.unbox(param_shapes(config))))
