@@ -1,0 +1,178 @@
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer import layers
+from transformer.layers import ConfigError
+from transformer.models.gpt import GPT, GPTConfig, count_params, preset
+
+TINY = GPTConfig(vocab_size=61, context_length=16, num_layers=2, num_heads=4, d_model=32)
+
+
+def _init(cfg, T=8, seed=0):
+  return nn.unbox(GPT(cfg).init(jax.random.key(seed), jnp.zeros((1, T), jnp.int32))["params"])
+
+
+def _tokens(cfg, B=2, T=8, seed=1):
+  return jax.random.randint(jax.random.key(seed), (B, T), 0, cfg.vocab_size)
+
+
+@pytest.mark.parametrize("name,expected", [("gpt2", 124_439_808), ("gpt2-medium", 354_823_168),
+                                           ("gpt2-large", 774_030_080), ("gpt2-xl", 1_557_611_200)])
+def test_preset_parameter_counts(name, expected):
+  assert count_params(preset(name)) == expected  # jax.eval_shape: nothing allocated
+  assert count_params(preset(name, scan_layers=True)) == expected
+  untied = count_params(preset(name, tie_embeddings=False))
+  assert untied == expected + 50257 * preset(name).d_model
+
+
+def test_gpt2_124m_seed_batch():
+  cfg = preset("gpt2")
+  model = GPT(cfg)
+  tokens_BxT = jnp.array([[6109, 3626, 6100, 345], [6109, 1110, 6622, 257]])
+  params = jax.jit(model.init)(jax.random.key(0), tokens_BxT)
+  logits_BxTxV = jax.jit(model.apply)(params, tokens_BxT)
+  chex.assert_shape(logits_BxTxV, (2, 4, 50257))
+  chex.assert_tree_all_finite(logits_BxTxV)
+
+
+def test_every_parameter_has_logical_axes():
+  for cfg in (TINY, TINY.replace(scan_layers=True), TINY.replace(tie_embeddings=False)):
+    boxed = GPT(cfg).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"]
+    leaves = jax.tree.leaves(boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+    assert leaves and all(isinstance(x, nn.Partitioned) for x in leaves)
+    for x in leaves:
+      assert len(x.names) == x.value.ndim
+      assert set(x.names) <= {None, "vocab", "embed", "heads", "kv", "mlp", "position", "layers"}
+      if cfg.scan_layers and x.value.ndim and x.names[0] == "layers":
+        assert x.value.shape[0] == cfg.num_layers
+
+
+class TestVariants(chex.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_jit_and_no_jit_agree(self):
+    params = _init(TINY)
+    tokens = _tokens(TINY)
+    apply = self.variant(lambda p, t: GPT(TINY).apply({"params": p}, t))
+    logits = apply(params, tokens)
+    chex.assert_shape(logits, (2, 8, TINY.vocab_size))
+    reference = jax.jit(lambda p, t: GPT(TINY).apply({"params": p}, t))(params, tokens)
+    np.testing.assert_allclose(logits, reference, atol=1e-5)
+
+
+@pytest.mark.parametrize("attention", ["einsum", "xla"])
+def test_causality(attention):
+  cfg = TINY.replace(attention=attention)
+  params = _init(cfg)
+  tokens = _tokens(cfg, B=1, T=10)
+  logits = GPT(cfg).apply({"params": params}, tokens)
+  for t in range(9):
+    changed = tokens.at[0, t + 1:].set((tokens[0, t + 1:] + 7) % cfg.vocab_size)
+    other = GPT(cfg).apply({"params": params}, changed)
+    np.testing.assert_allclose(other[0, : t + 1], logits[0, : t + 1], atol=1e-6)
+    assert not np.allclose(other[0, t + 1], logits[0, t + 1])  # and the future does change
+
+  # Gradients: logit at position t does not depend on the input at positions > t (through the
+  # position embedding added there).
+  def logit_sum_at(wpe, t):
+    p = {**params, "wpe": wpe}
+    return GPT(cfg).apply({"params": p}, tokens)[0, t].sum()
+  for t in (0, 4, 8):
+    g = jax.grad(logit_sum_at)(params["wpe"], t)
+    assert np.all(g[t + 1:] == 0), f"position {t} sees the future"
+    assert np.any(g[: t + 1] != 0)
+
+
+def test_attention_implementations_agree():
+  params = _init(TINY)
+  tokens = _tokens(TINY)
+  ref = GPT(TINY.replace(attention="einsum")).apply({"params": params}, tokens)
+  xla = GPT(TINY.replace(attention="xla")).apply({"params": params}, tokens)
+  np.testing.assert_allclose(xla, ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("remat", ["none", "dots", "full"])
+def test_scan_and_unrolled_agree(remat):
+  params = _init(TINY)
+  tokens = _tokens(TINY)
+  unrolled = GPT(TINY).apply({"params": params}, tokens)
+  scanned_cfg = TINY.replace(scan_layers=True, remat_policy=remat)
+  scanned_params = {**params, "h": layers.stack_layers(params["h"], TINY.num_layers)}
+  scanned = GPT(scanned_cfg).apply({"params": scanned_params}, tokens)
+  np.testing.assert_allclose(scanned, unrolled, atol=1e-5)
+  # The scanned init has the same structure as the stacked params, and unstacking inverts.
+  assert jax.tree.structure(_init(scanned_cfg)) == jax.tree.structure(scanned_params)
+  back = layers.unstack_layers(scanned_params["h"], TINY.num_layers)
+  chex.assert_trees_all_equal(back, params["h"])
+  # Gradients agree too (remat changes what is stored, not what is computed).
+  loss = lambda cfg: lambda p: GPT(cfg).apply({"params": p}, tokens).mean()
+  g_unrolled = jax.grad(loss(TINY))(params)
+  g_scanned = jax.grad(loss(scanned_cfg))(scanned_params)
+  np.testing.assert_allclose(layers.stack_layers(g_unrolled["h"], 2)["layers"]["mlp"]["fc"]["kernel"],
+                             g_scanned["h"]["layers"]["mlp"]["fc"]["kernel"], atol=1e-6)
+
+
+def test_dropout_only_in_training():
+  cfg = TINY.replace(dropout_rate=0.3, attention_dropout_rate=0.2, attention="einsum")
+  params = _init(cfg)
+  tokens = _tokens(cfg)
+  model = GPT(cfg)
+  eval_a = model.apply({"params": params}, tokens)
+  eval_b = model.apply({"params": params}, tokens, deterministic=True)
+  np.testing.assert_array_equal(eval_a, eval_b)
+  train_a = model.apply({"params": params}, tokens, deterministic=False, rngs={"dropout": jax.random.key(1)})
+  train_b = model.apply({"params": params}, tokens, deterministic=False, rngs={"dropout": jax.random.key(2)})
+  assert not np.allclose(train_a, eval_a) and not np.allclose(train_a, train_b)
+  # Same config with zero rates: training mode is the eval function.
+  cfg0 = TINY.replace(attention="einsum")
+  p0 = _init(cfg0)
+  np.testing.assert_allclose(
+      GPT(cfg0).apply({"params": p0}, tokens, deterministic=False, rngs={"dropout": jax.random.key(1)}),
+      GPT(cfg0).apply({"params": p0}, tokens), atol=1e-6)
+
+
+def test_bfloat16_compute_keeps_float32_params_and_logits():
+  cfg = TINY.replace(dtype="bfloat16")
+  params = _init(cfg)
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
+  logits = GPT(cfg).apply({"params": params}, _tokens(cfg))
+  assert logits.dtype == jnp.float32
+  chex.assert_tree_all_finite(logits)
+  ref = GPT(TINY).apply({"params": params}, _tokens(cfg))
+  np.testing.assert_allclose(logits, ref, atol=0.1)
+
+
+@pytest.mark.parametrize("changes,message", [
+    (dict(d_model=30, num_heads=4), "d_model=30 is not divisible by num_heads=4"),
+    (dict(attention="flash"), "unknown attention implementation 'flash'; choose one of einsum, xla, cudnn"),
+    (dict(attention_dropout_rate=0.1), "attention_dropout_rate=0.1 needs attention='einsum'"),
+    (dict(remat_policy="some"), "unknown remat_policy 'some'"),
+    (dict(dtype="float12"), "unknown dtype 'float12'"),
+    (dict(vocab_size=0), "vocab_size must be positive"),
+    (dict(layer_norm_epsilon=0.0), "layer_norm_epsilon must be positive"),
+])
+def test_bad_configs(changes, message):
+  with pytest.raises(ConfigError, match=message):
+    TINY.replace(**changes).check()
+
+
+def test_unknown_preset():
+  with pytest.raises(ConfigError, match="unknown GPT preset 'gpt3'"):
+    preset("gpt3")
+
+
+def test_sequence_longer_than_context():
+  params = _init(TINY)
+  with pytest.raises(ConfigError, match="17 tokens is longer than context_length=16"):
+    GPT(TINY).apply({"params": params}, jnp.zeros((1, 17), jnp.int32))
+
+
+def test_sinusoidal_positions_formula():
+  pe = layers.sinusoidal_positions(50, 16)
+  pos, i = 7, 3
+  assert np.isclose(pe[pos, 2 * i], np.sin(pos / 10000 ** (2 * i / 16)))
+  assert np.isclose(pe[pos, 2 * i + 1], np.cos(pos / 10000 ** (2 * i / 16)))

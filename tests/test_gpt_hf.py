@@ -1,0 +1,136 @@
+"""Parity with Hugging Face's GPT2LMHeadModel through golden fixtures (tests/make_gpt2_fixtures.py)."""
+
+import json
+import os
+import shutil
+import subprocess
+
+import chex
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from conftest import REPO
+from transformer import layers
+from transformer.checkpoints import CheckpointError, export_hf_gpt2, import_hf_gpt2
+from transformer.models.gpt import GPT
+
+FIXTURES = REPO / "tests" / "fixtures"
+NAMES = ["gpt2_tiny_a", "gpt2_tiny_b"]
+
+
+def _logits(cfg, params, ids):
+  return np.asarray(GPT(cfg).apply({"params": params}, ids))
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("attention", ["einsum", "xla"])
+def test_logits_match_reference(name, attention):
+  cfg, params = import_hf_gpt2(FIXTURES / name, attention=attention)
+  hf = json.loads((FIXTURES / name / "config.json").read_text())
+  assert (cfg.num_layers, cfg.num_heads, cfg.d_model, cfg.vocab_size) == (
+      hf["n_layer"], hf["n_head"], hf["n_embd"], hf["vocab_size"])
+  ids = np.load(FIXTURES / name / "input_ids.npy")
+  diff = np.abs(_logits(cfg, params, ids) - np.load(FIXTURES / name / "logits.npy")).max()
+  assert diff <= 1e-4, diff
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_hub_layout_without_prefix_and_with_mask_buffers(name, tmp_path):
+  """The hub's gpt2 files have no `transformer.` prefix and carry `h.N.attn.bias` mask buffers."""
+  tensors = {k.removeprefix("transformer."): v for k, v in load_file(FIXTURES / name / "model.safetensors").items()}
+  tensors["h.0.attn.bias"] = np.tril(np.ones((1, 1, 8, 8), np.float32))
+  save_file(tensors, tmp_path / "model.safetensors")
+  shutil.copy(FIXTURES / name / "config.json", tmp_path)
+  cfg, params = import_hf_gpt2(tmp_path)
+  ids = np.load(FIXTURES / name / "input_ids.npy")
+  np.testing.assert_allclose(_logits(cfg, params, ids), np.load(FIXTURES / name / "logits.npy"), atol=1e-4)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_import_export_import_is_identical(name, tmp_path):
+  cfg, params = import_hf_gpt2(FIXTURES / name)
+  export_hf_gpt2(cfg, params, tmp_path)
+  cfg2, params2 = import_hf_gpt2(tmp_path)
+  assert cfg2 == cfg
+  chex.assert_trees_all_equal(params2, params)
+  # The export holds exactly the tensors Hugging Face itself wrote, under the same keys.
+  ours, theirs = load_file(tmp_path / "model.safetensors"), load_file(FIXTURES / name / "model.safetensors")
+  assert ours.keys() == theirs.keys()
+  for k in theirs:
+    np.testing.assert_array_equal(ours[k], theirs[k], err_msg=k)
+  exported = json.loads((tmp_path / "config.json").read_text())
+  hf = json.loads((FIXTURES / name / "config.json").read_text())
+  for field in ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size", "n_inner", "layer_norm_epsilon",
+                "tie_word_embeddings", "activation_function", "model_type"):
+    assert exported[field] == hf[field], field
+
+
+def test_scanned_import_and_export(tmp_path):
+  cfg, params = import_hf_gpt2(FIXTURES / "gpt2_tiny_a")
+  scfg, sparams = import_hf_gpt2(FIXTURES / "gpt2_tiny_a", scan_layers=True)
+  assert scfg.scan_layers and "layers" in sparams["h"]
+  ids = np.load(FIXTURES / "gpt2_tiny_a" / "input_ids.npy")
+  np.testing.assert_allclose(_logits(scfg, sparams, ids), _logits(cfg, params, ids), atol=1e-5)
+  export_hf_gpt2(scfg, sparams, tmp_path)
+  chex.assert_trees_all_equal(import_hf_gpt2(tmp_path)[1], params)
+
+
+def test_untied_head_round_trip(tmp_path):
+  cfg, params = import_hf_gpt2(FIXTURES / "gpt2_tiny_b")
+  cfg = cfg.replace(tie_embeddings=False)
+  params = {**params, "lm_head": {"kernel": params["wte"]["embedding"].T * 0.5}}
+  export_hf_gpt2(cfg, params, tmp_path)
+  assert "lm_head.weight" in load_file(tmp_path / "model.safetensors")
+  cfg2, params2 = import_hf_gpt2(tmp_path)
+  assert not cfg2.tie_embeddings
+  chex.assert_trees_all_equal(params2, params)
+
+
+def test_shorter_context_keeps_first_positions():
+  cfg, params = import_hf_gpt2(FIXTURES / "gpt2_tiny_a", context_length=16)
+  full_cfg, full = import_hf_gpt2(FIXTURES / "gpt2_tiny_a")
+  ids = np.load(FIXTURES / "gpt2_tiny_a" / "input_ids.npy")[:, :16]
+  np.testing.assert_allclose(_logits(cfg, params, ids), _logits(full_cfg, full, ids), atol=1e-6)
+
+
+def _broken(tmp_path, edit):
+  tensors = load_file(FIXTURES / "gpt2_tiny_a" / "model.safetensors")
+  edit(tensors)
+  tmp_path.mkdir(parents=True, exist_ok=True)
+  save_file(tensors, tmp_path / "model.safetensors")
+  shutil.copy(FIXTURES / "gpt2_tiny_a" / "config.json", tmp_path)
+  return tmp_path
+
+
+def test_errors_name_the_tensor(tmp_path):
+  with pytest.raises(CheckpointError, match="missing tensor 'h.1.mlp.c_proj.bias'"):
+    import_hf_gpt2(_broken(tmp_path / "a", lambda t: t.pop("transformer.h.1.mlp.c_proj.bias")))
+  def reshape(t):
+    t["transformer.h.0.attn.c_attn.weight"] = t["transformer.h.0.attn.c_attn.weight"][:, :96]
+  with pytest.raises(CheckpointError, match=r"'h.0.attn.c_attn.weight' .* has shape \(64, 96\), expected \(64, 192\)"):
+    import_hf_gpt2(_broken(tmp_path / "b", reshape))
+  def extra(t):
+    t["transformer.h.0.attn.rotary"] = np.zeros(3, np.float32)
+  with pytest.raises(CheckpointError, match="tensors a GPT-2 does not: h.0.attn.rotary"):
+    import_hf_gpt2(_broken(tmp_path / "c", extra))
+  with pytest.raises(CheckpointError, match="no GPT-2 safetensors at /nowhere"):
+    import_hf_gpt2("/nowhere")
+  with pytest.raises(CheckpointError, match=r"context_length=64 is longer than the position table .* \(32 rows\)"):
+    import_hf_gpt2(FIXTURES / "gpt2_tiny_a", context_length=64)
+  (tmp_path / "d").mkdir()
+  save_file(load_file(FIXTURES / "gpt2_tiny_a" / "model.safetensors"), tmp_path / "d" / "model.safetensors")
+  with pytest.raises(CheckpointError, match="cannot tell the number of heads"):
+    import_hf_gpt2(tmp_path / "d")  # d_model 64 is no OpenAI size and there is no config.json
+
+
+@pytest.mark.skipif(not os.environ.get("TRANSFORMER_TORCH_PYTHON"),
+                    reason="set TRANSFORMER_TORCH_PYTHON to a python with torch + transformers")
+@pytest.mark.parametrize("name", NAMES)
+def test_hf_loads_our_export(name, tmp_path):
+  cfg, params = import_hf_gpt2(FIXTURES / name)
+  export_hf_gpt2(cfg, params, tmp_path)
+  out = subprocess.run([os.environ["TRANSFORMER_TORCH_PYTHON"], str(REPO / "tests" / "make_gpt2_fixtures.py"),
+                        "--check", str(tmp_path), str(FIXTURES / name)], capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr
+  assert float(out.stdout.split()[-1]) <= 1e-4
