@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 
 import flax.linen as nn
+import flax.traverse_util
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -173,3 +174,89 @@ def export_hf_gpt2(config: GPTConfig, params: dict, out_dir: str | Path) -> Path
   }
   (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
   return out_dir
+
+
+# ---------------------------------------------------------------------------------------------
+# Training checkpoints (Orbax).
+
+
+class Checkpointer:
+  """Orbax CheckpointManager for a training run: the train state, the data position and run
+  metadata in one step directory; async saves; keeps the last `keep` and the best by val_loss."""
+
+  def __init__(self, directory: str | Path, *, keep: int = 3, async_save: bool = True):
+    import orbax.checkpoint as ocp
+    self._ocp = ocp
+    policies = ocp.checkpoint_managers
+    preservation = policies.AnyPreservationPolicy([
+        policies.LatestN(n=keep),
+        # Sorted descending by val_loss, the last one kept is the lowest.
+        policies.BestN(get_metric_fn=lambda m: m["val_loss"], reverse=True, n=1,
+                       keep_checkpoints_without_metrics=False),
+    ])
+    options = ocp.CheckpointManagerOptions(preservation_policy=preservation, create=True,
+                                           enable_async_checkpointing=async_save,
+                                           cleanup_tmp_directories=True)
+    self.directory = Path(directory).absolute()
+    self.manager = ocp.CheckpointManager(
+        self.directory, options=options,
+        item_handlers={"state": ocp.StandardCheckpointHandler(), "data": ocp.JsonCheckpointHandler(),
+                       "meta": ocp.JsonCheckpointHandler()})
+
+  def latest_step(self) -> int | None:
+    return self.manager.latest_step()
+
+  def best_step(self) -> int | None:
+    return self.manager.best_step()
+
+  def save(self, step: int, state, data_state: dict, meta: dict, val_loss: float | None = None,
+           force: bool = False) -> None:
+    ocp = self._ocp
+    metrics = {"val_loss": float(val_loss)} if val_loss is not None else None
+    self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                    data=ocp.args.JsonSave(data_state),
+                                                    meta=ocp.args.JsonSave(meta)),
+                      metrics=metrics, force=force)
+
+  def check_shapes(self, step: int, abstract_state) -> None:
+    """Compares the saved params with those the config makes; names the first mismatching one."""
+    saved = self.manager.item_metadata(step)["state"]
+    want = flax.traverse_util.flatten_dict(_as_dict(abstract_state.params), sep="/")
+    have = flax.traverse_util.flatten_dict(_as_dict(saved["params"]), sep="/")
+    for key, leaf in want.items():
+      if key not in have:
+        raise CheckpointError(f"checkpoint step {step} in {self.directory} has no '{key}'; it was written by "
+                              f"a different model config (start a new workdir or restore the old config)")
+      if tuple(have[key].shape) != tuple(leaf.shape):
+        raise CheckpointError(f"checkpoint step {step} in {self.directory}: '{key}' has shape "
+                              f"{tuple(have[key].shape)} but the config makes {tuple(leaf.shape)}; the "
+                              f"model config changed since it was saved (use another workdir or the old config)")
+    extra = sorted(set(have) - set(want))
+    if extra:
+      raise CheckpointError(f"checkpoint step {step} in {self.directory} has '{extra[0]}', which the config's "
+                            f"model does not; it was written by a different model config")
+
+  def restore(self, step: int, abstract_state):
+    ocp = self._ocp
+    self.check_shapes(step, abstract_state)
+    restored = self.manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore(),
+        meta=ocp.args.JsonRestore()))
+    return restored["state"], restored["data"], restored["meta"]
+
+  def wait(self) -> None:
+    self.manager.wait_until_finished()
+
+  def close(self) -> None:
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+
+def _as_dict(tree) -> dict:
+  """A state pytree (dataclasses, optax states, tuples) as nested dicts keyed by path names."""
+  flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+  out: dict = {}
+  for path, leaf in flat:
+    keys = tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+    _set(out, keys, leaf)
+  return out

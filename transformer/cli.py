@@ -2,13 +2,16 @@
 
 import sys
 
-from absl import app
+from absl import app, flags, logging
 
 from transformer.errors import UserError
 
 
 def run(main) -> None:
   def main_with_clean_errors(argv):
+    # Libraries (Orbax above all) log a lot at INFO; keep warnings unless --verbosity is given.
+    if not flags.FLAGS["verbosity"].present:
+      logging.set_verbosity(logging.WARNING)
     try:
       return main(argv)
     except UserError as e:

@@ -137,6 +137,30 @@ def attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, implementation: str,
                                       implementation=implementation)
 
 
+class Projection(nn.Module):
+  """x @ kernel over the last `contract` dims of x, into `features` dims: Dense for any rank.
+
+  Flax's DenseGeneral initialises a flattened kernel and reshapes it, which breaks logical sharding
+  of multi-dimensional kernels; this creates the kernel in its real shape with its axis names."""
+  features: tuple[int, ...]
+  names: tuple[str | None, ...]  # logical names of the kernel: contracted dims, then features
+  contract: int = 1
+  std: float = 0.02
+  use_bias: bool = True
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+
+  @nn.compact
+  def __call__(self, x):
+    shape = (*x.shape[x.ndim - self.contract:], *self.features)
+    kernel = self.param("kernel", _init(self.std, self.names), shape, _dtype(self.param_dtype))
+    y = jnp.tensordot(x.astype(self.dtype), kernel.astype(self.dtype), axes=self.contract)
+    if self.use_bias:
+      bias = self.param("bias", _zeros(self.names[self.contract:]), self.features, _dtype(self.param_dtype))
+      y = y + bias.astype(self.dtype)
+    return y
+
+
 class MultiHeadAttention(nn.Module):
   """Self-attention (one fused Q/K/V projection) or cross-attention (Q from x, K/V from `context`)."""
   cfg: BlockConfig
@@ -147,21 +171,19 @@ class MultiHeadAttention(nn.Module):
   def __call__(self, x_BxTxD, mask_BxTxS, *, context_BxSxD=None, deterministic=True):
     cfg = self.cfg
     H, K, D = cfg.num_heads, cfg.head_dim, cfg.d_model
-    dense = lambda features, axis, names, std, name: nn.DenseGeneral(
-        features, axis=axis, use_bias=cfg.use_bias, dtype=_dtype(cfg.dtype),
-        param_dtype=_dtype(cfg.param_dtype), kernel_init=_init(std, names),
-        bias_init=_zeros(names[len(np.atleast_1d(axis)):]), name=name)
+    dense = lambda features, contract, names, std, name: Projection(
+        features, names, contract, std, cfg.use_bias, cfg.dtype, cfg.param_dtype, name=name)
     if context_BxSxD is None:
-      qkv_BxTx3xHxK = dense((3, H, K), -1, ("embed", None, "heads", "kv"), 0.02, "qkv")(x_BxTxD)
+      qkv_BxTx3xHxK = dense((3, H, K), 1, ("embed", None, "heads", "kv"), 0.02, "qkv")(x_BxTxD)
       q_BxTxHxK, k_BxSxHxK, v_BxSxHxK = (qkv_BxTx3xHxK[:, :, i] for i in range(3))
     else:
-      q_BxTxHxK = dense((H, K), -1, ("embed", "heads", "kv"), 0.02, "q")(x_BxTxD)
-      kv_BxSx2xHxK = dense((2, H, K), -1, ("embed", None, "heads", "kv"), 0.02, "kv")(context_BxSxD)
+      q_BxTxHxK = dense((H, K), 1, ("embed", "heads", "kv"), 0.02, "q")(x_BxTxD)
+      kv_BxSx2xHxK = dense((2, H, K), 1, ("embed", None, "heads", "kv"), 0.02, "kv")(context_BxSxD)
       k_BxSxHxK, v_BxSxHxK = kv_BxSx2xHxK[:, :, 0], kv_BxSx2xHxK[:, :, 1]
     q_BxTxHxK = nn.with_logical_constraint(q_BxTxHxK, ("batch", "length", "heads", "kv"))
     dropout = nn.Dropout(cfg.attention_dropout_rate) if cfg.attention_dropout_rate else None
     out_BxTxHxK = attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, cfg.attention, dropout, deterministic)
-    return dense(D, (-2, -1), ("heads", "kv", "embed"), self.residual_std, "out")(out_BxTxHxK)
+    return dense((D,), 2, ("heads", "kv", "embed"), self.residual_std, "out")(out_BxTxHxK)
 
 
 class MLP(nn.Module):
@@ -171,12 +193,10 @@ class MLP(nn.Module):
   @nn.compact
   def __call__(self, x_BxTxD):
     cfg = self.cfg
-    kw = dict(use_bias=cfg.use_bias, dtype=_dtype(cfg.dtype), param_dtype=_dtype(cfg.param_dtype))
-    h_BxTxF = nn.Dense(cfg.d_mlp, kernel_init=_init(0.02, ("embed", "mlp")), bias_init=_zeros(("mlp",)),
-                       name="fc", **kw)(x_BxTxD)
+    kw = dict(use_bias=cfg.use_bias, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
+    h_BxTxF = Projection((cfg.d_mlp,), ("embed", "mlp"), name="fc", **kw)(x_BxTxD)
     h_BxTxF = nn.with_logical_constraint(ACTIVATIONS[cfg.activation](h_BxTxF), ("batch", "length", "mlp"))
-    return nn.Dense(cfg.d_model, kernel_init=_init(self.residual_std, ("mlp", "embed")),
-                    bias_init=_zeros(("embed",)), name="proj", **kw)(h_BxTxF)
+    return Projection((cfg.d_model,), ("mlp", "embed"), std=self.residual_std, name="proj", **kw)(h_BxTxF)
 
 
 class Block(nn.Module):

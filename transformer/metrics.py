@@ -1,0 +1,114 @@
+"""Training metrics: FLOPs and MFU, JSONL + TensorBoard writers, the loss-curve plot."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import jax
+
+# Dense bf16 peak FLOP/s per chip, by `device.device_kind` (vendor data sheets, no sparsity).
+# MFU is reported against these whatever the compute dtype; CPUs have no entry ("n/a").
+PEAK_BF16_FLOPS = {
+    "NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100 PCIe": 756e12, "NVIDIA H100 NVL": 835e12,
+    "NVIDIA H200": 989e12, "NVIDIA GH200 480GB": 989e12, "NVIDIA B200": 2250e12,
+    "NVIDIA A100-SXM4-80GB": 312e12, "NVIDIA A100-SXM4-40GB": 312e12, "NVIDIA A100 80GB PCIe": 312e12,
+    "NVIDIA L4": 121e12, "NVIDIA A10G": 125e12,
+    "TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12, "TPU v5": 459e12,
+    "TPU v6 lite": 918e12, "TPU v6e": 918e12,
+}
+
+
+def peak_flops(device) -> float | None:
+  kind = device.device_kind
+  if kind in PEAK_BF16_FLOPS:
+    return PEAK_BF16_FLOPS[kind]
+  # Names vary by driver ("NVIDIA H100 80GB HBM3" vs "H100 SXM5 ..."): match on the model number.
+  for name, flops in PEAK_BF16_FLOPS.items():
+    if name.split()[-1] in kind and device.platform != "cpu":
+      return flops
+  return None
+
+
+def flops_per_token(num_params: int, num_layers: int, d_model: int, seq_len: int) -> float:
+  """Training FLOPs per token: 6·N for the matmuls over the parameters (forward 2N, backward 4N)
+  plus 12·L·d·T for attention's QKᵀ and AV (PaLM's appendix B; nanoGPT's estimate_mfu)."""
+  return 6 * num_params + 12 * num_layers * d_model * seq_len
+
+
+def mfu(tokens_per_second: float, flops_token: float, devices) -> float | None:
+  peaks = [peak_flops(d) for d in devices]
+  if any(p is None for p in peaks):
+    return None
+  return tokens_per_second * flops_token / sum(peaks)
+
+
+class MetricsWriter:
+  """Appends one JSON object per record to `metrics.jsonl`, mirrors scalars to TensorBoard."""
+
+  def __init__(self, workdir: Path, enabled: bool = True):
+    self.enabled = enabled
+    self.path = Path(workdir) / "metrics.jsonl"
+    self._tb = None
+    if enabled:
+      from tensorboardX import SummaryWriter
+      self._tb = SummaryWriter(str(Path(workdir) / "tensorboard"))
+
+  def write(self, step: int, metrics: dict) -> None:
+    if not self.enabled:
+      return
+    record = {"step": int(step), **{k: _plain(v) for k, v in metrics.items()}}
+    with open(self.path, "a") as f:
+      f.write(json.dumps(record) + "\n")
+    for k, v in record.items():
+      if k != "step" and isinstance(v, (int, float)) and v is not None and math.isfinite(v):
+        self._tb.add_scalar(k, v, step)
+
+  def close(self) -> None:
+    if self._tb is not None:
+      self._tb.close()
+
+
+def _plain(v):
+  if hasattr(v, "item"):
+    v = v.item()
+  return v
+
+
+def read_jsonl(path: Path) -> list[dict]:
+  path = Path(path)
+  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def last_per_step(records: list[dict], key: str) -> dict[int, float]:
+  """{step: value} keeping the last record of each step (a resumed run re-logs the steps it redoes)."""
+  return {r["step"]: r[key] for r in records if key in r}
+
+
+def plot_losses(jsonl: Path, png: Path, title: str = "") -> Path:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  records = read_jsonl(jsonl)
+  train = sorted(last_per_step(records, "loss").items())
+  val = sorted(last_per_step(records, "val_loss").items())
+  fig, ax = plt.subplots(figsize=(7, 4))
+  if train:
+    ax.plot(*zip(*train), label="train loss", lw=1)
+  if val:
+    ax.plot(*zip(*val), "o-", label="validation loss")
+  ax.set_xlabel("step")
+  ax.set_ylabel("cross-entropy (nats/token)")
+  ax.set_title(title)
+  ax.grid(alpha=0.3)
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(png, dpi=100)
+  plt.close(fig)
+  return png
+
+
+def device_summary() -> str:
+  d = jax.devices()
+  return f"{len(d)} x {d[0].device_kind} ({d[0].platform}), {jax.process_count()} process(es)"

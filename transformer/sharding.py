@@ -1,0 +1,88 @@
+"""Device mesh and shardings from the config: the model declares logical axes, this maps them.
+
+Mesh axes (MaxText's names):
+  data    pure data parallelism: params replicated, batch split
+  fsdp    fully sharded data parallelism: batch split *and* params/optimizer state split on `embed`
+  tensor  tensor (model) parallelism: heads, MLP and vocabulary split
+The logical axis rules (config.logical_axis_rules) say which mesh axes each logical name uses;
+Flax replicates a dimension whose mesh axis another dimension of the same tensor already took.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from transformer.layers import ConfigError
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+DEFAULT_RULES = (
+    ("batch", ("data", "fsdp")),
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("mlp", "tensor"),
+    ("kv", None),
+    ("length", None),
+    ("position", None),
+    ("layers", None),
+)
+
+
+def mesh_shape(mesh_config, num_devices: int) -> tuple[int, int, int]:
+  """(data, fsdp, tensor) with at most one -1 ('the rest of the devices'), checked against the devices."""
+  shape = [int(mesh_config[a]) for a in MESH_AXES]
+  if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
+    raise ConfigError(f"mesh {dict(zip(MESH_AXES, shape))}: each axis must be a positive size, and at most "
+                      f"one may be -1 (all remaining devices)")
+  if -1 in shape:
+    known = math.prod(s for s in shape if s != -1)
+    if num_devices % known:
+      raise ConfigError(f"mesh {dict(zip(MESH_AXES, shape))} cannot fill {num_devices} devices: "
+                        f"{num_devices} is not divisible by {known}")
+    shape[shape.index(-1)] = num_devices // known
+  if math.prod(shape) != num_devices:
+    raise ConfigError(f"mesh {dict(zip(MESH_AXES, shape))} needs {math.prod(shape)} devices but "
+                      f"{num_devices} are available ({jax.devices()[0].platform}); make data*fsdp*tensor "
+                      f"= {num_devices}, e.g. --config.mesh.data=-1")
+  return tuple(shape)
+
+
+def make_mesh(mesh_config, devices=None) -> Mesh:
+  devices = jax.devices() if devices is None else devices
+  shape = mesh_shape(mesh_config, len(devices))
+  # Linen's logical partitioning works with Auto axes (jax.make_mesh now defaults to Explicit).
+  return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
+
+
+def rules(config) -> tuple:
+  return tuple((name, tuple(axes) if isinstance(axes, list) else axes)
+               for name, axes in (config.get("logical_axis_rules") or DEFAULT_RULES))
+
+
+def logical_shardings(mesh: Mesh, boxed_tree, axis_rules):
+  """NamedShardings for a tree of `nn.Partitioned` (e.g. from `jax.eval_shape(model.init, ...)`)."""
+  specs = nn.get_partition_spec(boxed_tree)
+  return nn.logical_to_mesh_sharding(specs, mesh, axis_rules)
+
+
+def batch_sharding(mesh: Mesh, axis_rules, ndim: int = 2) -> NamedSharding:
+  """Batch-major arrays: the leading dimension split like the logical `batch` axis."""
+  spec = nn.logical_to_mesh_axes(("batch",) + (None,) * (ndim - 1), axis_rules)
+  return NamedSharding(mesh, spec)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def data_parallel_size(mesh: Mesh, axis_rules) -> int:
+  """How many ways the batch is split (the product of the mesh axes `batch` maps to)."""
+  spec = nn.logical_to_mesh_axes(("batch",), axis_rules)[0]
+  axes = (spec,) if isinstance(spec, str) else (spec or ())
+  return int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
