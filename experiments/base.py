@@ -12,7 +12,7 @@ from transformer.models import gpt
 def model_fields(preset: str, **overrides) -> ml_collections.ConfigDict:
   """All GPTConfig fields of a preset (vocab_size 0: taken from the tokenizer), so any can be overridden."""
   fields = dataclasses.asdict(gpt.PRESETS[preset])
-  fields.update(vocab_size=0, **overrides)
+  fields.update({"vocab_size": 0, **overrides})
   return ml_collections.ConfigDict(fields)
 
 
@@ -39,6 +39,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.dir = ""  # or exactly here
   c.data.validation_fraction = 0.1
   c.data.split_seed = 0
+  c.data.piece_chars = 16384  # documents are split into pieces of about this size for the split
   c.data.sampling = "windows"  # "windows" (random) | "packed" (every token once an epoch)
 
   c.model = model_fields("cpu-small")

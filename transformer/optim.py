@@ -7,7 +7,6 @@ averaged gradient); this module only builds the optax transformation and the sch
 from __future__ import annotations
 
 import flax.traverse_util
-import jax
 import jax.numpy as jnp
 import optax
 
@@ -63,7 +62,3 @@ def make_optimizer(opt_config, num_train_steps: int) -> optax.GradientTransforma
                            weight_decay=float(opt_config.weight_decay),
                            mask=lambda p: decay_mask(p, opt_config)))
   return optax.chain(*parts)
-
-
-def global_norm(tree) -> jax.Array:
-  return optax.global_norm(tree)

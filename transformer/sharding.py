@@ -71,6 +71,21 @@ def logical_shardings(mesh: Mesh, boxed_tree, axis_rules):
   return nn.logical_to_mesh_sharding(specs, mesh, axis_rules)
 
 
+def check_divisible(shapes_tree, shardings_tree) -> None:
+  """Every sharded dimension must split evenly over its mesh axes; names the parameter if not."""
+  flat_shapes = jax.tree_util.tree_flatten_with_path(shapes_tree)[0]
+  flat_sh = jax.tree.leaves(shardings_tree, is_leaf=lambda x: isinstance(x, NamedSharding))
+  for (path, leaf), sh in zip(flat_shapes, flat_sh):
+    for dim, axes in zip(leaf.shape, sh.spec):
+      axes = (axes,) if isinstance(axes, str) else (axes or ())
+      ways = int(np.prod([sh.mesh.shape[a] for a in axes])) if axes else 1
+      if dim % ways:
+        name = "/".join(str(getattr(k, "key", k)) for k in path)
+        hint = " (pad it: set model.vocab_size to a multiple, e.g. 50304 for GPT-2)" if "vocab" in str(sh.spec) or "wte" in name else ""
+        raise ConfigError(f"parameter '{name}' has a dimension of {dim}, which mesh axes {axes} "
+                          f"cannot split {ways} ways{hint}; change the mesh or the model size")
+
+
 def batch_sharding(mesh: Mesh, axis_rules, ndim: int = 2) -> NamedSharding:
   """Batch-major arrays: the leading dimension split like the logical `batch` axis."""
   spec = nn.logical_to_mesh_axes(("batch",) + (None,) * (ndim - 1), axis_rules)

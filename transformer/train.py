@@ -81,7 +81,7 @@ def train_step(state: TrainState, batch_BxL1: jax.Array, *, model, tx, schedule,
   params = optax.apply_updates(state.params, updates)
   new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
                             rng=jax.random.key_data(rng))
-  return new_state, {"loss": loss, "grad_norm": optax.global_norm(grads), "lr": schedule(state.step)}
+  return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step)}
 
 
 def eval_step(params, batch_BxL1, *, model):
@@ -134,7 +134,7 @@ def prepared_data(config) -> data.Prepared:
   else:
     source = data.named_source(d.dataset)
   options = data.PrepareOptions(tokenizer=d.tokenizer, vocab_size=d.vocab_size or None, seed=d.split_seed,
-                                validation_fraction=d.validation_fraction)
+                                validation_fraction=d.validation_fraction, piece_chars=d.piece_chars)
   directory = Path(d.dir) if d.get("dir") else data.default_dir(source, options, root=d.root)
   manifest = directory / "manifest.json"
   if not manifest.exists() or json.loads(manifest.read_text()).get("request", {}).get("options") != dataclasses.asdict(options):
@@ -172,6 +172,7 @@ def build(config) -> Run:
     boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), dummy)["params"])
     param_sh = sharding.logical_shardings(mesh, boxed, rules)
     opt_shapes = jax.eval_shape(lambda: tx.init(nn.unbox(model.init(jax.random.key(0), dummy)["params"])))
+  sharding.check_divisible(nn.unbox(boxed), param_sh)  # outside the rules: no constraints on shapes
   repl = sharding.replicated(mesh)
   # Optimizer state is sharded like the params it tracks (Adam's mu/nu), scalars replicated.
   opt_sh = optax.tree_map_params(tx, lambda _, s: s, opt_shapes, param_sh,

@@ -191,7 +191,7 @@ def prepare(source: Source, out_dir: str | os.PathLike, options: PrepareOptions 
       if split != "test" and c["records"] == 0 and (split == "train" or options.validation_fraction > 0):
         raise DataError(f"the {split} split of {source.name} came out empty: the input is too small "
                         f"for the split (piece_chars={options.piece_chars}); give more text, or lower "
-                        f"piece_chars / the split fractions")
+                        f"piece_chars (--piece_chars; config.data.piece_chars when training)")
     manifest = {
         "format": FORMAT_VERSION, "kind": source.kind, "source": source.name,
         "columns": list(source.columns), "dtype": np.dtype(dtype).name,

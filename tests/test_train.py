@@ -1,0 +1,160 @@
+"""The training system end to end, with real processes for kill/resume, SIGTERM and 8 devices."""
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import REPO, run_module
+from experiments import gpt2 as gpt2_experiment, shakespeare
+from transformer import metrics, train
+from transformer.layers import ConfigError
+
+TINY = ["--config=experiments/shakespeare.py:tiny", "--config.sample.max_new_tokens=0"]
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+  return tmp_path_factory.mktemp("data")
+
+
+def _args(data_root, workdir, *extra):
+  return [*TINY, f"--config.data.root={data_root}", f"--workdir={workdir}", *extra]
+
+
+def _losses(workdir, key="loss"):
+  return metrics.last_per_step(metrics.read_jsonl(workdir / "metrics.jsonl"), key)
+
+
+def test_end_to_end_in_process(tmp_path, data_root):
+  config = shakespeare.get_config("tiny")
+  config.data.root = str(data_root)
+  config.num_train_steps = 40
+  result = train.train_and_evaluate(config, tmp_path)
+  losses = _losses(tmp_path)
+  first, last = losses[5], losses[40]
+  assert last < first - 0.5, losses  # it learns
+  assert result["val_loss"] < 3.6 and np.isfinite(result["val_perplexity"])
+  records = metrics.read_jsonl(tmp_path / "metrics.jsonl")
+  step_record = next(r for r in records if r["step"] == 40 and "loss" in r)
+  assert {"loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "mfu"} <= set(step_record)
+  assert step_record["mfu"] is None  # CPU: no peak to compare with
+  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["20", "40"]
+  assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+  assert (tmp_path / "loss.png").stat().st_size > 5000
+  assert json.loads((tmp_path / "config.json").read_text())["model"]["num_layers"] == 2
+  assert len(result["sample"]) > 0 and (tmp_path / "samples.txt").exists()
+
+
+def test_kill_and_resume_gives_identical_losses(tmp_path, data_root):
+  """SIGKILL mid-run, restart: the per-step losses equal those of an uninterrupted run."""
+  extra = ["--config.num_train_steps=300", "--config.log_every_steps=1", "--config.checkpoint_every_steps=10",
+           "--config.eval_every_steps=100"]
+  straight = tmp_path / "straight"
+  assert run_module("launch.train", *_args(data_root, straight, *extra)).returncode == 0
+  killed = tmp_path / "killed"
+  proc = subprocess.Popen([sys.executable, "-m", "launch.train", *_args(data_root, killed, *extra)],
+                          cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  deadline = time.time() + 120
+  while time.time() < deadline:  # until a checkpoint is finalised and training has gone past it
+    done = [int(p.name) for p in (killed / "checkpoints").glob("*") if p.name.isdigit()] if (killed / "checkpoints").exists() else []
+    if done and max(_losses(killed), default=0) > max(done) + 3:
+      break
+    time.sleep(0.02)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  killed_at = max(_losses(killed))
+  assert killed_at < 300, "the run finished before it could be killed"
+  resumed = run_module("launch.train", *_args(data_root, killed, *extra))
+  assert resumed.returncode == 0, resumed.stderr
+  assert "resumed from" in resumed.stdout
+  a, b = _losses(straight), _losses(killed)
+  assert sorted(a) == sorted(b) == list(range(1, 301))
+  np.testing.assert_allclose([b[s] for s in sorted(b)], [a[s] for s in sorted(a)], rtol=1e-6)
+  assert any(r.get("event") == "resumed" for r in metrics.read_jsonl(killed / "metrics.jsonl"))
+
+
+def test_sigterm_saves_then_exits_zero(tmp_path, data_root):
+  workdir = tmp_path / "w"
+  proc = subprocess.Popen([sys.executable, "-m", "launch.train", *_args(
+      data_root, workdir, "--config.num_train_steps=100000", "--config.log_every_steps=1",
+      "--config.checkpoint_every_steps=100000")], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  deadline = time.time() + 120
+  while time.time() < deadline and max(_losses(workdir), default=0) < 5:
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 0, err
+  steps = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
+  assert len(steps) == 1 and 5 <= steps[0] < 100000
+  assert steps[0] >= max(_losses(workdir))
+
+
+def test_one_and_eight_devices_give_the_same_losses(tmp_path, data_root):
+  extra = ["--config.num_train_steps=12", "--config.log_every_steps=1", "--config.model.vocab_size=96"]
+  one = run_module("launch.train", *_args(data_root, tmp_path / "one", *extra))
+  assert one.returncode == 0, one.stderr
+  eight = run_module("launch.train", *_args(data_root, tmp_path / "eight", *extra, "--config.mesh.data=2",
+                                            "--config.mesh.fsdp=2", "--config.mesh.tensor=2"),
+                     env={"JAX_NUM_CPU_DEVICES": "8"})
+  assert eight.returncode == 0, eight.stderr
+  assert "8 x cpu" in eight.stdout
+  a, b = _losses(tmp_path / "one"), _losses(tmp_path / "eight")
+  assert len(a) == 12
+  np.testing.assert_allclose([b[s] for s in sorted(b)], [a[s] for s in sorted(a)], atol=1e-5)
+  np.testing.assert_allclose(_losses(tmp_path / "eight", "val_loss")[12], _losses(tmp_path / "one", "val_loss")[12],
+                             atol=1e-5)
+
+
+@pytest.mark.parametrize("extra,env,message", [
+    (["--config.batch_size=6"], {"JAX_NUM_CPU_DEVICES": "8"},
+     r"batch_size=6 \(microbatch 6\) is not divisible by the data-parallel size 8"),
+    (["--config.seq_len=100"], {}, "seq_len=100 is longer than model.context_length=64"),
+    (["--config.data.dataset=wiki"], {}, "unknown data set 'wiki'"),
+    (["--config.data.input_files=/no/such.txt"], {}, "/no/such.txt: no such file"),
+    (["--config.mesh.data=3"], {}, r"needs 3 devices but 1 are available"),
+    (["--config.mesh.tensor=2"], {"JAX_NUM_CPU_DEVICES": "2"}, "parameter 'wte/embedding' has a dimension of 85"),
+])
+def test_bad_configs_fail_in_one_line(tmp_path, data_root, extra, env, message):
+  proc = run_module("launch.train", *_args(data_root, tmp_path / "w", *extra), env=env)
+  assert proc.returncode == 1
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: ") and re.search(message, last), last
+
+
+def test_changed_model_names_the_parameter(tmp_path, data_root):
+  assert run_module("launch.train", *_args(data_root, tmp_path, "--config.num_train_steps=20")).returncode == 0
+  proc = run_module("launch.train", *_args(data_root, tmp_path, "--config.num_train_steps=30",
+                                           "--config.model.d_mlp=128"))
+  assert proc.returncode == 1
+  assert "'h/layer_0/mlp/fc/bias' has shape (256,) but the config makes (128,)" in proc.stderr
+
+
+def test_own_text_files_are_one_override_away(tmp_path):
+  text = tmp_path / "mine.txt"
+  text.write_text("the quick brown fox jumps over the lazy dog.\n" * 400)
+  config = shakespeare.get_config("tiny")
+  config.data.input_files = (str(text),)
+  config.data.root = str(tmp_path / "data")
+  config.data.piece_chars = 1000
+  config.num_train_steps = 10
+  config.eval_every_steps = 10
+  config.sample.max_new_tokens = 0
+  train.train_and_evaluate(config, tmp_path / "w")
+  assert (tmp_path / "data" / "mine-char" / "manifest.json").exists()
+
+
+def test_gpt2_recipes():
+  for preset, params in (("gpt2", 124), ("gpt2-medium", 355), ("gpt2-large", 774), ("gpt2-xl", 1558)):
+    c = gpt2_experiment.get_config(preset)
+    assert c.batch_size * c.seq_len == 524_288  # ~0.5M tokens per optimizer step
+    assert c.batch_size % c.optimizer.accumulation_steps == 0
+    assert c.model.d_model == {"gpt2": 768, "gpt2-medium": 1024, "gpt2-large": 1280, "gpt2-xl": 1600}[preset]
+    assert c.optimizer.weight_decay == 0.1 and c.model.dtype == "bfloat16" and c.model.param_dtype == "float32"
+  assert gpt2_experiment.get_config("gpt2").optimizer.lr == 6e-4
