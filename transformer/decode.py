@@ -1,7 +1,8 @@
 """Generating text from a trained model.
 
 `generate_simple` is plain decoding: a full forward pass over a fixed-size buffer per new token
-(one compiled function, no cache). It is what training prints at the end of a run.
+(one compiled function, no cache), the model seeing the last `context_length` tokens (a sliding
+window once the text is longer than the context). It is what training prints at the end of a run.
 """
 
 from __future__ import annotations
@@ -26,13 +27,10 @@ def sample_logits(logits_BxV, rng, temperature: float, top_k: int = 0):
 
 def generate_simple(model, params, prompt: list[int], *, max_new_tokens: int, temperature: float = 1.0,
                     top_k: int = 0, rng=None, stop_id: int | None = None) -> list[int]:
-  """New token ids after `prompt`, by re-running the model over a context-sized buffer each step."""
+  """New token ids after `prompt`, by re-running the model over the last `context_length` tokens."""
   context = model.config.context_length
   if not prompt:
     raise ConfigError("the prompt is empty; give at least one token (e.g. the end-of-text id)")
-  if len(prompt) + max_new_tokens > context:
-    raise ConfigError(f"prompt of {len(prompt)} tokens + {max_new_tokens} new tokens exceeds the context "
-                      f"of {context}; shorten one of them")
   rng = jax.random.key(0) if rng is None else rng
 
   @jax.jit
@@ -41,13 +39,13 @@ def generate_simple(model, params, prompt: list[int], *, max_new_tokens: int, te
     logits_1xV = jax.lax.dynamic_index_in_dim(logits_1xCxV, length - 1, axis=1, keepdims=False)
     return sample_logits(logits_1xV, rng, temperature, top_k)[0]
 
-  buffer = np.zeros((1, context), np.int32)
-  buffer[0, :len(prompt)] = prompt
-  out = []
+  tokens = list(prompt)
   for i in range(max_new_tokens):
-    token = int(next_token(jnp.asarray(buffer), len(prompt) + i, jax.random.fold_in(rng, i)))
+    window = tokens[-context:]
+    buffer = np.zeros((1, context), np.int32)
+    buffer[0, :len(window)] = window
+    token = int(next_token(jnp.asarray(buffer), len(window), jax.random.fold_in(rng, i)))
     if token == stop_id:
       break
-    buffer[0, len(prompt) + i] = token
-    out.append(token)
-  return out
+    tokens.append(token)
+  return tokens[len(prompt):]

@@ -28,6 +28,7 @@ import ml_collections
 import numpy as np
 import optax
 from absl import logging
+from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from transformer import checkpoints, data, decode, metrics, optim, sharding
@@ -137,9 +138,12 @@ def prepared_data(config) -> data.Prepared:
                                 validation_fraction=d.validation_fraction, piece_chars=d.piece_chars)
   directory = Path(d.dir) if d.get("dir") else data.default_dir(source, options, root=d.root)
   manifest = directory / "manifest.json"
-  if not manifest.exists() or json.loads(manifest.read_text()).get("request", {}).get("options") != dataclasses.asdict(options):
+  stale = not manifest.exists() or json.loads(manifest.read_text()).get("request", {}).get("options") != dataclasses.asdict(options)
+  if stale and jax.process_index() == 0:  # one writer; the other processes wait for it below
     logging.info("preparing %s into %s", source.name, directory)
-    data.prepare(source, directory, options, overwrite=manifest.exists(), progress=jax.process_index() == 0)
+    data.prepare(source, directory, options, overwrite=manifest.exists())
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(f"prepared {directory}")
   return data.load_prepared(directory)
 
 
@@ -226,7 +230,9 @@ class _Preemption:
 
 
 def evaluate(run: Run, params, eval_fn, eval_batches) -> dict:
-  losses = [float(eval_fn(params, jax.device_put(b, run.batch_sharding))) for b in eval_batches]
+  # Every process holds the same fixed batches; each puts in the shards its devices own.
+  global_batch = lambda b: jax.make_array_from_callback(b.shape, run.batch_sharding, lambda idx: b[idx])
+  losses = [float(eval_fn(params, global_batch(b))) for b in eval_batches]
   loss = float(np.mean(losses))
   return {"val_loss": loss, "val_perplexity": float(np.exp(min(loss, 50.0)))}
 

@@ -1,0 +1,40 @@
+"""Two real JAX processes (jax.distributed over loopback, gloo CPU collectives) train like one."""
+
+import socket
+import subprocess
+import sys
+
+import numpy as np
+
+from conftest import REPO, run_module
+from transformer import metrics
+
+ARGS = ["--config=experiments/shakespeare.py:tiny", "--config.sample.max_new_tokens=0",
+        "--config.num_train_steps=8", "--config.log_every_steps=1", "--config.eval_every_steps=8",
+        "--config.checkpoint_every_steps=4"]
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def test_two_processes_match_one(tmp_path):
+  data_root = tmp_path / "data"
+  one = run_module("launch.train", *ARGS, f"--config.data.root={data_root}", f"--workdir={tmp_path / 'one'}")
+  assert one.returncode == 0, one.stderr
+  port = _free_port()
+  procs = [subprocess.Popen([sys.executable, "-m", "launch.train", *ARGS, f"--config.data.root={data_root}",
+                             f"--workdir={tmp_path / 'two'}", f"--coordinator_address=127.0.0.1:{port}",
+                             "--num_processes=2", f"--process_id={i}"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for i in range(2)]
+  outs = [p.communicate(timeout=300) for p in procs]
+  assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+  assert "2 x cpu (cpu), 2 process(es)" in outs[0][0]
+  a = metrics.last_per_step(metrics.read_jsonl(tmp_path / "one" / "metrics.jsonl"), "loss")
+  b = metrics.last_per_step(metrics.read_jsonl(tmp_path / "two" / "metrics.jsonl"), "loss")
+  assert sorted(a) == sorted(b) == list(range(1, 9))
+  np.testing.assert_allclose([b[s] for s in sorted(b)], [a[s] for s in sorted(a)], atol=1e-5)
+  assert sorted(p.name for p in (tmp_path / "two" / "checkpoints").iterdir() if p.name.isdigit()) == ["4", "8"]
