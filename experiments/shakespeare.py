@@ -29,9 +29,9 @@ def get_config(preset: str = "char"):
     c.model = base.model_fields("cpu-small", d_model=128, context_length=128)
     c.seq_len = 128
     c.batch_size = 32
-    c.num_train_steps = 1000
-    c.eval_every_steps = 250
-    c.checkpoint_every_steps = 250
+    c.num_train_steps = 850
+    c.eval_every_steps = 425
+    c.checkpoint_every_steps = 425
     c.optimizer.lr = 2e-3
   elif preset == "tiny":  # for tests and smoke runs
     c.data.tokenizer = "char"

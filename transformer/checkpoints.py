@@ -195,6 +195,7 @@ class Checkpointer:
                        keep_checkpoints_without_metrics=False),
     ])
     options = ocp.CheckpointManagerOptions(preservation_policy=preservation, create=True,
+                                           best_fn=lambda m: m["val_loss"], best_mode="min",
                                            enable_async_checkpointing=async_save,
                                            cleanup_tmp_directories=True)
     self.directory = Path(directory).absolute()
