@@ -11,7 +11,6 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from conftest import REPO
-from transformer import layers
 from transformer.checkpoints import CheckpointError, export_hf_gpt2, import_hf_gpt2
 from transformer.models.gpt import GPT
 

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from transformer import tokenizers
 from transformer.tokenizers import EOT, TokenizerError, get_tokenizer, load_tokenizer
 
 SEED_004 = ("OpenAI's large language models (sometimes referred to as GPT's) process text using tokens, "

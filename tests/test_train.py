@@ -7,14 +7,12 @@ import subprocess
 import sys
 import time
 
-import jax
 import numpy as np
 import pytest
 
 from conftest import REPO, run_module
 from experiments import gpt2 as gpt2_experiment, shakespeare
 from transformer import metrics, train
-from transformer.layers import ConfigError
 
 TINY = ["--config=experiments/shakespeare.py:tiny", "--config.sample.max_new_tokens=0"]
 

@@ -39,7 +39,7 @@ class CheckpointError(UserError, ValueError):
 
 def _hf_layout(cfg: GPTConfig):
   """(HF key, our param path, HF shape) for every tensor of a GPT-2 with config `cfg`."""
-  D, H, K, L, V = cfg.d_model, cfg.num_heads, cfg.d_model // cfg.num_heads, cfg.context_length, cfg.vocab_size
+  D, L, V = cfg.d_model, cfg.context_length, cfg.vocab_size
   F = cfg.d_mlp or 4 * D
   yield "wte.weight", ("wte", "embedding"), (V, D)
   yield "wpe.weight", ("wpe",), (L, D)

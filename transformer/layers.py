@@ -234,6 +234,11 @@ REMAT_POLICIES = {
 }
 
 
+def check_remat_policy(name: str) -> None:
+  if name not in REMAT_POLICIES:
+    raise ConfigError(f"unknown remat_policy {name!r}; choose one of {', '.join(REMAT_POLICIES)}")
+
+
 class Stack(nn.Module):
   """`num_layers` blocks, unrolled (`layer_0`, `layer_1`, ...) or scanned (`layers`, with a leading
   `layers` axis on every parameter: one compiled block, faster compiles for deep models)."""
@@ -246,8 +251,7 @@ class Stack(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxTxD, mask_BxTxT, context_BxSxD=None, context_mask_BxTxS=None):
-    if self.remat_policy not in REMAT_POLICIES:
-      raise ConfigError(f"unknown remat_policy {self.remat_policy!r}; choose one of {', '.join(REMAT_POLICIES)}")
+    check_remat_policy(self.remat_policy)
     block = Block
     if self.remat_policy != "none":
       block = nn.remat(Block, policy=REMAT_POLICIES[self.remat_policy], prevent_cse=not self.scan)

@@ -81,7 +81,8 @@ def check_divisible(shapes_tree, shardings_tree) -> None:
       ways = int(np.prod([sh.mesh.shape[a] for a in axes])) if axes else 1
       if dim % ways:
         name = "/".join(str(getattr(k, "key", k)) for k in path)
-        hint = " (pad it: set model.vocab_size to a multiple, e.g. 50304 for GPT-2)" if "vocab" in str(sh.spec) or "wte" in name else ""
+        is_vocab = name.startswith(("wte/", "lm_head/"))
+        hint = " (pad it: set model.vocab_size to a multiple, e.g. 50304 for GPT-2)" if is_vocab else ""
         raise ConfigError(f"parameter '{name}' has a dimension of {dim}, which mesh axes {axes} "
                           f"cannot split {ways} ways{hint}; change the mesh or the model size")
 

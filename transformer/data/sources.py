@@ -68,7 +68,7 @@ def read_text(path: Path, chunk_bytes: int | None = None) -> Iterator[str]:
         yield text[:cut]
     try:
       carry += decoder.decode(b"", final=True)
-    except UnicodeDecodeError as e:
+    except UnicodeDecodeError:
       raise DataError(f"{path}: not valid UTF-8 at its end (a truncated character)") from None
   if carry:
     seen_text = seen_text or not carry.isspace()

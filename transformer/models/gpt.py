@@ -63,9 +63,7 @@ class GPTConfig:
       if getattr(self, name) <= 0:
         raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
     layers.check_block_config(self.block())
-    if self.remat_policy not in layers.REMAT_POLICIES:
-      raise ConfigError(f"unknown remat_policy {self.remat_policy!r}; choose one of "
-                        f"{', '.join(layers.REMAT_POLICIES)}")
+    layers.check_remat_policy(self.remat_policy)
     return self
 
 
