@@ -68,5 +68,6 @@ def base_config() -> ml_collections.ConfigDict:
   c.sample.max_new_tokens = 200
   c.sample.temperature = 0.8
   c.sample.top_k = 0
+  c.sample.top_p = 1.0
   c.sample.seed = 0
   return c

@@ -21,9 +21,9 @@ def shakespeare_text(shakespeare_dir):
   return "".join(p.read_text() for p in sorted(shakespeare_dir.iterdir()))
 
 
-def run_module(module: str, *args: str, env: dict | None = None, timeout: float = 300):
+def run_module(module: str, *args: str, env: dict | None = None, timeout: float = 300, stdin: str | None = None):
   """Runs `python -m module args` from the repo root as a real process; returns CompletedProcess."""
   import subprocess
   full_env = {**os.environ, **(env or {})}
-  return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=full_env,
+  return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=full_env, input=stdin,
                         capture_output=True, text=True, timeout=timeout)

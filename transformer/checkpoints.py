@@ -219,10 +219,16 @@ class Checkpointer:
                                                     meta=ocp.args.JsonSave(meta)),
                       metrics=metrics, force=force)
 
-  def check_shapes(self, step: int, abstract_state) -> None:
+  def check_step(self, step: int) -> None:
+    steps = self.manager.all_steps()
+    if step not in steps:
+      raise CheckpointError(f"no checkpoint for step {step} in {self.directory}; it has steps "
+                            f"{sorted(steps) or 'none'}")
+
+  def check_shapes(self, step: int, abstract_params) -> None:
     """Compares the saved params with those the config makes; names the first mismatching one."""
     saved = self.manager.item_metadata(step)["state"]
-    want = flax.traverse_util.flatten_dict(_as_dict(abstract_state.params), sep="/")
+    want = flax.traverse_util.flatten_dict(_as_dict(abstract_params), sep="/")
     have = flax.traverse_util.flatten_dict(_as_dict(saved["params"]), sep="/")
     for key, leaf in want.items():
       if key not in have:
@@ -239,11 +245,25 @@ class Checkpointer:
 
   def restore(self, step: int, abstract_state):
     ocp = self._ocp
-    self.check_shapes(step, abstract_state)
+    self.check_step(step)
+    self.check_shapes(step, abstract_state.params)
     restored = self.manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore(),
         meta=ocp.args.JsonRestore()))
     return restored["state"], restored["data"], restored["meta"]
+
+  def restore_params(self, step: int, abstract_params):
+    """The params alone (no optimizer state is read): for sampling and evaluation. `abstract_params`
+    are ShapeDtypeStructs whose shardings say where each restored array goes."""
+    ocp = self._ocp
+    self.check_step(step)
+    self.check_shapes(step, abstract_params)
+    target = {"params": abstract_params}
+    restored = ocp.PyTreeCheckpointer().restore(
+        self.directory / str(step) / "state",
+        args=ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+                                    partial_restore=True))
+    return restored["params"]
 
   def wait(self) -> None:
     self.manager.wait_until_finished()

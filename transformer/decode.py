@@ -1,43 +1,218 @@
-"""Generating text from a trained model.
+"""Generating text from a GPT: a KV-cache sampler compiled once, for batches of prompts.
 
-`generate_simple` is plain decoding: a full forward pass over a fixed-size buffer per new token
-(one compiled function, no cache), the model seeing the last `context_length` tokens (a sliding
-window once the text is longer than the context). It is what training prints at the end of a run.
+    >>> sampling = Sampling(temperature=0.8, top_p=0.95)
+    >>> new_ids = generate(model, params, [tok.encode("ROMEO:"), tok.encode("To be")],
+    ...                    max_new_tokens=100, sampling=sampling, seed=0, stop_id=tok.eot_id)
+
+How `generate` works:
+  1. The prompts are left-padded to one length P (rounded up, so few shapes compile) and marked
+     valid/padding; padding gets no position and is never attended to (`GPT(valid_BxT=...)`), so a
+     prompt's result does not depend on the prompts around it.
+  2. One forward pass over the prompts fills a KV cache of P + max_new_tokens slots (prefill).
+  3. A `lax.while_loop` then feeds back one token per step (one compiled program, no Python per
+     token) until every sequence has emitted `stop_id` or `max_new_tokens` are made.
+
+Sampling (HF's order): logits / temperature -> keep the top_k -> keep the nucleus (the fewest
+tokens whose probability reaches top_p) -> draw. **temperature=0 means greedy** (argmax; top_k and
+top_p are then irrelevant). Draws for row b at step i use the key fold_in(fold_in(seed, i), b): a
+prompt gives the same sample alone or in a batch, in the same row.
+
+Lengths: every prompt plus max_new_tokens must fit in the context (the learned position table),
+or `generate` raises; with `sliding_window=True` longer generations instead re-run the model over
+the last context_length tokens for each new one (`generate_sliding`: correct but slow, no cache).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+from typing import Callable, Sequence
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import io_callback
 
+from transformer import sharding
 from transformer.layers import ConfigError
 
-
-def sample_logits(logits_BxV, rng, temperature: float, top_k: int = 0):
-  """Greedy for temperature 0, else a draw from softmax(logits / temperature) over the top k."""
-  if temperature == 0:
-    return jnp.argmax(logits_BxV, axis=-1)
-  logits_BxV = logits_BxV / temperature
-  if top_k:
-    kth_B = jax.lax.top_k(logits_BxV, top_k)[0][:, -1:]
-    logits_BxV = jnp.where(logits_BxV < kth_B, -jnp.inf, logits_BxV)
-  return jax.random.categorical(rng, logits_BxV, axis=-1)
+PROMPT_BUCKET = 16  # prompts are padded to a multiple of this: few compiled shapes
 
 
-def generate_simple(model, params, prompt: list[int], *, max_new_tokens: int, temperature: float = 1.0,
-                    top_k: int = 0, rng=None, stop_id: int | None = None) -> list[int]:
-  """New token ids after `prompt`, by re-running the model over the last `context_length` tokens."""
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+  temperature: float = 1.0  # 0: greedy (argmax)
+  top_k: int = 0  # keep the k most likely tokens; 0: all
+  top_p: float = 1.0  # keep the fewest tokens whose probability sums to >= top_p; 1: all
+
+  def check(self) -> "Sampling":
+    if not self.temperature >= 0:
+      raise ConfigError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
+    if self.top_k < 0:
+      raise ConfigError(f"top_k must be >= 0 (0 means no limit), got {self.top_k}")
+    if not 0 < self.top_p <= 1:
+      raise ConfigError(f"top_p must be in (0, 1] (1 means no limit), got {self.top_p}")
+    return self
+
+
+def filter_logits(logits_BxV: jax.Array, sampling: Sampling) -> jax.Array:
+  """logits / temperature with the tokens top_k and top_p exclude set to -inf (temperature > 0)."""
+  logits_BxV = logits_BxV.astype(jnp.float32) / sampling.temperature
+  if sampling.top_k and sampling.top_k < logits_BxV.shape[-1]:
+    kth_Bx1 = jax.lax.top_k(logits_BxV, sampling.top_k)[0][:, -1:]
+    logits_BxV = jnp.where(logits_BxV < kth_Bx1, -jnp.inf, logits_BxV)
+  if sampling.top_p < 1:
+    sorted_BxV = -jnp.sort(-logits_BxV, axis=-1)  # descending
+    probs_BxV = jax.nn.softmax(sorted_BxV, axis=-1)
+    # Keep a token if the tokens more likely than it hold less than top_p: the first always stays.
+    keep_B = jnp.sum(jnp.cumsum(probs_BxV, axis=-1) - probs_BxV < sampling.top_p, axis=-1)
+    threshold_Bx1 = jnp.take_along_axis(sorted_BxV, keep_B[:, None] - 1, axis=-1)
+    logits_BxV = jnp.where(logits_BxV < threshold_Bx1, -jnp.inf, logits_BxV)
+  return logits_BxV
+
+
+def sample_logits(logits_BxV: jax.Array, rng: jax.Array, sampling: Sampling) -> jax.Array:
+  """One token per row; row b draws with the key fold_in(rng, b)."""
+  if sampling.temperature == 0:
+    return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
+  logits_BxV = filter_logits(logits_BxV, sampling)
+  keys_B = jax.vmap(lambda b: jax.random.fold_in(rng, b))(jnp.arange(logits_BxV.shape[0]))
+  return jax.vmap(jax.random.categorical)(keys_B, logits_BxV).astype(jnp.int32)
+
+
+def init_cache(model, batch_size: int, length: int):
+  """An empty KV cache (the "cache" collection) for `batch_size` sequences of `length` tokens."""
+  tokens = jnp.zeros((batch_size, length), jnp.int32)
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), tokens, decode=True)["cache"])
+  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "max_new_tokens", "sampling", "stop_id", "rules",
+                                             "on_token"))
+def generate_padded(params, prompt_BxP, valid_BxP, rng, *, model, max_new_tokens: int, sampling: Sampling,
+                    stop_id: int | None = None, rules: tuple = (), on_token: Callable | None = None):
+  """The compiled sampler: left-padded prompts (B, P) -> new tokens (B, max_new_tokens).
+
+  After a sequence emits `stop_id` its remaining entries are `stop_id`. `on_token(step, tokens_B)`,
+  if given, is called on the host as each step's tokens are made (streaming)."""
+  B, P = prompt_BxP.shape
+  N = max_new_tokens
+  with nn.logical_axis_rules(rules):
+    def forward(cache, tokens_BxT, valid_BxT):
+      logits_BxTxV, variables = model.apply({"params": params, "cache": cache}, tokens_BxT, valid_BxT=valid_BxT,
+                                            decode=True, mutable=["cache"])
+      return logits_BxTxV[:, -1], variables["cache"]
+
+    def emit(i, logits_BxV, done_B, tokens_BxN):
+      token_B = sample_logits(logits_BxV, jax.random.fold_in(rng, i), sampling)
+      if stop_id is not None:
+        token_B = jnp.where(done_B, stop_id, token_B)
+        done_B = done_B | (token_B == stop_id)
+      if on_token is not None:
+        io_callback(on_token, None, i, token_B, ordered=True)
+      return token_B, done_B, tokens_BxN.at[:, i].set(token_B)
+
+    logits_BxV, cache = forward(init_cache(model, B, P + N), prompt_BxP, valid_BxP)
+    token_B, done_B, tokens_BxN = emit(0, logits_BxV, jnp.zeros((B,), bool), jnp.zeros((B, N), jnp.int32))
+
+    def step(carry):
+      i, cache, token_B, done_B, tokens_BxN = carry
+      logits_BxV, cache = forward(cache, token_B[:, None], jnp.ones((B, 1), bool))
+      return i + 1, cache, *emit(i, logits_BxV, done_B, tokens_BxN)
+
+    keep_going = lambda carry: (carry[0] < N) & ~jnp.all(carry[3])
+    *_, tokens_BxN = jax.lax.while_loop(keep_going, step, (jnp.int32(1), cache, token_B, done_B, tokens_BxN))
+  return tokens_BxN
+
+
+def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int) -> list[list[int]]:
+  if isinstance(prompts, (str, bytes)) or not len(prompts):
+    raise ConfigError("prompts must be a non-empty list of token-id lists (encode text with a tokenizer)")
+  out = []
+  for i, prompt in enumerate(prompts):
+    prompt = [int(t) for t in prompt]
+    if not prompt:
+      raise ConfigError(f"prompt {i} is empty; start it with the end-of-text id (tokenizer.eot_id), which "
+                        f"is how GPT-2 begins a document")
+    bad = [t for t in prompt if not 0 <= t < vocab_size]
+    if bad:
+      raise ConfigError(f"prompt {i} has token id {bad[0]} outside the model's vocabulary [0, {vocab_size}); "
+                        f"was it encoded with another tokenizer?")
+    out.append(prompt)
+  return out
+
+
+def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+             sampling: Sampling = Sampling(), seed: int | jax.Array = 0, stop_id: int | None = None,
+             mesh=None, rules: tuple = (), sliding_window: bool = False,
+             on_token: Callable[[int, np.ndarray], None] | None = None) -> list[list[int]]:
+  """New token ids for each prompt (at most `max_new_tokens`, without `stop_id` and what follows).
+
+  With `mesh` (and the logical axis `rules` training used), the batch and the KV cache are sharded
+  like training's activations; `params` keep whatever shardings they have (e.g. from a checkpoint).
+  `on_token(step, tokens_B)` streams each step's tokens, in prompt order."""
+  cfg = model.config
+  prompts = check_prompts(prompts, cfg.vocab_size)
+  sampling = sampling.check()
+  if max_new_tokens < 1:
+    raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+  rng = jax.random.key(seed) if isinstance(seed, int) else seed
+  longest = max(len(p) for p in prompts)
+  if longest + max_new_tokens > cfg.context_length:
+    if sliding_window:
+      return [generate_sliding(model, params, p, max_new_tokens=max_new_tokens, sampling=sampling,
+                               rng=jax.random.fold_in(rng, b), stop_id=stop_id) for b, p in enumerate(prompts)]
+    which = max(range(len(prompts)), key=lambda b: len(prompts[b]))
+    raise ConfigError(f"prompt {which} ({longest} token{"s" * (longest > 1)}) + max_new_tokens={max_new_tokens} is longer than the "
+                      f"model's context of {cfg.context_length} tokens; shorten the prompt, lower max_new_tokens "
+                      f"to {max(cfg.context_length - longest, 0)}, or use the sliding window "
+                      f"(sliding_window=True / --sliding_window), which is much slower")
+
+  # Shapes: prompt length rounded up (without leaving the context), batch up to the data-parallel size.
+  P = min(-(-longest // PROMPT_BUCKET) * PROMPT_BUCKET, cfg.context_length - max_new_tokens)
+  dp = sharding.data_parallel_size(mesh, rules) if mesh is not None else 1
+  B = -(-len(prompts) // dp) * dp
+  prompt_BxP = np.zeros((B, P), np.int32)
+  valid_BxP = np.zeros((B, P), bool)
+  for b in range(B):
+    prompt = prompts[b] if b < len(prompts) else prompts[0]  # filler rows, dropped below
+    prompt_BxP[b, P - len(prompt):] = prompt
+    valid_BxP[b, P - len(prompt):] = True
+  stream = None
+  if on_token is not None:
+    stream = lambda i, tokens_B: on_token(int(i), np.asarray(tokens_B)[:len(prompts)])
+
+  kwargs = dict(model=model, max_new_tokens=max_new_tokens, sampling=sampling, stop_id=stop_id,
+                rules=tuple(rules) if mesh is not None else (), on_token=stream)
+  if mesh is None:
+    tokens_BxN = generate_padded(params, prompt_BxP, valid_BxP, rng, **kwargs)
+  else:
+    batch_sh = sharding.batch_sharding(mesh, rules)
+    with jax.set_mesh(mesh):
+      tokens_BxN = generate_padded(params, jax.device_put(prompt_BxP, batch_sh),
+                                   jax.device_put(valid_BxP, batch_sh), rng, **kwargs)
+  return [_until_stop(row, stop_id) for row in np.asarray(tokens_BxN)[:len(prompts)]]
+
+
+def _until_stop(tokens: np.ndarray, stop_id: int | None) -> list[int]:
+  tokens = tokens.tolist()
+  return tokens[:tokens.index(stop_id)] if stop_id in tokens else tokens
+
+
+def generate_sliding(model, params, prompt: list[int], *, max_new_tokens: int, sampling: Sampling = Sampling(),
+                     rng=None, stop_id: int | None = None) -> list[int]:
+  """One prompt, any length: a full forward pass over the last `context_length` tokens per new token
+  (one compiled function over a fixed-size buffer, no cache). Slow; for text longer than the context."""
   context = model.config.context_length
-  if not prompt:
-    raise ConfigError("the prompt is empty; give at least one token (e.g. the end-of-text id)")
+  prompt = check_prompts([prompt], model.config.vocab_size)[0]
   rng = jax.random.key(0) if rng is None else rng
 
   @jax.jit
   def next_token(buffer_1xC, length, rng):
     logits_1xCxV = model.apply({"params": params}, buffer_1xC)
     logits_1xV = jax.lax.dynamic_index_in_dim(logits_1xCxV, length - 1, axis=1, keepdims=False)
-    return sample_logits(logits_1xV, rng, temperature, top_k)[0]
+    return sample_logits(logits_1xV, rng, sampling)[0]
 
   tokens = list(prompt)
   for i in range(max_new_tokens):
@@ -49,3 +224,54 @@ def generate_simple(model, params, prompt: list[int], *, max_new_tokens: int, te
       break
     tokens.append(token)
   return tokens[len(prompt):]
+
+
+class _TextStream:
+  """Writes one sequence's text to `out` as its tokens come, holding back incomplete characters
+  (a byte-level BPE token can end in the middle of a UTF-8 sequence)."""
+
+  def __init__(self, tokenizer, out, stop_id: int | None):
+    self.tokenizer, self.out, self.stop_id = tokenizer, out, stop_id
+    self.ids: list[int] = []
+    self.written = 0
+    self.stopped = False
+
+  def __call__(self, step: int, tokens_B: np.ndarray) -> None:
+    token = int(tokens_B[0])
+    self.stopped = self.stopped or token == self.stop_id
+    if self.stopped:
+      return
+    self.ids.append(token)
+    text = self.tokenizer.decode(self.ids)
+    if not text.endswith("\ufffd"):
+      self.out.write(text[self.written:])
+      self.out.flush()
+      self.written = len(text)
+
+
+def complete(model, params, tokenizer, texts: Sequence[str], *, max_new_tokens: int,
+             sampling: Sampling = Sampling(), seed: int = 0, num_samples: int = 1, stream=None,
+             **generate_options) -> list[str]:
+  """Text continuations: `num_samples` per prompt, prompt-major. Generation stops at end-of-text;
+  an empty prompt starts from end-of-text (a fresh document, as GPT-2 was trained). Special tokens
+  written in a prompt (e.g. "<|endoftext|>") are encoded as such.
+
+  stream: a text file (e.g. sys.stdout) to write the completions to as their tokens come; they are
+  then made one at a time (sample j of a prompt with seed `seed + j`) instead of as one batch."""
+  if num_samples < 1:
+    raise ConfigError(f"num_samples must be >= 1, got {num_samples}")
+  prompts = [tokenizer.encode(t, allow_special=True) or [tokenizer.eot_id] for t in texts]
+  options = dict(max_new_tokens=max_new_tokens, sampling=sampling, stop_id=tokenizer.eot_id, **generate_options)
+  if stream is None:
+    rows = [p for p in prompts for _ in range(num_samples)]
+    return [tokenizer.decode(ids) for ids in generate(model, params, rows, seed=seed, **options)]
+  completions = []
+  for text, prompt in zip(texts, prompts):
+    for j in range(num_samples):
+      stream.write(text)
+      streamer = _TextStream(tokenizer, stream, tokenizer.eot_id)
+      [ids] = generate(model, params, [prompt], seed=seed + j, on_token=streamer, **options)
+      completions.append(tokenizer.decode(ids))
+      stream.write(completions[-1][streamer.written:] + "\n")  # what was held back (or not streamed)
+      stream.flush()
+  return completions

@@ -162,10 +162,15 @@ class Projection(nn.Module):
 
 
 class MultiHeadAttention(nn.Module):
-  """Self-attention (one fused Q/K/V projection) or cross-attention (Q from x, K/V from `context`)."""
+  """Self-attention (one fused Q/K/V projection) or cross-attention (Q from x, K/V from `context`).
+
+  With `decode=True` self-attention keeps a KV cache in the "cache" collection: each call writes
+  its keys/values at the cache index and attends over the whole cache (the caller's mask says which
+  slots are real). The cache's length is that of the input `init` sees (see `decode.init_cache`)."""
   cfg: BlockConfig
   # GPT-2 scales the init of projections into the residual stream by 1/sqrt(2 * layers).
   residual_std: float = 0.02
+  decode: bool = False
 
   @nn.compact
   def __call__(self, x_BxTxD, mask_BxTxS, *, context_BxSxD=None, deterministic=True):
@@ -176,6 +181,8 @@ class MultiHeadAttention(nn.Module):
     if context_BxSxD is None:
       qkv_BxTx3xHxK = dense((3, H, K), 1, ("embed", None, "heads", "kv"), 0.02, "qkv")(x_BxTxD)
       q_BxTxHxK, k_BxSxHxK, v_BxSxHxK = (qkv_BxTx3xHxK[:, :, i] for i in range(3))
+      if self.decode:
+        k_BxSxHxK, v_BxSxHxK = self._cached(k_BxSxHxK, v_BxSxHxK)
     else:
       q_BxTxHxK = dense((H, K), 1, ("embed", "heads", "kv"), 0.02, "q")(x_BxTxD)
       kv_BxSx2xHxK = dense((2, H, K), 1, ("embed", None, "heads", "kv"), 0.02, "kv")(context_BxSxD)
@@ -184,6 +191,23 @@ class MultiHeadAttention(nn.Module):
     dropout = nn.Dropout(cfg.attention_dropout_rate) if cfg.attention_dropout_rate else None
     out_BxTxHxK = attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, cfg.attention, dropout, deterministic)
     return dense((D,), 2, ("heads", "kv", "embed"), self.residual_std, "out")(out_BxTxHxK)
+
+  def _cached(self, k_BxTxHxK, v_BxTxHxK):
+    """Writes this call's T keys/values at the cache index; returns the whole cache (B, S, H, K)."""
+    initialising = not self.has_variable("cache", "key")
+    names = ("batch", "length", "heads", "kv")  # sharded like the activations that fill it
+    key = self.variable("cache", "key", jnp.zeros, k_BxTxHxK.shape, k_BxTxHxK.dtype)
+    value = self.variable("cache", "value", jnp.zeros, v_BxTxHxK.shape, v_BxTxHxK.dtype)
+    index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
+    if initialising:  # `init` only sizes the cache
+      return k_BxTxHxK, v_BxTxHxK
+    i = index.value
+    key.value = nn.with_logical_constraint(
+        jax.lax.dynamic_update_slice_in_dim(key.value, k_BxTxHxK.astype(key.value.dtype), i, axis=1), names)
+    value.value = nn.with_logical_constraint(
+        jax.lax.dynamic_update_slice_in_dim(value.value, v_BxTxHxK.astype(value.value.dtype), i, axis=1), names)
+    index.value = i + k_BxTxHxK.shape[1]
+    return key.value, value.value
 
 
 class MLP(nn.Module):
@@ -206,6 +230,7 @@ class Block(nn.Module):
   cross_attention: bool = False
   residual_std: float = 0.02
   deterministic: bool = True  # no dropout; an attribute, not an argument, so scan/remat see no bool
+  decode: bool = False  # self-attention through a KV cache (MultiHeadAttention)
 
   @nn.compact
   def __call__(self, x_BxTxD, mask_BxTxT, context_BxSxD=None, context_mask_BxTxS=None):
@@ -217,7 +242,7 @@ class Block(nn.Module):
         return x + drop(branch(norm(x)), deterministic=deterministic)
       return norm(x + drop(branch(x), deterministic=deterministic))
 
-    x_BxTxD = residual(x_BxTxD, lambda h: MultiHeadAttention(cfg, self.residual_std, name="attn")(
+    x_BxTxD = residual(x_BxTxD, lambda h: MultiHeadAttention(cfg, self.residual_std, self.decode, name="attn")(
         h, mask_BxTxT, deterministic=deterministic), layer_norm(cfg, "ln_1"))
     if self.cross_attention:
       x_BxTxD = residual(x_BxTxD, lambda h: MultiHeadAttention(cfg, self.residual_std, name="cross_attn")(
@@ -248,23 +273,25 @@ class Stack(nn.Module):
   remat_policy: str = "none"
   cross_attention: bool = False
   deterministic: bool = True
+  decode: bool = False
 
   @nn.compact
   def __call__(self, x_BxTxD, mask_BxTxT, context_BxSxD=None, context_mask_BxTxS=None):
     check_remat_policy(self.remat_policy)
     block = Block
-    if self.remat_policy != "none":
+    if self.remat_policy != "none" and not self.decode:  # no backward pass when decoding
       block = nn.remat(Block, policy=REMAT_POLICIES[self.remat_policy], prevent_cse=not self.scan)
     residual_std = 0.02 / math.sqrt(2 * self.num_layers)
     if self.scan:
-      scanned = nn.scan(lambda mdl, x, *args: (mdl(x, *args), None), variable_axes={"params": 0},
+      scanned = nn.scan(lambda mdl, x, *args: (mdl(x, *args), None), variable_axes={"params": 0, "cache": 0},
                         split_rngs={"params": True, "dropout": True}, length=self.num_layers,
                         in_axes=(nn.broadcast,) * 3, metadata_params={nn.PARTITION_NAME: "layers"})
       x_BxTxD, _ = scanned(block(self.cfg, self.cross_attention, residual_std, self.deterministic,
-                                 name="layers"), x_BxTxD, mask_BxTxT, context_BxSxD, context_mask_BxTxS)
+                                 self.decode, name="layers"), x_BxTxD, mask_BxTxT, context_BxSxD, context_mask_BxTxS)
       return x_BxTxD
     for i in range(self.num_layers):
-      x_BxTxD = block(self.cfg, self.cross_attention, residual_std, self.deterministic, name=f"layer_{i}")(
+      x_BxTxD = block(self.cfg, self.cross_attention, residual_std, self.deterministic, self.decode,
+                      name=f"layer_{i}")(
           x_BxTxD, mask_BxTxT, context_BxSxD, context_mask_BxTxS)
     return x_BxTxD
 

@@ -35,6 +35,7 @@ from transformer import checkpoints, data, decode, metrics, optim, sharding
 from transformer.data import pipeline
 from transformer.layers import ConfigError
 from transformer.models.gpt import GPT, GPTConfig
+from transformer.tokenizers import load_tokenizer
 
 
 @flax.struct.dataclass
@@ -245,6 +246,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
   run = build(config)
   if lead:
     (workdir / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
+    run.prepared.tokenizer.save(workdir / "tokenizer")  # so the workdir alone can be sampled from
     print(f"devices: {metrics.device_summary()}\nmodel: {run.model_cfg}")
 
   ckpt = checkpoints.Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints,
@@ -335,10 +337,63 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
   return result
 
 
+@dataclasses.dataclass
+class Trained:
+  """A trained model restored from a workdir: what sampling and evaluation need, no optimizer."""
+  model: GPT
+  params: Any
+  tokenizer: Any
+  mesh: Any
+  rules: tuple
+  step: int
+
+
+def restore_trained(workdir: str | Path, step: str | int = "latest") -> Trained:
+  """The params of a workdir's checkpoint `step` ("latest", "best" by validation loss, or a number),
+  sharded over this machine's devices with the run's logical axis rules."""
+  workdir = Path(workdir)
+  files = {"config": workdir / "config.json", "tokenizer": workdir / "tokenizer",
+           "checkpoints": workdir / "checkpoints"}
+  missing = [str(p) for p in files.values() if not p.exists()]
+  if missing:
+    raise checkpoints.CheckpointError(f"{workdir} is not a training workdir: looked for {', '.join(missing)} "
+                                      f"(launch.train writes them); check the --workdir path")
+  config = ml_collections.ConfigDict(json.loads(files["config"].read_text()))
+  tokenizer = load_tokenizer(files["tokenizer"])
+  cfg = model_config(config, tokenizer.vocab_size)
+  rules = sharding.rules(config)
+  try:
+    mesh = sharding.make_mesh(config.mesh)
+  except ConfigError:  # trained on another number of devices: data-parallel over these
+    mesh = sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
+  model = GPT(cfg)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
+  abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), nn.unbox(boxed),
+                          sharding.logical_shardings(mesh, boxed, rules))
+  ckpt = checkpoints.Checkpointer(files["checkpoints"], async_save=False)
+  try:
+    if step in ("latest", "best"):
+      chosen = ckpt.latest_step() if step == "latest" else ckpt.best_step()
+    elif str(step).isdigit():
+      chosen = int(step)
+    else:
+      raise checkpoints.CheckpointError(f"step must be 'latest', 'best' or a step number, got {step!r}")
+    if chosen is None:
+      what = "checkpoints" if step == "latest" else "checkpoint with a validation loss"
+      raise checkpoints.CheckpointError(f"no {what} in {files['checkpoints']}; train longer or pass --step")
+    params = ckpt.restore_params(chosen, abstract)
+  finally:
+    ckpt.close()
+  return Trained(model, params, tokenizer, mesh, rules, chosen)
+
+
 def sample_text(run: Run, params, sample_config) -> str:
   tok = run.prepared.tokenizer
   prompt = tok.encode(sample_config.prompt) if sample_config.prompt else [tok.eot_id]
-  ids = decode.generate_simple(run.model, params, prompt, max_new_tokens=sample_config.max_new_tokens,
-                               temperature=sample_config.temperature, top_k=sample_config.top_k,
-                               rng=jax.random.key(sample_config.seed), stop_id=tok.eot_id)
+  sampling = decode.Sampling(temperature=sample_config.temperature, top_k=sample_config.top_k,
+                             top_p=sample_config.get("top_p", 1.0))
+  [ids] = decode.generate(run.model, params, [prompt], max_new_tokens=sample_config.max_new_tokens,
+                          sampling=sampling, seed=sample_config.seed, stop_id=tok.eot_id, mesh=run.mesh,
+                          rules=run.rules, sliding_window=True)
   return sample_config.prompt + tok.decode(ids)

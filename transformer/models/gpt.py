@@ -88,23 +88,41 @@ class GPT(nn.Module):
   config: GPTConfig
 
   @nn.compact
-  def __call__(self, tokens_BxT: jax.Array, *, deterministic: bool = True) -> jax.Array:
+  def __call__(self, tokens_BxT: jax.Array, *, valid_BxT: jax.Array | None = None, deterministic: bool = True,
+               decode: bool = False) -> jax.Array:
+    """Float32 logits for every position.
+
+    valid_BxT: False marks padding (e.g. left-padded prompts of different lengths). Padding takes no
+      position and no token attends to it, so a sequence's logits do not depend on its padding.
+    decode: continue the tokens of earlier calls through the KV cache (the "cache" collection:
+      `apply(..., mutable=["cache"])`, made by `transformer.decode.init_cache`).
+    """
     cfg = self.config
     B, T = tokens_BxT.shape
-    if T > cfg.context_length:
+    if decode:
+      positions_BxT, mask_BxTxS = self._cache_positions(valid_BxT if valid_BxT is not None
+                                                        else jnp.ones((B, T), bool))
+    elif T > cfg.context_length:
       raise ConfigError(f"a sequence of {T} tokens is longer than context_length={cfg.context_length} "
                         f"(the position table); use at most {cfg.context_length} tokens")
+    elif valid_BxT is None:
+      positions_BxT, mask_BxTxS = jnp.arange(T)[None], layers.causal_mask(T)
+    else:
+      positions_BxT = jnp.maximum(jnp.cumsum(valid_BxT, axis=1) - 1, 0)
+      # Padding queries attend to themselves only, so that nothing there is a 0/0.
+      mask_BxTxS = layers.causal_mask(T) & (valid_BxT[:, None, :] | jnp.eye(T, dtype=bool)[None])
+
     dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
     wte = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=param_dtype, name="wte",
                    embedding_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ("vocab", "embed")))
     wpe_LxD = self.param("wpe", nn.with_logical_partitioning(nn.initializers.normal(0.01), ("position", "embed")),
                          (cfg.context_length, cfg.d_model), param_dtype)
-    x_BxTxD = wte(tokens_BxT) + wpe_LxD[:T].astype(dtype)[None]
+    x_BxTxD = wte(tokens_BxT) + wpe_LxD.astype(dtype)[positions_BxT]
     x_BxTxD = nn.Dropout(cfg.dropout_rate)(x_BxTxD, deterministic=deterministic)
     x_BxTxD = nn.with_logical_constraint(x_BxTxD, ("batch", "length", "embed"))
 
     x_BxTxD = layers.Stack(cfg.block(), cfg.num_layers, scan=cfg.scan_layers, remat_policy=cfg.remat_policy,
-                           deterministic=deterministic, name="h")(x_BxTxD, layers.causal_mask(T))
+                           deterministic=deterministic, decode=decode, name="h")(x_BxTxD, mask_BxTxS)
     x_BxTxD = layers.layer_norm(cfg.block(), "ln_f")(x_BxTxD)
 
     if cfg.tie_embeddings:
@@ -116,6 +134,27 @@ class GPT(nn.Module):
                               name="lm_head")(x_BxTxD)
     # Softmax/cross-entropy in float32 whatever the compute dtype.
     return nn.with_logical_constraint(logits_BxTxV.astype(jnp.float32), ("batch", "length", "vocab"))
+
+  def _cache_positions(self, valid_BxT):
+    """Decode mode: the new tokens' positions, and which cache slots (S of them) each may attend to.
+
+    The cache remembers, per slot, whether it holds a real token, and per sequence how many real
+    tokens it has seen: a token's position is that count, whatever padding came before it."""
+    B, T = valid_BxT.shape
+    initialising = not self.has_variable("cache", "valid")  # `init` sizes the cache: T is its length
+    valid = self.variable("cache", "valid", jnp.zeros, (B, T), bool)
+    count = self.variable("cache", "count", jnp.zeros, (B,), jnp.int32)
+    index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
+    positions_BxT = jnp.maximum(count.value[:, None] + jnp.cumsum(valid_BxT, axis=1) - 1, 0)
+    slots_T = index.value + jnp.arange(T)
+    if not initialising:
+      valid.value = jax.lax.dynamic_update_slice_in_dim(valid.value, valid_BxT, index.value, axis=1)
+      count.value = count.value + valid_BxT.sum(axis=1, dtype=jnp.int32)
+      index.value = index.value + T
+    slots_S = jnp.arange(valid.value.shape[1])
+    earlier_TxS = slots_S[None, :] <= slots_T[:, None]
+    itself_TxS = slots_S[None, :] == slots_T[:, None]
+    return positions_BxT, earlier_TxS[None] & (valid.value[:, None, :] | itself_TxS[None])
 
 
 def param_shapes(config: GPTConfig):

@@ -1,0 +1,89 @@
+r"""Samples text from a training workdir's checkpoint or from GPT-2 safetensors.
+
+  python -m launch.sample --workdir=workdirs/shakespeare-char --prompt="ROMEO:" --max_new_tokens=300
+  python -m launch.sample --workdir=workdirs/shakespeare-char --step=best --prompt="KING:" \
+      --prompt="To be" --num_samples=3 --temperature=0.8 --top_p=0.95
+  python -m launch.sample --hf=path/to/gpt2 --prompt="Every effort moves you" --stream
+  echo "Alas, poor" | python -m launch.sample --workdir=workdirs/shakespeare-char --prompts_file=-
+
+Prompts come from --prompt (repeatable), or --prompts_file (one per line; "-" is stdin; write "\n"
+for a newline inside a prompt). An empty prompt starts from <|endoftext|>: a fresh document.
+--temperature=0 is greedy decoding. Prompt + --max_new_tokens must fit in the model's context
+unless --sliding_window (slower: no KV cache).
+"""
+
+import sys
+from pathlib import Path
+
+from absl import flags
+
+from transformer import cli, decode
+from transformer.errors import UserError
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir (launch.train's --workdir).")
+_STEP = flags.DEFINE_string("step", "latest", "With --workdir: 'latest', 'best' (lowest validation loss) "
+                            "or a step number.")
+_HF = flags.DEFINE_string("hf", None, "Instead of --workdir: a Hugging Face GPT-2 directory (model.safetensors "
+                          "+ config.json) or .safetensors file.")
+_TOKENIZER = flags.DEFINE_string("tokenizer", "gpt2", "With --hf: the tokenizer (gpt2 for OpenAI's GPT-2).")
+_PROMPT = flags.DEFINE_multi_string("prompt", [], "A prompt; repeat the flag for several.")
+_PROMPTS_FILE = flags.DEFINE_string("prompts_file", None, "One prompt per line; '-' reads stdin.")
+_MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 200, "At most this many tokens per completion.")
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "Softmax temperature; 0 is greedy.")
+_TOP_K = flags.DEFINE_integer("top_k", 0, "Sample among the k most likely tokens only (0: all).")
+_TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus sampling: the fewest tokens with this much probability.")
+_NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1, "Completions per prompt.")
+_SEED = flags.DEFINE_integer("seed", 0, "Random seed.")
+_STREAM = flags.DEFINE_bool("stream", False, "Print tokens as they are made (completions one at a time).")
+_SLIDING_WINDOW = flags.DEFINE_bool("sliding_window", False, "Allow prompt + new tokens beyond the context by "
+                                    "re-reading the last context_length tokens for each new one (slow).")
+
+
+def read_prompts() -> list[str]:
+  prompts = list(_PROMPT.value)
+  if _PROMPTS_FILE.value:
+    if _PROMPTS_FILE.value == "-":
+      text = sys.stdin.read()
+    elif Path(_PROMPTS_FILE.value).is_file():
+      text = Path(_PROMPTS_FILE.value).read_text()
+    else:
+      raise UserError(f"--prompts_file={_PROMPTS_FILE.value}: no such file")
+    prompts += [line.replace("\\n", "\n") for line in text.splitlines()]
+  return prompts or [""]
+
+
+def load():
+  """(model, params, tokenizer, mesh, rules, description) from --workdir or --hf."""
+  if (_WORKDIR.value is None) == (_HF.value is None):
+    raise UserError("give exactly one of --workdir (a training run) or --hf (GPT-2 safetensors)")
+  if _WORKDIR.value:
+    from transformer import train
+    trained = train.restore_trained(_WORKDIR.value, _STEP.value)
+    return (trained.model, trained.params, trained.tokenizer, trained.mesh, trained.rules,
+            f"{_WORKDIR.value} step {trained.step}")
+  from transformer import checkpoints, tokenizers
+  from transformer.models.gpt import GPT
+  config, params = checkpoints.import_hf_gpt2(_HF.value)
+  return GPT(config), params, tokenizers.get_tokenizer(_TOKENIZER.value), None, (), _HF.value
+
+
+def main(argv):
+  del argv
+  prompts = read_prompts()
+  model, params, tokenizer, mesh, rules, source = load()
+  sampling = decode.Sampling(temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value)
+  print(f"# {source}: {len(prompts)} prompt(s) x {_NUM_SAMPLES.value}, {sampling}", file=sys.stderr)
+  options = dict(max_new_tokens=_MAX_NEW_TOKENS.value, sampling=sampling, seed=_SEED.value,
+                 num_samples=_NUM_SAMPLES.value, mesh=mesh, rules=rules, sliding_window=_SLIDING_WINDOW.value)
+  if _STREAM.value:
+    decode.complete(model, params, tokenizer, prompts, stream=sys.stdout, **options)
+    return
+  completions = decode.complete(model, params, tokenizer, prompts, **options)
+  for i, completion in enumerate(completions):
+    if i:
+      print("-" * 40)
+    print(prompts[i // _NUM_SAMPLES.value] + completion)
+
+
+if __name__ == "__main__":
+  cli.run(main)

@@ -1,0 +1,119 @@
+"""launch.sample as a real process: from a training workdir (latest/best) and from GPT-2
+safetensors; prompts from flags, a file and stdin; streaming; bad input."""
+
+import re
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import run_module
+from experiments import shakespeare
+from transformer import checkpoints, decode, tokenizers, train
+from transformer.models.gpt import GPT, GPTConfig
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("run")
+  config = shakespeare.get_config("tiny")
+  config.data.root = str(tmp_path_factory.mktemp("data"))
+  config.num_train_steps = 30
+  config.eval_every_steps = 10
+  config.checkpoint_every_steps = 10
+  config.sample.max_new_tokens = 0
+  train.train_and_evaluate(config, workdir)
+  return workdir
+
+
+def _sample(*args, stdin=None):
+  return run_module("launch.sample", *args, stdin=stdin)
+
+
+def test_workdir_completions_match_the_library(workdir):
+  proc = _sample(f"--workdir={workdir}", "--prompt=ROMEO:", "--prompt=", "--temperature=0", "--max_new_tokens=30")
+  assert proc.returncode == 0, proc.stderr
+  trained = train.restore_trained(workdir)
+  assert trained.step == 30
+  want = decode.complete(trained.model, trained.params, trained.tokenizer, ["ROMEO:", ""], max_new_tokens=30,
+                         sampling=decode.Sampling(temperature=0))
+  assert proc.stdout == f"ROMEO:{want[0]}\n{'-' * 40}\n{want[1]}\n"
+  assert len(want[0]) > 5
+
+
+def test_best_and_numbered_steps(workdir):
+  for step in ("best", "10"):
+    proc = _sample(f"--workdir={workdir}", f"--step={step}", "--prompt=KING:", "--max_new_tokens=5")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("KING:")
+  trained = train.restore_trained(workdir, "best")
+  assert trained.step in (10, 20, 30)
+
+
+def test_prompts_file_stdin_and_streaming_agree(workdir, tmp_path):
+  common = [f"--workdir={workdir}", "--temperature=0", "--max_new_tokens=25"]
+  by_flag = _sample(*common, "--prompt=To be", "--prompt=Alas,\npoor")
+  assert by_flag.returncode == 0, by_flag.stderr
+  prompts = tmp_path / "prompts.txt"
+  prompts.write_text("To be\nAlas,\\npoor\n")  # "\n" written as two characters: a newline in a prompt
+  by_file = _sample(*common, f"--prompts_file={prompts}")
+  by_stdin = _sample(*common, "--prompts_file=-", stdin=prompts.read_text())
+  assert by_file.stdout == by_flag.stdout == by_stdin.stdout
+  streamed = _sample(*common, "--prompt=To be", "--prompt=Alas,\npoor", "--stream")
+  assert streamed.returncode == 0, streamed.stderr
+  assert streamed.stdout == by_flag.stdout.replace("-" * 40 + "\n", "")
+
+
+def test_sampling_flags_and_seeds(workdir):
+  common = [f"--workdir={workdir}", "--prompt=ROMEO:", "--max_new_tokens=30", "--num_samples=3"]
+  a = _sample(*common, "--seed=1", "--top_p=0.9", "--top_k=20").stdout
+  b = _sample(*common, "--seed=1", "--top_p=0.9", "--top_k=20").stdout
+  c = _sample(*common, "--seed=2", "--top_p=0.9", "--top_k=20").stdout
+  assert a == b != c
+  assert len(set(a.split("-" * 40))) == 3  # three different samples
+
+
+def test_from_gpt2_safetensors(tmp_path):
+  """A GPT-2-shaped model with the real vocabulary, exported to HF safetensors, sampled via --hf."""
+  cfg = GPTConfig(vocab_size=50257, context_length=64, num_layers=2, num_heads=2, d_model=32)
+  params = jax.jit(GPT(cfg).init)(jax.random.key(0), np.zeros((1, 8), np.int32))["params"]
+  checkpoints.export_hf_gpt2(cfg, params, tmp_path)
+  proc = _sample(f"--hf={tmp_path}", "--prompt=Every effort moves you", "--temperature=0", "--max_new_tokens=8")
+  assert proc.returncode == 0, proc.stderr
+  cfg2, params2 = checkpoints.import_hf_gpt2(tmp_path)
+  [want] = decode.complete(GPT(cfg2), params2, tokenizers.get_tokenizer("gpt2"), ["Every effort moves you"],
+                           max_new_tokens=8, sampling=decode.Sampling(temperature=0))
+  assert proc.stdout == f"Every effort moves you{want}\n"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--workdir=/nonexistent/run"], "/nonexistent/run is not a training workdir: looked for "
+                                     "/nonexistent/run/config.json, /nonexistent/run/tokenizer, /nonexistent/run/checkpoints"),
+    ([], "give exactly one of --workdir"),
+    (["--hf=/nonexistent/gpt2"], "no GPT-2 safetensors at /nonexistent/gpt2"),
+    (["--step=7"], "no checkpoint for step 7 in .*checkpoints; it has steps \\[10, 20, 30\\]"),
+    (["--step=last"], "step must be 'latest', 'best' or a step number, got 'last'"),
+    (["--max_new_tokens=64"], "prompt 0 \\(1 token\\) \\+ max_new_tokens=64 is longer than the model's context of "
+                              "64 tokens; .*lower max_new_tokens to 63.*--sliding_window"),
+    (["--prompts_file=/nonexistent/prompts.txt"], "--prompts_file=/nonexistent/prompts.txt: no such file"),
+    (["--top_p=1.5"], "top_p must be in \\(0, 1\\]"),
+])
+def test_bad_input_is_one_clear_error(workdir, args, message):
+  if not any(a.startswith(("--workdir", "--hf")) for a in args) and args:
+    args = [f"--workdir={workdir}", *args]
+  proc = _sample(*args)
+  assert proc.returncode == 1
+  errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and re.search(message, errors[0]), proc.stderr
+  assert "Traceback" not in proc.stderr
+
+
+def test_sliding_window_past_the_context(workdir):
+  proc = _sample(f"--workdir={workdir}", "--prompt=ROMEO:", "--max_new_tokens=80", "--sliding_window",
+                 "--temperature=0")
+  assert proc.returncode == 0, proc.stderr
+  trained = train.restore_trained(workdir)
+  [want] = decode.complete(trained.model, trained.params, trained.tokenizer, ["ROMEO:"], max_new_tokens=80,
+                           sampling=decode.Sampling(temperature=0), sliding_window=True)
+  assert proc.stdout == f"ROMEO:{want}\n"
+  assert len(trained.tokenizer.encode(want)) > 64 - 6  # char-level: past the 64-token context
