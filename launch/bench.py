@@ -1,41 +1,142 @@
 r"""Benchmarks that print tables (medians of several runs). Speed is measured here, never in tests.
 
   python -m launch.bench --what=forward --preset=gpt2 --batch_sizes=1,8 --seq_len=1024
+  python -m launch.bench --what=generate --preset=gpt2 --batch_sizes=1,64     # new tokens/s, ours only
+  python -m launch.bench --what=vs_hf                                         # ours vs HF transformers
+
+--what=vs_hf runs, on one random-weight config (default: cpu-small with GPT-2's vocabulary):
+KV-cache generation (greedy, --prompt_len prompt tokens + --new_tokens new ones, batch sizes
+--batch_sizes) and one training step (forward, backward, AdamW with clipping; --train_batch x
+--seq_len tokens), here in JAX and in HF transformers' PyTorch GPT-2 (eager, `generate` with its
+KV cache). The peer runs in a Python 3.11 venv with torch's CPU wheel, created on first use under
+the asset cache ($TRANSFORMER_CACHE/hf-peer-venv) or given by --peer_python.
 """
 
+import functools
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
+import numpy as np
 from absl import flags
 
-from transformer import benchmark, cli
+from transformer import benchmark, cli, decode, optim, train
 from transformer.models import gpt
 
-_WHAT = flags.DEFINE_enum("what", "forward", ["forward"], "Which benchmark.")
-_PRESET = flags.DEFINE_string("preset", "gpt2", "GPT preset.")
-_BATCH_SIZES = flags.DEFINE_list("batch_sizes", ["1", "8"], "Batch sizes.")
-_SEQ_LEN = flags.DEFINE_integer("seq_len", 1024, "Sequence length.")
+_WHAT = flags.DEFINE_enum("what", "vs_hf", ["forward", "generate", "vs_hf"], "Which benchmark.")
+_PRESET = flags.DEFINE_string("preset", "cpu-small", "GPT preset (random weights).")
+_VOCAB = flags.DEFINE_integer("vocab_size", 50257, "Vocabulary size (GPT-2's by default).")
+_BATCH_SIZES = flags.DEFINE_list("batch_sizes", ["1", "8"], "Batch sizes (forward, generate).")
+_SEQ_LEN = flags.DEFINE_integer("seq_len", 256, "Sequence length (forward, train).")
+_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 32, "Generation: prompt tokens.")
+_NEW_TOKENS = flags.DEFINE_integer("new_tokens", 128, "Generation: new tokens per sequence.")
+_TRAIN_BATCH = flags.DEFINE_integer("train_batch", 16, "Training step: sequences per batch (0: skip it).")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repeats (the median is reported).")
 _ATTENTION = flags.DEFINE_string("attention", "xla", "Attention implementation.")
+_DTYPE = flags.DEFINE_string("dtype", "float32", "Compute dtype (bfloat16 on accelerators).")
+_PEER_PYTHON = flags.DEFINE_string("peer_python", None, "A Python with torch + transformers for the HF peer "
+                                   "(default: a venv made once under the asset cache).")
+
+
+def model_config() -> gpt.GPTConfig:
+  return gpt.preset(_PRESET.value, vocab_size=_VOCAB.value, attention=_ATTENTION.value, dtype=_DTYPE.value)
+
+
+def _header(what: str, cfg: gpt.GPTConfig) -> str:
+  return (f"{what}: {_PRESET.value} ({gpt.count_params(cfg):,} params, vocab {cfg.vocab_size}, {cfg.dtype}, "
+          f"attention={cfg.attention}) on {jax.device_count()}x {jax.devices()[0].device_kind}, "
+          f"median of {_REPEATS.value}")
+
+
+def _params(cfg):
+  return jax.jit(lambda: nn.unbox(gpt.GPT(cfg).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]))()
+
+
+def forward_seconds(cfg, params, batch: int) -> float:
+  apply = jax.jit(gpt.GPT(cfg).apply)
+  tokens = jax.random.randint(jax.random.key(batch), (batch, _SEQ_LEN.value), 0, cfg.vocab_size)
+  return benchmark.median_seconds(lambda: apply({"params": params}, tokens), repeats=_REPEATS.value)
+
+
+def generate_seconds(cfg, params, batch: int) -> float:
+  """One `decode.generate` call, greedy, exactly --new_tokens per sequence (no stop token)."""
+  prompts = np.random.default_rng(batch).integers(0, cfg.vocab_size, (batch, _PROMPT_LEN.value)).tolist()
+  run = lambda: decode.generate(gpt.GPT(cfg), params, prompts, max_new_tokens=_NEW_TOKENS.value,
+                                sampling=decode.Sampling(temperature=0))
+  return benchmark.median_seconds(run, repeats=_REPEATS.value)
+
+
+def train_step_seconds(cfg, params) -> float:
+  """One jit-compiled `train.train_step` (AdamW, clipping at 1.0) on --train_batch x --seq_len tokens."""
+  opt = ml_collections.ConfigDict(dict(name="adamw", lr=1e-4, schedule="constant", warmup_steps=0, min_lr_ratio=0.1,
+                                       b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1, decay_embeddings=False,
+                                       decay_norms_and_biases=False, grad_clip_norm=1.0, accumulation_steps=1))
+  tx, schedule = optim.make_optimizer(opt, 1000), optim.learning_rate(opt, 1000)
+  state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                           rng=jax.random.key_data(jax.random.key(0)))
+  step = jax.jit(functools.partial(train.train_step, model=gpt.GPT(cfg), tx=tx, schedule=schedule,
+                                   accumulation_steps=1), donate_argnums=0)
+  batch = jax.random.randint(jax.random.key(1), (_TRAIN_BATCH.value, _SEQ_LEN.value + 1), 0, cfg.vocab_size)
+  holder = [state]
+
+  def run():
+    holder[0], metrics = step(holder[0], batch)
+    return metrics["loss"]
+  return benchmark.median_seconds(run, repeats=_REPEATS.value)
 
 
 def forward_table() -> str:
-  cfg = gpt.preset(_PRESET.value, attention=_ATTENTION.value)
-  model = gpt.GPT(cfg)
-  params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
-  apply = jax.jit(model.apply)
+  cfg = model_config()
+  params = _params(cfg)
   rows = []
   for b in map(int, _BATCH_SIZES.value):
-    tokens = jax.random.randint(jax.random.key(b), (b, _SEQ_LEN.value), 0, cfg.vocab_size)
-    seconds = benchmark.median_seconds(lambda: apply(params, tokens), repeats=_REPEATS.value)
+    seconds = forward_seconds(cfg, params, b)
     rows.append([b, _SEQ_LEN.value, seconds * 1000, b * _SEQ_LEN.value / seconds])
-  header = (f"{_PRESET.value} forward pass ({gpt.count_params(cfg):,} params, attention={_ATTENTION.value}, "
-            f"{jax.devices()[0].device_kind}, median of {_REPEATS.value})")
-  return header + "\n" + benchmark.table(["batch", "seq", "ms/forward", "tokens/s"], rows)
+  return _header("forward pass", cfg) + "\n" + benchmark.table(["batch", "seq", "ms/forward", "tokens/s"], rows)
+
+
+def generate_table() -> str:
+  cfg = model_config()
+  params = _params(cfg)
+  rows = []
+  for b in map(int, _BATCH_SIZES.value):
+    seconds = generate_seconds(cfg, params, b)
+    rows.append([b, _PROMPT_LEN.value, _NEW_TOKENS.value, seconds * 1000, b * _NEW_TOKENS.value / seconds])
+  return (_header("KV-cache generation (greedy, prefill included)", cfg) + "\n"
+          + benchmark.table(["batch", "prompt", "new", "ms/call", "new tokens/s"], rows))
+
+
+def vs_hf_table() -> str:
+  cfg = model_config()
+  batch_sizes = [int(b) for b in _BATCH_SIZES.value]
+  spec = {"model": {k: getattr(cfg, k) for k in ("vocab_size", "context_length", "num_layers", "num_heads",
+                                                 "d_model")},
+          "generate": {"batch_sizes": batch_sizes, "prompt_len": _PROMPT_LEN.value, "new_tokens": _NEW_TOKENS.value},
+          "train": _TRAIN_BATCH.value and {"batch_size": _TRAIN_BATCH.value, "seq_len": _SEQ_LEN.value},
+          "repeats": _REPEATS.value}
+  peer = benchmark.run_hf_peer(benchmark.hf_peer_python(_PEER_PYTHON.value), spec)
+  params = _params(cfg)
+  rows = []
+  for b in batch_sizes:
+    ours = b * _NEW_TOKENS.value / generate_seconds(cfg, params, b)
+    theirs = b * _NEW_TOKENS.value / peer["generate"][str(b)]
+    rows.append([f"generate, {_PROMPT_LEN.value}+{_NEW_TOKENS.value} tokens", b, "new tokens/s", ours, theirs,
+                 f"{ours / theirs:.2f}x"])
+  if _TRAIN_BATCH.value:
+    tokens = _TRAIN_BATCH.value * _SEQ_LEN.value
+    ours, theirs = tokens / train_step_seconds(cfg, params), tokens / peer["train"]
+    rows.append([f"train step, seq {_SEQ_LEN.value}", _TRAIN_BATCH.value, "tokens/s", ours, theirs,
+                 f"{ours / theirs:.2f}x"])
+  header = (_header("ours (JAX, jit) vs HF transformers (PyTorch eager)", cfg)
+            + f"\npeer: torch {peer['torch']}, transformers {peer['transformers']}, {peer['threads']} threads; "
+              f"ours: jax {jax.__version__}")
+  return header + "\n" + benchmark.table(["benchmark", "batch", "unit", "ours", "HF", "ours/HF"], rows)
 
 
 def main(argv):
   del argv
-  print({"forward": forward_table}[_WHAT.value]())
+  print({"forward": forward_table, "generate": generate_table, "vs_hf": vs_hf_table}[_WHAT.value]())
 
 
 if __name__ == "__main__":

@@ -72,13 +72,28 @@ def filter_logits(logits_BxV: jax.Array, sampling: Sampling) -> jax.Array:
   return logits_BxV
 
 
+def argmax(x_BxV: jax.Array) -> jax.Array:
+  """jnp.argmax over the last axis (the first index of the maximum), fast on XLA:CPU too.
+
+  For several rows it is a max and then a min over the indices that reach it: XLA:CPU's argmax (a
+  variadic reduce) was 3-5x slower there, a third of a decoding step at a 50k vocabulary. For one
+  row jnp.argmax fuses well with the head's matrix-vector product and the max+min does not."""
+  if x_BxV.shape[0] == 1:
+    return jnp.argmax(x_BxV, axis=-1).astype(jnp.int32)
+  V = x_BxV.shape[-1]
+  hits_BxV = x_BxV == jnp.max(x_BxV, axis=-1, keepdims=True)
+  return jnp.min(jnp.where(hits_BxV, jnp.arange(V, dtype=jnp.int32), V - 1), axis=-1)
+
+
 def sample_logits(logits_BxV: jax.Array, rng: jax.Array, sampling: Sampling) -> jax.Array:
   """One token per row; row b draws with the key fold_in(rng, b)."""
   if sampling.temperature == 0:
-    return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
+    return argmax(logits_BxV)
   logits_BxV = filter_logits(logits_BxV, sampling)
+  # A draw from softmax(logits) is the argmax of logits + Gumbel noise (jax.random.categorical's way).
   keys_B = jax.vmap(lambda b: jax.random.fold_in(rng, b))(jnp.arange(logits_BxV.shape[0]))
-  return jax.vmap(jax.random.categorical)(keys_B, logits_BxV).astype(jnp.int32)
+  gumbel_BxV = jax.vmap(lambda key: jax.random.gumbel(key, logits_BxV.shape[1:]))(keys_B)
+  return argmax(logits_BxV + gumbel_BxV)
 
 
 def init_cache(model, batch_size: int, length: int):

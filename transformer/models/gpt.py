@@ -95,7 +95,8 @@ class GPT(nn.Module):
     valid_BxT: False marks padding (e.g. left-padded prompts of different lengths). Padding takes no
       position and no token attends to it, so a sequence's logits do not depend on its padding.
     decode: continue the tokens of earlier calls through the KV cache (the "cache" collection:
-      `apply(..., mutable=["cache"])`, made by `transformer.decode.init_cache`).
+      `apply(..., mutable=["cache"])`, made by `transformer.decode.init_cache`). Returns the logits
+      of the last position only, (B, 1, V): all that sampling the next token needs.
     """
     cfg = self.config
     B, T = tokens_BxT.shape
@@ -124,8 +125,16 @@ class GPT(nn.Module):
     x_BxTxD = layers.Stack(cfg.block(), cfg.num_layers, scan=cfg.scan_layers, remat_policy=cfg.remat_policy,
                            deterministic=deterministic, decode=decode, name="h")(x_BxTxD, mask_BxTxS)
     x_BxTxD = layers.layer_norm(cfg.block(), "ln_f")(x_BxTxD)
+    if decode:  # only the next token's logits are needed
+      # The barrier: XLA:CPU would otherwise fuse the normalisation into the head's matrix-vector
+      # product and redo it for every vocabulary entry (decoding ~1.2x slower at a 50k vocabulary).
+      x_BxTxD = jax.lax.optimization_barrier(x_BxTxD[:, -1:])
 
-    if cfg.tie_embeddings:
+    if cfg.tie_embeddings and decode:
+      # Embedding rows times the hidden state: for one sequence XLA:CPU runs this matrix-vector
+      # form ~1.3x faster than x @ embeddingᵀ (and as fast for several).
+      logits_BxTxV = jnp.einsum("vd,btd->btv", wte.embedding.astype(dtype), x_BxTxD)
+    elif cfg.tie_embeddings:
       logits_BxTxV = wte.attend(x_BxTxD)
     else:
       logits_BxTxV = nn.Dense(cfg.vocab_size, use_bias=False, dtype=dtype, param_dtype=param_dtype,
