@@ -103,14 +103,24 @@ def init_cache(model, batch_size: int, length: int):
   return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
+# Streaming: the compiled program calls `_stream` on the host with each step's tokens; it forwards
+# them to the callback of the `generate` call running now. (A fixed function, so that streaming
+# calls share one compiled program; one streaming `generate` at a time per process.)
+_stream_target: list[Callable] = []
+
+
+def _stream(step, tokens_B):
+  _stream_target[0](int(step), np.asarray(tokens_B))
+
+
 @functools.partial(jax.jit, static_argnames=("model", "max_new_tokens", "sampling", "stop_id", "rules",
-                                             "on_token"))
+                                             "stream"))
 def generate_padded(params, prompt_BxP, valid_BxP, rng, *, model, max_new_tokens: int, sampling: Sampling,
-                    stop_id: int | None = None, rules: tuple = (), on_token: Callable | None = None):
+                    stop_id: int | None = None, rules: tuple = (), stream: bool = False):
   """The compiled sampler: left-padded prompts (B, P) -> new tokens (B, max_new_tokens).
 
-  After a sequence emits `stop_id` its remaining entries are `stop_id`. `on_token(step, tokens_B)`,
-  if given, is called on the host as each step's tokens are made (streaming)."""
+  After a sequence emits `stop_id` its remaining entries are `stop_id`. With `stream`, each step's
+  tokens go to the host as they are made (see `generate`'s `on_token`)."""
   B, P = prompt_BxP.shape
   N = max_new_tokens
   with nn.logical_axis_rules(rules):
@@ -124,8 +134,8 @@ def generate_padded(params, prompt_BxP, valid_BxP, rng, *, model, max_new_tokens
       if stop_id is not None:
         token_B = jnp.where(done_B, stop_id, token_B)
         done_B = done_B | (token_B == stop_id)
-      if on_token is not None:
-        io_callback(on_token, None, i, token_B, ordered=True)
+      if stream:
+        io_callback(_stream, None, i, token_B, ordered=True)
       return token_B, done_B, tokens_BxN.at[:, i].set(token_B)
 
     logits_BxV, cache = forward(init_cache(model, B, P + N), prompt_BxP, valid_BxP)
@@ -194,20 +204,22 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     prompt = prompts[b] if b < len(prompts) else prompts[0]  # filler rows, dropped below
     prompt_BxP[b, P - len(prompt):] = prompt
     valid_BxP[b, P - len(prompt):] = True
-  stream = None
-  if on_token is not None:
-    stream = lambda i, tokens_B: on_token(int(i), np.asarray(tokens_B)[:len(prompts)])
-
   kwargs = dict(model=model, max_new_tokens=max_new_tokens, sampling=sampling, stop_id=stop_id,
-                rules=tuple(rules) if mesh is not None else (), on_token=stream)
-  if mesh is None:
-    tokens_BxN = generate_padded(params, prompt_BxP, valid_BxP, rng, **kwargs)
-  else:
-    batch_sh = sharding.batch_sharding(mesh, rules)
-    with jax.set_mesh(mesh):
-      tokens_BxN = generate_padded(params, jax.device_put(prompt_BxP, batch_sh),
-                                   jax.device_put(valid_BxP, batch_sh), rng, **kwargs)
-  return [_until_stop(row, stop_id) for row in np.asarray(tokens_BxN)[:len(prompts)]]
+                rules=tuple(rules) if mesh is not None else (), stream=on_token is not None)
+  if on_token is not None:
+    _stream_target[:] = [lambda i, tokens_B: on_token(i, tokens_B[:len(prompts)])]
+  try:
+    if mesh is None:
+      tokens_BxN = generate_padded(params, prompt_BxP, valid_BxP, rng, **kwargs)
+    else:
+      batch_sh = sharding.batch_sharding(mesh, rules)
+      with jax.set_mesh(mesh):
+        tokens_BxN = generate_padded(params, jax.device_put(prompt_BxP, batch_sh),
+                                     jax.device_put(valid_BxP, batch_sh), rng, **kwargs)
+    tokens_BxN = np.asarray(tokens_BxN)  # waits for the last callback too
+  finally:
+    _stream_target.clear()
+  return [_until_stop(row, stop_id) for row in tokens_BxN[:len(prompts)]]
 
 
 def _until_stop(tokens: np.ndarray, stop_id: int | None) -> list[int]:
