@@ -162,15 +162,19 @@ class Projection(nn.Module):
 
 
 class MultiHeadAttention(nn.Module):
-  """Self-attention (one fused Q/K/V projection) or cross-attention (Q from x, K/V from `context`).
+  """Self-attention (one fused Q/K/V projection) or, with `cross`, attention from x to `context`
+  (Q from x, K/V from the context: the decoder looking at the encoder).
 
   With `decode=True` self-attention keeps a KV cache in the "cache" collection: each call writes
   its keys/values at the cache index and attends over the whole cache (the caller's mask says which
-  slots are real). The cache's length is that of the input `init` sees (see `decode.init_cache`)."""
+  slots are real). The cache's length is that of the input `init` sees (see `decode.init_cache`).
+  Cross-attention in decode mode computes the context's keys/values once, on the call that passes
+  `context_BxSxD`, and reuses them from the cache on calls that pass None."""
   cfg: BlockConfig
   # GPT-2 scales the init of projections into the residual stream by 1/sqrt(2 * layers).
   residual_std: float = 0.02
   decode: bool = False
+  cross: bool = False
 
   @nn.compact
   def __call__(self, x_BxTxD, mask_BxTxS, *, context_BxSxD=None, deterministic=True):
@@ -178,14 +182,21 @@ class MultiHeadAttention(nn.Module):
     H, K, D = cfg.num_heads, cfg.head_dim, cfg.d_model
     dense = lambda features, contract, names, std, name: Projection(
         features, names, contract, std, cfg.use_bias, cfg.dtype, cfg.param_dtype, name=name)
-    if context_BxSxD is None:
+    if not self.cross:
       qkv_BxTx3xHxK = dense((3, H, K), 1, ("embed", None, "heads", "kv"), 0.02, "qkv")(x_BxTxD)
       q_BxTxHxK, k_BxSxHxK, v_BxSxHxK = (qkv_BxTx3xHxK[:, :, i] for i in range(3))
       if self.decode:
         k_BxSxHxK, v_BxSxHxK = self._cached(k_BxSxHxK, v_BxSxHxK)
     else:
       q_BxTxHxK = dense((H, K), 1, ("embed", "heads", "kv"), 0.02, "q")(x_BxTxD)
-      kv_BxSx2xHxK = dense((2, H, K), 1, ("embed", None, "heads", "kv"), 0.02, "kv")(context_BxSxD)
+      kv_proj = dense((2, H, K), 1, ("embed", None, "heads", "kv"), 0.02, "kv")
+      if context_BxSxD is not None:
+        kv_BxSx2xHxK = kv_proj(context_BxSxD)
+      if self.decode:
+        cached = self.variable("cache", "context_kv", lambda: kv_BxSx2xHxK)
+        if context_BxSxD is not None:
+          cached.value = kv_BxSx2xHxK
+        kv_BxSx2xHxK = cached.value
       k_BxSxHxK, v_BxSxHxK = kv_BxSx2xHxK[:, :, 0], kv_BxSx2xHxK[:, :, 1]
     q_BxTxHxK = nn.with_logical_constraint(q_BxTxHxK, ("batch", "length", "heads", "kv"))
     dropout = nn.Dropout(cfg.attention_dropout_rate) if cfg.attention_dropout_rate else None
@@ -245,7 +256,8 @@ class Block(nn.Module):
     x_BxTxD = residual(x_BxTxD, lambda h: MultiHeadAttention(cfg, self.residual_std, self.decode, name="attn")(
         h, mask_BxTxT, deterministic=deterministic), layer_norm(cfg, "ln_1"))
     if self.cross_attention:
-      x_BxTxD = residual(x_BxTxD, lambda h: MultiHeadAttention(cfg, self.residual_std, name="cross_attn")(
+      x_BxTxD = residual(x_BxTxD, lambda h: MultiHeadAttention(cfg, self.residual_std, self.decode, cross=True,
+                                                               name="cross_attn")(
           h, context_mask_BxTxS, context_BxSxD=context_BxSxD, deterministic=deterministic),
           layer_norm(cfg, "ln_cross"))
     x_BxTxD = residual(x_BxTxD, MLP(cfg, self.residual_std, name="mlp"), layer_norm(cfg, "ln_2"))

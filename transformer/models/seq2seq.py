@@ -1,0 +1,192 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
+
+  source_BxS -> embedding * sqrt(d) + sinusoidal positions -> dropout
+             -> N encoder blocks (self-attention over the real source tokens, MLP)   = encoded_BxSxD
+  target_BxT -> embedding * sqrt(d) + sinusoidal positions -> dropout
+             -> N decoder blocks (causal self-attention, attention to encoded_BxSxD, MLP)
+             -> logits over the target vocabulary (tied to the target embedding, or a separate head)
+
+Post-LayerNorm as in the paper (`pre_layer_norm=False`; pre-LN adds a final LayerNorm to each
+stack); source and target can share one embedding (a joint vocabulary). The blocks, attention and
+KV cache are those of `transformer.layers`, shared with GPT.
+
+    >>> model = Transformer(preset("cpu-small", vocab_size=8000))
+    >>> logits_BxTxV = model.apply({"params": params}, source_BxS, target_in_BxT,
+    ...                            source_valid_BxS=source_valid_BxS)
+    >>> Transformer(cfg, deterministic=False)   # training: dropout on, same params
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer import layers
+from transformer.layers import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class Seq2SeqConfig:
+  vocab_size: int = 0  # joint source/target vocabulary (0: taken from the tokenizer)
+  max_len: int = 256  # longest source or target sequence (positions are sinusoidal, not learned)
+  num_layers: int = 6  # encoder layers = decoder layers
+  num_heads: int = 8
+  d_model: int = 512
+  d_mlp: int = 2048
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.0  # needs attention="einsum"
+  layer_norm_epsilon: float = 1e-6
+  pre_layer_norm: bool = False  # False: the paper's post-LN; True: pre-LN (easier to train deep)
+  share_embeddings: bool = True  # one embedding for source and target (a joint vocabulary)
+  tie_output: bool = True  # the output head is the target embedding, transposed
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+  attention: str = "xla"  # "einsum" | "xla" | "cudnn"
+  scan_layers: bool = False
+  remat_policy: str = "none"
+
+  def block(self) -> layers.BlockConfig:
+    return layers.BlockConfig(
+        d_model=self.d_model, num_heads=self.num_heads, d_mlp=self.d_mlp, dropout_rate=self.dropout_rate,
+        attention_dropout_rate=self.attention_dropout_rate, layer_norm_epsilon=self.layer_norm_epsilon,
+        dtype=self.dtype, param_dtype=self.param_dtype, attention=self.attention,
+        pre_layer_norm=self.pre_layer_norm, activation="relu")
+
+  def replace(self, **changes) -> "Seq2SeqConfig":
+    return dataclasses.replace(self, **changes)
+
+  def check(self) -> "Seq2SeqConfig":
+    for name in ("vocab_size", "max_len", "num_layers"):
+      if getattr(self, name) <= 0:
+        raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+    layers.check_block_config(self.block())
+    layers.check_remat_policy(self.remat_policy)
+    return self
+
+
+PRESETS: dict[str, Seq2SeqConfig] = {
+    # The paper's Table 3: base (65M params at 37k vocab) and big (213M).
+    "transformer_base": Seq2SeqConfig(num_layers=6, num_heads=8, d_model=512, d_mlp=2048, dropout_rate=0.1),
+    "transformer_big": Seq2SeqConfig(num_layers=6, num_heads=16, d_model=1024, d_mlp=4096, dropout_rate=0.3),
+    # Trains on a 2-core CPU in minutes.
+    "cpu-small": Seq2SeqConfig(max_len=64, num_layers=3, num_heads=4, d_model=256, d_mlp=1024, dropout_rate=0.1),
+    "cpu-tiny": Seq2SeqConfig(max_len=32, num_layers=2, num_heads=2, d_model=64, d_mlp=128, dropout_rate=0.0),
+}
+
+
+def preset(name: str, **overrides) -> Seq2SeqConfig:
+  if name not in PRESETS:
+    raise ConfigError(f"unknown Transformer preset {name!r}; presets are {', '.join(PRESETS)}")
+  return PRESETS[name].replace(**overrides).check()
+
+
+class Embed(nn.Module):
+  """Token embedding * sqrt(d_model) + sinusoidal position, then dropout (the paper's section 3.4)."""
+  config: Seq2SeqConfig
+
+  def setup(self):
+    cfg = self.config
+    self.table = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=jnp.dtype(cfg.dtype),
+                          param_dtype=jnp.dtype(cfg.param_dtype),
+                          embedding_init=nn.with_logical_partitioning(
+                              nn.initializers.normal(cfg.d_model ** -0.5), ("vocab", "embed")))
+    self.dropout = nn.Dropout(cfg.dropout_rate)
+
+  def __call__(self, tokens_BxT, positions_BxT, deterministic: bool):
+    cfg = self.config
+    pe_LxD = jnp.asarray(layers.sinusoidal_positions(cfg.max_len, cfg.d_model), jnp.dtype(cfg.dtype))
+    x_BxTxD = self.table(tokens_BxT) * math.sqrt(cfg.d_model) + pe_LxD[positions_BxT]
+    return nn.with_logical_constraint(self.dropout(x_BxTxD, deterministic=deterministic), ("batch", "length", "embed"))
+
+  def attend(self, x_BxTxD):
+    return self.table.attend(x_BxTxD)
+
+
+class CachePositions(nn.Module):
+  """Decode mode: the positions of the next T target tokens and the cache slots they may attend to
+  (those written so far and themselves). The cache's length is that of the input `init` sees."""
+
+  @nn.compact
+  def __call__(self, T: int):
+    initialising = not self.has_variable("cache", "index")
+    index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
+    written = self.variable("cache", "written", lambda: jnp.zeros((T,), bool))  # per cache slot
+    positions_T = index.value + jnp.arange(T)
+    if not initialising:
+      written.value = jax.lax.dynamic_update_slice(written.value, jnp.ones((T,), bool), (index.value,))
+      index.value = index.value + T
+    slots_S = jnp.arange(written.value.shape[0])
+    return positions_T[None], (written.value[None, :] & (slots_S[None, :] <= positions_T[:, None]))[None]
+
+
+class Transformer(nn.Module):
+  """`deterministic=False` for training (dropout on); `decode=True` for step-by-step decoding with
+  the KV cache. The parameters are the same for all three."""
+  config: Seq2SeqConfig
+  deterministic: bool = True
+  decode: bool = False
+
+  def setup(self):
+    cfg = self.config
+    stack = lambda cross: layers.Stack(cfg.block(), cfg.num_layers, scan=cfg.scan_layers,
+                                       remat_policy=cfg.remat_policy, cross_attention=cross,
+                                       deterministic=self.deterministic, decode=self.decode and cross)
+    self.encoder, self.decoder = stack(False), stack(True)
+    if self.decode:
+      self.cache_positions = CachePositions()
+    self.source_embed = Embed(cfg)
+    self.target_embed = self.source_embed if cfg.share_embeddings else Embed(cfg)
+    if cfg.pre_layer_norm:
+      self.encoder_norm = layers.layer_norm(cfg.block())
+      self.decoder_norm = layers.layer_norm(cfg.block())
+    if not cfg.tie_output:
+      self.head = layers.Projection((cfg.vocab_size,), ("embed", "vocab"), std=cfg.d_model ** -0.5, use_bias=False,
+                                    dtype=cfg.dtype, param_dtype=cfg.param_dtype)
+
+  def encode(self, source_BxS, *, source_valid_BxS=None):
+    """encoded_BxSxD. Padding (source_valid False) is never attended to."""
+    B, S = source_BxS.shape
+    self._check_length(S, "source")
+    valid_BxS = jnp.ones((B, S), bool) if source_valid_BxS is None else source_valid_BxS
+    x_BxSxD = self.source_embed(source_BxS, jnp.arange(S)[None], self.deterministic)
+    # Padding queries attend to themselves too, so that no row of the softmax is empty.
+    mask_BxSxS = valid_BxS[:, None, :] | jnp.eye(S, dtype=bool)[None]
+    x_BxSxD = self.encoder(x_BxSxD, mask_BxSxS)
+    return self.encoder_norm(x_BxSxD) if self.config.pre_layer_norm else x_BxSxD
+
+  def decode_logits(self, encoded_BxSxD, target_in_BxT, *, source_valid_BxS=None):
+    """Logits (float32) for the next target token at every position of `target_in_BxT`.
+
+    With `decode=True` this continues earlier calls through the KV cache ("cache" collection,
+    `mutable=["cache"]`): pass `encoded_BxSxD` on the first call (its keys/values are cached) and
+    None after; `source_valid_BxS` on every call."""
+    B, T = target_in_BxT.shape
+    if self.decode:
+      positions_BxT, mask_1xTxS = self.cache_positions(T)
+    else:
+      self._check_length(T, "target")
+      positions_BxT, mask_1xTxS = jnp.arange(T)[None], layers.causal_mask(T)
+    cross_mask_Bx1xS = None
+    if source_valid_BxS is not None:
+      cross_mask_Bx1xS = source_valid_BxS[:, None, :]
+    elif encoded_BxSxD is not None:
+      cross_mask_Bx1xS = jnp.ones((B, 1, encoded_BxSxD.shape[1]), bool)
+    y_BxTxD = self.target_embed(target_in_BxT, positions_BxT, self.deterministic)
+    y_BxTxD = self.decoder(y_BxTxD, mask_1xTxS, encoded_BxSxD, cross_mask_Bx1xS)
+    if self.config.pre_layer_norm:
+      y_BxTxD = self.decoder_norm(y_BxTxD)
+    logits_BxTxV = self.target_embed.attend(y_BxTxD) if self.config.tie_output else self.head(y_BxTxD)
+    return nn.with_logical_constraint(logits_BxTxV.astype(jnp.float32), ("batch", "length", "vocab"))
+
+  def __call__(self, source_BxS, target_in_BxT, *, source_valid_BxS=None):
+    encoded_BxSxD = self.encode(source_BxS, source_valid_BxS=source_valid_BxS)
+    return self.decode_logits(encoded_BxSxD, target_in_BxT, source_valid_BxS=source_valid_BxS)
+
+  def _check_length(self, length: int, what: str) -> None:
+    if length > self.config.max_len:
+      raise ConfigError(f"a {what} of {length} tokens is longer than max_len={self.config.max_len}; "
+                        f"raise model.max_len or drop longer pairs (data.max_len)")
