@@ -112,3 +112,51 @@ def test_presets_have_the_papers_sizes():
   # Table 3 of the paper: base 65M, big 213M (with a ~37k shared vocabulary; biases and norms vary).
   assert 62e6 < count(seq2seq.preset("transformer_base", vocab_size=37000)) < 66e6
   assert 210e6 < count(seq2seq.preset("transformer_big", vocab_size=37000)) < 216e6
+
+
+DEC_CFG = CFG.replace(tie_output=False)  # a tied head at random init just repeats its input token
+BOS = 1
+
+
+def _scaled(params, scale=2.0):
+  """Weights scaled up so that the next-token distributions are far from uniform and outputs vary."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: x if "ln" in jax.tree_util.keystr(path) else x * scale, params)
+
+
+def _sequence_log_prob(params, source, valid, tokens, eos):
+  """log p(tokens + <eos>) by one full forward pass (the reference for beam scores)."""
+  logits = Transformer(DEC_CFG).apply({"params": params}, source[None], jnp.array([[BOS] + tokens]),
+                                      source_valid_BxS=valid[None])[0]
+  lp = jax.nn.log_softmax(logits)
+  return float(sum(lp[t, n] for t, n in enumerate(tokens + [eos])))
+
+
+def test_beam_size_one_equals_greedy_and_beams_are_sorted_by_their_scores():
+  from transformer import translate
+  p = _scaled(_params(DEC_CFG))
+  model = Transformer(DEC_CFG)
+  unstopped = translate.greedy(p, SRC, VALID, model=model, max_len=12, bos_id=BOS, eos_id=49)
+  eos = int(unstopped[0, 4])  # a token greedy emits: hypotheses do end
+  greedy = translate.greedy(p, SRC, VALID, model=model, max_len=12, bos_id=BOS, eos_id=eos)
+  beam1, _ = translate.beam_search(p, SRC, VALID, model=model, beam_size=1, max_len=12, alpha=0.0, bos_id=BOS,
+                                   eos_id=eos)
+  assert [translate.strip(g, eos) for g in greedy] == [translate.strip(b[0], eos) for b in beam1]
+  tokens, scores = translate.beam_search(p, SRC, VALID, model=model, beam_size=4, max_len=12, alpha=0.6,
+                                         bos_id=BOS, eos_id=eos)
+  scores = np.asarray(scores)
+  assert (np.diff(scores, axis=1) <= 1e-6).all()  # best first
+  checked = 0
+  for b in range(2):
+    hyps = [translate.strip(t, eos) for t in tokens[b]]
+    assert len({tuple(h) for h in hyps}) == 4
+    for hyp, score in zip(hyps, scores[b]):
+      if len(hyp) < 12:  # ended with <eos>: its score is log p over the GNMT penalty
+        want = _sequence_log_prob(p, SRC[b], VALID[b], hyp, eos) / translate.length_penalty(len(hyp) + 1, 0.6)
+        assert np.isclose(score, want, atol=1e-3), (hyp, score, want)
+        checked += 1
+  assert checked >= 4
+  # Under its own score the beam's best is at least as good as greedy's output.
+  g0 = translate.strip(greedy[0], eos)
+  g_score = _sequence_log_prob(p, SRC[0], VALID[0], g0, eos) / translate.length_penalty(len(g0) + 1, 0.6)
+  assert scores[0, 0] >= g_score - 1e-4

@@ -1,0 +1,149 @@
+"""Decoding the encoder-decoder Transformer: greedy and beam search, jit-compiled and batched.
+
+Both encode the source once, then feed the decoder one token per `lax.while_loop` iteration through
+its KV cache (self-attention) and the cached encoder keys/values (cross-attention).
+
+Beam search keeps `beam_size` live hypotheses per sentence; each step extends every one by every
+token, keeps the 2·beam_size best, sends those ending in <eos> to the finished set (scored by
+log-probability / GNMT length penalty ((5 + length) / 6)^alpha, as in flax's wmt example) when
+they are among the beam_size best, and the best beam_size others on. It stops when no live hypothesis can beat the finished ones or at
+max_len. With beam_size = 1 and alpha = 0 it is greedy decoding.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer.layers import ConfigError
+from transformer.models.seq2seq import Transformer
+
+NEG_INF = -1.0e7  # scores of impossible hypotheses; finite, so that sums stay ordered
+
+
+def length_penalty(length, alpha: float):
+  return ((5.0 + length) / 6.0) ** alpha
+
+
+def _init_cache(model: Transformer, batch: int, source_len: int, target_len: int):
+  step_model = Transformer(model.config, decode=True)
+  shapes = jax.eval_shape(lambda: step_model.init(jax.random.key(0), jnp.zeros((batch, source_len), jnp.int32),
+                                                  jnp.zeros((batch, target_len), jnp.int32))["cache"])
+  return step_model, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+def _gather_beams(cache, beam_BxK, old_beams: int):
+  """Reorders every per-sequence cache entry (batch*old_beams, ...) to the chosen beams (batch*K, ...)."""
+  flat = flax.traverse_util.flatten_dict(cache)
+  out = {}
+  for path, x in flat.items():
+    if path[-1] in ("index", "written"):  # positions, shared by all sequences
+      out[path] = x
+      continue
+    axis = 1 if "layers" in path else 0  # scanned layers carry a leading layer axis
+    B, K = beam_BxK.shape
+    x_BxOx = x.reshape(x.shape[:axis] + (B, old_beams) + x.shape[axis + 1:])
+    idx = beam_BxK.reshape((1,) * axis + (B, K) + (1,) * (x.ndim - axis - 1))
+    x = jnp.take_along_axis(x_BxOx, idx, axis=axis + 1)
+    out[path] = x.reshape(x.shape[:axis] + (B * K,) + x.shape[axis + 2:])
+  return flax.traverse_util.unflatten_dict(out)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "beam_size", "max_len", "alpha", "bos_id", "eos_id"))
+def beam_search(params, source_BxS, source_valid_BxS, *, model: Transformer, beam_size: int, max_len: int,
+                alpha: float, bos_id: int, eos_id: int):
+  """(tokens_BxKxL, scores_BxK): the beam_size best translations of each source, best first.
+
+  tokens exclude <bos> and are padded with <eos> after the first one; scores are
+  log p(tokens) / length_penalty(len incl. <eos>, alpha)."""
+  B, S = source_BxS.shape
+  K, L = beam_size, max_len
+  encoded_BxSxD = model.apply({"params": params}, source_BxS, source_valid_BxS=source_valid_BxS, method="encode")
+  repeat = lambda x: jnp.repeat(x, K, axis=0)
+  encoded_NxSxD, valid_NxS = repeat(encoded_BxSxD), repeat(source_valid_BxS)
+  step_model, cache = _init_cache(model, B * K, S, L)
+
+  def log_probs(cache, tokens_N, encoded):
+    logits_Nx1xV, variables = step_model.apply({"params": params, "cache": cache}, encoded, tokens_N[:, None],
+                                               source_valid_BxS=valid_NxS, mutable=["cache"],
+                                               method="decode_logits")
+    return jax.nn.log_softmax(logits_Nx1xV[:, 0]), variables["cache"]
+
+  def step(state, encoded=None):
+    i, cache, alive_BxKxL, alive_lp_BxK, fin_BxKxL, fin_score_BxK = state
+    last_N = jnp.where(i == 0, bos_id, alive_BxKxL[:, :, jnp.maximum(i - 1, 0)]).reshape(B * K)
+    lp_NxV, cache = log_probs(cache, last_N, encoded)
+    V = lp_NxV.shape[-1]
+    cand_BxKV = (alive_lp_BxK[:, :, None] + lp_NxV.reshape(B, K, V)).reshape(B, K * V)
+    top_lp_Bx2K, top_idx_Bx2K = jax.lax.top_k(cand_BxKV, 2 * K)
+    beam_Bx2K, token_Bx2K = top_idx_Bx2K // V, top_idx_Bx2K % V
+    seq_Bx2KxL = jnp.take_along_axis(alive_BxKxL, beam_Bx2K[:, :, None], axis=1)
+    seq_Bx2KxL = seq_Bx2KxL.at[:, :, i].set(token_Bx2K)
+    ended_Bx2K = token_Bx2K == eos_id
+    # Live: the K best that did not end (ending at max_len is forced below).
+    alive_lp_Bx2K = jnp.where(ended_Bx2K, NEG_INF, top_lp_Bx2K)
+    alive_lp_BxK, pick_BxK = jax.lax.top_k(alive_lp_Bx2K, K)
+    alive_BxKxL = jnp.take_along_axis(seq_Bx2KxL, pick_BxK[:, :, None], axis=1)
+    cache = _gather_beams(cache, jnp.take_along_axis(beam_Bx2K, pick_BxK, axis=1), K)
+    # Finished: those among the K best that ended now (all K at the last step), merged with earlier
+    # ones. Only the K best may finish (fairseq's rule): with beam_size 1 that is greedy decoding.
+    ends = (ended_Bx2K | (i == L - 1)) & (jnp.arange(2 * K) < K)[None]
+    score_Bx2K = jnp.where(ends, top_lp_Bx2K / length_penalty(i + 1, alpha), NEG_INF)
+    all_score = jnp.concatenate([fin_score_BxK, score_Bx2K], axis=1)
+    all_seq = jnp.concatenate([fin_BxKxL, seq_Bx2KxL], axis=1)
+    fin_score_BxK, keep_BxK = jax.lax.top_k(all_score, K)
+    fin_BxKxL = jnp.take_along_axis(all_seq, keep_BxK[:, :, None], axis=1)
+    return i + 1, cache, alive_BxKxL, alive_lp_BxK, fin_BxKxL, fin_score_BxK
+
+  def keep_going(state):
+    i, _, _, alive_lp_BxK, _, fin_score_BxK = state
+    # The best a live hypothesis can still reach: its log-prob only falls, the penalty grows to max_len's.
+    best_alive_B = alive_lp_BxK[:, 0] / length_penalty(L, alpha)
+    return (i < L) & ~jnp.all(fin_score_BxK[:, -1] >= best_alive_B)
+
+  alive_lp_BxK = jnp.tile(jnp.array([0.0] + [NEG_INF] * (K - 1)), (B, 1))  # one live beam at first
+  state = (jnp.int32(0), cache, jnp.full((B, K, L), eos_id, jnp.int32), alive_lp_BxK,
+           jnp.full((B, K, L), eos_id, jnp.int32), jnp.full((B, K), NEG_INF))
+  state = step(state, encoded_NxSxD)  # the first step passes the encoder output (cached from then on)
+  _, _, _, _, fin_BxKxL, fin_score_BxK = jax.lax.while_loop(keep_going, step, state)
+  return fin_BxKxL, fin_score_BxK
+
+
+@functools.partial(jax.jit, static_argnames=("model", "max_len", "bos_id", "eos_id"))
+def greedy(params, source_BxS, source_valid_BxS, *, model: Transformer, max_len: int, bos_id: int, eos_id: int):
+  """tokens_BxL: the argmax token at every step, <eos>-padded after the first <eos>."""
+  B, S = source_BxS.shape
+  encoded_BxSxD = model.apply({"params": params}, source_BxS, source_valid_BxS=source_valid_BxS, method="encode")
+  step_model, cache = _init_cache(model, B, S, max_len)
+
+  def step(state, encoded=None):
+    i, cache, last_B, done_B, out_BxL = state
+    logits_Bx1xV, variables = step_model.apply({"params": params, "cache": cache}, encoded, last_B[:, None],
+                                               source_valid_BxS=source_valid_BxS, mutable=["cache"],
+                                               method="decode_logits")
+    token_B = jnp.where(done_B, eos_id, jnp.argmax(logits_Bx1xV[:, 0], axis=-1).astype(jnp.int32))
+    return i + 1, variables["cache"], token_B, done_B | (token_B == eos_id), out_BxL.at[:, i].set(token_B)
+
+  state = (jnp.int32(0), cache, jnp.full((B,), bos_id, jnp.int32), jnp.zeros((B,), bool),
+           jnp.full((B, max_len), eos_id, jnp.int32))
+  state = step(state, encoded_BxSxD)
+  *_, out_BxL = jax.lax.while_loop(lambda s: (s[0] < max_len) & ~jnp.all(s[3]), step, state)
+  return out_BxL
+
+
+def strip(tokens, eos_id: int) -> list[int]:
+  tokens = np.asarray(tokens).tolist()
+  return tokens[:tokens.index(eos_id)] if eos_id in tokens else tokens
+
+
+def check_decoding(beam_size: int, alpha: float, max_len: int, model: Transformer) -> None:
+  if beam_size < 1:
+    raise ConfigError(f"beam_size must be >= 1, got {beam_size}")
+  if alpha < 0:
+    raise ConfigError(f"alpha (the length penalty) must be >= 0, got {alpha}")
+  if not 1 <= max_len <= model.config.max_len:
+    raise ConfigError(f"max_len must be in [1, model.max_len={model.config.max_len}], got {max_len}")
