@@ -71,3 +71,81 @@ def lm_eval_batches(prepared: Prepared, *, seq_len: int, batch_size: int, num_ba
   starts = np.linspace(0, len(tokens) - example_len, n).astype(np.int64)
   windows = np.stack([np.asarray(tokens[s:s + example_len], dtype=np.int32) for s in starts])
   return windows.reshape(num_batches, batch_size, example_len)
+
+
+# ---------------------------------------------------------------------------------------------
+# Translation: sentence pairs, bucketed by length under a token budget.
+
+LANGUAGES = {"ding_de_en": ("de", "en")}  # the columns (src, tgt) of named pair data sets
+
+
+def pair_columns(direction: str, languages: tuple[str, str] = ("src", "tgt")) -> tuple[str, str]:
+  """("src", "tgt") or ("tgt", "src"): which stored column is the source for `direction` "a-b"."""
+  forward, backward = "-".join(languages), "-".join(reversed(languages))
+  if direction == forward:
+    return "src", "tgt"
+  if direction == backward:
+    return "tgt", "src"
+  raise DataError(f"unknown direction {direction!r} for this data set; choose {forward!r} or {backward!r}")
+
+
+def translation_pairs(prepared: Prepared, split: str, *, direction: str, max_len: int,
+                      languages: tuple[str, str] = ("src", "tgt")) -> tuple[list[tuple[np.ndarray, np.ndarray]], dict]:
+  """The split's (source ids, target ids) pairs, and counts of those dropped (never truncated):
+  `too_long` (a side longer than max_len - 1, leaving room for <|endoftext|>) and `empty`."""
+  src_col, tgt_col = pair_columns(direction, languages)
+  index = prepared.index(split)
+  tokens = {"src": prepared.tokens(split, "src"), "tgt": prepared.tokens(split, "tgt")}
+  pairs, dropped = [], {"too_long": 0, "empty": 0}
+  for _, s0, s1, t0, t1 in index:
+    ends = {"src": (s0, s1), "tgt": (t0, t1)}
+    src = np.asarray(tokens[src_col][slice(*ends[src_col])], np.int32)
+    tgt = np.asarray(tokens[tgt_col][slice(*ends[tgt_col])], np.int32)
+    if not len(src) or not len(tgt):
+      dropped["empty"] += 1
+    elif max(len(src), len(tgt)) > max_len - 1:
+      dropped["too_long"] += 1
+    else:
+      pairs.append((src, tgt))
+  return pairs, dropped
+
+
+def bucket_length(length: int, max_len: int, step: int = 8) -> int:
+  return min(-(-length // step) * step, max_len)
+
+
+def translation_batches(pairs, *, max_tokens: int, max_len: int, eot_id: int, seed: int, epoch: int = 0,
+                        batch_multiple: int = 1, shuffle: bool = True) -> list[dict]:
+  """One epoch of padded batches, each pair once. Pairs are grouped by padded length (a multiple of
+  8, so few shapes compile) and each batch holds at most `max_tokens` padded tokens per side (its
+  size rounded down to `batch_multiple`, the data-parallel size). Each batch has
+    source, source_valid (B, S); target_in (<|endoftext|> + target), target_out (target +
+    <|endoftext|>), target_valid (B, T); the length buckets S and T are those of the longest pair."""
+  if not pairs:
+    raise DataError("no sentence pairs left to batch (all were empty or longer than max_len)")
+  rng = np.random.default_rng([seed, epoch])
+  order = rng.permutation(len(pairs)) if shuffle else np.arange(len(pairs))
+  buckets: dict[int, list[int]] = {}
+  for i in order:
+    src, tgt = pairs[i]
+    buckets.setdefault(bucket_length(max(len(src), len(tgt) + 1), max_len), []).append(i)
+  batches = []
+  for length, members in sorted(buckets.items()):
+    size = max(batch_multiple, (max_tokens // length) // batch_multiple * batch_multiple)
+    for start in range(0, len(members), size):
+      chunk = members[start:start + size]
+      chunk += chunk[:1] * (-len(chunk) % batch_multiple)  # fill up to the multiple (repeats weigh 0)
+      B = len(chunk)
+      batch = {k: np.zeros((B, length), np.int32) for k in ("source", "target_in", "target_out")}
+      batch.update(source_valid=np.zeros((B, length), bool), target_valid=np.zeros((B, length), bool))
+      for row, i in enumerate(chunk):
+        src, tgt = pairs[i]
+        batch["source"][row, :len(src)] = src
+        batch["source_valid"][row, :len(src)] = True
+        batch["target_in"][row, :len(tgt) + 1] = np.concatenate([[eot_id], tgt])
+        batch["target_out"][row, :len(tgt) + 1] = np.concatenate([tgt, [eot_id]])
+        batch["target_valid"][row, :len(tgt) + 1] = row < len(members[start:start + size])
+      batches.append(batch)
+  if shuffle:
+    batches = [batches[i] for i in rng.permutation(len(batches))]
+  return batches

@@ -1,0 +1,68 @@
+"""Sentence-pair data for translation: direction, dropped pairs (counted), length buckets."""
+
+import numpy as np
+import pytest
+
+from transformer import data
+from transformer.data import pipeline
+from transformer.data.sources import DataError
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+  directory = tmp_path_factory.mktemp("pairs")
+  tsv = directory / "pairs.tsv"
+  lines = [f"ein satz nummer {i}\tsentence number {i}" for i in range(200)]
+  lines += ["ganz " * 40 + "lang\t" + "very long " * 30]  # over-long: dropped, counted
+  tsv.write_text("\n".join(lines) + "\n")
+  out = directory / "prepared"
+  data.prepare(data.file_source([str(tsv)], "pairs"), out, data.PrepareOptions(tokenizer="gpt2", seed=0))
+  return data.load_prepared(out)
+
+
+def test_direction_picks_the_source_column(prepared):
+  forward, dropped = pipeline.translation_pairs(prepared, "train", direction="src-tgt", max_len=32)
+  backward, _ = pipeline.translation_pairs(prepared, "train", direction="tgt-src", max_len=32)
+  tok = prepared.tokenizer
+  assert tok.decode(forward[0][0]).startswith("ein satz") and tok.decode(forward[0][1]).startswith("sentence")
+  assert tok.decode(backward[0][0]) == tok.decode(forward[0][1])
+  assert pipeline.pair_columns("en-de", ("de", "en")) == ("tgt", "src")
+  with pytest.raises(DataError, match="unknown direction 'fr-en' for this data set; choose 'de-en' or 'en-de'"):
+    pipeline.pair_columns("fr-en", ("de", "en"))
+
+
+def test_over_long_pairs_are_dropped_and_counted_never_truncated(prepared):
+  kept, too_long, empty = 0, 0, 0
+  for split in ("train", "validation", "test"):
+    try:
+      pairs, dropped = pipeline.translation_pairs(prepared, split, direction="src-tgt", max_len=32)
+    except DataError:  # no such split
+      continue
+    kept, too_long, empty = kept + len(pairs), too_long + dropped["too_long"], empty + dropped["empty"]
+    assert all(len(s) <= 31 and len(t) <= 31 for s, t in pairs)
+  assert (kept, too_long, empty) == (200, 1, 0)
+
+
+def test_batches_are_bucketed_under_a_token_budget_and_cover_every_pair_once(prepared):
+  pairs, _ = pipeline.translation_pairs(prepared, "train", direction="src-tgt", max_len=32)
+  eot = prepared.tokenizer.eot_id
+  batches = pipeline.translation_batches(pairs, max_tokens=200, max_len=32, eot_id=eot, seed=0,
+                                         batch_multiple=4)
+  seen = 0
+  for b in batches:
+    B, L = b["source"].shape
+    assert L % 8 == 0 and B % 4 == 0 and B * L <= max(200, 4 * L)
+    assert (b["target_in"][:, 0] == eot).all()
+    # target_out is target_in shifted left, ending in <|endoftext|>.
+    for row in range(B):
+      n = int(b["target_valid"][row].sum())
+      if n:
+        assert (b["target_in"][row, 1:n] == b["target_out"][row, :n - 1]).all() and b["target_out"][row, n - 1] == eot
+    seen += int(b["target_valid"].any(axis=1).sum())
+  assert seen == len(pairs)
+  again = pipeline.translation_batches(pairs, max_tokens=200, max_len=32, eot_id=eot, seed=0, batch_multiple=4)
+  assert all((a["source"] == b["source"]).all() for a, b in zip(batches, again))  # deterministic
+  other = pipeline.translation_batches(pairs, max_tokens=200, max_len=32, eot_id=eot, seed=0, epoch=1,
+                                       batch_multiple=4)
+  assert any(a["source"].shape != b["source"].shape or (a["source"] != b["source"]).any()
+             for a, b in zip(batches, other))  # a new order each epoch
