@@ -1,6 +1,5 @@
 """Sentence-pair data for translation: direction, dropped pairs (counted), length buckets."""
 
-import numpy as np
 import pytest
 
 from transformer import data
