@@ -96,11 +96,16 @@ def sample_logits(logits_BxV: jax.Array, rng: jax.Array, sampling: Sampling) -> 
   return argmax(logits_BxV + gumbel_BxV)
 
 
+def empty_cache(init: Callable[[], dict]):
+  """Zeros shaped like the "cache" collection that `init()` (a model.init in decode mode) makes;
+  only its shapes are traced, no forward pass runs."""
+  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(init)["cache"])
+
+
 def init_cache(model, batch_size: int, length: int):
-  """An empty KV cache (the "cache" collection) for `batch_size` sequences of `length` tokens."""
+  """An empty GPT KV cache for `batch_size` sequences of `length` tokens."""
   tokens = jnp.zeros((batch_size, length), jnp.int32)
-  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), tokens, decode=True)["cache"])
-  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+  return empty_cache(lambda: model.init(jax.random.key(0), tokens, decode=True))
 
 
 # Streaming: the compiled program calls `_stream` on the host with each step's tokens; it forwards
@@ -189,7 +194,8 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
       return [generate_sliding(model, params, p, max_new_tokens=max_new_tokens, sampling=sampling,
                                rng=jax.random.fold_in(rng, b), stop_id=stop_id) for b, p in enumerate(prompts)]
     which = max(range(len(prompts)), key=lambda b: len(prompts[b]))
-    raise ConfigError(f"prompt {which} ({longest} token{"s" * (longest > 1)}) + max_new_tokens={max_new_tokens} is longer than the "
+    tokens = f"{longest} token{'s' * (longest > 1)}"
+    raise ConfigError(f"prompt {which} ({tokens}) + max_new_tokens={max_new_tokens} is longer than the "
                       f"model's context of {cfg.context_length} tokens; shorten the prompt, lower max_new_tokens "
                       f"to {max(cfg.context_length - longest, 0)}, or use the sliding window "
                       f"(sliding_window=True / --sliding_window), which is much slower")

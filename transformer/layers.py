@@ -276,6 +276,15 @@ def check_remat_policy(name: str) -> None:
     raise ConfigError(f"unknown remat_policy {name!r}; choose one of {', '.join(REMAT_POLICIES)}")
 
 
+def check_model_config(cfg, positive: tuple[str, ...]) -> None:
+  """What every model config checks: the `positive` fields, the block, the remat policy."""
+  for name in positive:
+    if getattr(cfg, name) <= 0:
+      raise ConfigError(f"{name} must be positive, got {getattr(cfg, name)}")
+  check_block_config(cfg.block())
+  check_remat_policy(cfg.remat_policy)
+
+
 class Stack(nn.Module):
   """`num_layers` blocks, unrolled (`layer_0`, `layer_1`, ...) or scanned (`layers`, with a leading
   `layers` axis on every parameter: one compiled block, faster compiles for deep models)."""

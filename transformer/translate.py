@@ -6,8 +6,9 @@ its KV cache (self-attention) and the cached encoder keys/values (cross-attentio
 Beam search keeps `beam_size` live hypotheses per sentence; each step extends every one by every
 token, keeps the 2·beam_size best, sends those ending in <eos> to the finished set (scored by
 log-probability / GNMT length penalty ((5 + length) / 6)^alpha, as in flax's wmt example) when
-they are among the beam_size best, and the best beam_size others on. It stops when no live hypothesis can beat the finished ones or at
-max_len. With beam_size = 1 and alpha = 0 it is greedy decoding.
+they are among the beam_size best, and the best beam_size others on. It stops when no live
+hypothesis can beat the finished ones, or at max_len. With beam_size = 1 and alpha = 0 it is
+greedy decoding.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.layers import ConfigError
+from transformer import decode
 from transformer.models.seq2seq import Transformer
 
 NEG_INF = -1.0e7  # scores of impossible hypotheses; finite, so that sums stay ordered
@@ -30,10 +31,10 @@ def length_penalty(length, alpha: float):
 
 
 def _init_cache(model: Transformer, batch: int, source_len: int, target_len: int):
+  """The decode-mode model and its empty cache (target_len self-attention slots)."""
   step_model = Transformer(model.config, decode=True)
-  shapes = jax.eval_shape(lambda: step_model.init(jax.random.key(0), jnp.zeros((batch, source_len), jnp.int32),
-                                                  jnp.zeros((batch, target_len), jnp.int32))["cache"])
-  return step_model, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+  source, target = jnp.zeros((batch, source_len), jnp.int32), jnp.zeros((batch, target_len), jnp.int32)
+  return step_model, decode.empty_cache(lambda: step_model.init(jax.random.key(0), source, target))
 
 
 def _gather_beams(cache, beam_BxK, old_beams: int):
@@ -139,11 +140,3 @@ def strip(tokens, eos_id: int) -> list[int]:
   tokens = np.asarray(tokens).tolist()
   return tokens[:tokens.index(eos_id)] if eos_id in tokens else tokens
 
-
-def check_decoding(beam_size: int, alpha: float, max_len: int, model: Transformer) -> None:
-  if beam_size < 1:
-    raise ConfigError(f"beam_size must be >= 1, got {beam_size}")
-  if alpha < 0:
-    raise ConfigError(f"alpha (the length penalty) must be >= 0, got {alpha}")
-  if not 1 <= max_len <= model.config.max_len:
-    raise ConfigError(f"max_len must be in [1, model.max_len={model.config.max_len}], got {max_len}")

@@ -76,9 +76,6 @@ def lm_eval_batches(prepared: Prepared, *, seq_len: int, batch_size: int, num_ba
 # ---------------------------------------------------------------------------------------------
 # Translation: sentence pairs, bucketed by length under a token budget.
 
-LANGUAGES = {"ding_de_en": ("de", "en")}  # the columns (src, tgt) of named pair data sets
-
-
 def pair_columns(direction: str, languages: tuple[str, str] = ("src", "tgt")) -> tuple[str, str]:
   """("src", "tgt") or ("tgt", "src"): which stored column is the source for `direction` "a-b"."""
   forward, backward = "-".join(languages), "-".join(reversed(languages))
@@ -134,7 +131,8 @@ def translation_batches(pairs, *, max_tokens: int, max_len: int, eot_id: int, se
     size = max(batch_multiple, (max_tokens // length) // batch_multiple * batch_multiple)
     for start in range(0, len(members), size):
       chunk = members[start:start + size]
-      chunk += chunk[:1] * (-len(chunk) % batch_multiple)  # fill up to the multiple (repeats weigh 0)
+      real = len(chunk)
+      chunk += chunk[:1] * (-real % batch_multiple)  # fill up to the multiple (repeats weigh 0)
       B = len(chunk)
       batch = {k: np.zeros((B, length), np.int32) for k in ("source", "target_in", "target_out")}
       batch.update(source_valid=np.zeros((B, length), bool), target_valid=np.zeros((B, length), bool))
@@ -144,7 +142,7 @@ def translation_batches(pairs, *, max_tokens: int, max_len: int, eot_id: int, se
         batch["source_valid"][row, :len(src)] = True
         batch["target_in"][row, :len(tgt) + 1] = np.concatenate([[eot_id], tgt])
         batch["target_out"][row, :len(tgt) + 1] = np.concatenate([tgt, [eot_id]])
-        batch["target_valid"][row, :len(tgt) + 1] = row < len(members[start:start + size])
+        batch["target_valid"][row, :len(tgt) + 1] = row < real
       batches.append(batch)
   if shuffle:
     batches = [batches[i] for i in rng.permutation(len(batches))]

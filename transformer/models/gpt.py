@@ -59,11 +59,7 @@ class GPTConfig:
 
   def check(self) -> "GPTConfig":
     """Raises ConfigError naming the field for values that cannot work; returns self."""
-    for name in ("vocab_size", "context_length", "num_layers"):
-      if getattr(self, name) <= 0:
-        raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
-    layers.check_block_config(self.block())
-    layers.check_remat_policy(self.remat_policy)
+    layers.check_model_config(self, positive=("vocab_size", "context_length", "num_layers"))
     return self
 
 

@@ -60,11 +60,8 @@ class Seq2SeqConfig:
     return dataclasses.replace(self, **changes)
 
   def check(self) -> "Seq2SeqConfig":
-    for name in ("vocab_size", "max_len", "num_layers"):
-      if getattr(self, name) <= 0:
-        raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
-    layers.check_block_config(self.block())
-    layers.check_remat_policy(self.remat_policy)
+    """Raises ConfigError naming the field for values that cannot work; returns self."""
+    layers.check_model_config(self, positive=("vocab_size", "max_len", "num_layers"))
     return self
 
 
