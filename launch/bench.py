@@ -21,7 +21,7 @@ import ml_collections
 import numpy as np
 from absl import flags
 
-from transformer import benchmark, cli, decode, optim, train
+from transformer import benchmark, cli, decode, optim, tasks, train
 from transformer.models import gpt
 
 _WHAT = flags.DEFINE_enum("what", "vs_hf", ["forward", "generate", "vs_hf"], "Which benchmark.")
@@ -75,8 +75,9 @@ def train_step_seconds(cfg, params) -> float:
   tx, schedule = optim.make_optimizer(opt, 1000), optim.learning_rate(opt, 1000)
   state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                            rng=jax.random.key_data(jax.random.key(0)))
-  step = jax.jit(functools.partial(train.train_step, model=gpt.GPT(cfg), tx=tx, schedule=schedule,
-                                   accumulation_steps=1), donate_argnums=0)
+  loss_fn = functools.partial(tasks.lm_loss, gpt.GPT(cfg))
+  step = jax.jit(functools.partial(train.train_step, loss_fn=loss_fn, tx=tx, schedule=schedule, accumulation_steps=1),
+                 donate_argnums=0)
   batch = jax.random.randint(jax.random.key(1), (_TRAIN_BATCH.value, _SEQ_LEN.value + 1), 0, cfg.vocab_size)
   holder = [state]
 

@@ -58,7 +58,7 @@ def load():
     raise UserError("give exactly one of --workdir (a training run) or --hf (GPT-2 safetensors)")
   if _WORKDIR.value:
     from transformer import train
-    trained = train.restore_trained(_WORKDIR.value, _STEP.value)
+    trained = train.restore_trained(_WORKDIR.value, _STEP.value, task="lm")
     return (trained.model, trained.params, trained.tokenizer, trained.mesh, trained.rules,
             f"{_WORKDIR.value} step {trained.step}")
   from transformer import checkpoints, tokenizers

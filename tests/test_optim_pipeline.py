@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from experiments import base
-from transformer import data, optim, train
+from transformer import data, optim, tasks, train
 from transformer.data import pipeline
 from transformer.data.sources import DataError
 from transformer.layers import ConfigError
@@ -54,7 +54,8 @@ def test_gradient_accumulation_equals_one_big_batch():
   state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                            rng=jax.random.key_data(jax.random.key(1)))
   batch = jax.random.randint(jax.random.key(2), (8, 9), 0, 23)
-  step = lambda accum: jax.jit(functools.partial(train.train_step, model=model, tx=tx, schedule=lambda s: 0.0,
+  loss_fn = functools.partial(tasks.lm_loss, model)
+  step = lambda accum: jax.jit(functools.partial(train.train_step, loss_fn=loss_fn, tx=tx, schedule=lambda s: 0.0,
                                                  accumulation_steps=accum))
   s1, m1 = step(1)(state, batch)
   s4, m4 = step(4)(state, batch)

@@ -4,10 +4,11 @@
     from transformer.train import train_and_evaluate
     train_and_evaluate(shakespeare.get_config("char"), "workdirs/char")   # what launch/train.py does
 
-The loop: prepare the data set if needed -> build mesh, model and optimizer -> restore the latest
-checkpoint of the workdir (state, data position, RNG) or initialise -> jit-compiled sharded steps
-with periodic evaluation, async Orbax checkpoints and metrics -> final evaluation, a generated
-sample and a loss plot. SIGTERM saves a checkpoint and returns cleanly.
+The loop: prepare the data set if needed -> build mesh, the task (config.task: its model, loss,
+batches and evaluation; transformer.tasks) and optimizer -> restore the latest checkpoint of the
+workdir (state, data position, RNG) or initialise -> jit-compiled sharded steps with periodic
+evaluation, async Orbax checkpoints and metrics -> a loss plot and the task's final output (a
+generated sample; test BLEU). SIGTERM saves a checkpoint and returns cleanly.
 """
 
 from __future__ import annotations
@@ -25,16 +26,13 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 import optax
 from absl import logging
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
-from transformer import checkpoints, data, decode, metrics, optim, sharding
-from transformer.data import pipeline
+from transformer import checkpoints, data, metrics, optim, sharding, tasks
 from transformer.layers import ConfigError
-from transformer.models.gpt import GPT, GPTConfig
 from transformer.tokenizers import load_tokenizer
 
 
@@ -47,82 +45,51 @@ class TrainState:
 
 
 # ---------------------------------------------------------------------------------------------
-# Pure steps.
+# Pure steps. `loss_fn(params, batch, rng, train) -> (summed loss, number of target tokens)` is the
+# task's (see transformer.tasks); a batch is an array or a dict of arrays, batch-major.
 
 
-def lm_loss(params, model: nn.Module, batch_BxL1: jax.Array, dropout_rng, deterministic: bool):
-  """Mean next-token cross-entropy of a batch of (seq_len + 1)-token examples."""
-  inputs_BxL, targets_BxL = batch_BxL1[:, :-1], batch_BxL1[:, 1:]
-  logits_BxLxV = model.apply({"params": params}, inputs_BxL, deterministic=deterministic,
-                             rngs={"dropout": dropout_rng})
-  return optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV, targets_BxL).mean()
-
-
-def train_step(state: TrainState, batch_BxL1: jax.Array, *, model, tx, schedule, accumulation_steps: int):
-  """One optimizer update; the batch is split into `accumulation_steps` microbatches whose gradients
-  are averaged (a scan, so memory is that of one microbatch)."""
+def train_step(state: TrainState, batch, *, loss_fn, tx, schedule, accumulation_steps: int):
+  """One optimizer update on the mean loss per target token. The batch is split into
+  `accumulation_steps` microbatches (a scan, so memory is that of one microbatch) whose summed
+  losses and gradients are divided by the batch's total tokens: every token weighs the same."""
   rng = jax.random.wrap_key_data(state.rng)
   rng, step_rng = jax.random.split(rng)
-  grad_fn = jax.value_and_grad(lm_loss)
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   if accumulation_steps == 1:
-    loss, grads = grad_fn(state.params, model, batch_BxL1, step_rng, False)
+    (loss_sum, tokens), grads = grad_fn(state.params, batch, step_rng, True)
   else:
-    micro_AxMxL1 = batch_BxL1.reshape(accumulation_steps, -1, batch_BxL1.shape[-1])
+    micro = jax.tree.map(lambda x: x.reshape(accumulation_steps, -1, *x.shape[1:]), batch)
 
     def accumulate(carry, xs):
-      loss_sum, grad_sum = carry
-      micro_MxL1, i = xs
-      loss, grads = grad_fn(state.params, model, micro_MxL1, jax.random.fold_in(step_rng, i), False)
-      return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads)), None
+      loss_sum, tokens, grad_sum = carry
+      micro_batch, i = xs
+      (loss, n), grads = grad_fn(state.params, micro_batch, jax.random.fold_in(step_rng, i), True)
+      return (loss_sum + loss, tokens + n, jax.tree.map(jnp.add, grad_sum, grads)), None
 
     zeros = jax.tree.map(jnp.zeros_like, state.params)
-    (loss, grads), _ = jax.lax.scan(accumulate, (jnp.zeros(()), zeros),
-                                    (micro_AxMxL1, jnp.arange(accumulation_steps)))
-    loss, grads = loss / accumulation_steps, jax.tree.map(lambda g: g / accumulation_steps, grads)
+    (loss_sum, tokens, grads), _ = jax.lax.scan(accumulate, (jnp.zeros(()), jnp.zeros(()), zeros),
+                                                (micro, jnp.arange(accumulation_steps)))
+  tokens = jnp.maximum(tokens, 1.0)
+  grads = jax.tree.map(lambda g: g / tokens, grads)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
                             rng=jax.random.key_data(rng))
-  return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step)}
+  return new_state, {"loss": loss_sum / tokens, "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step)}
 
 
-def eval_step(params, batch_BxL1, *, model):
-  return lm_loss(params, model, batch_BxL1, jax.random.key(0), True)
+def eval_step(params, batch, *, loss_fn):
+  """(summed loss, number of target tokens) without dropout."""
+  return loss_fn(params, batch, jax.random.key(0), False)
 
 
 # ---------------------------------------------------------------------------------------------
 # Config -> pieces.
 
 
-def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> GPTConfig:
-  fields = {f.name for f in dataclasses.fields(GPTConfig)}
-  given = dict(config.model)
-  unknown = set(given) - fields
-  if unknown:
-    raise ConfigError(f"unknown config.model field(s) {sorted(unknown)}; GPT fields are {sorted(fields)}")
-  if not given.get("vocab_size"):
-    given["vocab_size"] = vocab_size
-  elif given["vocab_size"] < vocab_size:
-    raise ConfigError(f"config.model.vocab_size={given['vocab_size']} is smaller than the tokenizer's "
-                      f"{vocab_size}; set it to 0 (take the tokenizer's) or at least {vocab_size}")
-  return GPTConfig(**given).check()
-
-
-def check_config(config, cfg: GPTConfig, mesh) -> None:
-  rules = sharding.rules(config)
-  dp = sharding.data_parallel_size(mesh, rules)
-  accum = int(config.optimizer.accumulation_steps)
-  if config.seq_len > cfg.context_length:
-    raise ConfigError(f"seq_len={config.seq_len} is longer than model.context_length={cfg.context_length}; "
-                      f"lower --config.seq_len or raise --config.model.context_length")
-  if accum < 1 or config.batch_size % accum:
-    raise ConfigError(f"batch_size={config.batch_size} is not divisible by optimizer.accumulation_steps={accum}")
-  if (config.batch_size // accum) % dp:
-    raise ConfigError(f"batch_size={config.batch_size} (microbatch {config.batch_size // accum}) is not "
-                      f"divisible by the data-parallel size {dp} (mesh data*fsdp); use a multiple of {dp}")
-  if config.eval_batch_size % dp:
-    raise ConfigError(f"eval_batch_size={config.eval_batch_size} is not divisible by the data-parallel "
-                      f"size {dp}; use a multiple of {dp}")
+def check_config(config) -> None:
+  """The fields every task's loop reads."""
   for name in ("num_train_steps", "eval_every_steps", "checkpoint_every_steps", "log_every_steps"):
     if int(config[name]) <= 0:
       raise ConfigError(f"{name} must be positive, got {config[name]}")
@@ -132,11 +99,12 @@ def prepared_data(config) -> data.Prepared:
   """The config's data set, prepared now if it has not been (one command does it all)."""
   d = config.data
   if d.input_files:
-    source = data.file_source(list(d.input_files), "text")
+    source = data.file_source(list(d.input_files), "pairs" if config.get("task") == "translation" else "text")
   else:
     source = data.named_source(d.dataset)
   options = data.PrepareOptions(tokenizer=d.tokenizer, vocab_size=d.vocab_size or None, seed=d.split_seed,
-                                validation_fraction=d.validation_fraction, piece_chars=d.piece_chars)
+                                validation_fraction=d.validation_fraction, test_fraction=d.get("test_fraction", 0.0),
+                                piece_chars=d.get("piece_chars", data.PrepareOptions.piece_chars))
   directory = Path(d.dir) if d.get("dir") else data.default_dir(source, options, root=d.root)
   manifest = directory / "manifest.json"
   stale = not manifest.exists() or json.loads(manifest.read_text()).get("request", {}).get("options") != dataclasses.asdict(options)
@@ -150,50 +118,49 @@ def prepared_data(config) -> data.Prepared:
 
 @dataclasses.dataclass
 class Run:
-  """Everything built from the config that the loop, evaluation and sampling share."""
+  """Everything built from the config that the loop and evaluation share."""
   config: ml_collections.ConfigDict
   prepared: data.Prepared
-  model_cfg: GPTConfig
-  model: GPT
+  task: Any  # tasks.LanguageModel | tasks.Translation
   mesh: Any
   rules: tuple
   tx: optax.GradientTransformation
   schedule: Any
   state_shardings: TrainState
-  batch_sharding: Any
+
+
+def _param_shardings(task, mesh, rules):
+  """(boxed abstract params, their NamedShardings) from the logical axis names of the model."""
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    boxed = jax.eval_shape(lambda: task.model.init(jax.random.key(0), *task.init_inputs())["params"])
+  return boxed, sharding.logical_shardings(mesh, boxed, rules)
 
 
 def build(config) -> Run:
+  check_config(config)
   prepared = prepared_data(config)
-  cfg = model_config(config, prepared.tokenizer.vocab_size)
   mesh = sharding.make_mesh(config.mesh)
   rules = sharding.rules(config)
-  check_config(config, cfg, mesh)
-  model = GPT(cfg)
+  task = tasks.make_task(config, prepared.tokenizer, mesh, rules, prepared)
+  task.setup_training()
   tx = optim.make_optimizer(config.optimizer, config.num_train_steps)
   schedule = optim.learning_rate(config.optimizer, config.num_train_steps)
-  dummy = jnp.zeros((1, config.seq_len), jnp.int32)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), dummy)["params"])
-    param_sh = sharding.logical_shardings(mesh, boxed, rules)
-    opt_shapes = jax.eval_shape(lambda: tx.init(nn.unbox(model.init(jax.random.key(0), dummy)["params"])))
+  boxed, param_sh = _param_shardings(task, mesh, rules)
   sharding.check_divisible(nn.unbox(boxed), param_sh)  # outside the rules: no constraints on shapes
+  opt_shapes = jax.eval_shape(tx.init, nn.unbox(boxed))
   repl = sharding.replicated(mesh)
   # Optimizer state is sharded like the params it tracks (Adam's mu/nu), scalars replicated.
   opt_sh = optax.tree_map_params(tx, lambda _, s: s, opt_shapes, param_sh,
                                  transform_non_params=lambda _: repl,
                                  is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
   state_sh = TrainState(step=repl, params=param_sh, opt_state=opt_sh, rng=repl)
-  return Run(config, prepared, cfg, model, mesh, rules, tx, schedule, state_sh,
-             sharding.batch_sharding(mesh, rules))
+  return Run(config, prepared, task, mesh, rules, tx, schedule, state_sh)
 
 
 def _init_fn(run: Run):
-  dummy = jnp.zeros((1, run.config.seq_len), jnp.int32)
-
   def init(seed):
     init_rng, train_rng = jax.random.split(jax.random.key(seed))
-    params = nn.unbox(run.model.init(init_rng, dummy)["params"])
+    params = nn.unbox(run.task.model.init(init_rng, *run.task.init_inputs())["params"])
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=run.tx.init(params),
                       rng=jax.random.key_data(train_rng))
   return init
@@ -230,127 +197,119 @@ class _Preemption:
     signal.signal(signal.SIGTERM, self._previous)
 
 
-def evaluate(run: Run, params, eval_fn, eval_batches) -> dict:
-  # Every process holds the same fixed batches; each puts in the shards its devices own.
-  global_batch = lambda b: jax.make_array_from_callback(b.shape, run.batch_sharding, lambda idx: b[idx])
-  losses = [float(eval_fn(params, global_batch(b))) for b in eval_batches]
-  loss = float(np.mean(losses))
-  return {"val_loss": loss, "val_perplexity": float(np.exp(min(loss, 50.0)))}
-
-
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
   """Trains per `config`, resuming from `workdir` if it holds checkpoints. Returns final metrics."""
   workdir = Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   lead = jax.process_index() == 0
   run = build(config)
+  task = run.task
   if lead:
     (workdir / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
     run.prepared.tokenizer.save(workdir / "tokenizer")  # so the workdir alone can be sampled from
-    print(f"devices: {metrics.device_summary()}\nmodel: {run.model_cfg}")
+    print(f"devices: {metrics.device_summary()}\nmodel: {task.model_cfg}")
 
   ckpt = checkpoints.Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints,
                                   async_save=config.async_checkpointing)
-  train_ds = pipeline.lm_train_dataset(run.prepared, seq_len=config.seq_len, global_batch=config.batch_size,
-                                       seed=config.seed, sampling=config.data.sampling,
-                                       process_index=jax.process_index(), process_count=jax.process_count())
-  train_iter = iter(train_ds.to_iter_dataset())
-  start_step = 0
+  train_batches = task.train_batches()
+  start_step, tokens_seen = 0, 0
   if ckpt.latest_step() is not None:
     step = ckpt.latest_step()
-    state, data_state, _ = ckpt.restore(step, abstract_state(run))
-    train_iter.set_state(data_state)
+    state, data_state, meta = ckpt.restore(step, abstract_state(run))
+    train_batches.set_state(data_state)
+    tokens_seen = int(meta.get("tokens_seen", 0))
     start_step = int(state.step)
     print(f"resumed from {ckpt.directory} at step {start_step}")
   else:
     state = init_state(run)
-  eval_batches = pipeline.lm_eval_batches(run.prepared, seq_len=config.seq_len, batch_size=config.eval_batch_size,
-                                          num_batches=config.eval_batches)
+  eval_batches = task.eval_batches()
 
-  step_fn = jax.jit(functools.partial(train_step, model=run.model, tx=run.tx, schedule=run.schedule,
+  # Batches are arrays or dicts of arrays: one sharding is a prefix of either.
+  step_fn = jax.jit(functools.partial(train_step, loss_fn=task.loss, tx=run.tx, schedule=run.schedule,
                                       accumulation_steps=int(config.optimizer.accumulation_steps)),
-                    in_shardings=(run.state_shardings, run.batch_sharding),
+                    in_shardings=(run.state_shardings, task.batch_sharding),
                     out_shardings=(run.state_shardings, None), donate_argnums=0)
-  eval_fn = jax.jit(functools.partial(eval_step, model=run.model),
-                    in_shardings=(run.state_shardings.params, run.batch_sharding))
+  eval_fn = jax.jit(functools.partial(eval_step, loss_fn=task.loss),
+                    in_shardings=(run.state_shardings.params, task.batch_sharding))
 
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
-  flops_token = metrics.flops_per_token(num_params, run.model_cfg.num_layers, run.model_cfg.d_model,
-                                        config.seq_len)
+  flops_token = task.flops_per_token(num_params)
   writer = metrics.MetricsWriter(workdir, enabled=lead)
   if start_step:
     writer.write(start_step, {"event": "resumed"})
   preemption = _Preemption()
-  tokens_per_step = config.batch_size * config.seq_len
   last_eval: dict = {}
   bar = tqdm(total=config.num_train_steps, initial=start_step, disable=not lead, desc="train",
              dynamic_ncols=True)
-  t_last, steps_since = time.perf_counter(), 0
+  t_last, steps_since, tokens_since = time.perf_counter(), 0, 0
   try:
     with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
       for step in range(start_step, config.num_train_steps):
-        local = next(train_iter)
-        batch = jax.make_array_from_process_local_data(run.batch_sharding, local)
-        state, step_metrics = step_fn(state, batch)
+        host_batch = next(train_batches)
+        state, step_metrics = step_fn(state, task.put(host_batch))
         steps_since += 1
+        tokens = task.count_tokens(host_batch)
+        tokens_since, tokens_seen = tokens_since + tokens, tokens_seen + tokens
         done = step + 1
         if done % config.log_every_steps == 0 or done == config.num_train_steps:
           step_metrics = jax.device_get(step_metrics)  # waits for the step: timings are real
           elapsed = time.perf_counter() - t_last
-          tps = steps_since * tokens_per_step / elapsed
+          tps = tokens_since / elapsed
           util = metrics.mfu(tps, flops_token, jax.devices())
           record = {**{k: float(v) for k, v in step_metrics.items()}, "tokens_per_s": tps,
                     "step_time_s": elapsed / steps_since, "mfu": util}
           writer.write(done, record)
           bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{tps:,.0f}",
                           mfu="n/a" if util is None else f"{util:.1%}")
-          t_last, steps_since = time.perf_counter(), 0
+          t_last, steps_since, tokens_since = time.perf_counter(), 0, 0
         bar.update(1)
         is_eval = done % config.eval_every_steps == 0 or done == config.num_train_steps
         if is_eval:
-          last_eval = evaluate(run, state.params, eval_fn, eval_batches)
+          last_eval = task.evaluate(state.params, eval_fn, eval_batches)
           writer.write(done, last_eval)
-          bar.write(f"step {done}: validation loss {last_eval['val_loss']:.4f} "
-                    f"(perplexity {last_eval['val_perplexity']:.2f})")
+          bar.write(f"step {done}: {task.describe(last_eval)}")
+          t_last = time.perf_counter()  # evaluation time is not training time
         if done % config.checkpoint_every_steps == 0 or done == config.num_train_steps or preemption.requested:
-          ckpt.save(done, state, train_iter.get_state(), {"tokens_seen": done * tokens_per_step},
+          ckpt.save(done, state, train_batches.get_state(), {"tokens_seen": tokens_seen, "task": task.name},
                     val_loss=last_eval.get("val_loss") if is_eval else None, force=preemption.requested)
         if preemption.requested:
           ckpt.wait()
           logging.warning("stopped at step %d after SIGTERM; checkpoint saved", done)
           return {"step": done, "preempted": True, **last_eval}
+      bar.close()
+      if lead:
+        metrics.plot_losses(workdir / "metrics.jsonl", workdir / "loss.png",
+                            title=f"{run.prepared.manifest['source']}, {task.model_cfg.num_layers}x{task.model_cfg.d_model}")
+      final = task.finish(state.params, workdir)  # LM: a sample; translation: test BLEU
+      if final:
+        writer.write(config.num_train_steps, {k: v for k, v in final.items() if not isinstance(v, str)})
   finally:
     bar.close()
     preemption.restore()
     ckpt.close()
     writer.close()
-
-  result = {"step": config.num_train_steps, **last_eval}
-  if lead:
-    metrics.plot_losses(workdir / "metrics.jsonl", workdir / "loss.png",
-                        title=f"{run.prepared.manifest['source']}, {run.model_cfg.num_layers}x{run.model_cfg.d_model}")
-    if config.sample.max_new_tokens > 0:
-      text = sample_text(run, state.params, config.sample)
-      (workdir / "samples.txt").write_text(text + "\n")
-      print(f"\n--- sample (temperature {config.sample.temperature}) ---\n{text}\n---")
-      result["sample"] = text
-  return result
+  return {"step": config.num_train_steps, **last_eval, **final}
 
 
 @dataclasses.dataclass
 class Trained:
-  """A trained model restored from a workdir: what sampling and evaluation need, no optimizer."""
-  model: GPT
+  """A trained model restored from a workdir: what sampling, translation and evaluation need, no
+  optimizer state."""
+  task: Any  # tasks.LanguageModel | tasks.Translation; task.model_cfg is the model's config
+  model: Any  # GPT | seq2seq.Transformer
   params: Any
   tokenizer: Any
   mesh: Any
   rules: tuple
   step: int
+  config: ml_collections.ConfigDict
 
 
-def restore_trained(workdir: str | Path, step: str | int = "latest") -> Trained:
+def restore_trained(workdir: str | Path, step: str | int = "latest", task: str | None = None) -> Trained:
   """The params of a workdir's checkpoint `step` ("latest", "best" by validation loss, or a number),
-  sharded over this machine's devices with the run's logical axis rules."""
+  sharded over this machine's devices with the run's logical axis rules. `task` ("lm",
+  "translation"), when given, is what the caller can use: another one is an error naming the
+  program that can."""
   workdir = Path(workdir)
   files = {"config": workdir / "config.json", "tokenizer": workdir / "tokenizer",
            "checkpoints": workdir / "checkpoints"}
@@ -359,18 +318,20 @@ def restore_trained(workdir: str | Path, step: str | int = "latest") -> Trained:
     raise checkpoints.CheckpointError(f"{workdir} is not a training workdir: looked for {', '.join(missing)} "
                                       f"(launch.train writes them); check the --workdir path")
   config = ml_collections.ConfigDict(json.loads(files["config"].read_text()))
+  trained_task = config.get("task", "lm")
+  if task is not None and trained_task != task:
+    program = {"lm": "launch.sample", "translation": "launch.translate"}.get(trained_task, "launch.train")
+    raise checkpoints.CheckpointError(f"{workdir} holds a {trained_task!r} model, not a {task!r} one; "
+                                      f"use python -m {program}")
   tokenizer = load_tokenizer(files["tokenizer"])
-  cfg = model_config(config, tokenizer.vocab_size)
   rules = sharding.rules(config)
   try:
     mesh = sharding.make_mesh(config.mesh)
   except ConfigError:  # trained on another number of devices: data-parallel over these
     mesh = sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
-  model = GPT(cfg)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
-  abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), nn.unbox(boxed),
-                          sharding.logical_shardings(mesh, boxed, rules))
+  run_task = tasks.make_task(config, tokenizer, mesh, rules)
+  boxed, param_sh = _param_shardings(run_task, mesh, rules)
+  abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), nn.unbox(boxed), param_sh)
   ckpt = checkpoints.Checkpointer(files["checkpoints"], async_save=False)
   try:
     if step in ("latest", "best"):
@@ -385,15 +346,4 @@ def restore_trained(workdir: str | Path, step: str | int = "latest") -> Trained:
     params = ckpt.restore_params(chosen, abstract)
   finally:
     ckpt.close()
-  return Trained(model, params, tokenizer, mesh, rules, chosen)
-
-
-def sample_text(run: Run, params, sample_config) -> str:
-  tok = run.prepared.tokenizer
-  prompt = tok.encode(sample_config.prompt) if sample_config.prompt else [tok.eot_id]
-  sampling = decode.Sampling(temperature=sample_config.temperature, top_k=sample_config.top_k,
-                             top_p=sample_config.get("top_p", 1.0))
-  [ids] = decode.generate(run.model, params, [prompt], max_new_tokens=sample_config.max_new_tokens,
-                          sampling=sampling, seed=sample_config.seed, stop_id=tok.eot_id, mesh=run.mesh,
-                          rules=run.rules, sliding_window=True)
-  return sample_config.prompt + tok.decode(ids)
+  return Trained(run_task, run_task.model, params, tokenizer, mesh, rules, chosen, config)

@@ -14,13 +14,17 @@ greedy decoding.
 from __future__ import annotations
 
 import functools
+from typing import Sequence
 
 import flax
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
-from transformer import decode
+from transformer import decode, sharding
+from transformer.layers import ConfigError
 from transformer.models.seq2seq import Transformer
 
 NEG_INF = -1.0e7  # scores of impossible hypotheses; finite, so that sums stay ordered
@@ -140,3 +144,87 @@ def strip(tokens, eos_id: int) -> list[int]:
   tokens = np.asarray(tokens).tolist()
   return tokens[:tokens.index(eos_id)] if eos_id in tokens else tokens
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Many sentences: batching, text, scores.
+
+SOURCE_BUCKET = 16  # source lengths are padded up to a multiple of this: few shapes compile
+
+
+def check_sources(sources: Sequence[Sequence[int]], max_len: int, vocab_size: int) -> list[list[int]]:
+  out = []
+  for i, ids in enumerate(sources):
+    ids = [int(t) for t in ids]
+    if not ids:
+      raise ConfigError(f"sentence {i} is empty; there is nothing to translate")
+    if len(ids) > max_len:
+      raise ConfigError(f"sentence {i} is {len(ids)} tokens, longer than the model's max_len={max_len}; "
+                        f"split it into shorter sentences")
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+      raise ConfigError(f"sentence {i} has token id {bad[0]} outside the model's vocabulary [0, {vocab_size}); "
+                        f"was it encoded with another tokenizer?")
+    out.append(ids)
+  return out
+
+
+def translate_ids(model: Transformer, params, sources: Sequence[Sequence[int]], *, eos_id: int,
+                  beam_size: int = 1, alpha: float = 0.6, max_len: int | None = None, batch_size: int = 32,
+                  mesh=None, rules: tuple = ()) -> list[list[int]]:
+  """The best translation of each source (token ids, without <eos>), in order: greedy for
+  beam_size 1, else beam search. <eos> (<|endoftext|>) is also the decoder's start token.
+
+  Sources are sorted by length and batched (batch_size rows, lengths padded to a multiple of 16),
+  so few shapes compile. With `mesh`, batches are split over its data-parallel devices."""
+  cfg = model.config
+  max_len = max_len or cfg.max_len
+  if beam_size < 1 or not 2 <= max_len <= cfg.max_len:
+    raise ConfigError(f"beam_size must be >= 1 and max_len in [2, {cfg.max_len}], got {beam_size} and {max_len}")
+  sources = check_sources(sources, cfg.max_len, cfg.vocab_size)
+  dp = sharding.data_parallel_size(mesh, rules) if mesh is not None else 1
+  B = max(-(-batch_size // dp) * dp, dp)
+  order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+  out: list[list[int]] = [[] for _ in sources]
+  search = functools.partial(greedy if beam_size == 1 else beam_search, model=model, max_len=max_len,
+                             bos_id=eos_id, eos_id=eos_id,
+                             **({} if beam_size == 1 else {"beam_size": beam_size, "alpha": float(alpha)}))
+  for start in range(0, len(order), B):
+    rows = order[start:start + B]
+    S = min(-(-len(sources[rows[-1]]) // SOURCE_BUCKET) * SOURCE_BUCKET, cfg.max_len)
+    source_BxS, valid_BxS = np.zeros((B, S), np.int32), np.zeros((B, S), bool)
+    for r in range(B):
+      ids = sources[rows[r] if r < len(rows) else rows[0]]  # filler rows, dropped below
+      source_BxS[r, :len(ids)], valid_BxS[r, :len(ids)] = ids, True
+    if mesh is None:
+      tokens = search(params, source_BxS, valid_BxS)
+    else:
+      batch_sh = sharding.batch_sharding(mesh, rules)
+      put = lambda x: jax.make_array_from_callback(x.shape, batch_sh, lambda idx: x[idx])
+      with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        tokens = search(params, put(source_BxS), put(valid_BxS))
+    tokens = multihost_utils.process_allgather(tokens, tiled=True) if jax.process_count() > 1 else np.asarray(tokens)
+    best_BxL = tokens if beam_size == 1 else tokens[:, 0]
+    for r, i in enumerate(rows):
+      out[i] = strip(best_BxL[r], eos_id)
+  return out
+
+
+def translate_texts(model: Transformer, params, tokenizer, texts: Sequence[str], **options) -> list[str]:
+  """Sentences in, sentences out (see `translate_ids` for the options)."""
+  if isinstance(texts, str):
+    raise ConfigError("texts must be a list of sentences, not one string")
+  ids = [tokenizer.encode(t.strip()) for t in texts]
+  return [tokenizer.decode(h) for h in translate_ids(model, params, ids, eos_id=tokenizer.eot_id, **options)]
+
+
+def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
+  """sacreBLEU's corpus BLEU (13a tokenization) and chrF, one reference per sentence, and the BLEU
+  signature (what to quote next to the number)."""
+  from sacrebleu.metrics import BLEU, CHRF
+  if len(hypotheses) != len(references):
+    raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
+  bleu, chrf = BLEU(), CHRF()
+  return {"bleu": float(bleu.corpus_score(list(hypotheses), [list(references)]).score),
+          "chrf": float(chrf.corpus_score(list(hypotheses), [list(references)]).score),
+          "bleu_signature": str(bleu.get_signature())}

@@ -115,7 +115,8 @@ def translation_batches(pairs, *, max_tokens: int, max_len: int, eot_id: int, se
                         batch_multiple: int = 1, shuffle: bool = True) -> list[dict]:
   """One epoch of padded batches, each pair once. Pairs are grouped by padded length (a multiple of
   8, so few shapes compile) and each batch holds at most `max_tokens` padded tokens per side (its
-  size rounded down to `batch_multiple`, the data-parallel size). Each batch has
+  size rounded down to `batch_multiple`, the data-parallel size); all batches of a bucket have the
+  same size. Each batch has
     source, source_valid (B, S); target_in (<|endoftext|> + target), target_out (target +
     <|endoftext|>), target_valid (B, T); the length buckets S and T are those of the longest pair."""
   if not pairs:
@@ -132,7 +133,9 @@ def translation_batches(pairs, *, max_tokens: int, max_len: int, eot_id: int, se
     for start in range(0, len(members), size):
       chunk = members[start:start + size]
       real = len(chunk)
-      chunk += chunk[:1] * (-real % batch_multiple)  # fill up to the multiple (repeats weigh 0)
+      # Fill a bucket's last batch up to the full size (one shape per bucket, so one compilation)
+      # with repeats of its first pair, which weigh nothing (target_valid False).
+      chunk += chunk[:1] * (size - real)
       B = len(chunk)
       batch = {k: np.zeros((B, length), np.int32) for k in ("source", "target_in", "target_out")}
       batch.update(source_valid=np.zeros((B, length), bool), target_valid=np.zeros((B, length), bool))
@@ -147,3 +150,31 @@ def translation_batches(pairs, *, max_tokens: int, max_len: int, eot_id: int, se
   if shuffle:
     batches = [batches[i] for i in rng.permutation(len(batches))]
   return batches
+
+
+class TranslationBatches:
+  """Training batches of `translation_batches`, epoch after epoch, each epoch in a new order. Like a
+  grain iterator, `get_state()`/`set_state()` are the exact data position (epoch, batch) that a
+  checkpoint saves, so a resumed run sees the batches an uninterrupted one would."""
+
+  def __init__(self, pairs, *, max_tokens: int, max_len: int, eot_id: int, seed: int, batch_multiple: int = 1):
+    self._make = lambda epoch: translation_batches(pairs, max_tokens=max_tokens, max_len=max_len, eot_id=eot_id,
+                                                   seed=seed, epoch=epoch, batch_multiple=batch_multiple)
+    self.epoch, self.index, self._batches = 0, 0, None
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict:
+    if self._batches is None:
+      self._batches = self._make(self.epoch)
+    if self.index == len(self._batches):
+      self.epoch, self.index, self._batches = self.epoch + 1, 0, self._make(self.epoch + 1)
+    self.index += 1
+    return self._batches[self.index - 1]
+
+  def get_state(self) -> dict:
+    return {"epoch": self.epoch, "index": self.index}
+
+  def set_state(self, state: dict) -> None:
+    self.epoch, self.index, self._batches = int(state["epoch"]), int(state["index"]), None
