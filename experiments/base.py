@@ -9,40 +9,35 @@ from transformer import sharding
 from transformer.models import gpt
 
 
-def model_fields(preset: str, **overrides) -> ml_collections.ConfigDict:
-  """All GPTConfig fields of a preset (vocab_size 0: taken from the tokenizer), so any can be overridden."""
-  fields = dataclasses.asdict(gpt.PRESETS[preset])
+def model_fields(preset: str, family=gpt, **overrides) -> ml_collections.ConfigDict:
+  """All config fields of a model preset (`family`: models.gpt or models.seq2seq; vocab_size 0:
+  taken from the tokenizer), so any can be overridden."""
+  fields = dataclasses.asdict(family.PRESETS[preset])
   fields.update({"vocab_size": 0, **overrides})
   return ml_collections.ConfigDict(fields)
 
 
-def base_config() -> ml_collections.ConfigDict:
+def common_config() -> ml_collections.ConfigDict:
+  """The fields every task's loop reads (experiments/translation.py starts from these too)."""
   c = ml_collections.ConfigDict()
   c.seed = 0
-  c.batch_size = 32  # global, in sequences; split over the data-parallel devices
-  c.seq_len = 256
   c.num_train_steps = 1000
   c.log_every_steps = 10
   c.eval_every_steps = 200
-  c.eval_batches = 8  # fixed validation windows, the same at every evaluation
-  c.eval_batch_size = 32
   c.checkpoint_every_steps = 200
   c.keep_checkpoints = 3  # the last 3, plus the best by validation loss
   c.async_checkpointing = True
 
   c.data = ml_collections.ConfigDict()
   c.data.dataset = "shakespeare"  # a named data set (transformer.data.NAMED) ...
-  c.data.input_files = ()  # ... or your own text files (one document each): overrides `dataset`
+  c.data.input_files = ()  # ... or your own files (text documents; a pairs TSV for translation): overrides `dataset`
   c.data.tokenizer = "gpt2"
   c.data.vocab_size = 0  # for tokenizer="bpe"
   c.data.root = "data"  # prepared shards go to <root>/<dataset>-<tokenizer>
   c.data.dir = ""  # or exactly here
   c.data.validation_fraction = 0.1
+  c.data.test_fraction = 0.0
   c.data.split_seed = 0
-  c.data.piece_chars = 16384  # documents are split into pieces of about this size for the split
-  c.data.sampling = "windows"  # "windows" (random) | "packed" (every token once an epoch)
-
-  c.model = model_fields("cpu-small")
 
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.name = "adamw"
@@ -62,6 +57,21 @@ def base_config() -> ml_collections.ConfigDict:
   c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
   c.logical_axis_rules = [(name, list(axes) if isinstance(axes, tuple) else axes)
                           for name, axes in sharding.DEFAULT_RULES]
+  return c
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Language modelling (config.task="lm"): a GPT on windows of a text corpus."""
+  c = common_config()
+  c.task = "lm"
+  c.batch_size = 32  # global, in sequences; split over the data-parallel devices
+  c.seq_len = 256
+  c.eval_batches = 8  # fixed validation windows, the same at every evaluation
+  c.eval_batch_size = 32
+  c.data.piece_chars = 16384  # documents are split into pieces of about this size for the split
+  c.data.sampling = "windows"  # "windows" (random) | "packed" (every token once an epoch)
+
+  c.model = model_fields("cpu-small")
 
   c.sample = ml_collections.ConfigDict()
   c.sample.prompt = ""  # empty: start from <|endoftext|>

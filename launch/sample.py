@@ -13,7 +13,6 @@ unless --sliding_window (slower: no KV cache).
 """
 
 import sys
-from pathlib import Path
 
 from absl import flags
 
@@ -41,14 +40,7 @@ _SLIDING_WINDOW = flags.DEFINE_bool("sliding_window", False, "Allow prompt + new
 
 def read_prompts() -> list[str]:
   prompts = list(_PROMPT.value)
-  if _PROMPTS_FILE.value:
-    if _PROMPTS_FILE.value == "-":
-      text = sys.stdin.read()
-    elif Path(_PROMPTS_FILE.value).is_file():
-      text = Path(_PROMPTS_FILE.value).read_text()
-    else:
-      raise UserError(f"--prompts_file={_PROMPTS_FILE.value}: no such file")
-    prompts += [line.replace("\\n", "\n") for line in text.splitlines()]
+  prompts += [line.replace("\\n", "\n") for line in cli.read_inputs([], _PROMPTS_FILE.value, "prompts_file")]
   return prompts or [""]
 
 

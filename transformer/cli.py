@@ -1,6 +1,7 @@
 """What every absl launch program shares: user errors become one line on stderr and exit 1."""
 
 import sys
+from pathlib import Path
 
 from absl import app, flags, logging
 
@@ -19,3 +20,18 @@ def run(main) -> None:
       sys.exit(1)
 
   app.run(main_with_clean_errors)
+
+
+def read_inputs(values: list[str], path: str | None, flag: str) -> list[str]:
+  """What a launch program works on: the values of a repeatable flag, then the lines of `path`
+  (given as --`flag`; "-" reads stdin)."""
+  lines = list(values)
+  if path:
+    if path == "-":
+      text = sys.stdin.read()
+    elif Path(path).is_file():
+      text = Path(path).read_text()
+    else:
+      raise UserError(f"--{flag}={path}: no such file")
+    lines += text.splitlines()
+  return lines

@@ -51,6 +51,10 @@ class BlockConfig:
   attention: str = "xla"
   pre_layer_norm: bool = True  # GPT-2; the 2017 paper normalises after the residual instead
   activation: str = "gelu_tanh"  # GPT-2's approximate GELU; the 2017 paper uses relu
+  # "gpt2": kernels ~ normal(0.02), projections into the residual stream 0.02/sqrt(2 * layers);
+  # "xavier": Glorot uniform (the 2017 paper's tensor2tensor, flax's wmt example), whose larger
+  # scale at small widths lets attention learn from the first steps.
+  kernel_init: str = "gpt2"
 
   @property
   def head_dim(self) -> int:
@@ -77,6 +81,8 @@ def check_block_config(cfg: BlockConfig) -> None:
       raise ConfigError(f"{name} must be in [0, 1), got {getattr(cfg, name)}")
   if cfg.layer_norm_epsilon <= 0:
     raise ConfigError(f"layer_norm_epsilon must be positive, got {cfg.layer_norm_epsilon}")
+  if cfg.kernel_init not in KERNEL_INITS:
+    raise ConfigError(f"unknown kernel_init {cfg.kernel_init!r}; choose one of {', '.join(KERNEL_INITS)}")
   if cfg.activation not in ACTIVATIONS:
     raise ConfigError(f"unknown activation {cfg.activation!r}; choose one of {', '.join(ACTIVATIONS)}")
   _dtype(cfg.dtype), _dtype(cfg.param_dtype)
@@ -86,8 +92,20 @@ ACTIVATIONS = {"gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True), "gelu": 
                "relu": jax.nn.relu}
 
 
-def _init(std: float, names: tuple[str | None, ...]):
-  return nn.with_logical_partitioning(nn.initializers.normal(std), names)
+KERNEL_INITS = ("gpt2", "xavier")
+
+
+def _kernel_init(kind: str, std: float, names: tuple[str | None, ...], contract: int):
+  if kind == "gpt2":
+    return nn.with_logical_partitioning(nn.initializers.normal(std), names)
+  # Glorot: fans are the contracted dims and the feature dims; a fused q/k/v axis (named None) is a
+  # batch axis, so q, k and v each get the scale of a separate projection.
+  features = range(contract, len(names))
+  init = nn.initializers.variance_scaling(
+      1.0, "fan_avg", "uniform", in_axis=tuple(range(contract)),
+      out_axis=tuple(i for i in features if names[i] is not None),
+      batch_axis=tuple(i for i in features if names[i] is None))
+  return nn.with_logical_partitioning(init, names)
 
 
 def _zeros(names):
@@ -145,15 +163,17 @@ class Projection(nn.Module):
   features: tuple[int, ...]
   names: tuple[str | None, ...]  # logical names of the kernel: contracted dims, then features
   contract: int = 1
-  std: float = 0.02
+  std: float = 0.02  # kernel_init "gpt2"
   use_bias: bool = True
   dtype: str = "float32"
   param_dtype: str = "float32"
+  kernel_init: str = "gpt2"  # or "xavier" (see BlockConfig)
 
   @nn.compact
   def __call__(self, x):
     shape = (*x.shape[x.ndim - self.contract:], *self.features)
-    kernel = self.param("kernel", _init(self.std, self.names), shape, _dtype(self.param_dtype))
+    kernel = self.param("kernel", _kernel_init(self.kernel_init, self.std, self.names, self.contract), shape,
+                        _dtype(self.param_dtype))
     y = jnp.tensordot(x.astype(self.dtype), kernel.astype(self.dtype), axes=self.contract)
     if self.use_bias:
       bias = self.param("bias", _zeros(self.names[self.contract:]), self.features, _dtype(self.param_dtype))
@@ -181,7 +201,7 @@ class MultiHeadAttention(nn.Module):
     cfg = self.cfg
     H, K, D = cfg.num_heads, cfg.head_dim, cfg.d_model
     dense = lambda features, contract, names, std, name: Projection(
-        features, names, contract, std, cfg.use_bias, cfg.dtype, cfg.param_dtype, name=name)
+        features, names, contract, std, cfg.use_bias, cfg.dtype, cfg.param_dtype, cfg.kernel_init, name=name)
     if not self.cross:
       qkv_BxTx3xHxK = dense((3, H, K), 1, ("embed", None, "heads", "kv"), 0.02, "qkv")(x_BxTxD)
       q_BxTxHxK, k_BxSxHxK, v_BxSxHxK = (qkv_BxTx3xHxK[:, :, i] for i in range(3))
@@ -228,7 +248,7 @@ class MLP(nn.Module):
   @nn.compact
   def __call__(self, x_BxTxD):
     cfg = self.cfg
-    kw = dict(use_bias=cfg.use_bias, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
+    kw = dict(use_bias=cfg.use_bias, dtype=cfg.dtype, param_dtype=cfg.param_dtype, kernel_init=cfg.kernel_init)
     h_BxTxF = Projection((cfg.d_mlp,), ("embed", "mlp"), name="fc", **kw)(x_BxTxD)
     h_BxTxF = nn.with_logical_constraint(ACTIVATIONS[cfg.activation](h_BxTxF), ("batch", "length", "mlp"))
     return Projection((cfg.d_model,), ("mlp", "embed"), std=self.residual_std, name="proj", **kw)(h_BxTxF)

@@ -59,30 +59,69 @@ def lm_loss(model: GPT, params, batch_BxL1, rng, train: bool):
   return nll_BxL.sum(), jnp.float32(nll_BxL.size)
 
 
-def translation_loss(model: seq2seq.Transformer, params, batch: dict, rng, label_smoothing: float = 0.0):
+def translation_loss(model: seq2seq.Transformer, params, batch: dict, rng, train: bool, label_smoothing: float = 0.0):
   """(summed cross-entropy over the real target tokens, their number). Training smooths the labels
-  (the paper's 0.1: the target puts 1 - s on the right token and s spread over the vocabulary);
-  evaluation scores the plain negative log-likelihood (s = 0). Dropout is on if the model is
-  `Transformer(cfg, deterministic=False)`."""
+  by `label_smoothing` (the paper's 0.1: the target puts 1 - s on the right token and s spread over
+  the vocabulary); evaluation (train=False) scores the plain negative log-likelihood. Dropout is on
+  if the model is `Transformer(cfg, deterministic=False)`."""
   logits_BxTxV = model.apply({"params": params}, batch["source"], batch["target_in"],
                              source_valid_BxS=batch["source_valid"], rngs={"dropout": rng})
-  labels_BxTxV = optax.smooth_labels(jax.nn.one_hot(batch["target_out"], logits_BxTxV.shape[-1]), label_smoothing)
+  smoothing = label_smoothing if train else 0.0
+  labels_BxTxV = optax.smooth_labels(jax.nn.one_hot(batch["target_out"], logits_BxTxV.shape[-1]), smoothing)
   ce_BxT = optax.softmax_cross_entropy(logits_BxTxV, labels_BxTxV)
   weight_BxT = batch["target_valid"].astype(jnp.float32)
   return (ce_BxT * weight_BxT).sum(), weight_BxT.sum()
 
 
-def _check_positive(config, names) -> None:
+def _check_positive(section, names, prefix: str = "") -> None:
   for name in names:
-    if int(config[name]) <= 0:
-      raise ConfigError(f"{name} must be positive, got {config[name]}")
+    if int(section[name]) <= 0:
+      raise ConfigError(f"{prefix}{name} must be positive, got {section[name]}")
 
 
-def _accumulation(config) -> int:
+def _check_lm_config(config, dp: int) -> None:
+  _check_positive(config, ("seq_len", "batch_size", "eval_batch_size", "eval_batches"))
   accum = int(config.optimizer.accumulation_steps)
-  if accum < 1:
-    raise ConfigError(f"optimizer.accumulation_steps must be >= 1, got {accum}")
-  return accum
+  if config.seq_len > config.model.context_length:
+    raise ConfigError(f"seq_len={config.seq_len} is longer than model.context_length={config.model.context_length}; "
+                      f"lower --config.seq_len or raise --config.model.context_length")
+  if config.batch_size % accum:
+    raise ConfigError(f"batch_size={config.batch_size} is not divisible by optimizer.accumulation_steps={accum}")
+  if (config.batch_size // accum) % dp:
+    raise ConfigError(f"batch_size={config.batch_size} (microbatch {config.batch_size // accum}) is not "
+                      f"divisible by the data-parallel size {dp} (mesh data*fsdp); use a multiple of {dp}")
+  if config.eval_batch_size % dp:
+    raise ConfigError(f"eval_batch_size={config.eval_batch_size} is not divisible by the data-parallel "
+                      f"size {dp}; use a multiple of {dp}")
+
+
+def _check_translation_config(config, dp: int) -> None:
+  c = config
+  _check_positive(c, ("batch_tokens",))
+  _check_positive(c.eval, ("decode_batch_size", "beam_size"), prefix="eval.")
+  if c.data.max_len > c.model.max_len:
+    raise ConfigError(f"data.max_len={c.data.max_len} is longer than model.max_len={c.model.max_len}; "
+                      f"lower data.max_len or raise model.max_len")
+  if c.data.max_len < 2:
+    raise ConfigError(f"data.max_len must be at least 2 (a token and <|endoftext|>), got {c.data.max_len}")
+  if c.batch_tokens < c.data.max_len:
+    raise ConfigError(f"batch_tokens={c.batch_tokens} cannot hold one pair of data.max_len={c.data.max_len} "
+                      f"tokens; raise batch_tokens")
+  if not 0.0 <= c.label_smoothing < 1.0:
+    raise ConfigError(f"label_smoothing must be in [0, 1), got {c.label_smoothing}")
+  if c.data.test_fraction <= 0:
+    raise ConfigError("translation is scored on a held-out test split; set data.test_fraction > 0 (e.g. 0.05)")
+
+
+def check_config(config, mesh, rules) -> None:
+  """The task's training fields, before any data is prepared: a bad value costs nothing."""
+  name = config.get("task", "lm")
+  if name not in TASKS:
+    raise ConfigError(f"unknown config.task {name!r}; choose one of {', '.join(TASKS)}")
+  if int(config.optimizer.accumulation_steps) < 1:
+    raise ConfigError(f"optimizer.accumulation_steps must be >= 1, got {config.optimizer.accumulation_steps}")
+  check = _check_lm_config if name == "lm" else _check_translation_config
+  check(config, sharding.data_parallel_size(mesh, rules))
 
 
 def _check_kind(prepared: Prepared | None, want: str, task: str) -> None:
@@ -109,23 +148,6 @@ class LanguageModel:
 
   def init_inputs(self) -> tuple:
     return (jnp.zeros((1, 8), jnp.int32),)
-
-  def setup_training(self) -> None:
-    """Checks the training fields of the config."""
-    config, dp = self.config, sharding.data_parallel_size(self.mesh, self.rules)
-    _check_positive(config, ("seq_len", "batch_size", "eval_batch_size", "eval_batches"))
-    accum = _accumulation(config)
-    if config.seq_len > self.model_cfg.context_length:
-      raise ConfigError(f"seq_len={config.seq_len} is longer than model.context_length="
-                        f"{self.model_cfg.context_length}; lower --config.seq_len or raise --config.model.context_length")
-    if config.batch_size % accum:
-      raise ConfigError(f"batch_size={config.batch_size} is not divisible by optimizer.accumulation_steps={accum}")
-    if (config.batch_size // accum) % dp:
-      raise ConfigError(f"batch_size={config.batch_size} (microbatch {config.batch_size // accum}) is not "
-                        f"divisible by the data-parallel size {dp} (mesh data*fsdp); use a multiple of {dp}")
-    if config.eval_batch_size % dp:
-      raise ConfigError(f"eval_batch_size={config.eval_batch_size} is not divisible by the data-parallel "
-                        f"size {dp}; use a multiple of {dp}")
 
   def loss(self, params, batch_BxL1, rng, train: bool):
     return lm_loss(self.model, params, batch_BxL1, rng, train)
@@ -191,28 +213,10 @@ class Translation:
       self.languages = tuple(prepared.manifest["columns"])
       self.direction = config.data.direction or "-".join(self.languages)
       pipeline.pair_columns(self.direction, self.languages)  # an unknown direction fails here, named
+      self._pairs = {split: self._split_pairs(split) for split in ("train", "validation", "test")}
 
   def init_inputs(self) -> tuple:
     return jnp.zeros((1, 8), jnp.int32), jnp.zeros((1, 8), jnp.int32)
-
-  def setup_training(self) -> None:
-    """Checks the training fields of the config and loads the pairs of every split."""
-    c = self.config
-    _check_positive(c, ("batch_tokens", "eval.decode_batch_size", "eval.beam_size"))
-    _accumulation(c)
-    if c.data.max_len > self.model_cfg.max_len:
-      raise ConfigError(f"data.max_len={c.data.max_len} is longer than model.max_len={self.model_cfg.max_len}; "
-                        f"lower data.max_len or raise model.max_len")
-    if c.data.max_len < 2:
-      raise ConfigError(f"data.max_len must be at least 2 (a token and <|endoftext|>), got {c.data.max_len}")
-    if c.batch_tokens < c.data.max_len:
-      raise ConfigError(f"batch_tokens={c.batch_tokens} cannot hold one pair of data.max_len={c.data.max_len} "
-                        f"tokens; raise batch_tokens")
-    if not 0.0 <= c.label_smoothing < 1.0:
-      raise ConfigError(f"label_smoothing must be in [0, 1), got {c.label_smoothing}")
-    if c.data.test_fraction <= 0:
-      raise ConfigError("translation is scored on a held-out test split; set data.test_fraction > 0 (e.g. 0.05)")
-    self._pairs = {split: self._split_pairs(split) for split in ("train", "validation", "test")}
 
   def _split_pairs(self, split: str) -> list:
     pairs, dropped = pipeline.translation_pairs(self.prepared, split, direction=self.direction,
@@ -229,8 +233,8 @@ class Translation:
     return sharding.data_parallel_size(self.mesh, self.rules) * int(self.config.optimizer.accumulation_steps)
 
   def loss(self, params, batch, rng, train: bool):
-    return translation_loss(self.train_model if train else self.model, params, batch, rng,
-                            float(self.config.label_smoothing) if train else 0.0)
+    return translation_loss(self.train_model if train else self.model, params, batch, rng, train,
+                            float(self.config.label_smoothing))
 
   def train_batches(self):
     c = self.config

@@ -138,11 +138,11 @@ def _param_shardings(task, mesh, rules):
 
 def build(config) -> Run:
   check_config(config)
-  prepared = prepared_data(config)
   mesh = sharding.make_mesh(config.mesh)
   rules = sharding.rules(config)
+  tasks.check_config(config, mesh, rules)
+  prepared = prepared_data(config)
   task = tasks.make_task(config, prepared.tokenizer, mesh, rules, prepared)
-  task.setup_training()
   tx = optim.make_optimizer(config.optimizer, config.num_train_steps)
   schedule = optim.learning_rate(config.optimizer, config.num_train_steps)
   boxed, param_sh = _param_shardings(task, mesh, rules)

@@ -186,9 +186,12 @@ def translate_ids(model: Transformer, params, sources: Sequence[Sequence[int]], 
   B = max(-(-batch_size // dp) * dp, dp)
   order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
   out: list[list[int]] = [[] for _ in sources]
-  search = functools.partial(greedy if beam_size == 1 else beam_search, model=model, max_len=max_len,
-                             bos_id=eos_id, eos_id=eos_id,
-                             **({} if beam_size == 1 else {"beam_size": beam_size, "alpha": float(alpha)}))
+  if beam_size == 1:
+    search = functools.partial(greedy, model=model, max_len=max_len, bos_id=eos_id, eos_id=eos_id)
+  else:
+    beams = functools.partial(beam_search, model=model, beam_size=beam_size, alpha=float(alpha), max_len=max_len,
+                              bos_id=eos_id, eos_id=eos_id)
+    search = lambda *args: beams(*args)[0][:, 0]  # the best of each sentence's beams
   for start in range(0, len(order), B):
     rows = order[start:start + B]
     S = min(-(-len(sources[rows[-1]]) // SOURCE_BUCKET) * SOURCE_BUCKET, cfg.max_len)
@@ -203,8 +206,7 @@ def translate_ids(model: Transformer, params, sources: Sequence[Sequence[int]], 
       put = lambda x: jax.make_array_from_callback(x.shape, batch_sh, lambda idx: x[idx])
       with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         tokens = search(params, put(source_BxS), put(valid_BxS))
-    tokens = multihost_utils.process_allgather(tokens, tiled=True) if jax.process_count() > 1 else np.asarray(tokens)
-    best_BxL = tokens if beam_size == 1 else tokens[:, 0]
+    best_BxL = multihost_utils.process_allgather(tokens, tiled=True) if jax.process_count() > 1 else np.asarray(tokens)
     for r, i in enumerate(rows):
       out[i] = strip(best_BxL[r], eos_id)
   return out

@@ -115,8 +115,8 @@ def translation_batches(pairs, *, max_tokens: int, max_len: int, eot_id: int, se
                         batch_multiple: int = 1, shuffle: bool = True) -> list[dict]:
   """One epoch of padded batches, each pair once. Pairs are grouped by padded length (a multiple of
   8, so few shapes compile) and each batch holds at most `max_tokens` padded tokens per side (its
-  size rounded down to `batch_multiple`, the data-parallel size); all batches of a bucket have the
-  same size. Each batch has
+  size rounded down to `batch_multiple`, the data-parallel size); a bucket's last batch is filled
+  up to batch_multiple * 2^k rows. Each batch has
     source, source_valid (B, S); target_in (<|endoftext|> + target), target_out (target +
     <|endoftext|>), target_valid (B, T); the length buckets S and T are those of the longest pair."""
   if not pairs:
@@ -133,9 +133,12 @@ def translation_batches(pairs, *, max_tokens: int, max_len: int, eot_id: int, se
     for start in range(0, len(members), size):
       chunk = members[start:start + size]
       real = len(chunk)
-      # Fill a bucket's last batch up to the full size (one shape per bucket, so one compilation)
-      # with repeats of its first pair, which weigh nothing (target_valid False).
-      chunk += chunk[:1] * (size - real)
+      # Fill a bucket's last batch with repeats of its first pair, which weigh nothing (target_valid
+      # False), up to batch_multiple times a power of two (at most the full size): few shapes compile.
+      fill = batch_multiple
+      while fill < real:
+        fill *= 2
+      chunk += chunk[:1] * (min(fill, size) - real)
       B = len(chunk)
       batch = {k: np.zeros((B, length), np.int32) for k in ("source", "target_in", "target_out")}
       batch.update(source_valid=np.zeros((B, length), bool), target_valid=np.zeros((B, length), bool))

@@ -45,6 +45,7 @@ class Seq2SeqConfig:
   tie_output: bool = True  # the output head is the target embedding, transposed
   dtype: str = "float32"
   param_dtype: str = "float32"
+  kernel_init: str = "xavier"  # Glorot uniform as in the paper's code; "gpt2": normal(0.02)
   attention: str = "xla"  # "einsum" | "xla" | "cudnn"
   scan_layers: bool = False
   remat_policy: str = "none"
@@ -54,7 +55,7 @@ class Seq2SeqConfig:
         d_model=self.d_model, num_heads=self.num_heads, d_mlp=self.d_mlp, dropout_rate=self.dropout_rate,
         attention_dropout_rate=self.attention_dropout_rate, layer_norm_epsilon=self.layer_norm_epsilon,
         dtype=self.dtype, param_dtype=self.param_dtype, attention=self.attention,
-        pre_layer_norm=self.pre_layer_norm, activation="relu")
+        pre_layer_norm=self.pre_layer_norm, activation="relu", kernel_init=self.kernel_init)
 
   def replace(self, **changes) -> "Seq2SeqConfig":
     return dataclasses.replace(self, **changes)

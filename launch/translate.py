@@ -1,0 +1,48 @@
+r"""Translates sentences with a trained encoder-decoder checkpoint (experiments/translation.py).
+
+  python -m launch.translate --workdir=workdirs/de-en --sentence="Ich habe keine Zeit."
+  python -m launch.translate --workdir=workdirs/de-en --input_file=sentences.de > sentences.en
+  echo "Wo ist der Bahnhof?" | python -m launch.translate --workdir=workdirs/de-en --input_file=- --beam_size=1
+
+Sentences come from --sentence (repeatable), then --input_file (one per line; "-" is stdin); one
+translation per line comes out, in order. --beam_size=1 is greedy decoding; larger beams rank
+hypotheses by log-probability over the GNMT length penalty ((5 + length) / 6)^alpha.
+"""
+
+import sys
+
+from absl import flags
+
+from transformer import cli
+from transformer.errors import UserError
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "A translation training workdir (launch.train's --workdir).",
+                               required=True)
+_STEP = flags.DEFINE_string("step", "latest", "'latest', 'best' (lowest validation loss) or a step number.")
+_SENTENCE = flags.DEFINE_multi_string("sentence", [], "A sentence to translate; repeat the flag for several.")
+_INPUT_FILE = flags.DEFINE_string("input_file", None, "One sentence per line; '-' reads stdin.")
+_BEAM_SIZE = flags.DEFINE_integer("beam_size", 4, "Hypotheses kept per sentence; 1 is greedy decoding.")
+_ALPHA = flags.DEFINE_float("alpha", 0.6, "GNMT length penalty exponent (0: plain log-probability).")
+_MAX_LEN = flags.DEFINE_integer("max_len", 0, "At most this many target tokens (0: the model's max_len).")
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Sentences decoded together.")
+
+
+def main(argv):
+  del argv
+  sentences = cli.read_inputs(_SENTENCE.value, _INPUT_FILE.value, "input_file")
+  if not sentences:
+    raise UserError("nothing to translate: give --sentence or --input_file")
+  from transformer import train, translate
+  trained = train.restore_trained(_WORKDIR.value, _STEP.value, task="translation")
+  print(f"# {_WORKDIR.value} step {trained.step} ({trained.config.data.direction or 'source-target'}): "
+        f"{len(sentences)} sentence(s), beam {_BEAM_SIZE.value}, alpha {_ALPHA.value}", file=sys.stderr)
+  translations = translate.translate_texts(trained.model, trained.params, trained.tokenizer, sentences,
+                                           beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value,
+                                           max_len=_MAX_LEN.value or None, batch_size=_BATCH_SIZE.value,
+                                           mesh=trained.mesh, rules=trained.rules)
+  for line in translations:
+    print(line)
+
+
+if __name__ == "__main__":
+  cli.run(main)

@@ -1,0 +1,244 @@
+"""Translation end to end: the loss, learning (a tiny model overfits a handful of pairs to BLEU
+100), training through `train_and_evaluate` with dev/test BLEU, resume, and `launch.translate`."""
+
+import functools
+import json
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import run_module
+from experiments import translation as translation_experiment
+from transformer import metrics, optim, tasks, tokenizers, train, translate
+from transformer.data import pipeline
+from transformer.errors import UserError
+from transformer.models import seq2seq
+
+# Seed 004's example, and a few like it.
+PAIRS = [
+    ("I love purple cats", "J'adore les chats violets"),
+    ("The dog sleeps", "Le chien dort"),
+    ("We eat bread", "Nous mangeons du pain"),
+    ("She reads a book", "Elle lit un livre"),
+    ("The sun is hot", "Le soleil est chaud"),
+    ("They sing loudly", "Ils chantent fort"),
+]
+
+
+def test_loss_counts_real_target_tokens_only_and_smoothing_raises_it():
+  tok = tokenizers.CharTokenizer.from_corpus([s + t for s, t in PAIRS])
+  pairs = [(np.array(tok.encode(s)), np.array(tok.encode(t))) for s, t in PAIRS]
+  model = seq2seq.Transformer(seq2seq.preset("cpu-tiny", vocab_size=tok.vocab_size))
+  params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32), jnp.zeros((1, 8), jnp.int32))["params"])
+  batches = pipeline.translation_batches(pairs, max_tokens=10_000, max_len=32, eot_id=tok.eot_id, seed=0)
+  total_tokens = 0
+  for batch in batches:  # one per length bucket
+    loss_sum, tokens = tasks.translation_loss(model, params, batch, jax.random.key(1), False)
+    total_tokens += tokens
+    # The plain negative log-likelihood of the real target tokens, computed directly.
+    logp = jax.nn.log_softmax(model.apply({"params": params}, batch["source"], batch["target_in"],
+                                          source_valid_BxS=batch["source_valid"]))
+    nll = -np.take_along_axis(np.asarray(logp), batch["target_out"][..., None], -1)[..., 0]
+    np.testing.assert_allclose(loss_sum, nll[batch["target_valid"]].sum(), rtol=1e-5)
+    # Garbage in the padding changes nothing.
+    noisy = dict(batch, target_out=np.where(batch["target_valid"], batch["target_out"], 3),
+                 target_in=np.where(batch["target_valid"], batch["target_in"], 5))
+    np.testing.assert_allclose(tasks.translation_loss(model, params, noisy, jax.random.key(1), False)[0], loss_sum,
+                               rtol=1e-6)
+    # Smoothing 0.1: the target puts 0.9 + 0.1/V on the right token and 0.1/V on every other.
+    smoothed, _ = tasks.translation_loss(model, params, batch, jax.random.key(1), True, label_smoothing=0.1)
+    uniform = -np.asarray(logp).mean(-1)
+    np.testing.assert_allclose(smoothed, (0.9 * nll + 0.1 * uniform)[batch["target_valid"]].sum(), rtol=1e-5)
+  assert total_tokens == sum(len(t) + 1 for _, t in pairs)  # each target and its <|endoftext|>, once
+
+
+def test_a_tiny_model_overfits_a_handful_of_pairs_to_bleu_100():
+  tok = tokenizers.CharTokenizer.from_corpus([s + t for s, t in PAIRS])
+  pairs = [(np.array(tok.encode(s)), np.array(tok.encode(t))) for s, t in PAIRS]
+  batches = pipeline.translation_batches(pairs, max_tokens=10_000, max_len=32, eot_id=tok.eot_id, seed=0)
+  batch = batches[0]
+  cfg = seq2seq.preset("cpu-tiny", vocab_size=tok.vocab_size, d_model=64, d_mlp=256)
+  model = seq2seq.Transformer(cfg)
+  opt = translation_experiment.get_config("tiny").optimizer
+  opt.update(lr=3e-3, warmup_steps=20)
+  tx, schedule = optim.make_optimizer(opt, 300), optim.learning_rate(opt, 300)
+  params = nn.unbox(model.init(jax.random.key(0), batch["source"][:1], batch["target_in"][:1])["params"])
+  state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                           rng=jax.random.key_data(jax.random.key(1)))
+  loss_fn = functools.partial(tasks.translation_loss, model, label_smoothing=0.0)
+  step = jax.jit(functools.partial(train.train_step, loss_fn=loss_fn, tx=tx, schedule=schedule, accumulation_steps=1))
+  for i in range(150):
+    state, step_metrics = step(state, batches[i % len(batches)])
+  assert step_metrics["loss"] < 0.05, step_metrics
+  references = [t for _, t in PAIRS]
+  for beam_size in (1, 3):
+    hypotheses = translate.translate_texts(model, state.params, tok, [s for s, _ in PAIRS], beam_size=beam_size)
+    scores = translate.corpus_scores(hypotheses, references)
+    assert scores["bleu"] > 99.9 and scores["chrf"] > 99.9, (beam_size, hypotheses)
+
+
+def test_translate_refuses_bad_sentences():
+  tok = tokenizers.CharTokenizer.from_corpus(["abc"])
+  model = seq2seq.Transformer(seq2seq.preset("cpu-tiny", vocab_size=tok.vocab_size, max_len=8))
+  params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 4), jnp.int32))["params"])
+  with pytest.raises(UserError, match="sentence 1 is 12 tokens, longer than the model's max_len=8"):
+    translate.translate_texts(model, params, tok, ["abc", "abcabcabcabc"])
+  with pytest.raises(UserError, match="sentence 0 is empty"):
+    translate.translate_texts(model, params, tok, ["  "])
+  with pytest.raises(UserError, match="not one string"):
+    translate.translate_texts(model, params, tok, "abc")
+
+
+def test_batches_resume_exactly():
+  pairs = [(np.arange(1, 2 + i % 7), np.arange(1, 3 + i % 5)) for i in range(50)]
+  make = lambda: pipeline.TranslationBatches(pairs, max_tokens=64, max_len=16, eot_id=0, seed=3)
+  straight = make()
+  seen = [next(straight) for _ in range(25)]  # past the end of the first epoch
+  assert straight.get_state()["epoch"] >= 1
+  resumed = make()
+  [next(resumed) for _ in range(11)]
+  state = json.loads(json.dumps(resumed.get_state()))  # as a checkpoint stores it
+  again = make()
+  again.set_state(state)
+  for expected in seen[11:]:
+    got = next(again)
+    for key in expected:
+      np.testing.assert_array_equal(got[key], expected[key])
+
+
+# ---------------------------------------------------------------------------------------------
+# Through train_and_evaluate and the launch programs.
+
+
+def _pairs_tsv(path):
+  words = ["eins", "zwei", "drei", "vier", "fünf", "sechs", "sieben", "acht", "neun", "zehn"]
+  english = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
+  lines = [f"Ich habe {words[i % 10]} {['Katzen', 'Hunde'][i // 10 % 2]} gesehen.\t"
+           f"I saw {english[i % 10]} {['cats', 'dogs'][i // 10 % 2]}. ({i})" for i in range(240)]
+  path.write_text("\n".join(lines) + "\n")
+  return path
+
+
+# The tiny preset on a TSV, character-level. Every length bucket's batch size (batch_tokens /
+# bucket length) is a multiple of 4, so 1 and 4 data-parallel devices see the same batches.
+OVERRIDES = {"data.tokenizer": "char", "data.direction": "", "data.validation_fraction": 0.1,
+             "data.test_fraction": 0.1, "data.max_len": 48, "model.max_len": 48, "batch_tokens": 1920}
+
+
+def _config(tsv, data_root, **changes):
+  c = translation_experiment.get_config("tiny")
+  c.data.input_files = (str(tsv),)
+  c.data.root = str(data_root)
+  for key, value in {**OVERRIDES, **changes}.items():
+    section, _, field = key.rpartition(".")
+    (c[section] if section else c)[field] = value
+  return c
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  root = tmp_path_factory.mktemp("mt")
+  tsv = _pairs_tsv(root / "pairs.tsv")
+  result = train.train_and_evaluate(_config(tsv, root / "data"), root / "w")
+  return root, tsv, result
+
+
+def test_training_writes_dev_and_test_scores(trained):
+  root, _, result = trained
+  records = metrics.read_jsonl(root / "w" / "metrics.jsonl")
+  dev = [r for r in records if "dev_bleu" in r]
+  assert [r["step"] for r in dev] == [10, 20]
+  assert all(0 <= r["dev_bleu"] <= 100 and 0 <= r["dev_chrf"] <= 100 and np.isfinite(r["val_loss"]) for r in dev)
+  final = [r for r in records if "test_bleu_greedy" in r]
+  assert len(final) == 1 and {"test_chrf_greedy", "test_bleu_beam2", "test_chrf_beam2"} <= set(final[0])
+  assert result["test_bleu_beam2"] == final[0]["test_bleu_beam2"]
+  rows = (root / "w" / "test_translations.tsv").read_text().splitlines()
+  assert rows[0] == "source\treference\tgreedy\tbeam" and len(rows) > 5
+  assert all(len(r.split("\t")) == 4 for r in rows)
+  assert rows[1].split("\t")[0].startswith("Ich habe") and rows[1].split("\t")[1].startswith("I saw")
+  losses = metrics.last_per_step(records, "loss")
+  assert losses[20] < losses[5]
+
+
+def test_resume_continues_the_same_run(trained, tmp_path):
+  root, tsv, _ = trained
+  config = _config(tsv, root / "data", num_train_steps=10)
+  train.train_and_evaluate(config, tmp_path)
+  config.num_train_steps = 20
+  train.train_and_evaluate(config, tmp_path)
+  straight = metrics.last_per_step(metrics.read_jsonl(root / "w" / "metrics.jsonl"), "loss")
+  resumed = metrics.last_per_step(metrics.read_jsonl(tmp_path / "metrics.jsonl"), "loss")
+  np.testing.assert_allclose([resumed[15], resumed[20]], [straight[15], straight[20]], rtol=1e-5)
+
+
+def test_launch_translate_from_flags_stdin_and_file(trained, tmp_path):
+  root, _, _ = trained
+  workdir = root / "w"
+  sentences = ["Ich habe drei Katzen gesehen.", "Ich habe zehn Hunde gesehen."]
+  (tmp_path / "in.txt").write_text("\n".join(sentences) + "\n")
+  common = [f"--workdir={workdir}", "--beam_size=2"]
+  by_flag = run_module("launch.translate", *common, *[f"--sentence={s}" for s in sentences])
+  assert by_flag.returncode == 0, by_flag.stderr
+  by_file = run_module("launch.translate", *common, f"--input_file={tmp_path / 'in.txt'}")
+  by_stdin = run_module("launch.translate", *common, "--input_file=-", stdin="\n".join(sentences))
+  assert by_flag.stdout == by_file.stdout == by_stdin.stdout
+  assert len(by_flag.stdout.splitlines()) == 2
+  # In process, the same.
+  restored = train.restore_trained(workdir, task="translation")
+  expected = translate.translate_texts(restored.model, restored.params, restored.tokenizer, sentences, beam_size=2,
+                                       mesh=restored.mesh, rules=restored.rules)
+  assert by_flag.stdout.splitlines() == expected
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--sentence=" + "Ich habe " * 20], "sentence 0 is 180 tokens, longer than the model's max_len=48"),
+    ([], "nothing to translate: give --sentence or --input_file"),
+    (["--sentence=Hallo", "--input_file=/no/such.txt"], "--input_file=/no/such.txt: no such file"),
+])
+def test_launch_translate_errors(trained, args, message):
+  root, _, _ = trained
+  result = run_module("launch.translate", f"--workdir={root / 'w'}", *args)
+  assert result.returncode == 1 and f"error: {message}" in result.stderr, result.stderr
+
+
+def test_workdirs_of_the_other_task_are_refused_by_name(trained):
+  root, _, _ = trained
+  with pytest.raises(UserError, match=r"holds a 'translation' model, not a 'lm' one; use python -m launch.translate"):
+    train.restore_trained(root / "w", task="lm")
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"data.max_len": 64}, "data.max_len=64 is longer than model.max_len=48"),
+    ({"data.test_fraction": 0.0}, "set data.test_fraction > 0"),
+    ({"data.direction": "de-fr"}, "unknown direction 'de-fr' for this data set; choose 'source-target' or "
+                                  "'target-source'"),
+    ({"label_smoothing": 1.0}, r"label_smoothing must be in \[0, 1\)"),
+    ({"batch_tokens": 16}, "batch_tokens=16 cannot hold one pair of data.max_len=48"),
+    ({"task": "classification"}, "unknown config.task 'classification'; choose one of lm, translation"),
+])
+def test_bad_translation_configs_are_named(trained, tmp_path, changes, message):
+  root, tsv, _ = trained
+  with pytest.raises(UserError, match=message):
+    train.train_and_evaluate(_config(tsv, root / "data", **changes), tmp_path)
+  assert not (tmp_path / "checkpoints").exists()
+
+
+def test_eight_devices_give_the_same_losses(trained, tmp_path):
+  """Data, fsdp and tensor parallel (2 x 2 x 2 fake CPU devices) train like one device."""
+  root, tsv, _ = trained
+  flags = [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
+  proc = run_module("launch.train", "--config=experiments/translation.py:tiny", f"--workdir={tmp_path}",
+                    f"--config.data.input_files={tsv}", f"--config.data.root={root / 'data'}", *flags,
+                    "--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2",
+                    env={"JAX_NUM_CPU_DEVICES": "8"})
+  assert proc.returncode == 0, proc.stderr
+  assert "8 x cpu" in proc.stdout
+  one = metrics.read_jsonl(root / "w" / "metrics.jsonl")
+  eight = metrics.read_jsonl(tmp_path / "metrics.jsonl")
+  for key in ("loss", "val_loss"):
+    a, b = metrics.last_per_step(one, key), metrics.last_per_step(eight, key)
+    assert sorted(a) == sorted(b) and len(a) >= 2
+    np.testing.assert_allclose([b[s] for s in sorted(b)], [a[s] for s in sorted(a)], rtol=1e-4)
