@@ -47,11 +47,17 @@ def get_config(preset: str = "cpu"):
   c.optimizer.weight_decay = 0.0
 
   if preset == "cpu":
-    c.model = base.model_fields("cpu-small", seq2seq)
+    # Tuned for ~15 minutes on 2 CPU cores: pre-LN tolerates a higher learning rate than the
+    # paper's post-LN (on this data, dev perplexity 74 vs 167 after 400 steps); a small joint BPE
+    # and small batches give more updates per minute, which counts most this early.
+    c.model = base.model_fields("cpu-small", seq2seq, pre_layer_norm=True)
+    c.data.vocab_size = 2000
+    c.batch_tokens = 1024
     c.num_train_steps = 2400
     c.eval_every_steps = c.checkpoint_every_steps = 600
-    c.optimizer.lr = 1e-3
-    c.optimizer.warmup_steps = 400
+    c.eval.bleu_sentences = 300
+    c.optimizer.lr = 3e-3
+    c.optimizer.warmup_steps = 200
   elif preset == "tiny":  # for tests and smoke runs
     c.model = base.model_fields("cpu-tiny", seq2seq)
     c.data.max_len = 32

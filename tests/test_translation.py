@@ -194,7 +194,7 @@ def test_launch_translate_from_flags_stdin_and_file(trained, tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--sentence=" + "Ich habe " * 20], "sentence 0 is 180 tokens, longer than the model's max_len=48"),
+    (["--sentence=" + "Ich habe " * 20], "sentence 0 is 179 tokens, longer than the model's max_len=48"),
     ([], "nothing to translate: give --sentence or --input_file"),
     (["--sentence=Hallo", "--input_file=/no/such.txt"], "--input_file=/no/such.txt: no such file"),
 ])
