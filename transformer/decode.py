@@ -156,21 +156,27 @@ def generate_padded(params, prompt_BxP, valid_BxP, rng, *, model, max_new_tokens
   return tokens_BxN
 
 
-def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int) -> list[list[int]]:
-  if isinstance(prompts, (str, bytes)) or not len(prompts):
-    raise ConfigError("prompts must be a non-empty list of token-id lists (encode text with a tokenizer)")
+def check_token_lists(lists: Sequence[Sequence[int]], vocab_size: int, what: str, if_empty: str) -> list[list[int]]:
+  """Token-id lists (prompts, source sentences) as ints; an empty one or an id outside the
+  vocabulary is an error naming which `what` it is (`if_empty` says what to do about an empty one)."""
+  if isinstance(lists, (str, bytes)) or not len(lists):
+    raise ConfigError(f"{what}s must be a non-empty list of token-id lists (encode text with a tokenizer)")
   out = []
-  for i, prompt in enumerate(prompts):
-    prompt = [int(t) for t in prompt]
-    if not prompt:
-      raise ConfigError(f"prompt {i} is empty; start it with the end-of-text id (tokenizer.eot_id), which "
-                        f"is how GPT-2 begins a document")
-    bad = [t for t in prompt if not 0 <= t < vocab_size]
+  for i, ids in enumerate(lists):
+    ids = [int(t) for t in ids]
+    if not ids:
+      raise ConfigError(f"{what} {i} is empty; {if_empty}")
+    bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
-      raise ConfigError(f"prompt {i} has token id {bad[0]} outside the model's vocabulary [0, {vocab_size}); "
+      raise ConfigError(f"{what} {i} has token id {bad[0]} outside the model's vocabulary [0, {vocab_size}); "
                         f"was it encoded with another tokenizer?")
-    out.append(prompt)
+    out.append(ids)
   return out
+
+
+def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int) -> list[list[int]]:
+  return check_token_lists(prompts, vocab_size, "prompt", "start it with the end-of-text id (tokenizer.eot_id), "
+                           "which is how GPT-2 begins a document")
 
 
 def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,

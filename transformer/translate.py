@@ -153,20 +153,12 @@ SOURCE_BUCKET = 16  # source lengths are padded up to a multiple of this: few sh
 
 
 def check_sources(sources: Sequence[Sequence[int]], max_len: int, vocab_size: int) -> list[list[int]]:
-  out = []
+  sources = decode.check_token_lists(sources, vocab_size, "sentence", "there is nothing to translate")
   for i, ids in enumerate(sources):
-    ids = [int(t) for t in ids]
-    if not ids:
-      raise ConfigError(f"sentence {i} is empty; there is nothing to translate")
     if len(ids) > max_len:
       raise ConfigError(f"sentence {i} is {len(ids)} tokens, longer than the model's max_len={max_len}; "
                         f"split it into shorter sentences")
-    bad = [t for t in ids if not 0 <= t < vocab_size]
-    if bad:
-      raise ConfigError(f"sentence {i} has token id {bad[0]} outside the model's vocabulary [0, {vocab_size}); "
-                        f"was it encoded with another tokenizer?")
-    out.append(ids)
-  return out
+  return sources
 
 
 def translate_ids(model: Transformer, params, sources: Sequence[Sequence[int]], *, eos_id: int,
