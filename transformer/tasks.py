@@ -297,10 +297,11 @@ class Translation:
     if jax.process_index() == 0:
       sources = [self.tokenizer.decode(s) for s, _ in pairs]
       rows = zip(sources, greedy["references"], greedy["hypotheses"], searched["hypotheses"])
+      one_line = lambda text: " ".join(text.split())  # a tab or newline in a translation would break the TSV
       (workdir / "test_translations.tsv").write_text(
-          "source\treference\tgreedy\tbeam\n" + "".join("\t".join(r) + "\n" for r in rows))
+          "source\treference\tgreedy\tbeam\n" + "".join("\t".join(map(one_line, r)) + "\n" for r in rows))
       alpha = self.config.eval.alpha
-      print(f"\ntest split, {len(pairs)} pairs ({self.direction}), sacreBLEU:\n"
+      print(f"\ntest split, {len(pairs)} pairs ({self.direction}), sacreBLEU {greedy['bleu_signature']}:\n"
             f"  decoding              BLEU    chrF\n"
             f"  greedy              {greedy['bleu']:6.2f}  {greedy['chrf']:6.2f}\n"
             f"  beam {beam}, alpha {alpha:<4}  {searched['bleu']:6.2f}  {searched['chrf']:6.2f}\n"
