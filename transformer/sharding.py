@@ -93,6 +93,11 @@ def batch_sharding(mesh: Mesh, axis_rules, ndim: int = 2) -> NamedSharding:
   return NamedSharding(mesh, spec)
 
 
+def global_array(x_np: np.ndarray, sharding: NamedSharding) -> jax.Array:
+  """An array every process holds in full -> one global array (each process puts in its own shards)."""
+  return jax.make_array_from_callback(x_np.shape, sharding, lambda idx: x_np[idx])
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 

@@ -130,11 +130,6 @@ def _check_kind(prepared: Prepared | None, want: str, task: str) -> None:
                     f"{prepared.kind}; choose a {want} data set (config.data.dataset / input_files)")
 
 
-def _global_array(batch_np: np.ndarray, sharding_):
-  """A batch every process holds in full -> one global array (each process puts in its shards)."""
-  return jax.make_array_from_callback(batch_np.shape, sharding_, lambda idx: batch_np[idx])
-
-
 class LanguageModel:
   """config.task="lm": a GPT (config.model: GPTConfig fields) on windows of a text corpus."""
   name = "lm"
@@ -175,7 +170,7 @@ class LanguageModel:
                                          num_batches=c.eval_batches))
 
   def evaluate(self, params, eval_fn, batches) -> dict:
-    return _loss_metrics(params, eval_fn, [_global_array(b, self.batch_sharding) for b in batches])
+    return _loss_metrics(params, eval_fn, [sharding.global_array(b, self.batch_sharding) for b in batches])
 
   def describe(self, result: dict) -> str:
     return f"validation loss {result['val_loss']:.4f} (perplexity {result['val_perplexity']:.2f})"
@@ -244,7 +239,7 @@ class Translation:
 
   def put(self, batch: dict):
     # Every process builds the same global batch (cheap: a list of small arrays).
-    return {k: _global_array(v, self.batch_sharding) for k, v in batch.items()}
+    return {k: sharding.global_array(v, self.batch_sharding) for k, v in batch.items()}
 
   def count_tokens(self, batch: dict) -> int:
     return int(batch["target_valid"].sum())  # real target tokens (fairseq's words per second)

@@ -296,13 +296,16 @@ class Trained:
   """A trained model restored from a workdir: what sampling, translation and evaluation need, no
   optimizer state."""
   task: Any  # tasks.LanguageModel | tasks.Translation; task.model_cfg is the model's config
-  model: Any  # GPT | seq2seq.Transformer
   params: Any
   tokenizer: Any
   mesh: Any
   rules: tuple
   step: int
   config: ml_collections.ConfigDict
+
+  @property
+  def model(self):  # GPT | seq2seq.Transformer
+    return self.task.model
 
 
 def restore_trained(workdir: str | Path, step: str | int = "latest", task: str | None = None) -> Trained:
@@ -346,4 +349,4 @@ def restore_trained(workdir: str | Path, step: str | int = "latest", task: str |
     params = ckpt.restore_params(chosen, abstract)
   finally:
     ckpt.close()
-  return Trained(run_task, run_task.model, params, tokenizer, mesh, rules, chosen, config)
+  return Trained(run_task, params, tokenizer, mesh, rules, chosen, config)

@@ -184,6 +184,7 @@ def translate_ids(model: Transformer, params, sources: Sequence[Sequence[int]], 
     beams = functools.partial(beam_search, model=model, beam_size=beam_size, alpha=float(alpha), max_len=max_len,
                               bos_id=eos_id, eos_id=eos_id)
     search = lambda *args: beams(*args)[0][:, 0]  # the best of each sentence's beams
+  batch_sh = sharding.batch_sharding(mesh, rules) if mesh is not None else None
   for start in range(0, len(order), B):
     rows = order[start:start + B]
     S = min(-(-len(sources[rows[-1]]) // SOURCE_BUCKET) * SOURCE_BUCKET, cfg.max_len)
@@ -194,10 +195,8 @@ def translate_ids(model: Transformer, params, sources: Sequence[Sequence[int]], 
     if mesh is None:
       tokens = search(params, source_BxS, valid_BxS)
     else:
-      batch_sh = sharding.batch_sharding(mesh, rules)
-      put = lambda x: jax.make_array_from_callback(x.shape, batch_sh, lambda idx: x[idx])
       with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        tokens = search(params, put(source_BxS), put(valid_BxS))
+        tokens = search(params, sharding.global_array(source_BxS, batch_sh), sharding.global_array(valid_BxS, batch_sh))
     best_BxL = multihost_utils.process_allgather(tokens, tiled=True) if jax.process_count() > 1 else np.asarray(tokens)
     for r, i in enumerate(rows):
       out[i] = strip(best_BxL[r], eos_id)
