@@ -18,7 +18,7 @@ def get_config(preset: str = "gpt2"):
   if preset not in PRESETS:
     raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
   micro, lr = _RECIPES[preset]
-  c = base.base_config()
+  c = base.lm_config()
   c.data.tokenizer = "gpt2"
   c.model = base.model_fields(preset, dtype="bfloat16", vocab_size=50304, attention="xla")
   c.seq_len = 1024

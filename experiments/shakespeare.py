@@ -22,7 +22,7 @@ def _five_cpu_minutes(c, num_train_steps: int, eval_every_steps: int) -> None:
 
 
 def get_config(preset: str = "char"):
-  c = base.base_config()
+  c = base.lm_config()
   c.data.dataset = "shakespeare"
   if preset == "char":
     c.data.tokenizer = "char"

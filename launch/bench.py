@@ -17,11 +17,13 @@ import functools
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from absl import flags
 
-from transformer import benchmark, cli, decode, optim, tasks, train
+from transformer import benchmark, cli, optim, train
+from transformer.config import OptimizerConfig
+from transformer.generation import sampling
+from transformer.tasks.lm import lm_loss
 from transformer.models import gpt
 
 _WHAT = flags.DEFINE_enum("what", "vs_hf", ["forward", "generate", "vs_hf"], "Which benchmark.")
@@ -60,22 +62,20 @@ def forward_seconds(cfg, params, batch: int) -> float:
 
 
 def generate_seconds(cfg, params, batch: int) -> float:
-  """One `decode.generate` call, greedy, exactly --new_tokens per sequence (no stop token)."""
+  """One `sampling.generate` call, greedy, exactly --new_tokens per sequence (no stop token)."""
   prompts = np.random.default_rng(batch).integers(0, cfg.vocab_size, (batch, _PROMPT_LEN.value)).tolist()
-  run = lambda: decode.generate(gpt.GPT(cfg), params, prompts, max_new_tokens=_NEW_TOKENS.value,
-                                sampling=decode.Sampling(temperature=0))
+  run = lambda: sampling.generate(gpt.GPT(cfg), params, prompts, max_new_tokens=_NEW_TOKENS.value,
+                                  sampling=sampling.Sampling(temperature=0))
   return benchmark.median_seconds(run, repeats=_REPEATS.value)
 
 
 def train_step_seconds(cfg, params) -> float:
   """One jit-compiled `train.train_step` (AdamW, clipping at 1.0) on --train_batch x --seq_len tokens."""
-  opt = ml_collections.ConfigDict(dict(name="adamw", lr=1e-4, schedule="constant", warmup_steps=0, min_lr_ratio=0.1,
-                                       b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1, decay_embeddings=False,
-                                       decay_norms_and_biases=False, grad_clip_norm=1.0, accumulation_steps=1))
+  opt = OptimizerConfig(lr=1e-4, schedule="constant", warmup_steps=0)
   tx, schedule = optim.make_optimizer(opt, 1000), optim.learning_rate(opt, 1000)
   state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                            rng=jax.random.key_data(jax.random.key(0)))
-  loss_fn = functools.partial(tasks.lm_loss, gpt.GPT(cfg))
+  loss_fn = functools.partial(lm_loss, gpt.GPT(cfg))
   step = jax.jit(functools.partial(train.train_step, loss_fn=loss_fn, tx=tx, schedule=schedule, accumulation_steps=1),
                  donate_argnums=0)
   batch = jax.random.randint(jax.random.key(1), (_TRAIN_BATCH.value, _SEQ_LEN.value + 1), 0, cfg.vocab_size)

@@ -16,7 +16,8 @@ import sys
 
 from absl import flags
 
-from transformer import cli, decode
+from transformer import cli
+from transformer.generation import sampling
 from transformer.errors import UserError
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir (launch.train's --workdir).")
@@ -49,13 +50,14 @@ def load():
   if (_WORKDIR.value is None) == (_HF.value is None):
     raise UserError("give exactly one of --workdir (a training run) or --hf (GPT-2 safetensors)")
   if _WORKDIR.value:
-    from transformer import train
-    trained = train.restore_trained(_WORKDIR.value, _STEP.value, task="lm")
+    from transformer import inference
+    trained = inference.restore(_WORKDIR.value, _STEP.value, task="lm")
     return (trained.model, trained.params, trained.tokenizer, trained.mesh, trained.rules,
             f"{_WORKDIR.value} step {trained.step}")
-  from transformer import checkpoints, tokenizers
+  from transformer import tokenizers
   from transformer.models.gpt import GPT
-  config, params = checkpoints.import_hf_gpt2(_HF.value)
+  from transformer.models.hf_gpt2 import import_hf_gpt2
+  config, params = import_hf_gpt2(_HF.value)
   return GPT(config), params, tokenizers.get_tokenizer(_TOKENIZER.value), None, (), _HF.value
 
 
@@ -63,14 +65,14 @@ def main(argv):
   del argv
   prompts = read_prompts()
   model, params, tokenizer, mesh, rules, source = load()
-  sampling = decode.Sampling(temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value)
-  print(f"# {source}: {len(prompts)} prompt(s) x {_NUM_SAMPLES.value}, {sampling}", file=sys.stderr)
-  options = dict(max_new_tokens=_MAX_NEW_TOKENS.value, sampling=sampling, seed=_SEED.value,
+  how = sampling.Sampling(temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value)
+  print(f"# {source}: {len(prompts)} prompt(s) x {_NUM_SAMPLES.value}, {how}", file=sys.stderr)
+  options = dict(max_new_tokens=_MAX_NEW_TOKENS.value, sampling=how, seed=_SEED.value,
                  num_samples=_NUM_SAMPLES.value, mesh=mesh, rules=rules, sliding_window=_SLIDING_WINDOW.value)
   if _STREAM.value:
-    decode.complete(model, params, tokenizer, prompts, stream=sys.stdout, **options)
+    sampling.complete(model, params, tokenizer, prompts, stream=sys.stdout, **options)
     return
-  completions = decode.complete(model, params, tokenizer, prompts, **options)
+  completions = sampling.complete(model, params, tokenizer, prompts, **options)
   for i, completion in enumerate(completions):
     if i:
       print("-" * 40)

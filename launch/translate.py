@@ -32,14 +32,15 @@ def main(argv):
   sentences = cli.read_inputs(_SENTENCE.value, _INPUT_FILE.value, "input_file")
   if not sentences:
     raise UserError("nothing to translate: give --sentence or --input_file")
-  from transformer import train, translate
-  trained = train.restore_trained(_WORKDIR.value, _STEP.value, task="translation")
-  print(f"# {_WORKDIR.value} step {trained.step} ({trained.config.data.direction or 'source-target'}): "
+  from transformer import inference
+  from transformer.generation import beam_search
+  trained = inference.restore(_WORKDIR.value, _STEP.value, task="translation")
+  print(f"# {_WORKDIR.value} step {trained.step} ({trained.task.direction}): "
         f"{len(sentences)} sentence(s), beam {_BEAM_SIZE.value}, alpha {_ALPHA.value}", file=sys.stderr)
-  translations = translate.translate_texts(trained.model, trained.params, trained.tokenizer, sentences,
-                                           beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value,
-                                           max_len=_MAX_LEN.value or None, batch_size=_BATCH_SIZE.value,
-                                           mesh=trained.mesh, rules=trained.rules)
+  translations = beam_search.translate_texts(trained.model, trained.params, trained.tokenizer, sentences,
+                                             beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value,
+                                             max_len=_MAX_LEN.value or None, batch_size=_BATCH_SIZE.value,
+                                             mesh=trained.mesh, rules=trained.rules)
   for line in translations:
     print(line)
 

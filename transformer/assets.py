@@ -29,15 +29,11 @@ from typing import Callable
 
 from absl import logging
 
-from transformer.errors import UserError
+from transformer.errors import AssetError
 
 CACHE_ENV = "TRANSFORMER_CACHE"
 # Set to 1 to forbid fetching: a missing or tampered asset is then an error, never a download.
 OFFLINE_ENV = "TRANSFORMER_OFFLINE"
-
-
-class AssetError(UserError, RuntimeError):
-  """An asset could not be fetched or failed its sha256 check."""
 
 
 def cache_dir() -> Path:

@@ -20,13 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.errors import UserError
+from transformer.errors import ConfigError
 
 ATTENTION_IMPLEMENTATIONS = ("einsum", "xla", "cudnn")
-
-
-class ConfigError(UserError, ValueError):
-  """A model or training config value that cannot work; the message names the field."""
 
 
 def _dtype(name: str):
@@ -136,6 +132,34 @@ def causal_mask(length_q: int, length_k: int | None = None) -> jax.Array:
   return (jnp.arange(length_k)[None, :] <= jnp.arange(length_q)[:, None])[None]
 
 
+class CachePositions(nn.Module):
+  """Decode mode (a KV cache, `MultiHeadAttention(decode=True)`): the positions of the T new tokens,
+  and which of the cache's S slots each may attend to: those written so far that hold real tokens,
+  and itself.
+
+  The cache remembers, per slot, whether it holds a real token (valid_BxT; False for padding), and
+  per sequence how many real tokens it has seen: a token's position is that count, whatever padding
+  came before it. The cache's length S is that of the input `init` sees."""
+
+  @nn.compact
+  def __call__(self, valid_BxT):
+    B, T = valid_BxT.shape
+    initialising = not self.has_variable("cache", "valid")  # `init` sizes the cache: T is its length
+    valid = self.variable("cache", "valid", jnp.zeros, (B, T), bool)
+    count = self.variable("cache", "count", jnp.zeros, (B,), jnp.int32)
+    index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
+    positions_BxT = jnp.maximum(count.value[:, None] + jnp.cumsum(valid_BxT, axis=1) - 1, 0)
+    slots_T = index.value + jnp.arange(T)
+    if not initialising:
+      valid.value = jax.lax.dynamic_update_slice_in_dim(valid.value, valid_BxT, index.value, axis=1)
+      count.value = count.value + valid_BxT.sum(axis=1, dtype=jnp.int32)
+      index.value = index.value + T
+    slots_S = jnp.arange(valid.value.shape[1])
+    earlier_TxS = slots_S[None, :] <= slots_T[:, None]
+    itself_TxS = slots_S[None, :] == slots_T[:, None]
+    return positions_BxT, earlier_TxS[None] & (valid.value[:, None, :] | itself_TxS[None])
+
+
 def attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, implementation: str,
            dropout: nn.Dropout | None = None, deterministic: bool = True) -> jax.Array:
   """softmax(Q Kᵀ / √K) V over the keys that `mask` allows (True = attend)."""
@@ -187,7 +211,7 @@ class MultiHeadAttention(nn.Module):
 
   With `decode=True` self-attention keeps a KV cache in the "cache" collection: each call writes
   its keys/values at the cache index and attends over the whole cache (the caller's mask says which
-  slots are real). The cache's length is that of the input `init` sees (see `decode.init_cache`).
+  slots are real; see `CachePositions`). The cache's length is that of the input `init` sees.
   Cross-attention in decode mode computes the context's keys/values once, on the call that passes
   `context_BxSxD`, and reuses them from the cache on calls that pass None."""
   cfg: BlockConfig
@@ -307,32 +331,31 @@ def check_model_config(cfg, positive: tuple[str, ...]) -> None:
 
 class Stack(nn.Module):
   """`num_layers` blocks, unrolled (`layer_0`, `layer_1`, ...) or scanned (`layers`, with a leading
-  `layers` axis on every parameter: one compiled block, faster compiles for deep models)."""
+  `layers` axis on every parameter: one compiled block, faster compiles for deep models).
+  `deterministic` and `decode` are call arguments, as for every model (see transformer.models)."""
   cfg: BlockConfig
   num_layers: int
   scan: bool = False
   remat_policy: str = "none"
   cross_attention: bool = False
-  deterministic: bool = True
-  decode: bool = False
 
   @nn.compact
-  def __call__(self, x_BxTxD, mask_BxTxT, context_BxSxD=None, context_mask_BxTxS=None):
+  def __call__(self, x_BxTxD, mask_BxTxT, context_BxSxD=None, context_mask_BxTxS=None, *,
+               deterministic: bool = True, decode: bool = False):
     check_remat_policy(self.remat_policy)
     block = Block
-    if self.remat_policy != "none" and not self.decode:  # no backward pass when decoding
+    if self.remat_policy != "none" and not decode:  # no backward pass when decoding
       block = nn.remat(Block, policy=REMAT_POLICIES[self.remat_policy], prevent_cse=not self.scan)
     residual_std = 0.02 / math.sqrt(2 * self.num_layers)
     if self.scan:
       scanned = nn.scan(lambda mdl, x, *args: (mdl(x, *args), None), variable_axes={"params": 0, "cache": 0},
                         split_rngs={"params": True, "dropout": True}, length=self.num_layers,
                         in_axes=(nn.broadcast,) * 3, metadata_params={nn.PARTITION_NAME: "layers"})
-      x_BxTxD, _ = scanned(block(self.cfg, self.cross_attention, residual_std, self.deterministic,
-                                 self.decode, name="layers"), x_BxTxD, mask_BxTxT, context_BxSxD, context_mask_BxTxS)
+      x_BxTxD, _ = scanned(block(self.cfg, self.cross_attention, residual_std, deterministic, decode, name="layers"),
+                           x_BxTxD, mask_BxTxT, context_BxSxD, context_mask_BxTxS)
       return x_BxTxD
     for i in range(self.num_layers):
-      x_BxTxD = block(self.cfg, self.cross_attention, residual_std, self.deterministic, self.decode,
-                      name=f"layer_{i}")(
+      x_BxTxD = block(self.cfg, self.cross_attention, residual_std, deterministic, decode, name=f"layer_{i}")(
           x_BxTxD, mask_BxTxT, context_BxSxD, context_mask_BxTxS)
     return x_BxTxD
 

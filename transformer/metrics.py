@@ -1,10 +1,12 @@
-"""Training metrics: FLOPs and MFU, JSONL + TensorBoard writers, the loss-curve plot."""
+"""Metrics: FLOPs and MFU, translation quality (sacreBLEU BLEU and chrF), JSONL + TensorBoard
+writers, the loss-curve plot."""
 
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
+from typing import Sequence
 
 import jax
 
@@ -42,6 +44,18 @@ def mfu(tokens_per_second: float, flops_token: float, devices) -> float | None:
   if any(p is None for p in peaks):
     return None
   return tokens_per_second * flops_token / sum(peaks)
+
+
+def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
+  """sacreBLEU's corpus BLEU (13a tokenization) and chrF, one reference per sentence, and the BLEU
+  signature (what to quote next to the number)."""
+  from sacrebleu.metrics import BLEU, CHRF
+  if len(hypotheses) != len(references):
+    raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
+  bleu, chrf = BLEU(), CHRF()
+  return {"bleu": float(bleu.corpus_score(list(hypotheses), [list(references)]).score),
+          "chrf": float(chrf.corpus_score(list(hypotheses), [list(references)]).score),
+          "bleu_signature": str(bleu.get_signature())}
 
 
 class MetricsWriter:

@@ -1,4 +1,4 @@
-"""The optimizer from the config: AdamW with a weight-decay mask, warmup + decay, clipping.
+"""The optimizer from `config.OptimizerConfig`: AdamW with a weight-decay mask, warmup + decay, clipping.
 
 Gradient accumulation is done in the train step (a scan over microbatches, so the step sees one
 averaged gradient); this module only builds the optax transformation and the schedule.
@@ -10,20 +10,15 @@ import flax.traverse_util
 import jax.numpy as jnp
 import optax
 
-from transformer.layers import ConfigError
-
-SCHEDULES = ("cosine", "constant", "inverse_sqrt")
+from transformer.config import OptimizerConfig
 
 
-def learning_rate(opt_config, num_train_steps: int) -> optax.Schedule:
+def learning_rate(opt_config: OptimizerConfig, num_train_steps: int) -> optax.Schedule:
   """Linear warmup to `lr`, then `cosine` decay to lr*min_lr_ratio at the last step, `constant`, or
   `inverse_sqrt` (the 2017 Transformer's lr * min(step/warmup, sqrt(warmup/step)))."""
-  lr, warmup = float(opt_config.lr), int(opt_config.warmup_steps)
+  opt_config.check()
+  lr, warmup = opt_config.lr, opt_config.warmup_steps
   kind = opt_config.schedule
-  if kind not in SCHEDULES:
-    raise ConfigError(f"unknown optimizer.schedule {kind!r}; choose one of {', '.join(SCHEDULES)}")
-  if lr <= 0 or warmup < 0:
-    raise ConfigError(f"optimizer.lr must be positive and warmup_steps >= 0, got {lr} and {warmup}")
   if kind == "inverse_sqrt":
     w = max(warmup, 1)
     return lambda step: lr * jnp.minimum((step + 1) / w, jnp.sqrt(w / (step + 1)))
@@ -36,7 +31,7 @@ def learning_rate(opt_config, num_train_steps: int) -> optax.Schedule:
   return optax.join_schedules([warm, after], [warmup]) if warmup else after
 
 
-def decay_mask(params, opt_config):
+def decay_mask(params, opt_config: OptimizerConfig):
   """True where weight decay applies: matrices (kernels). Biases, LayerNorm scales and the
   embeddings are not decayed unless the config says so (as in nanoGPT / GPT-2 practice)."""
   flat = flax.traverse_util.flatten_dict(params)
@@ -51,9 +46,7 @@ def decay_mask(params, opt_config):
   return flax.traverse_util.unflatten_dict({k: decays(k) for k in flat})
 
 
-def make_optimizer(opt_config, num_train_steps: int) -> optax.GradientTransformation:
-  if opt_config.name != "adamw":
-    raise ConfigError(f"unknown optimizer.name {opt_config.name!r}; 'adamw' is implemented")
+def make_optimizer(opt_config: OptimizerConfig, num_train_steps: int) -> optax.GradientTransformation:
   schedule = learning_rate(opt_config, num_train_steps)
   parts = []
   if opt_config.grad_clip_norm:

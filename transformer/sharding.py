@@ -4,7 +4,7 @@ Mesh axes (MaxText's names):
   data    pure data parallelism: params replicated, batch split
   fsdp    fully sharded data parallelism: batch split *and* params/optimizer state split on `embed`
   tensor  tensor (model) parallelism: heads, MLP and vocabulary split
-The logical axis rules (config.logical_axis_rules) say which mesh axes each logical name uses;
+The logical axis rules (config.logical_axis_rules, `DEFAULT_RULES`) say which mesh axes each logical name uses;
 Flax replicates a dimension whose mesh axis another dimension of the same tensor already took.
 """
 
@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from transformer.layers import ConfigError
+from transformer.errors import ConfigError
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -53,16 +53,11 @@ def mesh_shape(mesh_config, num_devices: int) -> tuple[int, int, int]:
   return tuple(shape)
 
 
-def make_mesh(mesh_config, devices=None) -> Mesh:
+def make_mesh(shape: tuple[int, int, int], devices=None) -> Mesh:
+  """A (data, fsdp, tensor) mesh of `shape` (see `mesh_shape`) over `devices` (default: all)."""
   devices = jax.devices() if devices is None else devices
-  shape = mesh_shape(mesh_config, len(devices))
   # Linen's logical partitioning works with Auto axes (jax.make_mesh now defaults to Explicit).
-  return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
-
-
-def rules(config) -> tuple:
-  return tuple((name, tuple(axes) if isinstance(axes, list) else axes)
-               for name, axes in (config.get("logical_axis_rules") or DEFAULT_RULES))
+  return jax.make_mesh(tuple(shape), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
 
 
 def logical_shardings(mesh: Mesh, boxed_tree, axis_rules):
@@ -102,8 +97,10 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
-def data_parallel_size(mesh: Mesh, axis_rules) -> int:
-  """How many ways the batch is split (the product of the mesh axes `batch` maps to)."""
+def data_parallel_size(mesh, axis_rules) -> int:
+  """How many ways the batch is split: the product of the mesh axes `batch` maps to, for a Mesh or
+  a {axis: size} mapping."""
+  sizes = mesh.shape if isinstance(mesh, Mesh) else mesh
   spec = nn.logical_to_mesh_axes(("batch",), axis_rules)[0]
   axes = (spec,) if isinstance(spec, str) else (spec or ())
-  return int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
+  return int(np.prod([sizes[a] for a in axes])) if axes else 1

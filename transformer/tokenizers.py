@@ -32,7 +32,7 @@ import tiktoken.load
 import tiktoken_ext.openai_public
 
 from transformer import assets
-from transformer.errors import UserError
+from transformer.errors import TokenizerError
 
 # rustbpe logs every 1% of its merges through Python logging; keep its warnings only.
 logging.getLogger("rustbpe").setLevel(logging.WARNING)
@@ -44,10 +44,6 @@ CONFIG_FILE = "tokenizer.json"
 # ranks, pattern and <|endoftext|>=50256, stored as one .tiktoken file.
 _TIKTOKEN = {"gpt2": ("r50k_base", "gpt2_ranks"), "r50k_base": ("r50k_base", "gpt2_ranks"),
              "cl100k_base": ("cl100k_base", "cl100k_ranks")}
-
-
-class TokenizerError(UserError, ValueError):
-  """Bad text, ids or options for a tokenizer."""
 
 
 class Tokenizer:

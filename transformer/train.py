@@ -1,21 +1,22 @@
-"""Training: the pure train/eval steps and `train_and_evaluate(config, workdir)`.
+"""Training: the pure train/eval steps and `train_and_evaluate(config, workdir)`, the one loop for
+every task.
 
     from experiments import shakespeare
     from transformer.train import train_and_evaluate
     train_and_evaluate(shakespeare.get_config("char"), "workdirs/char")   # what launch/train.py does
 
-The loop: prepare the data set if needed -> build mesh, the task (config.task: its model, loss,
-batches and evaluation; transformer.tasks) and optimizer -> restore the latest checkpoint of the
-workdir (state, data position, RNG) or initialise -> jit-compiled sharded steps with periodic
-evaluation, async Orbax checkpoints and metrics -> a loss plot and the task's final output (a
-generated sample; test BLEU). SIGTERM saves a checkpoint and returns cleanly.
+The loop: resolve the config (transformer.config: every value checked, nothing built yet) -> the
+task's data (prepared on first use), the mesh, the task (transformer.tasks: its model, loss, batches
+and evaluation) and the optimizer -> restore the latest checkpoint of the workdir (state, data
+position, RNG) or initialise -> jit-compiled sharded steps with periodic evaluation, async Orbax
+checkpoints and metrics -> a loss plot and the task's final output (a generated sample; test BLEU).
+SIGTERM saves a checkpoint and returns cleanly. The loop never asks which task it trains.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import signal
 import time
 from pathlib import Path
@@ -31,9 +32,8 @@ from absl import logging
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
-from transformer import checkpoints, data, metrics, optim, sharding, tasks
-from transformer.layers import ConfigError
-from transformer.tokenizers import load_tokenizer
+from transformer import checkpoints, metrics, optim, sharding, tasks
+from transformer.config import RunConfig, resolve, to_config_dict
 
 
 @flax.struct.dataclass
@@ -85,67 +85,36 @@ def eval_step(params, batch, *, loss_fn):
 
 
 # ---------------------------------------------------------------------------------------------
-# Config -> pieces.
-
-
-def check_config(config) -> None:
-  """The fields every task's loop reads."""
-  for name in ("num_train_steps", "eval_every_steps", "checkpoint_every_steps", "log_every_steps"):
-    if int(config[name]) <= 0:
-      raise ConfigError(f"{name} must be positive, got {config[name]}")
-
-
-def prepared_data(config) -> data.Prepared:
-  """The config's data set, prepared now if it has not been (one command does it all)."""
-  d = config.data
-  if d.input_files:
-    source = data.file_source(list(d.input_files), "pairs" if config.get("task") == "translation" else "text")
-  else:
-    source = data.named_source(d.dataset)
-  options = data.PrepareOptions(tokenizer=d.tokenizer, vocab_size=d.vocab_size or None, seed=d.split_seed,
-                                validation_fraction=d.validation_fraction, test_fraction=d.get("test_fraction", 0.0),
-                                piece_chars=d.get("piece_chars", data.PrepareOptions.piece_chars))
-  directory = Path(d.dir) if d.get("dir") else data.default_dir(source, options, root=d.root)
-  manifest = directory / "manifest.json"
-  stale = not manifest.exists() or json.loads(manifest.read_text()).get("request", {}).get("options") != dataclasses.asdict(options)
-  if stale and jax.process_index() == 0:  # one writer; the other processes wait for it below
-    logging.info("preparing %s into %s", source.name, directory)
-    data.prepare(source, directory, options, overwrite=manifest.exists())
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices(f"prepared {directory}")
-  return data.load_prepared(directory)
+# The resolved config -> what the loop works with.
 
 
 @dataclasses.dataclass
 class Run:
-  """Everything built from the config that the loop and evaluation share."""
-  config: ml_collections.ConfigDict
-  prepared: data.Prepared
-  task: Any  # tasks.LanguageModel | tasks.Translation
-  mesh: Any
-  rules: tuple
+  """Everything built from the resolved config that the loop and evaluation share."""
+  config: RunConfig
+  task: tasks.Task
+  mesh: jax.sharding.Mesh
   tx: optax.GradientTransformation
-  schedule: Any
+  schedule: optax.Schedule
   state_shardings: TrainState
 
 
-def _param_shardings(task, mesh, rules):
-  """(boxed abstract params, their NamedShardings) from the logical axis names of the model."""
+def param_shardings(task: tasks.Task, mesh, rules):
+  """(boxed abstract params, their NamedShardings) from the logical axis names of the task's model."""
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     boxed = jax.eval_shape(lambda: task.model.init(jax.random.key(0), *task.init_inputs())["params"])
   return boxed, sharding.logical_shardings(mesh, boxed, rules)
 
 
-def build(config) -> Run:
-  check_config(config)
-  mesh = sharding.make_mesh(config.mesh)
-  rules = sharding.rules(config)
-  tasks.check_config(config, mesh, rules)
-  prepared = prepared_data(config)
-  task = tasks.make_task(config, prepared.tokenizer, mesh, rules, prepared)
-  tx = optim.make_optimizer(config.optimizer, config.num_train_steps)
-  schedule = optim.learning_rate(config.optimizer, config.num_train_steps)
-  boxed, param_sh = _param_shardings(task, mesh, rules)
+def build(run_config: RunConfig) -> Run:
+  task_cls = tasks.get(run_config.task)
+  task_data = task_cls.load_data(run_config)
+  mesh = sharding.make_mesh(run_config.mesh.shape)
+  task = task_cls(run_config, task_data.tokenizer, mesh, task_data)
+  rules, steps = run_config.mesh.rules, run_config.loop.num_train_steps
+  tx = optim.make_optimizer(run_config.optimizer, steps)
+  schedule = optim.learning_rate(run_config.optimizer, steps)
+  boxed, param_sh = param_shardings(task, mesh, rules)
   sharding.check_divisible(nn.unbox(boxed), param_sh)  # outside the rules: no constraints on shapes
   opt_shapes = jax.eval_shape(tx.init, nn.unbox(boxed))
   repl = sharding.replicated(mesh)
@@ -154,7 +123,7 @@ def build(config) -> Run:
                                  transform_non_params=lambda _: repl,
                                  is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
   state_sh = TrainState(step=repl, params=param_sh, opt_state=opt_sh, rng=repl)
-  return Run(config, prepared, task, mesh, rules, tx, schedule, state_sh)
+  return Run(run_config, task, mesh, tx, schedule, state_sh)
 
 
 def _init_fn(run: Run):
@@ -167,13 +136,13 @@ def _init_fn(run: Run):
 
 
 def init_state(run: Run) -> TrainState:
-  with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
-    return jax.jit(_init_fn(run), out_shardings=run.state_shardings)(run.config.seed)
+  with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.config.mesh.rules):
+    return jax.jit(_init_fn(run), out_shardings=run.state_shardings)(run.config.loop.seed)
 
 
 def abstract_state(run: Run) -> TrainState:
   """The state's shapes, dtypes and shardings: the target Orbax restores into."""
-  shapes = jax.eval_shape(_init_fn(run), run.config.seed)
+  shapes = jax.eval_shape(_init_fn(run), run.config.loop.seed)
   return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes,
                       run.state_shardings)
 
@@ -197,20 +166,23 @@ class _Preemption:
     signal.signal(signal.SIGTERM, self._previous)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
+def train_and_evaluate(config: ml_collections.ConfigDict | RunConfig, workdir: str | Path) -> dict:
   """Trains per `config`, resuming from `workdir` if it holds checkpoints. Returns final metrics."""
+  if not isinstance(config, RunConfig):
+    config = resolve(config, num_devices=jax.device_count())  # every check, before anything is built
+  loop = config.loop
   workdir = Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   lead = jax.process_index() == 0
   run = build(config)
   task = run.task
   if lead:
-    (workdir / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
-    run.prepared.tokenizer.save(workdir / "tokenizer")  # so the workdir alone can be sampled from
-    print(f"devices: {metrics.device_summary()}\nmodel: {task.model_cfg}")
+    (workdir / "config.json").write_text(to_config_dict(config).to_json_best_effort(indent=2) + "\n")
+    task.tokenizer.save(workdir / "tokenizer")  # so the workdir alone can be sampled from
+    print(f"devices: {metrics.device_summary()}\nmodel: {task.model_config}")
 
-  ckpt = checkpoints.Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints,
-                                  async_save=config.async_checkpointing)
+  ckpt = checkpoints.Checkpointer(workdir / "checkpoints", keep=loop.keep_checkpoints,
+                                  async_save=loop.async_checkpointing)
   train_batches = task.train_batches()
   start_step, tokens_seen = 0, 0
   if ckpt.latest_step() is not None:
@@ -226,7 +198,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
 
   # Batches are arrays or dicts of arrays: one sharding is a prefix of either.
   step_fn = jax.jit(functools.partial(train_step, loss_fn=task.loss, tx=run.tx, schedule=run.schedule,
-                                      accumulation_steps=int(config.optimizer.accumulation_steps)),
+                                      accumulation_steps=config.optimizer.accumulation_steps),
                     in_shardings=(run.state_shardings, task.batch_sharding),
                     out_shardings=(run.state_shardings, None), donate_argnums=0)
   eval_fn = jax.jit(functools.partial(eval_step, loss_fn=task.loss),
@@ -239,19 +211,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     writer.write(start_step, {"event": "resumed"})
   preemption = _Preemption()
   last_eval: dict = {}
-  bar = tqdm(total=config.num_train_steps, initial=start_step, disable=not lead, desc="train",
-             dynamic_ncols=True)
+  final: dict = {}
+  steps = loop.num_train_steps
+  bar = tqdm(total=steps, initial=start_step, disable=not lead, desc="train", dynamic_ncols=True)
   t_last, steps_since, tokens_since = time.perf_counter(), 0, 0
   try:
-    with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
-      for step in range(start_step, config.num_train_steps):
+    with jax.set_mesh(run.mesh), nn.logical_axis_rules(config.mesh.rules):
+      for step in range(start_step, steps):
         host_batch = next(train_batches)
         state, step_metrics = step_fn(state, task.put(host_batch))
         steps_since += 1
         tokens = task.count_tokens(host_batch)
         tokens_since, tokens_seen = tokens_since + tokens, tokens_seen + tokens
         done = step + 1
-        if done % config.log_every_steps == 0 or done == config.num_train_steps:
+        if done % loop.log_every_steps == 0 or done == steps:
           step_metrics = jax.device_get(step_metrics)  # waits for the step: timings are real
           elapsed = time.perf_counter() - t_last
           tps = tokens_since / elapsed
@@ -263,13 +236,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
                           mfu="n/a" if util is None else f"{util:.1%}")
           t_last, steps_since, tokens_since = time.perf_counter(), 0, 0
         bar.update(1)
-        is_eval = done % config.eval_every_steps == 0 or done == config.num_train_steps
+        is_eval = done % loop.eval_every_steps == 0 or done == steps
         if is_eval:
           last_eval = task.evaluate(state.params, eval_fn, eval_batches)
           writer.write(done, last_eval)
           bar.write(f"step {done}: {task.describe(last_eval)}")
           t_last = time.perf_counter()  # evaluation time is not training time
-        if done % config.checkpoint_every_steps == 0 or done == config.num_train_steps or preemption.requested:
+        if done % loop.checkpoint_every_steps == 0 or done == steps or preemption.requested:
           ckpt.save(done, state, train_batches.get_state(), {"tokens_seen": tokens_seen, "task": task.name},
                     val_loss=last_eval.get("val_loss") if is_eval else None, force=preemption.requested)
         if preemption.requested:
@@ -278,75 +251,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
           return {"step": done, "preempted": True, **last_eval}
       bar.close()
       if lead:
-        metrics.plot_losses(workdir / "metrics.jsonl", workdir / "loss.png",
-                            title=f"{run.prepared.manifest['source']}, {task.model_cfg.num_layers}x{task.model_cfg.d_model}")
-      final = task.finish(state.params, workdir)  # LM: a sample; translation: test BLEU
+        metrics.plot_losses(workdir / "metrics.jsonl", workdir / "loss.png", title=f"{workdir.name} ({task.name})")
+      final = task.finish(state.params, workdir)  # e.g. a sample; test BLEU
       if final:
-        writer.write(config.num_train_steps, {k: v for k, v in final.items() if not isinstance(v, str)})
+        writer.write(steps, {k: v for k, v in final.items() if not isinstance(v, str)})
   finally:
     bar.close()
     preemption.restore()
     ckpt.close()
     writer.close()
-  return {"step": config.num_train_steps, **last_eval, **final}
-
-
-@dataclasses.dataclass
-class Trained:
-  """A trained model restored from a workdir: what sampling, translation and evaluation need, no
-  optimizer state."""
-  task: Any  # tasks.LanguageModel | tasks.Translation; task.model_cfg is the model's config
-  params: Any
-  tokenizer: Any
-  mesh: Any
-  rules: tuple
-  step: int
-  config: ml_collections.ConfigDict
-
-  @property
-  def model(self):  # GPT | seq2seq.Transformer
-    return self.task.model
-
-
-def restore_trained(workdir: str | Path, step: str | int = "latest", task: str | None = None) -> Trained:
-  """The params of a workdir's checkpoint `step` ("latest", "best" by validation loss, or a number),
-  sharded over this machine's devices with the run's logical axis rules. `task` ("lm",
-  "translation"), when given, is what the caller can use: another one is an error naming the
-  program that can."""
-  workdir = Path(workdir)
-  files = {"config": workdir / "config.json", "tokenizer": workdir / "tokenizer",
-           "checkpoints": workdir / "checkpoints"}
-  missing = [str(p) for p in files.values() if not p.exists()]
-  if missing:
-    raise checkpoints.CheckpointError(f"{workdir} is not a training workdir: looked for {', '.join(missing)} "
-                                      f"(launch.train writes them); check the --workdir path")
-  config = ml_collections.ConfigDict(json.loads(files["config"].read_text()))
-  trained_task = config.get("task", "lm")
-  if task is not None and trained_task != task:
-    program = {"lm": "launch.sample", "translation": "launch.translate"}.get(trained_task, "launch.train")
-    raise checkpoints.CheckpointError(f"{workdir} holds a {trained_task!r} model, not a {task!r} one; "
-                                      f"use python -m {program}")
-  tokenizer = load_tokenizer(files["tokenizer"])
-  rules = sharding.rules(config)
-  try:
-    mesh = sharding.make_mesh(config.mesh)
-  except ConfigError:  # trained on another number of devices: data-parallel over these
-    mesh = sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
-  run_task = tasks.make_task(config, tokenizer, mesh, rules)
-  boxed, param_sh = _param_shardings(run_task, mesh, rules)
-  abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), nn.unbox(boxed), param_sh)
-  ckpt = checkpoints.Checkpointer(files["checkpoints"], async_save=False)
-  try:
-    if step in ("latest", "best"):
-      chosen = ckpt.latest_step() if step == "latest" else ckpt.best_step()
-    elif str(step).isdigit():
-      chosen = int(step)
-    else:
-      raise checkpoints.CheckpointError(f"step must be 'latest', 'best' or a step number, got {step!r}")
-    if chosen is None:
-      what = "checkpoints" if step == "latest" else "checkpoint with a validation loss"
-      raise checkpoints.CheckpointError(f"no {what} in {files['checkpoints']}; train longer or pass --step")
-    params = ckpt.restore_params(chosen, abstract)
-  finally:
-    ckpt.close()
-  return Trained(run_task, params, tokenizer, mesh, rules, chosen, config)
+  return {"step": steps, **last_eval, **final}

@@ -16,7 +16,7 @@ import grain
 import numpy as np
 
 from transformer.data.prepare import Prepared
-from transformer.data.sources import DataError
+from transformer.errors import DataError
 
 SAMPLING = ("windows", "packed")
 

@@ -26,12 +26,15 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+import jax
 import numpy as np
 from absl import logging
+from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from transformer import tokenizers
-from transformer.data.sources import DataError, Source, read_text, records
+from transformer.errors import DataError
+from transformer.data.sources import Source, read_text, records
 
 SPLITS = ("train", "validation", "test")
 MANIFEST = "manifest.json"
@@ -210,6 +213,18 @@ def prepare(source: Source, out_dir: str | os.PathLike, options: PrepareOptions 
   finally:
     shutil.rmtree(staging, ignore_errors=True)
   return manifest_path
+
+
+def ensure_prepared(source: Source, out_dir: str | os.PathLike, options: PrepareOptions) -> "Prepared":
+  """`source` prepared into `out_dir`, now if it is not already (`prepare` reuses an identical
+  preparation and redoes a different one), then loaded. In a multi-process run process 0 writes and
+  the others wait for it."""
+  out_dir = Path(out_dir)
+  if jax.process_index() == 0:
+    prepare(source, out_dir, options, overwrite=(out_dir / MANIFEST).exists())
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(f"prepared {out_dir}")
+  return load_prepared(out_dir)
 
 
 def _write_splits(source: Source, options: PrepareOptions, tokenizer, dtype, directory: Path,

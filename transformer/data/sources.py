@@ -20,13 +20,9 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from transformer import assets
-from transformer.errors import UserError
+from transformer.errors import DataError
 
 CHUNK_BYTES = 1 << 20
-
-
-class DataError(UserError, ValueError):
-  """Input data that cannot be used, with the file and position at fault."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,7 @@
 
 Presets `gpt2`, `gpt2-medium`, `gpt2-large`, `gpt2-xl` have the exact shapes of OpenAI's GPT-2
 (124,439,808 / 354,823,168 / 774,030,080 / 1,557,611,200 parameters with the tied head), so real
-weights load into them (`transformer.checkpoints.import_hf_gpt2`); `cpu-small` and `cpu-tiny`
+weights load into them (`transformer.models.hf_gpt2.import_hf_gpt2`); `cpu-small` and `cpu-tiny`
 train on a laptop CPU.
 
     >>> cfg = preset("gpt2")
@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer import layers
-from transformer.layers import ConfigError
+from transformer.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,14 +91,14 @@ class GPT(nn.Module):
     valid_BxT: False marks padding (e.g. left-padded prompts of different lengths). Padding takes no
       position and no token attends to it, so a sequence's logits do not depend on its padding.
     decode: continue the tokens of earlier calls through the KV cache (the "cache" collection:
-      `apply(..., mutable=["cache"])`, made by `transformer.decode.init_cache`). Returns the logits
+      `apply(..., mutable=["cache"])`, made by `generation.sampling.init_cache`). Returns the logits
       of the last position only, (B, 1, V): all that sampling the next token needs.
     """
     cfg = self.config
     B, T = tokens_BxT.shape
     if decode:
-      positions_BxT, mask_BxTxS = self._cache_positions(valid_BxT if valid_BxT is not None
-                                                        else jnp.ones((B, T), bool))
+      positions_BxT, mask_BxTxS = layers.CachePositions(name="positions")(
+          valid_BxT if valid_BxT is not None else jnp.ones((B, T), bool))
     elif T > cfg.context_length:
       raise ConfigError(f"a sequence of {T} tokens is longer than context_length={cfg.context_length} "
                         f"(the position table); use at most {cfg.context_length} tokens")
@@ -119,7 +119,7 @@ class GPT(nn.Module):
     x_BxTxD = nn.with_logical_constraint(x_BxTxD, ("batch", "length", "embed"))
 
     x_BxTxD = layers.Stack(cfg.block(), cfg.num_layers, scan=cfg.scan_layers, remat_policy=cfg.remat_policy,
-                           deterministic=deterministic, decode=decode, name="h")(x_BxTxD, mask_BxTxS)
+                           name="h")(x_BxTxD, mask_BxTxS, deterministic=deterministic, decode=decode)
     x_BxTxD = layers.layer_norm(cfg.block(), "ln_f")(x_BxTxD)
     if decode:  # only the next token's logits are needed
       # The barrier: XLA:CPU would otherwise fuse the normalisation into the head's matrix-vector
@@ -139,27 +139,6 @@ class GPT(nn.Module):
                               name="lm_head")(x_BxTxD)
     # Softmax/cross-entropy in float32 whatever the compute dtype.
     return nn.with_logical_constraint(logits_BxTxV.astype(jnp.float32), ("batch", "length", "vocab"))
-
-  def _cache_positions(self, valid_BxT):
-    """Decode mode: the new tokens' positions, and which cache slots (S of them) each may attend to.
-
-    The cache remembers, per slot, whether it holds a real token, and per sequence how many real
-    tokens it has seen: a token's position is that count, whatever padding came before it."""
-    B, T = valid_BxT.shape
-    initialising = not self.has_variable("cache", "valid")  # `init` sizes the cache: T is its length
-    valid = self.variable("cache", "valid", jnp.zeros, (B, T), bool)
-    count = self.variable("cache", "count", jnp.zeros, (B,), jnp.int32)
-    index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
-    positions_BxT = jnp.maximum(count.value[:, None] + jnp.cumsum(valid_BxT, axis=1) - 1, 0)
-    slots_T = index.value + jnp.arange(T)
-    if not initialising:
-      valid.value = jax.lax.dynamic_update_slice_in_dim(valid.value, valid_BxT, index.value, axis=1)
-      count.value = count.value + valid_BxT.sum(axis=1, dtype=jnp.int32)
-      index.value = index.value + T
-    slots_S = jnp.arange(valid.value.shape[1])
-    earlier_TxS = slots_S[None, :] <= slots_T[:, None]
-    itself_TxS = slots_S[None, :] == slots_T[:, None]
-    return positions_BxT, earlier_TxS[None] & (valid.value[:, None, :] | itself_TxS[None])
 
 
 def param_shapes(config: GPTConfig):

@@ -13,7 +13,7 @@ KV cache are those of `transformer.layers`, shared with GPT.
     >>> model = Transformer(preset("cpu-small", vocab_size=8000))
     >>> logits_BxTxV = model.apply({"params": params}, source_BxS, target_in_BxT,
     ...                            source_valid_BxS=source_valid_BxS)
-    >>> Transformer(cfg, deterministic=False)   # training: dropout on, same params
+    >>> model.apply({"params": params}, ..., deterministic=False, rngs={"dropout": rng})  # training
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer import layers
-from transformer.layers import ConfigError
+from transformer.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,38 +104,18 @@ class Embed(nn.Module):
     return self.table.attend(x_BxTxD)
 
 
-class CachePositions(nn.Module):
-  """Decode mode: the positions of the next T target tokens and the cache slots they may attend to
-  (those written so far and themselves). The cache's length is that of the input `init` sees."""
-
-  @nn.compact
-  def __call__(self, T: int):
-    initialising = not self.has_variable("cache", "index")
-    index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
-    written = self.variable("cache", "written", lambda: jnp.zeros((T,), bool))  # per cache slot
-    positions_T = index.value + jnp.arange(T)
-    if not initialising:
-      written.value = jax.lax.dynamic_update_slice(written.value, jnp.ones((T,), bool), (index.value,))
-      index.value = index.value + T
-    slots_S = jnp.arange(written.value.shape[0])
-    return positions_T[None], (written.value[None, :] & (slots_S[None, :] <= positions_T[:, None]))[None]
-
-
 class Transformer(nn.Module):
-  """`deterministic=False` for training (dropout on); `decode=True` for step-by-step decoding with
-  the KV cache. The parameters are the same for all three."""
+  """The call convention of every model here (transformer.models): `deterministic=False` for
+  training (dropout on), `decode=True` for step-by-step decoding with the KV cache; one module, one
+  set of parameters for all three."""
   config: Seq2SeqConfig
-  deterministic: bool = True
-  decode: bool = False
 
   def setup(self):
     cfg = self.config
     stack = lambda cross: layers.Stack(cfg.block(), cfg.num_layers, scan=cfg.scan_layers,
-                                       remat_policy=cfg.remat_policy, cross_attention=cross,
-                                       deterministic=self.deterministic, decode=self.decode and cross)
+                                       remat_policy=cfg.remat_policy, cross_attention=cross)
     self.encoder, self.decoder = stack(False), stack(True)
-    if self.decode:
-      self.cache_positions = CachePositions()
+    self.cache_positions = layers.CachePositions()  # decode mode only; it has no parameters
     self.source_embed = Embed(cfg)
     self.target_embed = self.source_embed if cfg.share_embeddings else Embed(cfg)
     if cfg.pre_layer_norm:
@@ -145,44 +125,48 @@ class Transformer(nn.Module):
       self.head = layers.Projection((cfg.vocab_size,), ("embed", "vocab"), std=cfg.d_model ** -0.5, use_bias=False,
                                     dtype=cfg.dtype, param_dtype=cfg.param_dtype)
 
-  def encode(self, source_BxS, *, source_valid_BxS=None):
+  def encode(self, source_BxS, *, source_valid_BxS=None, deterministic: bool = True):
     """encoded_BxSxD. Padding (source_valid False) is never attended to."""
     B, S = source_BxS.shape
     self._check_length(S, "source")
     valid_BxS = jnp.ones((B, S), bool) if source_valid_BxS is None else source_valid_BxS
-    x_BxSxD = self.source_embed(source_BxS, jnp.arange(S)[None], self.deterministic)
+    x_BxSxD = self.source_embed(source_BxS, jnp.arange(S)[None], deterministic)
     # Padding queries attend to themselves too, so that no row of the softmax is empty.
     mask_BxSxS = valid_BxS[:, None, :] | jnp.eye(S, dtype=bool)[None]
-    x_BxSxD = self.encoder(x_BxSxD, mask_BxSxS)
+    x_BxSxD = self.encoder(x_BxSxD, mask_BxSxS, deterministic=deterministic)
     return self.encoder_norm(x_BxSxD) if self.config.pre_layer_norm else x_BxSxD
 
-  def decode_logits(self, encoded_BxSxD, target_in_BxT, *, source_valid_BxS=None):
+  def decode_logits(self, encoded_BxSxD, target_in_BxT, *, source_valid_BxS=None, deterministic: bool = True,
+                    decode: bool = False):
     """Logits (float32) for the next target token at every position of `target_in_BxT`.
 
     With `decode=True` this continues earlier calls through the KV cache ("cache" collection,
     `mutable=["cache"]`): pass `encoded_BxSxD` on the first call (its keys/values are cached) and
     None after; `source_valid_BxS` on every call."""
     B, T = target_in_BxT.shape
-    if self.decode:
-      positions_BxT, mask_1xTxS = self.cache_positions(T)
+    if decode:
+      positions_BxT, mask_BxTxS = self.cache_positions(jnp.ones((B, T), bool))
     else:
       self._check_length(T, "target")
-      positions_BxT, mask_1xTxS = jnp.arange(T)[None], layers.causal_mask(T)
+      positions_BxT, mask_BxTxS = jnp.arange(T)[None], layers.causal_mask(T)
     cross_mask_Bx1xS = None
     if source_valid_BxS is not None:
       cross_mask_Bx1xS = source_valid_BxS[:, None, :]
     elif encoded_BxSxD is not None:
       cross_mask_Bx1xS = jnp.ones((B, 1, encoded_BxSxD.shape[1]), bool)
-    y_BxTxD = self.target_embed(target_in_BxT, positions_BxT, self.deterministic)
-    y_BxTxD = self.decoder(y_BxTxD, mask_1xTxS, encoded_BxSxD, cross_mask_Bx1xS)
+    y_BxTxD = self.target_embed(target_in_BxT, positions_BxT, deterministic)
+    y_BxTxD = self.decoder(y_BxTxD, mask_BxTxS, encoded_BxSxD, cross_mask_Bx1xS, deterministic=deterministic,
+                           decode=decode)
     if self.config.pre_layer_norm:
       y_BxTxD = self.decoder_norm(y_BxTxD)
     logits_BxTxV = self.target_embed.attend(y_BxTxD) if self.config.tie_output else self.head(y_BxTxD)
     return nn.with_logical_constraint(logits_BxTxV.astype(jnp.float32), ("batch", "length", "vocab"))
 
-  def __call__(self, source_BxS, target_in_BxT, *, source_valid_BxS=None):
-    encoded_BxSxD = self.encode(source_BxS, source_valid_BxS=source_valid_BxS)
-    return self.decode_logits(encoded_BxSxD, target_in_BxT, source_valid_BxS=source_valid_BxS)
+  def __call__(self, source_BxS, target_in_BxT, *, source_valid_BxS=None, deterministic: bool = True,
+               decode: bool = False):
+    encoded_BxSxD = self.encode(source_BxS, source_valid_BxS=source_valid_BxS, deterministic=deterministic)
+    return self.decode_logits(encoded_BxSxD, target_in_BxT, source_valid_BxS=source_valid_BxS,
+                              deterministic=deterministic, decode=decode)
 
   def _check_length(self, length: int, what: str) -> None:
     if length > self.config.max_len:

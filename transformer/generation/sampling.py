@@ -1,4 +1,4 @@
-"""Generating text from a GPT: a KV-cache sampler compiled once, for batches of prompts.
+"""Sampling text from a GPT: a KV-cache sampler compiled once, for batches of prompts.
 
     >>> sampling = Sampling(temperature=0.8, top_p=0.95)
     >>> new_ids = generate(model, params, [tok.encode("ROMEO:"), tok.encode("To be")],
@@ -25,7 +25,6 @@ the last context_length tokens for each new one (`generate_sliding`: correct but
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Callable, Sequence
 
 import flax.linen as nn
@@ -34,8 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
 
-from transformer import sharding
-from transformer.layers import ConfigError
+from transformer.errors import ConfigError
+from transformer.generation.common import (batch_rows, check_token_lists, empty_cache, pad_rows,
+                                                put_on_mesh, round_up, until_stop)
 
 PROMPT_BUCKET = 16  # prompts are padded to a multiple of this: few compiled shapes
 
@@ -96,12 +96,6 @@ def sample_logits(logits_BxV: jax.Array, rng: jax.Array, sampling: Sampling) -> 
   return argmax(logits_BxV + gumbel_BxV)
 
 
-def empty_cache(init: Callable[[], dict]):
-  """Zeros shaped like the "cache" collection that `init()` (a model.init in decode mode) makes;
-  only its shapes are traced, no forward pass runs."""
-  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(init)["cache"])
-
-
 def init_cache(model, batch_size: int, length: int):
   """An empty GPT KV cache for `batch_size` sequences of `length` tokens."""
   tokens = jnp.zeros((batch_size, length), jnp.int32)
@@ -118,11 +112,10 @@ def _stream(step, tokens_B):
   _stream_target[0](int(step), np.asarray(tokens_B))
 
 
-@functools.partial(jax.jit, static_argnames=("model", "max_new_tokens", "sampling", "stop_id", "rules",
-                                             "stream"))
-def generate_padded(params, prompt_BxP, valid_BxP, rng, *, model, max_new_tokens: int, sampling: Sampling,
-                    stop_id: int | None = None, rules: tuple = (), stream: bool = False):
-  """The compiled sampler: left-padded prompts (B, P) -> new tokens (B, max_new_tokens).
+def sample_padded(params, prompt_BxP, valid_BxP, rng, *, model, max_new_tokens: int, sampling: Sampling,
+                  stop_id: int | None = None, rules: tuple = (), stream: bool = False):
+  """The sampler (`generate_padded` is its compiled form): left-padded prompts (B, P) -> new tokens
+  (B, max_new_tokens).
 
   After a sequence emits `stop_id` its remaining entries are `stop_id`. With `stream`, each step's
   tokens go to the host as they are made (see `generate`'s `on_token`)."""
@@ -156,22 +149,9 @@ def generate_padded(params, prompt_BxP, valid_BxP, rng, *, model, max_new_tokens
   return tokens_BxN
 
 
-def check_token_lists(lists: Sequence[Sequence[int]], vocab_size: int, what: str, if_empty: str) -> list[list[int]]:
-  """Token-id lists (prompts, source sentences) as ints; an empty one or an id outside the
-  vocabulary is an error naming which `what` it is (`if_empty` says what to do about an empty one)."""
-  if isinstance(lists, (str, bytes)) or not len(lists):
-    raise ConfigError(f"{what}s must be a non-empty list of token-id lists (encode text with a tokenizer)")
-  out = []
-  for i, ids in enumerate(lists):
-    ids = [int(t) for t in ids]
-    if not ids:
-      raise ConfigError(f"{what} {i} is empty; {if_empty}")
-    bad = [t for t in ids if not 0 <= t < vocab_size]
-    if bad:
-      raise ConfigError(f"{what} {i} has token id {bad[0]} outside the model's vocabulary [0, {vocab_size}); "
-                        f"was it encoded with another tokenizer?")
-    out.append(ids)
-  return out
+# Compiled once per (model, lengths, sampling, ...): `generate` keeps the shapes to a few buckets.
+STATIC_ARGNAMES = ("model", "max_new_tokens", "sampling", "stop_id", "rules", "stream")
+generate_padded = jax.jit(sample_padded, static_argnames=STATIC_ARGNAMES)
 
 
 def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int) -> list[list[int]]:
@@ -207,15 +187,8 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
                       f"(sliding_window=True / --sliding_window), which is much slower")
 
   # Shapes: prompt length rounded up (without leaving the context), batch up to the data-parallel size.
-  P = min(-(-longest // PROMPT_BUCKET) * PROMPT_BUCKET, cfg.context_length - max_new_tokens)
-  dp = sharding.data_parallel_size(mesh, rules) if mesh is not None else 1
-  B = -(-len(prompts) // dp) * dp
-  prompt_BxP = np.zeros((B, P), np.int32)
-  valid_BxP = np.zeros((B, P), bool)
-  for b in range(B):
-    prompt = prompts[b] if b < len(prompts) else prompts[0]  # filler rows, dropped below
-    prompt_BxP[b, P - len(prompt):] = prompt
-    valid_BxP[b, P - len(prompt):] = True
+  P = min(round_up(longest, PROMPT_BUCKET), cfg.context_length - max_new_tokens)
+  prompt_BxP, valid_BxP = pad_rows(prompts, batch_rows(len(prompts), mesh, rules), P, left=True)
   kwargs = dict(model=model, max_new_tokens=max_new_tokens, sampling=sampling, stop_id=stop_id,
                 rules=tuple(rules) if mesh is not None else (), stream=on_token is not None)
   if on_token is not None:
@@ -224,19 +197,12 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     if mesh is None:
       tokens_BxN = generate_padded(params, prompt_BxP, valid_BxP, rng, **kwargs)
     else:
-      batch_sh = sharding.batch_sharding(mesh, rules)
       with jax.set_mesh(mesh):
-        tokens_BxN = generate_padded(params, jax.device_put(prompt_BxP, batch_sh),
-                                     jax.device_put(valid_BxP, batch_sh), rng, **kwargs)
+        tokens_BxN = generate_padded(params, *put_on_mesh(mesh, rules, prompt_BxP, valid_BxP), rng, **kwargs)
     tokens_BxN = np.asarray(tokens_BxN)  # waits for the last callback too
   finally:
     _stream_target.clear()
-  return [_until_stop(row, stop_id) for row in tokens_BxN[:len(prompts)]]
-
-
-def _until_stop(tokens: np.ndarray, stop_id: int | None) -> list[int]:
-  tokens = tokens.tolist()
-  return tokens[:tokens.index(stop_id)] if stop_id in tokens else tokens
+  return [until_stop(row, stop_id) for row in tokens_BxN[:len(prompts)]]
 
 
 def generate_sliding(model, params, prompt: list[int], *, max_new_tokens: int, sampling: Sampling = Sampling(),

@@ -23,8 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from transformer import decode, sharding
-from transformer.layers import ConfigError
+from transformer.errors import ConfigError
+from transformer.generation.common import (batch_rows, check_token_lists, empty_cache, pad_rows, put_on_mesh,
+                                           round_up, until_stop)
 from transformer.models.seq2seq import Transformer
 
 NEG_INF = -1.0e7  # scores of impossible hypotheses; finite, so that sums stay ordered
@@ -34,11 +35,19 @@ def length_penalty(length, alpha: float):
   return ((5.0 + length) / 6.0) ** alpha
 
 
-def _init_cache(model: Transformer, batch: int, source_len: int, target_len: int):
-  """The decode-mode model and its empty cache (target_len self-attention slots)."""
-  step_model = Transformer(model.config, decode=True)
+def init_cache(model: Transformer, batch: int, source_len: int, target_len: int):
+  """An empty decoder cache: target_len self-attention slots, the encoder's keys/values."""
   source, target = jnp.zeros((batch, source_len), jnp.int32), jnp.zeros((batch, target_len), jnp.int32)
-  return step_model, decode.empty_cache(lambda: step_model.init(jax.random.key(0), source, target))
+  return empty_cache(lambda: model.init(jax.random.key(0), source, target, decode=True))
+
+
+def decode_step(model: Transformer, params, cache, encoded_BxSxD, tokens_B, source_valid_BxS):
+  """(logits_BxV of the next token, the updated cache) for one new token per sequence. Pass
+  `encoded_BxSxD` on the first step (its keys/values are cached) and None after."""
+  logits_Bx1xV, variables = model.apply({"params": params, "cache": cache}, encoded_BxSxD, tokens_B[:, None],
+                                        source_valid_BxS=source_valid_BxS, decode=True, mutable=["cache"],
+                                        method="decode_logits")
+  return logits_Bx1xV[:, 0], variables["cache"]
 
 
 def _gather_beams(cache, beam_BxK, old_beams: int):
@@ -46,7 +55,7 @@ def _gather_beams(cache, beam_BxK, old_beams: int):
   flat = flax.traverse_util.flatten_dict(cache)
   out = {}
   for path, x in flat.items():
-    if path[-1] in ("index", "written"):  # positions, shared by all sequences
+    if path[-1] == "index":  # the next cache slot, shared by all sequences
       out[path] = x
       continue
     axis = 1 if "layers" in path else 0  # scanned layers carry a leading layer axis
@@ -70,13 +79,11 @@ def beam_search(params, source_BxS, source_valid_BxS, *, model: Transformer, bea
   encoded_BxSxD = model.apply({"params": params}, source_BxS, source_valid_BxS=source_valid_BxS, method="encode")
   repeat = lambda x: jnp.repeat(x, K, axis=0)
   encoded_NxSxD, valid_NxS = repeat(encoded_BxSxD), repeat(source_valid_BxS)
-  step_model, cache = _init_cache(model, B * K, S, L)
+  cache = init_cache(model, B * K, S, L)
 
   def log_probs(cache, tokens_N, encoded):
-    logits_Nx1xV, variables = step_model.apply({"params": params, "cache": cache}, encoded, tokens_N[:, None],
-                                               source_valid_BxS=valid_NxS, mutable=["cache"],
-                                               method="decode_logits")
-    return jax.nn.log_softmax(logits_Nx1xV[:, 0]), variables["cache"]
+    logits_NxV, cache = decode_step(model, params, cache, encoded, tokens_N, valid_NxS)
+    return jax.nn.log_softmax(logits_NxV), cache
 
   def step(state, encoded=None):
     i, cache, alive_BxKxL, alive_lp_BxK, fin_BxKxL, fin_score_BxK = state
@@ -123,15 +130,13 @@ def greedy(params, source_BxS, source_valid_BxS, *, model: Transformer, max_len:
   """tokens_BxL: the argmax token at every step, <eos>-padded after the first <eos>."""
   B, S = source_BxS.shape
   encoded_BxSxD = model.apply({"params": params}, source_BxS, source_valid_BxS=source_valid_BxS, method="encode")
-  step_model, cache = _init_cache(model, B, S, max_len)
+  cache = init_cache(model, B, S, max_len)
 
   def step(state, encoded=None):
     i, cache, last_B, done_B, out_BxL = state
-    logits_Bx1xV, variables = step_model.apply({"params": params, "cache": cache}, encoded, last_B[:, None],
-                                               source_valid_BxS=source_valid_BxS, mutable=["cache"],
-                                               method="decode_logits")
-    token_B = jnp.where(done_B, eos_id, jnp.argmax(logits_Bx1xV[:, 0], axis=-1).astype(jnp.int32))
-    return i + 1, variables["cache"], token_B, done_B | (token_B == eos_id), out_BxL.at[:, i].set(token_B)
+    logits_BxV, cache = decode_step(model, params, cache, encoded, last_B, source_valid_BxS)
+    token_B = jnp.where(done_B, eos_id, jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32))
+    return i + 1, cache, token_B, done_B | (token_B == eos_id), out_BxL.at[:, i].set(token_B)
 
   state = (jnp.int32(0), cache, jnp.full((B,), bos_id, jnp.int32), jnp.zeros((B,), bool),
            jnp.full((B, max_len), eos_id, jnp.int32))
@@ -140,20 +145,14 @@ def greedy(params, source_BxS, source_valid_BxS, *, model: Transformer, max_len:
   return out_BxL
 
 
-def strip(tokens, eos_id: int) -> list[int]:
-  tokens = np.asarray(tokens).tolist()
-  return tokens[:tokens.index(eos_id)] if eos_id in tokens else tokens
-
-
-
 # ---------------------------------------------------------------------------------------------
-# Many sentences: batching, text, scores.
+# Many sentences: batching and text.
 
 SOURCE_BUCKET = 16  # source lengths are padded up to a multiple of this: few shapes compile
 
 
 def check_sources(sources: Sequence[Sequence[int]], max_len: int, vocab_size: int) -> list[list[int]]:
-  sources = decode.check_token_lists(sources, vocab_size, "sentence", "there is nothing to translate")
+  sources = check_token_lists(sources, vocab_size, "sentence", "there is nothing to translate")
   for i, ids in enumerate(sources):
     if len(ids) > max_len:
       raise ConfigError(f"sentence {i} is {len(ids)} tokens, longer than the model's max_len={max_len}; "
@@ -174,8 +173,7 @@ def translate_ids(model: Transformer, params, sources: Sequence[Sequence[int]], 
   if beam_size < 1 or not 2 <= max_len <= cfg.max_len:
     raise ConfigError(f"beam_size must be >= 1 and max_len in [2, {cfg.max_len}], got {beam_size} and {max_len}")
   sources = check_sources(sources, cfg.max_len, cfg.vocab_size)
-  dp = sharding.data_parallel_size(mesh, rules) if mesh is not None else 1
-  B = max(-(-batch_size // dp) * dp, dp)
+  B = batch_rows(batch_size, mesh, rules)
   order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
   out: list[list[int]] = [[] for _ in sources]
   if beam_size == 1:
@@ -184,22 +182,18 @@ def translate_ids(model: Transformer, params, sources: Sequence[Sequence[int]], 
     beams = functools.partial(beam_search, model=model, beam_size=beam_size, alpha=float(alpha), max_len=max_len,
                               bos_id=eos_id, eos_id=eos_id)
     search = lambda *args: beams(*args)[0][:, 0]  # the best of each sentence's beams
-  batch_sh = sharding.batch_sharding(mesh, rules) if mesh is not None else None
   for start in range(0, len(order), B):
     rows = order[start:start + B]
-    S = min(-(-len(sources[rows[-1]]) // SOURCE_BUCKET) * SOURCE_BUCKET, cfg.max_len)
-    source_BxS, valid_BxS = np.zeros((B, S), np.int32), np.zeros((B, S), bool)
-    for r in range(B):
-      ids = sources[rows[r] if r < len(rows) else rows[0]]  # filler rows, dropped below
-      source_BxS[r, :len(ids)], valid_BxS[r, :len(ids)] = ids, True
+    S = min(round_up(len(sources[rows[-1]]), SOURCE_BUCKET), cfg.max_len)
+    source_BxS, valid_BxS = pad_rows([sources[i] for i in rows], B, S, left=False)
     if mesh is None:
       tokens = search(params, source_BxS, valid_BxS)
     else:
       with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        tokens = search(params, sharding.global_array(source_BxS, batch_sh), sharding.global_array(valid_BxS, batch_sh))
+        tokens = search(params, *put_on_mesh(mesh, rules, source_BxS, valid_BxS))
     best_BxL = multihost_utils.process_allgather(tokens, tiled=True) if jax.process_count() > 1 else np.asarray(tokens)
     for r, i in enumerate(rows):
-      out[i] = strip(best_BxL[r], eos_id)
+      out[i] = until_stop(best_BxL[r], eos_id)
   return out
 
 
@@ -209,15 +203,3 @@ def translate_texts(model: Transformer, params, tokenizer, texts: Sequence[str],
     raise ConfigError("texts must be a list of sentences, not one string")
   ids = [tokenizer.encode(t.strip()) for t in texts]
   return [tokenizer.decode(h) for h in translate_ids(model, params, ids, eos_id=tokenizer.eot_id, **options)]
-
-
-def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
-  """sacreBLEU's corpus BLEU (13a tokenization) and chrF, one reference per sentence, and the BLEU
-  signature (what to quote next to the number)."""
-  from sacrebleu.metrics import BLEU, CHRF
-  if len(hypotheses) != len(references):
-    raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
-  bleu, chrf = BLEU(), CHRF()
-  return {"bleu": float(bleu.corpus_score(list(hypotheses), [list(references)]).score),
-          "chrf": float(chrf.corpus_score(list(hypotheses), [list(references)]).score),
-          "bleu_signature": str(bleu.get_signature())}

@@ -1,0 +1,331 @@
+"""The run's configuration, resolved once.
+
+Experiments write an `ml_collections.ConfigDict` (experiments/*.py) and the command line overrides
+any field of it (`--config.optimizer.lr=3e-4`). At the top of a run, `resolve` turns that dict into
+typed, frozen pieces, checks every value before anything is built, and computes what derives from
+it (the mesh shape and the data-parallel size); modules then receive the piece they need:
+
+  RunConfig
+    task         config.task: which registered task trains (transformer.tasks)
+    loop         LoopConfig: steps, logging, evaluation and checkpoint intervals (top-level fields)
+    optimizer    OptimizerConfig (config.optimizer.*)
+    mesh         MeshConfig (config.mesh.* and config.logical_axis_rules)
+    data         DataConfig (config.data.*): which data set, and how it is tokenized and split
+    model        the task's model config (GPTConfig, Seq2SeqConfig) from config.model.*
+    task_config  the task's own fields (e.g. LMConfig: seq_len, batch_size, config.sample.*)
+
+Each piece is a frozen dataclass whose fields are the config's keys, with their defaults: the
+ConfigDict an experiment starts from is made from them (`defaults`), so every default is written
+once, here or in the task's module. A field stored under another key than `<section>.<name>` says
+so with `at("data.sampling", ...)`. A key that no piece reads is an error, as is a value of the
+wrong type; every error names the `--config.` flag to change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from pathlib import Path
+from typing import Any
+
+import ml_collections
+
+from transformer import data, sharding
+from transformer.errors import ConfigError, UserError
+
+
+def at(key: str, default: Any) -> Any:
+  """A field stored at config key `key` (dotted), not at its section's `<section>.<name>`."""
+  return dataclasses.field(default=default, metadata={"key": key})
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+  """What the training loop reads (top-level fields)."""
+  seed: int = 0
+  num_train_steps: int = 1000
+  log_every_steps: int = 10
+  eval_every_steps: int = 200
+  checkpoint_every_steps: int = 200
+  keep_checkpoints: int = 3  # the last 3, plus the best by validation loss
+  async_checkpointing: bool = True
+
+  def check(self) -> None:
+    check_positive(self, ("num_train_steps", "eval_every_steps", "checkpoint_every_steps", "log_every_steps",
+                     "keep_checkpoints"))
+
+
+SCHEDULES = ("cosine", "constant", "inverse_sqrt")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+  """config.optimizer: AdamW, its schedule, clipping and gradient accumulation (transformer.optim)."""
+  name: str = "adamw"
+  lr: float = 1e-3
+  schedule: str = "cosine"  # warmup, then "cosine" decay to lr*min_lr_ratio | "constant" | "inverse_sqrt"
+  warmup_steps: int = 100
+  min_lr_ratio: float = 0.1
+  b1: float = 0.9
+  b2: float = 0.95
+  eps: float = 1e-8
+  weight_decay: float = 0.1
+  decay_embeddings: bool = False
+  decay_norms_and_biases: bool = False
+  grad_clip_norm: float = 1.0  # 0: no clipping
+  accumulation_steps: int = 1  # microbatches per optimizer step (a scan inside the step)
+
+  def check(self) -> None:
+    if self.name != "adamw":
+      raise ConfigError(f"--config.optimizer.name={self.name!r} is unknown; 'adamw' is implemented")
+    if self.schedule not in SCHEDULES:
+      raise ConfigError(f"--config.optimizer.schedule={self.schedule!r} is unknown; choose one of "
+                        f"{', '.join(SCHEDULES)}")
+    check_positive(self, ("lr", "accumulation_steps", "eps"), "optimizer.")
+    for name in ("warmup_steps", "weight_decay", "grad_clip_norm", "min_lr_ratio"):
+      if getattr(self, name) < 0:
+        raise ConfigError(f"--config.optimizer.{name} must be >= 0, got {getattr(self, name)}")
+    for name in ("b1", "b2"):
+      if not 0 <= getattr(self, name) < 1:
+        raise ConfigError(f"--config.optimizer.{name} must be in [0, 1), got {getattr(self, name)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+  """config.mesh: the device mesh (data, fsdp, tensor; -1 takes the remaining devices) and the
+  logical axis rules that map the model's axis names onto it (transformer.sharding)."""
+  data: int = -1
+  fsdp: int = 1
+  tensor: int = 1
+  logical_axis_rules: tuple = at("logical_axis_rules", sharding.DEFAULT_RULES)
+  # Derived by `resolve` from the number of devices (empty when resolved without devices).
+  shape: tuple[int, ...] = dataclasses.field(default=(), metadata={"derived": True})
+  data_parallel: int = dataclasses.field(default=1, metadata={"derived": True})
+
+  @property
+  def rules(self) -> tuple:
+    return self.logical_axis_rules
+
+  def sizes(self) -> dict:
+    return {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+
+  def fitted(self, num_devices: int) -> "MeshConfig":
+    """This mesh on `num_devices` devices: its shape with -1 filled in, and the data-parallel size."""
+    shape = sharding.mesh_shape(self.sizes(), num_devices)
+    data_parallel = sharding.data_parallel_size(dict(zip(sharding.MESH_AXES, shape)), self.rules)
+    return dataclasses.replace(self, shape=shape, data_parallel=data_parallel)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """config.data: which text, and how it is tokenized and split (transformer.data). The data set is
+  prepared on first use into `<root>/<dataset>-<tokenizer>` (or `dir`) and reused after."""
+  dataset: str = "shakespeare"  # a named data set (transformer.data.NAMED) ...
+  input_files: tuple[str, ...] = ()  # ... or your own files, which override `dataset`
+  tokenizer: str = "gpt2"  # gpt2 | cl100k_base | char | bpe
+  vocab_size: int = 0  # for tokenizer="bpe"
+  root: str = "data"
+  dir: str = ""  # prepare exactly here instead
+  validation_fraction: float = 0.1
+  test_fraction: float = 0.0
+  split_seed: int = 0
+  piece_chars: int = 16384  # text documents are cut into pieces of about this size for the split
+
+  def options(self) -> data.PrepareOptions:
+    return data.PrepareOptions(tokenizer=self.tokenizer, vocab_size=self.vocab_size or None, seed=self.split_seed,
+                               validation_fraction=self.validation_fraction, test_fraction=self.test_fraction,
+                               piece_chars=self.piece_chars)
+
+  def check(self) -> None:
+    try:
+      self.options().check()
+    except UserError as e:
+      raise ConfigError(f"--config.data: {e}") from None
+
+  def prepared(self, kind: str) -> data.Prepared:
+    """The data set, as `kind` ("text", "pairs") records, prepared now if it has not been."""
+    source = data.file_source(list(self.input_files), kind) if self.input_files else data.named_source(self.dataset)
+    directory = Path(self.dir) if self.dir else data.default_dir(source, self.options(), root=self.root)
+    return data.ensure_prepared(source, directory, self.options())
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """Everything a run is made from, typed and checked (see the module docstring)."""
+  task: str
+  loop: LoopConfig
+  optimizer: OptimizerConfig
+  mesh: MeshConfig
+  data: DataConfig
+  model: Any  # the task's model config; vocab_size 0 means "the tokenizer's" (`model_config`)
+  task_config: Any
+
+  def model_config(self, vocab_size: int):
+    """The model config for a tokenizer of `vocab_size` tokens (vocab_size 0 takes it; a larger one
+    pads the vocabulary, e.g. to a multiple of the tensor-parallel size)."""
+    if not self.model.vocab_size:
+      return self.model.replace(vocab_size=vocab_size)
+    if self.model.vocab_size < vocab_size:
+      raise ConfigError(f"--config.model.vocab_size={self.model.vocab_size} is smaller than the tokenizer's "
+                        f"{vocab_size}; set it to 0 (take the tokenizer's) or at least {vocab_size}")
+    return self.model
+
+
+def resolve(config: ml_collections.ConfigDict, *, num_devices: int | None = None) -> RunConfig:
+  """The ConfigDict as a checked RunConfig. With `num_devices` (training), the mesh is fitted to that
+  many devices and the task's batch sizes are checked against the data-parallel size; without
+  (restoring a trained model elsewhere), only what does not depend on devices is checked."""
+  from transformer import tasks  # the registry imports the task modules, which import this one
+  task_name = config.get("task", "lm")
+  task_cls = tasks.get(task_name)
+  used: set[str] = {"task"}
+  loop = _read(LoopConfig, config, "", used)
+  optimizer = _read(OptimizerConfig, config, "optimizer.", used)
+  mesh = _read(MeshConfig, config, "mesh.", used)
+  data_config = _read(DataConfig, config, "data.", used)
+  model = _read(task_cls.ModelConfig, config, "model.", used)
+  task_config = _read(task_cls.Config, config, "", used)
+  _check_all_read(config, used)
+
+  loop.check()
+  optimizer.check()
+  data_config.check()
+  try:  # every model check but the vocabulary size, which may come from the tokenizer
+    model.replace(vocab_size=model.vocab_size or 1).check()
+  except UserError as e:
+    raise ConfigError(f"--config.model: {e}") from None
+  if num_devices is not None:
+    mesh = mesh.fitted(num_devices)
+  run = RunConfig(task_name, loop, optimizer, mesh, data_config, model, task_config)
+  task_config.check(run, mesh.data_parallel if num_devices is not None else None)
+  return run
+
+
+def defaults(task: str) -> ml_collections.ConfigDict:
+  """The ConfigDict of every field's default for `task`: what experiments start from."""
+  from transformer import tasks
+  task_cls = tasks.get(task)
+  c = ml_collections.ConfigDict({"task": task})
+  for piece, prefix in ((LoopConfig(), ""), (OptimizerConfig(), "optimizer."), (MeshConfig(), "mesh."),
+                        (DataConfig(), "data."), (task_cls.ModelConfig(vocab_size=0), "model."),
+                        (task_cls.Config(), "")):
+    _write(piece, c, prefix)
+  return c
+
+
+def to_config_dict(run: RunConfig) -> ml_collections.ConfigDict:
+  """The inverse of `resolve` (what config.json holds): resolving it again gives `run`."""
+  c = ml_collections.ConfigDict({"task": run.task})
+  for piece, prefix in ((run.loop, ""), (run.optimizer, "optimizer."), (run.mesh, "mesh."), (run.data, "data."),
+                        (run.model, "model."), (run.task_config, "")):
+    _write(piece, c, prefix)
+  return c
+
+
+# ---------------------------------------------------------------------------------------------
+# ConfigDict <-> dataclasses.
+
+_MISSING = object()
+
+
+def _fields(cls, prefix: str):
+  """(field, config key, type) of a config dataclass; derived fields are not config keys."""
+  hints = typing.get_type_hints(cls)
+  for f in dataclasses.fields(cls):
+    if not f.metadata.get("derived"):
+      yield f, f.metadata.get("key", prefix + f.name), hints[f.name]
+
+
+def _lookup(config, key: str):
+  node = config
+  for part in key.split("."):
+    if not isinstance(node, (ml_collections.ConfigDict, dict)) or part not in node:
+      return _MISSING
+    node = node[part]
+  return node
+
+
+def _read(cls, config, prefix: str, used: set[str]):
+  values = {}
+  for f, key, hint in _fields(cls, prefix):
+    if dataclasses.is_dataclass(hint):  # a section of its own, e.g. config.sample
+      values[f.name] = _read(hint, config, key + ".", used)
+      continue
+    value = _lookup(config, key)
+    if value is not _MISSING:
+      used.add(key)
+      values[f.name] = _coerce(value, hint, key)
+  return cls(**values)
+
+
+def _coerce(value, hint, key: str):
+  origin = typing.get_origin(hint) or hint
+  wrong = ConfigError(f"--config.{key}={value!r} is not a {getattr(origin, '__name__', origin)}; give one")
+  if origin is bool:
+    if not isinstance(value, (bool, int)) or value not in (0, 1):
+      raise wrong
+    return bool(value)
+  if origin is int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+      raise wrong
+    return int(value)
+  if origin is float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+      raise wrong
+    return float(value)
+  if origin is str:
+    if not isinstance(value, str):
+      raise wrong
+    return value
+  if origin is tuple:
+    return _frozen(value)
+  return value
+
+
+def _frozen(value):
+  """Lists (JSON, ConfigDict) as tuples, all the way down: frozen pieces hold hashable values."""
+  if isinstance(value, (list, tuple)):
+    return tuple(_frozen(v) for v in value)
+  return value
+
+
+def _write(piece, c: ml_collections.ConfigDict, prefix: str) -> None:
+  for f, key, hint in _fields(type(piece), prefix):
+    value = getattr(piece, f.name)
+    if dataclasses.is_dataclass(hint):
+      _write(value, c, key + ".")
+      continue
+    *sections, name = key.split(".")
+    node = c
+    for section in sections:
+      if section not in node:
+        node[section] = ml_collections.ConfigDict()
+      node = node[section]
+    node[name] = value
+
+
+def _leaf_keys(config, prefix: str = ""):
+  for name, value in config.items():
+    if isinstance(value, (ml_collections.ConfigDict, dict)) and value:
+      yield from _leaf_keys(value, f"{prefix}{name}.")
+    else:
+      yield prefix + name
+
+
+def _check_all_read(config, used: set[str]) -> None:
+  """A key no piece reads would be silently ignored (a typo, or a field of another task): refuse it."""
+  unread = [k for k in _leaf_keys(config) if k not in used]
+  if unread:
+    section = unread[0].rpartition(".")[0]
+    known = sorted(k.rpartition(".")[2] for k in used if k.rpartition(".")[0] == section)
+    raise ConfigError(f"--config.{unread[0]} is not a field of this task's config (it would be ignored); the "
+                      f"fields {'of config.' + section if section else 'at the top level'} are {', '.join(known)}")
+
+
+def check_positive(piece, names, prefix: str = "") -> None:
+  """Each of `names` (fields of `piece`, whose keys are `<prefix><name>`) must be > 0 and finite."""
+  for name in names:
+    value = getattr(piece, name)
+    if not value > 0 or (isinstance(value, float) and not math.isfinite(value)):
+      raise ConfigError(f"--config.{prefix}{name} must be positive, got {value}")

@@ -1,0 +1,171 @@
+"""Hugging Face GPT-2 safetensors <-> GPT params (import and export), without torch.
+
+Hugging Face's GPT-2 stores its linear layers as `Conv1D` with weights `[in, out]` (the same
+orientation as a Flax kernel) and fuses Q, K, V into one `c_attn` of width 3·D, split into heads
+as (3, H, K): exactly our `qkv` kernel (D, 3, H, K), so import is a reshape, never a transpose.
+Every key and shape is checked and the offending key named. No torch is needed.
+
+    >>> config, params = import_hf_gpt2("path/to/gpt2")            # dir with model.safetensors
+    >>> logits = GPT(config).apply({"params": params}, tokens)
+    >>> export_hf_gpt2(config, params, "out/")   # GPT2LMHeadModel.from_pretrained("out/") loads it
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from transformer import layers
+from transformer.errors import CheckpointError
+from transformer.models.gpt import GPTConfig, param_shapes
+
+# d_model -> heads of the four OpenAI GPT-2 sizes: heads cannot be read off any tensor shape.
+_GPT2_HEADS = {768: 12, 1024: 16, 1280: 20, 1600: 25}
+# Buffers some GPT-2 files carry (the causal mask), not parameters.
+_IGNORED = re.compile(r"^h\.\d+\.attn\.(bias|masked_bias)$")
+
+
+def _hf_layout(cfg: GPTConfig):
+  """(HF key, our param path, HF shape) for every tensor of a GPT-2 with config `cfg`."""
+  D, L, V = cfg.d_model, cfg.context_length, cfg.vocab_size
+  F = cfg.d_mlp or 4 * D
+  yield "wte.weight", ("wte", "embedding"), (V, D)
+  yield "wpe.weight", ("wpe",), (L, D)
+  for i in range(cfg.num_layers):
+    p, h = ("h", f"layer_{i}"), f"h.{i}"
+    for ln in ("ln_1", "ln_2"):
+      yield f"{h}.{ln}.weight", (*p, ln, "scale"), (D,)
+      yield f"{h}.{ln}.bias", (*p, ln, "bias"), (D,)
+    yield f"{h}.attn.c_attn.weight", (*p, "attn", "qkv", "kernel"), (D, 3 * D)
+    yield f"{h}.attn.c_attn.bias", (*p, "attn", "qkv", "bias"), (3 * D,)
+    yield f"{h}.attn.c_proj.weight", (*p, "attn", "out", "kernel"), (D, D)
+    yield f"{h}.attn.c_proj.bias", (*p, "attn", "out", "bias"), (D,)
+    yield f"{h}.mlp.c_fc.weight", (*p, "mlp", "fc", "kernel"), (D, F)
+    yield f"{h}.mlp.c_fc.bias", (*p, "mlp", "fc", "bias"), (F,)
+    yield f"{h}.mlp.c_proj.weight", (*p, "mlp", "proj", "kernel"), (F, D)
+    yield f"{h}.mlp.c_proj.bias", (*p, "mlp", "proj", "bias"), (D,)
+  yield "ln_f.weight", ("ln_f", "scale"), (D,)
+  yield "ln_f.bias", ("ln_f", "bias"), (D,)
+  if not cfg.tie_embeddings:
+    yield "lm_head.weight", ("lm_head", "kernel"), (V, D)  # torch Linear: [out, in]
+
+
+def _is_lm_head(path) -> bool:
+  return path == ("lm_head", "kernel")
+
+
+def _get(tree, path):
+  for k in path:
+    tree = tree[k]
+  return tree
+
+
+def _set(tree, path, value):
+  for k in path[:-1]:
+    tree = tree.setdefault(k, {})
+  tree[path[-1]] = value
+
+
+def _read_config_json(directory: Path) -> dict:
+  path = directory / "config.json"
+  return json.loads(path.read_text()) if path.exists() else {}
+
+
+def import_hf_gpt2(path: str | Path, **overrides) -> tuple[GPTConfig, dict]:
+  """Loads a Hugging Face GPT-2 `model.safetensors` (gpt2 ... gpt2-xl, or any GPT-2 shape).
+
+  The config is inferred from the tensor shapes (and `config.json` beside it, for the number of
+  heads and the LayerNorm epsilon); `overrides` change fields that do not alter shapes (dtype,
+  attention, scan_layers, ...), or shorten `context_length`. Returns (config, params).
+  """
+  path = Path(path)
+  file = path / "model.safetensors" if path.is_dir() else path
+  if not file.is_file():
+    raise CheckpointError(f"no GPT-2 safetensors at {path} (looked for {file})")
+  tensors = {k.removeprefix("transformer."): v for k, v in load_file(file).items()}
+  tensors = {k: v for k, v in tensors.items() if not _IGNORED.match(k)}
+  hf = _read_config_json(file.parent)
+
+  for key in ("wte.weight", "wpe.weight", "h.0.mlp.c_fc.weight"):
+    if key not in tensors:
+      raise CheckpointError(f"{file} has no tensor {key!r}: not a GPT-2 checkpoint")
+  V, D = tensors["wte.weight"].shape
+  table_length = tensors["wpe.weight"].shape[0]
+  num_layers = 1 + max(int(m.group(1)) for k in tensors if (m := re.match(r"h\.(\d+)\.", k)))
+  heads = hf.get("n_head") or _GPT2_HEADS.get(D)
+  if heads is None:
+    raise CheckpointError(f"cannot tell the number of heads of {file} (d_model={D}): put its config.json "
+                          f"(with n_head) beside it, or pass num_heads=")
+  tied = "lm_head.weight" not in tensors or np.array_equal(tensors["lm_head.weight"], tensors["wte.weight"])
+  if tied:
+    tensors.pop("lm_head.weight", None)
+  cfg = GPTConfig(vocab_size=V, context_length=table_length, num_layers=num_layers, num_heads=heads,
+                  d_model=D, d_mlp=tensors["h.0.mlp.c_fc.weight"].shape[1],
+                  layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-5), tie_embeddings=tied)
+  scan = overrides.pop("scan_layers", False)
+  cfg = cfg.replace(**overrides)
+  if cfg.context_length > table_length:
+    raise CheckpointError(f"context_length={cfg.context_length} is longer than the position table of "
+                          f"{file} ({table_length} rows); use context_length <= {table_length}")
+  if cfg.context_length < table_length:  # keep the first rows: positions beyond are never used
+    tensors["wpe.weight"] = tensors["wpe.weight"][: cfg.context_length]
+  cfg.check()
+
+  params: dict = {}
+  expected = set()
+  shapes = nn.unbox(param_shapes(cfg))
+  for key, ours, hf_shape in _hf_layout(cfg):
+    expected.add(key)
+    if key not in tensors:
+      raise CheckpointError(f"{file} is missing tensor {key!r} (expected shape {hf_shape})")
+    value = tensors[key]
+    if value.shape != hf_shape:
+      raise CheckpointError(f"tensor {key!r} in {file} has shape {value.shape}, expected {hf_shape} "
+                            f"for a GPT-2 with {cfg.num_layers} layers, d_model={D}, vocab={V}")
+    value = value.T if _is_lm_head(ours) else value
+    target = _get(shapes, ours)
+    _set(params, ours, jnp.asarray(value.reshape(target.shape), dtype=target.dtype))
+  unexpected = sorted(set(tensors) - expected)
+  if unexpected:
+    raise CheckpointError(f"{file} has tensors a GPT-2 does not: {', '.join(unexpected[:5])}")
+  if scan:
+    cfg = cfg.replace(scan_layers=True)
+    params["h"] = layers.stack_layers(params["h"], cfg.num_layers)
+  return cfg, params
+
+
+def export_hf_gpt2(config: GPTConfig, params: dict, out_dir: str | Path) -> Path:
+  """Writes `model.safetensors` + `config.json` that `GPT2LMHeadModel.from_pretrained` loads."""
+  params = nn.unbox(params)
+  if config.scan_layers:
+    params = {**params, "h": layers.unstack_layers(params["h"], config.num_layers)}
+  tensors = {}
+  for key, ours, hf_shape in _hf_layout(config):
+    if ours[-1] == "bias" and not config.use_bias:
+      value = np.zeros(hf_shape, np.float32)  # the same function: GPT-2 always has biases
+    else:
+      value = np.asarray(jax.device_get(_get(params, ours)), dtype=np.float32)
+      value = value.T if _is_lm_head(ours) else value.reshape(hf_shape)
+    tensors[f"transformer.{key}" if not key.startswith("lm_head") else key] = np.ascontiguousarray(value)
+  out_dir = Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  save_file(tensors, out_dir / "model.safetensors", metadata={"format": "pt"})
+  hf_config = {
+      "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "activation_function": "gelu_new",
+      "vocab_size": config.vocab_size, "n_positions": config.context_length, "n_embd": config.d_model,
+      "n_layer": config.num_layers, "n_head": config.num_heads,
+      "n_inner": None if config.d_mlp in (0, 4 * config.d_model) else config.d_mlp,
+      "layer_norm_epsilon": config.layer_norm_epsilon, "tie_word_embeddings": config.tie_embeddings,
+      "resid_pdrop": config.dropout_rate, "embd_pdrop": config.dropout_rate,
+      "attn_pdrop": config.attention_dropout_rate, "bos_token_id": config.vocab_size - 1,
+      "eos_token_id": config.vocab_size - 1, "scale_attn_weights": True,
+  }
+  (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+  return out_dir

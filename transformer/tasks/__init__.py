@@ -1,0 +1,37 @@
+"""Tasks: what `train_and_evaluate` trains, chosen by `config.task` through this registry.
+
+  lm           a GPT on a text corpus (tasks/lm.py)
+  translation  the encoder-decoder Transformer on sentence pairs (tasks/translation.py)
+
+The interface every task implements is `Task` (tasks/base.py). Adding one is a module with a
+`Task` subclass plus one line below; `register` adds one from outside the package (e.g. a test).
+"""
+
+from __future__ import annotations
+
+from transformer.errors import ConfigError
+from transformer.tasks.base import Task
+from transformer.tasks.lm import LanguageModel
+from transformer.tasks.translation import Translation
+
+TASKS: dict[str, type[Task]] = {
+    LanguageModel.name: LanguageModel,
+    Translation.name: Translation,
+}
+
+
+def register(task: type[Task]) -> type[Task]:
+  """Adds `task` under `task.name` (usable as a class decorator)."""
+  if not (isinstance(task, type) and issubclass(task, Task)):
+    raise TypeError(f"{task!r} is not a subclass of transformer.tasks.Task")
+  TASKS[task.name] = task
+  return task
+
+
+def get(name: str) -> type[Task]:
+  if name not in TASKS:
+    raise ConfigError(f"--config.task={name!r} is unknown; choose one of {', '.join(TASKS)}")
+  return TASKS[name]
+
+
+__all__ = ["LanguageModel", "TASKS", "Task", "Translation", "get", "register"]

@@ -1,0 +1,118 @@
+"""The task interface: everything `train_and_evaluate`, `inference.restore` and the launch programs
+need of a task, and nothing they may ask about which task it is.
+
+A task owns what differs between problems: its config fields, its model, the loss, the training
+batches and their position (saved with each checkpoint), evaluation and the end-of-run output. The
+loop (transformer.train) owns what they share: the mesh and shardings, the jit-compiled steps,
+checkpoints, metrics. A loss returns (sum over target tokens, number of target tokens), so that
+gradient accumulation and padding weigh every real token the same.
+
+Adding a task is one module with a `Task` subclass and one line in `transformer/tasks/__init__.py`
+(or `tasks.register(MyTask)` from anywhere, e.g. a test).
+"""
+
+from __future__ import annotations
+
+import abc
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from transformer import sharding
+from transformer.config import RunConfig
+from transformer.errors import DataError
+
+
+class ResumableIterator(Protocol):
+  """Training batches whose position can be saved and restored exactly (grain iterators are)."""
+
+  def __next__(self) -> Any: ...
+
+  def get_state(self) -> dict: ...
+
+  def set_state(self, state: dict) -> None: ...
+
+
+class Task(abc.ABC):
+  """One problem to train a model on. Subclasses set the class attributes and the abstract methods.
+
+  Built with the resolved run, the tokenizer, the device mesh, and the task's data (`load_data`'s
+  result), or `data=None` when only the model is needed (restoring a trained model)."""
+  name: ClassVar[str]  # the value of config.task
+  Config: ClassVar[type]  # the task's own config fields: a frozen dataclass with `check(run, data_parallel)`
+  ModelConfig: ClassVar[type]  # config.model as a model config (GPTConfig, Seq2SeqConfig, ...)
+  Model: ClassVar[type[nn.Module]]  # built from the model config; see transformer.models for its calls
+  data_kind: ClassVar[str]  # what config.data is prepared as: "text" | "pairs" (transformer.data)
+  program: ClassVar[str]  # the launch program that uses a trained model, e.g. "launch.sample"
+
+  def __init__(self, run: RunConfig, tokenizer, mesh: jax.sharding.Mesh, data=None):
+    self.run, self.config, self.tokenizer, self.mesh, self.data = run, run.task_config, tokenizer, mesh, data
+    self.rules = run.mesh.rules
+    self.model_config = run.model_config(tokenizer.vocab_size).check()
+    self.model = self.Model(self.model_config)
+    self.batch_sharding = sharding.batch_sharding(mesh, self.rules)
+
+  @classmethod
+  def load_data(cls, run: RunConfig):
+    """The task's data (with a `.tokenizer`): config.data prepared as `data_kind` records, now if it
+    has not been. Tasks that make their own data override this."""
+    prepared = run.data.prepared(cls.data_kind)
+    if prepared.kind != cls.data_kind:
+      raise DataError(f"config.task={cls.name!r} trains on {cls.data_kind} data, but {prepared.directory} holds "
+                      f"{prepared.kind}; choose a {cls.data_kind} data set (--config.data.dataset or "
+                      f"--config.data.input_files)")
+    return prepared
+
+  # --- What the loop calls. ---
+
+  @abc.abstractmethod
+  def init_inputs(self) -> tuple:
+    """Example inputs for `model.init` (their shapes do not matter beyond the rank)."""
+
+  @abc.abstractmethod
+  def loss(self, params, batch, rng: jax.Array, train: bool) -> tuple[jax.Array, jax.Array]:
+    """(summed loss over the batch's target tokens, their number); `train` turns dropout on."""
+
+  @abc.abstractmethod
+  def train_batches(self) -> ResumableIterator:
+    """Host batches for training (arrays or dicts of arrays, batch-major), endlessly."""
+
+  @abc.abstractmethod
+  def eval_batches(self) -> list:
+    """The fixed host batches that every evaluation scores."""
+
+  @abc.abstractmethod
+  def count_tokens(self, host_batch) -> int:
+    """Tokens a training batch holds (for tokens/s), over all processes."""
+
+  @abc.abstractmethod
+  def flops_per_token(self, num_params: int) -> float:
+    """Training FLOPs per counted token (for MFU)."""
+
+  def put(self, host_batch):
+    """A training batch -> global arrays split over the data-parallel devices. By default every
+    process holds the whole batch (`put_global`); a task whose processes each read their own slice
+    overrides this."""
+    return self.put_global(host_batch)
+
+  def put_global(self, host_batch):
+    """A batch that every process holds whole -> global arrays (each process puts in its own shards)."""
+    return jax.tree.map(lambda x: sharding.global_array(np.asarray(x), self.batch_sharding), host_batch)
+
+  def evaluate(self, params, eval_fn, batches: list) -> dict:
+    """Metrics of `params` on the eval batches; `eval_fn(params, device_batch)` is the compiled
+    (summed loss, tokens) without dropout. By default: validation loss and perplexity."""
+    sums = [tuple(map(float, eval_fn(params, self.put_global(b)))) for b in batches]
+    loss = sum(s for s, _ in sums) / max(sum(n for _, n in sums), 1.0)
+    return {"val_loss": loss, "val_perplexity": float(np.exp(min(loss, 50.0)))}
+
+  def describe(self, result: dict) -> str:
+    """One line for the log from `evaluate`'s result."""
+    return f"validation loss {result['val_loss']:.4f} (perplexity {result['val_perplexity']:.2f})"
+
+  def finish(self, params, workdir: Path) -> dict:
+    """The end-of-run output (a sample, test scores); its numbers go to metrics.jsonl."""
+    return {}

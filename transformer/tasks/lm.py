@@ -1,0 +1,132 @@
+"""config.task="lm": a GPT on a text corpus. Next-token cross-entropy on (seq_len + 1)-token windows;
+validation loss and perplexity on fixed windows; a generated sample at the end."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from transformer import metrics
+from transformer.config import RunConfig, at, check_positive
+from transformer.data import pipeline
+from transformer.errors import ConfigError
+from transformer.generation import sampling
+from transformer.models.gpt import GPT, GPTConfig
+from transformer.tasks.base import Task
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleConfig:
+  """config.sample: what the end of a run generates (samples.txt)."""
+  prompt: str = ""  # empty: start from <|endoftext|>
+  max_new_tokens: int = 200  # 0: no sample
+  temperature: float = 0.8
+  top_k: int = 0
+  top_p: float = 1.0
+  seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class LMConfig:
+  batch_size: int = 32  # global, in sequences; split over the data-parallel devices
+  seq_len: int = 256
+  eval_batches: int = 8  # fixed validation windows, the same at every evaluation
+  eval_batch_size: int = 32
+  sampling: str = at("data.sampling", "windows")  # "windows" (random) | "packed" (every token once an epoch)
+  sample: SampleConfig = SampleConfig()
+
+  def check(self, run: RunConfig, data_parallel: int | None) -> None:
+    check_positive(self, ("seq_len", "batch_size", "eval_batch_size", "eval_batches"))
+    if self.sampling not in pipeline.SAMPLING:
+      raise ConfigError(f"--config.data.sampling={self.sampling!r} is unknown; choose one of "
+                        f"{', '.join(pipeline.SAMPLING)}")
+    if self.seq_len > run.model.context_length:
+      raise ConfigError(f"--config.seq_len={self.seq_len} is longer than --config.model.context_length="
+                        f"{run.model.context_length}; lower the one or raise the other")
+    if self.sample.max_new_tokens < 0:
+      raise ConfigError(f"--config.sample.max_new_tokens must be >= 0 (0: no sample), got {self.sample.max_new_tokens}")
+    self.sample_options().check()
+    accum = run.optimizer.accumulation_steps
+    if self.batch_size % accum:
+      raise ConfigError(f"--config.batch_size={self.batch_size} is not divisible by "
+                        f"--config.optimizer.accumulation_steps={accum}")
+    if data_parallel is None:
+      return
+    if (self.batch_size // accum) % data_parallel:
+      raise ConfigError(f"--config.batch_size={self.batch_size} (microbatch {self.batch_size // accum}) is not "
+                        f"divisible by the data-parallel size {data_parallel} (mesh data*fsdp); use a multiple "
+                        f"of {data_parallel}")
+    if self.eval_batch_size % data_parallel:
+      raise ConfigError(f"--config.eval_batch_size={self.eval_batch_size} is not divisible by the data-parallel "
+                        f"size {data_parallel}; use a multiple of {data_parallel}")
+
+  def sample_options(self) -> sampling.Sampling:
+    return sampling.Sampling(temperature=self.sample.temperature, top_k=self.sample.top_k, top_p=self.sample.top_p)
+
+
+def lm_loss(model: GPT, params, batch_BxL1, rng, train: bool):
+  """(summed next-token cross-entropy, number of predicted tokens) of (seq_len + 1)-token examples."""
+  inputs_BxL, targets_BxL = batch_BxL1[:, :-1], batch_BxL1[:, 1:]
+  logits_BxLxV = model.apply({"params": params}, inputs_BxL, deterministic=not train, rngs={"dropout": rng})
+  nll_BxL = optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV, targets_BxL)
+  return nll_BxL.sum(), jnp.float32(nll_BxL.size)
+
+
+class LanguageModel(Task):
+  """A GPT (config.model: GPTConfig fields) on windows of a text corpus (config.data)."""
+  name = "lm"
+  Config = LMConfig
+  ModelConfig = GPTConfig
+  Model = GPT
+  data_kind = "text"
+  program = "launch.sample"
+
+  def init_inputs(self) -> tuple:
+    return (jnp.zeros((1, 8), jnp.int32),)
+
+  def loss(self, params, batch_BxL1, rng, train: bool):
+    return lm_loss(self.model, params, batch_BxL1, rng, train)
+
+  def train_batches(self):
+    """Process-local batches (B/P, seq_len + 1); a grain iterator, so `get_state` is the data position."""
+    c = self.config
+    ds = pipeline.lm_train_dataset(self.data, seq_len=c.seq_len, global_batch=c.batch_size, seed=self.run.loop.seed,
+                                   sampling=c.sampling, process_index=jax.process_index(),
+                                   process_count=jax.process_count())
+    return iter(ds.to_iter_dataset())
+
+  def put(self, local_batch):
+    # Each process read only its slice of the global batch (pipeline.lm_train_dataset).
+    return jax.make_array_from_process_local_data(self.batch_sharding, local_batch)
+
+  def count_tokens(self, local_batch) -> int:
+    return self.config.batch_size * self.config.seq_len
+
+  def flops_per_token(self, num_params: int) -> float:
+    return metrics.flops_per_token(num_params, self.model_config.num_layers, self.model_config.d_model,
+                                   self.config.seq_len)
+
+  def eval_batches(self) -> list:
+    c = self.config
+    return list(pipeline.lm_eval_batches(self.data, seq_len=c.seq_len, batch_size=c.eval_batch_size,
+                                         num_batches=c.eval_batches))
+
+  def finish(self, params, workdir: Path) -> dict:
+    """A sample from the trained model (config.sample), printed and written to samples.txt."""
+    s = self.config.sample
+    if s.max_new_tokens <= 0:
+      return {}
+    tok = self.tokenizer
+    prompt = tok.encode(s.prompt) if s.prompt else [tok.eot_id]
+    [ids] = sampling.generate(self.model, params, [prompt], max_new_tokens=s.max_new_tokens,
+                              sampling=self.config.sample_options(), seed=s.seed, stop_id=tok.eot_id, mesh=self.mesh,
+                              rules=self.rules, sliding_window=True)
+    text = s.prompt + tok.decode(ids)
+    if jax.process_index() == 0:
+      (workdir / "samples.txt").write_text(text + "\n")
+      print(f"\n--- sample (temperature {s.temperature}) ---\n{text}\n---")
+    return {"sample": text}

@@ -1,0 +1,175 @@
+"""config.task="translation": the encoder-decoder Transformer on sentence pairs. Label-smoothed
+cross-entropy over the real target tokens of length-bucketed batches; validation loss and sacreBLEU
+BLEU/chrF (greedy) on the dev split; greedy and beam-search BLEU/chrF on the test split at the end."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from transformer import metrics
+from transformer.config import RunConfig, at, check_positive
+from transformer.data import pipeline
+from transformer.errors import ConfigError, DataError
+from transformer.generation import beam_search
+from transformer.models import seq2seq
+from transformer.tasks.base import Task
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+  """config.eval: BLEU during training and on the test split at the end."""
+  bleu_sentences: int = 400  # dev sentences translated (greedy) at each evaluation; 0: all
+  beam_size: int = 4  # the paper's beam and length penalty for the final test score
+  alpha: float = 0.6
+  decode_batch_size: int = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class TranslationConfig:
+  direction: str = at("data.direction", "")  # e.g. "de-en"; "": the data set's column order
+  max_len: int = at("data.max_len", 64)  # longer pairs are dropped (and counted), never truncated
+  batch_tokens: int = 4096  # padded tokens per side in a batch (fairseq's --max-tokens)
+  label_smoothing: float = 0.1
+  eval: EvalConfig = EvalConfig()
+
+  def check(self, run: RunConfig, data_parallel: int | None) -> None:
+    check_positive(self, ("batch_tokens",))
+    check_positive(self.eval, ("decode_batch_size", "beam_size"), prefix="eval.")
+    if self.max_len > run.model.max_len:
+      raise ConfigError(f"--config.data.max_len={self.max_len} is longer than --config.model.max_len="
+                        f"{run.model.max_len}; lower the one or raise the other")
+    if self.max_len < 2:
+      raise ConfigError(f"--config.data.max_len must be at least 2 (a token and <|endoftext|>), got {self.max_len}")
+    if self.batch_tokens < self.max_len:
+      raise ConfigError(f"--config.batch_tokens={self.batch_tokens} cannot hold one pair of --config.data.max_len="
+                        f"{self.max_len} tokens; raise batch_tokens")
+    if not 0.0 <= self.label_smoothing < 1.0:
+      raise ConfigError(f"--config.label_smoothing must be in [0, 1), got {self.label_smoothing}")
+    if run.data.test_fraction <= 0:
+      raise ConfigError("translation is scored on a held-out test split; set --config.data.test_fraction > 0 "
+                        "(e.g. 0.05)")
+
+
+def translation_loss(model: seq2seq.Transformer, params, batch: dict, rng, train: bool, label_smoothing: float = 0.0):
+  """(summed cross-entropy over the real target tokens, their number). Training (dropout on) smooths
+  the labels by `label_smoothing` (the paper's 0.1: the target puts 1 - s on the right token and s
+  spread over the vocabulary); evaluation (train=False) scores the plain negative log-likelihood."""
+  logits_BxTxV = model.apply({"params": params}, batch["source"], batch["target_in"],
+                             source_valid_BxS=batch["source_valid"], deterministic=not train, rngs={"dropout": rng})
+  smoothing = label_smoothing if train else 0.0
+  labels_BxTxV = optax.smooth_labels(jax.nn.one_hot(batch["target_out"], logits_BxTxV.shape[-1]), smoothing)
+  ce_BxT = optax.softmax_cross_entropy(logits_BxTxV, labels_BxTxV)
+  weight_BxT = batch["target_valid"].astype(jnp.float32)
+  return (ce_BxT * weight_BxT).sum(), weight_BxT.sum()
+
+
+class Translation(Task):
+  """The encoder-decoder Transformer (config.model: Seq2SeqConfig fields) on the sentence pairs of
+  config.data, in config.data.direction."""
+  name = "translation"
+  Config = TranslationConfig
+  ModelConfig = seq2seq.Seq2SeqConfig
+  Model = seq2seq.Transformer
+  data_kind = "pairs"
+  program = "launch.translate"
+
+  def __init__(self, run: RunConfig, tokenizer, mesh, data=None):
+    super().__init__(run, tokenizer, mesh, data)
+    self.direction = self.config.direction or "source-target"
+    if data is not None:
+      self.languages = tuple(data.manifest["columns"])
+      self.direction = self.config.direction or "-".join(self.languages)
+      pipeline.pair_columns(self.direction, self.languages)  # an unknown direction fails here, named
+      self._pairs = {split: self._split_pairs(split) for split in ("train", "validation", "test")}
+
+  def init_inputs(self) -> tuple:
+    return jnp.zeros((1, 8), jnp.int32), jnp.zeros((1, 8), jnp.int32)
+
+  def _split_pairs(self, split: str) -> list:
+    max_len = self.config.max_len
+    pairs, dropped = pipeline.translation_pairs(self.data, split, direction=self.direction, max_len=max_len,
+                                                languages=self.languages)
+    if jax.process_index() == 0:
+      print(f"{split}: {len(pairs)} pairs ({self.direction}); dropped {dropped['too_long']} longer than "
+            f"data.max_len-1={max_len - 1} tokens and {dropped['empty']} with an empty side")
+    if not pairs and split != "test":
+      raise DataError(f"the {split} split of {self.data.directory} has no pairs left; raise --config.data.max_len "
+                      f"or the split's fraction")
+    return pairs
+
+  def loss(self, params, batch, rng, train: bool):
+    return translation_loss(self.model, params, batch, rng, train, self.config.label_smoothing)
+
+  def train_batches(self):
+    c = self.config
+    # Batches split evenly over the data-parallel devices and the accumulation microbatches.
+    multiple = self.run.mesh.data_parallel * self.run.optimizer.accumulation_steps
+    return pipeline.TranslationBatches(self._pairs["train"], max_tokens=c.batch_tokens, max_len=c.max_len,
+                                       eot_id=self.tokenizer.eot_id, seed=self.run.loop.seed, batch_multiple=multiple)
+
+  def eval_batches(self) -> list:
+    c = self.config
+    return pipeline.translation_batches(self._pairs["validation"], max_tokens=c.batch_tokens, max_len=c.max_len,
+                                        eot_id=self.tokenizer.eot_id, seed=0, shuffle=False,
+                                        batch_multiple=self.run.mesh.data_parallel)
+
+  def count_tokens(self, batch: dict) -> int:
+    return int(batch["target_valid"].sum())  # real target tokens (fairseq's words per second)
+
+  def flops_per_token(self, num_params: int) -> float:
+    # Per target token: 6N, as if each target token came with one source token through the encoder
+    # (the weights are split about evenly), plus self-, cross- and encoder attention.
+    cfg = self.model_config
+    return metrics.flops_per_token(num_params, 3 * cfg.num_layers, cfg.d_model, self.config.max_len)
+
+  def evaluate(self, params, eval_fn, batches) -> dict:
+    """Dev loss over every dev pair, and greedy BLEU/chrF on the first eval.bleu_sentences of them."""
+    result = super().evaluate(params, eval_fn, batches)
+    limit = self.config.eval.bleu_sentences or None
+    scores = self.score(params, self._pairs["validation"][:limit], beam_size=1)
+    return {**result, "dev_bleu": scores["bleu"], "dev_chrf": scores["chrf"]}
+
+  def describe(self, result: dict) -> str:
+    return (f"{super().describe(result)}, dev BLEU {result['dev_bleu']:.2f}, chrF {result['dev_chrf']:.2f} "
+            f"(greedy)")
+
+  def score(self, params, pairs, beam_size: int) -> dict:
+    """sacreBLEU corpus BLEU and chrF of translating `pairs`' sources, against their targets; also
+    the hypotheses and references."""
+    ev = self.config.eval
+    hyps = beam_search.translate_ids(self.model, params, [s for s, _ in pairs], eos_id=self.tokenizer.eot_id,
+                                     beam_size=beam_size, alpha=ev.alpha, batch_size=ev.decode_batch_size,
+                                     mesh=self.mesh, rules=self.rules)
+    hyp_text = [self.tokenizer.decode(h) for h in hyps]
+    ref_text = [self.tokenizer.decode(t) for _, t in pairs]
+    return {**metrics.corpus_scores(hyp_text, ref_text), "hypotheses": hyp_text, "references": ref_text}
+
+  def finish(self, params, workdir: Path) -> dict:
+    """Greedy and beam-search BLEU/chrF on the test split, printed as a table; the translations go to
+    test_translations.tsv (source, reference, greedy, beam)."""
+    pairs = self._pairs["test"]
+    if not pairs:
+      return {}
+    beam = self.config.eval.beam_size
+    greedy = self.score(params, pairs, beam_size=1)
+    searched = self.score(params, pairs, beam_size=beam)
+    result = {"test_bleu_greedy": greedy["bleu"], "test_chrf_greedy": greedy["chrf"],
+              f"test_bleu_beam{beam}": searched["bleu"], f"test_chrf_beam{beam}": searched["chrf"]}
+    if jax.process_index() == 0:
+      sources = [self.tokenizer.decode(s) for s, _ in pairs]
+      rows = zip(sources, greedy["references"], greedy["hypotheses"], searched["hypotheses"])
+      one_line = lambda text: " ".join(text.split())  # a tab or newline in a translation would break the TSV
+      (workdir / "test_translations.tsv").write_text(
+          "source\treference\tgreedy\tbeam\n" + "".join("\t".join(map(one_line, r)) + "\n" for r in rows))
+      alpha = self.config.eval.alpha
+      print(f"\ntest split, {len(pairs)} pairs ({self.direction}), sacreBLEU {greedy['bleu_signature']}:\n"
+            f"  decoding              BLEU    chrF\n"
+            f"  greedy              {greedy['bleu']:6.2f}  {greedy['chrf']:6.2f}\n"
+            f"  beam {beam}, alpha {alpha:<4}  {searched['bleu']:6.2f}  {searched['chrf']:6.2f}\n"
+            f"translations: {workdir / 'test_translations.tsv'}")
+    return result
