@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from transformer import assets
-from transformer.assets import AssetError
+from transformer.errors import AssetError
 
 
 @pytest.fixture

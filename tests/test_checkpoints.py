@@ -2,7 +2,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer.checkpoints import CheckpointError, Checkpointer
+from transformer.checkpoints import Checkpointer
+from transformer.errors import CheckpointError
 from transformer.train import TrainState
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from transformer import layers
-from transformer.layers import ConfigError
+from transformer.errors import ConfigError
 from transformer.models.gpt import GPT, GPTConfig, count_params, preset
 
 TINY = GPTConfig(vocab_size=61, context_length=16, num_layers=2, num_heads=4, d_model=32)

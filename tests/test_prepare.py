@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from transformer import data
-from transformer.data import DataError, PrepareOptions, sources
+from transformer.data import PrepareOptions, sources
+from transformer.errors import DataError
 from conftest import run_module
 
 

@@ -9,7 +9,9 @@ import pytest
 
 from conftest import run_module
 from experiments import shakespeare
-from transformer import checkpoints, decode, tokenizers, train
+from transformer import inference, tokenizers
+from transformer.generation import sampling as sampler
+from transformer.models.hf_gpt2 import import_hf_gpt2
 from transformer.models.gpt import GPT, GPTConfig
 
 
@@ -33,10 +35,10 @@ def _sample(*args, stdin=None):
 def test_workdir_completions_match_the_library(workdir):
   proc = _sample(f"--workdir={workdir}", "--prompt=ROMEO:", "--prompt=", "--temperature=0", "--max_new_tokens=30")
   assert proc.returncode == 0, proc.stderr
-  trained = train.restore_trained(workdir)
+  trained = inference.restore(workdir)
   assert trained.step == 30
-  want = decode.complete(trained.model, trained.params, trained.tokenizer, ["ROMEO:", ""], max_new_tokens=30,
-                         sampling=decode.Sampling(temperature=0))
+  want = sampler.complete(trained.model, trained.params, trained.tokenizer, ["ROMEO:", ""], max_new_tokens=30,
+                         sampling=sampler.Sampling(temperature=0))
   assert proc.stdout == f"ROMEO:{want[0]}\n{'-' * 40}\n{want[1]}\n"
   assert len(want[0]) > 5
 
@@ -46,7 +48,7 @@ def test_best_and_numbered_steps(workdir):
     proc = _sample(f"--workdir={workdir}", f"--step={step}", "--prompt=KING:", "--max_new_tokens=5")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("KING:")
-  trained = train.restore_trained(workdir, "best")
+  trained = inference.restore(workdir, "best")
   assert trained.step in (10, 20, 30)
 
 
@@ -80,9 +82,9 @@ def test_from_gpt2_safetensors(tmp_path):
   checkpoints.export_hf_gpt2(cfg, params, tmp_path)
   proc = _sample(f"--hf={tmp_path}", "--prompt=Every effort moves you", "--temperature=0", "--max_new_tokens=8")
   assert proc.returncode == 0, proc.stderr
-  cfg2, params2 = checkpoints.import_hf_gpt2(tmp_path)
-  [want] = decode.complete(GPT(cfg2), params2, tokenizers.get_tokenizer("gpt2"), ["Every effort moves you"],
-                           max_new_tokens=8, sampling=decode.Sampling(temperature=0))
+  cfg2, params2 = import_hf_gpt2(tmp_path)
+  [want] = sampler.complete(GPT(cfg2), params2, tokenizers.get_tokenizer("gpt2"), ["Every effort moves you"],
+                           max_new_tokens=8, sampling=sampler.Sampling(temperature=0))
   assert proc.stdout == f"Every effort moves you{want}\n"
 
 
@@ -112,8 +114,8 @@ def test_sliding_window_past_the_context(workdir):
   proc = _sample(f"--workdir={workdir}", "--prompt=ROMEO:", "--max_new_tokens=80", "--sliding_window",
                  "--temperature=0")
   assert proc.returncode == 0, proc.stderr
-  trained = train.restore_trained(workdir)
-  [want] = decode.complete(trained.model, trained.params, trained.tokenizer, ["ROMEO:"], max_new_tokens=80,
-                           sampling=decode.Sampling(temperature=0), sliding_window=True)
+  trained = inference.restore(workdir)
+  [want] = sampler.complete(trained.model, trained.params, trained.tokenizer, ["ROMEO:"], max_new_tokens=80,
+                           sampling=sampler.Sampling(temperature=0), sliding_window=True)
   assert proc.stdout == f"ROMEO:{want}\n"
   assert len(trained.tokenizer.encode(want)) > 64 - 6  # char-level: past the 64-token context

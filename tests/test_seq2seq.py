@@ -1,13 +1,13 @@
-"""The encoder-decoder Transformer (transformer.models.seq2seq) and its decoding (greedy, beam)."""
+"""The encoder-decoder Transformer (transformer.models.seq2seq); its decoding is tested in test_beam_search."""
 
+import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import layers
-from transformer.layers import ConfigError
+from transformer.errors import ConfigError
 from transformer.models import seq2seq
 from transformer.models.seq2seq import Transformer
 
@@ -26,24 +26,36 @@ def params():
   return _params()
 
 
-def test_sinusoidal_positions_are_the_papers():
-  pe = layers.sinusoidal_positions(50, 16)
-  pos, i = 7, 3
-  assert np.isclose(pe[pos, 2 * i], np.sin(pos / 10000 ** (2 * i / 16)))
-  assert np.isclose(pe[pos, 2 * i + 1], np.cos(pos / 10000 ** (2 * i / 16)))
-
-
 @pytest.mark.parametrize("changes", [{}, {"pre_layer_norm": True}, {"share_embeddings": False, "tie_output": False},
                                      {"attention": "einsum"}, {"scan_layers": True}])
 def test_shapes_and_variants(changes):
   cfg = CFG.replace(**changes)
   params = _params(cfg)
   logits_BxTxV = Transformer(cfg).apply({"params": params}, SRC, TGT, source_valid_BxS=VALID)
-  assert logits_BxTxV.shape == (2, 5, 50) and np.isfinite(np.asarray(logits_BxTxV)).all()
+  chex.assert_shape(logits_BxTxV, (2, 5, 50))
+  chex.assert_tree_all_finite(logits_BxTxV)
   names = {"/".join(map(str, p)) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]}
   assert any("target_embed" in n for n in names) == (not cfg.share_embeddings)
   assert any("head" in n for n in names) == (not cfg.tie_output)
   assert any("encoder_norm" in n for n in names) == cfg.pre_layer_norm
+
+
+class VariantsTest(chex.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_jit_and_no_jit_agree_and_dropout_is_a_call_argument(self):
+    cfg = CFG.replace(dropout_rate=0.3)
+    params = _params(cfg)
+    apply = self.variant(lambda p, rng, train: Transformer(cfg).apply(
+        {"params": p}, SRC, TGT, source_valid_BxS=VALID, deterministic=not train, rngs={"dropout": rng}),
+        static_argnums=2)
+    evaluated = apply(params, jax.random.key(1), False)
+    chex.assert_shape(evaluated, (2, 5, 50))
+    np.testing.assert_allclose(evaluated, Transformer(cfg).apply({"params": params}, SRC, TGT, source_valid_BxS=VALID),
+                               atol=1e-5)
+    trained = apply(params, jax.random.key(1), True)  # the same module, dropout on
+    chex.assert_tree_all_finite(trained)
+    assert not np.allclose(trained, evaluated)
 
 
 def test_every_parameter_has_logical_axis_names():
@@ -78,23 +90,6 @@ def test_changing_the_source_changes_the_output(params):
   np.testing.assert_allclose(changed[0], base[0], atol=1e-6)  # and per example
 
 
-def test_cached_decoding_equals_full_forward(params):
-  model = Transformer(CFG)
-  full = model.apply({"params": params}, SRC, TGT, source_valid_BxS=VALID)
-  encoded = model.apply({"params": params}, SRC, source_valid_BxS=VALID, method="encode")
-  step_model = Transformer(CFG, decode=True)
-  cache = jax.eval_shape(lambda: step_model.init(jax.random.key(0), SRC, TGT, source_valid_BxS=VALID))["cache"]
-  cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), cache)
-  steps = []
-  for t in range(TGT.shape[1]):
-    logits, variables = step_model.apply({"params": params, "cache": cache}, encoded if t == 0 else None,
-                                         TGT[:, t:t + 1], source_valid_BxS=VALID, mutable=["cache"],
-                                         method="decode_logits")
-    cache = variables["cache"]
-    steps.append(logits)
-  np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-5)
-
-
 def test_bad_config_and_lengths():
   with pytest.raises(ConfigError, match="unknown Transformer preset 'transformer_huge'"):
     seq2seq.preset("transformer_huge")
@@ -112,51 +107,3 @@ def test_presets_have_the_papers_sizes():
   # Table 3 of the paper: base 65M, big 213M (with a ~37k shared vocabulary; biases and norms vary).
   assert 62e6 < count(seq2seq.preset("transformer_base", vocab_size=37000)) < 66e6
   assert 210e6 < count(seq2seq.preset("transformer_big", vocab_size=37000)) < 216e6
-
-
-DEC_CFG = CFG.replace(tie_output=False)  # a tied head at random init just repeats its input token
-BOS = 1
-
-
-def _scaled(params, scale=2.0):
-  """Weights scaled up so that the next-token distributions are far from uniform and outputs vary."""
-  return jax.tree_util.tree_map_with_path(
-      lambda path, x: x if "ln" in jax.tree_util.keystr(path) else x * scale, params)
-
-
-def _sequence_log_prob(params, source, valid, tokens, eos):
-  """log p(tokens + <eos>) by one full forward pass (the reference for beam scores)."""
-  logits = Transformer(DEC_CFG).apply({"params": params}, source[None], jnp.array([[BOS] + tokens]),
-                                      source_valid_BxS=valid[None])[0]
-  lp = jax.nn.log_softmax(logits)
-  return float(sum(lp[t, n] for t, n in enumerate(tokens + [eos])))
-
-
-def test_beam_size_one_equals_greedy_and_beams_are_sorted_by_their_scores():
-  from transformer import translate
-  p = _scaled(_params(DEC_CFG))
-  model = Transformer(DEC_CFG)
-  unstopped = translate.greedy(p, SRC, VALID, model=model, max_len=12, bos_id=BOS, eos_id=49)
-  eos = int(unstopped[0, 4])  # a token greedy emits: hypotheses do end
-  greedy = translate.greedy(p, SRC, VALID, model=model, max_len=12, bos_id=BOS, eos_id=eos)
-  beam1, _ = translate.beam_search(p, SRC, VALID, model=model, beam_size=1, max_len=12, alpha=0.0, bos_id=BOS,
-                                   eos_id=eos)
-  assert [translate.strip(g, eos) for g in greedy] == [translate.strip(b[0], eos) for b in beam1]
-  tokens, scores = translate.beam_search(p, SRC, VALID, model=model, beam_size=4, max_len=12, alpha=0.6,
-                                         bos_id=BOS, eos_id=eos)
-  scores = np.asarray(scores)
-  assert (np.diff(scores, axis=1) <= 1e-6).all()  # best first
-  checked = 0
-  for b in range(2):
-    hyps = [translate.strip(t, eos) for t in tokens[b]]
-    assert len({tuple(h) for h in hyps}) == 4
-    for hyp, score in zip(hyps, scores[b]):
-      if len(hyp) < 12:  # ended with <eos>: its score is log p over the GNMT penalty
-        want = _sequence_log_prob(p, SRC[b], VALID[b], hyp, eos) / translate.length_penalty(len(hyp) + 1, 0.6)
-        assert np.isclose(score, want, atol=1e-3), (hyp, score, want)
-        checked += 1
-  assert checked >= 4
-  # Under its own score the beam's best is at least as good as greedy's output.
-  g0 = translate.strip(greedy[0], eos)
-  g_score = _sequence_log_prob(p, SRC[0], VALID[0], g0, eos) / translate.length_penalty(len(g0) + 1, 0.6)
-  assert scores[0, 0] >= g_score - 1e-4

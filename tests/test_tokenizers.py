@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from transformer.tokenizers import EOT, TokenizerError, get_tokenizer, load_tokenizer
+from transformer.errors import TokenizerError
+from transformer.tokenizers import EOT, get_tokenizer, load_tokenizer
 
 SEED_004 = ("OpenAI's large language models (sometimes referred to as GPT's) process text using tokens, "
             "which are common sequences of characters found in a set of text. The models learn to "

@@ -1,5 +1,6 @@
 """The training system end to end, with real processes for kill/resume, SIGTERM and 8 devices."""
 
+import functools
 import json
 import re
 import signal
@@ -7,14 +8,38 @@ import subprocess
 import sys
 import time
 
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from conftest import REPO, run_module
 from experiments import gpt2 as gpt2_experiment, shakespeare
-from transformer import metrics, train
+from transformer import metrics, optim, train
+from transformer.config import OptimizerConfig
+from transformer.models.gpt import GPT, GPTConfig
+from transformer.tasks.lm import lm_loss
 
 TINY = ["--config=experiments/shakespeare.py:tiny", "--config.sample.max_new_tokens=0"]
+
+
+def test_gradient_accumulation_equals_one_big_batch():
+  cfg = GPTConfig(vocab_size=23, context_length=16, num_layers=1, num_heads=2, d_model=16)
+  model = GPT(cfg)
+  tx = optim.make_optimizer(OptimizerConfig(lr=1e-2, warmup_steps=0, schedule="constant"), 10)
+  params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
+  state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                           rng=jax.random.key_data(jax.random.key(1)))
+  batch = jax.random.randint(jax.random.key(2), (8, 9), 0, 23)
+  loss_fn = functools.partial(lm_loss, model)
+  step = lambda accum: jax.jit(functools.partial(train.train_step, loss_fn=loss_fn, tx=tx, schedule=lambda s: 0.0,
+                                                 accumulation_steps=accum))
+  s1, m1 = step(1)(state, batch)
+  s4, m4 = step(4)(state, batch)
+  np.testing.assert_allclose(m4["loss"], m1["loss"], rtol=1e-5)
+  np.testing.assert_allclose(m4["grad_norm"], m1["grad_norm"], rtol=1e-4)
+  np.testing.assert_allclose(s4.params["wte"]["embedding"], s1.params["wte"]["embedding"], atol=1e-6)
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +138,7 @@ def test_one_and_eight_devices_give_the_same_losses(tmp_path, data_root):
 @pytest.mark.parametrize("extra,env,message", [
     (["--config.batch_size=6"], {"JAX_NUM_CPU_DEVICES": "8"},
      r"batch_size=6 \(microbatch 6\) is not divisible by the data-parallel size 8"),
-    (["--config.seq_len=100"], {}, "seq_len=100 is longer than model.context_length=64"),
+    (["--config.seq_len=100"], {}, "--config.seq_len=100 is longer than --config.model.context_length=64"),
     (["--config.data.dataset=wiki"], {}, "unknown data set 'wiki'"),
     (["--config.data.input_files=/no/such.txt"], {}, "/no/such.txt: no such file"),
     (["--config.mesh.data=3"], {}, r"needs 3 devices but 1 are available"),

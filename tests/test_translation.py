@@ -1,6 +1,7 @@
 """Translation end to end: the loss, learning (a tiny model overfits a handful of pairs to BLEU
 100), training through `train_and_evaluate` with dev/test BLEU, resume, and `launch.translate`."""
 
+import dataclasses
 import functools
 import json
 
@@ -12,10 +13,13 @@ import pytest
 
 from conftest import run_module
 from experiments import translation as translation_experiment
-from transformer import metrics, optim, tasks, tokenizers, train, translate
+from transformer import inference, metrics, optim, tokenizers, train
+from transformer.config import resolve
+from transformer.generation import beam_search
 from transformer.data import pipeline
 from transformer.errors import UserError
 from transformer.models import seq2seq
+from transformer.tasks.translation import translation_loss
 
 # Seed 004's example, and a few like it.
 PAIRS = [
@@ -36,7 +40,7 @@ def test_loss_counts_real_target_tokens_only_and_smoothing_raises_it():
   batches = pipeline.translation_batches(pairs, max_tokens=10_000, max_len=32, eot_id=tok.eot_id, seed=0)
   total_tokens = 0
   for batch in batches:  # one per length bucket
-    loss_sum, tokens = tasks.translation_loss(model, params, batch, jax.random.key(1), False)
+    loss_sum, tokens = translation_loss(model, params, batch, jax.random.key(1), False)
     total_tokens += tokens
     # The plain negative log-likelihood of the real target tokens, computed directly.
     logp = jax.nn.log_softmax(model.apply({"params": params}, batch["source"], batch["target_in"],
@@ -46,10 +50,10 @@ def test_loss_counts_real_target_tokens_only_and_smoothing_raises_it():
     # Garbage in the padding changes nothing.
     noisy = dict(batch, target_out=np.where(batch["target_valid"], batch["target_out"], 3),
                  target_in=np.where(batch["target_valid"], batch["target_in"], 5))
-    np.testing.assert_allclose(tasks.translation_loss(model, params, noisy, jax.random.key(1), False)[0], loss_sum,
+    np.testing.assert_allclose(translation_loss(model, params, noisy, jax.random.key(1), False)[0], loss_sum,
                                rtol=1e-6)
     # Smoothing 0.1: the target puts 0.9 + 0.1/V on the right token and 0.1/V on every other.
-    smoothed, _ = tasks.translation_loss(model, params, batch, jax.random.key(1), True, label_smoothing=0.1)
+    smoothed, _ = translation_loss(model, params, batch, jax.random.key(1), True, label_smoothing=0.1)
     uniform = -np.asarray(logp).mean(-1)
     np.testing.assert_allclose(smoothed, (0.9 * nll + 0.1 * uniform)[batch["target_valid"]].sum(), rtol=1e-5)
   assert total_tokens == sum(len(t) + 1 for _, t in pairs)  # each target and its <|endoftext|>, once
@@ -62,34 +66,21 @@ def test_a_tiny_model_overfits_a_handful_of_pairs_to_bleu_100():
   batch = batches[0]
   cfg = seq2seq.preset("cpu-tiny", vocab_size=tok.vocab_size, d_model=64, d_mlp=256)
   model = seq2seq.Transformer(cfg)
-  opt = translation_experiment.get_config("tiny").optimizer
-  opt.update(lr=3e-3, warmup_steps=20)
+  opt = dataclasses.replace(resolve(translation_experiment.get_config("tiny")).optimizer, lr=3e-3, warmup_steps=20)
   tx, schedule = optim.make_optimizer(opt, 300), optim.learning_rate(opt, 300)
   params = nn.unbox(model.init(jax.random.key(0), batch["source"][:1], batch["target_in"][:1])["params"])
   state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                            rng=jax.random.key_data(jax.random.key(1)))
-  loss_fn = functools.partial(tasks.translation_loss, model, label_smoothing=0.0)
+  loss_fn = functools.partial(translation_loss, model, label_smoothing=0.0)
   step = jax.jit(functools.partial(train.train_step, loss_fn=loss_fn, tx=tx, schedule=schedule, accumulation_steps=1))
   for i in range(150):
     state, step_metrics = step(state, batches[i % len(batches)])
   assert step_metrics["loss"] < 0.05, step_metrics
   references = [t for _, t in PAIRS]
   for beam_size in (1, 3):
-    hypotheses = translate.translate_texts(model, state.params, tok, [s for s, _ in PAIRS], beam_size=beam_size)
-    scores = translate.corpus_scores(hypotheses, references)
+    hypotheses = beam_search.translate_texts(model, state.params, tok, [s for s, _ in PAIRS], beam_size=beam_size)
+    scores = metrics.corpus_scores(hypotheses, references)
     assert scores["bleu"] > 99.9 and scores["chrf"] > 99.9, (beam_size, hypotheses)
-
-
-def test_translate_refuses_bad_sentences():
-  tok = tokenizers.CharTokenizer.from_corpus(["abc"])
-  model = seq2seq.Transformer(seq2seq.preset("cpu-tiny", vocab_size=tok.vocab_size, max_len=8))
-  params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 4), jnp.int32))["params"])
-  with pytest.raises(UserError, match="sentence 1 is 12 tokens, longer than the model's max_len=8"):
-    translate.translate_texts(model, params, tok, ["abc", "abcabcabcabc"])
-  with pytest.raises(UserError, match="sentence 0 is empty"):
-    translate.translate_texts(model, params, tok, ["  "])
-  with pytest.raises(UserError, match="not one string"):
-    translate.translate_texts(model, params, tok, "abc")
 
 
 def test_batches_resume_exactly():
@@ -187,8 +178,8 @@ def test_launch_translate_from_flags_stdin_and_file(trained, tmp_path):
   assert by_flag.stdout == by_file.stdout == by_stdin.stdout
   assert len(by_flag.stdout.splitlines()) == 2
   # In process, the same.
-  restored = train.restore_trained(workdir, task="translation")
-  expected = translate.translate_texts(restored.model, restored.params, restored.tokenizer, sentences, beam_size=2,
+  restored = inference.restore(workdir, task="translation")
+  expected = beam_search.translate_texts(restored.model, restored.params, restored.tokenizer, sentences, beam_size=2,
                                        mesh=restored.mesh, rules=restored.rules)
   assert by_flag.stdout.splitlines() == expected
 
@@ -207,17 +198,17 @@ def test_launch_translate_errors(trained, args, message):
 def test_workdirs_of_the_other_task_are_refused_by_name(trained):
   root, _, _ = trained
   with pytest.raises(UserError, match=r"holds a 'translation' model, not a 'lm' one; use python -m launch.translate"):
-    train.restore_trained(root / "w", task="lm")
+    inference.restore(root / "w", task="lm")
 
 
 @pytest.mark.parametrize("changes,message", [
-    ({"data.max_len": 64}, "data.max_len=64 is longer than model.max_len=48"),
-    ({"data.test_fraction": 0.0}, "set data.test_fraction > 0"),
+    ({"data.max_len": 64}, "--config.data.max_len=64 is longer than --config.model.max_len=48"),
+    ({"data.test_fraction": 0.0}, "set --config.data.test_fraction > 0"),
     ({"data.direction": "de-fr"}, "unknown direction 'de-fr' for this data set; choose 'source-target' or "
                                   "'target-source'"),
-    ({"label_smoothing": 1.0}, r"label_smoothing must be in \[0, 1\)"),
-    ({"batch_tokens": 16}, "batch_tokens=16 cannot hold one pair of data.max_len=48"),
-    ({"task": "classification"}, "unknown config.task 'classification'; choose one of lm, translation"),
+    ({"label_smoothing": 1.0}, r"--config.label_smoothing must be in \[0, 1\)"),
+    ({"batch_tokens": 16}, "--config.batch_tokens=16 cannot hold one pair of --config.data.max_len=48"),
+    ({"task": "classification"}, "--config.task='classification' is unknown; choose one of lm, translation"),
 ])
 def test_bad_translation_configs_are_named(trained, tmp_path, changes, message):
   root, tsv, _ = trained

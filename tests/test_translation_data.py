@@ -4,7 +4,7 @@ import pytest
 
 from transformer import data
 from transformer.data import pipeline
-from transformer.data.sources import DataError
+from transformer.errors import DataError
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from conftest import REPO
-from transformer.checkpoints import CheckpointError, export_hf_gpt2, import_hf_gpt2
+from transformer.errors import CheckpointError
+from transformer.models.hf_gpt2 import export_hf_gpt2, import_hf_gpt2
 from transformer.models.gpt import GPT
 
 FIXTURES = REPO / "tests" / "fixtures"

@@ -1,10 +1,11 @@
-"""The KV-cache sampler (transformer.decode): exactness against full re-forward, padding
+"""The KV-cache sampler (transformer.generation.sampling): exactness against full re-forward, padding
 independence, the sampling distribution, top-k/top-p, stopping, errors, shardings."""
 
 import json
 import subprocess
 import sys
 
+import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -12,9 +13,9 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from transformer import decode
-from transformer.decode import Sampling
-from transformer.layers import ConfigError
+from transformer.errors import ConfigError
+from transformer.generation import sampling as sampler
+from transformer.generation.sampling import Sampling
 from transformer.models.gpt import GPT, GPTConfig
 
 CFG = GPTConfig(vocab_size=96, context_length=48, num_layers=2, num_heads=4, d_model=32, tie_embeddings=False)
@@ -52,7 +53,7 @@ def test_greedy_with_cache_equals_full_reforward(changes, params):
   if cfg.scan_layers:
     from transformer.layers import stack_layers
     params = {**params, "h": stack_layers(params["h"], cfg.num_layers)}
-  got = decode.generate(GPT(cfg), params, PROMPTS, max_new_tokens=20, sampling=Sampling(temperature=0))
+  got = sampler.generate(GPT(cfg), params, PROMPTS, max_new_tokens=20, sampling=Sampling(temperature=0))
   want = [_greedy_by_full_forward(cfg, params, p, 20) for p in PROMPTS]
   assert got == want
   assert len({tuple(g) for g in got}) == len(PROMPTS) and all(len(set(g)) > 3 for g in got)  # not degenerate
@@ -74,9 +75,9 @@ def test_padding_does_not_change_logits(params):
 def test_prompt_result_same_alone_and_in_a_padded_batch(sampling, params):
   model = GPT(CFG)
   short = [60, 2]
-  alone = decode.generate(model, params, [short], max_new_tokens=16, sampling=sampling, seed=7)
+  alone = sampler.generate(model, params, [short], max_new_tokens=16, sampling=sampling, seed=7)
   # In row 0 of a batch whose other prompts are much longer: `short` is padded by 30+ slots.
-  batch = decode.generate(model, params, [short, list(range(1, 33)), [9] * 20], max_new_tokens=16,
+  batch = sampler.generate(model, params, [short, list(range(1, 33)), [9] * 20], max_new_tokens=16,
                           sampling=sampling, seed=7)
   assert batch[0] == alone[0]
 
@@ -97,7 +98,7 @@ def test_samples_follow_softmax_of_logits_over_temperature(params):
   prompt = PROMPTS[0]
   logits_V = np.asarray(model.apply({"params": params}, jnp.array([prompt]))[0, -1], np.float64)
   n, temperature = 20000, 0.7
-  first = decode.generate(model, params, [prompt] * n, max_new_tokens=1,
+  first = sampler.generate(model, params, [prompt] * n, max_new_tokens=1,
                           sampling=Sampling(temperature=temperature), seed=0)
   counts_V = np.bincount([f[0] for f in first], minlength=CFG.vocab_size)
 
@@ -130,11 +131,11 @@ def _nucleus_reference(logits_V, top_p):
 def test_filter_logits_matches_plain_top_k_and_top_p():
   logits_BxV = np.asarray(jax.random.normal(jax.random.key(0), (64, 50)) * 3, np.float32)
   for top_k in (1, 5, 49):
-    kept_BxV = np.isfinite(decode.filter_logits(jnp.asarray(logits_BxV), Sampling(top_k=top_k)))
+    kept_BxV = np.isfinite(sampler.filter_logits(jnp.asarray(logits_BxV), Sampling(top_k=top_k)))
     for row, kept in zip(logits_BxV, kept_BxV):
       assert set(np.flatnonzero(kept)) == set(np.argsort(-row)[:top_k])
   for top_p in (0.05, 0.5, 0.9, 0.999):
-    kept_BxV = np.isfinite(decode.filter_logits(jnp.asarray(logits_BxV), Sampling(top_p=top_p)))
+    kept_BxV = np.isfinite(sampler.filter_logits(jnp.asarray(logits_BxV), Sampling(top_p=top_p)))
     for row, kept in zip(logits_BxV, kept_BxV):
       assert set(np.flatnonzero(kept)) == _nucleus_reference(row.astype(np.float64), top_p)
 
@@ -153,7 +154,7 @@ def test_top_k_and_top_p_never_emit_excluded_tokens(sampling, params):
     if sampling.top_k:
       scaled = np.where(np.isin(np.arange(CFG.vocab_size), list(allowed)), scaled, -np.inf)
     allowed &= _nucleus_reference(scaled, sampling.top_p)
-  first = decode.generate(model, params, [prompt] * 3000, max_new_tokens=1, sampling=sampling, seed=1)
+  first = sampler.generate(model, params, [prompt] * 3000, max_new_tokens=1, sampling=sampling, seed=1)
   seen = {f[0] for f in first}
   assert seen <= allowed
   assert len(seen) == len(allowed) or len(allowed) > 3  # the filter does not collapse to greedy
@@ -162,29 +163,29 @@ def test_top_k_and_top_p_never_emit_excluded_tokens(sampling, params):
 
 def test_temperature_zero_is_greedy_and_negative_is_rejected(params):
   model = GPT(CFG)
-  greedy = decode.generate(model, params, PROMPTS, max_new_tokens=5, sampling=Sampling(temperature=0), seed=1)
-  again = decode.generate(model, params, PROMPTS, max_new_tokens=5, sampling=Sampling(temperature=0, top_k=2),
+  greedy = sampler.generate(model, params, PROMPTS, max_new_tokens=5, sampling=Sampling(temperature=0), seed=1)
+  again = sampler.generate(model, params, PROMPTS, max_new_tokens=5, sampling=Sampling(temperature=0, top_k=2),
                           seed=99)
   assert greedy == again
   with pytest.raises(ConfigError, match="temperature must be >= 0"):
-    decode.generate(model, params, PROMPTS, max_new_tokens=5, sampling=Sampling(temperature=-1))
+    sampler.generate(model, params, PROMPTS, max_new_tokens=5, sampling=Sampling(temperature=-1))
   for bad, match in [(Sampling(top_p=0), "top_p must be in"), (Sampling(top_k=-1), "top_k must be >= 0")]:
     with pytest.raises(ConfigError, match=match):
-      decode.generate(model, params, PROMPTS, max_new_tokens=5, sampling=bad)
+      sampler.generate(model, params, PROMPTS, max_new_tokens=5, sampling=bad)
 
 
 def test_seeded_sampling_is_reproducible_and_seed_dependent(params):
   model = GPT(CFG)
-  run = lambda seed: decode.generate(model, params, PROMPTS, max_new_tokens=12, sampling=Sampling(), seed=seed)
+  run = lambda seed: sampler.generate(model, params, PROMPTS, max_new_tokens=12, sampling=Sampling(), seed=seed)
   assert run(3) == run(3)
   assert run(3) != run(4)
 
 
 def test_each_sequence_stops_at_its_stop_token(params):
   model = GPT(CFG)
-  free = decode.generate(model, params, PROMPTS, max_new_tokens=20, sampling=Sampling(temperature=0))
+  free = sampler.generate(model, params, PROMPTS, max_new_tokens=20, sampling=Sampling(temperature=0))
   stop = free[0][5]  # a token row 0 emits at step 5
-  stopped = decode.generate(model, params, PROMPTS, max_new_tokens=20, sampling=Sampling(temperature=0),
+  stopped = sampler.generate(model, params, PROMPTS, max_new_tokens=20, sampling=Sampling(temperature=0),
                             stop_id=stop)
   for f, s in zip(free, stopped):
     assert s == (f[:f.index(stop)] if stop in f else f)
@@ -194,7 +195,7 @@ def test_each_sequence_stops_at_its_stop_token(params):
 def test_streaming_calls_back_every_step_in_order(params):
   model = GPT(CFG)
   seen = []
-  out = decode.generate(model, params, PROMPTS[:2], max_new_tokens=6, sampling=Sampling(temperature=0),
+  out = sampler.generate(model, params, PROMPTS[:2], max_new_tokens=6, sampling=Sampling(temperature=0),
                         on_token=lambda step, tokens_B: seen.append((step, tokens_B.tolist())))
   assert [s for s, _ in seen] == list(range(6))
   assert [list(col) for col in zip(*[t for _, t in seen])] == out
@@ -214,29 +215,50 @@ def test_bad_inputs_give_one_clear_error(params):
   for kwargs, match in cases:
     kwargs = {"max_new_tokens": 4, **kwargs}
     with pytest.raises(ConfigError, match=match):
-      decode.generate(model, params, kwargs.pop("prompts"), **kwargs)
+      sampler.generate(model, params, kwargs.pop("prompts"), **kwargs)
 
 
 def test_sliding_window_goes_past_the_context(params):
   model = GPT(CFG)
   long_prompt = list(range(1, 41))
-  [out] = decode.generate(model, params, [long_prompt], max_new_tokens=20, sampling=Sampling(temperature=0),
+  [out] = sampler.generate(model, params, [long_prompt], max_new_tokens=20, sampling=Sampling(temperature=0),
                           sliding_window=True)
   assert len(out) == 20
   # Its first 8 tokens still fit the context: the cache sampler gives the same ones.
-  [cached] = decode.generate(model, params, [long_prompt], max_new_tokens=8, sampling=Sampling(temperature=0))
+  [cached] = sampler.generate(model, params, [long_prompt], max_new_tokens=8, sampling=Sampling(temperature=0))
   assert out[:8] == cached
+
+
+class SampleLogitsTest(chex.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_jit_and_no_jit_draw_the_same_tokens(self):
+    logits_BxV = jax.random.normal(jax.random.key(0), (4, 96)) * 3
+    for how in (Sampling(temperature=0), Sampling(temperature=0.7, top_k=5), Sampling(top_p=0.8)):
+      tokens_B = self.variant(lambda x, key, how=how: sampler.sample_logits(x, key, how))(logits_BxV, jax.random.key(3))
+      chex.assert_shape(tokens_B, (4,))
+      reference = jax.jit(lambda x, key, how=how: sampler.sample_logits(x, key, how))(logits_BxV, jax.random.key(3))
+      np.testing.assert_array_equal(tokens_B, reference)
+
+
+def test_prompts_of_one_length_bucket_compile_once(params, monkeypatch):
+  """Prompt lengths are padded to a bucket: batches of 1 to 16 tokens share one compiled sampler."""
+  traced = jax.jit(chex.assert_max_traces(sampler.sample_padded, n=1), static_argnames=sampler.STATIC_ARGNAMES)
+  monkeypatch.setattr(sampler, "generate_padded", traced)
+  for prompts in ([[5, 6, 7], list(range(1, 10))], [list(range(20, 36)), [4]], [[8] * 12, [9] * 2]):
+    out = sampler.generate(GPT(CFG), params, prompts, max_new_tokens=4, sampling=Sampling(temperature=0))
+    assert [len(o) for o in out] == [4, 4]
 
 
 _SHARDED = r"""
 import json, sys
 sys.path.insert(0, {repo!r}); sys.path.insert(0, {tests!r})
 import jax, flax.linen as nn
-from test_decode import CFG, PROMPTS, _params
-from transformer import decode, sharding
+from test_sampling import CFG, PROMPTS, _params
+from transformer import sharding
+from transformer.generation import sampling as sampler
 from transformer.models.gpt import GPT
-import ml_collections
-mesh = sharding.make_mesh(ml_collections.ConfigDict(dict(data=2, fsdp=2, tensor=2)))
+mesh = sharding.make_mesh((2, 2, 2))
 rules = sharding.DEFAULT_RULES
 params = _params()
 with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
@@ -245,8 +267,8 @@ shardings = sharding.logical_shardings(mesh, boxed, rules)
 params = jax.device_put(params, shardings)
 assert len(params["wte"]["embedding"].sharding.device_set) == 8
 out = {{}}
-for name, sampling in [("greedy", decode.Sampling(temperature=0)), ("sampled", decode.Sampling(top_p=0.9))]:
-  out[name] = decode.generate(GPT(CFG), params, PROMPTS, max_new_tokens=12, sampling=sampling, seed=5,
+for name, sampling in [("greedy", sampler.Sampling(temperature=0)), ("sampled", sampler.Sampling(top_p=0.9))]:
+  out[name] = sampler.generate(GPT(CFG), params, PROMPTS, max_new_tokens=12, sampling=sampling, seed=5,
                               mesh=mesh, rules=rules)
 print(json.dumps(out))
 """
@@ -260,9 +282,9 @@ def test_sharded_generation_on_8_devices_matches_one_device(params):
   assert proc.returncode == 0, proc.stderr[-3000:]
   sharded = json.loads(proc.stdout.strip().splitlines()[-1])
   model = GPT(CFG)
-  assert sharded["greedy"] == decode.generate(model, params, PROMPTS, max_new_tokens=12,
+  assert sharded["greedy"] == sampler.generate(model, params, PROMPTS, max_new_tokens=12,
                                               sampling=Sampling(temperature=0), seed=5)
-  assert sharded["sampled"] == decode.generate(model, params, PROMPTS, max_new_tokens=12,
+  assert sharded["sampled"] == sampler.generate(model, params, PROMPTS, max_new_tokens=12,
                                                sampling=Sampling(top_p=0.9), seed=5)
 
 

@@ -1,0 +1,107 @@
+"""Decoding the encoder-decoder (transformer.generation.beam_search): the cached decoder equals the
+full forward pass, beam size 1 is greedy, beams are sorted by their true scores, bad input is
+named, and a batch of sentences of one length bucket compiles once."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from test_seq2seq import CFG, SRC, TGT, VALID, _params
+from transformer import tokenizers
+from transformer.errors import UserError
+from transformer.generation import beam_search
+from transformer.generation.common import until_stop
+from transformer.models import seq2seq
+from transformer.models.seq2seq import Transformer
+
+
+@pytest.fixture(scope="module")
+def params():
+  return _params()
+
+
+def test_cached_decoding_equals_full_forward(params):
+  model = Transformer(CFG)
+  full = model.apply({"params": params}, SRC, TGT, source_valid_BxS=VALID)
+  encoded = model.apply({"params": params}, SRC, source_valid_BxS=VALID, method="encode")
+  cache = beam_search.init_cache(model, *TGT.shape[:1], SRC.shape[1], TGT.shape[1])
+  steps = []
+  for t in range(TGT.shape[1]):
+    logits_BxV, cache = beam_search.decode_step(model, params, cache, encoded if t == 0 else None, TGT[:, t], VALID)
+    chex.assert_shape(logits_BxV, (TGT.shape[0], CFG.vocab_size))
+    steps.append(logits_BxV)
+  np.testing.assert_allclose(jnp.stack(steps, axis=1), full, atol=1e-5)
+
+
+DEC_CFG = CFG.replace(tie_output=False)  # a tied head at random init just repeats its input token
+BOS = 1
+
+
+def _scaled(params, scale=2.0):
+  """Weights scaled up so that the next-token distributions are far from uniform and outputs vary."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: x if "ln" in jax.tree_util.keystr(path) else x * scale, params)
+
+
+def _sequence_log_prob(params, source, valid, tokens, eos):
+  """log p(tokens + <eos>) by one full forward pass (the reference for beam scores)."""
+  logits = Transformer(DEC_CFG).apply({"params": params}, source[None], jnp.array([[BOS] + tokens]),
+                                      source_valid_BxS=valid[None])[0]
+  lp = jax.nn.log_softmax(logits)
+  return float(sum(lp[t, n] for t, n in enumerate(tokens + [eos])))
+
+
+def test_beam_size_one_equals_greedy_and_beams_are_sorted_by_their_scores():
+  p = _scaled(_params(DEC_CFG))
+  model = Transformer(DEC_CFG)
+  unstopped = beam_search.greedy(p, SRC, VALID, model=model, max_len=12, bos_id=BOS, eos_id=49)
+  eos = int(unstopped[0, 4])  # a token greedy emits: hypotheses do end
+  greedy = beam_search.greedy(p, SRC, VALID, model=model, max_len=12, bos_id=BOS, eos_id=eos)
+  beam1, _ = beam_search.beam_search(p, SRC, VALID, model=model, beam_size=1, max_len=12, alpha=0.0, bos_id=BOS,
+                                   eos_id=eos)
+  assert [until_stop(g, eos) for g in greedy] == [until_stop(b[0], eos) for b in beam1]
+  tokens, scores = beam_search.beam_search(p, SRC, VALID, model=model, beam_size=4, max_len=12, alpha=0.6,
+                                         bos_id=BOS, eos_id=eos)
+  scores = np.asarray(scores)
+  assert (np.diff(scores, axis=1) <= 1e-6).all()  # best first
+  checked = 0
+  for b in range(2):
+    hyps = [until_stop(t, eos) for t in tokens[b]]
+    assert len({tuple(h) for h in hyps}) == 4
+    for hyp, score in zip(hyps, scores[b]):
+      if len(hyp) < 12:  # ended with <eos>: its score is log p over the GNMT penalty
+        want = _sequence_log_prob(p, SRC[b], VALID[b], hyp, eos) / beam_search.length_penalty(len(hyp) + 1, 0.6)
+        assert np.isclose(score, want, atol=1e-3), (hyp, score, want)
+        checked += 1
+  assert checked >= 4
+  # Under its own score the beam's best is at least as good as greedy's output.
+  g0 = until_stop(greedy[0], eos)
+  g_score = _sequence_log_prob(p, SRC[0], VALID[0], g0, eos) / beam_search.length_penalty(len(g0) + 1, 0.6)
+  assert scores[0, 0] >= g_score - 1e-4
+
+
+def test_translate_refuses_bad_sentences():
+  tok = tokenizers.CharTokenizer.from_corpus(["abc"])
+  model = Transformer(seq2seq.preset("cpu-tiny", vocab_size=tok.vocab_size, max_len=8))
+  params = _params(model.config)
+  with pytest.raises(UserError, match="sentence 1 is 12 tokens, longer than the model's max_len=8"):
+    beam_search.translate_texts(model, params, tok, ["abc", "abcabcabcabc"])
+  with pytest.raises(UserError, match="sentence 0 is empty"):
+    beam_search.translate_texts(model, params, tok, ["  "])
+  with pytest.raises(UserError, match="not one string"):
+    beam_search.translate_texts(model, params, tok, "abc")
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_one_length_bucket_compiles_once(params, monkeypatch, beam_size):
+  """Sources of 3 to 15 tokens, in batches of 2 with a filler row: one shape, so one trace."""
+  name = "greedy" if beam_size == 1 else "beam_search"
+  static = ("model", "max_len", "bos_id", "eos_id") + (("beam_size", "alpha") if beam_size > 1 else ())
+  traced = jax.jit(chex.assert_max_traces(getattr(beam_search, name).__wrapped__, n=1), static_argnames=static)
+  monkeypatch.setattr(beam_search, name, traced)
+  sources = [list(range(3, 3 + n)) for n in (3, 7, 15, 5, 11)]
+  out = beam_search.translate_ids(Transformer(CFG), params, sources, eos_id=2, beam_size=beam_size, batch_size=2,
+                                  max_len=8)
+  assert len(out) == 5 and all(len(o) <= 8 for o in out)

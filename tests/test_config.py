@@ -1,0 +1,105 @@
+"""Config resolution (transformer.config): every experiment resolves into typed, frozen pieces and
+back; every bad value fails before anything is built, naming the --config. flag; derived values are
+computed once."""
+
+import dataclasses
+
+import ml_collections
+import pytest
+
+from experiments import gpt2, shakespeare, translation
+from transformer import config
+from transformer.config import resolve
+from transformer.errors import ConfigError
+from transformer.tasks.lm import LMConfig
+
+PRESETS = [(m, p) for m in (shakespeare, gpt2, translation) for p in m.PRESETS]
+
+
+@pytest.mark.parametrize("module,preset", PRESETS)
+def test_every_experiment_resolves_and_round_trips(module, preset):
+  c = module.get_config(preset)
+  run = resolve(c)
+  assert run.task == c.task and run.loop.num_train_steps == c.num_train_steps
+  assert run.optimizer.lr == c.optimizer.lr and run.model.num_layers == c.model.num_layers
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    run.loop.seed = 1
+  # config.json holds to_config_dict(run): resolving it again gives the same run.
+  assert resolve(ml_collections.ConfigDict(config.to_config_dict(run).to_dict())) == run
+
+
+def test_defaults_are_the_typed_fields_defaults():
+  c = config.defaults("lm")
+  assert c.seq_len == LMConfig.seq_len and c.data.sampling == "windows" and c.sample.temperature == 0.8
+  assert c.optimizer.b2 == config.OptimizerConfig.b2 and c.mesh.data == -1
+  assert "batch_tokens" in config.defaults("translation") and "batch_tokens" not in c
+
+
+def test_derived_mesh_shape_and_data_parallel_size():
+  c = shakespeare.get_config("tiny")
+  c.mesh.fsdp, c.mesh.tensor = 2, 2
+  run = resolve(c, num_devices=8)
+  assert run.mesh.shape == (2, 2, 2) and run.mesh.data_parallel == 4  # batch splits over data x fsdp
+  assert resolve(c).mesh.shape == ()  # without devices nothing is derived
+
+
+def test_model_vocabulary_from_the_tokenizer():
+  run = resolve(shakespeare.get_config("tiny"))
+  assert run.model.vocab_size == 0 and run.model_config(85).vocab_size == 85
+  padded = dataclasses.replace(run, model=run.model.replace(vocab_size=96))
+  assert padded.model_config(85).vocab_size == 96
+  with pytest.raises(ConfigError, match="--config.model.vocab_size=96 is smaller than the tokenizer's 100"):
+    padded.model_config(100)
+
+
+def _set(c, key, value):
+  *sections, name = key.split(".")
+  for s in sections:
+    c = c[s]
+  c[name] = value
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("num_train_steps", 0, "--config.num_train_steps must be positive, got 0"),
+    ("keep_checkpoints", 0, "--config.keep_checkpoints must be positive"),
+    ("optimizer.schedule", "linear", "--config.optimizer.schedule='linear' is unknown; choose one of cosine"),
+    ("optimizer.lr", -1.0, "--config.optimizer.lr must be positive"),
+    ("optimizer.b2", 1.0, r"--config.optimizer.b2 must be in \[0, 1\)"),
+    ("optimizer.accumulation_steps", 0, "--config.optimizer.accumulation_steps must be positive"),
+    ("data.validation_fraction", 1.5, r"--config.data: validation_fraction must be in \[0, 1\)"),
+    ("model.num_heads", 3, "--config.model: d_model=64 is not divisible by num_heads=3"),
+    ("model.attention", "flash", "--config.model: unknown attention implementation 'flash'"),
+    ("data.sampling", "random", "--config.data.sampling='random' is unknown; choose one of windows, packed"),
+    ("sample.temperature", -1.0, "temperature must be >= 0"),
+    ("batch_size", 6, "--config.batch_size=6 is not divisible by --config.optimizer.accumulation_steps=4"),
+])
+def test_bad_values_name_their_flag(key, value, message):
+  c = shakespeare.get_config("tiny")
+  c.optimizer.accumulation_steps = 4 if key == "batch_size" else 1
+  _set(c, key, value)
+  with pytest.raises(ConfigError, match=message):
+    resolve(c, num_devices=1)
+
+
+def test_unknown_fields_and_wrong_types_are_refused():
+  c = shakespeare.get_config("tiny")
+  c.optimizer.lrr = 0.1  # a typo would otherwise be silently ignored
+  with pytest.raises(ConfigError, match="--config.optimizer.lrr is not a field .* the fields of config.optimizer "
+                                        "are accumulation_steps, b1, b2"):
+    resolve(c)
+  c = translation.get_config("tiny")
+  c.sample = ml_collections.ConfigDict({"prompt": "x"})  # a field of another task
+  with pytest.raises(ConfigError, match="--config.sample.prompt is not a field"):
+    resolve(c)
+  d = shakespeare.get_config("tiny").to_dict()
+  d["num_train_steps"] = "ten"  # e.g. a hand-edited config.json
+  with pytest.raises(ConfigError, match="--config.num_train_steps='ten' is not a int"):
+    resolve(ml_collections.ConfigDict(d))
+
+
+def test_mesh_that_does_not_fit_the_devices():
+  c = shakespeare.get_config("tiny")
+  c.mesh.data = 3
+  with pytest.raises(ConfigError, match="needs 3 devices but 1 are available"):
+    resolve(c, num_devices=1)
+  assert resolve(c).mesh.data == 3  # restoring elsewhere does not check the devices
