@@ -1,7 +1,8 @@
 """Golden fixtures for GPT-2 parity, made with Hugging Face transformers' GPT2LMHeadModel.
 
 Not run by the test suite (torch is not a dependency of this project). Regenerate with a Python
-3.11 venv holding the CPU build of torch (DESIGN.md section 4):
+3.11 venv holding the CPU build of torch (its CPU wheels exist for Python 3.11 only; under 3.12 pip
+would pull a multi-GB CUDA build):
 
   python3.11 -m venv /tmp/torchenv
   /tmp/torchenv/bin/pip install torch==2.13.0 transformers safetensors numpy

@@ -9,9 +9,9 @@ import pytest
 
 from conftest import run_module
 from experiments import shakespeare
-from transformer import inference, tokenizers
+from transformer import inference, tokenizers, train
 from transformer.generation import sampling as sampler
-from transformer.models.hf_gpt2 import import_hf_gpt2
+from transformer.models.hf_gpt2 import export_hf_gpt2, import_hf_gpt2
 from transformer.models.gpt import GPT, GPTConfig
 
 
@@ -79,7 +79,7 @@ def test_from_gpt2_safetensors(tmp_path):
   """A GPT-2-shaped model with the real vocabulary, exported to HF safetensors, sampled via --hf."""
   cfg = GPTConfig(vocab_size=50257, context_length=64, num_layers=2, num_heads=2, d_model=32)
   params = jax.jit(GPT(cfg).init)(jax.random.key(0), np.zeros((1, 8), np.int32))["params"]
-  checkpoints.export_hf_gpt2(cfg, params, tmp_path)
+  export_hf_gpt2(cfg, params, tmp_path)
   proc = _sample(f"--hf={tmp_path}", "--prompt=Every effort moves you", "--temperature=0", "--max_new_tokens=8")
   assert proc.returncode == 0, proc.stderr
   cfg2, params2 = import_hf_gpt2(tmp_path)

@@ -29,7 +29,6 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 from absl import logging
-from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from transformer import checkpoints, metrics, optim, sharding, tasks
@@ -166,10 +165,9 @@ class _Preemption:
     signal.signal(signal.SIGTERM, self._previous)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict | RunConfig, workdir: str | Path) -> dict:
-  """Trains per `config`, resuming from `workdir` if it holds checkpoints. Returns final metrics."""
-  if not isinstance(config, RunConfig):
-    config = resolve(config, num_devices=jax.device_count())  # every check, before anything is built
+def train_and_evaluate(config_dict: ml_collections.ConfigDict, workdir: str | Path) -> dict:
+  """Trains per `config_dict`, resuming from `workdir` if it holds checkpoints. Returns final metrics."""
+  config = resolve(config_dict, num_devices=jax.device_count())  # every check, before anything is built
   loop = config.loop
   workdir = Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
