@@ -169,10 +169,3 @@ def test_sequence_longer_than_context():
   params = _init(TINY)
   with pytest.raises(ConfigError, match="17 tokens is longer than context_length=16"):
     GPT(TINY).apply({"params": params}, jnp.zeros((1, 17), jnp.int32))
-
-
-def test_sinusoidal_positions_formula():
-  pe = layers.sinusoidal_positions(50, 16)
-  pos, i = 7, 3
-  assert np.isclose(pe[pos, 2 * i], np.sin(pos / 10000 ** (2 * i / 16)))
-  assert np.isclose(pe[pos, 2 * i + 1], np.cos(pos / 10000 ** (2 * i / 16)))
