@@ -21,7 +21,6 @@ from transformer import checkpoints, sharding, tasks
 from transformer.config import MeshConfig, RunConfig, resolve
 from transformer.errors import CheckpointError, ConfigError
 from transformer.tokenizers import load_tokenizer
-from transformer.train import param_shardings
 
 
 @dataclasses.dataclass
@@ -71,7 +70,7 @@ def restore(workdir: str | Path, step: str | int = "latest", task: str | None = 
   run = dataclasses.replace(run, mesh=_fitted_mesh(run.mesh))
   mesh = sharding.make_mesh(run.mesh.shape)
   trained_task = tasks.get(run.task)(run, load_tokenizer(files["tokenizer"]), mesh)
-  boxed, param_sh = param_shardings(trained_task, mesh, run.mesh.rules)
+  boxed, param_sh = sharding.param_shardings(trained_task.model, trained_task.init_inputs(), mesh, run.mesh.rules)
   abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), nn.unbox(boxed), param_sh)
   ckpt = checkpoints.Checkpointer(files["checkpoints"], async_save=False)
   try:

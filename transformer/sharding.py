@@ -88,9 +88,20 @@ def batch_sharding(mesh: Mesh, axis_rules, ndim: int = 2) -> NamedSharding:
   return NamedSharding(mesh, spec)
 
 
-def global_array(x_np: np.ndarray, sharding: NamedSharding) -> jax.Array:
-  """An array every process holds in full -> one global array (each process puts in its own shards)."""
-  return jax.make_array_from_callback(x_np.shape, sharding, lambda idx: x_np[idx])
+def global_array(tree, sharding: NamedSharding):
+  """Host arrays (a pytree of them) that every process holds in full -> global arrays (each process
+  puts in its own shards)."""
+  def put(x):
+    x_np = np.asarray(x)
+    return jax.make_array_from_callback(x_np.shape, sharding, lambda idx: x_np[idx])
+  return jax.tree.map(put, tree)
+
+
+def param_shardings(model: nn.Module, init_inputs: tuple, mesh: Mesh, axis_rules):
+  """(boxed abstract params, their NamedShardings) from the logical axis names `model` declares."""
+  with jax.set_mesh(mesh), nn.logical_axis_rules(axis_rules):
+    boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), *init_inputs)["params"])
+  return boxed, logical_shardings(mesh, boxed, axis_rules)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

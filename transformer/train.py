@@ -98,13 +98,6 @@ class Run:
   state_shardings: TrainState
 
 
-def param_shardings(task: tasks.Task, mesh, rules):
-  """(boxed abstract params, their NamedShardings) from the logical axis names of the task's model."""
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    boxed = jax.eval_shape(lambda: task.model.init(jax.random.key(0), *task.init_inputs())["params"])
-  return boxed, sharding.logical_shardings(mesh, boxed, rules)
-
-
 def build(run_config: RunConfig) -> Run:
   task_cls = tasks.get(run_config.task)
   task_data = task_cls.load_data(run_config)
@@ -113,7 +106,7 @@ def build(run_config: RunConfig) -> Run:
   rules, steps = run_config.mesh.rules, run_config.loop.num_train_steps
   tx = optim.make_optimizer(run_config.optimizer, steps)
   schedule = optim.learning_rate(run_config.optimizer, steps)
-  boxed, param_sh = param_shardings(task, mesh, rules)
+  boxed, param_sh = sharding.param_shardings(task.model, task.init_inputs(), mesh, rules)
   sharding.check_divisible(nn.unbox(boxed), param_sh)  # outside the rules: no constraints on shapes
   opt_shapes = jax.eval_shape(tx.init, nn.unbox(boxed))
   repl = sharding.replicated(mesh)

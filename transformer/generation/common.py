@@ -60,8 +60,7 @@ def put_on_mesh(mesh, rules, *arrays: np.ndarray) -> tuple:
   in its own shards), or unchanged without a mesh."""
   if mesh is None:
     return arrays
-  batch_sh = sharding.batch_sharding(mesh, rules)
-  return tuple(sharding.global_array(a, batch_sh) for a in arrays)
+  return sharding.global_array(arrays, sharding.batch_sharding(mesh, rules))
 
 
 def empty_cache(init: Callable[[], dict]):

@@ -100,7 +100,7 @@ class Task(abc.ABC):
 
   def put_global(self, host_batch):
     """A batch that every process holds whole -> global arrays (each process puts in its own shards)."""
-    return jax.tree.map(lambda x: sharding.global_array(np.asarray(x), self.batch_sharding), host_batch)
+    return sharding.global_array(host_batch, self.batch_sharding)
 
   def evaluate(self, params, eval_fn, batches: list) -> dict:
     """Metrics of `params` on the eval batches; `eval_fn(params, device_batch)` is the compiled

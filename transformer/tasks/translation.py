@@ -80,10 +80,11 @@ class Translation(Task):
 
   def __init__(self, run: RunConfig, tokenizer, mesh, data=None):
     super().__init__(run, tokenizer, mesh, data)
-    self.direction = self.config.direction or "source-target"
+    # The data set's column order unless config.data.direction says otherwise ("source-target" for a
+    # TSV, which is all a restored model without its data can say).
+    self.languages = tuple(data.manifest["columns"]) if data is not None else ("source", "target")
+    self.direction = self.config.direction or "-".join(self.languages)
     if data is not None:
-      self.languages = tuple(data.manifest["columns"])
-      self.direction = self.config.direction or "-".join(self.languages)
       pipeline.pair_columns(self.direction, self.languages)  # an unknown direction fails here, named
       self._pairs = {split: self._split_pairs(split) for split in ("train", "validation", "test")}
 
