@@ -25,7 +25,7 @@ def get_config(preset: str = "cpu"):
   c.data.dataset = "ding_de_en"
   c.data.tokenizer = "bpe"  # a joint source+target BPE trained on the pairs (rustbpe), or a tiktoken name
   c.data.vocab_size = 8000
-  c.data.direction = "de-en"  # "" = the data set's column order (source-target for a TSV)
+  # data.direction "" is the data set's column order: de-en for Ding, source-target for your TSV.
   c.data.validation_fraction = 0.05
   c.data.test_fraction = 0.05
 

@@ -2,28 +2,73 @@
 directory per save; async saves; the last `keep` plus the best by validation loss are kept.
 
 Restoring checks every saved parameter's name and shape against what the config makes first, so a
-changed model config fails with the parameter named instead of deep inside Orbax. (Hugging Face
-GPT-2 weights are converted by `transformer.models.hf_gpt2`; a trained model for inference is
-restored by `transformer.inference`.)
+changed model config fails with the parameter named instead of deep inside Orbax. A step directory
+that cannot be read (its files torn by a crash or a full disk) is not a checkpoint: `restore_latest`
+moves it aside to `unreadable_checkpoints/` with a warning and falls back to the newest intact one.
+A save that Orbax did not finish (the process killed while writing) stays a temporary directory,
+which Orbax ignores and removes. (Hugging Face GPT-2 weights are converted by
+`transformer.models.hf_gpt2`; a trained model for inference is restored by `transformer.inference`.)
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import time
 from pathlib import Path
 
 import flax.traverse_util
 import jax
+from absl import logging
 
-from transformer.errors import CheckpointError
+from transformer.errors import CheckpointError, WorkdirError
+
+# What every step directory holds as JSON (its metrics, written only with a validation loss, may be absent).
+_JSON_FILES = ("_CHECKPOINT_METADATA", "state/_METADATA", "data/metadata", "meta/metadata")
+_OPTIONAL_JSON = ("metrics/metrics",)
+
+
+def unreadable_reason(step_dir: Path) -> str | None:
+  """Why a step directory is not a whole checkpoint (a missing or torn file), or None. This reads the
+  small files; torn array data shows when the step is restored."""
+  for name in _JSON_FILES + _OPTIONAL_JSON:
+    path = step_dir / name
+    if not path.exists():
+      if name in _OPTIONAL_JSON:
+        continue
+      return f"{name} is missing"
+    try:
+      json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+      return f"{name} is unreadable ({type(e).__name__}: {e})"
+  return None
 
 
 class Checkpointer:
   """Orbax CheckpointManager for a training run: the train state, the data position and run
-  metadata in one step directory; async saves; keeps the last `keep` and the best by val_loss."""
+  metadata in one step directory; async saves; keeps the last `keep` and the best by val_loss.
+  `read_only` (inference) reads the step directories without a manager and moves nothing."""
 
-  def __init__(self, directory: str | Path, *, keep: int = 3, async_save: bool = True):
+  def __init__(self, directory: str | Path, *, keep: int = 3, async_save: bool = True, read_only: bool = False):
     import orbax.checkpoint as ocp
     self._ocp = ocp
+    self.directory = Path(directory).absolute()
+    self.read_only = read_only
+    self.manager = None
+    self.unreadable = {}  # step -> why
+    for step in self._step_dirs():
+      reason = unreadable_reason(self.directory / str(step))
+      if reason:
+        self.unreadable[step] = reason
+    if read_only:
+      for step, reason in self.unreadable.items():
+        logging.warning("checkpoint step %d in %s is unreadable (%s); skipping it", step, self.directory, reason)
+      return
+    if self.unreadable and not self.steps():
+      self._none_intact()
+    for step, reason in sorted(self.unreadable.items()):
+      self.set_aside(step, reason)  # the manager would fail on them, and a new save of that step too
     policies = ocp.checkpoint_managers
     preservation = policies.AnyPreservationPolicy([
         policies.LatestN(n=keep),
@@ -35,36 +80,86 @@ class Checkpointer:
                                            best_fn=lambda m: m["val_loss"], best_mode="min",
                                            enable_async_checkpointing=async_save,
                                            cleanup_tmp_directories=True)
-    self.directory = Path(directory).absolute()
     self.manager = ocp.CheckpointManager(
         self.directory, options=options,
         item_handlers={"state": ocp.StandardCheckpointHandler(), "data": ocp.JsonCheckpointHandler(),
                        "meta": ocp.JsonCheckpointHandler()})
+    self._saving: int | None = None  # the step of a save that may still be in flight
+
+  def _step_dirs(self) -> list[int]:
+    if not self.directory.is_dir():
+      return []
+    return sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit() and p.is_dir())
+
+  def steps(self) -> list[int]:
+    """The intact steps, oldest first."""
+    return [s for s in self._step_dirs() if s not in self.unreadable]
+
+  def _none_intact(self):
+    listed = "; ".join(f"step {s}: {why}" for s, why in sorted(self.unreadable.items()))
+    raise CheckpointError(f"no checkpoint in {self.directory} can be read ({listed}). Move them out of the way "
+                          f"to train from scratch in this workdir, or use another --workdir")
+
+  def set_aside(self, step: int, reason: str) -> None:
+    """Moves an unreadable step directory to <workdir>/unreadable_checkpoints/ (never deletes it)."""
+    aside = self.directory.parent / "unreadable_checkpoints" / f"{step}-{time.strftime('%Y%m%d-%H%M%S')}"
+    aside.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(self.directory / str(step), aside)
+    self.unreadable[step] = reason
+    logging.warning("checkpoint step %d in %s is unreadable (%s); moved it to %s", step, self.directory, reason, aside)
+    if self.manager is not None:
+      self.manager.reload()
 
   def latest_step(self) -> int | None:
-    return self.manager.latest_step()
+    steps = self.steps()
+    return steps[-1] if steps else None
 
   def best_step(self) -> int | None:
-    return self.manager.best_step()
+    """The intact step with the lowest validation loss (None if none was saved with one)."""
+    losses = {}
+    for step in self.steps():
+      path = self.directory / str(step) / "metrics" / "metrics"
+      if path.exists():
+        losses[step] = json.loads(path.read_text())["val_loss"]
+    return min(losses, key=losses.get) if losses else None
 
   def save(self, step: int, state, data_state: dict, meta: dict, val_loss: float | None = None,
            force: bool = False) -> None:
     ocp = self._ocp
     metrics = {"val_loss": float(val_loss)} if val_loss is not None else None
-    self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                    data=ocp.args.JsonSave(data_state),
-                                                    meta=ocp.args.JsonSave(meta)),
-                      metrics=metrics, force=force)
+    with self._writing(step):
+      self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                      data=ocp.args.JsonSave(data_state),
+                                                      meta=ocp.args.JsonSave(meta)),
+                        metrics=metrics, force=force)
+    self._saving = step
+
+  @contextlib.contextmanager
+  def _writing(self, step: int):
+    """A failed write (a full disk, no permission) -> one WorkdirError; the earlier checkpoints stay."""
+    try:
+      yield
+    except CheckpointError:
+      raise
+    except Exception as e:  # from tensorstore, Orbax's threads or the OS, each in its own type
+      failed = self._saving if self._saving is not None else step
+      intact = [s for s in self.steps() if s != failed]
+      raise WorkdirError(f"could not write checkpoint step {failed} to {self.directory}: {type(e).__name__}: "
+                         f"{str(e)[:300]}. Free space or fix the permissions of the workdir; the checkpoints "
+                         f"written before it ({intact or 'none'}) are intact, and launching again resumes from "
+                         f"the latest") from None
 
   def check_step(self, step: int) -> None:
-    steps = self.manager.all_steps()
-    if step not in steps:
+    if step in self.unreadable:
+      raise CheckpointError(f"checkpoint step {step} in {self.directory} is unreadable ({self.unreadable[step]}); "
+                            f"the intact steps are {self.steps() or 'none'}")
+    if step not in self.steps():
       raise CheckpointError(f"no checkpoint for step {step} in {self.directory}; it has steps "
-                            f"{sorted(steps) or 'none'}")
+                            f"{self.steps() or 'none'}")
 
   def check_shapes(self, step: int, abstract_params) -> None:
     """Compares the saved params with those the config makes; names the first mismatching one."""
-    saved = self.manager.item_metadata(step)["state"]
+    saved = self._ocp.StandardCheckpointHandler().metadata(self.directory / str(step) / "state")
     want = flax.traverse_util.flatten_dict(_as_dict(abstract_params), sep="/")
     have = flax.traverse_util.flatten_dict(_as_dict(saved["params"]), sep="/")
     for key, leaf in want.items():
@@ -89,6 +184,22 @@ class Checkpointer:
         meta=ocp.args.JsonRestore()))
     return restored["state"], restored["data"], restored["meta"]
 
+  def restore_latest(self, abstract_state):
+    """(step, state, data position, meta) of the newest checkpoint that can be read, or None when
+    there are none. Unreadable ones on the way are moved aside; a checkpoint of another model
+    (CheckpointError) is not damage, and stops here."""
+    for step in reversed(self.steps()):
+      try:
+        return (step, *self.restore(step, abstract_state))
+      except CheckpointError:
+        raise
+      except Exception as e:  # torn array data: tensorstore, Orbax and json each raise their own
+        if step == self.steps()[0]:
+          self.unreadable[step] = f"{type(e).__name__}: {str(e)[:200]}"
+          self._none_intact()
+        self.set_aside(step, f"{type(e).__name__}: {str(e)[:200]}")
+    return None
+
   def restore_params(self, step: int, abstract_params):
     """The params alone (no optimizer state is read): for sampling and evaluation. `abstract_params`
     are ShapeDtypeStructs whose shardings say where each restored array goes."""
@@ -96,18 +207,25 @@ class Checkpointer:
     self.check_step(step)
     self.check_shapes(step, abstract_params)
     target = {"params": abstract_params}
-    restored = ocp.PyTreeCheckpointer().restore(
-        self.directory / str(step) / "state",
-        args=ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-                                    partial_restore=True))
+    try:
+      restored = ocp.PyTreeCheckpointer().restore(
+          self.directory / str(step) / "state",
+          args=ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+                                      partial_restore=True))
+    except Exception as e:  # torn array data
+      self.unreadable[step] = f"{type(e).__name__}: {str(e)[:200]}"
+      self.check_step(step)
     return restored["params"]
 
   def wait(self) -> None:
-    self.manager.wait_until_finished()
+    if self.manager is not None:
+      with self._writing(self._saving or 0):
+        self.manager.wait_until_finished()
 
   def close(self) -> None:
-    self.manager.wait_until_finished()
-    self.manager.close()
+    if self.manager is not None:
+      self.wait()
+      self.manager.close()
 
 
 def _as_dict(tree) -> dict:

@@ -27,12 +27,15 @@ import dataclasses
 import math
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import ml_collections
 
 from transformer import data, sharding
 from transformer.errors import ConfigError, UserError
+
+
+ALL = ("*",)  # `may_change` of a config piece whose every field may change when a run resumes
 
 
 def at(key: str, default: Any) -> Any:
@@ -50,10 +53,25 @@ class LoopConfig:
   checkpoint_every_steps: int = 200
   keep_checkpoints: int = 3  # the last 3, plus the best by validation loss
   async_checkpointing: bool = True
+  # A step whose loss, gradient norm or new params are not finite is never applied. Then "stop"
+  # (exit 1, naming the step and its batch; the last good checkpoint stays the latest) or "skip"
+  # (log it in metrics.jsonl, go on), stopping after more than max_consecutive_skips in a row.
+  on_nonfinite: str = "stop"
+  max_consecutive_skips: int = 5
+
+  may_change: ClassVar[tuple[str, ...]] = ("num_train_steps", "log_every_steps", "eval_every_steps",
+                                           "checkpoint_every_steps", "keep_checkpoints", "async_checkpointing",
+                                           "on_nonfinite", "max_consecutive_skips")
 
   def check(self) -> None:
     check_positive(self, ("num_train_steps", "eval_every_steps", "checkpoint_every_steps", "log_every_steps",
-                     "keep_checkpoints"))
+                     "keep_checkpoints", "max_consecutive_skips"))
+    if self.on_nonfinite not in NONFINITE_POLICIES:
+      raise ConfigError(f"--config.on_nonfinite={self.on_nonfinite!r} is unknown; choose one of "
+                        f"{', '.join(NONFINITE_POLICIES)}")
+
+
+NONFINITE_POLICIES = ("stop", "skip")
 
 
 SCHEDULES = ("cosine", "constant", "inverse_sqrt")
@@ -75,6 +93,8 @@ class OptimizerConfig:
   decay_norms_and_biases: bool = False
   grad_clip_norm: float = 1.0  # 0: no clipping
   accumulation_steps: int = 1  # microbatches per optimizer step (a scan inside the step)
+
+  may_change: ClassVar = ALL  # hyperparameters; the optimizer state's structure is the same
 
   def check(self) -> None:
     if self.name != "adamw":
@@ -102,6 +122,8 @@ class MeshConfig:
   # Derived by `resolve` from the number of devices (empty when resolved without devices).
   shape: tuple[int, ...] = dataclasses.field(default=(), metadata={"derived": True})
   data_parallel: int = dataclasses.field(default=1, metadata={"derived": True})
+
+  may_change: ClassVar = ALL  # checkpoints restore onto any mesh
 
   @property
   def rules(self) -> tuple:
@@ -132,6 +154,8 @@ class DataConfig:
   split_seed: int = 0
   piece_chars: int = 16384  # text documents are cut into pieces of about this size for the split
 
+  may_change: ClassVar[tuple[str, ...]] = ("root", "dir")  # where it is prepared; its content is checked
+
   def options(self) -> data.PrepareOptions:
     return data.PrepareOptions(tokenizer=self.tokenizer, vocab_size=self.vocab_size or None, seed=self.split_seed,
                                validation_fraction=self.validation_fraction, test_fraction=self.test_fraction,
@@ -143,9 +167,12 @@ class DataConfig:
     except UserError as e:
       raise ConfigError(f"--config.data: {e}") from None
 
-  def prepared(self, kind: str) -> data.Prepared:
-    """The data set, as `kind` ("text", "pairs") records, prepared now if it has not been."""
-    source = data.file_source(list(self.input_files), kind) if self.input_files else data.named_source(self.dataset)
+  def source(self, kind: str) -> data.Source:
+    """The files of the data set (a named one is fetched on first use), read as `kind` records."""
+    return data.file_source(list(self.input_files), kind) if self.input_files else data.named_source(self.dataset)
+
+  def prepared(self, source: data.Source) -> data.Prepared:
+    """`source` tokenized per these options, prepared now if it has not been."""
     directory = Path(self.dir) if self.dir else data.default_dir(source, self.options(), root=self.root)
     return data.ensure_prepared(source, directory, self.options())
 
@@ -202,6 +229,36 @@ def resolve(config: ml_collections.ConfigDict, *, num_devices: int | None = None
   return run
 
 
+def resume_changes(saved: RunConfig, new: RunConfig) -> tuple[list[str], list[str]]:
+  """What differs between the config a run was started with and a new launch on its workdir, as
+  "key=new (the run's: old)" lines: (those that may not change on resume, those that may). What may
+  change is each piece's `may_change`: loop cadence, optimizer, mesh, evaluation and sampling; the
+  task, model, data and batch shapes may not (the checkpoints and the data position depend on them)."""
+  fixed, allowed = [], []
+  if saved.task != new.task:
+    return [f"task={new.task} (the run's: {saved.task})"], []
+  for old_piece, new_piece, prefix in zip(_pieces(saved), _pieces(new), _PREFIXES):
+    _diff(old_piece, new_piece, prefix, getattr(new_piece, "may_change", ()), fixed, allowed)
+  return fixed, allowed
+
+
+def _pieces(run: RunConfig) -> tuple:
+  return run.loop, run.optimizer, run.mesh, run.data, run.model, run.task_config
+
+
+_PREFIXES = ("", "optimizer.", "mesh.", "data.", "model.", "")  # the config keys of `_pieces`
+
+
+def _diff(old, new, prefix: str, may_change: tuple, fixed: list, allowed: list) -> None:
+  for f, key, hint in _fields(type(new), prefix):
+    a, b = getattr(old, f.name), getattr(new, f.name)
+    changeable = may_change == ALL or f.name in may_change
+    if dataclasses.is_dataclass(hint):
+      _diff(a, b, key + ".", ALL if changeable else getattr(b, "may_change", ()), fixed, allowed)
+    elif a != b:
+      (allowed if changeable else fixed).append(f"{key}={b!r} (the run's: {a!r})")
+
+
 def defaults(task: str) -> ml_collections.ConfigDict:
   """The ConfigDict of every field's default for `task`: what experiments start from."""
   from transformer import tasks
@@ -217,8 +274,7 @@ def defaults(task: str) -> ml_collections.ConfigDict:
 def to_config_dict(run: RunConfig) -> ml_collections.ConfigDict:
   """The inverse of `resolve` (what config.json holds): resolving it again gives `run`."""
   c = ml_collections.ConfigDict({"task": run.task})
-  for piece, prefix in ((run.loop, ""), (run.optimizer, "optimizer."), (run.mesh, "mesh."), (run.data, "data."),
-                        (run.model, "model."), (run.task_config, "")):
+  for piece, prefix in zip(_pieces(run), _PREFIXES):
     _write(piece, c, prefix)
   return c
 

@@ -29,3 +29,11 @@ class CheckpointError(UserError, ValueError):
 
 class AssetError(UserError, RuntimeError):
   """A file that could not be fetched or failed its sha256 check."""
+
+
+class WorkdirError(UserError, RuntimeError):
+  """A workdir that cannot be used now: held by another run, unwritable or full."""
+
+
+class TrainingError(UserError, RuntimeError):
+  """Training that cannot go on (a non-finite loss); the message names the step and the fix."""

@@ -9,16 +9,16 @@ is, on this machine's devices.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
 import flax.linen as nn
 import jax
-import ml_collections
+from absl import logging
 
 from transformer import checkpoints, sharding, tasks
-from transformer.config import MeshConfig, RunConfig, resolve
+from transformer import workdir as workdir_files
+from transformer.config import MeshConfig, RunConfig
 from transformer.errors import CheckpointError, ConfigError
 from transformer.tokenizers import load_tokenizer
 
@@ -42,48 +42,68 @@ class Trained:
     return self.run.mesh.rules
 
 
-def _fitted_mesh(mesh: MeshConfig) -> MeshConfig:
-  """The run's mesh on this machine's devices, or plain data parallelism over them when it was
-  trained on another number of devices."""
-  try:
-    return mesh.fitted(jax.device_count())
-  except ConfigError:
-    return MeshConfig(logical_axis_rules=mesh.rules).fitted(jax.device_count())
+def _on_this_machine(run: RunConfig, tokenizer):
+  """(run, task, mesh, abstract params) on this machine's devices: the run's mesh when it fits them and
+  splits every parameter evenly, else plain data parallelism over them (the params replicated)."""
+  candidates = [run.mesh, MeshConfig(logical_axis_rules=run.mesh.rules)]
+  for mesh_config in candidates:
+    try:
+      fitted = dataclasses.replace(run, mesh=mesh_config.fitted(jax.device_count()))
+      mesh = sharding.make_mesh(fitted.mesh.shape)
+      task = tasks.get(run.task)(fitted, tokenizer, mesh)
+      boxed, param_sh = sharding.param_shardings(task.model, task.init_inputs(), mesh, fitted.mesh.rules)
+      sharding.check_divisible(nn.unbox(boxed), param_sh)
+    except ConfigError as e:
+      if mesh_config is candidates[-1]:
+        raise
+      logging.info("the run's mesh does not fit this machine (%s); using data parallelism", e)
+      continue
+    abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), nn.unbox(boxed),
+                            param_sh)
+    return fitted, task, mesh, abstract
 
 
 def restore(workdir: str | Path, step: str | int = "latest", task: str | None = None) -> Trained:
-  """The params of a workdir's checkpoint `step` ("latest", "best" by validation loss, or a number),
-  sharded over this machine's devices with the run's logical axis rules. `task` (a config.task
-  name), when given, is what the caller can use: another one is an error naming the program that
-  can."""
+  """The params of a workdir's checkpoint `step` ("latest": the newest readable one; "best" by
+  validation loss; or a number), sharded over this machine's devices with the run's logical axis
+  rules (on the run's mesh when it fits them, else data-parallel: any run restores on any
+  machine). `task` (a config.task name), when given, is what the caller can use: another one is an
+  error naming the program that can."""
   workdir = Path(workdir)
-  files = {"config": workdir / "config.json", "tokenizer": workdir / "tokenizer",
-           "checkpoints": workdir / "checkpoints"}
+  files = {"config": workdir / workdir_files.CONFIG, "tokenizer": workdir / workdir_files.TOKENIZER,
+           "checkpoints": workdir / workdir_files.CHECKPOINTS}
   missing = [str(p) for p in files.values() if not p.exists()]
   if missing:
     raise CheckpointError(f"{workdir} is not a training workdir: looked for {', '.join(missing)} "
                           f"(launch.train writes them); check the --workdir path")
-  run = resolve(ml_collections.ConfigDict(json.loads(files["config"].read_text())))
+  run = workdir_files.saved_config(workdir)
   if task is not None and run.task != task:
     raise CheckpointError(f"{workdir} holds a {run.task!r} model, not a {task!r} one; use python -m "
                           f"{tasks.get(run.task).program}")
-  run = dataclasses.replace(run, mesh=_fitted_mesh(run.mesh))
-  mesh = sharding.make_mesh(run.mesh.shape)
-  trained_task = tasks.get(run.task)(run, load_tokenizer(files["tokenizer"]), mesh)
-  boxed, param_sh = sharding.param_shardings(trained_task.model, trained_task.init_inputs(), mesh, run.mesh.rules)
-  abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), nn.unbox(boxed), param_sh)
-  ckpt = checkpoints.Checkpointer(files["checkpoints"], async_save=False)
-  try:
-    if step in ("latest", "best"):
-      chosen = ckpt.latest_step() if step == "latest" else ckpt.best_step()
-    elif str(step).isdigit():
-      chosen = int(step)
-    else:
-      raise CheckpointError(f"step must be 'latest', 'best' or a step number, got {step!r}")
-    if chosen is None:
-      what = "checkpoints" if step == "latest" else "checkpoint with a validation loss"
-      raise CheckpointError(f"no {what} in {files['checkpoints']}; train longer or pass --step")
-    params = ckpt.restore_params(chosen, abstract)
-  finally:
-    ckpt.close()
+  run, trained_task, mesh, abstract = _on_this_machine(run, load_tokenizer(files["tokenizer"]))
+  chosen, params = _restore_params(checkpoints.Checkpointer(files["checkpoints"], read_only=True), step, abstract)
   return Trained(trained_task, params, trained_task.tokenizer, mesh, chosen, run)
+
+
+def _restore_params(ckpt: checkpoints.Checkpointer, step: str | int, abstract) -> tuple[int, Any]:
+  """(step, params) of checkpoint `step`: "latest" falls back past unreadable ones, with a warning."""
+  if step == "latest":
+    for chosen in reversed(ckpt.steps()):
+      try:
+        return chosen, ckpt.restore_params(chosen, abstract)
+      except CheckpointError as e:
+        if chosen not in ckpt.unreadable:
+          raise
+        logging.warning("%s; trying the step before it", e)
+    raise CheckpointError(f"no readable checkpoint in {ckpt.directory}"
+                          + (f" (unreadable: {sorted(ckpt.unreadable)})" if ckpt.unreadable else "")
+                          + "; train longer or pass --step")
+  if step == "best":
+    chosen = ckpt.best_step()
+    if chosen is None:
+      raise CheckpointError(f"no checkpoint with a validation loss in {ckpt.directory}; train longer or pass --step")
+  elif str(step).isdigit():
+    chosen = int(step)
+  else:
+    raise CheckpointError(f"step must be 'latest', 'best' or a step number, got {step!r}")
+  return chosen, ckpt.restore_params(chosen, abstract)

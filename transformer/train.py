@@ -15,8 +15,10 @@ SIGTERM saves a checkpoint and returns cleanly. The loop never asks which task i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import math
 import signal
 import time
 from pathlib import Path
@@ -27,12 +29,16 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 from absl import logging
+from jax.experimental import multihost_utils
 from tqdm import tqdm
 
-from transformer import checkpoints, metrics, optim, sharding, tasks
-from transformer.config import RunConfig, resolve, to_config_dict
+from transformer import checkpoints, data, metrics, optim, sharding, tasks
+from transformer import workdir as workdir_files
+from transformer.config import LoopConfig, RunConfig, resolve
+from transformer.errors import TrainingError, WorkdirError
 
 
 @flax.struct.dataclass
@@ -71,11 +77,22 @@ def train_step(state: TrainState, batch, *, loss_fn, tx, schedule, accumulation_
                                                 (micro, jnp.arange(accumulation_steps)))
   tokens = jnp.maximum(tokens, 1.0)
   grads = jax.tree.map(lambda g: g / tokens, grads)
+  loss, grad_norm = loss_sum / tokens, optax.tree.norm(grads)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
+  # A step whose loss, gradients or new params are not finite is not applied (the step and the RNG
+  # advance, the batch is consumed): the state stays the last finite one, whatever the host decides
+  # when it reads `finite` (see _NonFiniteGuard). Selecting costs one fused pass, not a host sync.
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & _all_finite(params)
+  params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), (params, opt_state),
+                                   (state.params, state.opt_state))
   new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
                             rng=jax.random.key_data(rng))
-  return new_state, {"loss": loss_sum / tokens, "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step)}
+  return new_state, {"loss": loss, "grad_norm": grad_norm, "lr": schedule(state.step), "finite": finite}
+
+
+def _all_finite(tree) -> jax.Array:
+  return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(tree)]))
 
 
 def eval_step(params, batch, *, loss_fn):
@@ -98,9 +115,11 @@ class Run:
   state_shardings: TrainState
 
 
-def build(run_config: RunConfig) -> Run:
+def build(run_config: RunConfig, task_data=None) -> Run:
+  """The run of `run_config` on this machine's devices; `task_data` is the task's `load_data(run_config)`
+  (loaded here when not given)."""
   task_cls = tasks.get(run_config.task)
-  task_data = task_cls.load_data(run_config)
+  task_data = task_data or task_cls.load_data(run_config)
   mesh = sharding.make_mesh(run_config.mesh.shape)
   task = task_cls(run_config, task_data.tokenizer, mesh, task_data)
   rules, steps = run_config.mesh.rules, run_config.loop.num_train_steps
@@ -144,47 +163,146 @@ def abstract_state(run: Run) -> TrainState:
 
 
 class _Preemption:
-  """SIGTERM -> finish the current step, save a checkpoint, return normally (exit status 0)."""
+  """SIGTERM -> finish the current step, save a checkpoint, return normally (exit status 0). During an
+  evaluation (which can take long: BLEU decodes), the evaluation is abandoned at once instead; the
+  checkpoint says so, and the next launch evaluates that step before it trains on."""
+
+  class Interrupted(Exception):
+    pass
 
   def __init__(self):
     self.requested = False
+    self._evaluating = False
     self._previous = signal.signal(signal.SIGTERM, self._handle)
 
   def _handle(self, signum, frame):
     logging.warning("SIGTERM: saving a checkpoint after this step, then stopping")
     self.requested = True
+    if self._evaluating:
+      self._evaluating = False
+      raise self.Interrupted()  # unwinds the evaluation only: it changes no state
+
+  @contextlib.contextmanager
+  def interruptible(self):
+    if self.requested:
+      raise self.Interrupted()
+    self._evaluating = True
+    try:
+      yield
+    finally:
+      self._evaluating = False
 
   def restore(self):
     signal.signal(signal.SIGTERM, self._previous)
 
 
+class _NonFiniteGuard:
+  """The host side of the non-finite check. Each step reports `finite` on the device; the host reads
+  the flags only where it waits for the device anyway (logging, evaluation, checkpoints), so there is
+  no extra sync per step, and always before saving, so no checkpoint follows a step it has not read.
+  The step itself never applies a non-finite update (train_step): the policy only decides whether
+  training goes on."""
+
+  def __init__(self, loop: LoopConfig, writer: metrics.MetricsWriter, ckpt: checkpoints.Checkpointer):
+    self.loop, self.writer, self.ckpt = loop, writer, ckpt
+    self.pending: list = []  # (step, the step's metrics on device, the data position of its batch)
+    self.in_a_row = 0
+
+  def add(self, step: int, step_metrics: dict, position: dict) -> None:
+    self.pending.append((step, step_metrics["finite"], step_metrics["loss"], step_metrics["grad_norm"], position))
+
+  def check(self) -> None:
+    read = jax.device_get([p[1:4] for p in self.pending])
+    for (step, *_, position), (finite, loss, grad_norm) in zip(self.pending, read):
+      if finite:
+        self.in_a_row = 0
+        continue
+      self.in_a_row += 1
+      what = (f"step {step} was not finite (loss {float(loss)}, gradient norm {float(grad_norm)}, or the new "
+              f"params); its update was not applied")
+      batch = f"its batch was training batch {step} of the run (data position {position})"
+      if self.loop.on_nonfinite == "skip" and self.in_a_row <= self.loop.max_consecutive_skips:
+        self.writer.write(step, {"event": "nonfinite step skipped", "loss": float(loss),
+                                 "grad_norm": float(grad_norm), "data_position": position})
+        logging.warning("%s (skipped, %d in a row); %s", what, self.in_a_row, batch)
+        continue
+      self.writer.write(step, {"event": "stopped: nonfinite", "loss": float(loss), "grad_norm": float(grad_norm),
+                               "data_position": position})
+      latest = self.ckpt.latest_step()
+      kept = f"the latest checkpoint, step {latest}, is the last good state" if latest else "no checkpoint was saved"
+      if self.loop.on_nonfinite == "skip":
+        raise TrainingError(f"{self.in_a_row} steps in a row were not finite, more than --config.max_consecutive_skips="
+                            f"{self.loop.max_consecutive_skips}; the last: {what}; {batch}. Stopped: {kept}. Lower "
+                            f"--config.optimizer.lr or clip gradients (--config.optimizer.grad_clip_norm)")
+      raise TrainingError(f"{what}; {batch}. Stopped: {kept}. Lower --config.optimizer.lr or clip gradients "
+                          f"(--config.optimizer.grad_clip_norm), or skip such steps with --config.on_nonfinite=skip")
+    self.pending.clear()
+
+
+def _lock(workdir: Path, lead: bool) -> workdir_files.Lock | None:
+  """Process 0 takes the workdir's lock; in a multi-process run every process learns whether it could."""
+  lock, error = None, None
+  if lead:
+    lock = workdir_files.Lock(workdir)
+    try:
+      with workdir_files.writable(workdir, "create the lock in"):
+        workdir.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
+    except WorkdirError as e:
+      error = e
+  if jax.process_count() > 1:
+    failed = int(multihost_utils.broadcast_one_to_all(np.int32(error is not None)))
+    if failed and error is None:
+      raise WorkdirError(f"process 0 could not take the lock of {workdir} (its error says why)")
+  if error is not None:
+    raise error
+  return lock
+
+
 def train_and_evaluate(config_dict: ml_collections.ConfigDict, workdir: str | Path) -> dict:
-  """Trains per `config_dict`, resuming from `workdir` if it holds checkpoints. Returns final metrics."""
+  """Trains per `config_dict`, resuming from `workdir` if it holds checkpoints. Returns final metrics.
+
+  Nothing in an existing workdir is written before the launch is known to fit it (the lock, the
+  saved config and data, the checkpoints' shapes: transformer.workdir)."""
   config = resolve(config_dict, num_devices=jax.device_count())  # every check, before anything is built
-  loop = config.loop
   workdir = Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
   lead = jax.process_index() == 0
-  run = build(config)
+  lock = _lock(workdir, lead)
+  try:
+    return _train(config, workdir, lead)
+  finally:
+    if lock is not None:
+      lock.release()
+
+
+def _train(config: RunConfig, workdir: Path, lead: bool) -> dict:
+  loop = config.loop
+  changes = workdir_files.check_config(workdir, config)
+  task_data = tasks.get(config.task).load_data(config)  # prepared again if its files changed (sha256)
+  fingerprint = task_data.fingerprint if isinstance(task_data, data.Prepared) else None
+  workdir_files.check_data(workdir, fingerprint)
+  run = build(config, task_data)
   task = run.task
   if lead:
-    (workdir / "config.json").write_text(to_config_dict(config).to_json_best_effort(indent=2) + "\n")
-    task.tokenizer.save(workdir / "tokenizer")  # so the workdir alone can be sampled from
     print(f"devices: {metrics.device_summary()}\nmodel: {task.model_config}")
+    if changes:
+      print(f"resuming with changes: {'; '.join(changes)}")
 
-  ckpt = checkpoints.Checkpointer(workdir / "checkpoints", keep=loop.keep_checkpoints,
+  ckpt = checkpoints.Checkpointer(workdir / workdir_files.CHECKPOINTS, keep=loop.keep_checkpoints,
                                   async_save=loop.async_checkpointing)
   train_batches = task.train_batches()
-  start_step, tokens_seen = 0, 0
-  if ckpt.latest_step() is not None:
-    step = ckpt.latest_step()
-    state, data_state, meta = ckpt.restore(step, abstract_state(run))
+  start_step, tokens_seen, evaluated = 0, 0, True
+  restored = ckpt.restore_latest(abstract_state(run))
+  if restored is not None:
+    _, state, data_state, meta = restored
     train_batches.set_state(data_state)
-    tokens_seen = int(meta.get("tokens_seen", 0))
+    tokens_seen, evaluated = int(meta.get("tokens_seen", 0)), meta.get("evaluated", True)
     start_step = int(state.step)
     print(f"resumed from {ckpt.directory} at step {start_step}")
   else:
     state = init_state(run)
+  if lead:  # the launch fits the workdir: now it may write
+    workdir_files.record_run(workdir, config, task.tokenizer, fingerprint)
   eval_batches = task.eval_batches()
 
   # Batches are arrays or dicts of arrays: one sharding is a prefix of either.
@@ -198,6 +316,7 @@ def train_and_evaluate(config_dict: ml_collections.ConfigDict, workdir: str | Pa
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   flops_token = task.flops_per_token(num_params)
   writer = metrics.MetricsWriter(workdir, enabled=lead)
+  guard = _NonFiniteGuard(loop, writer, ckpt)
   if start_step:
     writer.write(start_step, {"event": "resumed"})
   preemption = _Preemption()
@@ -205,22 +324,42 @@ def train_and_evaluate(config_dict: ml_collections.ConfigDict, workdir: str | Pa
   final: dict = {}
   steps = loop.num_train_steps
   bar = tqdm(total=steps, initial=start_step, disable=not lead, desc="train", dynamic_ncols=True)
+
+  def evaluate(step: int) -> bool:
+    """Evaluates the state after `step` into `last_eval`; False if SIGTERM interrupted it."""
+    nonlocal last_eval
+    try:
+      with preemption.interruptible():
+        last_eval = task.evaluate(state.params, eval_fn, eval_batches)
+    except _Preemption.Interrupted:
+      writer.write(step, {"event": "evaluation interrupted by SIGTERM"})
+      logging.warning("SIGTERM during the evaluation of step %d: abandoned it (the next launch redoes it)", step)
+      return False
+    writer.write(step, last_eval)
+    bar.write(f"step {step}: {task.describe(last_eval)}")
+    return True
+
   t_last, steps_since, tokens_since = time.perf_counter(), 0, 0
   try:
     with jax.set_mesh(run.mesh), nn.logical_axis_rules(config.mesh.rules):
+      if not evaluated and not evaluate(start_step):  # the last launch was stopped during this evaluation
+        return {"step": start_step, "preempted": True}  # stopped again: its checkpoint still says so
       for step in range(start_step, steps):
+        position = train_batches.get_state()
         host_batch = next(train_batches)
         state, step_metrics = step_fn(state, task.put(host_batch))
+        done = step + 1
+        guard.add(done, step_metrics, position)
         steps_since += 1
         tokens = task.count_tokens(host_batch)
         tokens_since, tokens_seen = tokens_since + tokens, tokens_seen + tokens
-        done = step + 1
         if done % loop.log_every_steps == 0 or done == steps:
-          step_metrics = jax.device_get(step_metrics)  # waits for the step: timings are real
+          guard.check()  # waits for the step: timings are real
+          step_metrics = jax.device_get(step_metrics)
           elapsed = time.perf_counter() - t_last
           tps = tokens_since / elapsed
           util = metrics.mfu(tps, flops_token, jax.devices())
-          record = {**{k: float(v) for k, v in step_metrics.items()}, "tokens_per_s": tps,
+          record = {**{k: float(v) for k, v in step_metrics.items() if k != "finite"}, "tokens_per_s": tps,
                     "step_time_s": elapsed / steps_since, "mfu": util}
           writer.write(done, record)
           bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{tps:,.0f}",
@@ -228,14 +367,18 @@ def train_and_evaluate(config_dict: ml_collections.ConfigDict, workdir: str | Pa
           t_last, steps_since, tokens_since = time.perf_counter(), 0, 0
         bar.update(1)
         is_eval = done % loop.eval_every_steps == 0 or done == steps
+        evaluated = True
         if is_eval:
-          last_eval = task.evaluate(state.params, eval_fn, eval_batches)
-          writer.write(done, last_eval)
-          bar.write(f"step {done}: {task.describe(last_eval)}")
+          guard.check()
+          evaluated = evaluate(done)
           t_last = time.perf_counter()  # evaluation time is not training time
         if done % loop.checkpoint_every_steps == 0 or done == steps or preemption.requested:
-          ckpt.save(done, state, train_batches.get_state(), {"tokens_seen": tokens_seen, "task": task.name},
-                    val_loss=last_eval.get("val_loss") if is_eval else None, force=preemption.requested)
+          guard.check()  # never save after a step whose flag was not read
+          val_loss = last_eval.get("val_loss") if is_eval and evaluated else None
+          ckpt.save(done, state, train_batches.get_state(),
+                    {"tokens_seen": tokens_seen, "task": task.name, "evaluated": evaluated},
+                    val_loss=val_loss if val_loss is not None and math.isfinite(val_loss) else None,
+                    force=preemption.requested)
         if preemption.requested:
           ckpt.wait()
           logging.warning("stopped at step %d after SIGTERM; checkpoint saved", done)

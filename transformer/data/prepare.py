@@ -305,6 +305,14 @@ class Prepared:
       return np.zeros(0, dtype=self.manifest["dtype"])
     return np.memmap(path, dtype=self.manifest["dtype"], mode="r")
 
+  @property
+  def fingerprint(self) -> dict:
+    """What the source files held, by name, size and sha256. A training run records it: resuming on
+    other content is refused (the files may move; their bytes may not change)."""
+    request = self.manifest["request"]
+    return {"source": request["source"], "files": [{"name": Path(f["path"]).name, "bytes": f["bytes"],
+                                                    "sha256": f["sha256"]} for f in request["files"]]}
+
   def index(self, split: str) -> np.ndarray:
     self._check_split(split)
     return np.load(self.directory / f"{split}.idx.npy")

@@ -59,12 +59,19 @@ class Task(abc.ABC):
   def load_data(cls, run: RunConfig):
     """The task's data (with a `.tokenizer`): config.data prepared as `data_kind` records, now if it
     has not been. Tasks that make their own data override this."""
-    prepared = run.data.prepared(cls.data_kind)
+    source = run.data.source(cls.data_kind)
+    cls.check_source(run, source)
+    prepared = run.data.prepared(source)
     if prepared.kind != cls.data_kind:
       raise DataError(f"config.task={cls.name!r} trains on {cls.data_kind} data, but {prepared.directory} holds "
                       f"{prepared.kind}; choose a {cls.data_kind} data set (--config.data.dataset or "
                       f"--config.data.input_files)")
     return prepared
+
+  @classmethod
+  def check_source(cls, run: RunConfig, source) -> None:
+    """Config checks that need the data set's files but not their tokens (e.g. its columns): they
+    run before the data is prepared, so a bad value fails in seconds, not after tokenizing."""
 
   # --- What the loop calls. ---
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +39,8 @@ class LMConfig:
   eval_batch_size: int = 32
   sampling: str = at("data.sampling", "windows")  # "windows" (random) | "packed" (every token once an epoch)
   sample: SampleConfig = SampleConfig()
+
+  may_change: ClassVar[tuple[str, ...]] = ("eval_batches", "eval_batch_size", "sample")
 
   def check(self, run: RunConfig, data_parallel: int | None) -> None:
     check_positive(self, ("seq_len", "batch_size", "eval_batch_size", "eval_batches"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -31,11 +32,13 @@ class EvalConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TranslationConfig:
-  direction: str = at("data.direction", "")  # e.g. "de-en"; "": the data set's column order
+  direction: str = at("data.direction", "")  # e.g. "en-de"; "": the data set's column order
   max_len: int = at("data.max_len", 64)  # longer pairs are dropped (and counted), never truncated
   batch_tokens: int = 4096  # padded tokens per side in a batch (fairseq's --max-tokens)
   label_smoothing: float = 0.1
   eval: EvalConfig = EvalConfig()
+
+  may_change: ClassVar[tuple[str, ...]] = ("eval",)
 
   def check(self, run: RunConfig, data_parallel: int | None) -> None:
     check_positive(self, ("batch_tokens",))
@@ -77,6 +80,14 @@ class Translation(Task):
   Model = seq2seq.Transformer
   data_kind = "pairs"
   program = "launch.translate"
+
+  @classmethod
+  def check_source(cls, run: RunConfig, source) -> None:
+    try:
+      pipeline.pair_columns(run.task_config.direction or "-".join(source.columns), source.columns)
+    except DataError as e:
+      raise ConfigError(f"--config.data.direction: {e} (the columns of {source.name}, in order; leave it empty "
+                        f"for that order)") from None
 
   def __init__(self, run: RunConfig, tokenizer, mesh, data=None):
     super().__init__(run, tokenizer, mesh, data)

@@ -1,0 +1,162 @@
+"""A training workdir, and the guards that keep it usable by the next command whatever happens.
+
+  config.json              the resolved config of the run (transformer.config.to_config_dict)
+  data.json                what the training data's files held (sha256): resuming on other data is refused
+  tokenizer/               the tokenizer, so that the workdir alone can be sampled from
+  checkpoints/<step>/      Orbax checkpoints (transformer.checkpoints)
+  unreadable_checkpoints/  damaged step directories, moved aside (never deleted) for a person to inspect
+  metrics.jsonl, tensorboard/, loss.png, and the task's output (samples.txt, test_translations.tsv)
+  train.lock               while a launch.train runs on it: that process's pid and host
+
+A launch on an existing workdir writes nothing until it is known to fit what is there: it takes the
+lock, compares its config with config.json (`check_config`: only what `may_change` may differ) and
+its data with data.json (`check_data`); the checkpoints' shapes are compared with the model when the
+latest is restored. Files are replaced atomically (write, then rename), so a kill leaves the old one
+or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+
+import ml_collections
+from absl import logging
+
+from transformer.config import RunConfig, resolve, resume_changes, to_config_dict
+from transformer.errors import ConfigError, DataError, UserError, WorkdirError
+
+CONFIG = "config.json"
+DATA = "data.json"
+TOKENIZER = "tokenizer"
+CHECKPOINTS = "checkpoints"
+UNREADABLE = "unreadable_checkpoints"
+LOCK = "train.lock"
+
+
+@contextlib.contextmanager
+def writable(workdir: Path, action: str = "write to"):
+  """`OSError`s while writing into the workdir -> one WorkdirError naming the path and the cause."""
+  try:
+    yield
+  except OSError as e:
+    raise WorkdirError(f"cannot {action} {e.filename or workdir}: {e.strerror or e}; free space or fix the "
+                       f"permissions of --workdir={workdir}, or choose another") from None
+
+
+class Lock:
+  """One launch.train per workdir: `train.lock` holds the holder's pid, host and start time. A lock
+  whose process is gone (same host, no such pid: it was killed) is stale and taken over."""
+
+  def __init__(self, workdir: Path):
+    self.path = workdir / LOCK
+    self.mine = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+  def acquire(self) -> None:
+    for _ in range(2):
+      try:
+        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+      except FileExistsError:
+        holder = self._holder()
+        if holder is None or (holder.get("host") == self.mine["host"] and not _alive(holder.get("pid"))):
+          logging.warning("%s was left by process %s, which is gone; taking it over", self.path,
+                          (holder or {}).get("pid", "?"))
+          self.path.unlink(missing_ok=True)
+          continue
+        raise WorkdirError(f"{self.path.parent} is in use: process {holder.get('pid')} on {holder.get('host')} has "
+                           f"trained in it since {holder.get('since')} ({self.path}); wait for it to finish, "
+                           f"use another --workdir, or delete {self.path} if that process is gone") from None
+      with os.fdopen(fd, "w") as f:
+        json.dump(self.mine, f)
+      return
+    raise WorkdirError(f"could not take {self.path}: another process keeps taking it")
+
+  def release(self) -> None:
+    if self._holder() == self.mine:
+      self.path.unlink(missing_ok=True)
+
+  def _holder(self) -> dict | None:
+    try:
+      return json.loads(self.path.read_text())
+    except (OSError, ValueError):  # gone, or torn by a kill while it was written
+      return None
+
+
+def _alive(pid) -> bool:
+  try:
+    os.kill(int(pid), 0)
+  except ProcessLookupError:
+    return False
+  except (PermissionError, TypeError, ValueError):
+    return True  # someone else's process, or a pid we cannot read: assume it holds the lock
+  return True
+
+
+def saved_config(workdir: Path) -> RunConfig | None:
+  """The config a workdir's run was started with (None for a new workdir)."""
+  path = workdir / CONFIG
+  if not path.exists():
+    return None
+  try:
+    return resolve(ml_collections.ConfigDict(json.loads(path.read_text())))
+  except ValueError as e:  # a torn file (JSONDecodeError), or a field this version does not know
+    if isinstance(e, UserError):
+      raise ConfigError(f"{path} is not a config this version can resume: {e}") from None
+    raise WorkdirError(f"{path} is unreadable ({e}); restore it, or use another --workdir") from None
+
+
+def check_config(workdir: Path, run: RunConfig) -> list[str]:
+  """Refuses a launch whose config differs from the workdir's run in what may not change on resume,
+  listing every such value; returns the changes that may happen (e.g. more steps, another mesh)."""
+  saved = saved_config(workdir)
+  if saved is None:
+    return []
+  fixed, allowed = resume_changes(saved, run)
+  if fixed:
+    raise ConfigError(f"--workdir={workdir} holds a run with another config, and these values cannot change when "
+                      f"it resumes: {'; '.join(fixed)}. Use a new --workdir, or launch with the run's values "
+                      f"({workdir / CONFIG})")
+  return allowed
+
+
+def check_data(workdir: Path, fingerprint: dict | None) -> None:
+  """Refuses to resume a run on data whose files changed since it started (sha256). `fingerprint`
+  is the prepared data's (None for a task that makes its own data)."""
+  path = workdir / DATA
+  if fingerprint is None or not path.exists():
+    return
+  saved = json.loads(path.read_text())
+  if saved == fingerprint:
+    return
+  was = {f["name"]: f["sha256"] for f in saved.get("files", [])}
+  now = {f["name"]: f["sha256"] for f in fingerprint["files"]}
+  changed = sorted(n for n in was.keys() | now.keys() if was.get(n) != now.get(n))
+  detail = ", ".join(f"{n} (sha256 {was.get(n, 'absent')[:12]} then, {now.get(n, 'absent')[:12]} now)" for n in changed)
+  raise DataError(f"the training data changed since the run in {workdir} started: {detail or saved.get('source')}; "
+                  f"resuming would mix two data sets. Restore the files, or train on them in a new --workdir")
+
+
+def write_text(path: Path, text: str) -> None:
+  """Replaces `path` atomically: a kill leaves the old file or the new one."""
+  tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+  tmp.write_text(text)
+  os.replace(tmp, path)
+
+
+def record_run(workdir: Path, run: RunConfig, tokenizer, fingerprint: dict) -> None:
+  """Writes what the workdir keeps of its run (after every check has passed): the config (with
+  the changes that were allowed), the data's fingerprint and the tokenizer (once)."""
+  with writable(workdir):
+    write_text(workdir / CONFIG, to_config_dict(run).to_json_best_effort(indent=2) + "\n")
+    if fingerprint is not None:
+      write_text(workdir / DATA, json.dumps(fingerprint, indent=2) + "\n")
+    if not (workdir / TOKENIZER).exists():
+      staging = workdir / f".{TOKENIZER}.tmp-{os.getpid()}"
+      shutil.rmtree(staging, ignore_errors=True)
+      tokenizer.save(staging)
+      os.rename(staging, workdir / TOKENIZER)
