@@ -7,7 +7,8 @@ r"""Samples text from a training workdir's checkpoint or from GPT-2 safetensors.
   echo "Alas, poor" | python -m launch.sample --workdir=workdirs/shakespeare-char --prompts_file=-
 
 Prompts come from --prompt (repeatable), or --prompts_file (one per line; "-" is stdin; write "\n"
-for a newline inside a prompt). An empty prompt starts from <|endoftext|>: a fresh document.
+for a newline inside a prompt). An empty prompt starts from <|endoftext|>: a fresh document; a
+prompt that contains <|endoftext|> is refused unless --allow_special.
 --temperature=0 is greedy decoding. Prompt + --max_new_tokens must fit in the model's context
 unless --sliding_window (slower: no KV cache).
 """
@@ -35,6 +36,8 @@ _TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus sampling: the fewest tokens w
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1, "Completions per prompt.")
 _SEED = flags.DEFINE_integer("seed", 0, "Random seed.")
 _STREAM = flags.DEFINE_bool("stream", False, "Print tokens as they are made (completions one at a time).")
+_ALLOW_SPECIAL = flags.DEFINE_bool("allow_special", False, "Encode special tokens written in a prompt (e.g. "
+                                   "<|endoftext|>) as such; without it such a prompt is refused.")
 _SLIDING_WINDOW = flags.DEFINE_bool("sliding_window", False, "Allow prompt + new tokens beyond the context by "
                                     "re-reading the last context_length tokens for each new one (slow).")
 
@@ -68,7 +71,8 @@ def main(argv):
   how = sampling.Sampling(temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value)
   print(f"# {source}: {len(prompts)} prompt(s) x {_NUM_SAMPLES.value}, {how}", file=sys.stderr)
   options = dict(max_new_tokens=_MAX_NEW_TOKENS.value, sampling=how, seed=_SEED.value,
-                 num_samples=_NUM_SAMPLES.value, mesh=mesh, rules=rules, sliding_window=_SLIDING_WINDOW.value)
+                 num_samples=_NUM_SAMPLES.value, mesh=mesh, rules=rules, sliding_window=_SLIDING_WINDOW.value,
+                 allow_special=_ALLOW_SPECIAL.value)
   if _STREAM.value:
     sampling.complete(model, params, tokenizer, prompts, stream=sys.stdout, **options)
     return

@@ -151,14 +151,6 @@ def test_bad_configs_fail_in_one_line(tmp_path, data_root, extra, env, message):
   assert last.startswith("error: ") and re.search(message, last), last
 
 
-def test_changed_model_names_the_parameter(tmp_path, data_root):
-  assert run_module("launch.train", *_args(data_root, tmp_path, "--config.num_train_steps=20")).returncode == 0
-  proc = run_module("launch.train", *_args(data_root, tmp_path, "--config.num_train_steps=30",
-                                           "--config.model.d_mlp=128"))
-  assert proc.returncode == 1
-  assert "'h/layer_0/mlp/fc/bias' has shape (256,) but the config makes (128,)" in proc.stderr
-
-
 def test_own_text_files_are_one_override_away(tmp_path):
   text = tmp_path / "mine.txt"
   text.write_text("the quick brown fox jumps over the lazy dog.\n" * 400)

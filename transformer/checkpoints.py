@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging as logging_std
 import os
 import time
 from pathlib import Path
@@ -144,10 +145,12 @@ class Checkpointer:
     except Exception as e:  # from tensorstore, Orbax's threads or the OS, each in its own type
       failed = self._saving if self._saving is not None else step
       intact = [s for s in self.steps() if s != failed]
-      raise WorkdirError(f"could not write checkpoint step {failed} to {self.directory}: {type(e).__name__}: "
-                         f"{str(e)[:300]}. Free space or fix the permissions of the workdir; the checkpoints "
-                         f"written before it ({intact or 'none'}) are intact, and launching again resumes from "
-                         f"the latest") from None
+      cause = str(e) if len(str(e)) < 200 else "... " + str(e).rsplit(": ", 1)[-1]  # the OS's words end it
+      # Orbax's other write futures fail alike and asyncio would log each at exit: this error says it.
+      logging_std.getLogger("asyncio").setLevel(logging_std.CRITICAL)
+      raise WorkdirError(f"could not write checkpoint step {failed} to {self.directory}: {cause}. Free space or "
+                         f"fix the permissions of the workdir; the checkpoints written before it ({intact or 'none'}) "
+                         f"are intact, and launching again resumes from the latest") from None
 
   def check_step(self, step: int) -> None:
     if step in self.unreadable:

@@ -91,8 +91,8 @@ class Tokenizer:
       if token not in allowed and token in text:
         raise TokenizerError(
             f"text contains the special token {token!r} at character {text.index(token)}; pass "
-            f"allow_special=True (or a set naming it) to encode it as id {self.special_tokens[token]}, "
-            f"or remove it from the text")
+            f"allow_special=True (or a set naming it; --allow_special in launch.sample) to encode it as "
+            f"id {self.special_tokens[token]}, or remove it from the text")
     return allowed
 
   def __repr__(self) -> str:

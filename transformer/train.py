@@ -228,6 +228,7 @@ class _NonFiniteGuard:
         continue
       self.writer.write(step, {"event": "stopped: nonfinite", "loss": float(loss), "grad_norm": float(grad_norm),
                                "data_position": position})
+      self.ckpt.wait()  # a save in flight is of a good state: let it commit, then name it
       latest = self.ckpt.latest_step()
       kept = f"the latest checkpoint, step {latest}, is the last good state" if latest else "no checkpoint was saved"
       if self.loop.on_nonfinite == "skip":

@@ -25,7 +25,7 @@ the last context_length tokens for each new one (`generate_sliding`: correct but
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import flax.linen as nn
 import jax
@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
 
-from transformer.errors import ConfigError
+from transformer.errors import ConfigError, TokenizerError
 from transformer.generation.common import (batch_rows, check_token_lists, empty_cache, pad_rows,
                                                 put_on_mesh, round_up, until_stop)
 
@@ -256,16 +256,22 @@ class _TextStream:
 
 def complete(model, params, tokenizer, texts: Sequence[str], *, max_new_tokens: int,
              sampling: Sampling = Sampling(), seed: int = 0, num_samples: int = 1, stream=None,
-             **generate_options) -> list[str]:
+             allow_special: bool | Iterable[str] = False, **generate_options) -> list[str]:
   """Text continuations: `num_samples` per prompt, prompt-major. Generation stops at end-of-text;
-  an empty prompt starts from end-of-text (a fresh document, as GPT-2 was trained). Special tokens
-  written in a prompt (e.g. "<|endoftext|>") are encoded as such.
+  an empty prompt starts from end-of-text (a fresh document, as GPT-2 was trained). A special token
+  written in a prompt (e.g. "<|endoftext|>") is refused unless `allow_special` (True, or a set of
+  names) lets it be encoded as that token, as `Tokenizer.encode` does.
 
   stream: a text file (e.g. sys.stdout) to write the completions to as their tokens come; they are
   then made one at a time (sample j of a prompt with seed `seed + j`) instead of as one batch."""
   if num_samples < 1:
     raise ConfigError(f"num_samples must be >= 1, got {num_samples}")
-  prompts = [tokenizer.encode(t, allow_special=True) or [tokenizer.eot_id] for t in texts]
+  prompts = []
+  for i, text in enumerate(texts):
+    try:
+      prompts.append(tokenizer.encode(text, allow_special=allow_special) or [tokenizer.eot_id])
+    except TokenizerError as e:
+      raise TokenizerError(f"prompt {i + 1}: {e}") from None
   options = dict(max_new_tokens=max_new_tokens, sampling=sampling, stop_id=tokenizer.eot_id, **generate_options)
   if stream is None:
     rows = [p for p in prompts for _ in range(num_samples)]

@@ -14,7 +14,7 @@ import optax
 from transformer import metrics
 from transformer.config import RunConfig, at, check_positive
 from transformer.data import pipeline
-from transformer.errors import ConfigError
+from transformer.errors import ConfigError, TokenizerError
 from transformer.generation import sampling
 from transformer.models.gpt import GPT, GPTConfig
 from transformer.tasks.base import Task
@@ -88,6 +88,13 @@ class LanguageModel(Task):
   data_kind = "text"
   program = "launch.sample"
 
+  def __init__(self, run: RunConfig, tokenizer, mesh, data=None):
+    super().__init__(run, tokenizer, mesh, data)
+    try:  # now, not after training
+      self._sample_prompt = tokenizer.encode(self.config.sample.prompt) or [tokenizer.eot_id]
+    except TokenizerError as e:
+      raise ConfigError(f"--config.sample.prompt: {e}") from None
+
   def init_inputs(self) -> tuple:
     return (jnp.zeros((1, 8), jnp.int32),)
 
@@ -124,8 +131,7 @@ class LanguageModel(Task):
     if s.max_new_tokens <= 0:
       return {}
     tok = self.tokenizer
-    prompt = tok.encode(s.prompt) if s.prompt else [tok.eot_id]
-    [ids] = sampling.generate(self.model, params, [prompt], max_new_tokens=s.max_new_tokens,
+    [ids] = sampling.generate(self.model, params, [self._sample_prompt], max_new_tokens=s.max_new_tokens,
                               sampling=self.config.sample_options(), seed=s.seed, stop_id=tok.eot_id, mesh=self.mesh,
                               rules=self.rules, sliding_window=True)
     text = s.prompt + tok.decode(ids)

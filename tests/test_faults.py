@@ -1,0 +1,339 @@
+"""What survives what: each fault of the README's table, made real in real processes (a SIGKILL, a
+SIGTERM, torn files, a full disk, a NaN, a changed data file, two launches at once), then the next
+command on the same workdir. tests/inject.py places a fault at an exact point inside a process."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import REPO, run_module
+from transformer import metrics
+
+TINY = ["--config=experiments/shakespeare.py:tiny", "--config.sample.max_new_tokens=0"]
+# 60 steps, a checkpoint every 10 and a validation loss every 20: the run every fault interrupts.
+RUN = ["--config.num_train_steps=60", "--config.log_every_steps=1", "--config.checkpoint_every_steps=10",
+       "--config.eval_every_steps=20"]
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+  return tmp_path_factory.mktemp("data")
+
+
+def _args(data_root, workdir, *extra):
+  return [*TINY, f"--config.data.root={data_root}", f"--workdir={workdir}", *RUN, *extra]
+
+
+def train(data_root, workdir, *extra, inject=(), env=None):
+  """launch.train on `workdir` (through tests/inject.py when a fault is injected)."""
+  if not inject:
+    return run_module("launch.train", *_args(data_root, workdir, *extra), env=env)
+  return subprocess.run([sys.executable, "tests/inject.py", *inject, "--", *_args(data_root, workdir, *extra)],
+                        cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=300)
+
+
+def losses(workdir, key="loss"):
+  return metrics.last_per_step(metrics.read_jsonl(workdir / "metrics.jsonl"), key)
+
+
+def events(workdir):
+  return [r for r in metrics.read_jsonl(workdir / "metrics.jsonl") if "event" in r]
+
+
+def steps(workdir):
+  return sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+
+
+def error_line(proc):
+  last = proc.stderr.strip().splitlines()[-1]
+  assert proc.returncode == 1 and last.startswith("error: "), proc.stderr[-3000:]
+  return last
+
+
+def assert_same_losses(workdir, straight, first=1, last=60):
+  a, b = losses(straight), losses(workdir)
+  assert set(range(first, last + 1)) <= set(b), sorted(b)
+  np.testing.assert_allclose([b[s] for s in range(first, last + 1)], [a[s] for s in range(first, last + 1)],
+                             rtol=1e-6)
+
+
+def sample(workdir, *extra, env=None):
+  return run_module("launch.sample", f"--workdir={workdir}", "--prompt=ROMEO:", "--max_new_tokens=20",
+                    "--temperature=0", *extra, env=env)
+
+
+@pytest.fixture(scope="module")
+def straight(data_root, tmp_path_factory):
+  """The uninterrupted run every interrupted one must match."""
+  workdir = tmp_path_factory.mktemp("straight")
+  proc = train(data_root, workdir)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return workdir
+
+
+# --- 1. Non-finite losses --------------------------------------------------------------------
+
+
+def test_a_diverging_run_stops_naming_the_step_and_saves_nothing_nonfinite(tmp_path, data_root):
+  proc = train(data_root, tmp_path, "--config.optimizer.lr=1e6", "--config.optimizer.grad_clip_norm=0")
+  line = error_line(proc)
+  assert re.search(r"step \d+ was not finite \(loss nan", line) and "data position" in line, line
+  assert "--config.on_nonfinite=skip" in line and "no checkpoint was saved" in line
+  assert steps(tmp_path) == []
+  assert events(tmp_path)[-1]["event"] == "stopped: nonfinite"
+
+
+def test_a_nan_step_stops_and_the_last_good_checkpoint_resumes(tmp_path, data_root, straight):
+  proc = train(data_root, tmp_path, inject=["--nan_at_steps=23"])
+  line = error_line(proc)
+  assert "step 23 was not finite (loss nan" in line and "training batch 23" in line, line
+  assert "the latest checkpoint, step 20, is the last good state" in line
+  assert steps(tmp_path) == [10, 20]  # nothing after the bad step was saved
+  resumed = train(data_root, tmp_path)  # the same command without the fault: the workdir is usable
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert_same_losses(tmp_path, straight)
+
+
+def test_skip_policy_skips_logs_and_goes_on_then_stops_after_too_many(tmp_path, data_root):
+  proc = train(data_root, tmp_path / "skip", "--config.on_nonfinite=skip", inject=["--nan_at_steps=12,13"])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  skipped = [e for e in events(tmp_path / "skip") if e["event"] == "nonfinite step skipped"]
+  assert [e["step"] for e in skipped] == [12, 13] and all(np.isnan(e["loss"]) for e in skipped)
+  assert np.isfinite(losses(tmp_path / "skip", "val_loss")[60])
+  proc = train(data_root, tmp_path / "stop", "--config.on_nonfinite=skip", "--config.max_consecutive_skips=1",
+               inject=["--nan_at_steps=12,13"])
+  assert "2 steps in a row were not finite, more than --config.max_consecutive_skips=1" in error_line(proc)
+  assert steps(tmp_path / "stop") == [10]
+
+
+# --- 2. Torn checkpoints ---------------------------------------------------------------------
+
+
+def _tear(step_dir):
+  for path in step_dir.rglob("*"):
+    if path.is_file():
+      path.write_bytes(b"")
+
+
+def test_a_torn_latest_checkpoint_is_moved_aside_and_training_goes_on_from_the_one_before(tmp_path, data_root,
+                                                                                       straight):
+  proc = train(data_root, tmp_path, inject=["--kill_at_commit=40"])
+  assert proc.returncode == -signal.SIGKILL
+  _tear(tmp_path / "checkpoints" / "30")
+  resumed = train(data_root, tmp_path)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert re.search(r"checkpoint step 30 in \S+ is unreadable \(_CHECKPOINT_METADATA is unreadable", resumed.stderr)
+  assert "resumed from" in resumed.stdout and "at step 20" in resumed.stdout
+  [aside] = (tmp_path / "unreadable_checkpoints").iterdir()
+  assert aside.name.startswith("30-") and (aside / "_CHECKPOINT_METADATA").exists()  # kept for a person
+  assert_same_losses(tmp_path, straight)
+
+
+def test_sampling_falls_back_past_a_torn_checkpoint_and_names_it(tmp_path, data_root, straight):
+  workdir = tmp_path / "w"
+  subprocess.run(["cp", "-r", str(straight), str(workdir)], check=True)
+  _tear(workdir / "checkpoints" / "60")
+  latest = sample(workdir)
+  assert latest.returncode == 0, latest.stderr[-3000:]
+  assert "step 50" in latest.stderr and "checkpoint step 60" in latest.stderr and "unreadable" in latest.stderr
+  line = error_line(sample(workdir, "--step=60"))
+  assert "checkpoint step 60" in line and "is unreadable" in line and "the intact steps are [40, 50]" in line
+  for step in (40, 50):
+    _tear(workdir / "checkpoints" / str(step))
+  assert "no checkpoint in" in error_line(train(data_root, workdir))
+
+
+# --- 3. A refused launch writes nothing ------------------------------------------------------
+
+
+def test_a_refused_launch_leaves_the_run_as_it_was(tmp_path, data_root, straight):
+  workdir = tmp_path / "w"
+  subprocess.run(["cp", "-r", str(straight), str(workdir)], check=True)
+  before = {p: p.read_bytes() for p in workdir.rglob("*") if p.is_file()}
+  line = error_line(train(data_root, workdir, "--config.model.d_model=96", "--config.data.tokenizer=gpt2",
+                          "--config.num_train_steps=80"))
+  assert "cannot change when it resumes" in line
+  assert "model.d_model=96 (the run's: 64)" in line and "data.tokenizer='gpt2' (the run's: 'char')" in line
+  assert "num_train_steps" not in line  # that may change
+  after = {p: p.read_bytes() for p in workdir.rglob("*") if p.is_file() and p.name != "train.lock"}
+  assert after == before and not (workdir / "train.lock").exists()
+  assert sample(workdir).returncode == 0
+  # What may change does: more steps, another evaluation cadence.
+  more = train(data_root, workdir, "--config.num_train_steps=70", "--config.eval_every_steps=35")
+  assert more.returncode == 0, more.stderr[-3000:]
+  assert "resuming with changes: num_train_steps=70 (the run's: 60); eval_every_steps=35" in more.stdout
+  assert json.loads((workdir / "config.json").read_text())["num_train_steps"] == 70
+
+
+def test_without_a_saved_config_the_checkpoint_names_the_parameter(tmp_path, data_root, straight):
+  workdir = tmp_path / "w"
+  subprocess.run(["cp", "-r", str(straight), str(workdir)], check=True)
+  (workdir / "config.json").unlink()
+  line = error_line(train(data_root, workdir, "--config.model.d_mlp=128"))
+  assert "'h/layer_0/mlp/fc/bias' has shape (256,) but the config makes (128,)" in line
+
+
+# --- 4. Another mesh, another device count ---------------------------------------------------
+
+MESH8 = ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=-1"]
+MESH1 = ["--config.mesh.data=-1", "--config.mesh.fsdp=1", "--config.mesh.tensor=1"]
+SHARDABLE = ["--config.model.vocab_size=96", "--config.num_train_steps=24"]  # 96: splits over the tensor axis
+
+
+def test_a_run_resumes_from_one_device_onto_eight_and_from_eight_onto_one(tmp_path, data_root):
+  eight = {"JAX_NUM_CPU_DEVICES": "8"}
+  one = train(data_root, tmp_path / "one", *SHARDABLE)
+  assert one.returncode == 0, one.stderr[-3000:]
+  runs = {"up": (MESH1, {}, MESH8, eight), "down": (MESH8, eight, MESH1, {})}
+  for name, (mesh_a, env_a, mesh_b, env_b) in runs.items():
+    workdir = tmp_path / name
+    first = train(data_root, workdir, *SHARDABLE, *mesh_a, inject=["--kill_at_commit=20"], env=env_a)
+    assert first.returncode == -signal.SIGKILL and steps(workdir) == [10]
+    second = train(data_root, workdir, *SHARDABLE, *mesh_b, env=env_b)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "at step 10" in second.stdout and ("8 x cpu" in second.stdout) == (name == "up")
+    a, b = losses(tmp_path / "one"), losses(workdir)
+    np.testing.assert_allclose([b[s] for s in range(11, 25)], [a[s] for s in range(11, 25)], atol=2e-5)
+  # Params alone, from the run that ended sharded 8 ways, onto 1 device and onto 12 (whose mesh,
+  # tensor=-1 -> 3, cannot split d_model 64: data parallelism instead of a JAX error).
+  reference = sample(tmp_path / "one")
+  assert reference.returncode == 0, reference.stderr[-3000:]
+  for env in ({}, {"JAX_NUM_CPU_DEVICES": "12"}):
+    sampled = sample(tmp_path / "up", env=env)
+    assert sampled.returncode == 0, sampled.stderr[-3000:]
+    assert sampled.stdout == reference.stdout
+
+
+# --- 5. Kills during saves, full disks, changed data, SIGTERM in evaluation, two launches ----
+
+
+def test_a_kill_during_a_save_then_a_full_disk_then_a_clean_resume(tmp_path, data_root, straight):
+  killed = train(data_root, tmp_path, inject=["--kill_at_commit=30"])
+  assert killed.returncode == -signal.SIGKILL
+  assert steps(tmp_path) == [10, 20] and list((tmp_path / "checkpoints").glob("30.orbax-checkpoint-tmp*"))
+  full = train(data_root, tmp_path, inject=["--max_file_bytes=65536"])  # resumes at 20, cannot write 30
+  line = error_line(full)
+  assert "could not write checkpoint step 30" in line and "File too large" in line, line
+  assert "the checkpoints written before it ([10, 20]) are intact" in line
+  resumed = train(data_root, tmp_path)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert "at step 20" in resumed.stdout and not list((tmp_path / "checkpoints").glob("*tmp*"))
+  assert_same_losses(tmp_path, straight)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_an_unwritable_workdir_is_one_error(tmp_path, data_root):
+  tmp_path.chmod(0o500)
+  try:
+    line = error_line(train(data_root, tmp_path / "w"))
+  finally:
+    tmp_path.chmod(0o700)
+  assert "cannot create the lock in" in line and "Permission denied" in line
+
+
+def test_a_workdir_that_cannot_be_a_directory_is_one_error(tmp_path, data_root):
+  (tmp_path / "file").write_text("")
+  line = error_line(train(data_root, tmp_path / "file" / "w"))
+  assert "cannot create the lock in" in line and "Not a directory" in line
+
+
+def test_changed_data_is_prepared_again_and_never_mixed_into_a_run(tmp_path):
+  text = tmp_path / "mine.txt"
+  text.write_text("the quick brown fox jumps over the lazy dog.\n" * 400)
+  own = [*TINY, f"--config.data.input_files={text}", f"--config.data.root={tmp_path / 'data'}",
+         "--config.data.piece_chars=1000", "--config.num_train_steps=10", "--config.eval_every_steps=10"]
+  assert run_module("launch.train", *own, f"--workdir={tmp_path / 'a'}").returncode == 0
+  before = (tmp_path / "a" / "metrics.jsonl").read_text()
+  text.write_text("the quick brown fox jumps over the lazy cat.\n" * 400)
+  line = error_line(run_module("launch.train", *own, "--config.num_train_steps=20", f"--workdir={tmp_path / 'a'}"))
+  assert "the training data changed since the run" in line and "mine.txt (sha256" in line, line
+  assert (tmp_path / "a" / "metrics.jsonl").read_text() == before
+  fresh = run_module("launch.train", *own, f"--workdir={tmp_path / 'b'}")
+  assert fresh.returncode == 0, fresh.stderr[-3000:]
+  manifest = json.loads((tmp_path / "data" / "mine-char" / "manifest.json").read_text())
+  assert manifest["request"]["files"][0]["sha256"] == json.loads((tmp_path / "b" / "data.json").read_text())[
+      "files"][0]["sha256"] != json.loads((tmp_path / "a" / "data.json").read_text())["files"][0]["sha256"]
+
+
+def _logged(workdir, step) -> bool:
+  try:  # the file may end in a half-written line while the run writes it
+    return step in losses(workdir)
+  except ValueError:
+    return False
+
+
+def _wait_for(predicate, proc, seconds=120):
+  deadline = time.time() + seconds
+  while time.time() < deadline and proc.poll() is None and not predicate():
+    time.sleep(0.05)
+  assert proc.poll() is None, proc.communicate()[1][-3000:]
+
+
+def test_sigterm_during_evaluation_abandons_it_saves_and_the_next_launch_evaluates_first(tmp_path, data_root,
+                                                                                        straight):
+  long_eval = ["--config.eval_batches=4000"]  # an evaluation of several seconds
+  proc = subprocess.Popen([sys.executable, "-m", "launch.train", *_args(data_root, tmp_path, *long_eval)], cwd=REPO,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  _wait_for(lambda: _logged(tmp_path, 20), proc)
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 0, err[-3000:]
+  assert steps(tmp_path) == [10, 20] and 20 not in losses(tmp_path, "val_loss")
+  assert {"step": 20, "event": "evaluation interrupted by SIGTERM"} in events(tmp_path)
+  resumed = train(data_root, tmp_path)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert sorted(losses(tmp_path, "val_loss")) == [20, 40, 60]  # step 20's evaluation was done first
+  assert_same_losses(tmp_path, straight)
+
+
+def test_a_second_launch_on_a_running_workdir_refuses_and_a_dead_holder_is_detected(tmp_path, data_root):
+  forever = ["--config.num_train_steps=100000", "--config.checkpoint_every_steps=100000"]
+  proc = subprocess.Popen([sys.executable, "-m", "launch.train", *_args(data_root, tmp_path, *forever)], cwd=REPO,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    _wait_for(lambda: (tmp_path / "metrics.jsonl").exists(), proc)
+    line = error_line(train(data_root, tmp_path, *forever))
+    assert f"is in use: process {proc.pid} on" in line and "train.lock" in line, line
+  finally:
+    proc.kill()
+    proc.wait()
+  assert json.loads((tmp_path / "train.lock").read_text())["pid"] == proc.pid  # left behind by the kill
+  after = train(data_root, tmp_path, "--config.num_train_steps=5")
+  assert after.returncode == 0, after.stderr[-3000:]
+  assert "which is gone; taking it over" in after.stderr and not (tmp_path / "train.lock").exists()
+
+
+# --- 6, 7. Special tokens from the command line; your own translation pairs -----------------
+
+
+def test_special_tokens_in_a_prompt_are_refused_unless_allowed(straight):
+  line = error_line(run_module("launch.sample", f"--workdir={straight}", "--prompt=ROMEO<|endoftext|>",
+                               "--max_new_tokens=5"))
+  assert "prompt 1: text contains the special token '<|endoftext|>' at character 5" in line
+  assert "--allow_special" in line
+  allowed = run_module("launch.sample", f"--workdir={straight}", "--prompt=ROMEO<|endoftext|>", "--max_new_tokens=5",
+                       "--allow_special")
+  assert allowed.returncode == 0, allowed.stderr[-3000:]
+
+
+def test_own_translation_pairs_default_to_their_column_order(tmp_path):
+  pairs = tmp_path / "pairs.tsv"
+  pairs.write_text("".join(f"das haus {i}\tthe house {i}\n" for i in range(300)))
+  common = ["--config=experiments/translation.py:tiny", f"--config.data.input_files={pairs}",
+            f"--config.data.root={tmp_path / 'data'}", "--config.data.tokenizer=char", "--config.num_train_steps=4",
+            "--config.eval_every_steps=4", "--config.checkpoint_every_steps=4", "--config.eval.bleu_sentences=4",
+            "--config.eval.beam_size=1"]
+  line = error_line(run_module("launch.train", *common, "--config.data.direction=de-en",
+                               f"--workdir={tmp_path / 'bad'}"))
+  assert "--config.data.direction: unknown direction 'de-en'" in line and "'source-target'" in line, line
+  assert not (tmp_path / "data").exists()  # refused before the data was prepared
+  proc = run_module("launch.train", *common, f"--workdir={tmp_path / 'w'}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "(source-target)" in proc.stdout
