@@ -103,3 +103,28 @@ def test_mesh_that_does_not_fit_the_devices():
   with pytest.raises(ConfigError, match="needs 3 devices but 1 are available"):
     resolve(c, num_devices=1)
   assert resolve(c).mesh.data == 3  # restoring elsewhere does not check the devices
+
+
+def test_resume_changes_split_what_may_change_from_what_may_not():
+  saved = resolve(shakespeare.get_config("tiny"))
+  c = shakespeare.get_config("tiny")
+  c.num_train_steps, c.optimizer.lr, c.mesh.fsdp, c.sample.temperature = 99, 1e-4, 2, 0.5
+  c.data.root = "elsewhere"  # where the data is prepared; its content is checked by sha256
+  fixed, allowed = config.resume_changes(saved, resolve(c))
+  assert fixed == []
+  assert allowed == ["num_train_steps=99 (the run's: 40)", "optimizer.lr=0.0001 (the run's: 0.001)",
+                     "mesh.fsdp=2 (the run's: 1)", "data.root='elsewhere' (the run's: 'data')",
+                     "sample.temperature=0.5 (the run's: 0.8)"]
+  c.seed, c.model.d_model, c.data.tokenizer, c.seq_len = 1, 96, "gpt2", 32
+  fixed, _ = config.resume_changes(saved, resolve(c))
+  assert fixed == ["seed=1 (the run's: 0)", "data.tokenizer='gpt2' (the run's: 'char')",
+                   "model.d_model=96 (the run's: 64)", "seq_len=32 (the run's: 64)"]
+  assert config.resume_changes(saved, resolve(translation.get_config("tiny")))[0] == [
+      "task=translation (the run's: lm)"]
+
+
+def test_nonfinite_policy_is_checked():
+  c = shakespeare.get_config("tiny")
+  c.on_nonfinite = "ignore"
+  with pytest.raises(ConfigError, match=r"--config.on_nonfinite='ignore' is unknown; choose one of stop, skip"):
+    resolve(c)

@@ -18,7 +18,8 @@ Each piece is a frozen dataclass whose fields are the config's keys, with their 
 ConfigDict an experiment starts from is made from them (`defaults`), so every default is written
 once, here or in the task's module. A field stored under another key than `<section>.<name>` says
 so with `at("data.sampling", ...)`. A key that no piece reads is an error, as is a value of the
-wrong type; every error names the `--config.` flag to change.
+wrong type; every error names the `--config.` flag to change. A piece's `may_change` names the
+fields that may differ when a run resumes (`resume_changes`); every other field is fixed for the run.
 """
 
 from __future__ import annotations
