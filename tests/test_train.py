@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -40,6 +41,27 @@ def test_gradient_accumulation_equals_one_big_batch():
   np.testing.assert_allclose(m4["loss"], m1["loss"], rtol=1e-5)
   np.testing.assert_allclose(m4["grad_norm"], m1["grad_norm"], rtol=1e-4)
   np.testing.assert_allclose(s4.params["wte"]["embedding"], s1.params["wte"]["embedding"], atol=1e-6)
+
+
+def test_a_nonfinite_step_is_not_applied():
+  cfg = GPTConfig(vocab_size=23, context_length=16, num_layers=1, num_heads=2, d_model=16)
+  model = GPT(cfg)
+  tx = optim.make_optimizer(OptimizerConfig(lr=1e-2, warmup_steps=0, schedule="constant"), 10)
+  params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
+  state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                           rng=jax.random.key_data(jax.random.key(1)))
+  batch = jax.random.randint(jax.random.key(2), (4, 9), 0, 23)
+  def nan_loss(params, batch, rng, is_training):  # a real NaN through the gradients
+    loss, tokens = lm_loss(model, params, batch, rng, is_training)
+    return loss * jnp.sqrt(-1.0), tokens
+  step = lambda loss_fn: jax.jit(functools.partial(train.train_step, loss_fn=loss_fn, tx=tx, schedule=lambda s: 0.0,
+                                                   accumulation_steps=1))(state, batch)
+  bad, m = step(nan_loss)
+  assert not m["finite"] and np.isnan(m["loss"])
+  chex.assert_trees_all_equal((bad.params, bad.opt_state), (state.params, state.opt_state))
+  assert bad.step == 1 and not np.array_equal(bad.rng, state.rng)  # the step and its randomness are used up
+  good, m = step(functools.partial(lm_loss, model))
+  assert m["finite"] and not np.allclose(good.params["wte"]["embedding"], state.params["wte"]["embedding"])
 
 
 @pytest.fixture(scope="module")
