@@ -22,6 +22,7 @@ from pathlib import Path
 import flax.traverse_util
 import jax
 from absl import logging
+from jax.experimental import multihost_utils
 
 from transformer.errors import CheckpointError, WorkdirError
 
@@ -104,8 +105,11 @@ class Checkpointer:
   def set_aside(self, step: int, reason: str) -> None:
     """Moves an unreadable step directory to <workdir>/unreadable_checkpoints/ (never deletes it)."""
     aside = self.directory.parent / "unreadable_checkpoints" / f"{step}-{time.strftime('%Y%m%d-%H%M%S')}"
-    aside.parent.mkdir(parents=True, exist_ok=True)
-    os.rename(self.directory / str(step), aside)
+    if jax.process_index() == 0:  # every process finds the same damage; one moves it
+      aside.parent.mkdir(parents=True, exist_ok=True)
+      os.rename(self.directory / str(step), aside)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices(f"set aside checkpoint {step}")
     self.unreadable[step] = reason
     logging.warning("checkpoint step %d in %s is unreadable (%s); moved it to %s", step, self.directory, reason, aside)
     if self.manager is not None:
@@ -217,12 +221,12 @@ class Checkpointer:
                                       partial_restore=True))
     except Exception as e:  # torn array data
       self.unreadable[step] = f"{type(e).__name__}: {str(e)[:200]}"
-      self.check_step(step)
+      self.check_step(step)  # raises, naming it
     return restored["params"]
 
   def wait(self) -> None:
     if self.manager is not None:
-      with self._writing(self._saving or 0):
+      with self._writing(self._saving):
         self.manager.wait_until_finished()
 
   def close(self) -> None:

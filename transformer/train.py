@@ -10,7 +10,9 @@ task's data (prepared on first use), the mesh, the task (transformer.tasks: its 
 and evaluation) and the optimizer -> restore the latest checkpoint of the workdir (state, data
 position, RNG) or initialise -> jit-compiled sharded steps with periodic evaluation, async Orbax
 checkpoints and metrics -> a loss plot and the task's final output (a generated sample; test BLEU).
-SIGTERM saves a checkpoint and returns cleanly. The loop never asks which task it trains.
+SIGTERM saves a checkpoint and returns cleanly; a non-finite step is never applied, and stops the
+run (or is skipped: config.on_nonfinite); a launch writes nothing into an existing workdir before it
+is known to fit it (transformer.workdir). The loop never asks which task it trains.
 """
 
 from __future__ import annotations
@@ -205,7 +207,7 @@ class _NonFiniteGuard:
 
   def __init__(self, loop: LoopConfig, writer: metrics.MetricsWriter, ckpt: checkpoints.Checkpointer):
     self.loop, self.writer, self.ckpt = loop, writer, ckpt
-    self.pending: list = []  # (step, the step's metrics on device, the data position of its batch)
+    self.pending: list = []  # (step, finite, loss, grad_norm on device, the data position of its batch)
     self.in_a_row = 0
 
   def add(self, step: int, step_metrics: dict, position: dict) -> None:
