@@ -25,37 +25,37 @@ from transformer.tasks.lm import lm_loss
 TINY = ["--config=experiments/shakespeare.py:tiny", "--config.sample.max_new_tokens=0"]
 
 
-def test_gradient_accumulation_equals_one_big_batch():
-  cfg = GPTConfig(vocab_size=23, context_length=16, num_layers=1, num_heads=2, d_model=16)
-  model = GPT(cfg)
+def _tiny_step(batch_size: int):
+  """(model, initial state, a batch, step(loss_fn, accumulation_steps) -> (state, metrics)) of a tiny GPT."""
+  model = GPT(GPTConfig(vocab_size=23, context_length=16, num_layers=1, num_heads=2, d_model=16))
   tx = optim.make_optimizer(OptimizerConfig(lr=1e-2, warmup_steps=0, schedule="constant"), 10)
   params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
   state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                            rng=jax.random.key_data(jax.random.key(1)))
-  batch = jax.random.randint(jax.random.key(2), (8, 9), 0, 23)
+  batch = jax.random.randint(jax.random.key(2), (batch_size, 9), 0, 23)
+  def step(loss_fn, accum=1):
+    return jax.jit(functools.partial(train.train_step, loss_fn=loss_fn, tx=tx, schedule=lambda s: 0.0,
+                                     accumulation_steps=accum))(state, batch)
+  return model, state, batch, step
+
+
+def test_gradient_accumulation_equals_one_big_batch():
+  model, state, batch, step = _tiny_step(8)
   loss_fn = functools.partial(lm_loss, model)
-  step = lambda accum: jax.jit(functools.partial(train.train_step, loss_fn=loss_fn, tx=tx, schedule=lambda s: 0.0,
-                                                 accumulation_steps=accum))
-  s1, m1 = step(1)(state, batch)
-  s4, m4 = step(4)(state, batch)
+  s1, m1 = step(loss_fn, 1)
+  s4, m4 = step(loss_fn, 4)
   np.testing.assert_allclose(m4["loss"], m1["loss"], rtol=1e-5)
   np.testing.assert_allclose(m4["grad_norm"], m1["grad_norm"], rtol=1e-4)
   np.testing.assert_allclose(s4.params["wte"]["embedding"], s1.params["wte"]["embedding"], atol=1e-6)
 
 
 def test_a_nonfinite_step_is_not_applied():
-  cfg = GPTConfig(vocab_size=23, context_length=16, num_layers=1, num_heads=2, d_model=16)
-  model = GPT(cfg)
-  tx = optim.make_optimizer(OptimizerConfig(lr=1e-2, warmup_steps=0, schedule="constant"), 10)
-  params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
-  state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                           rng=jax.random.key_data(jax.random.key(1)))
-  batch = jax.random.randint(jax.random.key(2), (4, 9), 0, 23)
+  model, state, batch, step = _tiny_step(4)
+
   def nan_loss(params, batch, rng, is_training):  # a real NaN through the gradients
     loss, tokens = lm_loss(model, params, batch, rng, is_training)
     return loss * jnp.sqrt(-1.0), tokens
-  step = lambda loss_fn: jax.jit(functools.partial(train.train_step, loss_fn=loss_fn, tx=tx, schedule=lambda s: 0.0,
-                                                   accumulation_steps=1))(state, batch)
+
   bad, m = step(nan_loss)
   assert not m["finite"] and np.isnan(m["loss"])
   chex.assert_trees_all_equal((bad.params, bad.opt_state), (state.params, state.opt_state))
