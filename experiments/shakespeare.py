@@ -3,11 +3,16 @@
   python -m launch.train --config=experiments/shakespeare.py:char --workdir=workdirs/char
   python -m launch.train --config=experiments/shakespeare.py:bpe  --workdir=workdirs/bpe
   python -m launch.train --config=experiments/shakespeare.py:tiny --workdir=/tmp/tiny   # seconds
+  python -m launch.train --config=experiments/shakespeare.py:char_dense --workdir=workdirs/char-dense
+      # also char_random, char_fixed_random: Synthesizer attention instead of dot products
 """
 
 from experiments import base
 
-PRESETS = ("char", "bpe", "tiny")
+# char with Synthesizer self-attention (Tay et al. 2020) instead of dot products: the README compares them.
+SYNTHESIZERS = {"char_dense": "synthesizer_dense", "char_random": "synthesizer_random",
+                "char_fixed_random": "synthesizer_fixed_random"}
+PRESETS = ("char", "bpe", "tiny", *SYNTHESIZERS)
 
 
 def _five_cpu_minutes(c, num_train_steps: int, eval_every_steps: int) -> None:
@@ -24,9 +29,10 @@ def _five_cpu_minutes(c, num_train_steps: int, eval_every_steps: int) -> None:
 def get_config(preset: str = "char"):
   c = base.lm_config()
   c.data.dataset = "shakespeare"
-  if preset == "char":
+  if preset == "char" or preset in SYNTHESIZERS:
     c.data.tokenizer = "char"
     _five_cpu_minutes(c, num_train_steps=1200, eval_every_steps=300)
+    c.model.attention_mechanism = SYNTHESIZERS.get(preset, "dot_product")
   elif preset == "bpe":  # ~3.4 characters a token: fewer, slower steps (the 4096-way head)
     c.data.tokenizer = "bpe"
     c.data.vocab_size = 4096

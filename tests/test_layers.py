@@ -3,9 +3,12 @@ positions; the model tests (test_gpt, test_seq2seq) cover blocks and stacks thro
 
 import chex
 import flax.linen as nn
+import flax.traverse_util
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
+import pytest
 
 from transformer import layers
 
@@ -52,14 +55,16 @@ def test_cache_positions_count_real_tokens_only():
   module = layers.CachePositions()
   valid_BxT = jnp.array([[False, False, True, True], [True, True, True, True]])
   variables = module.init(jax.random.key(0), jnp.ones((2, 6), bool))  # a cache of 6 slots
-  (positions_BxT, mask_BxTxS), variables = module.apply(variables, valid_BxT, mutable=["cache"])
+  (positions_BxT, mask_BxTxS, slots_BxS), variables = module.apply(variables, valid_BxT, mutable=["cache"])
   np.testing.assert_array_equal(positions_BxT, [[0, 0, 0, 1], [0, 1, 2, 3]])
   chex.assert_shape(mask_BxTxS, (2, 4, 6))
   np.testing.assert_array_equal(mask_BxTxS[0, 3], [False, False, True, True, False, False])
+  np.testing.assert_array_equal(slots_BxS[:, :4], positions_BxT)  # each slot keeps its token's position
   # The next token: position = real tokens so far, and it sees every real slot and itself.
-  (positions_BxT, mask_BxTxS), _ = module.apply(variables, jnp.ones((2, 1), bool), mutable=["cache"])
+  (positions_BxT, mask_BxTxS, slots_BxS), _ = module.apply(variables, jnp.ones((2, 1), bool), mutable=["cache"])
   np.testing.assert_array_equal(positions_BxT, [[2], [4]])
   np.testing.assert_array_equal(mask_BxTxS[0, 0], [False, False, True, True, True, False])
+  np.testing.assert_array_equal(slots_BxS[:, 4], [2, 4])
 
 
 def test_projection_keeps_its_kernel_shape_and_axis_names():
@@ -68,3 +73,111 @@ def test_projection_keeps_its_kernel_shape_and_axis_names():
   assert boxed["kernel"].names == ("embed", "heads", "kv")
   chex.assert_shape(nn.unbox(boxed)["kernel"], (5, 3, 4))
   chex.assert_shape(proj.apply({"params": nn.unbox(boxed)}, jnp.ones((2, 5))), (2, 3, 4))
+
+
+# --- Synthesizer attention (Tay et al. 2020), through the models that use it -----------------
+
+SYNTHESIZERS = ("synthesizer_dense", "synthesizer_random", "synthesizer_fixed_random")
+
+
+def _gpt(mechanism, **changes):
+  from transformer.models.gpt import GPT, GPTConfig
+  cfg = GPTConfig(vocab_size=50, context_length=16, num_layers=2, num_heads=2, d_model=32,
+                  attention_mechanism=mechanism, **changes).check()
+  params = nn.unbox(GPT(cfg).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
+  # Scale the synthesized scores up so that attention is far from uniform (a real test of masking).
+  params = jax.tree_util.tree_map_with_path(
+      lambda path, x: x * 8 if "synth" in jax.tree_util.keystr(path) else x, params)
+  return cfg, GPT(cfg), params
+
+
+@pytest.mark.parametrize("mechanism", SYNTHESIZERS)
+def test_synthesizer_parameters_shapes_and_axis_names(mechanism):
+  from transformer.models.gpt import count_params, param_shapes
+  cfg, _, params = _gpt(mechanism)
+  D, H, L = cfg.d_model, cfg.num_heads, cfg.context_length
+  attn = params["h"]["layer_0"]["attn"]
+  if mechanism == "synthesizer_dense":  # A (D x D/H per head) + b1, B (D/H x L per head) + b2
+    assert set(attn) == {"v", "synth_hidden", "synth_kernel", "synth_bias", "out"}
+    chex.assert_shape([attn["synth_hidden"]["kernel"], attn["synth_kernel"], attn["synth_bias"]],
+                      [(D, H, D // H), (H, D // H, L), (H, L)])
+    extra = D * D + D + D * L + H * L
+  else:
+    assert set(attn) == {"v", "synth_table", "out"}
+    chex.assert_shape(attn["synth_table"], (H, L, L))
+    extra = H * L * L
+  # Against dot-product attention: no query and key projections (2 D x D + 2 D), the synthesizer's own.
+  per_layer = extra - (2 * D * D + 2 * D)
+  assert count_params(cfg) == count_params(cfg.replace(attention_mechanism="dot_product")) + cfg.num_layers * per_layer
+  boxed = param_shapes(cfg)["h"]["layer_0"]["attn"]
+  names = {k: v.names for k, v in flax.traverse_util.flatten_dict(boxed, sep="/").items()}
+  assert all("heads" in n for k, n in names.items() if "synth" in k)  # split over the tensor axis with the heads
+
+
+@pytest.mark.parametrize("mechanism", SYNTHESIZERS)
+def test_synthesizer_is_causal_padding_invariant_and_cached_decoding_equals_the_full_forward(mechanism):
+  cfg, model, params = _gpt(mechanism)
+  tokens_1xT = jax.random.randint(jax.random.key(1), (1, 10), 0, 50)
+  logits = model.apply({"params": params}, tokens_1xT)
+  changed = model.apply({"params": params}, tokens_1xT.at[:, 6:].set(3))
+  np.testing.assert_allclose(changed[:, :6], logits[:, :6], atol=1e-5)  # causal
+  assert np.abs(np.asarray(changed[:, 6:] - logits[:, 6:])).max() > 1e-3
+  # Left padding takes no position and no attention: the real tokens' logits do not change.
+  padded = jnp.concatenate([jnp.full((1, 3), 7), tokens_1xT], axis=1)
+  valid = jnp.arange(13)[None] >= 3
+  np.testing.assert_allclose(model.apply({"params": params}, padded, valid_BxT=valid)[:, 3:], logits, atol=1e-5)
+  # Cached decoding (a padded prompt, then one token at a time) equals the full forward.
+  variables = model.init(jax.random.key(0), padded, valid_BxT=valid, decode=True)  # sizes a 13-slot cache
+  cache = variables["cache"]
+  step_logits = []
+  for t in range(13):
+    out, mutated = model.apply({"params": params, "cache": cache}, padded[:, t:t + 1], valid_BxT=valid[:, t:t + 1],
+                               decode=True, mutable=["cache"])
+    cache = mutated["cache"]
+    step_logits.append(out[:, 0])
+  np.testing.assert_allclose(jnp.stack(step_logits, 1)[:, 3:], logits, atol=1e-4)
+
+
+@pytest.mark.parametrize("mechanism", SYNTHESIZERS)
+def test_synthesizer_gradients_are_finite_and_fixed_random_gets_none(mechanism):
+  cfg, model, params = _gpt(mechanism, scan_layers=True, remat_policy="full")
+  params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
+  tokens = jax.random.randint(jax.random.key(1), (2, 12), 0, 50)
+  loss = lambda p: optax.softmax_cross_entropy_with_integer_labels(
+      model.apply({"params": p}, tokens[:, :-1]), tokens[:, 1:]).mean()
+  grads = jax.grad(loss)(params)
+  assert all(bool(jnp.isfinite(g).all()) for g in jax.tree.leaves(grads))
+  attn = grads["h"]["layers"]["attn"]
+  if mechanism == "synthesizer_fixed_random":
+    assert not np.any(attn["synth_table"])
+  else:
+    assert all(np.abs(np.asarray(g)).max() > 0 for g in jax.tree.leaves(attn))
+
+
+@pytest.mark.parametrize("mechanism", ["synthesizer_dense", "synthesizer_random"])
+def test_synthesizer_in_the_encoder_decoder(mechanism):
+  from transformer.models.seq2seq import Seq2SeqConfig, Transformer
+  cfg = Seq2SeqConfig(vocab_size=40, max_len=12, num_layers=1, num_heads=2, d_model=16, d_mlp=32,
+                      attention_mechanism=mechanism).check()
+  model = Transformer(cfg)
+  src = jax.random.randint(jax.random.key(1), (2, 6), 1, 40)
+  tgt = jax.random.randint(jax.random.key(2), (2, 5), 1, 40)
+  valid = jnp.array([[True] * 4 + [False] * 2, [True] * 6])
+  params = nn.unbox(model.init(jax.random.key(0), src, tgt, source_valid_BxS=valid)["params"])
+  assert "synth_hidden" in params["encoder"]["layer_0"]["attn"] or "synth_table" in params["encoder"]["layer_0"]["attn"]
+  assert set(params["decoder"]["layer_0"]["cross_attn"]) == {"q", "kv", "out"}  # cross-attention: dot-product
+  padded = model.apply({"params": params}, src, tgt, source_valid_BxS=valid)[0]
+  alone = model.apply({"params": params}, src[:1, :4], tgt[:1])[0]
+  np.testing.assert_allclose(padded, alone, atol=1e-5)
+  full = model.apply({"params": params}, src, tgt, source_valid_BxS=valid)
+  changed = model.apply({"params": params}, src, tgt.at[:, 3].set(9), source_valid_BxS=valid)
+  np.testing.assert_allclose(changed[:, :3], full[:, :3], atol=1e-5)  # the decoder is causal
+  # The decoder through its cache, one token at a time, equals the full forward.
+  from transformer.generation import beam_search
+  cache = beam_search.init_cache(model, 2, 6, 5)
+  encoded = model.apply({"params": params}, src, source_valid_BxS=valid, method="encode")
+  steps = []
+  for t in range(5):
+    logits, cache = beam_search.decode_step(model, params, cache, encoded if t == 0 else None, tgt[:, t], valid)
+    steps.append(logits)
+  np.testing.assert_allclose(jnp.stack(steps, 1), full, atol=1e-4)

@@ -141,8 +141,10 @@ def test_sigterm_saves_then_exits_zero(tmp_path, data_root):
   assert steps[0] >= max(_losses(workdir))
 
 
-def test_one_and_eight_devices_give_the_same_losses(tmp_path, data_root):
-  extra = ["--config.num_train_steps=12", "--config.log_every_steps=1", "--config.model.vocab_size=96"]
+@pytest.mark.parametrize("mechanism", ["dot_product", "synthesizer_dense", "synthesizer_random"])
+def test_one_and_eight_devices_give_the_same_losses(tmp_path, data_root, mechanism):
+  extra = ["--config.num_train_steps=12", "--config.log_every_steps=1", "--config.model.vocab_size=96",
+           f"--config.model.attention_mechanism={mechanism}"]
   one = run_module("launch.train", *_args(data_root, tmp_path / "one", *extra))
   assert one.returncode == 0, one.stderr
   eight = run_module("launch.train", *_args(data_root, tmp_path / "eight", *extra, "--config.mesh.data=2",

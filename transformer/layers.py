@@ -23,6 +23,10 @@ import numpy as np
 from transformer.errors import ConfigError
 
 ATTENTION_IMPLEMENTATIONS = ("einsum", "xla", "cudnn")
+# How self-attention scores are made (Tay et al. 2020, "Synthesizer"): query-key dot products, or
+# synthesized without keys, from each token alone ("dense") or as learned position-by-position
+# scores ("random"; "fixed_random" keeps them at their random initialisation).
+ATTENTION_MECHANISMS = ("dot_product", "synthesizer_dense", "synthesizer_random", "synthesizer_fixed_random")
 
 
 def _dtype(name: str):
@@ -44,7 +48,9 @@ class BlockConfig:
   use_bias: bool = True
   dtype: str = "float32"  # compute
   param_dtype: str = "float32"
-  attention: str = "xla"
+  attention: str = "xla"  # the implementation of dot-product attention
+  mechanism: str = "dot_product"  # of self-attention (ATTENTION_MECHANISMS); cross-attention is dot-product
+  max_len: int = 0  # the longest sequence: a synthesizer makes scores for this many positions
   pre_layer_norm: bool = True  # GPT-2; the 2017 paper normalises after the residual instead
   activation: str = "gelu_tanh"  # GPT-2's approximate GELU; the 2017 paper uses relu
   # "gpt2": kernels ~ normal(0.02), projections into the residual stream 0.02/sqrt(2 * layers);
@@ -69,6 +75,11 @@ def check_block_config(cfg: BlockConfig) -> None:
   if cfg.attention not in ATTENTION_IMPLEMENTATIONS:
     raise ConfigError(f"unknown attention implementation {cfg.attention!r}; choose one of "
                       f"{', '.join(ATTENTION_IMPLEMENTATIONS)}")
+  if cfg.mechanism not in ATTENTION_MECHANISMS:
+    raise ConfigError(f"unknown attention_mechanism {cfg.mechanism!r}; choose one of {', '.join(ATTENTION_MECHANISMS)}")
+  if cfg.mechanism != "dot_product" and cfg.max_len <= 0:
+    raise ConfigError(f"attention_mechanism={cfg.mechanism!r} makes scores for a fixed number of positions; "
+                      f"the model must give its longest sequence (max_len), got {cfg.max_len}")
   if cfg.attention_dropout_rate > 0 and cfg.attention != "einsum":
     raise ConfigError(f"attention_dropout_rate={cfg.attention_dropout_rate} needs attention='einsum' "
                       f"(jax.nn.dot_product_attention has no dropout); set one or the other")
@@ -134,8 +145,8 @@ def causal_mask(length_q: int, length_k: int | None = None) -> jax.Array:
 
 class CachePositions(nn.Module):
   """Decode mode (a KV cache, `MultiHeadAttention(decode=True)`): the positions of the T new tokens,
-  and which of the cache's S slots each may attend to: those written so far that hold real tokens,
-  and itself.
+  which of the cache's S slots each may attend to (those written so far that hold real tokens, and
+  itself), and the position of the token in every slot (a synthesizer's scores are by position).
 
   The cache remembers, per slot, whether it holds a real token (valid_BxT; False for padding), and
   per sequence how many real tokens it has seen: a token's position is that count, whatever padding
@@ -148,32 +159,42 @@ class CachePositions(nn.Module):
     valid = self.variable("cache", "valid", jnp.zeros, (B, T), bool)
     count = self.variable("cache", "count", jnp.zeros, (B,), jnp.int32)
     index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
+    slot_positions = self.variable("cache", "positions", jnp.zeros, (B, T), jnp.int32)
     positions_BxT = jnp.maximum(count.value[:, None] + jnp.cumsum(valid_BxT, axis=1) - 1, 0)
     slots_T = index.value + jnp.arange(T)
     if not initialising:
       valid.value = jax.lax.dynamic_update_slice_in_dim(valid.value, valid_BxT, index.value, axis=1)
+      slot_positions.value = jax.lax.dynamic_update_slice_in_dim(slot_positions.value, positions_BxT, index.value,
+                                                                 axis=1)
       count.value = count.value + valid_BxT.sum(axis=1, dtype=jnp.int32)
       index.value = index.value + T
     slots_S = jnp.arange(valid.value.shape[1])
     earlier_TxS = slots_S[None, :] <= slots_T[:, None]
     itself_TxS = slots_S[None, :] == slots_T[:, None]
-    return positions_BxT, earlier_TxS[None] & (valid.value[:, None, :] | itself_TxS[None])
+    mask_BxTxS = earlier_TxS[None] & (valid.value[:, None, :] | itself_TxS[None])
+    return positions_BxT, mask_BxTxS, slot_positions.value if not initialising else positions_BxT
+
+
+def mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, dropout: nn.Dropout | None = None,
+        deterministic: bool = True) -> jax.Array:
+  """softmax(scores) V over the keys that `mask` allows (True = attend), however the scores were made.
+  Scores in float32; masking by jnp.where, never by adding a large negative number (which
+  overflows in half precision)."""
+  scores_BxHxTxS = jnp.where(mask_BxTxS[:, None], scores_BxHxTxS.astype(jnp.float32), jnp.finfo(jnp.float32).min)
+  probs_BxHxTxS = jax.nn.softmax(scores_BxHxTxS, axis=-1)
+  if dropout is not None:
+    probs_BxHxTxS = dropout(probs_BxHxTxS, deterministic=deterministic)
+  return jnp.einsum("bhts,bshk->bthk", probs_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK)
 
 
 def attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, implementation: str,
            dropout: nn.Dropout | None = None, deterministic: bool = True) -> jax.Array:
   """softmax(Q Kᵀ / √K) V over the keys that `mask` allows (True = attend)."""
-  if implementation == "einsum":
-    # The reference: every step visible. Scores in float32; masking by jnp.where, never by adding a
-    # large negative number (which overflows in half precision).
+  if implementation == "einsum":  # the reference: every step visible
     scale = 1.0 / math.sqrt(q_BxTxHxK.shape[-1])
     scores_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK,
                                 preferred_element_type=jnp.float32) * scale
-    scores_BxHxTxS = jnp.where(mask_BxTxS[:, None], scores_BxHxTxS, jnp.finfo(jnp.float32).min)
-    probs_BxHxTxS = jax.nn.softmax(scores_BxHxTxS, axis=-1)
-    if dropout is not None:
-      probs_BxHxTxS = dropout(probs_BxHxTxS, deterministic=deterministic)
-    return jnp.einsum("bhts,bshk->bthk", probs_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK)
+    return mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, dropout, deterministic)
   # Fused kernels: XLA's on any backend, cuDNN flash attention on NVIDIA GPUs (bf16/fp16 only).
   return jax.nn.dot_product_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask=mask_BxTxS[:, None],
                                       implementation=implementation)
@@ -221,16 +242,26 @@ class MultiHeadAttention(nn.Module):
   cross: bool = False
 
   @nn.compact
-  def __call__(self, x_BxTxD, mask_BxTxS, *, context_BxSxD=None, deterministic=True):
+  def __call__(self, x_BxTxD, mask_BxTxS, *, context_BxSxD=None, positions=None, deterministic=True):
+    """`positions`: (of the queries B x T, of the keys B x S), which a synthesizer's scores are by."""
     cfg = self.cfg
     H, K, D = cfg.num_heads, cfg.head_dim, cfg.d_model
     dense = lambda features, contract, names, std, name: Projection(
         features, names, contract, std, cfg.use_bias, cfg.dtype, cfg.param_dtype, cfg.kernel_init, name=name)
+    dropout = nn.Dropout(cfg.attention_dropout_rate) if cfg.attention_dropout_rate else None
+    if not self.cross and cfg.mechanism != "dot_product":
+      v_BxTxHxK = dense((H, K), 1, ("embed", "heads", "kv"), 0.02, "v")(x_BxTxD)
+      # Only values are cached: a synthesized score depends on the query token and positions alone.
+      v_BxSxHxK = self._cached(value=v_BxTxHxK)["value"] if self.decode else v_BxTxHxK
+      scores_BxHxTxS = self._synthesized_scores(x_BxTxD, *positions)
+      out_BxTxHxK = mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, dropout, deterministic)
+      return dense((D,), 2, ("heads", "kv", "embed"), self.residual_std, "out")(out_BxTxHxK)
     if not self.cross:
       qkv_BxTx3xHxK = dense((3, H, K), 1, ("embed", None, "heads", "kv"), 0.02, "qkv")(x_BxTxD)
       q_BxTxHxK, k_BxSxHxK, v_BxSxHxK = (qkv_BxTx3xHxK[:, :, i] for i in range(3))
       if self.decode:
-        k_BxSxHxK, v_BxSxHxK = self._cached(k_BxSxHxK, v_BxSxHxK)
+        cached = self._cached(key=k_BxSxHxK, value=v_BxSxHxK)
+        k_BxSxHxK, v_BxSxHxK = cached["key"], cached["value"]
     else:
       q_BxTxHxK = dense((H, K), 1, ("embed", "heads", "kv"), 0.02, "q")(x_BxTxD)
       kv_proj = dense((2, H, K), 1, ("embed", None, "heads", "kv"), 0.02, "kv")
@@ -243,26 +274,54 @@ class MultiHeadAttention(nn.Module):
         kv_BxSx2xHxK = cached.value
       k_BxSxHxK, v_BxSxHxK = kv_BxSx2xHxK[:, :, 0], kv_BxSx2xHxK[:, :, 1]
     q_BxTxHxK = nn.with_logical_constraint(q_BxTxHxK, ("batch", "length", "heads", "kv"))
-    dropout = nn.Dropout(cfg.attention_dropout_rate) if cfg.attention_dropout_rate else None
     out_BxTxHxK = attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, cfg.attention, dropout, deterministic)
     return dense((D,), 2, ("heads", "kv", "embed"), self.residual_std, "out")(out_BxTxHxK)
 
-  def _cached(self, k_BxTxHxK, v_BxTxHxK):
-    """Writes this call's T keys/values at the cache index; returns the whole cache (B, S, H, K)."""
-    initialising = not self.has_variable("cache", "key")
+  def _synthesized_scores(self, x_BxTxD, q_positions_BxT, k_positions_BxS):
+    """Scores B x H x T x S without keys. Dense: for head h, ReLU(x A_h + b_1) B_h + b_2 gives the
+    query's scores for all max_len positions, of which each key's position is taken. Random: a
+    learned max_len x max_len table per head, indexed by (query position, key position)."""
+    cfg = self.cfg
+    H, K, L = cfg.num_heads, cfg.head_dim, cfg.max_len
+    B, T, S = x_BxTxD.shape[0], q_positions_BxT.shape[1], k_positions_BxS.shape[1]
+    param_dtype = _dtype(cfg.param_dtype)
+    if cfg.mechanism == "synthesizer_dense":
+      hidden_BxTxHxK = jax.nn.relu(Projection((H, K), ("embed", "heads", "kv"), 1, 0.02, cfg.use_bias, cfg.dtype,
+                                              cfg.param_dtype, cfg.kernel_init, name="synth_hidden")(x_BxTxD))
+      init = (nn.initializers.normal(0.02) if cfg.kernel_init == "gpt2" else nn.initializers.variance_scaling(
+          1.0, "fan_avg", "uniform", in_axis=1, out_axis=2, batch_axis=0))
+      kernel_HxKxL = self.param("synth_kernel", nn.with_logical_partitioning(init, ("heads", "kv", "position")),
+                                (H, K, L), param_dtype)
+      bias_HxL = self.param("synth_bias", _zeros(("heads", "position")), (H, L), param_dtype)
+      scores_BxHxTxL = jnp.einsum("bthk,hkl->bhtl", hidden_BxTxHxK, kernel_HxKxL.astype(cfg.dtype),
+                                  preferred_element_type=jnp.float32) + bias_HxL[None, :, None, :]
+      index_BxHxTxS = jnp.broadcast_to(k_positions_BxS[:, None, None, :], (B, H, T, S))
+      return jnp.take_along_axis(scores_BxHxTxL, index_BxHxTxS, axis=-1)
+    # Random: a table per head. "fixed_random" is a parameter too (checkpoints and shardings need
+    # nothing new) that gets no gradient; it is not weight-decayed unless optimizer.decay_norms_and_biases.
+    table_HxLxL = self.param("synth_table", nn.with_logical_partitioning(nn.initializers.normal(1.0),
+                                                                         ("heads", "position", "position")),
+                             (H, L, L), param_dtype)
+    if cfg.mechanism == "synthesizer_fixed_random":
+      table_HxLxL = jax.lax.stop_gradient(table_HxLxL)
+    scores_HxBxTxS = table_HxLxL[:, q_positions_BxT[:, :, None], k_positions_BxS[:, None, :]]
+    return jnp.moveaxis(scores_HxBxTxS, 0, 1)
+
+  def _cached(self, **arrays_BxTxHxK):
+    """Writes this call's T keys and/or values at the cache index; returns the whole cache, each
+    B x S x H x K, by name."""
+    initialising = not self.has_variable("cache", "index")
     names = ("batch", "length", "heads", "kv")  # sharded like the activations that fill it
-    key = self.variable("cache", "key", jnp.zeros, k_BxTxHxK.shape, k_BxTxHxK.dtype)
-    value = self.variable("cache", "value", jnp.zeros, v_BxTxHxK.shape, v_BxTxHxK.dtype)
+    cache = {name: self.variable("cache", name, jnp.zeros, x.shape, x.dtype) for name, x in arrays_BxTxHxK.items()}
     index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
     if initialising:  # `init` only sizes the cache
-      return k_BxTxHxK, v_BxTxHxK
+      return arrays_BxTxHxK
     i = index.value
-    key.value = nn.with_logical_constraint(
-        jax.lax.dynamic_update_slice_in_dim(key.value, k_BxTxHxK.astype(key.value.dtype), i, axis=1), names)
-    value.value = nn.with_logical_constraint(
-        jax.lax.dynamic_update_slice_in_dim(value.value, v_BxTxHxK.astype(value.value.dtype), i, axis=1), names)
-    index.value = i + k_BxTxHxK.shape[1]
-    return key.value, value.value
+    for name, x in arrays_BxTxHxK.items():
+      cache[name].value = nn.with_logical_constraint(
+          jax.lax.dynamic_update_slice_in_dim(cache[name].value, x.astype(cache[name].value.dtype), i, axis=1), names)
+    index.value = i + next(iter(arrays_BxTxHxK.values())).shape[1]
+    return {name: variable.value for name, variable in cache.items()}
 
 
 class MLP(nn.Module):
@@ -288,7 +347,7 @@ class Block(nn.Module):
   decode: bool = False  # self-attention through a KV cache (MultiHeadAttention)
 
   @nn.compact
-  def __call__(self, x_BxTxD, mask_BxTxT, context_BxSxD=None, context_mask_BxTxS=None):
+  def __call__(self, x_BxTxD, mask_BxTxT, context_BxSxD=None, context_mask_BxTxS=None, positions=None):
     cfg, deterministic = self.cfg, self.deterministic
     drop = nn.Dropout(cfg.dropout_rate)
 
@@ -298,7 +357,7 @@ class Block(nn.Module):
       return norm(x + drop(branch(x), deterministic=deterministic))
 
     x_BxTxD = residual(x_BxTxD, lambda h: MultiHeadAttention(cfg, self.residual_std, self.decode, name="attn")(
-        h, mask_BxTxT, deterministic=deterministic), layer_norm(cfg, "ln_1"))
+        h, mask_BxTxT, positions=positions, deterministic=deterministic), layer_norm(cfg, "ln_1"))
     if self.cross_attention:
       x_BxTxD = residual(x_BxTxD, lambda h: MultiHeadAttention(cfg, self.residual_std, self.decode, cross=True,
                                                                name="cross_attn")(
@@ -340,8 +399,9 @@ class Stack(nn.Module):
   cross_attention: bool = False
 
   @nn.compact
-  def __call__(self, x_BxTxD, mask_BxTxT, context_BxSxD=None, context_mask_BxTxS=None, *,
+  def __call__(self, x_BxTxD, mask_BxTxT, context_BxSxD=None, context_mask_BxTxS=None, *, positions=None,
                deterministic: bool = True, decode: bool = False):
+    """`positions`: (of the queries, of the keys) of self-attention, for a synthesizer."""
     check_remat_policy(self.remat_policy)
     block = Block
     if self.remat_policy != "none" and not decode:  # no backward pass when decoding
@@ -350,13 +410,13 @@ class Stack(nn.Module):
     if self.scan:
       scanned = nn.scan(lambda mdl, x, *args: (mdl(x, *args), None), variable_axes={"params": 0, "cache": 0},
                         split_rngs={"params": True, "dropout": True}, length=self.num_layers,
-                        in_axes=(nn.broadcast,) * 3, metadata_params={nn.PARTITION_NAME: "layers"})
+                        in_axes=(nn.broadcast,) * 4, metadata_params={nn.PARTITION_NAME: "layers"})
       x_BxTxD, _ = scanned(block(self.cfg, self.cross_attention, residual_std, deterministic, decode, name="layers"),
-                           x_BxTxD, mask_BxTxT, context_BxSxD, context_mask_BxTxS)
+                           x_BxTxD, mask_BxTxT, context_BxSxD, context_mask_BxTxS, positions)
       return x_BxTxD
     for i in range(self.num_layers):
       x_BxTxD = block(self.cfg, self.cross_attention, residual_std, deterministic, decode, name=f"layer_{i}")(
-          x_BxTxD, mask_BxTxT, context_BxSxD, context_mask_BxTxS)
+          x_BxTxD, mask_BxTxT, context_BxSxD, context_mask_BxTxS, positions)
     return x_BxTxD
 
 

@@ -43,6 +43,8 @@ class GPTConfig:
   dtype: str = "float32"  # compute dtype ("bfloat16" on accelerators)
   param_dtype: str = "float32"
   attention: str = "xla"  # "einsum" (the readable reference) | "xla" | "cudnn" (NVIDIA GPUs)
+  # "dot_product" (GPT-2) | "synthesizer_dense" | "synthesizer_random" | "synthesizer_fixed_random"
+  attention_mechanism: str = "dot_product"
   scan_layers: bool = False  # one scanned block instead of N unrolled ones (faster compiles)
   remat_policy: str = "none"  # "none" | "dots" | "full": what the backward pass recomputes
 
@@ -51,8 +53,8 @@ class GPTConfig:
         d_model=self.d_model, num_heads=self.num_heads, d_mlp=self.d_mlp or 4 * self.d_model,
         dropout_rate=self.dropout_rate, attention_dropout_rate=self.attention_dropout_rate,
         layer_norm_epsilon=self.layer_norm_epsilon, use_bias=self.use_bias, dtype=self.dtype,
-        param_dtype=self.param_dtype, attention=self.attention, pre_layer_norm=True,
-        activation="gelu_tanh")
+        param_dtype=self.param_dtype, attention=self.attention, mechanism=self.attention_mechanism,
+        max_len=self.context_length, pre_layer_norm=True, activation="gelu_tanh")
 
   def replace(self, **changes) -> "GPTConfig":
     return dataclasses.replace(self, **changes)
@@ -97,7 +99,7 @@ class GPT(nn.Module):
     cfg = self.config
     B, T = tokens_BxT.shape
     if decode:
-      positions_BxT, mask_BxTxS = layers.CachePositions(name="positions")(
+      positions_BxT, mask_BxTxS, key_positions_BxS = layers.CachePositions(name="positions")(
           valid_BxT if valid_BxT is not None else jnp.ones((B, T), bool))
     elif T > cfg.context_length:
       raise ConfigError(f"a sequence of {T} tokens is longer than context_length={cfg.context_length} "
@@ -108,6 +110,8 @@ class GPT(nn.Module):
       positions_BxT = jnp.maximum(jnp.cumsum(valid_BxT, axis=1) - 1, 0)
       # Padding queries attend to themselves only, so that nothing there is a 0/0.
       mask_BxTxS = layers.causal_mask(T) & (valid_BxT[:, None, :] | jnp.eye(T, dtype=bool)[None])
+    if not decode:
+      key_positions_BxS = positions_BxT
 
     dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
     wte = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=param_dtype, name="wte",
@@ -119,7 +123,8 @@ class GPT(nn.Module):
     x_BxTxD = nn.with_logical_constraint(x_BxTxD, ("batch", "length", "embed"))
 
     x_BxTxD = layers.Stack(cfg.block(), cfg.num_layers, scan=cfg.scan_layers, remat_policy=cfg.remat_policy,
-                           name="h")(x_BxTxD, mask_BxTxS, deterministic=deterministic, decode=decode)
+                           name="h")(x_BxTxD, mask_BxTxS, positions=(positions_BxT, key_positions_BxS),
+                                     deterministic=deterministic, decode=decode)
     x_BxTxD = layers.layer_norm(cfg.block(), "ln_f")(x_BxTxD)
     if decode:  # only the next token's logits are needed
       # The barrier: XLA:CPU would otherwise fuse the normalisation into the head's matrix-vector

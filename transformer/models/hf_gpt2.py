@@ -23,7 +23,7 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from transformer import layers
-from transformer.errors import CheckpointError
+from transformer.errors import CheckpointError, ConfigError
 from transformer.models.gpt import GPTConfig, param_shapes
 
 # d_model -> heads of the four OpenAI GPT-2 sizes: heads cannot be read off any tensor shape.
@@ -143,6 +143,9 @@ def import_hf_gpt2(path: str | Path, **overrides) -> tuple[GPTConfig, dict]:
 
 def export_hf_gpt2(config: GPTConfig, params: dict, out_dir: str | Path) -> Path:
   """Writes `model.safetensors` + `config.json` that `GPT2LMHeadModel.from_pretrained` loads."""
+  if config.attention_mechanism != "dot_product":
+    raise ConfigError(f"GPT-2 has dot-product attention; a model with attention_mechanism="
+                      f"{config.attention_mechanism!r} has no Hugging Face GPT-2 form")
   params = nn.unbox(params)
   if config.scan_layers:
     params = {**params, "h": layers.unstack_layers(params["h"], config.num_layers)}

@@ -47,6 +47,9 @@ class Seq2SeqConfig:
   param_dtype: str = "float32"
   kernel_init: str = "xavier"  # Glorot uniform as in the paper's code; "gpt2": normal(0.02)
   attention: str = "xla"  # "einsum" | "xla" | "cudnn"
+  # Of the encoder's and the decoder's self-attention (cross-attention is dot-product): "dot_product" |
+  # "synthesizer_dense" | "synthesizer_random" | "synthesizer_fixed_random"
+  attention_mechanism: str = "dot_product"
   scan_layers: bool = False
   remat_policy: str = "none"
 
@@ -55,7 +58,8 @@ class Seq2SeqConfig:
         d_model=self.d_model, num_heads=self.num_heads, d_mlp=self.d_mlp, dropout_rate=self.dropout_rate,
         attention_dropout_rate=self.attention_dropout_rate, layer_norm_epsilon=self.layer_norm_epsilon,
         dtype=self.dtype, param_dtype=self.param_dtype, attention=self.attention,
-        pre_layer_norm=self.pre_layer_norm, activation="relu", kernel_init=self.kernel_init)
+        mechanism=self.attention_mechanism, max_len=self.max_len, pre_layer_norm=self.pre_layer_norm,
+        activation="relu", kernel_init=self.kernel_init)
 
   def replace(self, **changes) -> "Seq2SeqConfig":
     return dataclasses.replace(self, **changes)
@@ -133,7 +137,8 @@ class Transformer(nn.Module):
     x_BxSxD = self.source_embed(source_BxS, jnp.arange(S)[None], deterministic)
     # Padding queries attend to themselves too, so that no row of the softmax is empty.
     mask_BxSxS = valid_BxS[:, None, :] | jnp.eye(S, dtype=bool)[None]
-    x_BxSxD = self.encoder(x_BxSxD, mask_BxSxS, deterministic=deterministic)
+    positions_1xS = jnp.arange(S)[None]
+    x_BxSxD = self.encoder(x_BxSxD, mask_BxSxS, positions=(positions_1xS, positions_1xS), deterministic=deterministic)
     return self.encoder_norm(x_BxSxD) if self.config.pre_layer_norm else x_BxSxD
 
   def decode_logits(self, encoded_BxSxD, target_in_BxT, *, source_valid_BxS=None, deterministic: bool = True,
@@ -145,18 +150,19 @@ class Transformer(nn.Module):
     None after; `source_valid_BxS` on every call."""
     B, T = target_in_BxT.shape
     if decode:
-      positions_BxT, mask_BxTxS = self.cache_positions(jnp.ones((B, T), bool))
+      positions_BxT, mask_BxTxS, key_positions_BxS = self.cache_positions(jnp.ones((B, T), bool))
     else:
       self._check_length(T, "target")
       positions_BxT, mask_BxTxS = jnp.arange(T)[None], layers.causal_mask(T)
+      key_positions_BxS = positions_BxT
     cross_mask_Bx1xS = None
     if source_valid_BxS is not None:
       cross_mask_Bx1xS = source_valid_BxS[:, None, :]
     elif encoded_BxSxD is not None:
       cross_mask_Bx1xS = jnp.ones((B, 1, encoded_BxSxD.shape[1]), bool)
     y_BxTxD = self.target_embed(target_in_BxT, positions_BxT, deterministic)
-    y_BxTxD = self.decoder(y_BxTxD, mask_BxTxS, encoded_BxSxD, cross_mask_Bx1xS, deterministic=deterministic,
-                           decode=decode)
+    y_BxTxD = self.decoder(y_BxTxD, mask_BxTxS, encoded_BxSxD, cross_mask_Bx1xS,
+                           positions=(positions_BxT, key_positions_BxS), deterministic=deterministic, decode=decode)
     if self.config.pre_layer_norm:
       y_BxTxD = self.decoder_norm(y_BxTxD)
     logits_BxTxV = self.target_embed.attend(y_BxTxD) if self.config.tie_output else self.head(y_BxTxD)
