@@ -176,25 +176,29 @@ class CachePositions(nn.Module):
 
 
 def mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, dropout: nn.Dropout | None = None,
-        deterministic: bool = True) -> jax.Array:
+        deterministic: bool = True, sow=None) -> jax.Array:
   """softmax(scores) V over the keys that `mask` allows (True = attend), however the scores were made.
   Scores in float32; masking by jnp.where, never by adding a large negative number (which
-  overflows in half precision)."""
+  overflows in half precision). `sow(probs_BxHxTxS)`, when given, receives the attention
+  probabilities (transformer.probes)."""
   scores_BxHxTxS = jnp.where(mask_BxTxS[:, None], scores_BxHxTxS.astype(jnp.float32), jnp.finfo(jnp.float32).min)
   probs_BxHxTxS = jax.nn.softmax(scores_BxHxTxS, axis=-1)
+  if sow is not None:
+    sow(probs_BxHxTxS)
   if dropout is not None:
     probs_BxHxTxS = dropout(probs_BxHxTxS, deterministic=deterministic)
   return jnp.einsum("bhts,bshk->bthk", probs_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK)
 
 
 def attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, implementation: str,
-           dropout: nn.Dropout | None = None, deterministic: bool = True) -> jax.Array:
-  """softmax(Q Kᵀ / √K) V over the keys that `mask` allows (True = attend)."""
-  if implementation == "einsum":  # the reference: every step visible
+           dropout: nn.Dropout | None = None, deterministic: bool = True, sow=None) -> jax.Array:
+  """softmax(Q Kᵀ / √K) V over the keys that `mask` allows (True = attend). `sow` (see `mix`) needs
+  the probabilities, so it takes the einsum path whatever the implementation."""
+  if implementation == "einsum" or sow is not None:  # the reference: every step visible
     scale = 1.0 / math.sqrt(q_BxTxHxK.shape[-1])
     scores_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK,
                                 preferred_element_type=jnp.float32) * scale
-    return mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, dropout, deterministic)
+    return mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, dropout, deterministic, sow)
   # Fused kernels: XLA's on any backend, cuDNN flash attention on NVIDIA GPUs (bf16/fp16 only).
   return jax.nn.dot_product_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask=mask_BxTxS[:, None],
                                       implementation=implementation)
@@ -249,12 +253,16 @@ class MultiHeadAttention(nn.Module):
     dense = lambda features, contract, names, std, name: Projection(
         features, names, contract, std, cfg.use_bias, cfg.dtype, cfg.param_dtype, cfg.kernel_init, name=name)
     dropout = nn.Dropout(cfg.attention_dropout_rate) if cfg.attention_dropout_rate else None
+    # Probing (apply(..., mutable=["intermediates"]), transformer.probes) records the attention
+    # probabilities; otherwise nothing is recorded and no probability is materialised for it.
+    sow = (lambda probs: self.sow("intermediates", "attention", probs)) \
+        if self.is_mutable_collection("intermediates") else None
     if not self.cross and cfg.mechanism != "dot_product":
       v_BxTxHxK = dense((H, K), 1, ("embed", "heads", "kv"), 0.02, "v")(x_BxTxD)
       # Only values are cached: a synthesized score depends on the query token and positions alone.
       v_BxSxHxK = self._cached(value=v_BxTxHxK)["value"] if self.decode else v_BxTxHxK
       scores_BxHxTxS = self._synthesized_scores(x_BxTxD, *positions)
-      out_BxTxHxK = mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, dropout, deterministic)
+      out_BxTxHxK = mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, dropout, deterministic, sow)
       return dense((D,), 2, ("heads", "kv", "embed"), self.residual_std, "out")(out_BxTxHxK)
     if not self.cross:
       qkv_BxTx3xHxK = dense((3, H, K), 1, ("embed", None, "heads", "kv"), 0.02, "qkv")(x_BxTxD)
@@ -274,7 +282,7 @@ class MultiHeadAttention(nn.Module):
         kv_BxSx2xHxK = cached.value
       k_BxSxHxK, v_BxSxHxK = kv_BxSx2xHxK[:, :, 0], kv_BxSx2xHxK[:, :, 1]
     q_BxTxHxK = nn.with_logical_constraint(q_BxTxHxK, ("batch", "length", "heads", "kv"))
-    out_BxTxHxK = attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, cfg.attention, dropout, deterministic)
+    out_BxTxHxK = attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, cfg.attention, dropout, deterministic, sow)
     return dense((D,), 2, ("heads", "kv", "embed"), self.residual_std, "out")(out_BxTxHxK)
 
   def _synthesized_scores(self, x_BxTxD, q_positions_BxT, k_positions_BxS):
@@ -364,6 +372,7 @@ class Block(nn.Module):
           h, context_mask_BxTxS, context_BxSxD=context_BxSxD, deterministic=deterministic),
           layer_norm(cfg, "ln_cross"))
     x_BxTxD = residual(x_BxTxD, MLP(cfg, self.residual_std, name="mlp"), layer_norm(cfg, "ln_2"))
+    self.sow("intermediates", "residual", x_BxTxD)  # the residual stream after this block, when probing
     return nn.with_logical_constraint(x_BxTxD, ("batch", "length", "embed"))
 
 
@@ -408,7 +417,8 @@ class Stack(nn.Module):
       block = nn.remat(Block, policy=REMAT_POLICIES[self.remat_policy], prevent_cse=not self.scan)
     residual_std = 0.02 / math.sqrt(2 * self.num_layers)
     if self.scan:
-      scanned = nn.scan(lambda mdl, x, *args: (mdl(x, *args), None), variable_axes={"params": 0, "cache": 0},
+      scanned = nn.scan(lambda mdl, x, *args: (mdl(x, *args), None),
+                        variable_axes={"params": 0, "cache": 0, "intermediates": 0},
                         split_rngs={"params": True, "dropout": True}, length=self.num_layers,
                         in_axes=(nn.broadcast,) * 4, metadata_params={nn.PARTITION_NAME: "layers"})
       x_BxTxD, _ = scanned(block(self.cfg, self.cross_attention, residual_std, deterministic, decode, name="layers"),

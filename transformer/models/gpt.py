@@ -121,6 +121,7 @@ class GPT(nn.Module):
     x_BxTxD = wte(tokens_BxT) + wpe_LxD.astype(dtype)[positions_BxT]
     x_BxTxD = nn.Dropout(cfg.dropout_rate)(x_BxTxD, deterministic=deterministic)
     x_BxTxD = nn.with_logical_constraint(x_BxTxD, ("batch", "length", "embed"))
+    self.sow("intermediates", "embeddings", x_BxTxD)  # the residual stream's start, when probing
 
     x_BxTxD = layers.Stack(cfg.block(), cfg.num_layers, scan=cfg.scan_layers, remat_policy=cfg.remat_policy,
                            name="h")(x_BxTxD, mask_BxTxS, positions=(positions_BxT, key_positions_BxS),

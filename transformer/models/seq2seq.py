@@ -135,6 +135,7 @@ class Transformer(nn.Module):
     self._check_length(S, "source")
     valid_BxS = jnp.ones((B, S), bool) if source_valid_BxS is None else source_valid_BxS
     x_BxSxD = self.source_embed(source_BxS, jnp.arange(S)[None], deterministic)
+    self.sow("intermediates", "encoder_embeddings", x_BxSxD)  # the residual stream's start, when probing
     # Padding queries attend to themselves too, so that no row of the softmax is empty.
     mask_BxSxS = valid_BxS[:, None, :] | jnp.eye(S, dtype=bool)[None]
     positions_1xS = jnp.arange(S)[None]
@@ -161,8 +162,14 @@ class Transformer(nn.Module):
     elif encoded_BxSxD is not None:
       cross_mask_Bx1xS = jnp.ones((B, 1, encoded_BxSxD.shape[1]), bool)
     y_BxTxD = self.target_embed(target_in_BxT, positions_BxT, deterministic)
+    self.sow("intermediates", "decoder_embeddings", y_BxTxD)
     y_BxTxD = self.decoder(y_BxTxD, mask_BxTxS, encoded_BxSxD, cross_mask_Bx1xS,
                            positions=(positions_BxT, key_positions_BxS), deterministic=deterministic, decode=decode)
+    return self.output_logits(y_BxTxD)
+
+  def output_logits(self, y_BxTxD):
+    """The decoder's residual stream -> float32 logits: the final norm (pre-LN) and the output head.
+    (The logit lens applies it to every layer's residual: transformer.probes.)"""
     if self.config.pre_layer_norm:
       y_BxTxD = self.decoder_norm(y_BxTxD)
     logits_BxTxV = self.target_embed.attend(y_BxTxD) if self.config.tie_output else self.head(y_BxTxD)

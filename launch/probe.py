@@ -1,0 +1,102 @@
+r"""Looks inside a trained model: attention maps, the residual stream, the logit lens, contextual
+embeddings, and (translation) the cross-attention alignment, as PNG pictures plus JSON numbers.
+
+  python -m launch.probe --workdir=workdirs/shakespeare-char --text="ROMEO: But soft, what light" --out=probes/romeo
+  python -m launch.probe --hf=path/to/gpt2 --text="The Eiffel Tower is in" --out=probes/eiffel
+  python -m launch.probe --workdir=workdirs/de-en --text="Ich habe keine Zeit." --out=probes/de-en
+  python -m launch.probe --workdir=workdirs/shakespeare-char --compare --word=Harry \
+      --text="Harry stood at the edge of the Forbidden Forest, his wand gripped tightly in his hand." \
+      --text="Prince Harry delivered a heartfelt speech at a star-studded charity gala last night."
+
+Writes into --out: attention.png (layers x heads, rows are queries), residual_norms.png,
+logit_lens.png (the top next token read from every layer), inside.json; for a translation also
+alignment.png (target x source) and encoder_attention.png. The translation is the model's greedy
+one unless --target gives it. --compare prints how alike --word is across the texts at each layer
+(cosine similarity of its last token's residual stream; 1 = the same vector) and writes
+similarity.json. The same arrays in Python: transformer.probes.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+from absl import flags
+
+from transformer import cli
+from transformer.errors import UserError
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir (launch.train's --workdir).")
+_STEP = flags.DEFINE_string("step", "latest", "With --workdir: 'latest', 'best' or a step number.")
+_HF = flags.DEFINE_string("hf", None, "Instead of --workdir: Hugging Face GPT-2 safetensors (a directory or file).")
+_TOKENIZER = flags.DEFINE_string("tokenizer", "gpt2", "With --hf: the tokenizer.")
+_TEXT = flags.DEFINE_multi_string("text", [], "A text (a source sentence for a translation model); repeatable.")
+_TARGET = flags.DEFINE_string("target", None, "Translation: the target sentence to probe (default: the model's "
+                              "greedy translation).")
+_OUT = flags.DEFINE_string("out", "probes", "Where the pictures and numbers go (one subdirectory per text when "
+                           "there are several).")
+_COMPARE = flags.DEFINE_bool("compare", False, "Print the per-layer similarity of --word across the texts.")
+_WORD = flags.DEFINE_string("word", None, "With --compare: the word to follow through the layers.")
+
+
+def load():
+  """(model, params, tokenizer, description) from --workdir or --hf."""
+  if (_WORKDIR.value is None) == (_HF.value is None):
+    raise UserError("give exactly one of --workdir (a training run) or --hf (GPT-2 safetensors)")
+  if _WORKDIR.value:
+    from transformer import inference
+    trained = inference.restore(_WORKDIR.value, _STEP.value)
+    return trained.model, trained.params, trained.tokenizer, f"{_WORKDIR.value} step {trained.step}"
+  from transformer import tokenizers
+  from transformer.models.gpt import GPT
+  from transformer.models.hf_gpt2 import import_hf_gpt2
+  config, params = import_hf_gpt2(_HF.value)
+  return GPT(config), params, tokenizers.get_tokenizer(_TOKENIZER.value), _HF.value
+
+
+def compare(model, params, tokenizer, texts: list[str]) -> None:
+  from transformer import probes
+  from transformer.models.gpt import GPT
+  if not isinstance(model, GPT):
+    raise UserError("--compare follows a word through a GPT's layers; this workdir holds another model")
+  if _WORD.value is None or len(texts) < 2:
+    raise UserError("--compare needs --word and at least two --text")
+  similarity_LxNxN = probes.similarity_by_layer(model, params, tokenizer, texts, _WORD.value)
+  print(f"cosine similarity of {_WORD.value!r} (its last token) to text 1's, by layer")
+  print("layer     " + "".join(f"  text {j + 1:<3}" for j in range(1, len(texts))))
+  for l, sims in enumerate(similarity_LxNxN):
+    name = "embed" if l == 0 else f"block {l - 1}"
+    print(f"{name:<10}" + "".join(f"  {sims[0, j]:8.4f}" for j in range(1, len(texts))))
+  out = Path(_OUT.value)
+  out.mkdir(parents=True, exist_ok=True)
+  (out / "similarity.json").write_text(json.dumps({"word": _WORD.value, "texts": texts,
+                                                   "cosine_LxNxN": similarity_LxNxN.round(6).tolist()}) + "\n")
+
+
+def main(argv):
+  del argv
+  from transformer import probes
+  from transformer.models.seq2seq import Transformer
+  texts = list(_TEXT.value)
+  if not texts:
+    raise UserError("give a --text to probe")
+  model, params, tokenizer, source = load()
+  print(f"# {source}", file=sys.stderr)
+  if _COMPARE.value:
+    compare(model, params, tokenizer, texts)
+    return
+  for i, text in enumerate(texts):
+    target = _TARGET.value
+    if isinstance(model, Transformer) and target is None:
+      from transformer.generation import beam_search
+      [target] = beam_search.translate_texts(model, params, tokenizer, [text], beam_size=1)
+      print(f"translation (greedy): {target}")
+    inside = probes.look_inside(model, params, tokenizer, text, target=target)
+    out = Path(_OUT.value) / str(i + 1) if len(texts) > 1 else Path(_OUT.value)
+    for path in probes.write_pictures(inside, tokenizer, out):
+      print(path)
+    last = [row[-1][0] for row in inside.lens_top(1, tokenizer)]
+    print("logit lens at the last position, by layer: " + ", ".join(f"{t!r} ({p:.2f})" for t, p in last))
+
+
+if __name__ == "__main__":
+  cli.run(main)

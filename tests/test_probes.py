@@ -1,0 +1,136 @@
+"""Probes of a model's insides (transformer.probes, launch.probe): attention maps, the residual
+stream, the logit lens, contextual embeddings, the translation alignment, and the pictures."""
+
+import json
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import run_module
+from transformer import probes
+from transformer.layers import stack_layers
+from transformer.models.gpt import GPT, GPTConfig
+from transformer.models.seq2seq import Seq2SeqConfig, Transformer
+from transformer.errors import UserError
+from transformer.tokenizers import get_tokenizer
+
+TEXT = "Harry stood at the edge of the Forbidden Forest."
+OTHER = "Prince Harry delivered a heartfelt speech at a gala."
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+  return get_tokenizer("char", corpus=[TEXT + OTHER + " Ich habe keine Zeit. I have no time."])
+
+
+@pytest.fixture(scope="module", params=["dot_product", "synthesizer_dense"])
+def gpt(request, tokenizer):
+  cfg = GPTConfig(vocab_size=tokenizer.vocab_size, context_length=64, num_layers=3, num_heads=2, d_model=32,
+                  attention_mechanism=request.param)
+  params = nn.unbox(GPT(cfg).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
+  return GPT(cfg), params
+
+
+def test_attention_rows_are_causal_probabilities_and_the_lens_ends_at_the_logits(gpt, tokenizer):
+  model, params = gpt
+  inside = probes.look_inside(model, params, tokenizer, TEXT)
+  T = len(tokenizer.encode(TEXT))
+  assert inside.attention_LxHxTxT.shape == (3, 2, T, T) and inside.residual_LxTxD.shape == (4, T, 32)
+  np.testing.assert_allclose(inside.attention_LxHxTxT.sum(-1), 1.0, atol=1e-5)
+  assert np.all(np.triu(inside.attention_LxHxTxT, k=1) == 0.0)  # no query sees a later token
+  np.testing.assert_allclose(inside.logits_TxV, model.apply({"params": params}, jnp.asarray([tokenizer.encode(TEXT)]))[0],
+                             atol=1e-5)  # probing changes nothing
+  # The last layer's residual through the final norm and head is the model's output; so the lens's
+  # last row predicts what the model predicts.
+  last = probes.gpt_output_logits(model, params, jnp.asarray(inside.residual_LxTxD[-1:]))[0]
+  np.testing.assert_allclose(last, inside.logits_TxV, atol=1e-5)
+  np.testing.assert_array_equal(inside.lens_LxTxV[-1].argmax(-1), inside.logits_TxV.argmax(-1))
+  top = inside.lens_top(2, tokenizer)
+  assert len(top) == 4 and len(top[0]) == T and all(0 <= p <= 1 for _, p in top[-1][-1])
+
+
+def test_scanned_layers_give_the_same_insides(tokenizer):
+  cfg = GPTConfig(vocab_size=tokenizer.vocab_size, context_length=64, num_layers=3, num_heads=2, d_model=32)
+  params = nn.unbox(GPT(cfg).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
+  unrolled = probes.look_inside(GPT(cfg), params, tokenizer, TEXT)
+  scanned_params = {**params, "h": stack_layers(params["h"], 3)}
+  scanned = probes.look_inside(GPT(cfg.replace(scan_layers=True)), scanned_params, tokenizer, TEXT)
+  np.testing.assert_allclose(scanned.attention_LxHxTxT, unrolled.attention_LxHxTxT, atol=1e-6)
+  np.testing.assert_allclose(scanned.residual_LxTxD, unrolled.residual_LxTxD, atol=1e-5)
+
+
+def test_contextual_embeddings(gpt, tokenizer):
+  model, params = gpt
+  same = probes.similarity_by_layer(model, params, tokenizer, [TEXT, TEXT], "Harry")
+  np.testing.assert_allclose(same, 1.0, atol=1e-5)  # a token compared with itself in identical texts
+  other = probes.similarity_by_layer(model, params, tokenizer, [TEXT, OTHER], "Harry")
+  assert other.shape == (4, 2, 2) and np.all(other[:, 0, 1] < 0.9999)  # another context, another vector
+  assert probes.word_position(tokenizer, OTHER, "Harry") == OTHER.index("Harry") + 4  # its last character
+  with pytest.raises(UserError, match="'Ron' does not occur"):
+    probes.word_position(tokenizer, TEXT, "Ron")
+
+
+def test_translation_alignment_rows_are_probabilities_over_the_source(tokenizer):
+  cfg = Seq2SeqConfig(vocab_size=tokenizer.vocab_size, max_len=32, num_layers=2, num_heads=2, d_model=16, d_mlp=32)
+  model = Transformer(cfg)
+  params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 4), jnp.int32))["params"])
+  inside = probes.look_inside(model, params, tokenizer, "Ich habe keine Zeit.", target="I have no time.")
+  S, T = len("Ich habe keine Zeit.") + 1, len("I have no time.") + 1  # <eot> ends the source, starts the target
+  assert inside.cross_attention_LxHxTxS.shape == (2, 2, T, S) and len(inside.source_tokens) == S
+  np.testing.assert_allclose(inside.cross_attention_LxHxTxS.sum(-1), 1.0, atol=1e-5)
+  assert np.all(np.triu(inside.attention_LxHxTxT, k=1) == 0.0)
+  last = model.apply({"params": params}, jnp.asarray(inside.residual_LxTxD[-1:]), method="output_logits")[0]
+  np.testing.assert_allclose(last, inside.logits_TxV, atol=1e-5)
+
+
+def _nontrivial_png(path, min_colors=20):
+  image = np.asarray(Image.open(path).convert("RGB"))
+  assert image.shape[0] > 200 and image.shape[1] > 200
+  assert len(np.unique(image.reshape(-1, 3), axis=0)) >= min_colors, path  # not blank
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("lm")
+  proc = run_module("launch.train", "--config=experiments/shakespeare.py:tiny", "--config.sample.max_new_tokens=0",
+                    "--config.num_train_steps=20", f"--config.data.root={workdir / 'data'}", f"--workdir={workdir}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return workdir
+
+
+def test_launch_probe_draws_pictures_and_compares_a_word(trained, tmp_path):
+  proc = run_module("launch.probe", f"--workdir={trained}", "--text=ROMEO: But soft", f"--out={tmp_path / 'p'}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  for name in ("attention.png", "residual_norms.png", "logit_lens.png"):
+    _nontrivial_png(tmp_path / "p" / name)
+  numbers = json.loads((tmp_path / "p" / "inside.json").read_text())
+  assert numbers["tokens"] == list("ROMEO: But soft") and len(numbers["attention"]) == 2
+  assert "logit lens at the last position, by layer" in proc.stdout
+  proc = run_module("launch.probe", f"--workdir={trained}", "--compare", "--word=Harry", f"--text={TEXT}",
+                    f"--text={TEXT}", f"--text={OTHER}", f"--out={tmp_path / 'c'}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  rows = [line.split() for line in proc.stdout.splitlines() if line.startswith(("embed", "block"))]
+  assert len(rows) == 3 and all(float(r[-2]) == pytest.approx(1.0, abs=1e-4) for r in rows)
+  bad = run_module("launch.probe", f"--workdir={trained}", "--compare", f"--text={TEXT}")
+  assert bad.returncode == 1 and "error: --compare needs --word and at least two --text" in bad.stderr
+
+
+def test_launch_probe_on_a_translation_draws_the_alignment(tmp_path):
+  pairs = tmp_path / "pairs.tsv"
+  pairs.write_text("".join(f"das haus {i}\tthe house {i}\n" for i in range(200)))
+  proc = run_module("launch.train", "--config=experiments/translation.py:tiny", f"--config.data.input_files={pairs}",
+                    f"--config.data.root={tmp_path / 'data'}", "--config.data.tokenizer=char",
+                    "--config.num_train_steps=4", "--config.eval_every_steps=4", "--config.eval.bleu_sentences=4",
+                    "--config.eval.beam_size=1", f"--workdir={tmp_path / 'w'}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  proc = run_module("launch.probe", f"--workdir={tmp_path / 'w'}", "--text=das haus 7", "--target=the house 7",
+                    f"--out={tmp_path / 'p'}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  _nontrivial_png(tmp_path / "p" / "alignment.png", min_colors=5)
+  _nontrivial_png(tmp_path / "p" / "encoder_attention.png")
+  numbers = json.loads((tmp_path / "p" / "inside.json").read_text())
+  assert numbers["source_tokens"][:3] == ["d", "a", "s"] and len(numbers["cross_attention"]) == 2

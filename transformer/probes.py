@@ -1,0 +1,279 @@
+"""Seeing inside a trained model: attention maps, the residual stream, the logit lens, contextual
+embeddings, and a translation's cross-attention alignment.
+
+    >>> inside = probes.look_inside(model, params, tokenizer, "ROMEO: But soft")
+    >>> inside.attention_LxHxTxT[layer, head]       # rows are probabilities over the earlier tokens
+    >>> inside.residual_LxTxD                      # after the embeddings (row 0) and after each block
+    >>> inside.lens_top                            # per layer and position: the top tokens of the logit lens
+    >>> probes.similarity_by_layer(model, params, tokenizer, ["Harry stood ...", "Prince Harry ..."], "Harry")
+
+The models record these only when asked: `apply(..., mutable=["intermediates"])` makes their
+attention layers `sow` the probabilities and their blocks the residual stream (transformer.layers);
+otherwise nothing is recorded, so training is unchanged. Probing computes attention the readable
+way (einsum), whatever the model's implementation. `launch.probe` draws the pictures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer import layers
+from transformer.errors import UserError
+from transformer.models.gpt import GPT
+from transformer.models.seq2seq import Transformer
+
+
+@dataclasses.dataclass
+class Inside:
+  """What one forward pass shows, for one sequence (numpy arrays; L layers, H heads, T tokens)."""
+  tokens: list[str]  # each token as text
+  attention_LxHxTxT: np.ndarray  # (self-)attention probabilities, rows sum to 1
+  residual_LxTxD: np.ndarray  # L + 1 rows: after the embeddings, then after each block
+  lens_LxTxV: np.ndarray  # the final norm and head applied to each residual (log-probabilities)
+  logits_TxV: np.ndarray  # the model's own output
+  # Translation only: the source tokens and the decoder's cross-attention (L x H x T x S).
+  source_tokens: list[str] = dataclasses.field(default_factory=list)
+  cross_attention_LxHxTxS: np.ndarray | None = None
+  encoder_attention_LxHxSxS: np.ndarray | None = None
+
+  def lens_top(self, k: int = 3, tokenizer=None) -> list[list[list[tuple[str, float]]]]:
+    """Per layer, per position: the k most likely next tokens of the logit lens, with probabilities."""
+    top = np.argsort(-self.lens_LxTxV, axis=-1)[..., :k]
+    decode = (lambda i: tokenizer.decode([int(i)])) if tokenizer is not None else str
+    return [[[(decode(i), float(np.exp(self.lens_LxTxV[l, t, i]))) for i in top[l, t]]
+             for t in range(top.shape[1])] for l in range(top.shape[0])]
+
+
+def token_texts(tokenizer, ids) -> list[str]:
+  return [tokenizer.decode([int(i)]) for i in ids]
+
+
+def _layers_first(tree, num_layers: int, name: str) -> np.ndarray:
+  """A sown value per layer (unrolled `layer_i/...` or scanned `layers/...`) -> one array, layers first."""
+  if "layers" in tree:
+    return np.asarray(tree["layers"][name][0])
+  return np.stack([np.asarray(tree[f"layer_{i}"][name][0]) for i in range(num_layers)])
+
+
+def _attention(tree, num_layers: int, block: str = "attn") -> np.ndarray:
+  """L x B x H x T x S from the sown attention of each layer's `block`."""
+  if "layers" in tree:
+    return np.asarray(tree["layers"][block]["attention"][0])
+  return np.stack([np.asarray(tree[f"layer_{i}"][block]["attention"][0]) for i in range(num_layers)])
+
+
+def gpt_output_logits(model: GPT, params, x_BxTxD) -> jax.Array:
+  """The GPT's final LayerNorm and head applied to a residual stream (what GPT.__call__ does last)."""
+  cfg = model.config
+  x_BxTxD = layers.layer_norm(cfg.block()).apply({"params": params["ln_f"]}, x_BxTxD)
+  dtype = jnp.dtype(cfg.dtype)
+  if cfg.tie_embeddings:
+    return (x_BxTxD.astype(dtype) @ params["wte"]["embedding"].astype(dtype).T).astype(jnp.float32)
+  return (x_BxTxD.astype(dtype) @ params["lm_head"]["kernel"].astype(dtype)).astype(jnp.float32)
+
+
+def look_inside(model, params, tokenizer, text: str, *, target: str | None = None) -> Inside:
+  """One text through a GPT (or, with `target`, a source sentence and its translation through an
+  encoder-decoder): attention, residual stream, logit lens, output."""
+  params = nn.unbox(params)
+  if isinstance(model, Transformer):
+    return _look_inside_seq2seq(model, params, tokenizer, text, target or "")
+  ids = tokenizer.encode(text) or [tokenizer.eot_id]
+  if len(ids) > model.config.context_length:
+    raise UserError(f"the text is {len(ids)} tokens, longer than the model's context of "
+                    f"{model.config.context_length}; probe a shorter one")
+  logits, state = jax.jit(lambda p, t: model.apply({"params": p}, t, mutable=["intermediates"]))(
+      params, jnp.asarray([ids], jnp.int32))
+  sown = state["intermediates"]
+  n = model.config.num_layers
+  residual = np.concatenate([np.asarray(sown["embeddings"][0]), _layers_first(sown["h"], n, "residual")[:, 0]])
+  lens = jax.nn.log_softmax(gpt_output_logits(model, params, jnp.asarray(residual)), axis=-1)
+  return Inside(token_texts(tokenizer, ids), _attention(sown["h"], n)[:, 0], residual, np.asarray(lens),
+                np.asarray(logits[0]))
+
+
+def _look_inside_seq2seq(model: Transformer, params, tokenizer, source: str, target: str) -> Inside:
+  source_ids = tokenizer.encode(source.strip()) + [tokenizer.eot_id]
+  target_ids = [tokenizer.eot_id] + tokenizer.encode(target.strip())  # the decoder's input: <eot> starts it
+  logits, state = jax.jit(lambda p, s, t: model.apply({"params": p}, s, t, mutable=["intermediates"]))(
+      params, jnp.asarray([source_ids], jnp.int32), jnp.asarray([target_ids], jnp.int32))
+  sown = state["intermediates"]
+  n = model.config.num_layers
+  residual = np.concatenate([np.asarray(sown["decoder_embeddings"][0]),
+                             _layers_first(sown["decoder"], n, "residual")[:, 0]])
+  lens = jax.nn.log_softmax(model.apply({"params": params}, jnp.asarray(residual), method="output_logits"), axis=-1)
+  return Inside(token_texts(tokenizer, target_ids), _attention(sown["decoder"], n)[:, 0], residual,
+                np.asarray(lens), np.asarray(logits[0]), token_texts(tokenizer, source_ids),
+                _attention(sown["decoder"], n, "cross_attn")[:, 0], _attention(sown["encoder"], n)[:, 0])
+
+
+def word_position(tokenizer, text: str, word: str) -> int:
+  """The index of the last token of the first occurrence of `word` in `text` (in a causal model, the
+  first position whose state has read the whole word)."""
+  start = text.find(word)
+  if start < 0:
+    raise UserError(f"{word!r} does not occur in {text!r}")
+  end = start + len(word)
+  ids, chars = tokenizer.encode(text), 0
+  for i in range(len(ids)):
+    chars = len(tokenizer.decode(ids[:i + 1]))
+    if chars >= end:
+      return i
+  return len(ids) - 1
+
+
+def contextual_embeddings(model: GPT, params, tokenizer, texts: list[str], word: str) -> np.ndarray:
+  """N x (L + 1) x D: the residual stream at `word` (its last token) in each text, at every layer."""
+  rows = []
+  for text in texts:
+    inside = look_inside(model, params, tokenizer, text)
+    rows.append(inside.residual_LxTxD[:, word_position(tokenizer, text, word)])
+  return np.stack(rows)
+
+
+def cosine_by_layer(embeddings_NxLxD: np.ndarray) -> np.ndarray:
+  """L x N x N cosine similarities between the texts' embeddings of the word, layer by layer."""
+  unit = embeddings_NxLxD / np.maximum(np.linalg.norm(embeddings_NxLxD, axis=-1, keepdims=True), 1e-12)
+  return np.einsum("ild,jld->lij", unit, unit)
+
+
+def similarity_by_layer(model: GPT, params, tokenizer, texts: list[str], word: str) -> np.ndarray:
+  """L x N x N: how alike `word` is across `texts` at each depth (1: the same vector)."""
+  return cosine_by_layer(contextual_embeddings(model, params, tokenizer, texts, word))
+
+
+def as_json(inside: Inside, tokenizer, k: int = 5) -> dict[str, Any]:
+  """The numbers of `inside` as plain JSON."""
+  out = {"tokens": inside.tokens, "attention": inside.attention_LxHxTxT.round(5).tolist(),
+         "residual_norms": np.linalg.norm(inside.residual_LxTxD, axis=-1).round(4).tolist(),
+         "logit_lens_top": inside.lens_top(k, tokenizer)}
+  if inside.cross_attention_LxHxTxS is not None:
+    out.update(source_tokens=inside.source_tokens, cross_attention=inside.cross_attention_LxHxTxS.round(5).tolist())
+  return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Pictures (matplotlib, written as PNG).
+
+
+def _pyplot():
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  return plt
+
+
+def _label(tokens: list[str]) -> list[str]:
+  return [repr(t)[1:-1] if t.strip() else repr(t) for t in tokens]  # newlines and spaces made visible
+
+
+def draw_attention(attention_LxHxTxS: np.ndarray, queries: list[str], keys: list[str], path, title: str) -> None:
+  """A grid of heat maps, layers down and heads across; each row of a map is a query's probabilities."""
+  plt = _pyplot()
+  L, H, T, S = attention_LxHxTxS.shape
+  size = max(1.6, min(4.0, 0.16 * max(T, S)))
+  fig, axes = plt.subplots(L, H, figsize=(size * H + 1, size * L + 1), squeeze=False)
+  ticks = max(T, S) <= 48  # token labels while they are legible
+  for l in range(L):
+    for h in range(H):
+      ax = axes[l, h]
+      ax.imshow(attention_LxHxTxS[l, h], cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+      ax.set_title(f"layer {l} head {h}", fontsize=8)
+      ax.set_xticks(range(S) if ticks else [])
+      ax.set_yticks(range(T) if ticks else [])
+      if ticks:
+        ax.set_xticklabels(_label(keys), rotation=90, fontsize=6)
+        ax.set_yticklabels(_label(queries), fontsize=6)
+  fig.suptitle(title)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def draw_residual_norms(residual_LxTxD: np.ndarray, tokens: list[str], path) -> None:
+  """The residual stream's norm at every position, after the embeddings and after each block."""
+  plt = _pyplot()
+  norms_LxT = np.linalg.norm(residual_LxTxD, axis=-1)
+  fig, ax = plt.subplots(figsize=(7, 4))
+  for t in range(norms_LxT.shape[1]):
+    ax.plot(range(norms_LxT.shape[0]), norms_LxT[:, t], lw=1, alpha=0.6)
+  ax.plot(range(norms_LxT.shape[0]), norms_LxT.mean(axis=1), "k-o", lw=2, label="mean over positions")
+  ax.set_xticks(range(norms_LxT.shape[0]))
+  ax.set_xticklabels(["embed"] + [f"block {i}" for i in range(norms_LxT.shape[0] - 1)])
+  ax.set_ylabel("‖residual‖")
+  ax.set_title(f"residual stream norms, {len(tokens)} tokens")
+  ax.grid(alpha=0.3)
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def draw_logit_lens(inside: Inside, tokenizer, path, max_positions: int = 24) -> None:
+  """A table, layers down and positions across: the logit lens's top next token, shaded by its probability."""
+  plt = _pyplot()
+  top = inside.lens_top(1, tokenizer)
+  T = min(len(inside.tokens), max_positions)
+  first = len(inside.tokens) - T
+  probs_LxT = np.array([[row[t][0][1] for t in range(first, first + T)] for row in top])
+  fig, ax = plt.subplots(figsize=(0.7 * T + 2, 0.5 * len(top) + 1.5))
+  ax.imshow(probs_LxT, cmap="Blues", vmin=0.0, vmax=1.0, aspect="auto")
+  for l, row in enumerate(top):
+    for t in range(T):
+      ax.text(t, l, _label([row[first + t][0][0]])[0], ha="center", va="center", fontsize=7,
+              color="white" if probs_LxT[l, t] > 0.6 else "black")
+  ax.set_xticks(range(T))
+  ax.set_xticklabels(_label(inside.tokens[first:]), rotation=90, fontsize=7)
+  ax.set_yticks(range(len(top)))
+  ax.set_yticklabels(["embed"] + [f"block {i}" for i in range(len(top) - 1)])
+  ax.set_title("logit lens: the most likely next token read from each layer (shade: its probability)")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def draw_alignment(inside: Inside, path) -> None:
+  """The decoder's cross-attention, averaged over heads and layers: which source tokens each target
+  token looked at (a soft word alignment)."""
+  plt = _pyplot()
+  align_TxS = inside.cross_attention_LxHxTxS.mean(axis=(0, 1))
+  T, S = align_TxS.shape
+  fig, ax = plt.subplots(figsize=(0.35 * S + 2, 0.35 * T + 2))
+  ax.imshow(align_TxS, cmap="Greys", vmin=0.0, aspect="auto")
+  ax.set_xticks(range(S))
+  ax.set_xticklabels(_label(inside.source_tokens), rotation=90, fontsize=7)
+  ax.set_yticks(range(T))
+  ax.set_yticklabels(_label(inside.tokens), fontsize=7)
+  ax.set_xlabel("source")
+  ax.set_ylabel("target (the decoder's input)")
+  ax.set_title("cross-attention alignment (mean over layers and heads)")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def write_pictures(inside: Inside, tokenizer, out_dir) -> list:
+  """All pictures of `inside` and its numbers (inside.json) into `out_dir`; returns the paths."""
+  import json
+  from pathlib import Path
+  out = Path(out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  paths = [out / "attention.png", out / "residual_norms.png", out / "logit_lens.png", out / "inside.json"]
+  what = "decoder self-attention" if inside.cross_attention_LxHxTxS is not None else "attention"
+  draw_attention(inside.attention_LxHxTxT, inside.tokens, inside.tokens, paths[0], f"{what}: rows are queries")
+  draw_residual_norms(inside.residual_LxTxD, inside.tokens, paths[1])
+  draw_logit_lens(inside, tokenizer, paths[2])
+  paths[3].write_text(json.dumps(as_json(inside, tokenizer)) + "\n")
+  if inside.cross_attention_LxHxTxS is not None:
+    paths.append(out / "alignment.png")
+    draw_alignment(inside, paths[-1])
+    paths.append(out / "encoder_attention.png")
+    draw_attention(inside.encoder_attention_LxHxSxS, inside.source_tokens, inside.source_tokens, paths[-1],
+                   "encoder self-attention: rows are queries")
+  return paths
