@@ -3,6 +3,7 @@ r"""Benchmarks that print tables (medians of several runs). Speed is measured he
   python -m launch.bench --what=forward --preset=gpt2 --batch_sizes=1,8 --seq_len=1024
   python -m launch.bench --what=generate --preset=gpt2 --batch_sizes=1,64     # new tokens/s, ours only
   python -m launch.bench --what=vs_hf                                         # ours vs HF transformers
+  python -m launch.bench --what=mechanisms --vocab_size=65 --train_batch=32 --seq_len=128   # Synthesizer
 
 --what=vs_hf runs, on one random-weight config (default: cpu-small with GPT-2's vocabulary):
 KV-cache generation (greedy, --prompt_len prompt tokens + --new_tokens new ones, batch sizes
@@ -20,13 +21,13 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from transformer import benchmark, cli, optim, train
+from transformer import benchmark, cli, layers, optim, train
 from transformer.config import OptimizerConfig
 from transformer.generation import sampling
 from transformer.tasks.lm import lm_loss
 from transformer.models import gpt
 
-_WHAT = flags.DEFINE_enum("what", "vs_hf", ["forward", "generate", "vs_hf"], "Which benchmark.")
+_WHAT = flags.DEFINE_enum("what", "vs_hf", ["forward", "generate", "vs_hf", "mechanisms"], "Which benchmark.")
 _PRESET = flags.DEFINE_string("preset", "cpu-small", "GPT preset (random weights).")
 _VOCAB = flags.DEFINE_integer("vocab_size", 50257, "Vocabulary size (GPT-2's by default).")
 _BATCH_SIZES = flags.DEFINE_list("batch_sizes", ["1", "8"], "Batch sizes (forward, generate).")
@@ -135,9 +136,26 @@ def vs_hf_table() -> str:
   return header + "\n" + benchmark.table(["benchmark", "batch", "unit", "ours", "HF", "ours/HF"], rows)
 
 
+def mechanisms_table() -> str:
+  """The training step and the forward pass with each self-attention mechanism (layers.ATTENTION_MECHANISMS)."""
+  rows, base = [], None
+  for mechanism in layers.ATTENTION_MECHANISMS:
+    cfg = model_config().replace(attention_mechanism=mechanism)
+    params = _params(cfg)
+    forward_s = forward_seconds(cfg, params, _TRAIN_BATCH.value)
+    train_s = train_step_seconds(cfg, params)  # donates the params: last
+    base = base or train_s
+    rows.append([mechanism, f"{gpt.count_params(cfg):,}", train_s * 1000,
+                 _TRAIN_BATCH.value * _SEQ_LEN.value / train_s, forward_s * 1000, f"{base / train_s:.2f}x"])
+  return (_header(f"attention mechanisms, batch {_TRAIN_BATCH.value} x seq {_SEQ_LEN.value}", model_config())
+          + "\n" + benchmark.table(["mechanism", "params", "ms/train step", "train tokens/s", "ms/forward",
+                                    "speed vs dot_product"], rows))
+
+
 def main(argv):
   del argv
-  print({"forward": forward_table, "generate": generate_table, "vs_hf": vs_hf_table}[_WHAT.value]())
+  print({"forward": forward_table, "generate": generate_table, "vs_hf": vs_hf_table,
+         "mechanisms": mechanisms_table}[_WHAT.value]())
 
 
 if __name__ == "__main__":

@@ -17,6 +17,11 @@ def test_benchmark_programs_print_their_tables():
   assert "KV-cache generation" in lines[0] and lines[1].split() == ["batch", "prompt", "new", "ms/call",
                                                                     "new", "tokens/s"]
   assert [line.split()[0] for line in lines[3:]] == ["1", "2"]
+  proc = run_module("launch.bench", "--what=mechanisms", "--preset=cpu-tiny", "--vocab_size=97", "--train_batch=2",
+                    "--seq_len=16", "--repeats=1")
+  assert proc.returncode == 0, proc.stderr
+  assert [line.split()[0] for line in proc.stdout.splitlines()[3:]] == [
+      "dot_product", "synthesizer_dense", "synthesizer_random", "synthesizer_fixed_random"]
 
 
 @pytest.mark.skipif(not os.environ.get("TRANSFORMER_TORCH_PYTHON"),
