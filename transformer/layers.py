@@ -307,8 +307,9 @@ class MultiHeadAttention(nn.Module):
       return jnp.take_along_axis(scores_BxHxTxL, index_BxHxTxS, axis=-1)
     # Random: a table per head. "fixed_random" is a parameter too (checkpoints and shardings need
     # nothing new) that gets no gradient; it is not weight-decayed unless optimizer.decay_norms_and_biases.
+    # (A logical name may appear once per array: the key-position axis is named None, replicated.)
     table_HxLxL = self.param("synth_table", nn.with_logical_partitioning(nn.initializers.normal(1.0),
-                                                                         ("heads", "position", "position")),
+                                                                         ("heads", "position", None)),
                              (H, L, L), param_dtype)
     if cfg.mechanism == "synthesizer_fixed_random":
       table_HxLxL = jax.lax.stop_gradient(table_HxLxL)
