@@ -3,7 +3,8 @@ r"""Benchmarks that print tables (medians of several runs). Speed is measured he
   python -m launch.bench --what=forward --preset=gpt2 --batch_sizes=1,8 --seq_len=1024
   python -m launch.bench --what=generate --preset=gpt2 --batch_sizes=1,64     # new tokens/s, ours only
   python -m launch.bench --what=vs_hf                                         # ours vs HF transformers
-  python -m launch.bench --what=mechanisms --vocab_size=65 --train_batch=32 --seq_len=128   # Synthesizer
+  python -m launch.bench --what=mechanisms --d_model=128 --context_length=128 --vocab_size=65 \
+      --train_batch=32 --seq_len=128                                          # shakespeare.py:char's model
 
 --what=vs_hf runs, on one random-weight config (default: cpu-small with GPT-2's vocabulary):
 KV-cache generation (greedy, --prompt_len prompt tokens + --new_tokens new ones, batch sizes
@@ -30,6 +31,8 @@ from transformer.models import gpt
 _WHAT = flags.DEFINE_enum("what", "vs_hf", ["forward", "generate", "vs_hf", "mechanisms"], "Which benchmark.")
 _PRESET = flags.DEFINE_string("preset", "cpu-small", "GPT preset (random weights).")
 _VOCAB = flags.DEFINE_integer("vocab_size", 50257, "Vocabulary size (GPT-2's by default).")
+_D_MODEL = flags.DEFINE_integer("d_model", 0, "Model width instead of the preset's (0: the preset's).")
+_CONTEXT = flags.DEFINE_integer("context_length", 0, "Context length instead of the preset's (0: the preset's).")
 _BATCH_SIZES = flags.DEFINE_list("batch_sizes", ["1", "8"], "Batch sizes (forward, generate).")
 _SEQ_LEN = flags.DEFINE_integer("seq_len", 256, "Sequence length (forward, train).")
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 32, "Generation: prompt tokens.")
@@ -43,7 +46,8 @@ _PEER_PYTHON = flags.DEFINE_string("peer_python", None, "A Python with torch + t
 
 
 def model_config() -> gpt.GPTConfig:
-  return gpt.preset(_PRESET.value, vocab_size=_VOCAB.value, attention=_ATTENTION.value, dtype=_DTYPE.value)
+  sizes = {k: f.value for k, f in (("d_model", _D_MODEL), ("context_length", _CONTEXT)) if f.value}
+  return gpt.preset(_PRESET.value, vocab_size=_VOCAB.value, attention=_ATTENTION.value, dtype=_DTYPE.value, **sizes)
 
 
 def _header(what: str, cfg: gpt.GPTConfig) -> str:
