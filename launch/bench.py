@@ -3,7 +3,7 @@ r"""Benchmarks that print tables (medians of several runs). Speed is measured he
   python -m launch.bench --what=forward --preset=gpt2 --batch_sizes=1,8 --seq_len=1024
   python -m launch.bench --what=generate --preset=gpt2 --batch_sizes=1,64     # new tokens/s, ours only
   python -m launch.bench --what=vs_hf                                         # ours vs HF transformers
-  python -m launch.bench --what=mechanisms --d_model=128 --context_length=128 --vocab_size=65 \
+  python -m launch.bench --what=mechanisms --d_model=128 --context_length=128 --vocab_size=85 \
       --train_batch=32 --seq_len=128                                          # shakespeare.py:char's model
 
 --what=vs_hf runs, on one random-weight config (default: cpu-small with GPT-2's vocabulary):
