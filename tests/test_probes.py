@@ -134,3 +134,14 @@ def test_launch_probe_on_a_translation_draws_the_alignment(tmp_path):
   _nontrivial_png(tmp_path / "p" / "encoder_attention.png")
   numbers = json.loads((tmp_path / "p" / "inside.json").read_text())
   assert numbers["source_tokens"][:3] == ["d", "a", "s"] and len(numbers["cross_attention"]) == 2
+
+
+def test_launch_probe_reads_hugging_face_gpt2_weights(tmp_path):
+  from transformer.models.hf_gpt2 import export_hf_gpt2
+  cfg = GPTConfig(context_length=32, num_layers=2, num_heads=2, d_model=16)  # GPT-2's vocabulary
+  export_hf_gpt2(cfg, GPT(cfg).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"], tmp_path / "hf")
+  proc = run_module("launch.probe", f"--hf={tmp_path / 'hf'}", "--text=Every effort moves you", f"--out={tmp_path}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  numbers = json.loads((tmp_path / "inside.json").read_text())
+  assert numbers["tokens"] == ["Every", " effort", " moves", " you"] and len(numbers["attention"]) == 2
+  _nontrivial_png(tmp_path / "attention.png")

@@ -85,6 +85,7 @@ def look_inside(model, params, tokenizer, text: str, *, target: str | None = Non
   if isinstance(model, Transformer):
     return _look_inside_seq2seq(model, params, tokenizer, text, target or "")
   ids = tokenizer.encode(text) or [tokenizer.eot_id]
+  _check_vocabulary(ids, model.config.vocab_size)
   if len(ids) > model.config.context_length:
     raise UserError(f"the text is {len(ids)} tokens, longer than the model's context of "
                     f"{model.config.context_length}; probe a shorter one")
@@ -101,6 +102,7 @@ def look_inside(model, params, tokenizer, text: str, *, target: str | None = Non
 def _look_inside_seq2seq(model: Transformer, params, tokenizer, source: str, target: str) -> Inside:
   source_ids = tokenizer.encode(source.strip()) + [tokenizer.eot_id]
   target_ids = [tokenizer.eot_id] + tokenizer.encode(target.strip())  # the decoder's input: <eot> starts it
+  _check_vocabulary(source_ids + target_ids, model.config.vocab_size)
   logits, state = jax.jit(lambda p, s, t: model.apply({"params": p}, s, t, mutable=["intermediates"]))(
       params, jnp.asarray([source_ids], jnp.int32), jnp.asarray([target_ids], jnp.int32))
   sown = state["intermediates"]
@@ -111,6 +113,12 @@ def _look_inside_seq2seq(model: Transformer, params, tokenizer, source: str, tar
   return Inside(token_texts(tokenizer, target_ids), _attention(sown["decoder"], n)[:, 0], residual,
                 np.asarray(lens), np.asarray(logits[0]), token_texts(tokenizer, source_ids),
                 _attention(sown["decoder"], n, "cross_attn")[:, 0], _attention(sown["encoder"], n)[:, 0])
+
+
+def _check_vocabulary(ids: list[int], vocab_size: int) -> None:
+  if max(ids) >= vocab_size:
+    raise UserError(f"the text has token id {max(ids)}, beyond the model's vocabulary of {vocab_size}: the "
+                    f"tokenizer is not the model's (with --hf, pass its --tokenizer)")
 
 
 def word_position(tokenizer, text: str, word: str) -> int:
