@@ -42,8 +42,8 @@ def test_attention_rows_are_causal_probabilities_and_the_lens_ends_at_the_logits
   assert inside.attention_LxHxTxT.shape == (3, 2, T, T) and inside.residual_LxTxD.shape == (4, T, 32)
   np.testing.assert_allclose(inside.attention_LxHxTxT.sum(-1), 1.0, atol=1e-5)
   assert np.all(np.triu(inside.attention_LxHxTxT, k=1) == 0.0)  # no query sees a later token
-  np.testing.assert_allclose(inside.logits_TxV, model.apply({"params": params}, jnp.asarray([tokenizer.encode(TEXT)]))[0],
-                             atol=1e-5)  # probing changes nothing
+  plain_logits = model.apply({"params": params}, jnp.asarray([tokenizer.encode(TEXT)]))[0]
+  np.testing.assert_allclose(inside.logits_TxV, plain_logits, atol=1e-5)  # probing changes nothing
   # The last layer's residual through the final norm and head is the model's output; so the lens's
   # last row predicts what the model predicts.
   last = probes.gpt_output_logits(model, params, jnp.asarray(inside.residual_LxTxD[-1:]))[0]

@@ -29,6 +29,7 @@ from transformer.errors import CheckpointError, WorkdirError
 # What every step directory holds as JSON (its metrics, written only with a validation loss, may be absent).
 _JSON_FILES = ("_CHECKPOINT_METADATA", "state/_METADATA", "data/metadata", "meta/metadata")
 _OPTIONAL_JSON = ("metrics/metrics",)
+UNREADABLE = "unreadable_checkpoints"  # beside the checkpoints directory: where damaged steps are moved
 
 
 def unreadable_reason(step_dir: Path) -> str | None:
@@ -56,7 +57,6 @@ class Checkpointer:
     import orbax.checkpoint as ocp
     self._ocp = ocp
     self.directory = Path(directory).absolute()
-    self.read_only = read_only
     self.manager = None
     self.unreadable = {}  # step -> why
     for step in self._step_dirs():
@@ -104,7 +104,7 @@ class Checkpointer:
 
   def set_aside(self, step: int, reason: str) -> None:
     """Moves an unreadable step directory to <workdir>/unreadable_checkpoints/ (never deletes it)."""
-    aside = self.directory.parent / "unreadable_checkpoints" / f"{step}-{time.strftime('%Y%m%d-%H%M%S')}"
+    aside = self.directory.parent / UNREADABLE / f"{step}-{time.strftime('%Y%m%d-%H%M%S')}"
     if jax.process_index() == 0:  # every process finds the same damage; one moves it
       aside.parent.mkdir(parents=True, exist_ok=True)
       os.rename(self.directory / str(step), aside)

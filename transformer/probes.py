@@ -54,18 +54,16 @@ def token_texts(tokenizer, ids) -> list[str]:
   return [tokenizer.decode([int(i)]) for i in ids]
 
 
-def _layers_first(tree, num_layers: int, name: str) -> np.ndarray:
-  """A sown value per layer (unrolled `layer_i/...` or scanned `layers/...`) -> one array, layers first."""
-  if "layers" in tree:
-    return np.asarray(tree["layers"][name][0])
-  return np.stack([np.asarray(tree[f"layer_{i}"][name][0]) for i in range(num_layers)])
-
-
-def _attention(tree, num_layers: int, block: str = "attn") -> np.ndarray:
-  """L x B x H x T x S from the sown attention of each layer's `block`."""
-  if "layers" in tree:
-    return np.asarray(tree["layers"][block]["attention"][0])
-  return np.stack([np.asarray(tree[f"layer_{i}"][block]["attention"][0]) for i in range(num_layers)])
+def _per_layer(stack, num_layers: int, *path: str) -> np.ndarray:
+  """A value sown at `path` inside each layer of a Stack (unrolled `layer_i/...` or scanned `layers/...`,
+  already stacked) -> one array, layers first, for the first sequence."""
+  def at(tree):
+    for key in path:
+      tree = tree[key]
+    return np.asarray(tree[0])
+  if "layers" in stack:
+    return at(stack["layers"])[:, 0]
+  return np.stack([at(stack[f"layer_{i}"])[0] for i in range(num_layers)])
 
 
 def gpt_output_logits(model: GPT, params, x_BxTxD) -> jax.Array:
@@ -89,30 +87,31 @@ def look_inside(model, params, tokenizer, text: str, *, target: str | None = Non
   if len(ids) > model.config.context_length:
     raise UserError(f"the text is {len(ids)} tokens, longer than the model's context of "
                     f"{model.config.context_length}; probe a shorter one")
-  logits, state = jax.jit(lambda p, t: model.apply({"params": p}, t, mutable=["intermediates"]))(
-      params, jnp.asarray([ids], jnp.int32))
+  # Eager, not jit: one pass per text, and a new jit here would compile for every call (--compare).
+  logits, state = model.apply({"params": params}, jnp.asarray([ids], jnp.int32), mutable=["intermediates"])
   sown = state["intermediates"]
   n = model.config.num_layers
-  residual = np.concatenate([np.asarray(sown["embeddings"][0]), _layers_first(sown["h"], n, "residual")[:, 0]])
+  residual = np.concatenate([np.asarray(sown["embeddings"][0]), _per_layer(sown["h"], n, "residual")])
   lens = jax.nn.log_softmax(gpt_output_logits(model, params, jnp.asarray(residual)), axis=-1)
-  return Inside(token_texts(tokenizer, ids), _attention(sown["h"], n)[:, 0], residual, np.asarray(lens),
-                np.asarray(logits[0]))
+  return Inside(token_texts(tokenizer, ids), _per_layer(sown["h"], n, "attn", "attention"), residual,
+                np.asarray(lens), np.asarray(logits[0]))
 
 
 def _look_inside_seq2seq(model: Transformer, params, tokenizer, source: str, target: str) -> Inside:
   source_ids = tokenizer.encode(source.strip()) + [tokenizer.eot_id]
   target_ids = [tokenizer.eot_id] + tokenizer.encode(target.strip())  # the decoder's input: <eot> starts it
   _check_vocabulary(source_ids + target_ids, model.config.vocab_size)
-  logits, state = jax.jit(lambda p, s, t: model.apply({"params": p}, s, t, mutable=["intermediates"]))(
-      params, jnp.asarray([source_ids], jnp.int32), jnp.asarray([target_ids], jnp.int32))
+  logits, state = model.apply({"params": params}, jnp.asarray([source_ids], jnp.int32),
+                              jnp.asarray([target_ids], jnp.int32), mutable=["intermediates"])
   sown = state["intermediates"]
   n = model.config.num_layers
   residual = np.concatenate([np.asarray(sown["decoder_embeddings"][0]),
-                             _layers_first(sown["decoder"], n, "residual")[:, 0]])
+                             _per_layer(sown["decoder"], n, "residual")])
   lens = jax.nn.log_softmax(model.apply({"params": params}, jnp.asarray(residual), method="output_logits"), axis=-1)
-  return Inside(token_texts(tokenizer, target_ids), _attention(sown["decoder"], n)[:, 0], residual,
+  return Inside(token_texts(tokenizer, target_ids), _per_layer(sown["decoder"], n, "attn", "attention"), residual,
                 np.asarray(lens), np.asarray(logits[0]), token_texts(tokenizer, source_ids),
-                _attention(sown["decoder"], n, "cross_attn")[:, 0], _attention(sown["encoder"], n)[:, 0])
+                _per_layer(sown["decoder"], n, "cross_attn", "attention"),
+                _per_layer(sown["encoder"], n, "attn", "attention"))
 
 
 def _check_vocabulary(ids: list[int], vocab_size: int) -> None:

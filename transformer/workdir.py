@@ -35,7 +35,6 @@ CONFIG = "config.json"
 DATA = "data.json"
 TOKENIZER = "tokenizer"
 CHECKPOINTS = "checkpoints"
-UNREADABLE = "unreadable_checkpoints"
 LOCK = "train.lock"
 
 
