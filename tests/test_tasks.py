@@ -15,7 +15,7 @@ from experiments import base
 from transformer import config, inference, metrics, tasks, tokenizers, train
 from transformer.errors import ConfigError
 from transformer.generation import sampling
-from transformer.models.gpt import GPT, GPTConfig
+from transformer.models.gpt import GPT
 
 DIGITS = "0123456789"
 
@@ -35,8 +35,7 @@ class Copy(tasks.Task):
   """"31415|31415": a GPT learns to repeat the digits before the bar. Only the copy is scored."""
   name = "copy"
   Config = CopyConfig
-  ModelConfig = GPTConfig
-  Model = GPT
+  families = ("gpt",)
   data_kind = "synthetic"
   program = "launch.sample"
 
@@ -52,6 +51,9 @@ class Copy(tasks.Task):
     bar = np.full((c.batch_size, 1), tok.encode("|")[0])
     eot = np.full((c.batch_size, 1), tok.eot_id)
     return np.concatenate([ids, bar, ids, eot], axis=1).astype(np.int32)
+
+  def build_model(self, model_config):
+    return GPT(model_config)
 
   def init_inputs(self):
     return (jnp.zeros((1, 8), jnp.int32),)

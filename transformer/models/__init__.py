@@ -2,7 +2,13 @@
 
   gpt        decoder-only GPT-2 (language modelling); presets gpt2 ... gpt2-xl, cpu-small, cpu-tiny
   seq2seq    the encoder-decoder Transformer of "Attention Is All You Need" (translation)
+  encoder    the encoder-only Transformer (classification, tagging)
+  lstm       stacked LSTMs, one-way or bidirectional: the recurrent baselines
+  classifier heads on a body (gpt, encoder, lstm): a label per text or per token
   hf_gpt2    Hugging Face GPT-2 safetensors <-> GPT params
+
+A run's config.model names its family (`config.model.family`, `families()` below) and holds that
+family's config fields; the task says which families it can train.
 
 One call convention for every model, so that a task holds one model for training, evaluation and
 decoding:
@@ -13,3 +19,12 @@ decoding:
   - `decode=True` continues earlier calls through the KV cache (`mutable=["cache"]`);
   - the result is float32 logits `(B, T, V)` whatever the compute dtype.
 """
+
+
+def families() -> dict[str, type]:
+  """config.model.family -> its model config class."""
+  from transformer.models.encoder import EncoderConfig
+  from transformer.models.gpt import GPTConfig
+  from transformer.models.lstm import LSTMConfig
+  from transformer.models.seq2seq import Seq2SeqConfig
+  return {c.family: c for c in (GPTConfig, Seq2SeqConfig, EncoderConfig, LSTMConfig)}

@@ -18,6 +18,7 @@ train on a laptop CPU.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import flax.linen as nn
 import jax
@@ -29,6 +30,7 @@ from transformer.errors import ConfigError
 
 @dataclasses.dataclass(frozen=True)
 class GPTConfig:
+  family: ClassVar[str] = "gpt"  # config.model.family (transformer.models.FAMILIES)
   vocab_size: int = 50257
   context_length: int = 1024  # size of the learned position table: the longest sequence
   num_layers: int = 12
@@ -87,8 +89,9 @@ class GPT(nn.Module):
 
   @nn.compact
   def __call__(self, tokens_BxT: jax.Array, *, valid_BxT: jax.Array | None = None, deterministic: bool = True,
-               decode: bool = False) -> jax.Array:
-    """Float32 logits for every position.
+               decode: bool = False, features: bool = False) -> jax.Array:
+    """Float32 logits for every position (or, with `features`, the final LayerNorm's output
+    `BxTxD`: what a classification head reads; the parameters are the same).
 
     valid_BxT: False marks padding (e.g. left-padded prompts of different lengths). Padding takes no
       position and no token attends to it, so a sequence's logits do not depend on its padding.
@@ -127,6 +130,8 @@ class GPT(nn.Module):
                            name="h")(x_BxTxD, mask_BxTxS, positions=(positions_BxT, key_positions_BxS),
                                      deterministic=deterministic, decode=decode)
     x_BxTxD = layers.layer_norm(cfg.block(), "ln_f")(x_BxTxD)
+    if features:
+      return x_BxTxD
     if decode:  # only the next token's logits are needed
       # The barrier: XLA:CPU would otherwise fuse the normalisation into the head's matrix-vector
       # product and redo it for every vocabulary entry (decoding ~1.2x slower at a 50k vocabulary).

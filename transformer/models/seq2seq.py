@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import ClassVar
 
 import flax.linen as nn
 import jax
@@ -31,6 +32,7 @@ from transformer.errors import ConfigError
 
 @dataclasses.dataclass(frozen=True)
 class Seq2SeqConfig:
+  family: ClassVar[str] = "transformer"  # config.model.family (transformer.models.FAMILIES)
   vocab_size: int = 0  # joint source/target vocabulary (0: taken from the tokenizer)
   max_len: int = 256  # longest source or target sequence (positions are sinusoidal, not learned)
   num_layers: int = 6  # encoder layers = decoder layers

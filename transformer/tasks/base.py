@@ -23,7 +23,7 @@ import numpy as np
 
 from transformer import sharding
 from transformer.config import RunConfig
-from transformer.errors import DataError
+from transformer.errors import ConfigError, DataError
 
 
 class ResumableIterator(Protocol):
@@ -43,17 +43,50 @@ class Task(abc.ABC):
   result), or `data=None` when only the model is needed (restoring a trained model)."""
   name: ClassVar[str]  # the value of config.task
   Config: ClassVar[type]  # the task's own config fields: a frozen dataclass with `check(run, data_parallel)`
-  ModelConfig: ClassVar[type]  # config.model as a model config (GPTConfig, Seq2SeqConfig, ...)
-  Model: ClassVar[type[nn.Module]]  # built from the model config; see transformer.models for its calls
-  data_kind: ClassVar[str]  # what config.data is prepared as: "text" | "pairs" (transformer.data)
+  # The model families (config.model.family: transformer.models.families()) it trains; the first is
+  # the default.
+  families: ClassVar[tuple[str, ...]]
+  data_kind: ClassVar[str]  # what config.data is prepared as: "text" | "pairs" | ... (transformer.data)
   program: ClassVar[str]  # the launch program that uses a trained model, e.g. "launch.sample"
 
-  def __init__(self, run: RunConfig, tokenizer, mesh: jax.sharding.Mesh, data=None):
+  def __init__(self, run: RunConfig, tokenizer, mesh: jax.sharding.Mesh, data=None,
+               labels: tuple[str, ...] | None = None):
+    """`labels`: the names of the classes or tags a trained model predicts, as `labels` gave them
+    when it was trained (the workdir keeps them); a task without labels ignores them."""
     self.run, self.config, self.tokenizer, self.mesh, self.data = run, run.task_config, tokenizer, mesh, data
     self.rules = run.mesh.rules
     self.model_config = run.model_config(tokenizer.vocab_size).check()
-    self.model = self.Model(self.model_config)
+    self.model = self.build_model(self.model_config)
     self.batch_sharding = sharding.batch_sharding(mesh, self.rules)
+
+  @classmethod
+  def model_config_class(cls, family: str | None) -> type:
+    """The model config class of config.model.family=`family` (None: the task's default)."""
+    from transformer import models
+    family = family or cls.families[0]
+    if family not in cls.families:
+      raise ConfigError(f"--config.model.family={family!r} cannot be trained by config.task={cls.name!r}; choose "
+                        f"one of {', '.join(cls.families)}")
+    return models.families()[family]
+
+  @abc.abstractmethod
+  def build_model(self, model_config) -> nn.Module:
+    """The task's model from the resolved model config (see transformer.models for the calls)."""
+
+  @property
+  def labels(self) -> tuple[str, ...] | None:
+    """The names of what the model predicts (classes, tags) when they are not in the config; the
+    workdir keeps them for inference (`Task(..., labels=...)`)."""
+    return None
+
+  def init_params(self, params):
+    """The params a new run starts from: `params` (freshly initialised) unless the task loads some
+    from elsewhere (a pretrained body: config.init_from)."""
+    return params
+
+  def update_scale(self, params):
+    """A tree like `params` of multipliers for each parameter's update (0 freezes it), or None."""
+    return None
 
   @classmethod
   def load_data(cls, run: RunConfig):

@@ -1,5 +1,6 @@
-"""config.task="lm": a GPT on a text corpus. Next-token cross-entropy on (seq_len + 1)-token windows;
-validation loss and perplexity on fixed windows; a generated sample at the end."""
+"""config.task="lm": a GPT (or, as the historical baseline, an LSTM: config.model.family="lstm") on a
+text corpus. Next-token cross-entropy on (seq_len + 1)-token windows; validation loss and perplexity
+on fixed windows; a generated sample at the end."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from transformer.config import RunConfig, at, check_positive
 from transformer.data import pipeline
 from transformer.errors import ConfigError, TokenizerError
 from transformer.generation import sampling
-from transformer.models.gpt import GPT, GPTConfig
+from transformer.models.gpt import GPT
+from transformer.models.lstm import LSTMLanguageModel
 from transformer.tasks.base import Task
 
 
@@ -71,7 +73,7 @@ class LMConfig:
     return sampling.Sampling(temperature=self.sample.temperature, top_k=self.sample.top_k, top_p=self.sample.top_p)
 
 
-def lm_loss(model: GPT, params, batch_BxL1, rng, train: bool):
+def lm_loss(model: GPT | LSTMLanguageModel, params, batch_BxL1, rng, train: bool):
   """(summed next-token cross-entropy, number of predicted tokens) of (seq_len + 1)-token examples."""
   inputs_BxL, targets_BxL = batch_BxL1[:, :-1], batch_BxL1[:, 1:]
   logits_BxLxV = model.apply({"params": params}, inputs_BxL, deterministic=not train, rngs={"dropout": rng})
@@ -80,11 +82,11 @@ def lm_loss(model: GPT, params, batch_BxL1, rng, train: bool):
 
 
 class LanguageModel(Task):
-  """A GPT (config.model: GPTConfig fields) on windows of a text corpus (config.data)."""
+  """A GPT (config.model: GPTConfig fields) or a one-way LSTM (LSTMConfig fields) on windows of a text
+  corpus (config.data)."""
   name = "lm"
   Config = LMConfig
-  ModelConfig = GPTConfig
-  Model = GPT
+  families = ("gpt", "lstm")
   data_kind = "text"
   program = "launch.sample"
 
@@ -94,6 +96,9 @@ class LanguageModel(Task):
       self._sample_prompt = tokenizer.encode(self.config.sample.prompt) or [tokenizer.eot_id]
     except TokenizerError as e:
       raise ConfigError(f"--config.sample.prompt: {e}") from None
+
+  def build_model(self, model_config):
+    return LSTMLanguageModel(model_config) if model_config.family == "lstm" else GPT(model_config)
 
   def init_inputs(self) -> tuple:
     return (jnp.zeros((1, 8), jnp.int32),)
@@ -117,8 +122,9 @@ class LanguageModel(Task):
     return self.config.batch_size * self.config.seq_len
 
   def flops_per_token(self, num_params: int) -> float:
-    return metrics.flops_per_token(num_params, self.model_config.num_layers, self.model_config.d_model,
-                                   self.config.seq_len)
+    cfg = self.model_config
+    attention_layers = cfg.num_layers if cfg.family == "gpt" else 0  # an LSTM: the 6N of its matmuls
+    return metrics.flops_per_token(num_params, attention_layers, cfg.d_model, self.config.seq_len)
 
   def eval_batches(self) -> list:
     c = self.config

@@ -76,8 +76,7 @@ class Translation(Task):
   config.data, in config.data.direction."""
   name = "translation"
   Config = TranslationConfig
-  ModelConfig = seq2seq.Seq2SeqConfig
-  Model = seq2seq.Transformer
+  families = ("transformer",)
   data_kind = "pairs"
   program = "launch.translate"
 
@@ -98,6 +97,9 @@ class Translation(Task):
     if data is not None:
       pipeline.pair_columns(self.direction, self.languages)  # an unknown direction fails here, named
       self._pairs = {split: self._split_pairs(split) for split in ("train", "validation", "test")}
+
+  def build_model(self, model_config):
+    return seq2seq.Transformer(model_config)
 
   def init_inputs(self) -> tuple:
     return jnp.zeros((1, 8), jnp.int32), jnp.zeros((1, 8), jnp.int32)

@@ -1,0 +1,95 @@
+"""An encoder-only Transformer: the encoder of "Attention Is All You Need" on its own, for problems
+that label a text (classification) or each of its tokens (tagging).
+
+  tokens_BxT -> embedding * sqrt(d) + sinusoidal positions -> dropout
+             -> N blocks of bidirectional self-attention over the real tokens and an MLP
+             -> (pre-LN) a final LayerNorm                                   = hidden_BxTxD
+
+Every token reads the whole text, before and after it: what a left-to-right model (GPT, an LSTM)
+cannot do when it labels a word. The modules and their names are those of the encoder-decoder's
+encoder (`source_embed`, `encoder`, `encoder_norm`: transformer.models.seq2seq), so the blocks,
+attention and embeddings are the same code. Heads are in transformer.models.classifier.
+
+    >>> encoder = Encoder(EncoderConfig(vocab_size=20002))
+    >>> hidden_BxTxD = encoder.apply({"params": params}, tokens_BxT, valid_BxT=valid_BxT)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from transformer import layers
+from transformer.errors import ConfigError
+from transformer.models import seq2seq
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderConfig:
+  family: ClassVar[str] = "encoder"  # config.model.family (transformer.models.FAMILIES)
+  vocab_size: int = 0  # 0: taken from the tokenizer
+  max_len: int = 256  # longest sequence (positions are sinusoidal, not learned)
+  num_layers: int = 4
+  num_heads: int = 4
+  d_model: int = 256
+  d_mlp: int = 1024
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.0  # needs attention="einsum"
+  layer_norm_epsilon: float = 1e-6
+  pre_layer_norm: bool = True  # False: the paper's post-LN
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+  kernel_init: str = "xavier"
+  attention: str = "xla"  # "einsum" | "xla" | "cudnn"
+  attention_mechanism: str = "dot_product"  # or a Synthesizer (layers.ATTENTION_MECHANISMS)
+  scan_layers: bool = False
+  remat_policy: str = "none"
+
+  def block(self) -> layers.BlockConfig:
+    return layers.BlockConfig(
+        d_model=self.d_model, num_heads=self.num_heads, d_mlp=self.d_mlp, dropout_rate=self.dropout_rate,
+        attention_dropout_rate=self.attention_dropout_rate, layer_norm_epsilon=self.layer_norm_epsilon,
+        dtype=self.dtype, param_dtype=self.param_dtype, attention=self.attention,
+        mechanism=self.attention_mechanism, max_len=self.max_len, pre_layer_norm=self.pre_layer_norm,
+        activation="relu", kernel_init=self.kernel_init)
+
+  @property
+  def context_length(self) -> int:  # the name every body's longest sequence goes by
+    return self.max_len
+
+  def replace(self, **changes) -> "EncoderConfig":
+    return dataclasses.replace(self, **changes)
+
+  def check(self) -> "EncoderConfig":
+    layers.check_model_config(self, positive=("vocab_size", "max_len", "num_layers"))
+    return self
+
+
+class Encoder(nn.Module):
+  """Hidden states `BxTxD` of a token sequence; `valid_BxT` False marks padding, which no token
+  attends to, so a text's states do not depend on how much padding follows it."""
+  config: EncoderConfig
+
+  def setup(self):
+    cfg = self.config
+    self.source_embed = seq2seq.Embed(cfg)
+    self.encoder = layers.Stack(cfg.block(), cfg.num_layers, scan=cfg.scan_layers, remat_policy=cfg.remat_policy)
+    if cfg.pre_layer_norm:
+      self.encoder_norm = layers.layer_norm(cfg.block())
+
+  def __call__(self, tokens_BxT, *, valid_BxT=None, deterministic: bool = True):
+    B, T = tokens_BxT.shape
+    if T > self.config.max_len:
+      raise ConfigError(f"a sequence of {T} tokens is longer than the encoder's max_len={self.config.max_len}; "
+                        f"raise --config.model.max_len or lower --config.max_len")
+    valid_BxT = jnp.ones((B, T), bool) if valid_BxT is None else valid_BxT
+    positions_1xT = jnp.arange(T)[None]
+    x_BxTxD = self.source_embed(tokens_BxT, positions_1xT, deterministic)
+    self.sow("intermediates", "embeddings", x_BxTxD)
+    # Padding queries attend to themselves too, so that no row of the softmax is empty.
+    mask_BxTxT = valid_BxT[:, None, :] | jnp.eye(T, dtype=bool)[None]
+    x_BxTxD = self.encoder(x_BxTxD, mask_BxTxT, positions=(positions_1xT, positions_1xT), deterministic=deterministic)
+    return self.encoder_norm(x_BxTxD) if self.config.pre_layer_norm else x_BxTxD
