@@ -18,6 +18,14 @@ def model_fields(preset: str, family=gpt, **overrides) -> ml_collections.ConfigD
   return ml_collections.ConfigDict(fields)
 
 
+def family_fields(family: str, **overrides) -> ml_collections.ConfigDict:
+  """config.model for `family` (transformer.models.families(): gpt, encoder, lstm, transformer): every
+  field at its default (vocab_size 0: the tokenizer's), then `overrides`."""
+  from transformer import models
+  fields = {"family": family, **dataclasses.asdict(models.families()[family]()), "vocab_size": 0}
+  return ml_collections.ConfigDict({**fields, **overrides})
+
+
 def lm_config() -> ml_collections.ConfigDict:
   """Language modelling (config.task="lm"): a small GPT on windows of a text corpus."""
   c = config.defaults("lm")

@@ -385,8 +385,13 @@ def _check_all_read(config, used: set[str]) -> None:
   if unread:
     section = unread[0].rpartition(".")[0]
     known = sorted(k.rpartition(".")[2] for k in used if k.rpartition(".")[0] == section)
+    hint = ""
+    if section == "model":  # e.g. --config.model.family=lstm on a preset of another family
+      hint = (f" (config.model.family={config.model.get('family')!r}: config.model must hold that family's fields; "
+              f"start from a preset of that family, or experiments.base.family_fields)")
     raise ConfigError(f"--config.{unread[0]} is not a field of this task's config (it would be ignored); the "
-                      f"fields {'of config.' + section if section else 'at the top level'} are {', '.join(known)}")
+                      f"fields {'of config.' + section if section else 'at the top level'} are {', '.join(known)}"
+                      + hint)
 
 
 def check_positive(piece, names, prefix: str = "") -> None:

@@ -42,7 +42,7 @@ class Trained:
     return self.run.mesh.rules
 
 
-def _on_this_machine(run: RunConfig, tokenizer):
+def _on_this_machine(run: RunConfig, tokenizer, labels=None):
   """(run, task, mesh, abstract params) on this machine's devices: the run's mesh when it fits them and
   splits every parameter evenly, else plain data parallelism over them (the params replicated)."""
   candidates = [run.mesh, MeshConfig(logical_axis_rules=run.mesh.rules)]
@@ -50,7 +50,7 @@ def _on_this_machine(run: RunConfig, tokenizer):
     try:
       fitted = dataclasses.replace(run, mesh=mesh_config.fitted(jax.device_count()))
       mesh = sharding.make_mesh(fitted.mesh.shape)
-      task = tasks.get(run.task)(fitted, tokenizer, mesh)
+      task = tasks.get(run.task)(fitted, tokenizer, mesh, labels=labels)
       boxed, param_sh = sharding.param_shardings(task.model, task.init_inputs(), mesh, fitted.mesh.rules)
       sharding.check_divisible(nn.unbox(boxed), param_sh)
     except ConfigError as e:
@@ -80,7 +80,8 @@ def restore(workdir: str | Path, step: str | int = "latest", task: str | None = 
   if task is not None and run.task != task:
     raise CheckpointError(f"{workdir} holds a {run.task!r} model, not a {task!r} one; use python -m "
                           f"{tasks.get(run.task).program}")
-  run, trained_task, mesh, abstract = _on_this_machine(run, load_tokenizer(files["tokenizer"]))
+  run, trained_task, mesh, abstract = _on_this_machine(run, load_tokenizer(files["tokenizer"]),
+                                                       workdir_files.saved_labels(workdir))
   chosen, params = _restore_params(checkpoints.Checkpointer(files["checkpoints"], read_only=True), step, abstract)
   return Trained(trained_task, params, trained_task.tokenizer, mesh, chosen, run)
 

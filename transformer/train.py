@@ -125,7 +125,7 @@ def build(run_config: RunConfig, task_data=None) -> Run:
   mesh = sharding.make_mesh(run_config.mesh.shape)
   task = task_cls(run_config, task_data.tokenizer, mesh, task_data)
   rules, steps = run_config.mesh.rules, run_config.loop.num_train_steps
-  tx = optim.make_optimizer(run_config.optimizer, steps)
+  tx = optim.make_optimizer(run_config.optimizer, steps, update_scale=task.update_scale())
   schedule = optim.learning_rate(run_config.optimizer, steps)
   boxed, param_sh = sharding.param_shardings(task.model, task.init_inputs(), mesh, rules)
   sharding.check_divisible(nn.unbox(boxed), param_sh)  # outside the rules: no constraints on shapes
@@ -304,8 +304,11 @@ def _train(config: RunConfig, workdir: Path, lead: bool) -> dict:
     print(f"resumed from {ckpt.directory} at step {start_step}")
   else:
     state = init_state(run)
+    params = task.init_params(state.params)  # e.g. a pretrained body (config.init_from)
+    if params is not state.params:
+      state = state.replace(params=jax.device_put(params, run.state_shardings.params))
   if lead:  # the launch fits the workdir: now it may write
-    workdir_files.record_run(workdir, config, task.tokenizer, fingerprint)
+    workdir_files.record_run(workdir, config, task.tokenizer, fingerprint, task.labels)
   eval_batches = task.eval_batches()
 
   # Batches are arrays or dicts of arrays: one sharding is a prefix of either.

@@ -3,6 +3,7 @@
   config.json              the resolved config of the run (transformer.config.to_config_dict)
   data.json                what the training data's files held (sha256): resuming on other data is refused
   tokenizer/               the tokenizer, so that the workdir alone can be sampled from
+  labels.json              the names of the classes or tags the model predicts (classification, tagging)
   checkpoints/<step>/      Orbax checkpoints (transformer.checkpoints)
   unreadable_checkpoints/  damaged step directories, moved aside (never deleted) for a person to inspect
   metrics.jsonl, tensorboard/, loss.png, and the task's output (samples.txt, test_translations.tsv)
@@ -34,6 +35,7 @@ from transformer.errors import ConfigError, DataError, UserError, WorkdirError
 CONFIG = "config.json"
 DATA = "data.json"
 TOKENIZER = "tokenizer"
+LABELS = "labels.json"
 CHECKPOINTS = "checkpoints"
 LOCK = "train.lock"
 
@@ -147,13 +149,22 @@ def write_text(path: Path, text: str) -> None:
   os.replace(tmp, path)
 
 
-def record_run(workdir: Path, run: RunConfig, tokenizer, fingerprint: dict) -> None:
+def saved_labels(workdir: Path) -> tuple[str, ...] | None:
+  """The label names a workdir's model predicts (None for tasks without labels)."""
+  path = workdir / LABELS
+  return tuple(json.loads(path.read_text())) if path.exists() else None
+
+
+def record_run(workdir: Path, run: RunConfig, tokenizer, fingerprint: dict, labels: tuple[str, ...] | None = None
+               ) -> None:
   """Writes what the workdir keeps of its run (after every check has passed): the config (with
-  the changes that were allowed), the data's fingerprint and the tokenizer (once)."""
+  the changes that were allowed), the data's fingerprint, the tokenizer (once) and the label names."""
   with writable(workdir):
     write_text(workdir / CONFIG, to_config_dict(run).to_json_best_effort(indent=2) + "\n")
     if fingerprint is not None:
       write_text(workdir / DATA, json.dumps(fingerprint, indent=2) + "\n")
+    if labels is not None:
+      write_text(workdir / LABELS, json.dumps(list(labels)) + "\n")
     if not (workdir / TOKENIZER).exists():
       staging = workdir / f".{TOKENIZER}.tmp-{os.getpid()}"
       shutil.rmtree(staging, ignore_errors=True)

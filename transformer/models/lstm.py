@@ -86,16 +86,16 @@ class LSTM(nn.Module):
     cell = lambda name: nn.OptimizedLSTMCell(cfg.d_model, dtype=dtype, param_dtype=param_dtype, name=name)
     for i in range(cfg.num_layers):
       if cfg.bidirectional:
-        layer = nn.Bidirectional(nn.RNN(cell("forward")), nn.RNN(cell("backward")), name=f"layer_{i}")
+        layer = nn.Bidirectional(nn.RNN(cell(f"forward_{i}")), nn.RNN(cell(f"backward_{i}")), name=f"layer_{i}")
         x_BxTxD = layer(x_BxTxD, seq_lengths=lengths_B)
       elif decode:  # continue from the state after the earlier calls' tokens
-        rnn = nn.RNN(cell("cell"), name=f"layer_{i}")
+        rnn = nn.RNN(cell(f"cell_{i}"), name=f"layer_{i}")
         state = self.variable("cache", f"state_{i}", lambda: (jnp.zeros((B, cfg.d_model), dtype),) * 2)  # (c, h)
         carry, x_BxTxD = rnn(x_BxTxD, initial_carry=state.value, seq_lengths=jnp.maximum(lengths_B, 1),
                              return_carry=True)
         state.value = jax.tree.map(lambda new, old: jnp.where((lengths_B > 0)[:, None], new, old), carry, state.value)
       else:
-        x_BxTxD = nn.RNN(cell("cell"), name=f"layer_{i}")(x_BxTxD, seq_lengths=lengths_B)
+        x_BxTxD = nn.RNN(cell(f"cell_{i}"), name=f"layer_{i}")(x_BxTxD, seq_lengths=lengths_B)
       if i < cfg.num_layers - 1:
         x_BxTxD = nn.Dropout(cfg.dropout_rate)(x_BxTxD, deterministic=deterministic)
     x_BxTxD = nn.Dropout(cfg.dropout_rate)(x_BxTxD, deterministic=deterministic)

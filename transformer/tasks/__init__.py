@@ -1,7 +1,9 @@
 """Tasks: what `train_and_evaluate` trains, chosen by `config.task` through this registry.
 
-  lm           a GPT on a text corpus (tasks/lm.py)
-  translation  the encoder-decoder Transformer on sentence pairs (tasks/translation.py)
+  lm              a GPT (or an LSTM) on a text corpus (tasks/lm.py)
+  translation     the encoder-decoder Transformer on sentence pairs (tasks/translation.py)
+  classification  a label per text: encoder, GPT (fine-tuned or not) or LSTM (tasks/classification.py)
+  tagging         a label per word: encoder, BiLSTM, ... (tasks/tagging.py)
 
 The interface every task implements is `Task` (tasks/base.py). Adding one is a module with a
 `Task` subclass plus one line below; `register` adds one from outside the package (e.g. a test).
@@ -11,12 +13,16 @@ from __future__ import annotations
 
 from transformer.errors import ConfigError
 from transformer.tasks.base import Task
+from transformer.tasks.classification import Classification
 from transformer.tasks.lm import LanguageModel
+from transformer.tasks.tagging import Tagging
 from transformer.tasks.translation import Translation
 
 TASKS: dict[str, type[Task]] = {
     LanguageModel.name: LanguageModel,
     Translation.name: Translation,
+    Classification.name: Classification,
+    Tagging.name: Tagging,
 }
 
 
@@ -34,4 +40,4 @@ def get(name: str) -> type[Task]:
   return TASKS[name]
 
 
-__all__ = ["LanguageModel", "TASKS", "Task", "Translation", "get", "register"]
+__all__ = ["Classification", "LanguageModel", "TASKS", "Tagging", "Task", "Translation", "get", "register"]

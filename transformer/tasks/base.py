@@ -84,8 +84,9 @@ class Task(abc.ABC):
     from elsewhere (a pretrained body: config.init_from)."""
     return params
 
-  def update_scale(self, params):
-    """A tree like `params` of multipliers for each parameter's update (0 freezes it), or None."""
+  def update_scale(self):
+    """None, or a function of the params giving a tree of multipliers of each parameter's update (0
+    freezes it; transformer.optim)."""
     return None
 
   @classmethod
