@@ -13,7 +13,7 @@ from transformer.models import gpt
 def model_fields(preset: str, family=gpt, **overrides) -> ml_collections.ConfigDict:
   """All config fields of a model preset (`family`: models.gpt or models.seq2seq; vocab_size 0:
   taken from the tokenizer), so any can be overridden."""
-  fields = dataclasses.asdict(family.PRESETS[preset])
+  fields = {"family": family.PRESETS[preset].family, **dataclasses.asdict(family.PRESETS[preset])}
   fields.update({"vocab_size": 0, **overrides})
   return ml_collections.ConfigDict(fields)
 

@@ -5,6 +5,8 @@
   python -m launch.train --config=experiments/shakespeare.py:tiny --workdir=/tmp/tiny   # seconds
   python -m launch.train --config=experiments/shakespeare.py:char_dense --workdir=workdirs/char-dense
       # also char_random, char_fixed_random: Synthesizer attention instead of dot products
+  python -m launch.train --config=experiments/shakespeare.py:lstm --workdir=workdirs/char-lstm
+      # the recurrent baseline: a 2-layer LSTM on the same characters, for the same ~5 minutes
 """
 
 from experiments import base
@@ -12,7 +14,8 @@ from experiments import base
 # char with Synthesizer self-attention (Tay et al. 2020) instead of dot products: the README compares them.
 SYNTHESIZERS = {"char_dense": "synthesizer_dense", "char_random": "synthesizer_random",
                 "char_fixed_random": "synthesizer_fixed_random"}
-PRESETS = ("char", "bpe", "tiny", *SYNTHESIZERS)
+PRESETS = ("char", "bpe", "tiny", "lstm", *SYNTHESIZERS)
+LSTM_STEPS = 1200  # as many as fit in the GPT's wall-clock here (README: the LM table)
 
 
 def _five_cpu_minutes(c, num_train_steps: int, eval_every_steps: int) -> None:
@@ -37,6 +40,10 @@ def get_config(preset: str = "char"):
     c.data.tokenizer = "bpe"
     c.data.vocab_size = 4096
     _five_cpu_minutes(c, num_train_steps=850, eval_every_steps=425)
+  elif preset == "lstm":  # char's data and batches, an LSTM instead of the GPT, the same wall-clock
+    c.data.tokenizer = "char"
+    _five_cpu_minutes(c, num_train_steps=LSTM_STEPS, eval_every_steps=LSTM_STEPS // 4)
+    c.model = base.family_fields("lstm", num_layers=2, d_model=256, context_length=1024)
   elif preset == "tiny":  # for tests and smoke runs
     c.data.tokenizer = "char"
     c.model = base.model_fields("cpu-tiny")

@@ -90,7 +90,7 @@ class LanguageModel(Task):
   data_kind = "text"
   program = "launch.sample"
 
-  def __init__(self, run: RunConfig, tokenizer, mesh, data=None):
+  def __init__(self, run: RunConfig, tokenizer, mesh, data=None, labels=None):
     super().__init__(run, tokenizer, mesh, data)
     try:  # now, not after training
       self._sample_prompt = tokenizer.encode(self.config.sample.prompt) or [tokenizer.eot_id]

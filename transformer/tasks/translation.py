@@ -88,7 +88,7 @@ class Translation(Task):
       raise ConfigError(f"--config.data.direction: {e} (the columns of {source.name}, in order; leave it empty "
                         f"for that order)") from None
 
-  def __init__(self, run: RunConfig, tokenizer, mesh, data=None):
+  def __init__(self, run: RunConfig, tokenizer, mesh, data=None, labels=None):
     super().__init__(run, tokenizer, mesh, data)
     # The data set's column order unless config.data.direction says otherwise ("source-target" for a
     # TSV, which is all a restored model without its data can say).

@@ -1,0 +1,70 @@
+"""Sentiment of movie-review snippets (VADER's ~10.6k, rated -4..+4; binary by the sign: see
+transformer/tasks/classification.py), by each model the seeds compare. Each preset trains in a few
+minutes on 2 CPU cores.
+
+  python -m launch.train --config=experiments/sentiment.py:lstm    --workdir=workdirs/sentiment-lstm
+  python -m launch.train --config=experiments/sentiment.py:bilstm  --workdir=workdirs/sentiment-bilstm
+  python -m launch.train --config=experiments/sentiment.py:encoder --workdir=workdirs/sentiment-encoder
+  python -m launch.train --config=experiments/sentiment.py:gpt     --workdir=workdirs/sentiment-gpt
+  # the main job's Shakespeare GPT (workdirs/shakespeare-char), fine-tuned with a classification head:
+  python -m launch.train --config=experiments/sentiment.py:gpt_finetune --workdir=workdirs/sentiment-gpt-finetune
+  python -m launch.classify --workdir=workdirs/sentiment-encoder --text="A gorgeous, witty, seductive movie."
+
+  --config.classes=three                       negative / neutral / positive
+  --config.data.input_files=reviews.tsv        your own `label<TAB>text` lines (with --config.classes=names)
+  --config.init_from=path/to/gpt2              Hugging Face GPT-2 weights (with --config.data.tokenizer=gpt2)
+"""
+
+from experiments import base
+from transformer import config
+
+PRESETS = ("lstm", "bilstm", "encoder", "gpt", "gpt_finetune", "tiny")
+# The README main job's run: its GPT is the body `gpt_finetune` starts from.
+SHAKESPEARE_RUN = "workdirs/shakespeare-char"
+
+
+def get_config(preset: str = "encoder"):
+  if preset not in PRESETS:
+    raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+  c = config.defaults("classification")
+  c.data.dataset = "vader"
+  c.data.validation_fraction = 0.1
+  c.data.test_fraction = 0.1
+  # Words: the 8,000 most frequent of the training split, lower-cased; the rest are <|unk|>.
+  c.data.tokenizer = "word"
+  c.data.vocab_size = 8000
+  c.data.lowercase = True
+  c.max_len = 64  # words; 99% of the snippets are shorter
+  c.batch_size = 32
+  c.num_train_steps = 1500  # ~6 epochs of the 8.5k training snippets
+  c.eval_every_steps = c.checkpoint_every_steps = 250
+  c.log_every_steps = 50
+  c.optimizer.lr = 1e-3
+  c.optimizer.warmup_steps = 100
+  if preset in ("lstm", "bilstm"):
+    c.model = base.family_fields("lstm", num_layers=1, d_model=256, dropout_rate=0.3,
+                                 bidirectional=preset == "bilstm")
+  elif preset == "encoder":
+    c.model = base.family_fields("encoder", max_len=64, num_layers=2, num_heads=4, d_model=128, d_mlp=512,
+                                 dropout_rate=0.3)
+  elif preset in ("gpt", "gpt_finetune"):
+    # Characters and the main job's GPT shape (4 layers, d 128, 128 positions), from scratch or
+    # from that run: the comparison is pretraining alone. Reviews are cut to their first 128 characters.
+    c.model = base.model_fields("cpu-small", d_model=128, context_length=128, dropout_rate=0.1)
+    c.max_len = 128
+    c.num_train_steps = 1000
+    c.optimizer.lr = 5e-4
+    if preset == "gpt":
+      c.data.tokenizer = "char"
+    else:
+      c.init_from = SHAKESPEARE_RUN
+      c.data.tokenizer = f"{SHAKESPEARE_RUN}/tokenizer"  # its characters (others fold or drop)
+  else:  # tiny: for tests and smoke runs
+    c.model = base.family_fields("encoder", max_len=32, num_layers=1, num_heads=2, d_model=32, d_mlp=64)
+    c.data.vocab_size = 2000
+    c.max_len = 32
+    c.num_train_steps = 20
+    c.eval_every_steps = c.checkpoint_every_steps = 10
+    c.log_every_steps = 5
+    c.optimizer.warmup_steps = 5
+  return c
