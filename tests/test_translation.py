@@ -208,7 +208,8 @@ def test_workdirs_of_the_other_task_are_refused_by_name(trained):
                                   "'target-source'"),
     ({"label_smoothing": 1.0}, r"--config.label_smoothing must be in \[0, 1\)"),
     ({"batch_tokens": 16}, "--config.batch_tokens=16 cannot hold one pair of --config.data.max_len=48"),
-    ({"task": "classification"}, "--config.task='classification' is unknown; choose one of lm, translation"),
+    ({"task": "parsing"}, "--config.task='parsing' is unknown; choose one of lm, translation, classification, "
+                          "tagging"),
 ])
 def test_bad_translation_configs_are_named(trained, tmp_path, changes, message):
   root, tsv, _ = trained

