@@ -4,6 +4,7 @@ r"""Tokenizes a data set into train/validation/test shards.
   python -m launch.prepare --dataset=ding_de_en --tokenizer=bpe --vocab_size=8000
   python -m launch.prepare --input_files=a.txt,b.txt --tokenizer=char --output_dir=data/mine
   python -m launch.prepare --input_files=pairs.tsv --input_format=pairs
+  python -m launch.prepare --dataset=brown --tokenizer=word --vocab_size=20000 --test_fraction=0.1
 """
 
 from absl import flags
@@ -13,10 +14,13 @@ from transformer.data import show
 
 _DATASET = flags.DEFINE_enum("dataset", "shakespeare", data.NAMED, "A named data set (fetched offline).")
 _INPUT_FILES = flags.DEFINE_list("input_files", None, "Your own files instead of --dataset: text "
-                                 "documents (one per file), or TSV sentence pairs with --input_format=pairs.")
-_INPUT_FORMAT = flags.DEFINE_enum("input_format", "text", ["text", "pairs"], "Format of --input_files.")
-_TOKENIZER = flags.DEFINE_enum("tokenizer", "gpt2", ["gpt2", "cl100k_base", "char", "bpe"], "Tokenizer.")
-_VOCAB_SIZE = flags.DEFINE_integer("vocab_size", None, "Vocabulary size of a trained 'bpe' tokenizer.")
+                                 "documents (one per file), TSV sentence pairs (--input_format=pairs), "
+                                 "label<TAB>text lines (classification) or word/TAG sentences (tagged).")
+_INPUT_FORMAT = flags.DEFINE_enum("input_format", "text", data.sources.KINDS, "Format of --input_files.")
+_TOKENIZER = flags.DEFINE_string("tokenizer", "gpt2", "gpt2 | cl100k_base | char | bpe | word, or the "
+                                 "directory of a saved tokenizer (e.g. a training workdir's tokenizer/).")
+_VOCAB_SIZE = flags.DEFINE_integer("vocab_size", None, "Vocabulary size of a trained 'bpe' or 'word' tokenizer.")
+_LOWERCASE = flags.DEFINE_bool("lowercase", False, "'word': lower-case the text first.")
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Where to write (default data/<name>-<tokenizer>).")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the train/validation/test split.")
 _VALIDATION = flags.DEFINE_float("validation_fraction", 0.1, "Share of the data held out for validation.")
@@ -33,7 +37,7 @@ def main(argv):
   else:
     source = data.named_source(_DATASET.value)
   options = data.PrepareOptions(tokenizer=_TOKENIZER.value, vocab_size=_VOCAB_SIZE.value,
-                                seed=_SEED.value, validation_fraction=_VALIDATION.value,
+                                lowercase=_LOWERCASE.value, seed=_SEED.value, validation_fraction=_VALIDATION.value,
                                 test_fraction=_TEST.value, piece_chars=_PIECE_CHARS.value)
   out_dir = _OUTPUT_DIR.value or data.default_dir(source, options)
   data.prepare(source, out_dir, options, overwrite=_OVERWRITE.value)

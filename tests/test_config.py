@@ -7,13 +7,15 @@ import dataclasses
 import ml_collections
 import pytest
 
-from experiments import gpt2, shakespeare, translation
+from experiments import gpt2, pos, sentiment, shakespeare, translation
 from transformer import config
 from transformer.config import resolve
 from transformer.errors import ConfigError
 from transformer.tasks.lm import LMConfig
 
-PRESETS = [(m, p) for m in (shakespeare, gpt2, translation) for p in m.PRESETS]
+# sentiment:gpt_finetune reads the main job's run, which a fresh clone has not made (below).
+PRESETS = [(m, p) for m in (shakespeare, gpt2, translation, sentiment, pos) for p in m.PRESETS
+           if (m, p) != (sentiment, "gpt_finetune")]
 
 
 @pytest.mark.parametrize("module,preset", PRESETS)
@@ -26,6 +28,26 @@ def test_every_experiment_resolves_and_round_trips(module, preset):
     run.loop.seed = 1
   # config.json holds to_config_dict(run): resolving it again gives the same run.
   assert resolve(ml_collections.ConfigDict(config.to_config_dict(run).to_dict())) == run
+
+
+def test_a_preset_whose_pretrained_run_is_missing_says_so(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(ConfigError, match="tokenizer 'workdirs/shakespeare-char/tokenizer' is neither one of gpt2, .* "
+                                        "nor a directory holding a saved tokenizer"):
+    resolve(sentiment.get_config("gpt_finetune"))
+
+
+def test_the_model_family_picks_the_model_config():
+  assert resolve(sentiment.get_config("lstm")).model.bidirectional is False
+  assert type(resolve(pos.get_config("encoder")).model).__name__ == "EncoderConfig"
+  c = shakespeare.get_config("char")
+  c.model.family = "lstm"  # the GPT preset's fields are not an LSTM's
+  with pytest.raises(ConfigError, match="--config.model.attention is not a field .* config.model.family='lstm': "
+                                        "config.model must hold that family's fields"):
+    resolve(c)
+  saved = resolve(shakespeare.get_config("char"))
+  assert config.resume_changes(saved, resolve(shakespeare.get_config("lstm")))[0] == [
+      "model.family=lstm (the run's: gpt)"]
 
 
 def test_defaults_are_the_typed_fields_defaults():

@@ -80,6 +80,9 @@ def look_inside(model, params, tokenizer, text: str, *, target: str | None = Non
   """One text through a GPT (or, with `target`, a source sentence and its translation through an
   encoder-decoder): attention, residual stream, logit lens, output."""
   params = nn.unbox(params)
+  if not isinstance(model, (GPT, Transformer)):
+    raise UserError(f"probes read the attention and residual stream of a GPT or an encoder-decoder; this is a "
+                    f"{type(model).__name__}")
   if isinstance(model, Transformer):
     return _look_inside_seq2seq(model, params, tokenizer, text, target or "")
   ids = tokenizer.encode(text) or [tokenizer.eot_id]
