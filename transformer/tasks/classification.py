@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import ClassVar
 
 import jax
 import numpy as np
@@ -28,19 +27,12 @@ SCHEMES = {"binary": ("negative", "positive"), "three": ("negative", "neutral", 
 
 
 @dataclasses.dataclass(frozen=True)
-class ClassificationConfig:
+class ClassificationConfig(labelled.LabelledConfig):  # + max_len (a longer text is cut), batches, init_from
   classes: str = "binary"  # binary | three | names (see the module docstring)
   pooling: str = "auto"  # mean | last | first of the real tokens' states; auto: last left-to-right, else mean
-  max_len: int = 128  # tokens a text keeps (longer ones are cut, and counted)
-  batch_size: int = 32
-  eval_batch_size: int = 64
-  init_from: str = ""  # a workdir or a Hugging Face GPT-2 directory whose weights the body starts from
-  body_lr_scale: float = 1.0  # with init_from: the body's updates times this (0 freezes it)
-
-  may_change: ClassVar[tuple[str, ...]] = ("eval_batch_size",)
 
   def check(self, run: RunConfig, data_parallel: int | None) -> None:
-    labelled.check_common(self, run, data_parallel)
+    super().check(run, data_parallel)
     if self.classes not in SCHEMES:
       raise ConfigError(f"--config.classes={self.classes!r} is unknown; choose one of {', '.join(SCHEMES)}")
     if self.pooling not in ("auto", *classifier.POOLINGS):

@@ -14,6 +14,7 @@ import functools
 import json
 import tempfile
 from pathlib import Path
+from typing import ClassVar
 
 import flax.linen as nn
 import flax.traverse_util
@@ -29,10 +30,18 @@ from transformer.tasks.base import Task
 
 
 @dataclasses.dataclass(frozen=True)
-class FineTuning:
-  """config.init_from and config.body_lr_scale, for both labelled tasks."""
-  init_from: str = ""  # a training workdir of this codebase, or a Hugging Face GPT-2 directory
-  body_lr_scale: float = 1.0  # the body's updates times this (0 freezes it); the head's are not scaled
+class LabelledConfig:
+  """The fields both labelled tasks have (their configs add their own)."""
+  max_len: int = 128  # tokens per row (classification cuts a longer text; tagging splits it into rows)
+  batch_size: int = 32
+  eval_batch_size: int = 64
+  init_from: str = ""  # a workdir or a Hugging Face GPT-2 directory whose weights the body starts from
+  body_lr_scale: float = 1.0  # with init_from: the body's updates times this (0 freezes it)
+
+  may_change: ClassVar[tuple[str, ...]] = ("eval_batch_size",)
+
+  def check(self, run: RunConfig, data_parallel: int | None) -> None:
+    check_common(self, run, data_parallel)
 
 
 def check_common(c, run: RunConfig, data_parallel: int | None) -> None:

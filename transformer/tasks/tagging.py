@@ -19,7 +19,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 from pathlib import Path
-from typing import ClassVar
 
 import jax
 import numpy as np
@@ -70,18 +69,11 @@ def map_tag(tag: str, tagset: str) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class TaggingConfig:
+class TaggingConfig(labelled.LabelledConfig):  # + max_len (a longer sentence: rows), batches, init_from
   tagset: str = at("data.tagset", "brown")  # brown | universal (see the module docstring)
-  max_len: int = 128  # tokens per row; a longer sentence is cut into rows of this many, all scored
-  batch_size: int = 32
-  eval_batch_size: int = 64
-  init_from: str = ""  # a workdir or a Hugging Face GPT-2 directory whose weights the body starts from
-  body_lr_scale: float = 1.0  # with init_from: the body's updates times this (0 freezes it)
-
-  may_change: ClassVar[tuple[str, ...]] = ("eval_batch_size",)
 
   def check(self, run: RunConfig, data_parallel: int | None) -> None:
-    labelled.check_common(self, run, data_parallel)
+    super().check(run, data_parallel)
     if self.tagset not in TAGSETS:
       raise ConfigError(f"--config.data.tagset={self.tagset!r} is unknown; choose one of {', '.join(TAGSETS)}")
 
