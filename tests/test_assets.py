@@ -70,7 +70,7 @@ def test_unreachable_registry_names_asset_and_command(private_cache, monkeypatch
 
 
 def test_unknown_asset():
-  with pytest.raises(AssetError, match="unknown asset 'nope'; known assets: cl100k_ranks"):
+  with pytest.raises(AssetError, match="unknown asset 'nope'; known assets: brown, cl100k_ranks"):
     assets.fetch("nope")
 
 

@@ -42,7 +42,7 @@ def test_the_model_family_picks_the_model_config():
   assert type(resolve(pos.get_config("encoder")).model).__name__ == "EncoderConfig"
   c = shakespeare.get_config("char")
   c.model.family = "lstm"  # the GPT preset's fields are not an LSTM's
-  with pytest.raises(ConfigError, match="--config.model.attention is not a field .* config.model.family='lstm': "
+  with pytest.raises(ConfigError, match=r"--config.model.attention is not a field .* \(config.model.family=.lstm.: "
                                         "config.model must hold that family's fields"):
     resolve(c)
   saved = resolve(shakespeare.get_config("char"))

@@ -142,6 +142,6 @@ def test_a_registered_task_trains_resumes_and_restores_through_the_shared_loop(t
 def test_the_registry_refuses_what_is_not_a_task():
   with pytest.raises(TypeError, match="not a subclass of transformer.tasks.Task"):
     tasks.register(CopyConfig)
-  with pytest.raises(ConfigError, match="--config.task='nope' is unknown; choose one of lm, translation, copy"):
+  with pytest.raises(ConfigError, match="--config.task='nope' is unknown; choose one of lm, translation, classification, tagging, copy"):
     tasks.get("nope")
   assert set(tasks.TASKS) >= {"lm", "translation", "copy"}
