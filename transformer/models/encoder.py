@@ -48,13 +48,8 @@ class EncoderConfig:
   scan_layers: bool = False
   remat_policy: str = "none"
 
-  def block(self) -> layers.BlockConfig:
-    return layers.BlockConfig(
-        d_model=self.d_model, num_heads=self.num_heads, d_mlp=self.d_mlp, dropout_rate=self.dropout_rate,
-        attention_dropout_rate=self.attention_dropout_rate, layer_norm_epsilon=self.layer_norm_epsilon,
-        dtype=self.dtype, param_dtype=self.param_dtype, attention=self.attention,
-        mechanism=self.attention_mechanism, max_len=self.max_len, pre_layer_norm=self.pre_layer_norm,
-        activation="relu", kernel_init=self.kernel_init)
+  # The encoder-decoder's blocks: the same fields make the same BlockConfig.
+  block = seq2seq.Seq2SeqConfig.block
 
   @property
   def context_length(self) -> int:  # the name every body's longest sequence goes by
