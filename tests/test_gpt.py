@@ -169,3 +169,38 @@ def test_sequence_longer_than_context():
   params = _init(TINY)
   with pytest.raises(ConfigError, match="17 tokens is longer than context_length=16"):
     GPT(TINY).apply({"params": params}, jnp.zeros((1, 17), jnp.int32))
+
+
+def test_segment_positions_restart_and_skip_padding():
+  valid = jnp.array([[1, 1, 1, 1, 1, 1], [0, 1, 1, 0, 1, 1]], bool)
+  segments = jnp.array([[0, 0, 0, 1, 1, 2], [0, 0, 0, 0, 1, 1]])
+  np.testing.assert_array_equal(layers.segment_positions(None, segments), [[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 1]])
+  np.testing.assert_array_equal(layers.segment_positions(valid, segments), [[0, 1, 2, 0, 1, 0], [0, 0, 1, 1, 0, 1]])
+  np.testing.assert_array_equal(layers.segment_positions(valid, None), [[0, 1, 2, 3, 4, 5], [0, 0, 1, 1, 2, 3]])
+  mask = layers.self_attention_mask(None, segments[:1], causal=True)[0]
+  np.testing.assert_array_equal(mask[4], [0, 0, 0, 1, 1, 0])  # its own document, up to itself
+  np.testing.assert_array_equal(mask[5], [0, 0, 0, 0, 0, 1])
+
+
+@pytest.mark.parametrize("attention,mechanism", [("einsum", "dot_product"), ("xla", "dot_product"),
+                                                 ("xla", "synthesizer_dense"), ("xla", "synthesizer_random")])
+def test_a_documents_logits_do_not_depend_on_the_documents_before_it(attention, mechanism):
+  """Packed rows (tasks.lm document_ids): a document sees only itself, from position 0, whatever
+  came before it in the row, exactly as if it began the row."""
+  from transformer.tasks.lm import document_ids
+  cfg = GPTConfig(vocab_size=50, context_length=32, num_layers=2, num_heads=2, d_model=32, attention=attention,
+                  attention_mechanism=mechanism)
+  params = _init(cfg)
+  eot, doc = 49, [7, 3, 3, 9, 12, 4]
+  rows = [[eot, 5, 6, 7, eot, *doc], [eot, 1, 2, 3, 8, 8, 8, 8, 1, 0, eot, *doc], [eot, *doc]]
+  model = GPT(cfg)
+  tails = []
+  for row in rows:
+    tokens = jnp.array([row])
+    logits = model.apply({"params": params}, tokens, segments_BxT=document_ids(tokens, eot))
+    tails.append(np.asarray(logits[0, -len(doc) - 1:]))
+  np.testing.assert_allclose(tails[0], tails[2], atol=1e-5)
+  np.testing.assert_allclose(tails[1], tails[2], atol=1e-5)
+  # Without segments the earlier document is read: the logits differ.
+  joined = model.apply({"params": params}, jnp.array([rows[0]]))
+  assert np.abs(np.asarray(joined[0, -len(doc) - 1:]) - tails[2]).max() > 1e-3

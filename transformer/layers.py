@@ -143,6 +143,36 @@ def causal_mask(length_q: int, length_k: int | None = None) -> jax.Array:
   return (jnp.arange(length_k)[None, :] <= jnp.arange(length_q)[:, None])[None]
 
 
+def segment_positions(valid_BxT: jax.Array | None, segments_BxT: jax.Array | None) -> jax.Array:
+  """Each token's position: how many real tokens (valid_BxT; padding takes no position) come before
+  it in its segment. Segments are runs of equal `segments_BxT` ids: the documents (or sentences)
+  packed into one row, each of which starts again at position 0. Either may be None."""
+  like = valid_BxT if valid_BxT is not None else segments_BxT
+  real_BxT = jnp.ones(like.shape, jnp.int32) if valid_BxT is None else valid_BxT.astype(jnp.int32)
+  seen_BxT = jnp.cumsum(real_BxT, axis=1)  # real tokens up to and including this one
+  if segments_BxT is None:
+    return jnp.maximum(seen_BxT - 1, 0)
+  starts_BxT = jnp.concatenate([jnp.ones_like(segments_BxT[:, :1], bool),
+                                segments_BxT[:, 1:] != segments_BxT[:, :-1]], axis=1)
+  # Real tokens before the current segment began: carried forward from each segment's first token.
+  before_BxT = jax.lax.cummax(jnp.where(starts_BxT, seen_BxT - real_BxT, 0), axis=1)
+  return jnp.maximum(seen_BxT - before_BxT - 1, 0)
+
+
+def self_attention_mask(valid_BxT: jax.Array | None, segments_BxT: jax.Array | None, *, causal: bool) -> jax.Array:
+  """B x T x T, True where query t may attend to key s: a real key (valid) of the same segment, and,
+  when `causal`, not after it. Every query may attend to itself, so that no softmax row is empty
+  (a padding query's output is never used)."""
+  like = valid_BxT if valid_BxT is not None else segments_BxT
+  B, T = like.shape
+  mask_BxTxT = jnp.ones((B, T, T), bool) if valid_BxT is None else jnp.broadcast_to(valid_BxT[:, None, :], (B, T, T))
+  if segments_BxT is not None:
+    mask_BxTxT = mask_BxTxT & (segments_BxT[:, :, None] == segments_BxT[:, None, :])
+  if causal:
+    mask_BxTxT = mask_BxTxT & causal_mask(T)
+  return mask_BxTxT | jnp.eye(T, dtype=bool)[None]
+
+
 class CachePositions(nn.Module):
   """Decode mode (a KV cache, `MultiHeadAttention(decode=True)`): the positions of the T new tokens,
   which of the cache's S slots each may attend to (those written so far that hold real tokens, and

@@ -139,6 +139,20 @@ def build(run_config: RunConfig, task_data=None) -> Run:
   return Run(run_config, task, mesh, tx, schedule, state_sh)
 
 
+def jit_steps(run: Run):
+  """The sharded, jit-compiled (train step, eval step) of `run`: what the loop calls, and what
+  transformer.plan compiles ahead of time. The train step donates the state it is given."""
+  task = run.task
+  # Batches are arrays or dicts of arrays: one sharding is a prefix of either.
+  step_fn = jax.jit(functools.partial(train_step, loss_fn=task.loss, tx=run.tx, schedule=run.schedule,
+                                      accumulation_steps=run.config.optimizer.accumulation_steps),
+                    in_shardings=(run.state_shardings, task.batch_sharding),
+                    out_shardings=(run.state_shardings, None), donate_argnums=0)
+  eval_fn = jax.jit(functools.partial(eval_step, loss_fn=task.loss),
+                    in_shardings=(run.state_shardings.params, task.batch_sharding))
+  return step_fn, eval_fn
+
+
 def _init_fn(run: Run):
   def init(seed):
     init_rng, train_rng = jax.random.split(jax.random.key(seed))
@@ -311,13 +325,7 @@ def _train(config: RunConfig, workdir: Path, lead: bool) -> dict:
     workdir_files.record_run(workdir, config, task.tokenizer, fingerprint, task.labels)
   eval_batches = task.eval_batches()
 
-  # Batches are arrays or dicts of arrays: one sharding is a prefix of either.
-  step_fn = jax.jit(functools.partial(train_step, loss_fn=task.loss, tx=run.tx, schedule=run.schedule,
-                                      accumulation_steps=config.optimizer.accumulation_steps),
-                    in_shardings=(run.state_shardings, task.batch_sharding),
-                    out_shardings=(run.state_shardings, None), donate_argnums=0)
-  eval_fn = jax.jit(functools.partial(eval_step, loss_fn=task.loss),
-                    in_shardings=(run.state_shardings.params, task.batch_sharding))
+  step_fn, eval_fn = jit_steps(run)
 
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   flops_token = task.flops_per_token(num_params)

@@ -4,7 +4,8 @@ Language modelling examples are `seq_len + 1` tokens (inputs are the first `seq_
 last `seq_len`), drawn either as
   windows  random windows anywhere in the split's token stream (nanoGPT), or
   packed   the stream cut into consecutive chunks, shuffled once per epoch: every token is seen
-           once an epoch; documents are packed back to back with <|endoftext|> between them.
+           once an epoch; documents are packed back to back with <|endoftext|> between them (which
+           the GPT reads as separate documents: transformer.tasks.lm, data.separate_documents).
 Example k of the global batch of step s is the same whatever the number of processes: process p
 of P reads the slice [p*B/P, (p+1)*B/P) of every global batch. The pipeline is a grain MapDataset,
 so its iterator's `get_state()` is the exact data position to save with a checkpoint.
@@ -111,6 +112,11 @@ def bucket_length(length: int, max_len: int, step: int = 8) -> int:
   return min(-(-length // step) * step, max_len)
 
 
+def bucket_rows(length: int, max_tokens: int, batch_multiple: int) -> int:
+  """Rows of a full batch of `length`-token pairs under `max_tokens`, a multiple of `batch_multiple`."""
+  return max(batch_multiple, (max_tokens // length) // batch_multiple * batch_multiple)
+
+
 def translation_batches(pairs, *, max_tokens: int, max_len: int, eot_id: int, seed: int, epoch: int = 0,
                         batch_multiple: int = 1, shuffle: bool = True) -> list[dict]:
   """One epoch of padded batches, each pair once. Pairs are grouped by padded length (a multiple of
@@ -129,7 +135,7 @@ def translation_batches(pairs, *, max_tokens: int, max_len: int, eot_id: int, se
     buckets.setdefault(bucket_length(max(len(src), len(tgt) + 1), max_len), []).append(i)
   batches = []
   for length, members in sorted(buckets.items()):
-    size = max(batch_multiple, (max_tokens // length) // batch_multiple * batch_multiple)
+    size = bucket_rows(length, max_tokens, batch_multiple)
     for start in range(0, len(members), size):
       chunk = members[start:start + size]
       real = len(chunk)

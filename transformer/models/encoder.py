@@ -84,7 +84,6 @@ class Encoder(nn.Module):
     positions_1xT = jnp.arange(T)[None]
     x_BxTxD = self.source_embed(tokens_BxT, positions_1xT, deterministic)
     self.sow("intermediates", "embeddings", x_BxTxD)
-    # Padding queries attend to themselves too, so that no row of the softmax is empty.
-    mask_BxTxT = valid_BxT[:, None, :] | jnp.eye(T, dtype=bool)[None]
+    mask_BxTxT = layers.self_attention_mask(valid_BxT, None, causal=False)
     x_BxTxD = self.encoder(x_BxTxD, mask_BxTxT, positions=(positions_1xT, positions_1xT), deterministic=deterministic)
     return self.encoder_norm(x_BxTxD) if self.config.pre_layer_norm else x_BxTxD

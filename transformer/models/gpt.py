@@ -88,31 +88,36 @@ class GPT(nn.Module):
   config: GPTConfig
 
   @nn.compact
-  def __call__(self, tokens_BxT: jax.Array, *, valid_BxT: jax.Array | None = None, deterministic: bool = True,
-               decode: bool = False, features: bool = False) -> jax.Array:
+  def __call__(self, tokens_BxT: jax.Array, *, valid_BxT: jax.Array | None = None,
+               segments_BxT: jax.Array | None = None, deterministic: bool = True, decode: bool = False,
+               features: bool = False) -> jax.Array:
     """Float32 logits for every position (or, with `features`, the final LayerNorm's output
     `BxTxD`: what a classification head reads; the parameters are the same).
 
     valid_BxT: False marks padding (e.g. left-padded prompts of different lengths). Padding takes no
       position and no token attends to it, so a sequence's logits do not depend on its padding.
+    segments_BxT: documents packed into one row (ids, equal within a document): attention stays
+      inside a document and positions restart at each, so a document's logits do not depend on the
+      documents before it in the row.
     decode: continue the tokens of earlier calls through the KV cache (the "cache" collection:
       `apply(..., mutable=["cache"])`, made by `generation.sampling.init_cache`). Returns the logits
       of the last position only, (B, 1, V): all that sampling the next token needs.
     """
     cfg = self.config
     B, T = tokens_BxT.shape
+    if decode and segments_BxT is not None:
+      raise ValueError("decoding continues one document: segments_BxT is for packed training rows")
     if decode:
       positions_BxT, mask_BxTxS, key_positions_BxS = layers.CachePositions(name="positions")(
           valid_BxT if valid_BxT is not None else jnp.ones((B, T), bool))
     elif T > cfg.context_length:
       raise ConfigError(f"a sequence of {T} tokens is longer than context_length={cfg.context_length} "
                         f"(the position table); use at most {cfg.context_length} tokens")
-    elif valid_BxT is None:
+    elif valid_BxT is None and segments_BxT is None:
       positions_BxT, mask_BxTxS = jnp.arange(T)[None], layers.causal_mask(T)
     else:
-      positions_BxT = jnp.maximum(jnp.cumsum(valid_BxT, axis=1) - 1, 0)
-      # Padding queries attend to themselves only, so that nothing there is a 0/0.
-      mask_BxTxS = layers.causal_mask(T) & (valid_BxT[:, None, :] | jnp.eye(T, dtype=bool)[None])
+      positions_BxT = layers.segment_positions(valid_BxT, segments_BxT)
+      mask_BxTxS = layers.self_attention_mask(valid_BxT, segments_BxT, causal=True)
     if not decode:
       key_positions_BxS = positions_BxT
 

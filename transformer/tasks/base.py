@@ -133,6 +133,18 @@ class Task(abc.ABC):
   def flops_per_token(self, num_params: int) -> float:
     """Training FLOPs per counted token (for MFU)."""
 
+  def batch_shapes(self):
+    """A global training batch as `jax.ShapeDtypeStruct`s, for compiling the train step ahead of time
+    (transformer.plan). By default those of the first training batch; a task whose batches vary in
+    shape gives its largest, and one whose processes read slices gives the global shape."""
+    first = next(iter(self.train_batches()))
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), first)
+
+  def tokens_per_step(self) -> int | None:
+    """The tokens of a full training batch (padding included: it is computed too) that
+    `flops_per_token` counts per, for the planner's analytic FLOPs; None: no analytic count."""
+    return None
+
   def put(self, host_batch):
     """A training batch -> global arrays split over the data-parallel devices. By default every
     process holds the whole batch (`put_global`); a task whose processes each read their own slice

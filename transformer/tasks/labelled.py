@@ -158,6 +158,9 @@ class LabelledTask(Task):
   def count_tokens(self, batch: dict) -> int:
     return int(batch["valid"].sum())
 
+  def tokens_per_step(self) -> int:
+    return self.config.batch_size * self.config.max_len
+
   def flops_per_token(self, num_params: int) -> float:
     cfg = self.model_config
     attention_layers = 0 if cfg.family == "lstm" else cfg.num_layers

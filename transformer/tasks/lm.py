@@ -40,6 +40,9 @@ class LMConfig:
   eval_batches: int = 8  # fixed validation windows, the same at every evaluation
   eval_batch_size: int = 32
   sampling: str = at("data.sampling", "windows")  # "windows" (random) | "packed" (every token once an epoch)
+  # Packed rows hold several documents: attention stays inside each and positions restart at each
+  # <|endoftext|> (which begins a document, as it begins generation). False: one text per row.
+  separate_documents: bool = at("data.separate_documents", True)
   sample: SampleConfig = SampleConfig()
 
   may_change: ClassVar[tuple[str, ...]] = ("eval_batches", "eval_batch_size", "sample")
@@ -55,6 +58,9 @@ class LMConfig:
     if self.sample.max_new_tokens < 0:
       raise ConfigError(f"--config.sample.max_new_tokens must be >= 0 (0: no sample), got {self.sample.max_new_tokens}")
     self.sample_options().check()
+    if self.segmented and run.model.family != "gpt":
+      raise ConfigError(f"--config.data.separate_documents is for GPTs (attention within a document); an "
+                        f"{run.model.family} reads a packed row as one text: set --config.data.separate_documents=False")
     accum = run.optimizer.accumulation_steps
     if self.batch_size % accum:
       raise ConfigError(f"--config.batch_size={self.batch_size} is not divisible by "
@@ -69,14 +75,27 @@ class LMConfig:
       raise ConfigError(f"--config.eval_batch_size={self.eval_batch_size} is not divisible by the data-parallel "
                         f"size {data_parallel}; use a multiple of {data_parallel}")
 
+  @property
+  def segmented(self) -> bool:
+    """Whether rows are read as separate documents (packed sampling only: windows are nanoGPT's)."""
+    return self.sampling == "packed" and self.separate_documents
+
   def sample_options(self) -> sampling.Sampling:
     return sampling.Sampling(temperature=self.sample.temperature, top_k=self.sample.top_k, top_p=self.sample.top_p)
 
 
-def lm_loss(model: GPT | LSTMLanguageModel, params, batch_BxL1, rng, train: bool):
-  """(summed next-token cross-entropy, number of predicted tokens) of (seq_len + 1)-token examples."""
+def document_ids(tokens_BxL, eot_id: int):
+  """Which document of its row each token is in: a new one begins at every <|endoftext|>."""
+  return jnp.cumsum(tokens_BxL == eot_id, axis=1)
+
+
+def lm_loss(model: GPT | LSTMLanguageModel, params, batch_BxL1, rng, train: bool, eot_id: int | None = None):
+  """(summed next-token cross-entropy, number of predicted tokens) of (seq_len + 1)-token examples.
+  With `eot_id`, each row is read as the documents that <|endoftext|> separates (a GPT only)."""
   inputs_BxL, targets_BxL = batch_BxL1[:, :-1], batch_BxL1[:, 1:]
-  logits_BxLxV = model.apply({"params": params}, inputs_BxL, deterministic=not train, rngs={"dropout": rng})
+  segments = {} if eot_id is None else {"segments_BxT": document_ids(inputs_BxL, eot_id)}
+  logits_BxLxV = model.apply({"params": params}, inputs_BxL, deterministic=not train, rngs={"dropout": rng},
+                             **segments)
   nll_BxL = optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV, targets_BxL)
   return nll_BxL.sum(), jnp.float32(nll_BxL.size)
 
@@ -104,7 +123,8 @@ class LanguageModel(Task):
     return (jnp.zeros((1, 8), jnp.int32),)
 
   def loss(self, params, batch_BxL1, rng, train: bool):
-    return lm_loss(self.model, params, batch_BxL1, rng, train)
+    eot_id = self.tokenizer.eot_id if self.config.segmented else None
+    return lm_loss(self.model, params, batch_BxL1, rng, train, eot_id)
 
   def train_batches(self):
     """Process-local batches (B/P, seq_len + 1); a grain iterator, so `get_state` is the data position."""
@@ -117,6 +137,12 @@ class LanguageModel(Task):
   def put(self, local_batch):
     # Each process read only its slice of the global batch (pipeline.lm_train_dataset).
     return jax.make_array_from_process_local_data(self.batch_sharding, local_batch)
+
+  def batch_shapes(self):
+    return jax.ShapeDtypeStruct((self.config.batch_size, self.config.seq_len + 1), jnp.int32)
+
+  def tokens_per_step(self) -> int:
+    return self.config.batch_size * self.config.seq_len
 
   def count_tokens(self, local_batch) -> int:
     return self.config.batch_size * self.config.seq_len

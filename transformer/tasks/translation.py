@@ -132,6 +132,21 @@ class Translation(Task):
                                         eot_id=self.tokenizer.eot_id, seed=0, shuffle=False,
                                         batch_multiple=self.run.mesh.data_parallel)
 
+  def _full_rows(self) -> int:
+    """Rows of a batch of the longest bucket: the fewest rows, the most padded tokens."""
+    c = self.config
+    return pipeline.bucket_rows(c.max_len, c.batch_tokens,
+                                self.run.mesh.data_parallel * self.run.optimizer.accumulation_steps)
+
+  def batch_shapes(self):
+    # The longest bucket's (the others hold at most batch_tokens too, and compile as programs of their own).
+    shape = (self._full_rows(), self.config.max_len)
+    return {k: jax.ShapeDtypeStruct(shape, jnp.bool_ if k.endswith("valid") else jnp.int32)
+            for k in ("source", "source_valid", "target_in", "target_out", "target_valid")}
+
+  def tokens_per_step(self) -> int:
+    return self._full_rows() * self.config.max_len
+
   def count_tokens(self, batch: dict) -> int:
     return int(batch["target_valid"].sum())  # real target tokens (fairseq's words per second)
 

@@ -1,0 +1,108 @@
+"""The ahead-of-time planner (launch.plan, transformer.plan) on 8 fake CPU devices, in real processes:
+sharding divides the state, remat trades temporaries for FLOPs, XLA's FLOPs match the analytic
+count, the batch search, and the errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, run_module
+from test_multiprocess import _free_port
+
+TINY = ["--config=experiments/shakespeare.py:tiny", "--devices=8", "--decode_batch_size=-1"]
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+  return tmp_path_factory.mktemp("data")
+
+
+def _plan(data_root, tmp_path, *extra, name="plan"):
+  out = tmp_path / f"{name}.json"
+  proc = run_module("launch.plan", *TINY, f"--config.data.root={data_root}", f"--json={out}", *extra)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(out.read_text()), proc.stdout
+
+
+def test_fsdp_divides_params_and_optimizer_state_remat_trades_memory_for_flops(data_root, tmp_path):
+  [replicated], _ = _plan(data_root, tmp_path, "--config.mesh.data=8", name="data8")
+  [fsdp], printed = _plan(data_root, tmp_path, "--config.mesh.data=1", "--config.mesh.fsdp=8", name="fsdp8")
+  [remat], _ = _plan(data_root, tmp_path, "--config.mesh.data=1", "--config.mesh.fsdp=8",
+                     "--config.model.remat_policy=full", name="full")
+  assert "train step: batch 8 on 8 devices (data 1 × fsdp 8 × tensor 1)" in printed
+  assert "FLOPs per step, all devices: XLA" in printed
+  state = lambda p: p["params"] + p["optimizer"]
+  # Data parallelism keeps the whole state on every device; fsdp=8 an eighth of it (a few small
+  # tensors without an `embed` axis, biases, stay replicated).
+  assert state(fsdp) * 8 == pytest.approx(state(replicated), rel=0.10)
+  assert state(fsdp) < state(replicated) / 6
+  # XLA's own argument sizes agree: the state is most of them.
+  assert fsdp["arguments"] * 8 == pytest.approx(replicated["arguments"], rel=0.10)
+  assert replicated["params"] * 3 == pytest.approx(state(replicated), rel=0.01)  # AdamW: params, mu, nu
+  # The train step's FLOPs: XLA's count within 5% of 6·N + 12·L·d·T per token, the same on any mesh;
+  # full remat recomputes the forward pass (~8N against 6N) and keeps fewer activations.
+  assert fsdp["flops"] == pytest.approx(fsdp["analytic_flops"], rel=0.05)
+  assert replicated["flops"] == pytest.approx(fsdp["flops"], rel=0.05)
+  assert remat["flops"] > 1.15 * fsdp["flops"]
+  assert remat["temporaries"] < 0.8 * fsdp["temporaries"]
+
+
+def test_gradient_accumulation_counts_every_microbatch(data_root, tmp_path):
+  [one], _ = _plan(data_root, tmp_path, "--config.batch_size=32", name="one")
+  [four], _ = _plan(data_root, tmp_path, "--config.batch_size=32", "--config.optimizer.accumulation_steps=4",
+                    name="four")
+  assert four["flops"] == pytest.approx(one["flops"], rel=0.02)
+  assert four["temporaries"] < one["temporaries"]  # one microbatch's activations at a time
+
+
+def test_the_batch_search_finds_the_largest_batch_that_fits(data_root, tmp_path):
+  proc = run_module("launch.plan", *TINY, f"--config.data.root={data_root}", "--config.mesh.fsdp=8",
+                    "--config.mesh.data=1", "--device_memory_gib=0.004", f"--json={tmp_path / 'p.json'}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  [found] = json.loads((tmp_path / "p.json").read_text())
+  assert found["total"] <= 0.004 * 1024 ** 3
+  batch = int(proc.stdout.split("--config.batch_size=")[1].split()[0])
+  assert batch == found["batch"] and batch % 8 == 0
+  # One more row per device does not fit.
+  [bigger], _ = _plan(data_root, tmp_path, "--config.mesh.fsdp=8", "--config.mesh.data=1",
+                      f"--config.batch_size={batch + 8}", name="bigger")
+  assert bigger["total"] > 0.004 * 1024 ** 3
+
+
+def test_a_plan_that_does_not_fit_names_its_biggest_consumers(data_root):
+  proc = run_module("launch.plan", *TINY, f"--config.data.root={data_root}", "--device_memory_gib=0.0001")
+  assert proc.returncode == 1
+  [line] = proc.stderr.strip().splitlines()[-1:]
+  assert line.startswith("error: does not fit: batch 8 needs")
+  assert "the biggest consumers: temporaries (activations, gradients)" in line and "--config.mesh.fsdp" in line
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--config.mesh.tensor=8", "--config.mesh.data=1"], "cannot split 8 ways"),
+    (["--config.mesh.data=3"], "needs 3 devices but 8 are available"),
+])
+def test_a_config_that_cannot_be_sharded_is_one_error(data_root, extra, message):
+  proc = run_module("launch.plan", *TINY, f"--config.data.root={data_root}", *extra)
+  assert proc.returncode == 1
+  assert proc.stderr.strip().splitlines()[-1].startswith("error: ") and message in proc.stderr
+
+
+def test_two_processes_of_four_devices_plan_like_one_of_eight(data_root, tmp_path):
+  mesh = ["--config.mesh.data=2", "--config.mesh.fsdp=4"]
+  [single], _ = _plan(data_root, tmp_path, *mesh, name="single")
+  port = _free_port()
+  procs = [subprocess.Popen([sys.executable, "-m", "launch.plan", *TINY[:1], "--devices=4", "--decode_batch_size=-1",
+                             f"--config.data.root={data_root}", *mesh, f"--json={tmp_path / 'multi.json'}",
+                             f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for i in range(2)]
+  outs = [p.communicate(timeout=300) for p in procs]
+  assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+  assert "8 x cpu (cpu), 2 process(es)" in outs[0][0]
+  [multi] = json.loads((tmp_path / "multi.json").read_text())
+  for key in ("arguments", "outputs", "aliased", "params", "optimizer", "batch"):
+    assert multi[key] == single[key], key
+  assert multi["temporaries"] == pytest.approx(single["temporaries"], rel=0.05)
+  assert multi["flops"] == pytest.approx(single["flops"], rel=0.01)
