@@ -83,9 +83,48 @@ def test_a_tiny_model_overfits_a_handful_of_pairs_to_bleu_100():
     assert scores["bleu"] > 99.9 and scores["chrf"] > 99.9, (beam_size, hypotheses)
 
 
-def test_batches_resume_exactly():
+def test_packed_rows_give_every_pair_the_loss_it_has_alone():
+  """Packing (several pairs a row, segment ids) changes no pair's loss: each reads its own source and
+  its own earlier target tokens only, from position 0."""
+  tok = tokenizers.CharTokenizer.from_corpus([s + t for s, t in PAIRS])
+  pairs = [(np.array(tok.encode(s)), np.array(tok.encode(t))) for s, t in PAIRS]
+  model = seq2seq.Transformer(seq2seq.preset("cpu-tiny", vocab_size=tok.vocab_size, max_len=64))
+  params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32), jnp.zeros((1, 8), jnp.int32))["params"])
+  alone = [translation_loss(model, params, b, jax.random.key(1), False)
+           for b in pipeline.translation_batches(pairs, max_tokens=10_000, max_len=32, eot_id=tok.eot_id, seed=0)]
+  packed = pipeline.packed_batches(pairs, max_tokens=128, max_len=64, eot_id=tok.eot_id, seed=0)
+  assert len(packed) == 1 and packed[0]["source"].shape == (2, 64)
+  assert packed[0]["source_segments"].max() >= 3  # several pairs share a row
+  together = [translation_loss(model, params, b, jax.random.key(1), False) for b in packed]
+  np.testing.assert_allclose(sum(float(s) for s, _ in together), sum(float(s) for s, _ in alone), rtol=1e-5)
+  assert sum(float(n) for _, n in together) == sum(float(n) for _, n in alone) == sum(len(t) + 1 for _, t in pairs)
+
+
+@pytest.mark.parametrize("batching,compiles", [("packed", 1), ("bucketed", None)])
+def test_an_epoch_of_packed_batches_compiles_the_step_once(batching, compiles):
+  rng = np.random.default_rng(0)
+  pairs = [(rng.integers(1, 50, rng.integers(2, 30)), rng.integers(1, 50, rng.integers(2, 30))) for _ in range(120)]
+  batches = pipeline.TranslationBatches(pairs, max_tokens=256, max_len=32, eot_id=0, seed=0, batching=batching)
+  model = seq2seq.Transformer(seq2seq.preset("cpu-tiny", vocab_size=50))
+  opt = resolve(translation_experiment.get_config("tiny")).optimizer
+  tx, schedule = optim.make_optimizer(opt, 100), optim.learning_rate(opt, 100)
+  params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32), jnp.zeros((1, 8), jnp.int32))["params"])
+  state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                           rng=jax.random.key_data(jax.random.key(1)))
+  step = jax.jit(functools.partial(train.train_step, loss_fn=functools.partial(translation_loss, model), tx=tx,
+                                   schedule=schedule, accumulation_steps=1))
+  while batches.epoch == 0:
+    state, _ = step(state, next(batches))
+  if compiles is None:  # bucketed: a program per bucket and fill size
+    assert step._cache_size() > 3
+  else:
+    assert step._cache_size() == compiles
+
+
+@pytest.mark.parametrize("batching", ["packed", "bucketed"])
+def test_batches_resume_exactly(batching):
   pairs = [(np.arange(1, 2 + i % 7), np.arange(1, 3 + i % 5)) for i in range(50)]
-  make = lambda: pipeline.TranslationBatches(pairs, max_tokens=64, max_len=16, eot_id=0, seed=3)
+  make = lambda: pipeline.TranslationBatches(pairs, max_tokens=64, max_len=16, eot_id=0, seed=3, batching=batching)
   straight = make()
   seen = [next(straight) for _ in range(25)]  # past the end of the first epoch
   assert straight.get_state()["epoch"] >= 1

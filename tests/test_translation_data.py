@@ -65,3 +65,23 @@ def test_batches_are_bucketed_under_a_token_budget_and_cover_every_pair_once(pre
                                        batch_multiple=4)
   assert any(a["source"].shape != b["source"].shape or (a["source"] != b["source"]).any()
              for a, b in zip(batches, other))  # a new order each epoch
+
+
+def test_packed_batches_have_one_shape_and_hold_every_pair_once(prepared):
+  pairs, _ = pipeline.translation_pairs(prepared, "train", direction="src-tgt", max_len=32)
+  eot = prepared.tokenizer.eot_id
+  batches = pipeline.packed_batches(pairs, max_tokens=256, max_len=32, eot_id=eot, seed=0, batch_multiple=4)
+  assert {b[k].shape for b in batches for k in b} == {(8, 32)}
+  found = []
+  for b in batches:
+    for row in range(8):
+      for segment in range(1, b["source_segments"][row].max() + 1):
+        src = b["source"][row][b["source_segments"][row] == segment]
+        tgt_in = b["target_in"][row][b["target_segments"][row] == segment]
+        tgt_out = b["target_out"][row][b["target_segments"][row] == segment]
+        assert tgt_in[0] == eot and tgt_out[-1] == eot and (tgt_in[1:] == tgt_out[:-1]).all()
+        found.append((tuple(src), tuple(tgt_out[:-1])))
+    assert (b["source_valid"] == (b["source_segments"] > 0)).all()
+  assert sorted(found) == sorted((tuple(s), tuple(t)) for s, t in pairs)
+  # Dense: the 200 short pairs fill few rows.
+  assert len(batches) * 8 < len(pairs) / 2

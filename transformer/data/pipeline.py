@@ -161,14 +161,63 @@ def translation_batches(pairs, *, max_tokens: int, max_len: int, eot_id: int, se
   return batches
 
 
-class TranslationBatches:
-  """Training batches of `translation_batches`, epoch after epoch, each epoch in a new order. Like a
-  grain iterator, `get_state()`/`set_state()` are the exact data position (epoch, batch) that a
-  checkpoint saves, so a resumed run sees the batches an uninterrupted one would."""
+BATCHING = ("packed", "bucketed")
 
-  def __init__(self, pairs, *, max_tokens: int, max_len: int, eot_id: int, seed: int, batch_multiple: int = 1):
-    self._make = lambda epoch: translation_batches(pairs, max_tokens=max_tokens, max_len=max_len, eot_id=eot_id,
-                                                   seed=seed, epoch=epoch, batch_multiple=batch_multiple)
+
+def packed_batches(pairs, *, max_tokens: int, max_len: int, eot_id: int, seed: int, epoch: int = 0,
+                   batch_multiple: int = 1, shuffle: bool = True) -> list[dict]:
+  """One epoch of batches of one shape, each pair once: pairs are packed back to back into rows of
+  `max_len` tokens per side (in order, a new row when the next pair does not fit: the flax WMT
+  example's packing), `bucket_rows(max_len, max_tokens, batch_multiple)` rows a batch. The keys of
+  `translation_batches`, plus source_segments (B, S) and target_segments (B, T): which pair of its
+  row (1, 2, ...; 0 is padding) each token belongs to. A pair attends only to itself
+  (models.seq2seq) and its positions start at 0, so packing changes no pair's loss."""
+  if not pairs:
+    raise DataError("no sentence pairs left to batch (all were empty or longer than max_len)")
+  rng = np.random.default_rng([seed, epoch])
+  order = rng.permutation(len(pairs)) if shuffle else np.arange(len(pairs))
+  rows: list[list[int]] = [[]]
+  used_src = used_tgt = 0
+  for i in order:
+    src, tgt = pairs[i]
+    if rows[-1] and (used_src + len(src) > max_len or used_tgt + len(tgt) + 1 > max_len):
+      rows.append([])
+      used_src = used_tgt = 0
+    rows[-1].append(int(i))
+    used_src, used_tgt = used_src + len(src), used_tgt + len(tgt) + 1
+  size = bucket_rows(max_len, max_tokens, batch_multiple)
+  rows += [[]] * (-len(rows) % size)  # the last batch's empty rows weigh nothing
+  batches = []
+  for start in range(0, len(rows), size):
+    batch = {k: np.zeros((size, max_len), np.int32)
+             for k in ("source", "source_segments", "target_in", "target_out", "target_segments")}
+    for r, members in enumerate(rows[start:start + size]):
+      s = t = 0
+      for segment, i in enumerate(members, start=1):
+        src, tgt = pairs[i]
+        batch["source"][r, s:s + len(src)] = src
+        batch["source_segments"][r, s:s + len(src)] = segment
+        batch["target_in"][r, t:t + len(tgt) + 1] = np.concatenate([[eot_id], tgt])
+        batch["target_out"][r, t:t + len(tgt) + 1] = np.concatenate([tgt, [eot_id]])
+        batch["target_segments"][r, t:t + len(tgt) + 1] = segment
+        s, t = s + len(src), t + len(tgt) + 1
+    batch["source_valid"] = batch["source_segments"] > 0
+    batch["target_valid"] = batch["target_segments"] > 0
+    batches.append(batch)
+  return batches
+
+
+class TranslationBatches:
+  """Training batches of `packed_batches` (or, with batching="bucketed", `translation_batches`),
+  epoch after epoch, each epoch in a new order. Like a grain iterator, `get_state()`/`set_state()`
+  are the exact data position (epoch, batch) that a checkpoint saves, so a resumed run sees the
+  batches an uninterrupted one would."""
+
+  def __init__(self, pairs, *, max_tokens: int, max_len: int, eot_id: int, seed: int, batch_multiple: int = 1,
+               batching: str = "packed"):
+    make = packed_batches if batching == "packed" else translation_batches
+    self._make = lambda epoch: make(pairs, max_tokens=max_tokens, max_len=max_len, eot_id=eot_id, seed=seed,
+                                    epoch=epoch, batch_multiple=batch_multiple)
     self.epoch, self.index, self._batches = 0, 0, None
 
   def __iter__(self):

@@ -131,41 +131,54 @@ class Transformer(nn.Module):
       self.head = layers.Projection((cfg.vocab_size,), ("embed", "vocab"), std=cfg.d_model ** -0.5, use_bias=False,
                                     dtype=cfg.dtype, param_dtype=cfg.param_dtype)
 
-  def encode(self, source_BxS, *, source_valid_BxS=None, deterministic: bool = True):
-    """encoded_BxSxD. Padding (source_valid False) is never attended to."""
+  def encode(self, source_BxS, *, source_valid_BxS=None, source_segments_BxS=None, deterministic: bool = True):
+    """encoded_BxSxD. Padding (source_valid False) is never attended to; with `source_segments_BxS`
+    (packed rows: which pair each token is of) a token attends to its own sentence only, whose
+    positions start at 0."""
     B, S = source_BxS.shape
     self._check_length(S, "source")
     valid_BxS = jnp.ones((B, S), bool) if source_valid_BxS is None else source_valid_BxS
-    x_BxSxD = self.source_embed(source_BxS, jnp.arange(S)[None], deterministic)
+    # Right padding: without segments a sentence's positions are its indices.
+    positions_BxS = (jnp.arange(S)[None] if source_segments_BxS is None
+                     else layers.segment_positions(None, source_segments_BxS))
+    x_BxSxD = self.source_embed(source_BxS, positions_BxS, deterministic)
     self.sow("intermediates", "encoder_embeddings", x_BxSxD)  # the residual stream's start, when probing
-    # Padding queries attend to themselves too, so that no row of the softmax is empty.
-    mask_BxSxS = valid_BxS[:, None, :] | jnp.eye(S, dtype=bool)[None]
-    positions_1xS = jnp.arange(S)[None]
-    x_BxSxD = self.encoder(x_BxSxD, mask_BxSxS, positions=(positions_1xS, positions_1xS), deterministic=deterministic)
+    mask_BxSxS = layers.self_attention_mask(valid_BxS, source_segments_BxS, causal=False)
+    x_BxSxD = self.encoder(x_BxSxD, mask_BxSxS, positions=(positions_BxS, positions_BxS), deterministic=deterministic)
     return self.encoder_norm(x_BxSxD) if self.config.pre_layer_norm else x_BxSxD
 
-  def decode_logits(self, encoded_BxSxD, target_in_BxT, *, source_valid_BxS=None, deterministic: bool = True,
-                    decode: bool = False):
+  def decode_logits(self, encoded_BxSxD, target_in_BxT, *, source_valid_BxS=None, source_segments_BxS=None,
+                    target_segments_BxT=None, deterministic: bool = True, decode: bool = False):
     """Logits (float32) for the next target token at every position of `target_in_BxT`.
 
     With `decode=True` this continues earlier calls through the KV cache ("cache" collection,
     `mutable=["cache"]`): pass `encoded_BxSxD` on the first call (its keys/values are cached) and
-    None after; `source_valid_BxS` on every call."""
+    None after; `source_valid_BxS` on every call. Packed rows (training) give both segment ids: a
+    target token reads its own sentence's earlier tokens and its own pair's source only."""
     B, T = target_in_BxT.shape
     if decode:
       positions_BxT, mask_BxTxS, key_positions_BxS = self.cache_positions(jnp.ones((B, T), bool))
     else:
       self._check_length(T, "target")
-      positions_BxT, mask_BxTxS = jnp.arange(T)[None], layers.causal_mask(T)
+      if target_segments_BxT is None:
+        positions_BxT, mask_BxTxS = jnp.arange(T)[None], layers.causal_mask(T)
+      else:
+        positions_BxT = layers.segment_positions(None, target_segments_BxT)
+        mask_BxTxS = layers.self_attention_mask(None, target_segments_BxT, causal=True)
       key_positions_BxS = positions_BxT
-    cross_mask_Bx1xS = None
+    cross_mask_BxTxS = None
     if source_valid_BxS is not None:
-      cross_mask_Bx1xS = source_valid_BxS[:, None, :]
+      cross_mask_BxTxS = source_valid_BxS[:, None, :]
     elif encoded_BxSxD is not None:
-      cross_mask_Bx1xS = jnp.ones((B, 1, encoded_BxSxD.shape[1]), bool)
+      cross_mask_BxTxS = jnp.ones((B, 1, encoded_BxSxD.shape[1]), bool)
+    if target_segments_BxT is not None:
+      same_BxTxS = target_segments_BxT[:, :, None] == source_segments_BxS[:, None, :]
+      cross_mask_BxTxS = cross_mask_BxTxS & same_BxTxS
+      # A padding query (segment 0) has no source: let it read all of it rather than nothing.
+      cross_mask_BxTxS = cross_mask_BxTxS | (target_segments_BxT == 0)[:, :, None]
     y_BxTxD = self.target_embed(target_in_BxT, positions_BxT, deterministic)
     self.sow("intermediates", "decoder_embeddings", y_BxTxD)
-    y_BxTxD = self.decoder(y_BxTxD, mask_BxTxS, encoded_BxSxD, cross_mask_Bx1xS,
+    y_BxTxD = self.decoder(y_BxTxD, mask_BxTxS, encoded_BxSxD, cross_mask_BxTxS,
                            positions=(positions_BxT, key_positions_BxS), deterministic=deterministic, decode=decode)
     return self.output_logits(y_BxTxD)
 
@@ -177,10 +190,14 @@ class Transformer(nn.Module):
     logits_BxTxV = self.target_embed.attend(y_BxTxD) if self.config.tie_output else self.head(y_BxTxD)
     return nn.with_logical_constraint(logits_BxTxV.astype(jnp.float32), ("batch", "length", "vocab"))
 
-  def __call__(self, source_BxS, target_in_BxT, *, source_valid_BxS=None, deterministic: bool = True,
-               decode: bool = False):
-    encoded_BxSxD = self.encode(source_BxS, source_valid_BxS=source_valid_BxS, deterministic=deterministic)
+  def __call__(self, source_BxS, target_in_BxT, *, source_valid_BxS=None, source_segments_BxS=None,
+               target_segments_BxT=None, deterministic: bool = True, decode: bool = False):
+    if (source_segments_BxS is None) != (target_segments_BxT is None):
+      raise ValueError("packed rows need both source_segments_BxS and target_segments_BxT")
+    encoded_BxSxD = self.encode(source_BxS, source_valid_BxS=source_valid_BxS, source_segments_BxS=source_segments_BxS,
+                                deterministic=deterministic)
     return self.decode_logits(encoded_BxSxD, target_in_BxT, source_valid_BxS=source_valid_BxS,
+                              source_segments_BxS=source_segments_BxS, target_segments_BxT=target_segments_BxT,
                               deterministic=deterministic, decode=decode)
 
   def _check_length(self, length: int, what: str) -> None:

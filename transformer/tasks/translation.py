@@ -1,5 +1,5 @@
 """config.task="translation": the encoder-decoder Transformer on sentence pairs. Label-smoothed
-cross-entropy over the real target tokens of length-bucketed batches; validation loss and sacreBLEU
+cross-entropy over the real target tokens of packed (or length-bucketed) batches; validation loss and sacreBLEU
 BLEU/chrF (greedy) on the dev split; greedy and beam-search BLEU/chrF on the test split at the end."""
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ class TranslationConfig:
   direction: str = at("data.direction", "")  # e.g. "en-de"; "": the data set's column order
   max_len: int = at("data.max_len", 64)  # longer pairs are dropped (and counted), never truncated
   batch_tokens: int = 4096  # padded tokens per side in a batch (fairseq's --max-tokens)
+  # "packed": pairs back to back in rows of max_len tokens, one batch shape for the whole run (one
+  # compile); "bucketed": a batch per length bucket, each pair padded to its bucket (a shape each).
+  batching: str = at("data.batching", "packed")
   label_smoothing: float = 0.1
   eval: EvalConfig = EvalConfig()
 
@@ -42,6 +45,9 @@ class TranslationConfig:
 
   def check(self, run: RunConfig, data_parallel: int | None) -> None:
     check_positive(self, ("batch_tokens",))
+    if self.batching not in pipeline.BATCHING:
+      raise ConfigError(f"--config.data.batching={self.batching!r} is unknown; choose one of "
+                        f"{', '.join(pipeline.BATCHING)}")
     check_positive(self.eval, ("decode_batch_size", "beam_size"), prefix="eval.")
     if self.max_len > run.model.max_len:
       raise ConfigError(f"--config.data.max_len={self.max_len} is longer than --config.model.max_len="
@@ -62,8 +68,12 @@ def translation_loss(model: seq2seq.Transformer, params, batch: dict, rng, train
   """(summed cross-entropy over the real target tokens, their number). Training (dropout on) smooths
   the labels by `label_smoothing` (the paper's 0.1: the target puts 1 - s on the right token and s
   spread over the vocabulary); evaluation (train=False) scores the plain negative log-likelihood."""
+  # Packed batches (pipeline.packed_batches) say which pair of its row each token is of.
+  segments = ({"source_segments_BxS": batch["source_segments"], "target_segments_BxT": batch["target_segments"]}
+              if "source_segments" in batch else {})
   logits_BxTxV = model.apply({"params": params}, batch["source"], batch["target_in"],
-                             source_valid_BxS=batch["source_valid"], deterministic=not train, rngs={"dropout": rng})
+                             source_valid_BxS=batch["source_valid"], deterministic=not train, rngs={"dropout": rng},
+                             **segments)
   smoothing = label_smoothing if train else 0.0
   labels_BxTxV = optax.smooth_labels(jax.nn.one_hot(batch["target_out"], logits_BxTxV.shape[-1]), smoothing)
   ce_BxT = optax.softmax_cross_entropy(logits_BxTxV, labels_BxTxV)
@@ -124,25 +134,29 @@ class Translation(Task):
     # Batches split evenly over the data-parallel devices and the accumulation microbatches.
     multiple = self.run.mesh.data_parallel * self.run.optimizer.accumulation_steps
     return pipeline.TranslationBatches(self._pairs["train"], max_tokens=c.batch_tokens, max_len=c.max_len,
-                                       eot_id=self.tokenizer.eot_id, seed=self.run.loop.seed, batch_multiple=multiple)
+                                       eot_id=self.tokenizer.eot_id, seed=self.run.loop.seed, batch_multiple=multiple,
+                                       batching=c.batching)
 
   def eval_batches(self) -> list:
     c = self.config
-    return pipeline.translation_batches(self._pairs["validation"], max_tokens=c.batch_tokens, max_len=c.max_len,
-                                        eot_id=self.tokenizer.eot_id, seed=0, shuffle=False,
-                                        batch_multiple=self.run.mesh.data_parallel)
+    make = pipeline.packed_batches if c.batching == "packed" else pipeline.translation_batches
+    return make(self._pairs["validation"], max_tokens=c.batch_tokens, max_len=c.max_len, eot_id=self.tokenizer.eot_id,
+                seed=0, shuffle=False, batch_multiple=self.run.mesh.data_parallel)
 
   def _full_rows(self) -> int:
-    """Rows of a batch of the longest bucket: the fewest rows, the most padded tokens."""
+    """Rows of a packed batch, or of one of the longest bucket (the fewest rows, the most padded tokens)."""
     c = self.config
     return pipeline.bucket_rows(c.max_len, c.batch_tokens,
                                 self.run.mesh.data_parallel * self.run.optimizer.accumulation_steps)
 
   def batch_shapes(self):
-    # The longest bucket's (the others hold at most batch_tokens too, and compile as programs of their own).
+    # Packed: the one shape. Bucketed: the longest bucket's (the others hold at most batch_tokens
+    # too, and compile as programs of their own).
     shape = (self._full_rows(), self.config.max_len)
-    return {k: jax.ShapeDtypeStruct(shape, jnp.bool_ if k.endswith("valid") else jnp.int32)
-            for k in ("source", "source_valid", "target_in", "target_out", "target_valid")}
+    keys = ["source", "source_valid", "target_in", "target_out", "target_valid"]
+    if self.config.batching == "packed":
+      keys += ["source_segments", "target_segments"]
+    return {k: jax.ShapeDtypeStruct(shape, jnp.bool_ if k.endswith("valid") else jnp.int32) for k in keys}
 
   def tokens_per_step(self) -> int:
     return self._full_rows() * self.config.max_len
