@@ -84,7 +84,7 @@ def _memory(compiled) -> dict:
 
 def _flops(compiled) -> float | None:
   cost = compiled.cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost  # older jax: one dict per program
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost  # some jax versions: a dict per program
   return float(cost["flops"]) if cost and "flops" in cost else None
 
 

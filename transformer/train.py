@@ -354,6 +354,8 @@ def _train(config: RunConfig, workdir: Path, lead: bool) -> dict:
     return True
 
   t_last, steps_since, tokens_since = time.perf_counter(), 0, 0
+  # The train step compiles once per batch shape (this launch): bucketed batches make several.
+  batch_shapes: set = set()
   try:
     with jax.set_mesh(run.mesh), nn.logical_axis_rules(config.mesh.rules):
       if not evaluated and not evaluate(start_step):  # the last launch was stopped during this evaluation
@@ -362,6 +364,7 @@ def _train(config: RunConfig, workdir: Path, lead: bool) -> dict:
         position = train_batches.get_state()
         host_batch = next(train_batches)
         state, step_metrics = step_fn(state, task.put(host_batch))
+        batch_shapes.add(tuple(np.shape(x) for x in jax.tree.leaves(host_batch)))
         done = step + 1
         guard.add(done, step_metrics, position)
         steps_since += 1
@@ -374,7 +377,7 @@ def _train(config: RunConfig, workdir: Path, lead: bool) -> dict:
           tps = tokens_since / elapsed
           util = metrics.mfu(tps, flops_token, jax.devices())
           record = {**{k: float(v) for k, v in step_metrics.items() if k != "finite"}, "tokens_per_s": tps,
-                    "step_time_s": elapsed / steps_since, "mfu": util}
+                    "step_time_s": elapsed / steps_since, "mfu": util, "train_step_compiles": len(batch_shapes)}
           writer.write(done, record)
           bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{tps:,.0f}",
                           mfu="n/a" if util is None else f"{util:.1%}")
