@@ -44,7 +44,8 @@ def test_fsdp_divides_params_and_optimizer_state_remat_trades_memory_for_flops(d
   # The train step's FLOPs: XLA's count within 5% of 6·N + 12·L·d·T per token, the same on any mesh;
   # full remat recomputes the forward pass (~8N against 6N) and keeps fewer activations.
   assert fsdp["flops"] == pytest.approx(fsdp["analytic_flops"], rel=0.05)
-  assert replicated["flops"] == pytest.approx(fsdp["flops"], rel=0.05)
+  # Pure data parallelism repeats the optimizer update on every device (~4% of this tiny model's step).
+  assert fsdp["flops"] < replicated["flops"] < 1.1 * fsdp["flops"]
   assert remat["flops"] > 1.15 * fsdp["flops"]
   assert remat["temporaries"] < 0.8 * fsdp["temporaries"]
 

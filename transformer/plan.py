@@ -15,12 +15,13 @@ donation, accumulation and remat, compiled for the state's and one batch's shape
             temporaries (activations, gradients, collectives' buffers). Peak ≈ arguments + outputs
             − aliased + temporaries. It is the buffer assignment of the backend that compiled it:
             a CPU plan's temporaries are close to, not equal to, an accelerator's.
-  FLOPs     XLA's cost analysis, per device, times the devices. XLA counts a loop's body once, so
-            with gradient accumulation the step's count is multiplied by the accumulation steps (the
-            optimizer update is then counted that many times too: < 0.1% of a step). Beside it the
-            analytic count: 6·N per token + 12·L·d·T for attention (`metrics.flops_per_token`).
-            Remat recomputes: "full" adds about a forward pass (~8·N against 6·N), which only XLA's
-            count shows.
+  FLOPs     XLA's cost analysis, per device, summed over the devices (work that every device repeats,
+            like the optimizer update under pure data parallelism, counts on each). XLA counts a
+            loop's body once, so with k accumulation steps the other k - 1 microbatches' loss and
+            gradients are added (XLA's count of that program as lowered). Beside it the analytic
+            count: 6·N per token + 12·L·d·T for attention (`metrics.flops_per_token`). Remat
+            recomputes: "full" adds about a forward pass (~8·N against 6·N), which only XLA's count
+            shows.
 """
 
 from __future__ import annotations
@@ -82,10 +83,23 @@ def _memory(compiled) -> dict:
           "aliased": m.alias_size_in_bytes, "temporaries": m.temp_size_in_bytes}
 
 
-def _flops(compiled) -> float | None:
-  cost = compiled.cost_analysis()
+def _flops(stage) -> float | None:
+  """XLA's FLOPs of a compiled (per device) or lowered (whole program) computation."""
+  try:
+    cost = stage.cost_analysis()
+  except NotImplementedError:  # some backends have no cost model
+    return None
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost  # some jax versions: a dict per program
   return float(cost["flops"]) if cost and "flops" in cost else None
+
+
+def _microbatch_flops(run: train.Run, params, batch, accumulation: int) -> float | None:
+  """All devices' FLOPs of one microbatch's loss and gradients: XLA's count of that program as
+  lowered (before partitioning, so for the whole microbatch)."""
+  micro = jax.tree.map(lambda s: jax.ShapeDtypeStruct((s.shape[0] // accumulation, *s.shape[1:]), s.dtype), batch)
+  grad_fn = jax.value_and_grad(lambda p, b: run.task.loss(p, b, jax.random.key(0), True), has_aux=True)
+  with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.config.mesh.rules):
+    return _flops(jax.jit(grad_fn).lower(params, micro))
 
 
 def plan_train(run: train.Run) -> Plan:
@@ -99,13 +113,18 @@ def plan_train(run: train.Run) -> Plan:
   with jax.set_mesh(run.mesh), nn.logical_axis_rules(rules):
     compiled = step_fn.lower(state, batch).compile()
   seconds = time.perf_counter() - start
-  accumulation = run.config.optimizer.accumulation_steps
   flops = _flops(compiled)
+  if flops is not None:
+    flops *= run.mesh.size
+    accumulation = run.config.optimizer.accumulation_steps
+    if accumulation > 1:  # the compiled count has the accumulation loop's body once
+      micro = _microbatch_flops(run, state.params, batch, accumulation)
+      flops = None if micro is None else flops + (accumulation - 1) * micro
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   tokens = task.tokens_per_step()
   return Plan("train step", dict(run.mesh.shape), jax.tree.leaves(batch)[0].shape[0], **_memory(compiled),
               params=per_device_bytes(state.params), optimizer=per_device_bytes(state.opt_state),
-              flops=None if flops is None else flops * run.mesh.size * accumulation,
+              flops=flops,
               analytic_flops=None if tokens is None else task.flops_per_token(num_params) * tokens,
               compile_s=seconds)
 

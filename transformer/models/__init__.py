@@ -14,6 +14,8 @@ One call convention for every model, so that a task holds one model for training
 decoding:
   - inputs are batch-major token ids, `*_BxT`;
   - padding masks are keyword arguments named `<what>_valid_BxT` (True = a real token);
+  - packed training rows (several documents or sentence pairs a row) pass `<what>_segments_BxT`,
+    which of them each token is of: attention stays inside one, whose positions start at 0;
   - `deterministic=True` (default) turns dropout off; training passes `deterministic=False` and
     `rngs={"dropout": key}`;
   - `decode=True` continues earlier calls through the KV cache (`mutable=["cache"]`);
