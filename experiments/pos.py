@@ -30,8 +30,8 @@ def get_config(preset: str = "bilstm"):
   c.data.tagset = "brown"
   c.max_len = 64
   c.batch_size = 32
-  c.num_train_steps = 2000  # ~1.4 epochs of the 46k training sentences
-  c.eval_every_steps = c.checkpoint_every_steps = 500
+  c.num_train_steps = 4000  # ~2.8 epochs of the 46k training sentences
+  c.eval_every_steps = c.checkpoint_every_steps = 1000
   c.log_every_steps = 50
   c.optimizer.lr = 2e-3
   c.optimizer.warmup_steps = 100
