@@ -4,6 +4,7 @@ r"""Tokenizes a data set into train/validation/test shards.
   python -m launch.prepare --dataset=ding_de_en --tokenizer=bpe --vocab_size=8000
   python -m launch.prepare --input_files=a.txt,b.txt --tokenizer=char --output_dir=data/mine
   python -m launch.prepare --input_files=pairs.tsv --input_format=pairs
+  python -m launch.prepare --dataset=ding_de_en --tokenizer=bpe --vocab_size=2000 --lexicon=dictionary
   python -m launch.prepare --dataset=brown --tokenizer=word --vocab_size=20000 --test_fraction=0.1
 """
 
@@ -27,6 +28,8 @@ _VALIDATION = flags.DEFINE_float("validation_fraction", 0.1, "Share of the data 
 _TEST = flags.DEFINE_float("test_fraction", 0.0, "Share of the data held out for testing.")
 _PIECE_CHARS = flags.DEFINE_integer("piece_chars", 16384, "Documents are split into pieces cut at the "
                                     "first line end past this many characters; pieces go to splits.")
+_LEXICON = flags.DEFINE_string("lexicon", "", "Pairs: training-only pairs beside the sentences, 'dictionary' "
+                               "(the data set's own word and phrase entries: ding_de_en) or a TSV file.")
 _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace a different preparation in --output_dir.")
 
 
@@ -39,8 +42,9 @@ def main(argv):
   options = data.PrepareOptions(tokenizer=_TOKENIZER.value, vocab_size=_VOCAB_SIZE.value,
                                 lowercase=_LOWERCASE.value, seed=_SEED.value, validation_fraction=_VALIDATION.value,
                                 test_fraction=_TEST.value, piece_chars=_PIECE_CHARS.value)
-  out_dir = _OUTPUT_DIR.value or data.default_dir(source, options)
-  data.prepare(source, out_dir, options, overwrite=_OVERWRITE.value)
+  lexicon = data.lexicon_source(_LEXICON.value, source) if _LEXICON.value else None
+  out_dir = _OUTPUT_DIR.value or data.default_dir(source, options, lexicon=lexicon)
+  data.prepare(source, out_dir, options, lexicon=lexicon, overwrite=_OVERWRITE.value)
   print(show.summary(data.load_prepared(out_dir)))
 
 

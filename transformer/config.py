@@ -156,6 +156,10 @@ class DataConfig:
   test_fraction: float = 0.0
   split_seed: int = 0
   piece_chars: int = 16384  # text documents are cut into pieces of about this size for the split
+  # Translation: training-only pairs beside the sentence pairs, "dictionary" (the data set's own word
+  # and phrase entries: ding_de_en) or a TSV file of pairs; how much of them a step sees is the
+  # task's (config.lexicon_share).
+  lexicon: str = ""
 
   may_change: ClassVar[tuple[str, ...]] = ("root", "dir")  # where it is prepared; its content is checked
 
@@ -177,8 +181,9 @@ class DataConfig:
 
   def prepared(self, source: data.Source) -> data.Prepared:
     """`source` tokenized per these options, prepared now if it has not been."""
-    directory = Path(self.dir) if self.dir else data.default_dir(source, self.options(), root=self.root)
-    return data.ensure_prepared(source, directory, self.options())
+    lexicon = data.lexicon_source(self.lexicon, source) if self.lexicon else None
+    directory = Path(self.dir) if self.dir else data.default_dir(source, self.options(), self.root, lexicon)
+    return data.ensure_prepared(source, directory, self.options(), lexicon)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -211,13 +211,24 @@ class TranslationBatches:
   """Training batches of `packed_batches` (or, with batching="bucketed", `translation_batches`),
   epoch after epoch, each epoch in a new order. Like a grain iterator, `get_state()`/`set_state()`
   are the exact data position (epoch, batch) that a checkpoint saves, so a resumed run sees the
-  batches an uninterrupted one would."""
+  batches an uninterrupted one would.
+
+  `extra` pairs (a lexicon) join each epoch `extra_per_epoch` at a time: the next ones of a fixed
+  shuffled order of them, going round, so that every extra pair is seen before any is seen again."""
 
   def __init__(self, pairs, *, max_tokens: int, max_len: int, eot_id: int, seed: int, batch_multiple: int = 1,
-               batching: str = "packed"):
+               batching: str = "packed", extra=(), extra_per_epoch: int = 0):
     make = packed_batches if batching == "packed" else translation_batches
-    self._make = lambda epoch: make(pairs, max_tokens=max_tokens, max_len=max_len, eot_id=eot_id, seed=seed,
-                                    epoch=epoch, batch_multiple=batch_multiple)
+    extra_order = np.random.default_rng([seed, 1 << 30]).permutation(len(extra)) if len(extra) else None
+
+    def epoch_pairs(epoch: int) -> list:
+      if not extra_per_epoch or extra_order is None:
+        return pairs
+      taken = extra_order[(epoch * extra_per_epoch + np.arange(extra_per_epoch)) % len(extra)]
+      return list(pairs) + [extra[i] for i in taken]
+
+    self._make = lambda epoch: make(epoch_pairs(epoch), max_tokens=max_tokens, max_len=max_len, eot_id=eot_id,
+                                    seed=seed, epoch=epoch, batch_multiple=batch_multiple)
     self.epoch, self.index, self._batches = 0, 0, None
 
   def __iter__(self):

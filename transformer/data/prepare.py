@@ -6,7 +6,8 @@ Layout of a prepared directory:
   text:            {split}.bin        token ids; documents end with <|endoftext|>
                    {split}.idx.npy    int64 rows (document, piece, start, end) into {split}.bin
   pairs:           {split}.src.bin, {split}.tgt.bin, {split}.idx.npy rows (line, src_start,
-                   src_end, tgt_start, tgt_end)
+                   src_end, tgt_start, tgt_end); with a lexicon (training-only pairs, e.g. a
+                   dictionary's words and phrases) also a fourth split, lexicon.*, the same way
   classification:  {split}.bin, {split}.idx.npy rows (line, start, end), {split}.labels.npy (the
                    label of each row as written: a class name or a score)
   tagged:          {split}.bin, {split}.idx.npy rows (line, start, end), {split}.labels.npy (int16,
@@ -15,8 +16,11 @@ Layout of a prepared directory:
 
 The split is deterministic for a seed: each record (a piece of a document cut at a line end, a
 pair, a row) goes to a split by a hash of (seed, its position), or each file whole when the source
-says so (`Source.split_by`), so it does not depend on chunking or on the order of processing. Preparation streams and writes into a temporary directory that
-replaces the output only when everything succeeded, so a failure loses nothing already there.
+says so (`Source.split_by`), so it does not depend on chunking or on the order of processing. A
+lexicon's pairs are for training only: a pair that repeats a sentence pair, or one of whose sides
+is a side of a validation or test pair, is left out (and counted). Preparation streams and writes
+into a temporary directory that replaces the output only when everything succeeded, so a failure
+loses nothing already there.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from transformer.errors import DataError
 from transformer.data.sources import Source, read_text, records
 
 SPLITS = ("train", "validation", "test")
+LEXICON = "lexicon"  # the training-only pairs of a lexicon source, when one was prepared
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
 
@@ -80,15 +85,18 @@ class PrepareOptions:
     return path if (path / tokenizers.CONFIG_FILE).is_file() else None
 
 
-def default_dir(source: Source, options: PrepareOptions, root: str | os.PathLike = "data") -> Path:
+def default_dir(source: Source, options: PrepareOptions, root: str | os.PathLike = "data",
+                lexicon: Source | None = None) -> Path:
   """data/<source>-<tokenizer>[<vocab_size>], e.g. data/shakespeare-gpt2 or data/ding_de_en-bpe8000; a
-  saved tokenizer is named by its content (data/vader-saved1a2b3c4d)."""
+  saved tokenizer is named by its content (data/vader-saved1a2b3c4d); a lexicon is added to the
+  name (data/ding_de_en-bpe2000+ding_de_en-dictionary)."""
+  plus = f"+{lexicon.name}" if lexicon is not None else ""
   saved = options.saved_tokenizer
   if saved is not None:
-    return Path(root) / f"{source.name}-saved{_file_sha256(saved / tokenizers.CONFIG_FILE)[:8]}"
+    return Path(root) / f"{source.name}-saved{_file_sha256(saved / tokenizers.CONFIG_FILE)[:8]}{plus}"
   vocab = options.vocab_size if options.tokenizer in ("bpe", "word") else ""
   lower = "lower" if options.tokenizer == "word" and options.lowercase else ""
-  return Path(root) / f"{source.name}-{options.tokenizer}{vocab}{lower}"
+  return Path(root) / f"{source.name}-{options.tokenizer}{vocab}{lower}{plus}"
 
 
 def _split_of(seed: int, *key: int, fractions: tuple[float, float]) -> int:
@@ -165,10 +173,10 @@ def _texts(source: Source, rec: tuple) -> list[str]:
   return list(rec)
 
 
-def _corpus(source: Source, options: PrepareOptions) -> Iterator[str]:
+def _corpus(source: Source, options: PrepareOptions, lexicon: Source | None) -> Iterator[str]:
   """The text a tokenizer is built from: all of the source for characters and BPE (so that no
   character is missing), the training split only for words (so that dev and test measure unseen
-  words as <|unk|>, as they would be met)."""
+  words as <|unk|>, as they would be met); and the lexicon's pairs (training data)."""
   train_only = options.tokenizer == "word"
   if source.kind == "text":
     for doc, piece, text, _, _ in _text_pieces(source, options.piece_chars):
@@ -178,9 +186,12 @@ def _corpus(source: Source, options: PrepareOptions) -> Iterator[str]:
     for split, _, rec in _assigned_records(source, options, counts=None):
       if not train_only or split == 0:
         yield from _texts(source, rec)
+  if lexicon is not None:
+    for _, _, rec in records(lexicon):
+      yield from rec
 
 
-def _build_tokenizer(source: Source, options: PrepareOptions) -> tokenizers.Tokenizer:
+def _build_tokenizer(source: Source, options: PrepareOptions, lexicon: Source | None) -> tokenizers.Tokenizer:
   if options.saved_tokenizer is not None:
     return tokenizers.load_tokenizer(options.saved_tokenizer)
   if options.tokenizer in ("char", "bpe", "word"):
@@ -188,7 +199,7 @@ def _build_tokenizer(source: Source, options: PrepareOptions) -> tokenizers.Toke
     kw = {"vocab_size": options.vocab_size} if options.tokenizer in ("bpe", "word") else {}
     if options.tokenizer == "word":
       kw["lowercase"] = options.lowercase
-    return tokenizers.get_tokenizer(options.tokenizer, corpus=_corpus(source, options), **kw)
+    return tokenizers.get_tokenizer(options.tokenizer, corpus=_corpus(source, options, lexicon), **kw)
   return tokenizers.get_tokenizer(options.tokenizer)
 
 
@@ -218,21 +229,27 @@ def _assigned_records(source: Source, options: PrepareOptions, counts: dict | No
     yield _split_of(options.seed, fileno, lineno, ordinal, fractions=_fractions(options)), lineno, rec
 
 
-def _request(source: Source, options: PrepareOptions) -> dict:
-  return {
-      "source": source.name, "kind": source.kind, "columns": list(source.columns),
-      "files": [{"path": str(p.resolve()), "sha256": _file_sha256(p), "bytes": p.stat().st_size}
-                for p in source.files],
-      "options": dataclasses.asdict(options),
-  }
+def _files(source: Source) -> list[dict]:
+  return [{"path": str(p.resolve()), "sha256": _file_sha256(p), "bytes": p.stat().st_size} for p in source.files]
+
+
+def _request(source: Source, options: PrepareOptions, lexicon: Source | None) -> dict:
+  request = {"source": source.name, "kind": source.kind, "columns": list(source.columns), "files": _files(source),
+             "options": dataclasses.asdict(options)}
+  if lexicon is not None:
+    request["lexicon"] = {"source": lexicon.name, "files": _files(lexicon)}
+  return request
 
 
 def prepare(source: Source, out_dir: str | os.PathLike, options: PrepareOptions = PrepareOptions(),
-            *, overwrite: bool = False, progress: bool = True) -> Path:
-  """Tokenizes `source` into `out_dir`; returns the manifest's path. Reuses an identical preparation."""
+            *, lexicon: Source | None = None, overwrite: bool = False, progress: bool = True) -> Path:
+  """Tokenizes `source` (and a lexicon of training-only pairs beside it: `sources.lexicon_source`)
+  into `out_dir`; returns the manifest's path. Reuses an identical preparation."""
   options.check()
+  if lexicon is not None and source.kind != "pairs":
+    raise DataError(f"a lexicon adds training pairs for translation; {source.name} holds {source.kind} records")
   out_dir = Path(out_dir)
-  request = _request(source, options)
+  request = _request(source, options, lexicon)
   if options.saved_tokenizer is not None:  # a saved tokenizer is part of what was prepared
     request["tokenizer_sha256"] = _file_sha256(options.saved_tokenizer / tokenizers.CONFIG_FILE)
   manifest_path = out_dir / MANIFEST
@@ -255,15 +272,20 @@ def prepare(source: Source, out_dir: str | os.PathLike, options: PrepareOptions 
   staging.mkdir()
   try:
     start = time.time()
-    tokenizer = _build_tokenizer(source, options)
+    tokenizer = _build_tokenizer(source, options, lexicon)
     tokenizer.save(staging / "tokenizer")
     dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
-    counts, dropped, tags = _write_splits(source, options, tokenizer, dtype, staging, progress)
-    for split, c in counts.items():
-      if split != "test" and c["records"] == 0 and (split == "train" or options.validation_fraction > 0):
+    counts, dropped, tags = _write_splits(source, options, tokenizer, dtype, staging, progress, lexicon)
+    for split in SPLITS:
+      if split != "test" and counts[split]["records"] == 0 and (split == "train" or options.validation_fraction > 0):
         raise DataError(f"the {split} split of {source.name} came out empty: the input is too small "
                         f"for the split (piece_chars={options.piece_chars}); give more text, or lower "
                         f"piece_chars (--piece_chars; config.data.piece_chars when training)")
+    if lexicon is not None and counts[LEXICON]["records"] == 0:
+      c = counts[LEXICON]
+      raise DataError(f"the lexicon {lexicon.name} has no pairs left ({c['duplicates']} repeat a sentence pair or "
+                      f"each other, {c['held_out']} share a side with a validation or test pair); give another "
+                      f"lexicon or none")
     manifest = {
         "format": FORMAT_VERSION, "kind": source.kind, "source": source.name,
         "columns": list(source.columns), "dtype": np.dtype(dtype).name,
@@ -286,20 +308,21 @@ def prepare(source: Source, out_dir: str | os.PathLike, options: PrepareOptions 
   return manifest_path
 
 
-def ensure_prepared(source: Source, out_dir: str | os.PathLike, options: PrepareOptions) -> "Prepared":
+def ensure_prepared(source: Source, out_dir: str | os.PathLike, options: PrepareOptions,
+                    lexicon: Source | None = None) -> "Prepared":
   """`source` prepared into `out_dir`, now if it is not already (`prepare` reuses an identical
   preparation and redoes a different one), then loaded. In a multi-process run process 0 writes and
   the others wait for it."""
   out_dir = Path(out_dir)
   if jax.process_index() == 0:
-    prepare(source, out_dir, options, overwrite=(out_dir / MANIFEST).exists())
+    prepare(source, out_dir, options, lexicon=lexicon, overwrite=(out_dir / MANIFEST).exists())
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices(f"prepared {out_dir}")
   return load_prepared(out_dir)
 
 
 def _write_splits(source: Source, options: PrepareOptions, tokenizer, dtype, directory: Path,
-                  progress: bool) -> tuple[dict, int, list[str]]:
+                  progress: bool, lexicon: Source | None = None) -> tuple[dict, int, list[str]]:
   fractions = _fractions(options)
   writers = [_Writer(directory, s, source.kind, dtype) for s in SPLITS]
   total = sum(p.stat().st_size for p in source.files)
@@ -307,6 +330,8 @@ def _write_splits(source: Source, options: PrepareOptions, tokenizer, dtype, dir
   counts = {s: {"records": 0, "documents": 0, "tokens": 0, "chars": 0} for s in SPLITS}
   dropped = {"dropped": 0}
   tags: dict[str, int] = {}
+  held_out: set[str] = set()  # the sides of validation and test pairs, which no lexicon pair may repeat
+  sentence_pairs: set[bytes] = set()
   try:
     if source.kind == "text":
       for doc, piece, text, last, nbytes in _text_pieces(source, options.piece_chars):
@@ -327,6 +352,10 @@ def _write_splits(source: Source, options: PrepareOptions, tokenizer, dtype, dir
           a = w.append(0, tokenizer.encode(rec[0]))
           b = w.append(1, tokenizer.encode(rec[1]))
           w.rows.append((lineno, *a, *b))
+          if lexicon is not None:
+            sentence_pairs.add(_pair_key(rec))
+            if s:
+              held_out.update(map(_side_key, rec))
         elif source.kind == "classification":
           w.rows.append((lineno, *w.append(0, tokenizer.encode(tokenizers.fit_text(tokenizer, rec[1])))))
           w.labels.append(rec[0])
@@ -345,9 +374,43 @@ def _write_splits(source: Source, options: PrepareOptions, tokenizer, dtype, dir
   for split, w in zip(SPLITS, writers):
     counts[split].update(records=len(w.rows), documents=len(w.documents) if source.kind == "text"
                          else len(w.rows), tokens=int(sum(w.lengths)))
+  if lexicon is not None:
+    counts[LEXICON] = _write_lexicon(lexicon, tokenizer, dtype, directory, held_out, sentence_pairs)
   if len(tags) > np.iinfo(np.int16).max:
     raise DataError(f"{source.name} has {len(tags)} distinct tags; at most {np.iinfo(np.int16).max} are supported")
   return counts, dropped["dropped"], list(tags)
+
+
+def _side_key(text: str) -> str:
+  return " ".join(text.split()).casefold()
+
+
+def _pair_key(rec: tuple) -> bytes:
+  return hashlib.blake2b(repr(tuple(map(_side_key, rec))).encode(), digest_size=12).digest()
+
+
+def _write_lexicon(lexicon: Source, tokenizer, dtype, directory: Path, held_out: set[str],
+                   sentence_pairs: set[bytes]) -> dict:
+  """The lexicon's pairs into the `lexicon` split: once each, none that repeats a sentence pair or
+  has a side of a validation or test pair (compared case- and space-insensitively)."""
+  w = _Writer(directory, LEXICON, "pairs", dtype)
+  counts = {"records": 0, "tokens": 0, "chars": 0, "duplicates": 0, "held_out": 0}
+  seen = set(sentence_pairs)
+  try:
+    for _, lineno, rec in records(lexicon):
+      key = _pair_key(rec)
+      if key in seen:
+        counts["duplicates"] += 1
+      elif any(_side_key(side) in held_out for side in rec):
+        counts["held_out"] += 1
+      else:
+        seen.add(key)
+        w.rows.append((lineno, *w.append(0, tokenizer.encode(rec[0])), *w.append(1, tokenizer.encode(rec[1]))))
+        counts["chars"] += len(rec[0]) + len(rec[1])
+  finally:
+    w.close(directory, LEXICON)
+  counts.update(records=len(w.rows), documents=len(w.rows), tokens=int(sum(w.lengths)))
+  return counts
 
 
 # ---------------------------------------------------------------------------------------------
@@ -390,7 +453,9 @@ class Prepared:
     return np.load(self.directory / f"{split}.labels.npy")
 
   def _check_split(self, split: str) -> None:
-    if split not in SPLITS:
+    if split == LEXICON and LEXICON not in self.manifest["splits"]:
+      raise DataError(f"{self.directory} was prepared without a lexicon (--config.data.lexicon)")
+    if split not in SPLITS and split != LEXICON:
       raise DataError(f"unknown split {split!r}; splits are {', '.join(SPLITS)}")
 
 

