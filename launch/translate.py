@@ -3,6 +3,7 @@ r"""Translates sentences with a trained encoder-decoder checkpoint (experiments/
   python -m launch.translate --workdir=workdirs/de-en --sentence="Ich habe keine Zeit."
   python -m launch.translate --workdir=workdirs/de-en --input_file=sentences.de > sentences.en
   echo "Wo ist der Bahnhof?" | python -m launch.translate --workdir=workdirs/de-en --input_file=- --beam_size=1
+  python -m launch.translate --workdir=workdirs/de-en --average=5 --sentence=...  # the last 5 checkpoints' mean
 
 Sentences come from --sentence (repeatable), then --input_file (one per line; "-" is stdin); one
 translation per line comes out, in order. --beam_size=1 is greedy decoding; larger beams rank
@@ -18,7 +19,9 @@ from transformer.errors import UserError
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A translation training workdir (launch.train's --workdir).",
                                required=True)
-_STEP = flags.DEFINE_string("step", "latest", "'latest', 'best' (lowest validation loss) or a step number.")
+_STEP = flags.DEFINE_string("step", "latest", "'latest', 'best' (highest dev BLEU) or a step number.")
+_AVERAGE = flags.DEFINE_integer("average", 1, "Translate with the mean of the params of this many checkpoints, "
+                                "up to and including --step (checkpoint averaging).")
 _SENTENCE = flags.DEFINE_multi_string("sentence", [], "A sentence to translate; repeat the flag for several.")
 _INPUT_FILE = flags.DEFINE_string("input_file", None, "One sentence per line; '-' reads stdin.")
 _BEAM_SIZE = flags.DEFINE_integer("beam_size", 4, "Hypotheses kept per sentence; 1 is greedy decoding.")
@@ -34,8 +37,9 @@ def main(argv):
     raise UserError("nothing to translate: give --sentence or --input_file")
   from transformer import inference
   from transformer.generation import beam_search
-  trained = inference.restore(_WORKDIR.value, _STEP.value, task="translation")
-  print(f"# {_WORKDIR.value} step {trained.step} ({trained.task.direction}): "
+  trained = inference.restore(_WORKDIR.value, _STEP.value, task="translation", average=_AVERAGE.value)
+  which = f"steps {list(trained.averaged)} averaged" if trained.averaged else f"step {trained.step}"
+  print(f"# {_WORKDIR.value} {which} ({trained.task.direction}): "
         f"{len(sentences)} sentence(s), beam {_BEAM_SIZE.value}, alpha {_ALPHA.value}", file=sys.stderr)
   translations = beam_search.translate_texts(trained.model, trained.params, trained.tokenizer, sentences,
                                              beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value,

@@ -1,5 +1,6 @@
 """Training checkpoints (Orbax): the train state, the data position and run metadata in one step
-directory per save; async saves; the last `keep` plus the best by validation loss are kept.
+directory per save; async saves; the last `keep` plus the best by an evaluation metric (the
+validation loss, or a task's own, e.g. dev BLEU) are kept.
 
 Restoring checks every saved parameter's name and shape against what the config makes first, so a
 changed model config fails with the parameter named instead of deep inside Orbax. A step directory
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import logging as logging_std
 import os
 import time
@@ -50,13 +52,16 @@ def unreadable_reason(step_dir: Path) -> str | None:
 
 class Checkpointer:
   """Orbax CheckpointManager for a training run: the train state, the data position and run
-  metadata in one step directory; async saves; keeps the last `keep` and the best by val_loss.
-  `read_only` (inference) reads the step directories without a manager and moves nothing."""
+  metadata in one step directory; async saves; keeps the last `keep` and the best by `best`, an
+  evaluation metric and "min" or "max" (`Task.best_metric`). `read_only` (inference) reads the step
+  directories without a manager and moves nothing."""
 
-  def __init__(self, directory: str | Path, *, keep: int = 3, async_save: bool = True, read_only: bool = False):
+  def __init__(self, directory: str | Path, *, keep: int = 3, async_save: bool = True, read_only: bool = False,
+               best: tuple[str, str] = ("val_loss", "min")):
     import orbax.checkpoint as ocp
     self._ocp = ocp
     self.directory = Path(directory).absolute()
+    self.best = best
     self.manager = None
     self.unreadable = {}  # step -> why
     for step in self._step_dirs():
@@ -72,14 +77,17 @@ class Checkpointer:
     for step, reason in sorted(self.unreadable.items()):
       self.set_aside(step, reason)  # the manager would fail on them, and a new save of that step too
     policies = ocp.checkpoint_managers
+    name, mode = best
+    # Sorted by the metric (descending for "min"), the last one kept is the best; a checkpoint saved
+    # without that metric ranks last.
+    worst = math.inf if mode == "min" else -math.inf
+    metric = lambda m: m.get(name, worst)
     preservation = policies.AnyPreservationPolicy([
         policies.LatestN(n=keep),
-        # Sorted descending by val_loss, the last one kept is the lowest.
-        policies.BestN(get_metric_fn=lambda m: m["val_loss"], reverse=True, n=1,
-                       keep_checkpoints_without_metrics=False),
+        policies.BestN(get_metric_fn=metric, reverse=mode == "min", n=1, keep_checkpoints_without_metrics=False),
     ])
     options = ocp.CheckpointManagerOptions(preservation_policy=preservation, create=True,
-                                           best_fn=lambda m: m["val_loss"], best_mode="min",
+                                           best_fn=metric, best_mode=mode,
                                            enable_async_checkpointing=async_save,
                                            cleanup_tmp_directories=True)
     self.manager = ocp.CheckpointManager(
@@ -120,18 +128,23 @@ class Checkpointer:
     return steps[-1] if steps else None
 
   def best_step(self) -> int | None:
-    """The intact step with the lowest validation loss (None if none was saved with one)."""
-    losses = {}
+    """The intact step with the best `self.best` metric (None if none was saved with it)."""
+    name, mode = self.best
+    values = {}
     for step in self.steps():
       path = self.directory / str(step) / "metrics" / "metrics"
-      if path.exists():
-        losses[step] = json.loads(path.read_text())["val_loss"]
-    return min(losses, key=losses.get) if losses else None
+      if path.exists() and name in (saved := json.loads(path.read_text())):
+        values[step] = saved[name]
+    if not values:
+      return None
+    return (min if mode == "min" else max)(values, key=values.get)
 
-  def save(self, step: int, state, data_state: dict, meta: dict, val_loss: float | None = None,
+  def save(self, step: int, state, data_state: dict, meta: dict, metrics: dict | None = None,
            force: bool = False) -> None:
+    """`metrics`: the evaluation of this step (those that are finite numbers are kept with it)."""
     ocp = self._ocp
-    metrics = {"val_loss": float(val_loss)} if val_loss is not None else None
+    metrics = {k: float(v) for k, v in (metrics or {}).items()
+               if isinstance(v, (int, float)) and math.isfinite(v)} or None
     with self._writing(step):
       self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                       data=ocp.args.JsonSave(data_state),
@@ -223,6 +236,27 @@ class Checkpointer:
       self.unreadable[step] = f"{type(e).__name__}: {str(e)[:200]}"
       self.check_step(step)  # raises, naming it
     return restored["params"]
+
+  def average_params(self, steps: list[int], abstract_params):
+    """The element-wise mean of the params of checkpoints `steps` (checkpoint averaging, as in the
+    paper's section 6.1: the last 5 or 20 checkpoints), read one at a time."""
+    if not steps:
+      raise CheckpointError(f"no checkpoints to average in {self.directory}")
+    total = None
+    for step in steps:
+      params = self.restore_params(step, abstract_params)
+      total = params if total is None else jax.tree.map(lambda a, b: a + b, total, params)
+    return jax.tree.map(lambda a: (a / len(steps)).astype(a.dtype), total)
+
+  def steps_to_average(self, last: int, count: int) -> list[int]:
+    """The `count` intact steps up to and including `last`, oldest first; an error naming what is
+    kept when there are fewer."""
+    steps = [s for s in self.steps() if s <= last][-count:]
+    if len(steps) < count:
+      raise CheckpointError(f"averaging {count} checkpoints up to step {last} needs {count}, but {self.directory} "
+                            f"keeps {steps or 'none'} up to it; average fewer, or train with a larger "
+                            f"--config.keep_checkpoints")
+    return steps
 
   def wait(self) -> None:
     if self.manager is not None:

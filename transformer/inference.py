@@ -32,6 +32,7 @@ class Trained:
   mesh: jax.sharding.Mesh
   step: int
   run: RunConfig
+  averaged: tuple[int, ...] = ()  # the steps whose params were averaged into `params`, if any
 
   @property
   def model(self):
@@ -63,12 +64,13 @@ def _on_this_machine(run: RunConfig, tokenizer, labels=None):
     return fitted, task, mesh, abstract
 
 
-def restore(workdir: str | Path, step: str | int = "latest", task: str | None = None) -> Trained:
-  """The params of a workdir's checkpoint `step` ("latest": the newest readable one; "best" by
-  validation loss; or a number), sharded over this machine's devices with the run's logical axis
-  rules (on the run's mesh when it fits them, else data-parallel: any run restores on any
-  machine). `task` (a config.task name), when given, is what the caller can use: another one is an
-  error naming the program that can."""
+def restore(workdir: str | Path, step: str | int = "latest", task: str | None = None, average: int = 1) -> Trained:
+  """The params of a workdir's checkpoint `step` ("latest": the newest readable one; "best" by the
+  task's evaluation metric, e.g. validation loss or dev BLEU; or a number), sharded over this
+  machine's devices with the run's logical axis rules (on the run's mesh when it fits them, else
+  data-parallel: any run restores on any machine). `average` > 1: the mean of the params of that
+  many checkpoints, up to and including `step`. `task` (a config.task name), when given, is what
+  the caller can use: another one is an error naming the program that can."""
   workdir = Path(workdir)
   files = {"config": workdir / workdir_files.CONFIG, "tokenizer": workdir / workdir_files.TOKENIZER,
            "checkpoints": workdir / workdir_files.CHECKPOINTS}
@@ -82,8 +84,13 @@ def restore(workdir: str | Path, step: str | int = "latest", task: str | None = 
                           f"{tasks.get(run.task).program}")
   run, trained_task, mesh, abstract = _on_this_machine(run, load_tokenizer(files["tokenizer"]),
                                                        workdir_files.saved_labels(workdir))
-  chosen, params = _restore_params(checkpoints.Checkpointer(files["checkpoints"], read_only=True), step, abstract)
-  return Trained(trained_task, params, trained_task.tokenizer, mesh, chosen, run)
+  ckpt = checkpoints.Checkpointer(files["checkpoints"], read_only=True, best=tasks.get(run.task).best_metric)
+  chosen, params = _restore_params(ckpt, step, abstract)
+  if average <= 1:
+    return Trained(trained_task, params, trained_task.tokenizer, mesh, chosen, run)
+  steps = ckpt.steps_to_average(chosen, average)
+  return Trained(trained_task, ckpt.average_params(steps, abstract), trained_task.tokenizer, mesh, chosen, run,
+                 averaged=tuple(steps))
 
 
 def _restore_params(ckpt: checkpoints.Checkpointer, step: str | int, abstract) -> tuple[int, Any]:
@@ -102,7 +109,7 @@ def _restore_params(ckpt: checkpoints.Checkpointer, step: str | int, abstract) -
   if step == "best":
     chosen = ckpt.best_step()
     if chosen is None:
-      raise CheckpointError(f"no checkpoint with a validation loss in {ckpt.directory}; train longer or pass --step")
+      raise CheckpointError(f"no checkpoint with a {ckpt.best[0]} in {ckpt.directory}; train longer or pass --step")
   elif str(step).isdigit():
     chosen = int(step)
   else:

@@ -100,14 +100,17 @@ def last_per_step(records: list[dict], key: str) -> dict[int, float]:
   return {r["step"]: r[key] for r in records if key in r}
 
 
-def plot_losses(jsonl: Path, png: Path, title: str = "") -> Path:
+def plot_losses(jsonl: Path, png: Path, title: str = "", curves: tuple[str, ...] = ()) -> Path:
+  """Train and validation loss by step; beside them, each evaluation metric in `curves` (e.g. dev
+  BLEU) by minutes of training (`train_time_s`: steps and compiles, not evaluations)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   records = read_jsonl(jsonl)
   train = sorted(last_per_step(records, "loss").items())
   val = sorted(last_per_step(records, "val_loss").items())
-  fig, ax = plt.subplots(figsize=(7, 4))
+  fig, axes = plt.subplots(1, 2 if curves else 1, figsize=(12 if curves else 7, 4), squeeze=False)
+  ax = axes[0, 0]
   if train:
     ax.plot(*zip(*train), label="train loss", lw=1)
   if val:
@@ -117,6 +120,17 @@ def plot_losses(jsonl: Path, png: Path, title: str = "") -> Path:
   ax.set_title(title)
   ax.grid(alpha=0.3)
   ax.legend()
+  if curves:
+    ax = axes[0, 1]
+    minutes = last_per_step(records, "train_time_s")
+    for key in curves:
+      points = sorted((minutes[step] / 60, v) for step, v in last_per_step(records, key).items() if step in minutes)
+      if points:
+        ax.plot(*zip(*points), "o-", label=key)
+    ax.set_xlabel("minutes of training")
+    ax.set_title(f"{', '.join(curves)} over training time")
+    ax.grid(alpha=0.3)
+    ax.legend()
   fig.tight_layout()
   fig.savefig(png, dpi=100)
   plt.close(fig)

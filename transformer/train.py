@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import math
 import signal
 import time
 from pathlib import Path
@@ -306,14 +305,16 @@ def _train(config: RunConfig, workdir: Path, lead: bool) -> dict:
       print(f"resuming with changes: {'; '.join(changes)}")
 
   ckpt = checkpoints.Checkpointer(workdir / workdir_files.CHECKPOINTS, keep=loop.keep_checkpoints,
-                                  async_save=loop.async_checkpointing)
+                                  async_save=loop.async_checkpointing, best=task.best_metric)
   train_batches = task.train_batches()
   start_step, tokens_seen, evaluated = 0, 0, True
+  train_seconds = 0.0  # training time so far, all launches: steps and compiles, not evaluations
   restored = ckpt.restore_latest(abstract_state(run))
   if restored is not None:
     _, state, data_state, meta = restored
     train_batches.set_state(data_state)
     tokens_seen, evaluated = int(meta.get("tokens_seen", 0)), meta.get("evaluated", True)
+    train_seconds = float(meta.get("train_seconds", 0.0))
     start_step = int(state.step)
     print(f"resumed from {ckpt.directory} at step {start_step}")
   else:
@@ -349,7 +350,7 @@ def _train(config: RunConfig, workdir: Path, lead: bool) -> dict:
       writer.write(step, {"event": "evaluation interrupted by SIGTERM"})
       logging.warning("SIGTERM during the evaluation of step %d: abandoned it (the next launch redoes it)", step)
       return False
-    writer.write(step, last_eval)
+    writer.write(step, {**last_eval, "train_time_s": train_seconds})
     bar.write(f"step {step}: {task.describe(last_eval)}")
     return True
 
@@ -374,10 +375,12 @@ def _train(config: RunConfig, workdir: Path, lead: bool) -> dict:
           guard.check()  # waits for the step: timings are real
           step_metrics = jax.device_get(step_metrics)
           elapsed = time.perf_counter() - t_last
+          train_seconds += elapsed
           tps = tokens_since / elapsed
           util = metrics.mfu(tps, flops_token, jax.devices())
           record = {**{k: float(v) for k, v in step_metrics.items() if k != "finite"}, "tokens_per_s": tps,
-                    "step_time_s": elapsed / steps_since, "mfu": util, "train_step_compiles": len(batch_shapes)}
+                    "step_time_s": elapsed / steps_since, "mfu": util, "train_step_compiles": len(batch_shapes),
+                    "train_time_s": train_seconds}
           writer.write(done, record)
           bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{tps:,.0f}",
                           mfu="n/a" if util is None else f"{util:.1%}")
@@ -391,18 +394,19 @@ def _train(config: RunConfig, workdir: Path, lead: bool) -> dict:
           t_last = time.perf_counter()  # evaluation time is not training time
         if done % loop.checkpoint_every_steps == 0 or done == steps or preemption.requested:
           guard.check()  # never save after a step whose flag was not read
-          val_loss = last_eval.get("val_loss") if is_eval and evaluated else None
           ckpt.save(done, state, train_batches.get_state(),
-                    {"tokens_seen": tokens_seen, "task": task.name, "evaluated": evaluated},
-                    val_loss=val_loss if val_loss is not None and math.isfinite(val_loss) else None,
-                    force=preemption.requested)
+                    {"tokens_seen": tokens_seen, "task": task.name, "evaluated": evaluated,
+                     "train_seconds": train_seconds},
+                    metrics=last_eval if is_eval and evaluated else None, force=preemption.requested)
         if preemption.requested:
           ckpt.wait()
           logging.warning("stopped at step %d after SIGTERM; checkpoint saved", done)
           return {"step": done, "preempted": True, **last_eval}
       bar.close()
       if lead:
-        metrics.plot_losses(workdir / "metrics.jsonl", workdir / "loss.png", title=f"{workdir.name} ({task.name})")
+        metrics.plot_losses(workdir / "metrics.jsonl", workdir / "loss.png", title=f"{workdir.name} ({task.name})",
+                            curves=task.curves)
+      ckpt.wait()  # the final checkpoint is on disk: a task may read it (checkpoint averaging)
       final = task.finish(state.params, workdir)  # e.g. a sample; test BLEU
       if final:
         writer.write(steps, {k: v for k, v in final.items() if not isinstance(v, str)})

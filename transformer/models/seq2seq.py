@@ -41,6 +41,9 @@ class Seq2SeqConfig:
   d_mlp: int = 2048
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.0  # needs attention="einsum"
+  # Training drops whole source tokens (their embedding is zeroed; position kept) at this rate: word
+  # dropout (Gal & Ghahramani 2016), which Sennrich & Zhang (2019) find helps low-resource NMT.
+  source_word_dropout: float = 0.0
   layer_norm_epsilon: float = 1e-6
   pre_layer_norm: bool = False  # False: the paper's post-LN; True: pre-LN (easier to train deep)
   share_embeddings: bool = True  # one embedding for source and target (a joint vocabulary)
@@ -69,6 +72,8 @@ class Seq2SeqConfig:
   def check(self) -> "Seq2SeqConfig":
     """Raises ConfigError naming the field for values that cannot work; returns self."""
     layers.check_model_config(self, positive=("vocab_size", "max_len", "num_layers"))
+    if not 0.0 <= self.source_word_dropout < 1.0:
+      raise ConfigError(f"source_word_dropout must be in [0, 1), got {self.source_word_dropout}")
     return self
 
 
@@ -100,10 +105,14 @@ class Embed(nn.Module):
                               nn.initializers.normal(cfg.d_model ** -0.5), ("vocab", "embed")))
     self.dropout = nn.Dropout(cfg.dropout_rate)
 
-  def __call__(self, tokens_BxT, positions_BxT, deterministic: bool):
+  def __call__(self, tokens_BxT, positions_BxT, deterministic: bool, word_dropout: float = 0.0):
     cfg = self.config
     pe_LxD = jnp.asarray(layers.sinusoidal_positions(cfg.max_len, cfg.d_model), jnp.dtype(cfg.dtype))
-    x_BxTxD = self.table(tokens_BxT) * math.sqrt(cfg.d_model) + pe_LxD[positions_BxT]
+    tokens_BxTxD = self.table(tokens_BxT)
+    if word_dropout and not deterministic:
+      keep_BxT = jax.random.bernoulli(self.make_rng("dropout"), 1.0 - word_dropout, tokens_BxT.shape)
+      tokens_BxTxD = jnp.where(keep_BxT[..., None], tokens_BxTxD, 0)
+    x_BxTxD = tokens_BxTxD * math.sqrt(cfg.d_model) + pe_LxD[positions_BxT]
     return nn.with_logical_constraint(self.dropout(x_BxTxD, deterministic=deterministic), ("batch", "length", "embed"))
 
   def attend(self, x_BxTxD):
@@ -141,7 +150,7 @@ class Transformer(nn.Module):
     # Right padding: without segments a sentence's positions are its indices.
     positions_BxS = (jnp.arange(S)[None] if source_segments_BxS is None
                      else layers.segment_positions(None, source_segments_BxS))
-    x_BxSxD = self.source_embed(source_BxS, positions_BxS, deterministic)
+    x_BxSxD = self.source_embed(source_BxS, positions_BxS, deterministic, self.config.source_word_dropout)
     self.sow("intermediates", "encoder_embeddings", x_BxSxD)  # the residual stream's start, when probing
     mask_BxSxS = layers.self_attention_mask(valid_BxS, source_segments_BxS, causal=False)
     x_BxSxD = self.encoder(x_BxSxD, mask_BxSxS, positions=(positions_BxS, positions_BxS), deterministic=deterministic)

@@ -48,6 +48,11 @@ class Task(abc.ABC):
   families: ClassVar[tuple[str, ...]]
   data_kind: ClassVar[str]  # what config.data is prepared as: "text" | "pairs" | ... (transformer.data)
   program: ClassVar[str]  # the launch program that uses a trained model, e.g. "launch.sample"
+  # The evaluation metric that picks the best checkpoint (kept beside the last ones; `--step=best`),
+  # and whether "min" or "max" is best.
+  best_metric: ClassVar[tuple[str, str]] = ("val_loss", "min")
+  # Evaluation metrics drawn by minutes of training beside the losses (loss.png), e.g. ("dev_bleu",).
+  curves: ClassVar[tuple[str, ...]] = ()
 
   def __init__(self, run: RunConfig, tokenizer, mesh: jax.sharding.Mesh, data=None,
                labels: tuple[str, ...] | None = None):

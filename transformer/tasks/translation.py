@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from transformer import metrics
+from transformer import checkpoints, metrics
+from transformer import workdir as workdir_files
 from transformer.config import RunConfig, at, check_positive
 from transformer.data import pipeline
 from transformer.data.prepare import LEXICON
@@ -29,6 +30,9 @@ class EvalConfig:
   beam_size: int = 4  # the paper's beam and length penalty for the final test score
   alpha: float = 0.6
   decode_batch_size: int = 64
+  # The test score is of the mean of the params of the last `average_last` checkpoints (the paper
+  # averages the last 5); 1: of the final params alone.
+  average_last: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +56,10 @@ class TranslationConfig:
     if self.batching not in pipeline.BATCHING:
       raise ConfigError(f"--config.data.batching={self.batching!r} is unknown; choose one of "
                         f"{', '.join(pipeline.BATCHING)}")
-    check_positive(self.eval, ("decode_batch_size", "beam_size"), prefix="eval.")
+    check_positive(self.eval, ("decode_batch_size", "beam_size", "average_last"), prefix="eval.")
+    if self.eval.average_last > run.loop.keep_checkpoints:
+      raise ConfigError(f"--config.eval.average_last={self.eval.average_last} averages more checkpoints than "
+                        f"--config.keep_checkpoints={run.loop.keep_checkpoints} keeps; raise keep_checkpoints")
     if self.max_len > run.model.max_len:
       raise ConfigError(f"--config.data.max_len={self.max_len} is longer than --config.model.max_len="
                         f"{run.model.max_len}; lower the one or raise the other")
@@ -95,6 +102,8 @@ class Translation(Task):
   families = ("transformer",)
   data_kind = "pairs"
   program = "launch.translate"
+  best_metric = ("dev_bleu", "max")  # what a reader sees, rather than the loss
+  curves = ("dev_bleu", "dev_chrf")
 
   @classmethod
   def check_source(cls, run: RunConfig, source) -> None:
@@ -210,26 +219,37 @@ class Translation(Task):
     return {**metrics.corpus_scores(hyp_text, ref_text), "hypotheses": hyp_text, "references": ref_text}
 
   def finish(self, params, workdir: Path) -> dict:
-    """Greedy and beam-search BLEU/chrF on the test split, printed as a table; the translations go to
-    test_translations.tsv (source, reference, greedy, beam)."""
+    """Greedy and beam-search BLEU/chrF on the test split, printed as a table, of the final params or
+    (eval.average_last > 1) the mean of the last checkpoints', beside the final params' greedy score;
+    the translations go to test_translations.tsv (source, reference, greedy, beam)."""
     pairs = self._pairs["test"]
     if not pairs:
       return {}
-    beam = self.config.eval.beam_size
+    beam, average = self.config.eval.beam_size, self.config.eval.average_last
+    result, rows = {}, []
+    if average > 1:
+      last = self.score(params, pairs, beam_size=1)
+      result.update(test_bleu_greedy_last=last["bleu"], test_chrf_greedy_last=last["chrf"])
+      rows.append(("greedy, final params", last))
+      ckpt = checkpoints.Checkpointer(workdir / workdir_files.CHECKPOINTS, read_only=True)
+      steps = ckpt.steps_to_average(ckpt.latest_step(), average)
+      abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params)
+      params = ckpt.average_params(steps, abstract)
+      print(f"test scores of the mean of the params of steps {steps}")
     greedy = self.score(params, pairs, beam_size=1)
     searched = self.score(params, pairs, beam_size=beam)
-    result = {"test_bleu_greedy": greedy["bleu"], "test_chrf_greedy": greedy["chrf"],
-              f"test_bleu_beam{beam}": searched["bleu"], f"test_chrf_beam{beam}": searched["chrf"]}
+    result.update({"test_bleu_greedy": greedy["bleu"], "test_chrf_greedy": greedy["chrf"],
+                   f"test_bleu_beam{beam}": searched["bleu"], f"test_chrf_beam{beam}": searched["chrf"]})
+    alpha = self.config.eval.alpha
+    averaged = f", mean of {average}" if average > 1 else ""
+    rows += [(f"greedy{averaged}", greedy), (f"beam {beam}, alpha {alpha:g}{averaged}", searched)]
     if jax.process_index() == 0:
       sources = [self.tokenizer.decode(s) for s, _ in pairs]
       rows = zip(sources, greedy["references"], greedy["hypotheses"], searched["hypotheses"])
       one_line = lambda text: " ".join(text.split())  # a tab or newline in a translation would break the TSV
       (workdir / "test_translations.tsv").write_text(
           "source\treference\tgreedy\tbeam\n" + "".join("\t".join(map(one_line, r)) + "\n" for r in rows))
-      alpha = self.config.eval.alpha
+      table = "".join(f"  {name:<28}{r['bleu']:6.2f}  {r['chrf']:6.2f}\n" for name, r in rows)
       print(f"\ntest split, {len(pairs)} pairs ({self.direction}), sacreBLEU {greedy['bleu_signature']}:\n"
-            f"  decoding              BLEU    chrF\n"
-            f"  greedy              {greedy['bleu']:6.2f}  {greedy['chrf']:6.2f}\n"
-            f"  beam {beam}, alpha {alpha:<4}  {searched['bleu']:6.2f}  {searched['chrf']:6.2f}\n"
-            f"translations: {workdir / 'test_translations.tsv'}")
+            f"  {'decoding':<28}  BLEU    chrF\n{table}translations: {workdir / 'test_translations.tsv'}")
     return result
