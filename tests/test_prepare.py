@@ -107,6 +107,73 @@ def test_ding_pairs_are_sentences(tmp_path):
   assert de[0].isupper() and en[0].isupper() and de[-1] in ".!?" and en[-1] in ".!?"
 
 
+DING_LINES = [  # lines of the Ding dictionary as the file has them
+    "Herzgeschwulst {f} [med.] | Herzgeschwulste {pl} :: cardiac tumour | cardiac tumours",
+    "Herzindex {m} /HI/ [med.] :: cardiac index /CI/",
+    "je; jemals {adv} | mehr als je zuvor; mehr als jemals davor [geh.] | Siehst du ihn jemals? | Man sieht sie "
+    "kaum je ohne. :: ever | more than ever; more than ever before | Do you ever see him? | You hardly ever see "
+    "her without it.",
+    "je {conj} … desto; je … umso | je eher, desto besser :: the … the | the sooner the better",
+    "# comment :: line",
+]
+
+
+def test_the_ding_lexicon_is_its_words_and_phrases_not_its_sentences():
+  lexicon = [sources.parse_ding_lexicon_line(line, None, i) for i, line in enumerate(DING_LINES)]
+  assert lexicon == [
+      [("Herzgeschwulst", "cardiac tumour"), ("Herzgeschwulste", "cardiac tumours")],
+      [("Herzindex", "cardiac index")],
+      # synonyms: position by position when both sides have as many; the sentences are left out
+      [("je", "ever"), ("jemals", "ever"), ("mehr als je zuvor", "more than ever"),
+       ("mehr als jemals davor", "more than ever before")],
+      [("je eher, desto besser", "the sooner the better")],  # "je … desto" is a pattern, not a phrase
+      None]
+  sentences = [sources.parse_ding_line(line, None, i) for i, line in enumerate(DING_LINES)]
+  assert sentences[2] == [("Siehst du ihn jemals?", "Do you ever see him?"),
+                          ("Man sieht sie kaum je ohne.", "You hardly ever see her without it.")]
+
+
+def test_a_lexicon_is_for_training_only_once_each_and_never_repeats_a_held_out_sentence(tmp_path):
+  pairs = [(f"Satz Nummer {i}.", f"Sentence number {i}.") for i in range(300)]
+  tsv = tmp_path / "pairs.tsv"
+  tsv.write_text("".join(f"{a}\t{b}\n" for a, b in pairs))
+  options = PrepareOptions(tokenizer="bpe", vocab_size=300, validation_fraction=0.1, test_fraction=0.1)
+  source = data.file_source([tsv], "pairs")
+  plain = data.load_prepared(data.prepare(source, tmp_path / "plain", options, progress=False).parent)
+  held_out = {plain.tokenizer.decode(ids) for split in ("validation", "test") for ids in _pair_texts(plain, split)}
+  # The lexicon repeats a hundred sentence pairs (one in other case and spacing), holds a pair twice,
+  # and has a pair whose one side is a held-out sentence.
+  words = [("Satz", "sentence"), ("Nummer", "number"), ("Satz", "sentence"), ("ein Wort", sorted(held_out)[0])]
+  lexicon_tsv = tmp_path / "lexicon.tsv"
+  lexicon_tsv.write_text("".join(f"{a}\t{b}\n" for a, b in pairs[:100] + words)
+                         + "satz  NUMMER 1.\tsentence number 1.\n")
+  lexicon = data.lexicon_source(str(lexicon_tsv), source)
+  out = data.default_dir(source, options, tmp_path, lexicon)
+  assert out.name == "pairs-bpe300+lexicon-lexicon"
+  data.prepare(source, out, options, lexicon=lexicon, progress=False)
+  ds = data.load_prepared(out)
+  counts = ds.manifest["splits"]
+  for split in ("train", "validation", "test"):  # the sentence pairs' split is the same with a lexicon
+    np.testing.assert_array_equal(ds.index(split)[:, 0], plain.index(split)[:, 0])
+  assert counts["lexicon"]["records"] == 2 and counts["lexicon"]["duplicates"] == 102
+  assert counts["lexicon"]["held_out"] == 1
+  assert {ds.tokenizer.decode(ids) for ids in _pair_texts(ds, "lexicon")} == {"Satz", "sentence", "Nummer", "number"}
+  with pytest.raises(DataError, match="has no dictionary entries of its own; give --config.data.lexicon a TSV"):
+    data.lexicon_source("dictionary", source)
+  assert data.lexicon_source("dictionary", data.named_source("ding_de_en")).name == "ding_de_en-dictionary"
+  with pytest.raises(DataError, match="a lexicon adds training pairs for translation; shakespeare holds text"):
+    data.lexicon_source(str(lexicon_tsv), data.named_source("shakespeare"))
+  with pytest.raises(DataError, match="was prepared without a lexicon"):
+    plain.tokens("lexicon", "src")
+
+
+def _pair_texts(prepared, split):
+  """Both sides' token ids of every pair of a split."""
+  columns = [prepared.tokens(split, c) for c in ("src", "tgt")]
+  for _, s0, s1, t0, t1 in prepared.index(split):
+    yield from (columns[0][s0:s1], columns[1][t0:t1])
+
+
 @pytest.mark.parametrize("content,message", [
     (b"", r"bad\.txt: the file is empty"),
     (b"  \n\n \t\n", r"bad\.txt: the file holds only whitespace"),

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import run_module
 from experiments import translation as translation_experiment
-from transformer import inference, metrics, optim, tokenizers, train
+from transformer import checkpoints, inference, metrics, optim, tokenizers, train
 from transformer.config import resolve
 from transformer.generation import beam_search
 from transformer.data import pipeline
@@ -160,18 +160,23 @@ def _pairs_tsv(path):
   lines = [f"Ich habe {words[i % 10]} {['Katzen', 'Hunde'][i // 10 % 2]} gesehen.\t"
            f"I saw {english[i % 10]} {['cats', 'dogs'][i // 10 % 2]}. ({i})" for i in range(240)]
   path.write_text("\n".join(lines) + "\n")
+  # A lexicon of the words, for training only (data.lexicon).
+  lexicon = [*zip(words, english), ("Katzen", "cats"), ("Hunde", "dogs"), ("gesehen", "seen")]
+  (path.parent / "lexicon.tsv").write_text("".join(f"{de}\t{en}\n" for de, en in lexicon))
   return path
 
 
 # The tiny preset on a TSV, character-level. Every length bucket's batch size (batch_tokens /
 # bucket length) is a multiple of 4, so 1 and 4 data-parallel devices see the same batches.
 OVERRIDES = {"data.tokenizer": "char", "data.direction": "", "data.validation_fraction": 0.1,
-             "data.test_fraction": 0.1, "data.max_len": 48, "model.max_len": 48, "batch_tokens": 1920}
+             "data.test_fraction": 0.1, "data.max_len": 48, "model.max_len": 48, "batch_tokens": 1920,
+             "lexicon_share": 0.2, "eval.average_last": 2, "model.source_word_dropout": 0.1}
 
 
 def _config(tsv, data_root, **changes):
   c = translation_experiment.get_config("tiny")
   c.data.input_files = (str(tsv),)
+  c.data.lexicon = str(tsv.parent / "lexicon.tsv")
   c.data.root = str(data_root)
   for key, value in {**OVERRIDES, **changes}.items():
     section, _, field = key.rpartition(".")
@@ -195,6 +200,12 @@ def test_training_writes_dev_and_test_scores(trained):
   assert all(0 <= r["dev_bleu"] <= 100 and 0 <= r["dev_chrf"] <= 100 and np.isfinite(r["val_loss"]) for r in dev)
   final = [r for r in records if "test_bleu_greedy" in r]
   assert len(final) == 1 and {"test_chrf_greedy", "test_bleu_beam2", "test_chrf_beam2"} <= set(final[0])
+  assert "test_bleu_greedy_last" in final[0]  # the final params, beside the average of steps 10 and 20
+  assert all(r["train_time_s"] > 0 for r in dev) and dev[0]["train_time_s"] < dev[1]["train_time_s"]
+  assert (root / "w" / "loss.png").stat().st_size > 10_000  # losses, and dev BLEU and chrF by minutes
+  # The best checkpoint is the one of the highest dev BLEU.
+  ckpt = checkpoints.Checkpointer(root / "w" / "checkpoints", read_only=True, best=("dev_bleu", "max"))
+  assert ckpt.best_step() == max(dev, key=lambda r: r["dev_bleu"])["step"]
   assert result["test_bleu_beam2"] == final[0]["test_bleu_beam2"]
   rows = (root / "w" / "test_translations.tsv").read_text().splitlines()
   assert rows[0] == "source\treference\tgreedy\tbeam" and len(rows) > 5
@@ -232,6 +243,15 @@ def test_launch_translate_from_flags_stdin_and_file(trained, tmp_path):
   expected = beam_search.translate_texts(restored.model, restored.params, restored.tokenizer, sentences, beam_size=2,
                                        mesh=restored.mesh, rules=restored.rules)
   assert by_flag.stdout.splitlines() == expected
+  # The mean of the last two checkpoints' params.
+  averaged = run_module("launch.translate", *common, "--average=2", *[f"--sentence={s}" for s in sentences])
+  assert averaged.returncode == 0 and "steps [10, 20] averaged" in averaged.stderr, averaged.stderr
+  mean = inference.restore(workdir, task="translation", average=2)
+  ends = [inference.restore(workdir, step, task="translation").params for step in (10, 20)]
+  jax.tree.map(lambda m, a, b: np.testing.assert_allclose(m, (a + b) / 2, rtol=1e-6), mean.params, *ends)
+  expected = beam_search.translate_texts(mean.model, mean.params, mean.tokenizer, sentences, beam_size=2,
+                                         mesh=mean.mesh, rules=mean.rules)
+  assert averaged.stdout.splitlines() == expected
 
 
 @pytest.mark.parametrize("args,message", [
@@ -258,6 +278,10 @@ def test_workdirs_of_the_other_task_are_refused_by_name(trained):
                                   "'target-source'"),
     ({"label_smoothing": 1.0}, r"--config.label_smoothing must be in \[0, 1\)"),
     ({"batch_tokens": 16}, "--config.batch_tokens=16 cannot hold one pair of --config.data.max_len=48"),
+    ({"eval.average_last": 4}, "--config.eval.average_last=4 averages more checkpoints than "
+                               "--config.keep_checkpoints=3 keeps"),
+    ({"lexicon_share": 1.0}, r"--config.lexicon_share must be in \[0, 1\)"),
+    ({"data.lexicon": "dictionary"}, "has no dictionary entries of its own"),
     ({"task": "parsing"}, "--config.task='parsing' is unknown; choose one of lm, translation, classification, "
                           "tagging"),
 ])
@@ -274,6 +298,7 @@ def test_eight_devices_give_the_same_losses(trained, tmp_path):
   flags = [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
   proc = run_module("launch.train", "--config=experiments/translation.py:tiny", f"--workdir={tmp_path}",
                     f"--config.data.input_files={tsv}", f"--config.data.root={root / 'data'}", *flags,
+                    f"--config.data.lexicon={tsv.parent / 'lexicon.tsv'}",
                     "--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2",
                     env={"JAX_NUM_CPU_DEVICES": "8"})
   assert proc.returncode == 0, proc.stderr

@@ -85,3 +85,48 @@ def test_packed_batches_have_one_shape_and_hold_every_pair_once(prepared):
   assert sorted(found) == sorted((tuple(s), tuple(t)) for s, t in pairs)
   # Dense: the 200 short pairs fill few rows.
   assert len(batches) * 8 < len(pairs) / 2
+
+
+def _packed_pairs(batch):
+  """The (source, target) token tuples of a packed batch."""
+  found = []
+  for row in range(batch["source"].shape[0]):
+    for segment in range(1, batch["source_segments"][row].max() + 1):
+      src = batch["source"][row][batch["source_segments"][row] == segment]
+      tgt = batch["target_out"][row][batch["target_segments"][row] == segment]
+      found.append((tuple(src), tuple(tgt[:-1])))
+  return found
+
+
+def test_lexicon_pairs_join_each_epoch_in_turn_and_resume_exactly(prepared):
+  pairs, _ = pipeline.translation_pairs(prepared, "train", direction="src-tgt", max_len=32)
+  sentences, lexicon = pairs[:40], pairs[40:]  # 40 "sentences", the rest a stand-in lexicon
+  make = lambda: pipeline.TranslationBatches(sentences, max_tokens=256, max_len=32, eot_id=prepared.tokenizer.eot_id,
+                                             seed=3, extra=lexicon, extra_per_epoch=50)
+  key = lambda p: (tuple(p[0]), tuple(p[1]))
+  batches = make()
+  epochs = {}
+  while batches.epoch < 4:
+    batch = next(batches)  # (the epoch moves on when its first batch is taken)
+    epochs.setdefault(batches.epoch, []).extend(_packed_pairs(batch))
+  sentence_keys, lexicon_keys = [key(p) for p in sentences], [key(p) for p in lexicon]
+  assert len(set(lexicon_keys)) == len(lexicon) > 75
+  for found in (epochs[e] for e in range(4)):  # every sentence once an epoch, and 50 lexicon pairs
+    assert sorted(f for f in found if f in sentence_keys) == sorted(sentence_keys)
+    assert len(found) == 40 + 50
+  # Every lexicon pair once before any comes again: epochs 0-1 take 100 different ones, 0-2 all of
+  # them (fewer than 150) and a few a second time.
+  seen = {e: [f for f in epochs[e] if f in lexicon_keys] for e in range(3)}
+  assert len(set(seen[0] + seen[1])) == 100 < len(lexicon) < 150
+  assert set(seen[0] + seen[1] + seen[2]) == set(lexicon_keys)
+  # Resuming from a saved position gives the same batches.
+  batches = make()
+  for _ in range(7):
+    next(batches)
+  state = batches.get_state()
+  expected = [next(batches) for _ in range(5)]
+  resumed = make()
+  resumed.set_state(state)
+  for want in expected:
+    got = next(resumed)
+    assert all((got[k] == want[k]).all() for k in want)

@@ -138,6 +138,9 @@ def check_data(workdir: Path, fingerprint: dict | None) -> None:
   now = {f["name"]: f["sha256"] for f in fingerprint["files"]}
   changed = sorted(n for n in was.keys() | now.keys() if was.get(n) != now.get(n))
   detail = ", ".join(f"{n} (sha256 {was.get(n, 'absent')[:12]} then, {now.get(n, 'absent')[:12]} now)" for n in changed)
+  if not detail and saved.get("lexicon") != fingerprint.get("lexicon"):
+    lexicon = lambda f: (f or {}).get("source", "none")
+    detail = f"the lexicon ({lexicon(saved.get('lexicon'))} then, {lexicon(fingerprint.get('lexicon'))} now)"
   raise DataError(f"the training data changed since the run in {workdir} started: {detail or saved.get('source')}; "
                   f"resuming would mix two data sets. Restore the files, or train on them in a new --workdir")
 

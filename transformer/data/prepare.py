@@ -440,8 +440,11 @@ class Prepared:
     """What the source files held, by name, size and sha256. A training run records it: resuming on
     other content is refused (the files may move; their bytes may not change)."""
     request = self.manifest["request"]
-    return {"source": request["source"], "files": [{"name": Path(f["path"]).name, "bytes": f["bytes"],
-                                                    "sha256": f["sha256"]} for f in request["files"]]}
+    files = lambda r: [{"name": Path(f["path"]).name, "bytes": f["bytes"], "sha256": f["sha256"]} for f in r["files"]]
+    fingerprint = {"source": request["source"], "files": files(request)}
+    if "lexicon" in request:
+      fingerprint["lexicon"] = {"source": request["lexicon"]["source"], "files": files(request["lexicon"])}
+    return fingerprint
 
   def index(self, split: str) -> np.ndarray:
     self._check_split(split)
