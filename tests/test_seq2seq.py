@@ -90,6 +90,22 @@ def test_changing_the_source_changes_the_output(params):
   np.testing.assert_allclose(changed[0], base[0], atol=1e-6)  # and per example
 
 
+def test_source_word_dropout_drops_whole_source_tokens_in_training_only(params):
+  model = Transformer(CFG.replace(source_word_dropout=0.5))
+  run = lambda src, deterministic, seed=0: model.apply({"params": params}, src, TGT, source_valid_BxS=VALID,
+                                                       deterministic=deterministic, rngs={"dropout": jax.random.key(seed)})
+  plain = Transformer(CFG).apply({"params": params}, SRC, TGT, source_valid_BxS=VALID)
+  np.testing.assert_array_equal(run(SRC, True), plain)  # evaluation and decoding: no dropout
+  assert not np.allclose(run(SRC, False), plain)
+  # A dropped token is gone, whatever it was: with every token dropped the source's ids do not matter.
+  gone = Transformer(CFG.replace(source_word_dropout=0.999999))
+  apply = lambda src: gone.apply({"params": params}, src, TGT, source_valid_BxS=VALID, deterministic=False,
+                                 rngs={"dropout": jax.random.key(1)})
+  np.testing.assert_allclose(apply(SRC), apply(jnp.where(VALID, SRC + 1, 0)), atol=1e-5)
+  with pytest.raises(ConfigError, match=r"source_word_dropout must be in \[0, 1\)"):
+    CFG.replace(source_word_dropout=1.0).check()
+
+
 def test_bad_config_and_lengths():
   with pytest.raises(ConfigError, match="unknown Transformer preset 'transformer_huge'"):
     seq2seq.preset("transformer_huge")
