@@ -170,7 +170,7 @@ def _pairs_tsv(path):
 # bucket length) is a multiple of 4, so 1 and 4 data-parallel devices see the same batches.
 OVERRIDES = {"data.tokenizer": "char", "data.direction": "", "data.validation_fraction": 0.1,
              "data.test_fraction": 0.1, "data.max_len": 48, "model.max_len": 48, "batch_tokens": 1920,
-             "lexicon_share": 0.2, "eval.average_last": 2, "model.source_word_dropout": 0.1}
+             "lexicon_share": 0.2, "eval.average_last": 2}
 
 
 def _config(tsv, data_root, **changes):

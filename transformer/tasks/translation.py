@@ -232,7 +232,8 @@ class Translation(Task):
       result.update(test_bleu_greedy_last=last["bleu"], test_chrf_greedy_last=last["chrf"])
       rows.append(("greedy, final params", last))
       ckpt = checkpoints.Checkpointer(workdir / workdir_files.CHECKPOINTS, read_only=True)
-      steps = ckpt.steps_to_average(ckpt.latest_step(), average)
+      steps = ckpt.steps()[-average:]  # a short run may have saved fewer
+      average = len(steps)
       abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params)
       params = ckpt.average_params(steps, abstract)
       print(f"test scores of the mean of the params of steps {steps}")
