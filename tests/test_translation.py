@@ -303,6 +303,8 @@ def test_eight_devices_give_the_same_losses(trained, tmp_path):
                     env={"JAX_NUM_CPU_DEVICES": "8"})
   assert proc.returncode == 0, proc.stderr
   assert "8 x cpu" in proc.stdout
+  # The test table: the final params (greedy) beside the mean of the last two checkpoints.
+  assert "greedy, final params" in proc.stdout and "beam 2, alpha 0.6, mean of 2" in proc.stdout
   one = metrics.read_jsonl(root / "w" / "metrics.jsonl")
   eight = metrics.read_jsonl(tmp_path / "metrics.jsonl")
   for key in ("loss", "val_loss"):

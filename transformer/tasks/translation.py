@@ -226,11 +226,11 @@ class Translation(Task):
     if not pairs:
       return {}
     beam, average = self.config.eval.beam_size, self.config.eval.average_last
-    result, rows = {}, []
+    result, scores = {}, []
     if average > 1:
       last = self.score(params, pairs, beam_size=1)
       result.update(test_bleu_greedy_last=last["bleu"], test_chrf_greedy_last=last["chrf"])
-      rows.append(("greedy, final params", last))
+      scores.append(("greedy, final params", last))
       ckpt = checkpoints.Checkpointer(workdir / workdir_files.CHECKPOINTS, read_only=True)
       steps = ckpt.steps()[-average:]  # a short run may have saved fewer
       average = len(steps)
@@ -243,14 +243,14 @@ class Translation(Task):
                    f"test_bleu_beam{beam}": searched["bleu"], f"test_chrf_beam{beam}": searched["chrf"]})
     alpha = self.config.eval.alpha
     averaged = f", mean of {average}" if average > 1 else ""
-    rows += [(f"greedy{averaged}", greedy), (f"beam {beam}, alpha {alpha:g}{averaged}", searched)]
+    scores += [(f"greedy{averaged}", greedy), (f"beam {beam}, alpha {alpha:g}{averaged}", searched)]
     if jax.process_index() == 0:
       sources = [self.tokenizer.decode(s) for s, _ in pairs]
       rows = zip(sources, greedy["references"], greedy["hypotheses"], searched["hypotheses"])
       one_line = lambda text: " ".join(text.split())  # a tab or newline in a translation would break the TSV
       (workdir / "test_translations.tsv").write_text(
           "source\treference\tgreedy\tbeam\n" + "".join("\t".join(map(one_line, r)) + "\n" for r in rows))
-      table = "".join(f"  {name:<28}{r['bleu']:6.2f}  {r['chrf']:6.2f}\n" for name, r in rows)
+      table = "".join(f"  {name:<28}{r['bleu']:6.2f}  {r['chrf']:6.2f}\n" for name, r in scores)
       print(f"\ntest split, {len(pairs)} pairs ({self.direction}), sacreBLEU {greedy['bleu_signature']}:\n"
             f"  {'decoding':<28}  BLEU    chrF\n{table}translations: {workdir / 'test_translations.tsv'}")
     return result
