@@ -153,8 +153,9 @@ def test_a_lexicon_is_for_training_only_once_each_and_never_repeats_a_held_out_s
   data.prepare(source, out, options, lexicon=lexicon, progress=False)
   ds = data.load_prepared(out)
   counts = ds.manifest["splits"]
-  for split in ("train", "validation", "test"):  # the sentence pairs' split is the same with a lexicon
-    np.testing.assert_array_equal(ds.index(split)[:, 0], plain.index(split)[:, 0])
+  for split in ("train", "validation", "test"):  # the sentence pairs' split and tokens are as without it
+    np.testing.assert_array_equal(ds.index(split), plain.index(split))
+    np.testing.assert_array_equal(ds.tokens(split, "src"), plain.tokens(split, "src"))
   assert counts["lexicon"]["records"] == 2 and counts["lexicon"]["duplicates"] == 102
   assert counts["lexicon"]["held_out"] == 1
   assert {ds.tokenizer.decode(ids) for ids in _pair_texts(ds, "lexicon")} == {"Satz", "sentence", "Nummer", "number"}

@@ -173,10 +173,11 @@ def _texts(source: Source, rec: tuple) -> list[str]:
   return list(rec)
 
 
-def _corpus(source: Source, options: PrepareOptions, lexicon: Source | None) -> Iterator[str]:
+def _corpus(source: Source, options: PrepareOptions) -> Iterator[str]:
   """The text a tokenizer is built from: all of the source for characters and BPE (so that no
   character is missing), the training split only for words (so that dev and test measure unseen
-  words as <|unk|>, as they would be met); and the lexicon's pairs (training data)."""
+  words as <|unk|>, as they would be met). Never a lexicon: it adds training pairs, and leaves the
+  sentences' tokens (and which of them fit max_len) as they are without it."""
   train_only = options.tokenizer == "word"
   if source.kind == "text":
     for doc, piece, text, _, _ in _text_pieces(source, options.piece_chars):
@@ -186,12 +187,9 @@ def _corpus(source: Source, options: PrepareOptions, lexicon: Source | None) -> 
     for split, _, rec in _assigned_records(source, options, counts=None):
       if not train_only or split == 0:
         yield from _texts(source, rec)
-  if lexicon is not None:
-    for _, _, rec in records(lexicon):
-      yield from rec
 
 
-def _build_tokenizer(source: Source, options: PrepareOptions, lexicon: Source | None) -> tokenizers.Tokenizer:
+def _build_tokenizer(source: Source, options: PrepareOptions) -> tokenizers.Tokenizer:
   if options.saved_tokenizer is not None:
     return tokenizers.load_tokenizer(options.saved_tokenizer)
   if options.tokenizer in ("char", "bpe", "word"):
@@ -199,7 +197,7 @@ def _build_tokenizer(source: Source, options: PrepareOptions, lexicon: Source | 
     kw = {"vocab_size": options.vocab_size} if options.tokenizer in ("bpe", "word") else {}
     if options.tokenizer == "word":
       kw["lowercase"] = options.lowercase
-    return tokenizers.get_tokenizer(options.tokenizer, corpus=_corpus(source, options, lexicon), **kw)
+    return tokenizers.get_tokenizer(options.tokenizer, corpus=_corpus(source, options), **kw)
   return tokenizers.get_tokenizer(options.tokenizer)
 
 
@@ -272,7 +270,7 @@ def prepare(source: Source, out_dir: str | os.PathLike, options: PrepareOptions 
   staging.mkdir()
   try:
     start = time.time()
-    tokenizer = _build_tokenizer(source, options, lexicon)
+    tokenizer = _build_tokenizer(source, options)
     tokenizer.save(staging / "tokenizer")
     dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
     counts, dropped, tags = _write_splits(source, options, tokenizer, dtype, staging, progress, lexicon)
