@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import logging as logging_std
+import math
 import os
 import time
 from pathlib import Path
