@@ -22,8 +22,11 @@ def params():
   return _params()
 
 
-def test_cached_decoding_equals_full_forward(params):
-  model = Transformer(CFG)
+@pytest.mark.parametrize("num_decoder_layers", [0, 1])  # 1: a shallower decoder than the encoder (2)
+def test_cached_decoding_equals_full_forward(params, num_decoder_layers):
+  cfg = CFG.replace(num_decoder_layers=num_decoder_layers)
+  params = _params(cfg) if num_decoder_layers else params
+  model = Transformer(cfg)
   full = model.apply({"params": params}, SRC, TGT, source_valid_BxS=VALID)
   encoded = model.apply({"params": params}, SRC, source_valid_BxS=VALID, method="encode")
   cache = beam_search.init_cache(model, *TGT.shape[:1], SRC.shape[1], TGT.shape[1])

@@ -75,12 +75,14 @@ def test_contextual_embeddings(gpt, tokenizer):
 
 
 def test_translation_alignment_rows_are_probabilities_over_the_source(tokenizer):
-  cfg = Seq2SeqConfig(vocab_size=tokenizer.vocab_size, max_len=32, num_layers=2, num_heads=2, d_model=16, d_mlp=32)
+  cfg = Seq2SeqConfig(vocab_size=tokenizer.vocab_size, max_len=32, num_layers=3, num_decoder_layers=2, num_heads=2,
+                      d_model=16, d_mlp=32)
   model = Transformer(cfg)
   params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 4), jnp.int32))["params"])
   inside = probes.look_inside(model, params, tokenizer, "Ich habe keine Zeit.", target="I have no time.")
   S, T = len("Ich habe keine Zeit.") + 1, len("I have no time.") + 1  # <eot> ends the source, starts the target
   assert inside.cross_attention_LxHxTxS.shape == (2, 2, T, S) and len(inside.source_tokens) == S
+  assert inside.encoder_attention_LxHxSxS.shape == (3, 2, S, S) and inside.residual_LxTxD.shape[0] == 2 + 1
   np.testing.assert_allclose(inside.cross_attention_LxHxTxS.sum(-1), 1.0, atol=1e-5)
   assert np.all(np.triu(inside.attention_LxHxTxT, k=1) == 0.0)
   last = model.apply({"params": params}, jnp.asarray(inside.residual_LxTxD[-1:]), method="output_logits")[0]

@@ -27,7 +27,9 @@ def params():
 
 
 @pytest.mark.parametrize("changes", [{}, {"pre_layer_norm": True}, {"share_embeddings": False, "tie_output": False},
-                                     {"attention": "einsum"}, {"scan_layers": True}])
+                                     {"attention": "einsum"}, {"scan_layers": True},
+                                     {"num_layers": 3, "num_decoder_layers": 1},
+                                     {"num_layers": 3, "num_decoder_layers": 1, "scan_layers": True}])
 def test_shapes_and_variants(changes):
   cfg = CFG.replace(**changes)
   params = _params(cfg)
@@ -38,6 +40,9 @@ def test_shapes_and_variants(changes):
   assert any("target_embed" in n for n in names) == (not cfg.share_embeddings)
   assert any("head" in n for n in names) == (not cfg.tie_output)
   assert any("encoder_norm" in n for n in names) == cfg.pre_layer_norm
+  depth = lambda stack: (jax.tree.leaves(params[stack]["layers"])[0].shape[0] if cfg.scan_layers
+                         else sum(k.startswith("layer_") for k in params[stack]))
+  assert (depth("encoder"), depth("decoder")) == (cfg.num_layers, cfg.decoder_layers())
 
 
 class VariantsTest(chex.TestCase):
@@ -104,6 +109,8 @@ def test_source_word_dropout_drops_whole_source_tokens_in_training_only(params):
   np.testing.assert_allclose(apply(SRC), apply(jnp.where(VALID, SRC + 1, 0)), atol=1e-5)
   with pytest.raises(ConfigError, match=r"source_word_dropout must be in \[0, 1\)"):
     CFG.replace(source_word_dropout=1.0).check()
+  with pytest.raises(ConfigError, match="num_decoder_layers must be >= 0"):
+    CFG.replace(num_decoder_layers=-1).check()
 
 
 def test_bad_config_and_lengths():

@@ -53,7 +53,7 @@ class LoopConfig:
   log_every_steps: int = 10
   eval_every_steps: int = 200
   checkpoint_every_steps: int = 200
-  keep_checkpoints: int = 3  # the last 3, plus the best by validation loss
+  keep_checkpoints: int = 3  # the last 3, plus the best (Task.best_metric: val loss; dev BLEU for translation)
   async_checkpointing: bool = True
   # A step whose loss, gradient norm or new params are not finite is never applied. Then "stop"
   # (exit 1, naming the step and its batch; the last good checkpoint stays the latest) or "skip"

@@ -107,14 +107,14 @@ def _look_inside_seq2seq(model: Transformer, params, tokenizer, source: str, tar
   logits, state = model.apply({"params": params}, jnp.asarray([source_ids], jnp.int32),
                               jnp.asarray([target_ids], jnp.int32), mutable=["intermediates"])
   sown = state["intermediates"]
-  n = model.config.num_layers
+  n = model.config.decoder_layers()
   residual = np.concatenate([np.asarray(sown["decoder_embeddings"][0]),
                              _per_layer(sown["decoder"], n, "residual")])
   lens = jax.nn.log_softmax(model.apply({"params": params}, jnp.asarray(residual), method="output_logits"), axis=-1)
   return Inside(token_texts(tokenizer, target_ids), _per_layer(sown["decoder"], n, "attn", "attention"), residual,
                 np.asarray(lens), np.asarray(logits[0]), token_texts(tokenizer, source_ids),
                 _per_layer(sown["decoder"], n, "cross_attn", "attention"),
-                _per_layer(sown["encoder"], n, "attn", "attention"))
+                _per_layer(sown["encoder"], model.config.num_layers, "attn", "attention"))
 
 
 def _check_vocabulary(ids: list[int], vocab_size: int) -> None:

@@ -194,7 +194,8 @@ class Translation(Task):
     # Per target token: 6N, as if each target token came with one source token through the encoder
     # (the weights are split about evenly), plus self-, cross- and encoder attention.
     cfg = self.model_config
-    return metrics.flops_per_token(num_params, 3 * cfg.num_layers, cfg.d_model, self.config.max_len)
+    attention_layers = cfg.num_layers + 2 * cfg.decoder_layers()
+    return metrics.flops_per_token(num_params, attention_layers, cfg.d_model, self.config.max_len)
 
   def evaluate(self, params, eval_fn, batches) -> dict:
     """Dev loss over every dev pair, and greedy BLEU/chrF on the first eval.bleu_sentences of them."""
