@@ -42,7 +42,7 @@ def main(argv):
   options = data.PrepareOptions(tokenizer=_TOKENIZER.value, vocab_size=_VOCAB_SIZE.value,
                                 lowercase=_LOWERCASE.value, seed=_SEED.value, validation_fraction=_VALIDATION.value,
                                 test_fraction=_TEST.value, piece_chars=_PIECE_CHARS.value)
-  lexicon = data.lexicon_source(_LEXICON.value, source) if _LEXICON.value else None
+  lexicon = data.lexicon_source(_LEXICON.value, source)
   out_dir = _OUTPUT_DIR.value or data.default_dir(source, options, lexicon=lexicon)
   data.prepare(source, out_dir, options, lexicon=lexicon, overwrite=_OVERWRITE.value)
   print(show.summary(data.load_prepared(out_dir)))

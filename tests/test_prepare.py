@@ -162,6 +162,7 @@ def test_a_lexicon_is_for_training_only_once_each_and_never_repeats_a_held_out_s
   with pytest.raises(DataError, match="has no dictionary entries of its own; give --config.data.lexicon a TSV"):
     data.lexicon_source("dictionary", source)
   assert data.lexicon_source("dictionary", data.named_source("ding_de_en")).name == "ding_de_en-dictionary"
+  assert data.lexicon_source("", source) is None
   with pytest.raises(DataError, match="a lexicon adds training pairs for translation; shakespeare holds text"):
     data.lexicon_source(str(lexicon_tsv), data.named_source("shakespeare"))
   with pytest.raises(DataError, match="was prepared without a lexicon"):

@@ -181,7 +181,7 @@ class DataConfig:
 
   def prepared(self, source: data.Source) -> data.Prepared:
     """`source` tokenized per these options, prepared now if it has not been."""
-    lexicon = data.lexicon_source(self.lexicon, source) if self.lexicon else None
+    lexicon = data.lexicon_source(self.lexicon, source)
     directory = Path(self.dir) if self.dir else data.default_dir(source, self.options(), self.root, lexicon)
     return data.ensure_prepared(source, directory, self.options(), lexicon)
 

@@ -289,10 +289,13 @@ def file_source(files: list[str | os.PathLike], kind: str = "text", columns=("so
 LEXICON_DICTIONARY = "dictionary"
 
 
-def lexicon_source(lexicon: str, source: Source) -> Source:
+def lexicon_source(lexicon: str, source: Source) -> Source | None:
   """Training-only pairs beside a pairs source (`data.lexicon`): "dictionary", the word and phrase
   entries of the source's own file (ding_de_en has them), or a TSV file of pairs in the source's
-  column order (a bilingual word list, say). They never go to the validation or test split."""
+  column order (a bilingual word list, say); None for "" (no lexicon). They never go to the
+  validation or test split."""
+  if not lexicon:
+    return None
   if source.kind != "pairs":
     raise DataError(f"a lexicon adds training pairs for translation; {source.name} holds {source.kind} records, "
                     f"so leave --config.data.lexicon empty")
