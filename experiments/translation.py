@@ -1,7 +1,7 @@
 """The encoder-decoder Transformer on German–English sentence pairs (the Ding dictionary's example
 sentences, ~19k pairs, from Debian's trans-de-en package), scored with sacreBLEU.
 
-  python -m launch.train --config=experiments/translation.py:cpu  --workdir=workdirs/de-en  # 2 CPU cores, ~11 min
+  python -m launch.train --config=experiments/translation.py:cpu  --workdir=workdirs/de-en  # 2 CPU cores, ~13 min
   python -m launch.train --config=experiments/translation.py:cpu_long --workdir=workdirs/de-en-long  # ~50 min
   python -m launch.train --config=experiments/translation.py:tiny --workdir=/tmp/tiny-mt    # seconds: smoke test
   python -m launch.train --config=experiments/translation.py:base --workdir=workdirs/base   # the paper's base, accelerator
