@@ -1,4 +1,5 @@
 import os
+import shutil
 import subprocess
 import sys
 
@@ -87,6 +88,19 @@ def test_bpe_has_requested_vocab_size_and_saves(bpe, tmp_path, shakespeare_text)
   sample = shakespeare_text[:5000]
   assert loaded.encode(sample) == bpe.encode(sample)
   assert loaded.vocab_size == 1000
+
+
+def test_bpe_saved_again_at_the_same_path_loads_as_the_new_one(bpe, tmp_path, shakespeare_text):
+  # tiktoken caches ranks files by path: data prepared anew into the same directory must not load
+  # the tokenizer that was there before (it decoded every token wrongly).
+  bpe.save(tmp_path / "tok")
+  assert load_tokenizer(tmp_path / "tok").encode("To be, or not to be") == bpe.encode("To be, or not to be")
+  other = get_tokenizer("bpe", corpus=[shakespeare_text[::-1]], vocab_size=1000)
+  shutil.rmtree(tmp_path / "tok")
+  other.save(tmp_path / "tok")
+  ids = other.encode("To be, or not to be")
+  assert ids != bpe.encode("To be, or not to be")
+  assert load_tokenizer(tmp_path / "tok").encode("To be, or not to be") == ids
 
 
 def test_bpe_corpus_too_small_for_vocab():

@@ -397,7 +397,9 @@ def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
     if got != config["ranks_sha256"]:
       raise TokenizerError(f"{ranks_file} has sha256 {got} but {config_path} records "
                            f"{config['ranks_sha256']}: the saved tokenizer was modified")
-    ranks = tiktoken.load.load_tiktoken_bpe(str(ranks_file))
+    # tiktoken caches a ranks file by its path, not its contents: without the hash, a tokenizer saved
+    # again at the same path (data prepared anew) would load as the old one.
+    ranks = tiktoken.load.load_tiktoken_bpe(str(ranks_file), expected_hash=config["ranks_sha256"])
     return _bpe_from_ranks(ranks, config["pattern"], config["special_tokens"], config["name"])
   raise TokenizerError(f"{config_path} has unknown tokenizer kind {kind!r}")
 
