@@ -278,7 +278,7 @@ def _wait_for(predicate, proc, seconds=120):
 
 def test_sigterm_during_evaluation_abandons_it_saves_and_the_next_launch_evaluates_first(tmp_path, data_root,
                                                                                         straight):
-  long_eval = ["--config.eval_batches=4000"]  # an evaluation of several seconds
+  long_eval = ["--config.eval_batches=16000"]  # an evaluation of many seconds: SIGTERM must land inside it
   proc = subprocess.Popen([sys.executable, "-m", "launch.train", *_args(data_root, tmp_path, *long_eval)], cwd=REPO,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   _wait_for(lambda: _logged(tmp_path, 20), proc)
