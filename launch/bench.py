@@ -3,6 +3,9 @@ r"""Benchmarks that print tables (medians of several runs). Speed is measured he
   python -m launch.bench --what=forward --preset=gpt2 --batch_sizes=1,8 --seq_len=1024
   python -m launch.bench --what=generate --preset=gpt2 --batch_sizes=1,64     # new tokens/s, ours only
   python -m launch.bench --what=vs_hf                                         # ours vs HF transformers
+  python -m launch.bench --what=train --preset=gpt2 --vocab_size=50304 --dtype=bfloat16 --attention=cudnn \
+      --seq_len=1024 --batch_sizes=16,32 --remat_policies=none,dots --scan_layers=false,true  # MFU
+  python -m launch.bench --what=profile --preset=gpt2 ...   # the training step's time by XLA op
   python -m launch.bench --what=mechanisms --d_model=128 --context_length=128 --vocab_size=85 \
       --train_batch=32 --seq_len=128                                          # shakespeare.py:char's model
 
@@ -14,7 +17,9 @@ KV cache). The peer runs in a Python 3.11 venv with torch's CPU wheel, created o
 the asset cache ($TRANSFORMER_CACHE/hf-peer-venv) or given by --peer_python.
 """
 
+import collections
 import functools
+from pathlib import Path
 
 import flax.linen as nn
 import jax
@@ -22,18 +27,22 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from transformer import benchmark, cli, layers, optim, train
+from transformer import benchmark, cli, layers, metrics, optim, train
 from transformer.config import OptimizerConfig
 from transformer.generation import sampling
 from transformer.tasks.lm import lm_loss
 from transformer.models import gpt
 
-_WHAT = flags.DEFINE_enum("what", "vs_hf", ["forward", "generate", "vs_hf", "mechanisms"], "Which benchmark.")
+_WHAT = flags.DEFINE_enum("what", "vs_hf", ["forward", "generate", "train", "profile", "profile_generate", "vs_hf",
+                                   "mechanisms"],
+                          "Which benchmark.")
 _PRESET = flags.DEFINE_string("preset", "cpu-small", "GPT preset (random weights).")
 _VOCAB = flags.DEFINE_integer("vocab_size", 50257, "Vocabulary size (GPT-2's by default).")
 _D_MODEL = flags.DEFINE_integer("d_model", 0, "Model width instead of the preset's (0: the preset's).")
 _CONTEXT = flags.DEFINE_integer("context_length", 0, "Context length instead of the preset's (0: the preset's).")
-_BATCH_SIZES = flags.DEFINE_list("batch_sizes", ["1", "8"], "Batch sizes (forward, generate).")
+_BATCH_SIZES = flags.DEFINE_list("batch_sizes", ["1", "8"], "Batch sizes (forward, generate, train).")
+_REMAT = flags.DEFINE_list("remat_policies", ["none"], "--what=train: remat policies to try.")
+_SCAN = flags.DEFINE_list("scan_layers", ["false"], "--what=train: scan_layers values to try.")
 _SEQ_LEN = flags.DEFINE_integer("seq_len", 256, "Sequence length (forward, train).")
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 32, "Generation: prompt tokens.")
 _NEW_TOKENS = flags.DEFINE_integer("new_tokens", 128, "Generation: new tokens per sequence.")
@@ -41,6 +50,7 @@ _TRAIN_BATCH = flags.DEFINE_integer("train_batch", 16, "Training step: sequences
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repeats (the median is reported).")
 _ATTENTION = flags.DEFINE_string("attention", "xla", "Attention implementation.")
 _DTYPE = flags.DEFINE_string("dtype", "float32", "Compute dtype (bfloat16 on accelerators).")
+_HLO_OUT = flags.DEFINE_string("hlo_out", None, "--what=profile: also write the step's optimised HLO here.")
 _PEER_PYTHON = flags.DEFINE_string("peer_python", None, "A Python with torch + transformers for the HF peer "
                                    "(default: a venv made once under the asset cache).")
 
@@ -74,8 +84,15 @@ def generate_seconds(cfg, params, batch: int) -> float:
   return benchmark.median_seconds(run, repeats=_REPEATS.value)
 
 
-def train_step_seconds(cfg, params) -> float:
-  """One jit-compiled `train.train_step` (AdamW, clipping at 1.0) on --train_batch x --seq_len tokens."""
+def train_step_seconds(cfg, params, batch_size: int = 0) -> float:
+  """One jit-compiled `train.train_step` (AdamW, clipping at 1.0) on batch_size (default
+  --train_batch) x --seq_len tokens."""
+  run, _ = _train_step(cfg, params, batch_size)
+  return benchmark.median_seconds(run, repeats=_REPEATS.value)
+
+
+def _train_step(cfg, params, batch_size: int = 0):
+  """(a function that runs one training step and returns its loss, the step's optimised HLO text)."""
   opt = OptimizerConfig(lr=1e-4, schedule="constant", warmup_steps=0)
   tx, schedule = optim.make_optimizer(opt, 1000), optim.learning_rate(opt, 1000)
   state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
@@ -83,13 +100,14 @@ def train_step_seconds(cfg, params) -> float:
   loss_fn = functools.partial(lm_loss, gpt.GPT(cfg))
   step = jax.jit(functools.partial(train.train_step, loss_fn=loss_fn, tx=tx, schedule=schedule, accumulation_steps=1),
                  donate_argnums=0)
-  batch = jax.random.randint(jax.random.key(1), (_TRAIN_BATCH.value, _SEQ_LEN.value + 1), 0, cfg.vocab_size)
+  batch = jax.random.randint(jax.random.key(1), (batch_size or _TRAIN_BATCH.value, _SEQ_LEN.value + 1), 0,
+                             cfg.vocab_size)
   holder = [state]
 
   def run():
-    holder[0], metrics = step(holder[0], batch)
-    return metrics["loss"]
-  return benchmark.median_seconds(run, repeats=_REPEATS.value)
+    holder[0], step_metrics = step(holder[0], batch)
+    return step_metrics["loss"]
+  return run, step.lower(state, batch).compile().as_text()
 
 
 def forward_table() -> str:
@@ -103,14 +121,55 @@ def forward_table() -> str:
 
 
 def generate_table() -> str:
+  """New tokens/s; on a chip with a known memory bandwidth also the HBM roofline: each decoding step
+  must read every weight (in the compute dtype: the weights are cast to it first, as a server
+  would) and the KV cache up to the current position once, so bytes / bandwidth is the fastest a
+  step can be."""
   cfg = model_config()
-  params = _params(cfg)
+  params = jax.tree.map(lambda x: x.astype(cfg.dtype), _params(cfg))
+  weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
+  bandwidth = metrics.peak_bandwidth(jax.devices()[0])
   rows = []
   for b in map(int, _BATCH_SIZES.value):
     seconds = generate_seconds(cfg, params, b)
-    rows.append([b, _PROMPT_LEN.value, _NEW_TOKENS.value, seconds * 1000, b * _NEW_TOKENS.value / seconds])
-  return (_header("KV-cache generation (greedy, prefill included)", cfg) + "\n"
-          + benchmark.table(["batch", "prompt", "new", "ms/call", "new tokens/s"], rows))
+    ms_token = seconds * 1000 / _NEW_TOKENS.value
+    row = [b, _PROMPT_LEN.value, _NEW_TOKENS.value, seconds * 1000, ms_token, b * _NEW_TOKENS.value / seconds]
+    if bandwidth:
+      mean_position = _PROMPT_LEN.value + _NEW_TOKENS.value / 2
+      cache_bytes = 2 * cfg.num_layers * b * mean_position * cfg.d_model * jnp.dtype(cfg.dtype).itemsize
+      roofline_ms = (weight_bytes + cache_bytes) / bandwidth * 1000
+      row += [roofline_ms, f"{roofline_ms / ms_token:.1%}"]
+    rows.append(row)
+  headers = ["batch", "prompt", "new", "ms/call", "ms/token", "new tokens/s"]
+  if bandwidth:
+    headers += ["roofline ms/token", "of roofline"]
+  note = (f"\nweights {weight_bytes / 1e6:,.0f} MB in {cfg.dtype}"
+          + (f"; roofline at {bandwidth / 1e12:.2f} TB/s (data sheet)" if bandwidth else ""))
+  return (_header("KV-cache generation (greedy, prefill included)", cfg) + note + "\n"
+          + benchmark.table(headers, rows))
+
+
+def train_table() -> str:
+  """The training step (AdamW, clipping; float32 master weights) for each scan_layers x remat policy
+  x batch size: tokens/s, model FLOP/s (6N + 12·L·d·T per token, as the training loop counts them)
+  and MFU against the chip's dense bf16 peak."""
+  rows = []
+  for scan in (s.lower() in ("true", "1") for s in _SCAN.value):
+    for remat in _REMAT.value:
+      cfg = model_config().replace(scan_layers=scan, remat_policy=remat)
+      flops_token = metrics.flops_per_token(gpt.count_params(cfg), cfg.num_layers, cfg.d_model, _SEQ_LEN.value)
+      for b in map(int, _BATCH_SIZES.value):
+        try:
+          seconds = train_step_seconds(cfg, _params(cfg), b)
+        except jax.errors.JaxRuntimeError as e:  # out of memory: a row that says so, then the next
+          rows.append([scan, remat, b, str(e).split(":")[0][:40], "", "", ""])
+          continue
+        tokens_s = b * _SEQ_LEN.value / seconds
+        util = metrics.mfu(tokens_s, flops_token, jax.devices()[:1])
+        rows.append([scan, remat, b, seconds * 1000, tokens_s, tokens_s * flops_token / 1e12,
+                     "n/a" if util is None else f"{util:.1%}"])
+  return (_header(f"training step, seq {_SEQ_LEN.value}", model_config()) + "\n"
+          + benchmark.table(["scan", "remat", "batch", "ms/step", "tokens/s", "TFLOP/s", "MFU"], rows))
 
 
 def vs_hf_table() -> str:
@@ -140,6 +199,48 @@ def vs_hf_table() -> str:
   return header + "\n" + benchmark.table(["benchmark", "batch", "unit", "ours", "HF", "ours/HF"], rows)
 
 
+_TOP_OPS = 15
+
+
+def profile_table() -> str:
+  """The training step of --train_batch x --seq_len tokens (first of --remat_policies and
+  --scan_layers), its time split by XLA op."""
+  cfg = model_config().replace(scan_layers=_SCAN.value[0].lower() in ("true", "1"), remat_policy=_REMAT.value[0])
+  run, hlo = _train_step(cfg, _params(cfg))
+  if _HLO_OUT.value:
+    Path(_HLO_OUT.value).write_text(hlo)
+  rows = benchmark.op_profile(run, hlo, calls=_REPEATS.value)
+  by_primitive = collections.defaultdict(lambda: [0.0, 0])
+  for _, what, ms, _ in rows:  # "layer_0/attn/qkv/dot_general" -> "dot_general"
+    by_primitive[what.rsplit("/", 1)[-1] or "?"][0] += ms
+    by_primitive[what.rsplit("/", 1)[-1] or "?"][1] += 1
+  total = sum(ms for _, _, ms, _ in rows)
+  grouped = sorted(([p, n, ms, f"{ms / total:.1%}"] for p, (ms, n) in by_primitive.items()), key=lambda r: -r[2])
+  return (_header(f"training step by XLA op, batch {_TRAIN_BATCH.value} x seq {_SEQ_LEN.value}, remat "
+                  f"{cfg.remat_policy}, scan {cfg.scan_layers}", cfg)
+          + f"\nsum of the ops' times: {total:.1f} ms/step (the {_TOP_OPS} largest, then by the JAX primitive "
+            "each op was fused around)\n"
+          + benchmark.table(["HLO op", "JAX operation", "ms/step", "share"], rows[:_TOP_OPS]) + "\n\n"
+          + benchmark.table(["JAX primitive", "ops", "ms/step", "share"], grouped[:_TOP_OPS]))
+
+
+def profile_generate_table() -> str:
+  """One `generate` call (first of --batch_sizes; --prompt_len + --new_tokens, greedy, weights in
+  the compute dtype), its time split by XLA op."""
+  cfg = model_config()
+  params = jax.tree.map(lambda x: x.astype(cfg.dtype), _params(cfg))
+  b = int(_BATCH_SIZES.value[0])
+  prompt_BxP = jax.random.randint(jax.random.key(b), (b, _PROMPT_LEN.value), 0, cfg.vocab_size)
+  args = (params, prompt_BxP, jnp.ones_like(prompt_BxP, bool), jax.random.key(0))
+  kwargs = dict(model=gpt.GPT(cfg), max_new_tokens=_NEW_TOKENS.value, sampling=sampling.Sampling(temperature=0))
+  hlo = sampling.generate_padded.lower(*args, **kwargs).compile().as_text()
+  rows = benchmark.op_profile(lambda: sampling.generate_padded(*args, **kwargs), hlo, calls=_REPEATS.value)
+  total = sum(ms for _, _, ms, _ in rows)
+  return (_header(f"generate by XLA op, batch {b}, {_PROMPT_LEN.value}+{_NEW_TOKENS.value} tokens", cfg)
+          + f"\nsum of the ops' times: {total:.1f} ms/call\n"
+          + benchmark.table(["HLO op", "JAX operation", "ms/call", "share"], rows[:_TOP_OPS]))
+
+
 def mechanisms_table() -> str:
   """The training step and the forward pass with each self-attention mechanism (layers.ATTENTION_MECHANISMS)."""
   rows, base = [], None
@@ -158,7 +259,9 @@ def mechanisms_table() -> str:
 
 def main(argv):
   del argv
-  print({"forward": forward_table, "generate": generate_table, "vs_hf": vs_hf_table,
+  print({"forward": forward_table, "generate": generate_table, "train": train_table, "profile": profile_table,
+         "profile_generate": profile_generate_table,
+         "vs_hf": vs_hf_table,
          "mechanisms": mechanisms_table}[_WHAT.value]())
 
 

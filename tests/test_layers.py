@@ -50,6 +50,17 @@ class AttendTest(chex.TestCase):
     np.testing.assert_allclose(changed, out["einsum"], atol=1e-6)
 
 
+@pytest.mark.parametrize("implementation", ["einsum", "xla"])
+def test_no_mask_means_causal(implementation):
+  """mask None (what a GPT passes when nothing but causality masks) = the causal mask, for every
+  implementation (the fused ones take it as is_causal and skip the masked half)."""
+  q, k, v = _qkv(T=7, S=7)
+  explicit = layers.attend(q, k, v, layers.causal_mask(7), "einsum")
+  np.testing.assert_allclose(layers.attend(q, k, v, None, implementation), explicit, atol=1e-5)
+  scores_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q, k)
+  np.testing.assert_allclose(layers.mix(scores_BxHxTxS, v, None), layers.mix(scores_BxHxTxS, v, layers.causal_mask(7)))
+
+
 def test_cache_positions_count_real_tokens_only():
   """Left-padded prompts in decode mode: padding takes no position and no query sees it."""
   module = layers.CachePositions()

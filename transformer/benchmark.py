@@ -6,11 +6,14 @@ peer (launch/hf_peer.py, PyTorch) that launch/bench.py compares against.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -31,6 +34,40 @@ def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) 
     jax.block_until_ready(fn())
     times.append(time.perf_counter() - start)
   return statistics.median(times)
+
+
+def op_profile(fn: Callable[[], object], compiled_text: str, calls: int = 3) -> list[list]:
+  """Where a compiled program's time goes: `fn()` run `calls` times under `jax.profiler.trace`, the
+  trace's XLA op events summed by HLO instruction, largest first. Rows: [HLO op, what it computes
+  (the JAX operation recorded in `compiled_text`'s metadata), ms per call, share of the ops'
+  total]. On an accelerator the device's kernels are counted; on a CPU the XLA threads' thunks
+  (thunks that run in parallel each count their own time)."""
+  from jax.profiler import ProfileData
+  jax.block_until_ready(fn())  # compiled and warm before the trace
+  with tempfile.TemporaryDirectory() as trace_dir:
+    with jax.profiler.trace(trace_dir):
+      for _ in range(calls):
+        jax.block_until_ready(fn())
+    profile = ProfileData.from_file(str(next(Path(trace_dir).rglob("*.xplane.pb"))))
+  planes = list(profile.planes)
+  device_planes = [p for p in planes if p.name.startswith("/device:")]
+  seconds = collections.Counter()
+  for plane in device_planes or [p for p in planes if p.name == "/host:CPU"]:
+    for line in plane.lines:
+      for event in line.events:
+        op = dict(event.stats).get("hlo_op")
+        if op:
+          seconds[op] += event.duration_ns * 1e-9
+  # "%fusion.12 = ... metadata={op_name="jit(step)/.../dot_general" ...}": name -> JAX operation.
+  what = dict(re.findall(r'%?([\w.\-]+) = [^\n]*?metadata=\{op_name="([^"]*)"', compiled_text))
+  total = sum(seconds.values()) or 1.0
+  return [[op, _short_op_name(what.get(op, "")), s / calls * 1000, f"{s / total:.1%}"]
+          for op, s in seconds.most_common()]
+
+
+def _short_op_name(op_name: str, keep: int = 4) -> str:
+  """The last `keep` parts of a JAX op_name path ("jit(f)/jvp(GPT)/block_0/attn/dot_general")."""
+  return "/".join(op_name.split("/")[-keep:])
 
 
 def table(headers: list[str], rows: list[list]) -> str:

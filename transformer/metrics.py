@@ -22,15 +22,33 @@ PEAK_BF16_FLOPS = {
 }
 
 
-def peak_flops(device) -> float | None:
+# Peak memory bandwidth (bytes/s) per chip, by `device.device_kind` (data sheets): the roofline
+# of memory-bound work such as batch-1 decoding, which reads every weight once per token.
+PEAK_HBM_BYTES_PER_S = {
+    "NVIDIA H100 80GB HBM3": 3.35e12, "NVIDIA H100 PCIe": 2.0e12, "NVIDIA H100 NVL": 3.9e12,
+    "NVIDIA H200": 4.8e12, "NVIDIA A100-SXM4-80GB": 2.039e12, "NVIDIA A100-SXM4-40GB": 1.555e12,
+    "TPU v4": 1.2e12, "TPU v5 lite": 0.819e12, "TPU v5e": 0.819e12, "TPU v5p": 2.765e12,
+    "TPU v6 lite": 1.64e12, "TPU v6e": 1.64e12,
+}
+
+
+def _by_kind(table: dict[str, float], device) -> float | None:
   kind = device.device_kind
-  if kind in PEAK_BF16_FLOPS:
-    return PEAK_BF16_FLOPS[kind]
+  if kind in table:
+    return table[kind]
   # Names vary by driver ("NVIDIA H100 80GB HBM3" vs "H100 SXM5 ..."): match on the model number.
-  for name, flops in PEAK_BF16_FLOPS.items():
+  for name, value in table.items():
     if name.split()[-1] in kind and device.platform != "cpu":
-      return flops
+      return value
   return None
+
+
+def peak_flops(device) -> float | None:
+  return _by_kind(PEAK_BF16_FLOPS, device)
+
+
+def peak_bandwidth(device) -> float | None:
+  return _by_kind(PEAK_HBM_BYTES_PER_S, device)
 
 
 def flops_per_token(num_params: int, num_layers: int, d_model: int, seq_len: int) -> float:

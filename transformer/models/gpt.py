@@ -114,7 +114,7 @@ class GPT(nn.Module):
       raise ConfigError(f"a sequence of {T} tokens is longer than context_length={cfg.context_length} "
                         f"(the position table); use at most {cfg.context_length} tokens")
     elif valid_BxT is None and segments_BxT is None:
-      positions_BxT, mask_BxTxS = jnp.arange(T)[None], layers.causal_mask(T)
+      positions_BxT, mask_BxTxS = jnp.arange(T)[None], None  # causal (layers.attend)
     else:
       positions_BxT = layers.segment_positions(valid_BxT, segments_BxT)
       mask_BxTxS = layers.self_attention_mask(valid_BxT, segments_BxT, causal=True)

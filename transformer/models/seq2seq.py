@@ -179,7 +179,7 @@ class Transformer(nn.Module):
     else:
       self._check_length(T, "target")
       if target_segments_BxT is None:
-        positions_BxT, mask_BxTxS = jnp.arange(T)[None], layers.causal_mask(T)
+        positions_BxT, mask_BxTxS = jnp.arange(T)[None], None  # causal (layers.attend)
       else:
         positions_BxT = layers.segment_positions(None, target_segments_BxT)
         mask_BxTxS = layers.self_attention_mask(None, target_segments_BxT, causal=True)

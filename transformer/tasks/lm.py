@@ -10,7 +10,6 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from transformer import metrics
 from transformer.config import RunConfig, at, check_positive
@@ -89,6 +88,39 @@ def document_ids(tokens_BxL, eot_id: int):
   return jnp.cumsum(tokens_BxL == eot_id, axis=1)
 
 
+@jax.custom_vjp
+def next_token_nll(logits_BxTxV: jax.Array, targets_BxT: jax.Array) -> jax.Array:
+  """-log softmax(logits)[target] at each position, in float32 (optax's
+  softmax_cross_entropy_with_integer_labels, to float rounding), with a hand-written backward pass:
+  softmax - one_hot(target) in one elementwise pass over the logits, where autodiff of log-softmax
+  and the label gather makes several (a scatter, a subtraction, a product) over B·T·V floats, the
+  largest tensor of a training step at a GPT-2 vocabulary."""
+  return _nll_and_lse(logits_BxTxV, targets_BxT)[0]
+
+
+def _nll_and_lse(logits_BxTxV, targets_BxT):
+  logits_BxTxV = logits_BxTxV.astype(jnp.float32)
+  lse_BxT = jax.nn.logsumexp(logits_BxTxV, axis=-1)
+  target_logit_BxT = jnp.take_along_axis(logits_BxTxV, targets_BxT[..., None], axis=-1)[..., 0]
+  return lse_BxT - target_logit_BxT, lse_BxT
+
+
+def _next_token_nll_fwd(logits_BxTxV, targets_BxT):
+  nll_BxT, lse_BxT = _nll_and_lse(logits_BxTxV, targets_BxT)
+  return nll_BxT, (logits_BxTxV, targets_BxT, lse_BxT)
+
+
+def _next_token_nll_bwd(residuals, g_BxT):
+  logits_BxTxV, targets_BxT, lse_BxT = residuals
+  probs_BxTxV = jnp.exp(logits_BxTxV.astype(jnp.float32) - lse_BxT[..., None])
+  one_hot_BxTxV = targets_BxT[..., None] == jnp.arange(logits_BxTxV.shape[-1])
+  grad_BxTxV = (probs_BxTxV - one_hot_BxTxV) * g_BxT[..., None]
+  return grad_BxTxV.astype(logits_BxTxV.dtype), None
+
+
+next_token_nll.defvjp(_next_token_nll_fwd, _next_token_nll_bwd)
+
+
 def lm_loss(model: GPT | LSTMLanguageModel, params, batch_BxL1, rng, train: bool, eot_id: int | None = None):
   """(summed next-token cross-entropy, number of predicted tokens) of (seq_len + 1)-token examples.
   With `eot_id`, each row is read as the documents that <|endoftext|> separates (a GPT only)."""
@@ -96,7 +128,7 @@ def lm_loss(model: GPT | LSTMLanguageModel, params, batch_BxL1, rng, train: bool
   segments = {} if eot_id is None else {"segments_BxT": document_ids(inputs_BxL, eot_id)}
   logits_BxLxV = model.apply({"params": params}, inputs_BxL, deterministic=not train, rngs={"dropout": rng},
                              **segments)
-  nll_BxL = optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV, targets_BxL)
+  nll_BxL = next_token_nll(logits_BxLxV, targets_BxL)
   return nll_BxL.sum(), jnp.float32(nll_BxL.size)
 
 
