@@ -34,7 +34,7 @@ from transformer.tasks.lm import lm_loss
 from transformer.models import gpt
 
 _WHAT = flags.DEFINE_enum("what", "vs_hf", ["forward", "generate", "train", "profile", "profile_generate", "vs_hf",
-                                   "mechanisms"],
+                                   "vs_torch", "mechanisms"],
                           "Which benchmark.")
 _PRESET = flags.DEFINE_string("preset", "cpu-small", "GPT preset (random weights).")
 _VOCAB = flags.DEFINE_integer("vocab_size", 50257, "Vocabulary size (GPT-2's by default).")
@@ -76,22 +76,23 @@ def forward_seconds(cfg, params, batch: int) -> float:
   return benchmark.median_seconds(lambda: apply({"params": params}, tokens), repeats=_REPEATS.value)
 
 
-def generate_seconds(cfg, params, batch: int) -> float:
-  """One `sampling.generate` call, greedy, exactly --new_tokens per sequence (no stop token)."""
+def generate_seconds(cfg, params, batch: int, new_tokens: int = 0) -> float:
+  """One `sampling.generate` call, greedy, exactly new_tokens (default --new_tokens) per sequence
+  (no stop token)."""
   prompts = np.random.default_rng(batch).integers(0, cfg.vocab_size, (batch, _PROMPT_LEN.value)).tolist()
-  run = lambda: sampling.generate(gpt.GPT(cfg), params, prompts, max_new_tokens=_NEW_TOKENS.value,
+  run = lambda: sampling.generate(gpt.GPT(cfg), params, prompts, max_new_tokens=new_tokens or _NEW_TOKENS.value,
                                   sampling=sampling.Sampling(temperature=0))
   return benchmark.median_seconds(run, repeats=_REPEATS.value)
 
 
-def train_step_seconds(cfg, params, batch_size: int = 0) -> float:
-  """One jit-compiled `train.train_step` (AdamW, clipping at 1.0) on batch_size (default
-  --train_batch) x --seq_len tokens."""
-  run, _ = _train_step(cfg, params, batch_size)
+def train_step_seconds(cfg, params, batch_size: int = 0, seq_len: int = 0) -> float:
+  """One jit-compiled `train.train_step` (AdamW, clipping at 1.0) on batch_size x seq_len tokens
+  (default --train_batch x --seq_len)."""
+  run, _ = _train_step(cfg, params, batch_size, seq_len)
   return benchmark.median_seconds(run, repeats=_REPEATS.value)
 
 
-def _train_step(cfg, params, batch_size: int = 0):
+def _train_step(cfg, params, batch_size: int = 0, seq_len: int = 0):
   """(a function that runs one training step and returns its loss, the step's optimised HLO text)."""
   opt = OptimizerConfig(lr=1e-4, schedule="constant", warmup_steps=0)
   tx, schedule = optim.make_optimizer(opt, 1000), optim.learning_rate(opt, 1000)
@@ -100,8 +101,8 @@ def _train_step(cfg, params, batch_size: int = 0):
   loss_fn = functools.partial(lm_loss, gpt.GPT(cfg))
   step = jax.jit(functools.partial(train.train_step, loss_fn=loss_fn, tx=tx, schedule=schedule, accumulation_steps=1),
                  donate_argnums=0)
-  batch = jax.random.randint(jax.random.key(1), (batch_size or _TRAIN_BATCH.value, _SEQ_LEN.value + 1), 0,
-                             cfg.vocab_size)
+  batch = jax.random.randint(jax.random.key(1), (batch_size or _TRAIN_BATCH.value, (seq_len or _SEQ_LEN.value) + 1),
+                             0, cfg.vocab_size)
   holder = [state]
 
   def run():
@@ -180,7 +181,8 @@ def vs_hf_table() -> str:
           "generate": {"batch_sizes": batch_sizes, "prompt_len": _PROMPT_LEN.value, "new_tokens": _NEW_TOKENS.value},
           "train": _TRAIN_BATCH.value and {"batch_size": _TRAIN_BATCH.value, "seq_len": _SEQ_LEN.value},
           "repeats": _REPEATS.value}
-  peer = benchmark.run_hf_peer(benchmark.hf_peer_python(_PEER_PYTHON.value), spec)
+  result = benchmark.run_peers(benchmark.peer_python(_PEER_PYTHON.value), spec)
+  peer = result["hf"]
   params = _params(cfg)
   rows = []
   for b in batch_sizes:
@@ -194,7 +196,7 @@ def vs_hf_table() -> str:
     rows.append([f"train step, seq {_SEQ_LEN.value}", _TRAIN_BATCH.value, "tokens/s", ours, theirs,
                  f"{ours / theirs:.2f}x"])
   header = (_header("ours (JAX, jit) vs HF transformers (PyTorch eager)", cfg)
-            + f"\npeer: torch {peer['torch']}, transformers {peer['transformers']}, {peer['threads']} threads; "
+            + f"\npeer: torch {result['torch']}, transformers {result['transformers']}, {result['threads']} threads; "
               f"ours: jax {jax.__version__}")
   return header + "\n" + benchmark.table(["benchmark", "batch", "unit", "ours", "HF", "ours/HF"], rows)
 
@@ -241,6 +243,47 @@ def profile_generate_table() -> str:
           + benchmark.table(["HLO op", "JAX operation", "ms/call", "share"], rows[:_TOP_OPS]))
 
 
+# --what=vs_torch's two shapes: the README main job's (shakespeare.py:char) and cpu-small with GPT-2's
+# vocabulary. (name, preset, overrides, train batch, train seq, new tokens after a 32-token prompt)
+VS_TORCH_SHAPES = (
+    ("main job", "cpu-small", dict(d_model=128, context_length=128, vocab_size=85), 32, 128, 96),
+    ("cpu-small", "cpu-small", dict(vocab_size=50257), 16, 256, 128),
+)
+
+
+def vs_torch_table() -> str:
+  """Ours beside the minimal PyTorch GPT and HF's GPT-2 (launch/torch_peer.py) on both shapes:
+  a training step, and greedy generation at --batch_sizes."""
+  batch_sizes = [int(b) for b in _BATCH_SIZES.value]
+  python = benchmark.peer_python(_PEER_PYTHON.value)
+  rows, versions = [], ""
+  for name, preset, overrides, train_batch, seq_len, new_tokens in VS_TORCH_SHAPES:
+    cfg = gpt.preset(preset, attention=_ATTENTION.value, dtype=_DTYPE.value, **overrides)
+    spec = {"peers": ["minimal", "hf"],
+            "model": {k: getattr(cfg, k) for k in ("vocab_size", "context_length", "num_layers", "num_heads",
+                                                   "d_model")},
+            "generate": {"batch_sizes": batch_sizes, "prompt_len": _PROMPT_LEN.value, "new_tokens": new_tokens},
+            "train": {"batch_size": train_batch, "seq_len": seq_len}, "repeats": _REPEATS.value}
+    peers = benchmark.run_peers(python, spec)
+    versions = f"torch {peers['torch']}, transformers {peers['transformers']}, {peers['threads']} threads"
+    params = _params(cfg)
+    shape = f"{name}: d {cfg.d_model}, {cfg.num_layers} layers, vocab {cfg.vocab_size}"
+
+    def row(what, batch, unit, work, ours_s, peer_seconds):  # peer_seconds(one peer's result)
+      ours, minimal, hf = work / ours_s, work / peer_seconds(peers["minimal"]), work / peer_seconds(peers["hf"])
+      return [shape, what, batch, unit, ours, minimal, hf, f"{ours / minimal:.2f}x", f"{ours / hf:.2f}x"]
+    generate_rows = [row(f"generate {_PROMPT_LEN.value}+{new_tokens}", b, "new tokens/s", b * new_tokens,
+                         generate_seconds(cfg, params, b, new_tokens), lambda peer, b=b: peer["generate"][str(b)])
+                     for b in batch_sizes]
+    ours_s = train_step_seconds(cfg, params, train_batch, seq_len)  # donates the params: last
+    rows += [row(f"train step, seq {seq_len}", train_batch, "tokens/s", train_batch * seq_len, ours_s,
+                 lambda peer: peer["train"])] + generate_rows
+  header = (f"ours (JAX, jit) vs a minimal PyTorch GPT and HF transformers' GPT-2 (PyTorch eager) on "
+            f"{jax.devices()[0].device_kind}, median of {_REPEATS.value}\npeers: {versions}; ours: jax {jax.__version__}")
+  return header + "\n" + benchmark.table(["shape", "benchmark", "batch", "unit", "ours", "minimal torch", "HF",
+                                           "ours/minimal", "ours/HF"], rows)
+
+
 def mechanisms_table() -> str:
   """The training step and the forward pass with each self-attention mechanism (layers.ATTENTION_MECHANISMS)."""
   rows, base = [], None
@@ -261,7 +304,7 @@ def main(argv):
   del argv
   print({"forward": forward_table, "generate": generate_table, "train": train_table, "profile": profile_table,
          "profile_generate": profile_generate_table,
-         "vs_hf": vs_hf_table,
+         "vs_hf": vs_hf_table, "vs_torch": vs_torch_table,
          "mechanisms": mechanisms_table}[_WHAT.value]())
 
 

@@ -21,6 +21,7 @@ from experiments import gpt2 as gpt2_experiment, shakespeare
 from transformer import metrics, optim, train
 from transformer.config import OptimizerConfig
 from transformer.models.gpt import GPT, GPTConfig
+from transformer.tasks import lm
 from transformer.tasks.lm import lm_loss, next_token_nll
 
 TINY = ["--config=experiments/shakespeare.py:tiny", "--config.sample.max_new_tokens=0"]
@@ -51,15 +52,17 @@ def test_gradient_accumulation_equals_one_big_batch():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_next_token_nll_and_its_gradient_equal_optax(dtype):
-  """The hand-written backward pass of the LM loss (softmax - one-hot, one pass) = autodiff of
-  optax's cross-entropy on the float32 logits; the gradient comes back in the logits' dtype."""
+@pytest.mark.parametrize("loss", [next_token_nll, lm._recomputing_nll], ids=["this_platform", "accelerators"])
+def test_next_token_nll_and_its_gradient_equal_optax(dtype, loss):
+  """The LM loss, and the hand-written backward pass accelerators use (softmax - one-hot, one
+  pass), = autodiff of optax's cross-entropy on the float32 logits; the gradient comes back in
+  the logits' dtype."""
   k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
   logits = (4 * jax.random.normal(k1, (3, 5, 97))).astype(dtype)
   targets, weights = jax.random.randint(k2, (3, 5), 0, 97), jax.random.normal(k3, (3, 5))
   reference = lambda x: (optax.softmax_cross_entropy_with_integer_labels(x.astype(jnp.float32), targets)
                          * weights).sum()
-  ours = lambda x: (next_token_nll(x, targets) * weights).sum()
+  ours = lambda x: (loss(x, targets) * weights).sum()
   np.testing.assert_allclose(ours(logits), reference(logits), rtol=1e-6)
   grad = jax.grad(ours)(logits)
   assert grad.dtype == logits.dtype

@@ -1,7 +1,8 @@
 """Timing helpers for benchmarks (launch/bench.py): medians over repeats, printed as tables.
 
-Never used by tests: speed is measured here, not asserted. Also sets up and runs the Hugging Face
-peer (launch/hf_peer.py, PyTorch) that launch/bench.py compares against.
+Never used by tests: speed is measured here, not asserted. Also sets up and runs the PyTorch peers
+(launch/torch_peer.py: Hugging Face's GPT-2 and a minimal nanoGPT-style GPT) that launch/bench.py
+compares against.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def table(headers: list[str], rows: list[list]) -> str:
   return "\n".join([line(cells[0]), line(["-" * w for w in widths])] + [line(r) for r in cells[1:]])
 
 
-# The Hugging Face peer (launch/hf_peer.py) runs in its own venv: torch has CPU wheels for
+# The PyTorch peers (launch/torch_peer.py) run in their own venv: torch has CPU wheels for
 # Python 3.11 only, and neither torch nor transformers is a dependency of this project.
 PEER_PYTHON_VERSION = (3, 11)
 PEER_REQUIREMENTS = ("torch==2.13.0", "transformers==5.23.0")
@@ -101,19 +102,19 @@ def _find_peer_base_python() -> str | None:
   return next((c for c in candidates if c and _is_python(c, PEER_PYTHON_VERSION)), None)
 
 
-def hf_peer_python(explicit: str | None = None) -> str:
-  """A Python with torch (CPU) and transformers for the peer: `explicit` if given, else a venv
-  created once under the asset cache (<cache>/hf-peer-venv; about 1 GB of wheels)."""
+def peer_python(explicit: str | None = None) -> str:
+  """A Python with torch (CPU) and transformers for the peers: `explicit` if given, else a venv
+  created once under the asset cache (<cache>/torch-peer-venv; about 1 GB of wheels)."""
   if explicit:
     return explicit
-  venv = assets.cache_dir() / "hf-peer-venv"
+  venv = assets.cache_dir() / "torch-peer-venv"
   python = venv / "bin" / "python"
   stamp = venv / ".installed"
   if python.exists() and stamp.exists() and stamp.read_text() == " ".join(PEER_REQUIREMENTS):
     return str(python)
   base = _find_peer_base_python()
   if base is None:
-    raise UserError(f"the Hugging Face peer needs Python {'.'.join(map(str, PEER_PYTHON_VERSION))} (torch's CPU "
+    raise UserError(f"the PyTorch peers need Python {'.'.join(map(str, PEER_PYTHON_VERSION))} (torch's CPU "
                     f"wheels): install it (e.g. 'pyenv install 3.11') or pass --peer_python=/path/to/python "
                     f"that has {' and '.join(PEER_REQUIREMENTS)}")
   print(f"bench: creating {venv} with {base} and installing {' '.join(PEER_REQUIREMENTS)} ...", flush=True)
@@ -123,10 +124,10 @@ def hf_peer_python(explicit: str | None = None) -> str:
   return str(python)
 
 
-def run_hf_peer(python: str, spec: dict) -> dict:
-  """Runs launch/hf_peer.py under `python` with `spec`; returns its JSON result."""
-  script = Path(__file__).resolve().parents[1] / "launch" / "hf_peer.py"
+def run_peers(python: str, spec: dict) -> dict:
+  """Runs launch/torch_peer.py under `python` with `spec`; returns its JSON result."""
+  script = Path(__file__).resolve().parents[1] / "launch" / "torch_peer.py"
   proc = subprocess.run([python, str(script), json.dumps(spec)], capture_output=True, text=True)
   if proc.returncode:
-    raise UserError(f"the Hugging Face peer failed ({python} {script}):\n{proc.stderr[-2000:]}")
+    raise UserError(f"the PyTorch peer failed ({python} {script}):\n{proc.stderr[-2000:]}")
   return json.loads(proc.stdout.strip().splitlines()[-1])

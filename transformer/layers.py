@@ -206,11 +206,11 @@ class CachePositions(nn.Module):
 
 
 def mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, dropout: nn.Dropout | None = None,
-        deterministic: bool = True, sow=None) -> jax.Array:
+        deterministic: bool = True, sow=None, values: str = "bshk") -> jax.Array:
   """softmax(scores) V over the keys that `mask` allows (True = attend; None: causal), however the
   scores were made. Scores in float32; masking by jnp.where, never by adding a large negative number
   (which overflows in half precision). `sow(probs_BxHxTxS)`, when given, receives the attention
-  probabilities (transformer.probes)."""
+  probabilities (transformer.probes). `values`: the layout of V ("bhsk": a KV cache's)."""
   if mask_BxTxS is None:
     mask_BxTxS = causal_mask(*scores_BxHxTxS.shape[-2:])
   scores_BxHxTxS = jnp.where(mask_BxTxS[:, None], scores_BxHxTxS.astype(jnp.float32), jnp.finfo(jnp.float32).min)
@@ -219,7 +219,7 @@ def mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, dropout: nn.Dropout | None = None
     sow(probs_BxHxTxS)
   if dropout is not None:
     probs_BxHxTxS = dropout(probs_BxHxTxS, deterministic=deterministic)
-  return jnp.einsum("bhts,bshk->bthk", probs_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK)
+  return jnp.einsum(f"bhts,{values}->bthk", probs_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK)
 
 
 def attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, implementation: str,
@@ -229,17 +229,36 @@ def attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, implementation: str,
   masked half of the scores instead of reading a mask (cuDNN's training step at GPT-2 124M: 1.25x
   faster). `sow` (see `mix`) needs the probabilities, so it takes the einsum path whatever the
   implementation."""
-  if implementation == "einsum" or sow is not None:  # the reference: every step visible
+  if implementation == "einsum" or sow is not None:  # the reference: every step visible (mix: None = causal)
     scale = 1.0 / math.sqrt(q_BxTxHxK.shape[-1])
     scores_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK,
                                 preferred_element_type=jnp.float32) * scale
     return mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, dropout, deterministic, sow)
   # Fused kernels: XLA's on any backend, cuDNN flash attention on NVIDIA GPUs (bf16/fp16 only).
-  if mask_BxTxS is None:
+  if mask_BxTxS is None and implementation == "cudnn":
     return jax.nn.dot_product_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, is_causal=True,
                                         implementation=implementation)
+  if mask_BxTxS is None:  # XLA's kernel is as fast with the mask as with is_causal (CPU: faster)
+    mask_BxTxS = causal_mask(q_BxTxHxK.shape[1], k_BxSxHxK.shape[1])
   return jax.nn.dot_product_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask=mask_BxTxS[:, None],
                                       implementation=implementation)
+
+
+def attend_cached(q_BxTxHxK, k_BxHxSxK, v_BxHxSxK, mask_BxTxS, dropout: nn.Dropout | None = None,
+                  deterministic: bool = True, sow=None) -> jax.Array:
+  """`attend` over a KV cache (B x H x S x K, see `MultiHeadAttention._cached`). One new token per
+  sequence (T = 1, every step after the prompt) takes the products as multiply-and-sum: XLA:CPU
+  runs these batched matrix-vector products as generic dots ~3x slower than a fused reduction."""
+  scale = 1.0 / math.sqrt(q_BxTxHxK.shape[-1])
+  if q_BxTxHxK.shape[1] == 1 and sow is None and dropout is None:
+    q_BxHx1xK = q_BxTxHxK.transpose(0, 2, 1, 3).astype(jnp.float32)
+    scores_BxHxS = jnp.sum(q_BxHx1xK * k_BxHxSxK, axis=-1) * scale
+    scores_BxHxS = jnp.where(mask_BxTxS, scores_BxHxS, jnp.finfo(jnp.float32).min)  # B x 1 x S: for every head
+    probs_BxHxS = jax.nn.softmax(scores_BxHxS, axis=-1)
+    out_BxHxK = jnp.sum(probs_BxHxS[..., None] * v_BxHxSxK, axis=2)
+    return out_BxHxK[:, None].astype(v_BxHxSxK.dtype)
+  scores_BxHxTxS = jnp.einsum("bthk,bhsk->bhts", q_BxTxHxK, k_BxHxSxK, preferred_element_type=jnp.float32) * scale
+  return mix(scores_BxHxTxS, v_BxHxSxK, mask_BxTxS, dropout, deterministic, sow, values="bhsk")
 
 
 class Projection(nn.Module):
@@ -298,16 +317,20 @@ class MultiHeadAttention(nn.Module):
     if not self.cross and cfg.mechanism != "dot_product":
       v_BxTxHxK = dense((H, K), 1, ("embed", "heads", "kv"), 0.02, "v")(x_BxTxD)
       # Only values are cached: a synthesized score depends on the query token and positions alone.
-      v_BxSxHxK = self._cached(value=v_BxTxHxK)["value"] if self.decode else v_BxTxHxK
       scores_BxHxTxS = self._synthesized_scores(x_BxTxD, *positions)
-      out_BxTxHxK = mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, dropout, deterministic, sow)
+      if self.decode:
+        v_BxHxSxK = self._cached(value=v_BxTxHxK)["value"]
+        out_BxTxHxK = mix(scores_BxHxTxS, v_BxHxSxK, mask_BxTxS, dropout, deterministic, sow, values="bhsk")
+      else:
+        out_BxTxHxK = mix(scores_BxHxTxS, v_BxTxHxK, mask_BxTxS, dropout, deterministic, sow)
       return dense((D,), 2, ("heads", "kv", "embed"), self.residual_std, "out")(out_BxTxHxK)
     if not self.cross:
       qkv_BxTx3xHxK = dense((3, H, K), 1, ("embed", None, "heads", "kv"), 0.02, "qkv")(x_BxTxD)
       q_BxTxHxK, k_BxSxHxK, v_BxSxHxK = (qkv_BxTx3xHxK[:, :, i] for i in range(3))
       if self.decode:
         cached = self._cached(key=k_BxSxHxK, value=v_BxSxHxK)
-        k_BxSxHxK, v_BxSxHxK = cached["key"], cached["value"]
+        out_BxTxHxK = attend_cached(q_BxTxHxK, cached["key"], cached["value"], mask_BxTxS, dropout, deterministic, sow)
+        return dense((D,), 2, ("heads", "kv", "embed"), self.residual_std, "out")(out_BxTxHxK)
     else:
       q_BxTxHxK = dense((H, K), 1, ("embed", "heads", "kv"), 0.02, "q")(x_BxTxD)
       kv_proj = dense((2, H, K), 1, ("embed", None, "heads", "kv"), 0.02, "kv")
@@ -356,18 +379,21 @@ class MultiHeadAttention(nn.Module):
 
   def _cached(self, **arrays_BxTxHxK):
     """Writes this call's T keys and/or values at the cache index; returns the whole cache, each
-    B x S x H x K, by name."""
+    B x H x S x K, by name. Heads before positions: the layout the score and value products read,
+    so that writing a step's keys is the only copy (with B x S x H x K, XLA:CPU re-lays out the
+    whole cache at every step: the main job's generation at batch 32 was ~1.6x slower)."""
     initialising = not self.has_variable("cache", "index")
-    names = ("batch", "length", "heads", "kv")  # sharded like the activations that fill it
-    cache = {name: self.variable("cache", name, jnp.zeros, x.shape, x.dtype) for name, x in arrays_BxTxHxK.items()}
+    names = ("batch", "heads", "length", "kv")  # sharded like the activations that fill it
+    arrays_BxHxTxK = {name: x.transpose(0, 2, 1, 3) for name, x in arrays_BxTxHxK.items()}
+    cache = {name: self.variable("cache", name, jnp.zeros, x.shape, x.dtype) for name, x in arrays_BxHxTxK.items()}
     index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
     if initialising:  # `init` only sizes the cache
-      return arrays_BxTxHxK
+      return arrays_BxHxTxK
     i = index.value
-    for name, x in arrays_BxTxHxK.items():
+    for name, x in arrays_BxHxTxK.items():
       cache[name].value = nn.with_logical_constraint(
-          jax.lax.dynamic_update_slice_in_dim(cache[name].value, x.astype(cache[name].value.dtype), i, axis=1), names)
-    index.value = i + next(iter(arrays_BxTxHxK.values())).shape[1]
+          jax.lax.dynamic_update_slice_in_dim(cache[name].value, x.astype(cache[name].value.dtype), i, axis=2), names)
+    index.value = i + next(iter(arrays_BxHxTxK.values())).shape[2]
     return {name: variable.value for name, variable in cache.items()}
 
 
