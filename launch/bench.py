@@ -1,11 +1,13 @@
 r"""Benchmarks that print tables (medians of several runs). Speed is measured here, never in tests.
 
+  python -m launch.bench --what=vs_torch --batch_sizes=1,8,32   # ours vs a minimal PyTorch GPT and HF, 2 shapes
+  python -m launch.bench --what=vs_hf                           # ours vs HF transformers, one config
   python -m launch.bench --what=forward --preset=gpt2 --batch_sizes=1,8 --seq_len=1024
-  python -m launch.bench --what=generate --preset=gpt2 --batch_sizes=1,64     # new tokens/s, ours only
-  python -m launch.bench --what=vs_hf                                         # ours vs HF transformers
+  python -m launch.bench --what=generate --preset=gpt2 --batch_sizes=1,64     # new tokens/s (+ HBM roofline)
   python -m launch.bench --what=train --preset=gpt2 --vocab_size=50304 --dtype=bfloat16 --attention=cudnn \
       --seq_len=1024 --batch_sizes=16,32 --remat_policies=none,dots --scan_layers=false,true  # MFU
-  python -m launch.bench --what=profile --preset=gpt2 ...   # the training step's time by XLA op
+  python -m launch.bench --what=profile --train_batch=16 --seq_len=256        # the training step by XLA op
+  python -m launch.bench --what=profile_generate --batch_sizes=8              # a generate call by XLA op
   python -m launch.bench --what=mechanisms --d_model=128 --context_length=128 --vocab_size=85 \
       --train_batch=32 --seq_len=128                                          # shakespeare.py:char's model
 
@@ -13,8 +15,10 @@ r"""Benchmarks that print tables (medians of several runs). Speed is measured he
 KV-cache generation (greedy, --prompt_len prompt tokens + --new_tokens new ones, batch sizes
 --batch_sizes) and one training step (forward, backward, AdamW with clipping; --train_batch x
 --seq_len tokens), here in JAX and in HF transformers' PyTorch GPT-2 (eager, `generate` with its
-KV cache). The peer runs in a Python 3.11 venv with torch's CPU wheel, created on first use under
-the asset cache ($TRANSFORMER_CACHE/hf-peer-venv) or given by --peer_python.
+KV cache). --what=vs_torch does the same on the README main job's shape and on cpu-small, with a
+minimal nanoGPT-style PyTorch GPT beside HF's. The peers (launch/torch_peer.py) run in a Python 3.11
+venv with torch's CPU wheel, created on first use under the asset cache
+($TRANSFORMER_CACHE/torch-peer-venv) or given by --peer_python.
 """
 
 import collections
@@ -34,8 +38,7 @@ from transformer.tasks.lm import lm_loss
 from transformer.models import gpt
 
 _WHAT = flags.DEFINE_enum("what", "vs_hf", ["forward", "generate", "train", "profile", "profile_generate", "vs_hf",
-                                   "vs_torch", "mechanisms"],
-                          "Which benchmark.")
+                                           "vs_torch", "mechanisms"], "Which benchmark.")
 _PRESET = flags.DEFINE_string("preset", "cpu-small", "GPT preset (random weights).")
 _VOCAB = flags.DEFINE_integer("vocab_size", 50257, "Vocabulary size (GPT-2's by default).")
 _D_MODEL = flags.DEFINE_integer("d_model", 0, "Model width instead of the preset's (0: the preset's).")
@@ -51,7 +54,7 @@ _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repeats (the median is repo
 _ATTENTION = flags.DEFINE_string("attention", "xla", "Attention implementation.")
 _DTYPE = flags.DEFINE_string("dtype", "float32", "Compute dtype (bfloat16 on accelerators).")
 _HLO_OUT = flags.DEFINE_string("hlo_out", None, "--what=profile: also write the step's optimised HLO here.")
-_PEER_PYTHON = flags.DEFINE_string("peer_python", None, "A Python with torch + transformers for the HF peer "
+_PEER_PYTHON = flags.DEFINE_string("peer_python", None, "A Python with torch + transformers for the PyTorch peers "
                                    "(default: a venv made once under the asset cache).")
 
 
@@ -214,8 +217,9 @@ def profile_table() -> str:
   rows = benchmark.op_profile(run, hlo, calls=_REPEATS.value)
   by_primitive = collections.defaultdict(lambda: [0.0, 0])
   for _, what, ms, _ in rows:  # "layer_0/attn/qkv/dot_general" -> "dot_general"
-    by_primitive[what.rsplit("/", 1)[-1] or "?"][0] += ms
-    by_primitive[what.rsplit("/", 1)[-1] or "?"][1] += 1
+    primitive = by_primitive[what.rsplit("/", 1)[-1] or "?"]
+    primitive[0] += ms
+    primitive[1] += 1
   total = sum(ms for _, _, ms, _ in rows)
   grouped = sorted(([p, n, ms, f"{ms / total:.1%}"] for p, (ms, n) in by_primitive.items()), key=lambda r: -r[2])
   return (_header(f"training step by XLA op, batch {_TRAIN_BATCH.value} x seq {_SEQ_LEN.value}, remat "
