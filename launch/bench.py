@@ -73,6 +73,11 @@ def _params(cfg):
   return jax.jit(lambda: nn.unbox(gpt.GPT(cfg).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]))()
 
 
+def _serving_params(cfg):
+  """Random weights cast to the compute dtype, as a server would hold them for generation."""
+  return jax.tree.map(lambda x: x.astype(cfg.dtype), _params(cfg))
+
+
 def forward_seconds(cfg, params, batch: int) -> float:
   apply = jax.jit(gpt.GPT(cfg).apply)
   tokens = jax.random.randint(jax.random.key(batch), (batch, _SEQ_LEN.value), 0, cfg.vocab_size)
@@ -106,12 +111,13 @@ def _train_step(cfg, params, batch_size: int = 0, seq_len: int = 0):
                  donate_argnums=0)
   batch = jax.random.randint(jax.random.key(1), (batch_size or _TRAIN_BATCH.value, (seq_len or _SEQ_LEN.value) + 1),
                              0, cfg.vocab_size)
+  compiled = step.lower(state, batch).compile()  # run as is: calling `step` would compile it again
   holder = [state]
 
   def run():
-    holder[0], step_metrics = step(holder[0], batch)
+    holder[0], step_metrics = compiled(holder[0], batch)
     return step_metrics["loss"]
-  return run, step.lower(state, batch).compile().as_text()
+  return run, compiled.as_text()
 
 
 def forward_table() -> str:
@@ -130,7 +136,7 @@ def generate_table() -> str:
   would) and the KV cache up to the current position once, so bytes / bandwidth is the fastest a
   step can be."""
   cfg = model_config()
-  params = jax.tree.map(lambda x: x.astype(cfg.dtype), _params(cfg))
+  params = _serving_params(cfg)
   weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
   bandwidth = metrics.peak_bandwidth(jax.devices()[0])
   rows = []
@@ -234,13 +240,13 @@ def profile_generate_table() -> str:
   """One `generate` call (first of --batch_sizes; --prompt_len + --new_tokens, greedy, weights in
   the compute dtype), its time split by XLA op."""
   cfg = model_config()
-  params = jax.tree.map(lambda x: x.astype(cfg.dtype), _params(cfg))
+  params = _serving_params(cfg)
   b = int(_BATCH_SIZES.value[0])
   prompt_BxP = jax.random.randint(jax.random.key(b), (b, _PROMPT_LEN.value), 0, cfg.vocab_size)
   args = (params, prompt_BxP, jnp.ones_like(prompt_BxP, bool), jax.random.key(0))
   kwargs = dict(model=gpt.GPT(cfg), max_new_tokens=_NEW_TOKENS.value, sampling=sampling.Sampling(temperature=0))
-  hlo = sampling.generate_padded.lower(*args, **kwargs).compile().as_text()
-  rows = benchmark.op_profile(lambda: sampling.generate_padded(*args, **kwargs), hlo, calls=_REPEATS.value)
+  compiled = sampling.generate_padded.lower(*args, **kwargs).compile()
+  rows = benchmark.op_profile(lambda: compiled(*args), compiled.as_text(), calls=_REPEATS.value)
   total = sum(ms for _, _, ms, _ in rows)
   return (_header(f"generate by XLA op, batch {b}, {_PROMPT_LEN.value}+{_NEW_TOKENS.value} tokens", cfg)
           + f"\nsum of the ops' times: {total:.1f} ms/call\n"
