@@ -28,4 +28,4 @@ def test_packaging():
     assert needed in deps, needed
   extras = project["optional-dependencies"]
   assert "cuda13" in extras["cuda"][0] and "tpu" in extras["tpu"][0]
-  assert {"pytest", "chex", "hypothesis"} <= {re.split(r"[<>=]", d)[0] for d in extras["test"]}
+  assert {"pytest", "chex", "hypothesis", "papermill", "ipykernel"} <= {re.split(r"[<>=]", d)[0] for d in extras["test"]}

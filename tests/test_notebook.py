@@ -1,0 +1,55 @@
+"""launch/colab.ipynb, executed: every cell runs on this CPU, in a kernel of this venv, with small
+settings that papermill injects after the notebook's parameters cell. A cell that raises fails the
+test (papermill raises PapermillExecutionError naming the cell)."""
+
+import platform
+
+import nbformat
+import papermill
+
+from conftest import REPO
+
+NOTEBOOK = REPO / "launch" / "colab.ipynb"
+
+
+def _code_cells(nb) -> list:
+  return [c for c in nb.cells if c.cell_type == "code"]
+
+
+def test_the_notebook_is_stored_without_outputs():
+  nb = nbformat.read(NOTEBOOK, as_version=4)
+  nbformat.validate(nb)
+  cells = _code_cells(nb)
+  assert all(c.outputs == [] and c.execution_count is None for c in cells)
+  assert "parameters" in cells[0].metadata.get("tags", [])  # papermill's injection point
+  assert nb.metadata.kernelspec.name == "python3"
+
+
+def test_the_notebook_runs_on_cpu(tmp_path, monkeypatch):
+  # This venv's own python3 kernel (ipykernel's), even where a user-wide kernelspec of that name exists.
+  monkeypatch.setenv("JUPYTER_PREFER_ENV_PATH", "1")
+  out = tmp_path / "colab.ipynb"
+  workdir = tmp_path / "w"
+  papermill.execute_notebook(
+      NOTEBOOK, out, kernel_name="python3", cwd=str(NOTEBOOK.parent), progress_bar=False, execution_timeout=600,
+      parameters=dict(LM_PRESET="tiny", MT_PRESET="tiny", CPU_DEVICES=2, MESH_DATA=1, MESH_FSDP=-1,
+                      WORKDIR=str(workdir), DATA_ROOT=str(tmp_path / "data")))
+  nb = nbformat.read(out, as_version=4)
+  assert nb.metadata.language_info.version == platform.python_version()
+  outputs = [o for c in _code_cells(nb) for o in c.outputs]
+  stdout = "".join(o.text for o in outputs if o.output_type == "stream" and o.name == "stdout")
+  pictures = [o for o in outputs if o.output_type == "display_data" and "image/png" in o.data]
+
+  # The two CPU devices and the mesh the config builds over them (batch and parameters split), used by training.
+  assert "2 device(s)" in stdout and "mesh {'data': 1, 'fsdp': 2, 'tensor': 1} over 2 device(s)" in stdout
+  assert "devices: 2 x cpu" in stdout
+  # Training's progress in the cell, then the loss curve, samples, probes, translations.
+  assert "step 40: validation loss" in stdout and "step 20: validation loss" in stdout
+  assert "ROMEO:" in stdout and "JULIET:" in stdout
+  assert "after block 1:" in stdout and "similarity " in stdout
+  assert "test split" in stdout and "greedy: " in stdout and "beam 4: " in stdout
+  # loss (GPT), attention, residual norms, logit lens, loss (translation), alignment.
+  assert len(pictures) == 6
+  assert (workdir / "shakespeare-tiny" / "checkpoints").is_dir()
+  assert (workdir / "de-en-tiny" / "test_translations.tsv").exists()
+  assert (workdir / "de-en-tiny" / "probes" / "alignment.png").exists()
