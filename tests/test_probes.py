@@ -80,7 +80,7 @@ def test_translation_alignment_rows_are_probabilities_over_the_source(tokenizer)
   model = Transformer(cfg)
   params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 4), jnp.int32))["params"])
   inside = probes.look_inside(model, params, tokenizer, "Ich habe keine Zeit.", target="I have no time.")
-  S, T = len("Ich habe keine Zeit.") + 1, len("I have no time.") + 1  # <eot> ends the source, starts the target
+  S, T = len("Ich habe keine Zeit."), len("I have no time.") + 1  # <eot> starts the target (decoder input)
   assert inside.cross_attention_LxHxTxS.shape == (2, 2, T, S) and len(inside.source_tokens) == S
   assert inside.encoder_attention_LxHxSxS.shape == (3, 2, S, S) and inside.residual_LxTxD.shape[0] == 2 + 1
   np.testing.assert_allclose(inside.cross_attention_LxHxTxS.sum(-1), 1.0, atol=1e-5)

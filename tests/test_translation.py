@@ -215,6 +215,31 @@ def test_training_writes_dev_and_test_scores(trained):
   assert losses[20] < losses[5]
 
 
+def test_a_tagged_lexicon_starts_its_sources_with_endoftext_and_only_it_does(trained):
+  root, tsv, _ = trained
+  plain = train.build(resolve(_config(tsv, root / "data"), num_devices=1)).task
+  tagged = train.build(resolve(_config(tsv, root / "data", lexicon_tag=True), num_devices=1)).task
+  eot = tagged.tokenizer.eot_id
+  assert plain._lexicon and [(list(s), list(t)) for s, t in tagged._lexicon] == [
+      ([eot, *s], list(t)) for s, t in plain._lexicon]
+  assert all(source[0] != eot for source, _ in tagged._pairs["train"])
+  # In the packed training batches, a pair whose source starts with the tag is a lexicon pair.
+  as_keys = lambda pairs: {(tuple(source), tuple(target)) for source, target in pairs}
+  tagged_lexicon, plain_lexicon = as_keys(tagged._lexicon), as_keys(plain._lexicon)
+  batches = tagged.train_batches()
+  tagged_pairs = 0
+  for _ in range(4):
+    batch = next(batches)
+    for row in range(batch["source"].shape[0]):
+      for segment in set(batch["source_segments"][row]) - {0}:
+        source = batch["source"][row][batch["source_segments"][row] == segment]
+        target = batch["target_out"][row][batch["target_segments"][row] == segment][:-1]  # without <eot>
+        key = (tuple(source), tuple(target))
+        assert (key in tagged_lexicon) == (source[0] == eot) and key not in plain_lexicon
+        tagged_pairs += int(source[0] == eot)
+  assert tagged_pairs > 0
+
+
 def test_resume_continues_the_same_run(trained, tmp_path):
   root, tsv, _ = trained
   config = _config(tsv, root / "data", num_train_steps=10)

@@ -101,7 +101,7 @@ def look_inside(model, params, tokenizer, text: str, *, target: str | None = Non
 
 
 def _look_inside_seq2seq(model: Transformer, params, tokenizer, source: str, target: str) -> Inside:
-  source_ids = tokenizer.encode(source.strip()) + [tokenizer.eot_id]
+  source_ids = tokenizer.encode(source.strip())  # as training and translation feed it: no <eot>
   target_ids = [tokenizer.eot_id] + tokenizer.encode(target.strip())  # the decoder's input: <eot> starts it
   _check_vocabulary(source_ids + target_ids, model.config.vocab_size)
   logits, state = model.apply({"params": params}, jnp.asarray([source_ids], jnp.int32),

@@ -10,6 +10,7 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from transformer import checkpoints, metrics
@@ -47,6 +48,9 @@ class TranslationConfig:
   # With data.lexicon: the share of each epoch's target tokens that are lexicon pairs (the next ones
   # of the lexicon, round and round); the sentence pairs make the rest, each once an epoch.
   lexicon_share: float = 0.5
+  # Lexicon pairs' sources start with <|endoftext|> (which no sentence starts with): a tag that tells
+  # the model a word entry from a sentence, as tagged back-translation does (Caswell et al. 2019).
+  lexicon_tag: bool = False
   eval: EvalConfig = EvalConfig()
 
   may_change: ClassVar[tuple[str, ...]] = ("eval",)
@@ -123,6 +127,9 @@ class Translation(Task):
       pipeline.pair_columns(self.direction, self.languages)  # an unknown direction fails here, named
       self._pairs = {split: self._split_pairs(split) for split in ("train", "validation", "test")}
       self._lexicon = self._split_pairs(LEXICON) if LEXICON in data.manifest["splits"] else []
+      if self.config.lexicon_tag:
+        self._lexicon = [(np.concatenate([[self.tokenizer.eot_id], source]).astype(source.dtype), target)
+                         for source, target in self._lexicon]
 
   def build_model(self, model_config):
     return seq2seq.Transformer(model_config)
