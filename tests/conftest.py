@@ -27,3 +27,12 @@ def run_module(module: str, *args: str, env: dict | None = None, timeout: float 
   full_env = {**os.environ, **(env or {})}
   return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=full_env, input=stdin,
                         capture_output=True, text=True, timeout=timeout)
+
+
+def nontrivial_png(path, min_colors: int = 20) -> None:
+  """A picture was drawn: big enough, and not blank (at least `min_colors` distinct colours)."""
+  import numpy as np
+  from PIL import Image
+  image = np.asarray(Image.open(path).convert("RGB"))
+  assert image.shape[0] > 200 and image.shape[1] > 200
+  assert len(np.unique(image.reshape(-1, 3), axis=0)) >= min_colors, path

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import run_module
+from conftest import nontrivial_png, run_module
 from experiments import translation as translation_experiment
 from transformer import checkpoints, inference, metrics, optim, tokenizers, train
 from transformer.config import resolve
@@ -238,6 +238,17 @@ def test_a_tagged_lexicon_starts_its_sources_with_endoftext_and_only_it_does(tra
         assert (key in tagged_lexicon) == (source[0] == eot) and key not in plain_lexicon
         tagged_pairs += int(source[0] == eot)
   assert tagged_pairs > 0
+
+
+def test_launch_probe_on_a_translation_draws_the_alignment(trained, tmp_path):
+  root, _, _ = trained
+  proc = run_module("launch.probe", f"--workdir={root / 'w'}", "--text=Ich habe drei Katzen gesehen.",
+                    "--target=I saw three cats.", f"--out={tmp_path}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  nontrivial_png(tmp_path / "alignment.png", min_colors=5)
+  nontrivial_png(tmp_path / "encoder_attention.png")
+  numbers = json.loads((tmp_path / "inside.json").read_text())
+  assert numbers["source_tokens"][:3] == ["I", "c", "h"] and len(numbers["cross_attention"]) == 2
 
 
 def test_resume_continues_the_same_run(trained, tmp_path):
