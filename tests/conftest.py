@@ -3,11 +3,20 @@
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+# One persistent XLA compilation cache for the whole run, shared by the test processes (pytest-xdist
+# workers inherit the controller's environment) and every program they launch: the suite compiles
+# the same tiny models in dozens of processes. A fresh directory per run: no entry outlives it.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="transformer-tests-xla-cache-")
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+  os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
 
 @pytest.fixture(scope="session")
