@@ -3,11 +3,28 @@
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+# One persistent XLA compilation cache for the whole run, shared by the test processes (pytest-xdist
+# workers inherit the controller's environment) and every program they launch: the suite compiles
+# the same tiny models in dozens of processes. A fresh directory per run: no entry outlives it.
+_OWN_XLA_CACHE = None
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  _OWN_XLA_CACHE = tempfile.mkdtemp(prefix="transformer-tests-xla-cache-")
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_XLA_CACHE
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+  os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+
+
+def pytest_unconfigure(config):
+  if _OWN_XLA_CACHE is not None:  # the process that made it (the controller, after its workers) removes it
+    import shutil
+    shutil.rmtree(_OWN_XLA_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
