@@ -293,6 +293,35 @@ def test_sigterm_during_evaluation_abandons_it_saves_and_the_next_launch_evaluat
   assert_same_losses(tmp_path, straight)
 
 
+def _swallowing(catch):
+  """What a library does around its own work: the SIGTERM handler runs inside its `try`."""
+  try:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.01)
+  except catch:
+    pass
+
+
+@pytest.mark.parametrize("catch", [Exception, BaseException])
+def test_sigterm_abandons_an_evaluation_even_inside_a_library_that_catches_exceptions(catch):
+  """jax's persistent compilation cache reads catch `Exception` and warn: a SIGTERM landing there
+  once let the evaluation finish and be recorded. Even a bare `except:` must not do that."""
+  from transformer.train import _Preemption
+
+  preemption = _Preemption()
+  try:
+    with pytest.raises(_Preemption.Interrupted):
+      with preemption.interruptible():
+        _swallowing(catch)
+        _swallowing(catch)
+    assert preemption.requested
+    with pytest.raises(_Preemption.Interrupted):  # a later evaluation does not even start
+      with preemption.interruptible():
+        pytest.fail("an evaluation started after SIGTERM")
+  finally:
+    preemption.restore()
+
+
 def test_a_second_launch_on_a_running_workdir_refuses_and_a_dead_holder_is_detected(tmp_path, data_root):
   forever = ["--config.num_train_steps=100000", "--config.checkpoint_every_steps=100000"]
   proc = subprocess.Popen([sys.executable, "-m", "launch.train", *_args(data_root, tmp_path, *forever)], cwd=REPO,

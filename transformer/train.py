@@ -182,8 +182,9 @@ class _Preemption:
   evaluation (which can take long: BLEU decodes), the evaluation is abandoned at once instead; the
   checkpoint says so, and the next launch evaluates that step before it trains on."""
 
-  class Interrupted(Exception):
-    pass
+  class Interrupted(BaseException):
+    """A BaseException, as KeyboardInterrupt is: libraries' `except Exception` blocks (jax's persistent
+    compilation cache reads, for one) must not swallow it and let the evaluation run on."""
 
   def __init__(self):
     self.requested = False
@@ -206,6 +207,8 @@ class _Preemption:
       yield
     finally:
       self._evaluating = False
+    if self.requested:  # the signal came, but something swallowed what the handler raised
+      raise self.Interrupted()
 
   def restore(self):
     signal.signal(signal.SIGTERM, self._previous)
