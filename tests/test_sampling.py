@@ -59,6 +59,29 @@ def test_greedy_with_cache_equals_full_reforward(changes, params):
   assert len({tuple(g) for g in got}) == len(PROMPTS) and all(len(set(g)) > 3 for g in got)  # not degenerate
 
 
+def test_decode_grows_its_cache_in_phases_that_end_at_prompt_plus_new_tokens():
+  assert sampler.decode_lengths(32, 96) == [64, 96, 128]
+  assert sampler.decode_lengths(32, 128) == [64, 96, 128, 160]
+  assert sampler.decode_lengths(16, 1000) == [266, 516, 766, 1016]  # at most MAX_DECODE_PHASES
+  assert sampler.decode_lengths(16, 40) == [56] and sampler.decode_lengths(16, 1) == [17]
+  assert sampler.decode_lengths(32, 20, phase_tokens=6) == [39, 46, 52]  # ceil(20 j / 3) new tokens
+
+
+@pytest.mark.parametrize("changes", [{}, {"scan_layers": True}])
+def test_greedy_through_a_cache_grown_in_phases_equals_full_reforward(changes, params):
+  """Four phases of 5 new tokens (cache of 37, 42, 47, 52 slots) give the tokens of the reference, for
+  prompts of different lengths in one left-padded batch, with the cache's layers stacked or not."""
+  cfg = CFG.replace(context_length=64, **changes)
+  params = _params(CFG.replace(context_length=64))
+  if cfg.scan_layers:
+    from transformer.layers import stack_layers
+    params = {**params, "h": stack_layers(params["h"], cfg.num_layers)}
+  prompt_BxP, valid_BxP = sampler.pad_rows(PROMPTS, len(PROMPTS), 32, left=True)
+  tokens_BxN = sampler.generate_padded(params, prompt_BxP, valid_BxP, jax.random.key(0), model=GPT(cfg),
+                                       max_new_tokens=20, sampling=Sampling(temperature=0), decode_phase=5)
+  assert np.asarray(tokens_BxN).tolist() == [_greedy_by_full_forward(cfg, params, p, 20) for p in PROMPTS]
+
+
 def test_padding_does_not_change_logits(params):
   model = GPT(CFG)
   prompt = [5, 17, 3, 80, 41]

@@ -69,6 +69,14 @@ def empty_cache(init: Callable[[], dict]):
   return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(init)["cache"])
 
 
+def grow_cache(cache, shapes):
+  """`cache` zero-padded at the end of whichever axis `shapes` (a cache's `jax.eval_shape`) makes
+  longer: its length axis, wherever a layer stack puts it. The new slots hold no token (valid =
+  False), so no query attends to them before a step writes them."""
+  grow = lambda x, s: jnp.pad(x, [(0, n - m) for m, n in zip(x.shape, s.shape)]) if x.shape != s.shape else x
+  return jax.tree.map(grow, cache, shapes)
+
+
 def until_stop(tokens, stop_id: int | None) -> list[int]:
   """The tokens before the first `stop_id` (all of them if there is none)."""
   tokens = np.asarray(tokens).tolist()

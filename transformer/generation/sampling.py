@@ -8,9 +8,11 @@ How `generate` works:
   1. The prompts are left-padded to one length P (rounded up, so few shapes compile) and marked
      valid/padding; padding gets no position and is never attended to (`GPT(valid_BxT=...)`), so a
      prompt's result does not depend on the prompts around it.
-  2. One forward pass over the prompts fills a KV cache of P + max_new_tokens slots (prefill).
+  2. One forward pass over the prompts fills a KV cache (prefill).
   3. A `lax.while_loop` then feeds back one token per step (one compiled program, no Python per
-     token) until every sequence has emitted `stop_id` or `max_new_tokens` are made.
+     token) until every sequence has emitted `stop_id` or `max_new_tokens` are made. The cache
+     grows in a few phases up to P + max_new_tokens slots (`decode_lengths`): each step attends
+     over the slots of its phase, not over every slot that will ever be written.
 
 Sampling (HF's order): logits / temperature -> keep the top_k -> keep the nucleus (the fewest
 tokens whose probability reaches top_p) -> draw. **temperature=0 means greedy** (argmax; top_k and
@@ -34,10 +36,12 @@ import numpy as np
 from jax.experimental import io_callback
 
 from transformer.errors import ConfigError, TokenizerError
-from transformer.generation.common import (batch_rows, check_token_lists, empty_cache, pad_rows,
+from transformer.generation.common import (batch_rows, check_token_lists, empty_cache, grow_cache, pad_rows,
                                                 put_on_mesh, round_up, until_stop)
 
 PROMPT_BUCKET = 16  # prompts are padded to a multiple of this: few compiled shapes
+DECODE_PHASE = 32  # the fewest new tokens a phase of the decode loop makes (see `decode_lengths`)
+MAX_DECODE_PHASES = 4  # each phase compiles its own loop body
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,8 +102,16 @@ def sample_logits(logits_BxV: jax.Array, rng: jax.Array, sampling: Sampling) -> 
 
 def init_cache(model, batch_size: int, length: int):
   """An empty GPT KV cache for `batch_size` sequences of `length` tokens."""
-  tokens = jnp.zeros((batch_size, length), jnp.int32)
-  return empty_cache(lambda: model.init(jax.random.key(0), tokens, decode=True))
+  return empty_cache(lambda: model.init(jax.random.key(0), jnp.zeros((batch_size, length), jnp.int32), decode=True))
+
+
+def decode_lengths(prompt_len: int, max_new_tokens: int, phase_tokens: int = DECODE_PHASE) -> list[int]:
+  """The cache lengths the decode loop grows through, the last P + max_new_tokens. A step attends over
+  every slot of the cache (its shape is static), so one cache of the final length makes the early
+  steps read slots that hold nothing yet. Up to MAX_DECODE_PHASES phases of at least `phase_tokens`
+  tokens: main-job shape (32 + 96 tokens) attends over 64, 96, 128 slots instead of 128 throughout."""
+  phases = max(1, min(MAX_DECODE_PHASES, max_new_tokens // phase_tokens))
+  return [prompt_len + -(-max_new_tokens * j // phases) for j in range(1, phases + 1)]
 
 
 # Streaming: the compiled program calls `_stream` on the host with each step's tokens; it forwards
@@ -113,9 +125,10 @@ def _stream(step, tokens_B):
 
 
 def sample_padded(params, prompt_BxP, valid_BxP, rng, *, model, max_new_tokens: int, sampling: Sampling,
-                  stop_id: int | None = None, rules: tuple = (), stream: bool = False):
+                  stop_id: int | None = None, rules: tuple = (), stream: bool = False,
+                  decode_phase: int = DECODE_PHASE):
   """The sampler (`generate_padded` is its compiled form): left-padded prompts (B, P) -> new tokens
-  (B, max_new_tokens).
+  (B, max_new_tokens). `decode_phase`: see `decode_lengths`.
 
   After a sequence emits `stop_id` its remaining entries are `stop_id`. With `stream`, each step's
   tokens go to the host as they are made (see `generate`'s `on_token`)."""
@@ -136,7 +149,8 @@ def sample_padded(params, prompt_BxP, valid_BxP, rng, *, model, max_new_tokens: 
         io_callback(_stream, None, i, token_B, ordered=True)
       return token_B, done_B, tokens_BxN.at[:, i].set(token_B)
 
-    logits_BxV, cache = forward(init_cache(model, B, P + N), prompt_BxP, valid_BxP)
+    lengths = decode_lengths(P, N, decode_phase)
+    logits_BxV, cache = forward(init_cache(model, B, lengths[0]), prompt_BxP, valid_BxP)
     token_B, done_B, tokens_BxN = emit(0, logits_BxV, jnp.zeros((B,), bool), jnp.zeros((B, N), jnp.int32))
 
     def step(carry):
@@ -144,13 +158,16 @@ def sample_padded(params, prompt_BxP, valid_BxP, rng, *, model, max_new_tokens: 
       logits_BxV, cache = forward(cache, token_B[:, None], jnp.ones((B, 1), bool))
       return i + 1, cache, *emit(i, logits_BxV, done_B, tokens_BxN)
 
-    keep_going = lambda carry: (carry[0] < N) & ~jnp.all(carry[3])
-    *_, tokens_BxN = jax.lax.while_loop(keep_going, step, (jnp.int32(1), cache, token_B, done_B, tokens_BxN))
-  return tokens_BxN
+    carry = (jnp.int32(1), cache, token_B, done_B, tokens_BxN)
+    for length in lengths:  # step i writes slot P + i - 1: a cache of `length` slots takes i <= length - P
+      carry = (carry[0], grow_cache(carry[1], jax.eval_shape(lambda: init_cache(model, B, length))), *carry[2:])
+      keep_going = lambda carry, end=min(length - P + 1, N): (carry[0] < end) & ~jnp.all(carry[3])
+      carry = jax.lax.while_loop(keep_going, step, carry)
+  return carry[-1]
 
 
 # Compiled once per (model, lengths, sampling, ...): `generate` keeps the shapes to a few buckets.
-STATIC_ARGNAMES = ("model", "max_new_tokens", "sampling", "stop_id", "rules", "stream")
+STATIC_ARGNAMES = ("model", "max_new_tokens", "sampling", "stop_id", "rules", "stream", "decode_phase")
 generate_padded = jax.jit(sample_padded, static_argnames=STATIC_ARGNAMES)
 
 
