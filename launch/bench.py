@@ -54,6 +54,9 @@ _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repeats (the median is repo
 _ATTENTION = flags.DEFINE_string("attention", "xla", "Attention implementation.")
 _DTYPE = flags.DEFINE_string("dtype", "float32", "Compute dtype (bfloat16 on accelerators).")
 _HLO_OUT = flags.DEFINE_string("hlo_out", None, "--what=profile: also write the step's optimised HLO here.")
+_ROUNDS = flags.DEFINE_integer("rounds", 1, lower_bound=1, help="--what=vs_torch: measure the peers and ours this many times, "
+                               "alternating, and report each cell's median over the rounds (this machine's "
+                               "speed drifts over minutes: alternating puts both sides in the same minutes).")
 _PEER_PYTHON = flags.DEFINE_string("peer_python", None, "A Python with torch + transformers for the PyTorch peers "
                                    "(default: a venv made once under the asset cache).")
 
@@ -263,7 +266,7 @@ VS_TORCH_SHAPES = (
 
 def vs_torch_table() -> str:
   """Ours beside the minimal PyTorch GPT and HF's GPT-2 (launch/torch_peer.py) on both shapes:
-  a training step, and greedy generation at --batch_sizes."""
+  a training step, and greedy generation at --batch_sizes; --rounds times, alternating."""
   batch_sizes = [int(b) for b in _BATCH_SIZES.value]
   python = benchmark.peer_python(_PEER_PYTHON.value)
   rows, versions = [], ""
@@ -274,22 +277,32 @@ def vs_torch_table() -> str:
                                                    "d_model")},
             "generate": {"batch_sizes": batch_sizes, "prompt_len": _PROMPT_LEN.value, "new_tokens": new_tokens},
             "train": {"batch_size": train_batch, "seq_len": seq_len}, "repeats": _REPEATS.value}
-    peers = benchmark.run_peers(python, spec)
-    versions = f"torch {peers['torch']}, transformers {peers['transformers']}, {peers['threads']} threads"
-    params = _params(cfg)
+    # seconds[(benchmark, batch)][side]: one median per round
+    seconds = collections.defaultdict(lambda: collections.defaultdict(list))
+    for _ in range(_ROUNDS.value):
+      peers = benchmark.run_peers(python, spec)
+      versions = f"torch {peers['torch']}, transformers {peers['transformers']}, {peers['threads']} threads"
+      params = _params(cfg)
+      for b in batch_sizes:
+        cell = seconds[("generate", b)]
+        cell["ours"].append(generate_seconds(cfg, params, b, new_tokens))
+        for peer in ("minimal", "hf"):
+          cell[peer].append(peers[peer]["generate"][str(b)])
+      cell = seconds[("train", train_batch)]
+      cell["ours"].append(train_step_seconds(cfg, params, train_batch, seq_len))  # donates the params: last
+      for peer in ("minimal", "hf"):
+        cell[peer].append(peers[peer]["train"])
     shape = f"{name}: d {cfg.d_model}, {cfg.num_layers} layers, vocab {cfg.vocab_size}"
-
-    def row(what, batch, unit, work, ours_s, peer_seconds):  # peer_seconds(one peer's result)
-      ours, minimal, hf = work / ours_s, work / peer_seconds(peers["minimal"]), work / peer_seconds(peers["hf"])
-      return [shape, what, batch, unit, ours, minimal, hf, f"{ours / minimal:.2f}x", f"{ours / hf:.2f}x"]
-    generate_rows = [row(f"generate {_PROMPT_LEN.value}+{new_tokens}", b, "new tokens/s", b * new_tokens,
-                         generate_seconds(cfg, params, b, new_tokens), lambda peer, b=b: peer["generate"][str(b)])
-                     for b in batch_sizes]
-    ours_s = train_step_seconds(cfg, params, train_batch, seq_len)  # donates the params: last
-    rows += [row(f"train step, seq {seq_len}", train_batch, "tokens/s", train_batch * seq_len, ours_s,
-                 lambda peer: peer["train"])] + generate_rows
+    for (what, batch), cell in sorted(seconds.items(), key=lambda kv: (kv[0][0] != "train", kv[0][1])):
+      work = batch * (seq_len if what == "train" else new_tokens)
+      ours, minimal, hf = (work / float(np.median(cell[side])) for side in ("ours", "minimal", "hf"))
+      label = f"train step, seq {seq_len}" if what == "train" else f"generate {_PROMPT_LEN.value}+{new_tokens}"
+      rows.append([shape, label, batch, "tokens/s" if what == "train" else "new tokens/s", ours, minimal, hf,
+                   f"{ours / minimal:.2f}x", f"{ours / hf:.2f}x"])
   header = (f"ours (JAX, jit) vs a minimal PyTorch GPT and HF transformers' GPT-2 (PyTorch eager) on "
-            f"{jax.devices()[0].device_kind}, median of {_REPEATS.value}\npeers: {versions}; ours: jax {jax.__version__}")
+            f"{jax.devices()[0].device_kind}, median of {_REPEATS.value}"
+            + (f", then the median of {_ROUNDS.value} alternating rounds" if _ROUNDS.value > 1 else "")
+            + f"\npeers: {versions}; ours: jax {jax.__version__}")
   return header + "\n" + benchmark.table(["shape", "benchmark", "batch", "unit", "ours", "minimal torch", "HF",
                                            "ours/minimal", "ours/HF"], rows)
 
