@@ -15,6 +15,7 @@ import pytest
 from conftest import REPO
 from transformer.errors import ConfigError
 from transformer.generation import sampling as sampler
+from transformer.generation.common import decode_lengths
 from transformer.generation.sampling import Sampling
 from transformer.models.gpt import GPT, GPTConfig
 
@@ -60,11 +61,11 @@ def test_greedy_with_cache_equals_full_reforward(changes, params):
 
 
 def test_decode_grows_its_cache_in_phases_that_end_at_prompt_plus_new_tokens():
-  assert sampler.decode_lengths(32, 96) == [64, 96, 128]
-  assert sampler.decode_lengths(32, 128) == [64, 96, 128, 160]
-  assert sampler.decode_lengths(16, 1000) == [266, 516, 766, 1016]  # at most MAX_DECODE_PHASES
-  assert sampler.decode_lengths(16, 40) == [56] and sampler.decode_lengths(16, 1) == [17]
-  assert sampler.decode_lengths(32, 20, phase_tokens=6) == [39, 46, 52]  # ceil(20 j / 3) new tokens
+  assert decode_lengths(32, 96) == [64, 96, 128]
+  assert decode_lengths(32, 128) == [64, 96, 128, 160]
+  assert decode_lengths(16, 1000) == [266, 516, 766, 1016]  # at most MAX_DECODE_PHASES
+  assert decode_lengths(16, 40) == [56] and decode_lengths(16, 1) == [17]
+  assert decode_lengths(32, 20, phase_tokens=6) == [39, 46, 52]  # ceil(20 j / 3) new tokens
 
 
 @pytest.mark.parametrize("changes", [{}, {"scan_layers": True}])
@@ -280,6 +281,7 @@ import jax, flax.linen as nn
 from test_sampling import CFG, PROMPTS, _params
 from transformer import sharding
 from transformer.generation import sampling as sampler
+from transformer.generation.common import decode_lengths
 from transformer.models.gpt import GPT
 mesh = sharding.make_mesh((2, 2, 2))
 rules = sharding.DEFAULT_RULES

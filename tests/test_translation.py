@@ -170,7 +170,7 @@ def _pairs_tsv(path):
 # bucket length) is a multiple of 4, so 1 and 4 data-parallel devices see the same batches.
 OVERRIDES = {"data.tokenizer": "char", "data.direction": "", "data.validation_fraction": 0.1,
              "data.test_fraction": 0.1, "data.max_len": 48, "model.max_len": 48, "batch_tokens": 1920,
-             "lexicon_share": 0.2, "eval.average_last": 2}
+             "lexicon_share": 0.2, "eval.average_last": 2, "eval.test_sentences": 10}
 
 
 def _config(tsv, data_root, **changes):
@@ -208,7 +208,7 @@ def test_training_writes_dev_and_test_scores(trained):
   assert ckpt.best_step() == max(dev, key=lambda r: r["dev_bleu"])["step"]
   assert result["test_bleu_beam2"] == final[0]["test_bleu_beam2"]
   rows = (root / "w" / "test_translations.tsv").read_text().splitlines()
-  assert rows[0] == "source\treference\tgreedy\tbeam" and len(rows) > 5
+  assert rows[0] == "source\treference\tgreedy\tbeam" and len(rows) == 1 + 10  # eval.test_sentences of 24
   assert all(len(r.split("\t")) == 4 for r in rows)
   assert rows[1].split("\t")[0].startswith("Ich habe") and rows[1].split("\t")[1].startswith("I saw")
   losses = metrics.last_per_step(records, "loss")
@@ -317,7 +317,10 @@ def test_workdirs_of_the_other_task_are_refused_by_name(trained):
     ({"eval.average_last": 4}, "--config.eval.average_last=4 averages more checkpoints than "
                                "--config.keep_checkpoints=3 keeps"),
     ({"lexicon_share": 1.0}, r"--config.lexicon_share must be in \[0, 1\)"),
+    ({"eval.test_sentences": -1}, r"--config.eval.test_sentences must be >= 0 \(0: the whole test split\)"),
     ({"data.lexicon": "dictionary"}, "has no dictionary entries of its own"),
+    ({"data.lexicon": "", "lexicon_tag": True}, "--config.lexicon_tag tags the lexicon's pairs, but there is no "
+                                                "lexicon; set --config.data.lexicon"),
     ({"task": "parsing"}, "--config.task='parsing' is unknown; choose one of lm, translation, classification, "
                           "tagging"),
 ])

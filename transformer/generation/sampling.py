@@ -36,12 +36,11 @@ import numpy as np
 from jax.experimental import io_callback
 
 from transformer.errors import ConfigError, TokenizerError
-from transformer.generation.common import (batch_rows, check_token_lists, empty_cache, grow_cache, pad_rows,
-                                                put_on_mesh, round_up, until_stop)
+from transformer.generation.common import (DECODE_PHASE, batch_rows, check_token_lists, decode_in_phases,
+                                                decode_lengths, empty_cache, pad_rows, put_on_mesh, round_up,
+                                                until_stop)
 
 PROMPT_BUCKET = 16  # prompts are padded to a multiple of this: few compiled shapes
-DECODE_PHASE = 32  # the fewest new tokens a phase of the decode loop makes (see `decode_lengths`)
-MAX_DECODE_PHASES = 4  # each phase compiles its own loop body
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,15 +104,6 @@ def init_cache(model, batch_size: int, length: int):
   return empty_cache(lambda: model.init(jax.random.key(0), jnp.zeros((batch_size, length), jnp.int32), decode=True))
 
 
-def decode_lengths(prompt_len: int, max_new_tokens: int, phase_tokens: int = DECODE_PHASE) -> list[int]:
-  """The cache lengths the decode loop grows through, the last P + max_new_tokens. A step attends over
-  every slot of the cache (its shape is static), so one cache of the final length makes the early
-  steps read slots that hold nothing yet. Up to MAX_DECODE_PHASES phases of at least `phase_tokens`
-  tokens: main-job shape (32 + 96 tokens) attends over 64, 96, 128 slots instead of 128 throughout."""
-  phases = max(1, min(MAX_DECODE_PHASES, max_new_tokens // phase_tokens))
-  return [prompt_len + -(-max_new_tokens * j // phases) for j in range(1, phases + 1)]
-
-
 # Streaming: the compiled program calls `_stream` on the host with each step's tokens; it forwards
 # them to the callback of the `generate` call running now. (A fixed function, so that streaming
 # calls share one compiled program; one streaming `generate` at a time per process.)
@@ -158,12 +148,11 @@ def sample_padded(params, prompt_BxP, valid_BxP, rng, *, model, max_new_tokens: 
       logits_BxV, cache = forward(cache, token_B[:, None], jnp.ones((B, 1), bool))
       return i + 1, cache, *emit(i, logits_BxV, done_B, tokens_BxN)
 
-    carry = (jnp.int32(1), cache, token_B, done_B, tokens_BxN)
-    for length in lengths:  # step i writes slot P + i - 1: a cache of `length` slots takes i <= length - P
-      carry = (carry[0], grow_cache(carry[1], jax.eval_shape(lambda: init_cache(model, B, length))), *carry[2:])
-      keep_going = lambda carry, end=min(length - P + 1, N): (carry[0] < end) & ~jnp.all(carry[3])
-      carry = jax.lax.while_loop(keep_going, step, carry)
-  return carry[-1]
+    keep_going = lambda carry: (carry[0] < N) & ~jnp.all(carry[3])
+    *_, tokens_BxN = decode_in_phases(keep_going, step, (jnp.int32(1), cache, token_B, done_B, tokens_BxN), lengths,
+                                      lambda length: jax.eval_shape(lambda: init_cache(model, B, length)),
+                                      first_slot=P - 1)  # step i writes slot P + i - 1
+  return tokens_BxN
 
 
 # Compiled once per (model, lengths, sampling, ...): `generate` keeps the shapes to a few buckets.

@@ -34,6 +34,7 @@ class EvalConfig:
   # The test score is of the mean of the params of the last `average_last` checkpoints (the paper
   # averages the last 5); 1: of the final params alone.
   average_last: int = 1
+  test_sentences: int = 0  # test pairs translated at the end (the first ones: a smoke run's score); 0: all
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +62,9 @@ class TranslationConfig:
       raise ConfigError(f"--config.data.batching={self.batching!r} is unknown; choose one of "
                         f"{', '.join(pipeline.BATCHING)}")
     check_positive(self.eval, ("decode_batch_size", "beam_size", "average_last"), prefix="eval.")
+    if self.eval.test_sentences < 0:
+      raise ConfigError(f"--config.eval.test_sentences must be >= 0 (0: the whole test split), got "
+                        f"{self.eval.test_sentences}")
     if self.eval.average_last > run.loop.keep_checkpoints:
       raise ConfigError(f"--config.eval.average_last={self.eval.average_last} averages more checkpoints than "
                         f"--config.keep_checkpoints={run.loop.keep_checkpoints} keeps; raise keep_checkpoints")
@@ -76,6 +80,9 @@ class TranslationConfig:
       raise ConfigError(f"--config.label_smoothing must be in [0, 1), got {self.label_smoothing}")
     if not 0.0 <= self.lexicon_share < 1.0:
       raise ConfigError(f"--config.lexicon_share must be in [0, 1), got {self.lexicon_share}")
+    if self.lexicon_tag and not run.data.lexicon:
+      raise ConfigError("--config.lexicon_tag tags the lexicon's pairs, but there is no lexicon; set "
+                        "--config.data.lexicon (e.g. dictionary) or drop lexicon_tag")
     if run.data.test_fraction <= 0:
       raise ConfigError("translation is scored on a held-out test split; set --config.data.test_fraction > 0 "
                         "(e.g. 0.05)")
@@ -227,12 +234,14 @@ class Translation(Task):
     return {**metrics.corpus_scores(hyp_text, ref_text), "hypotheses": hyp_text, "references": ref_text}
 
   def finish(self, params, workdir: Path) -> dict:
-    """Greedy and beam-search BLEU/chrF on the test split, printed as a table, of the final params or
+    """Greedy and beam-search BLEU/chrF on the test split (its first eval.test_sentences pairs, when
+    set), printed as a table, of the final params or
     (eval.average_last > 1) the mean of the last checkpoints', beside the final params' greedy score;
     the translations go to test_translations.tsv (source, reference, greedy, beam)."""
-    pairs = self._pairs["test"]
-    if not pairs:
+    split = self._pairs["test"]
+    if not split:
       return {}
+    pairs = split[:self.config.eval.test_sentences or None]
     beam, average = self.config.eval.beam_size, self.config.eval.average_last
     result, scores = {}, []
     if average > 1:
@@ -259,6 +268,7 @@ class Translation(Task):
       (workdir / "test_translations.tsv").write_text(
           "source\treference\tgreedy\tbeam\n" + "".join("\t".join(map(one_line, r)) + "\n" for r in rows))
       table = "".join(f"  {name:<28}{r['bleu']:6.2f}  {r['chrf']:6.2f}\n" for name, r in scores)
-      print(f"\ntest split, {len(pairs)} pairs ({self.direction}), sacreBLEU {greedy['bleu_signature']}:\n"
+      which = f"the first {len(pairs)} of {len(split)}" if len(pairs) < len(split) else f"{len(pairs)}"
+      print(f"\ntest split, {which} pairs ({self.direction}), sacreBLEU {greedy['bleu_signature']}:\n"
             f"  {'decoding':<28}  BLEU    chrF\n{table}translations: {workdir / 'test_translations.tsv'}")
     return result
