@@ -85,21 +85,6 @@ def test_beam_size_one_equals_greedy_and_beams_are_sorted_by_their_scores():
   assert scores[0, 0] >= g_score - 1e-4
 
 
-def test_a_decoder_cache_grown_in_phases_decodes_as_one_of_the_full_length():
-  """Three phases (a cache of 4, 8, then 12 slots) give greedy's and the beams' tokens and scores of
-  one 12-slot cache; the beams reorder the grown cache at every step."""
-  p = _scaled(_params(DEC_CFG))
-  model = Transformer(DEC_CFG)
-  kwargs = dict(model=model, max_len=12, bos_id=BOS, eos_id=49)
-  one, phased = (beam_search.greedy(p, SRC, VALID, **kwargs, decode_phase=n) for n in (12, 4))
-  np.testing.assert_array_equal(phased, one)
-  (one, one_scores), (phased, phased_scores) = (
-      beam_search.beam_search(p, SRC, VALID, **kwargs, beam_size=3, alpha=0.6, decode_phase=n) for n in (12, 4))
-  np.testing.assert_array_equal(phased, one)
-  np.testing.assert_allclose(phased_scores, one_scores, atol=1e-5)
-  assert all(len({tuple(beam) for beam in row}) == 3 for row in np.asarray(one).tolist())  # distinct beams
-
-
 def test_translate_refuses_bad_sentences():
   tok = tokenizers.CharTokenizer.from_corpus(["abc"])
   model = Transformer(seq2seq.preset("cpu-tiny", vocab_size=tok.vocab_size, max_len=8))

@@ -15,7 +15,6 @@ import pytest
 from conftest import REPO
 from transformer.errors import ConfigError
 from transformer.generation import sampling as sampler
-from transformer.generation.common import decode_lengths
 from transformer.generation.sampling import Sampling
 from transformer.models.gpt import GPT, GPTConfig
 
@@ -61,11 +60,11 @@ def test_greedy_with_cache_equals_full_reforward(changes, params):
 
 
 def test_decode_grows_its_cache_in_phases_that_end_at_prompt_plus_new_tokens():
-  assert decode_lengths(32, 96) == [64, 96, 128]
-  assert decode_lengths(32, 128) == [64, 96, 128, 160]
-  assert decode_lengths(16, 1000) == [266, 516, 766, 1016]  # at most MAX_DECODE_PHASES
-  assert decode_lengths(16, 40) == [56] and decode_lengths(16, 1) == [17]
-  assert decode_lengths(32, 20, phase_tokens=6) == [39, 46, 52]  # ceil(20 j / 3) new tokens
+  assert sampler.decode_lengths(32, 96) == [64, 96, 128]
+  assert sampler.decode_lengths(32, 128) == [64, 96, 128, 160]
+  assert sampler.decode_lengths(16, 1000) == [266, 516, 766, 1016]  # at most MAX_DECODE_PHASES
+  assert sampler.decode_lengths(16, 40) == [56] and sampler.decode_lengths(16, 1) == [17]
+  assert sampler.decode_lengths(32, 20, phase_tokens=6) == [39, 46, 52]  # ceil(20 j / 3) new tokens
 
 
 @pytest.mark.parametrize("changes", [{}, {"scan_layers": True}])
@@ -77,10 +76,9 @@ def test_greedy_through_a_cache_grown_in_phases_equals_full_reforward(changes, p
   if cfg.scan_layers:
     from transformer.layers import stack_layers
     params = {**params, "h": stack_layers(params["h"], cfg.num_layers)}
-  prompt_BxP, valid_BxP = sampler.pad_rows(PROMPTS, len(PROMPTS), 32, left=True)
-  tokens_BxN = sampler.generate_padded(params, prompt_BxP, valid_BxP, jax.random.key(0), model=GPT(cfg),
-                                       max_new_tokens=20, sampling=Sampling(temperature=0), decode_phase=5)
-  assert np.asarray(tokens_BxN).tolist() == [_greedy_by_full_forward(cfg, params, p, 20) for p in PROMPTS]
+  got = sampler.generate(GPT(cfg), params, PROMPTS, max_new_tokens=20, sampling=Sampling(temperature=0),
+                         decode_phase=5)
+  assert got == [_greedy_by_full_forward(cfg, params, p, 20) for p in PROMPTS]
 
 
 def test_padding_does_not_change_logits(params):
@@ -234,6 +232,7 @@ def test_bad_inputs_give_one_clear_error(params):
        "prompt 0 \\(40 tokens\\) \\+ max_new_tokens=9 is longer than the model's context of 48 tokens.*"
        "lower max_new_tokens to 8.*sliding_window"),
       (dict(prompts=[[1]], max_new_tokens=0), "max_new_tokens must be >= 1"),
+      (dict(prompts=[[1]], decode_phase=0), r"decode_phase must be >= 1 \(max_new_tokens or more: one phase\)"),
       (dict(prompts="hello"), "prompts must be a non-empty list of token-id lists"),
   ]
   for kwargs, match in cases:
@@ -281,7 +280,6 @@ import jax, flax.linen as nn
 from test_sampling import CFG, PROMPTS, _params
 from transformer import sharding
 from transformer.generation import sampling as sampler
-from transformer.generation.common import decode_lengths
 from transformer.models.gpt import GPT
 mesh = sharding.make_mesh((2, 2, 2))
 rules = sharding.DEFAULT_RULES

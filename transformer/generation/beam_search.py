@@ -24,8 +24,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from transformer.errors import ConfigError
-from transformer.generation.common import (DECODE_PHASE, batch_rows, check_token_lists, decode_in_phases,
-                                           decode_lengths, empty_cache, pad_rows, put_on_mesh, round_up, until_stop)
+from transformer.generation.common import (batch_rows, check_token_lists, empty_cache, pad_rows, put_on_mesh,
+                                           round_up, until_stop)
 from transformer.models.seq2seq import Transformer
 
 NEG_INF = -1.0e7  # scores of impossible hypotheses; finite, so that sums stay ordered
@@ -67,22 +67,19 @@ def _gather_beams(cache, beam_BxK, old_beams: int):
   return flax.traverse_util.unflatten_dict(out)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "beam_size", "max_len", "alpha", "bos_id", "eos_id",
-                                             "decode_phase"))
+@functools.partial(jax.jit, static_argnames=("model", "beam_size", "max_len", "alpha", "bos_id", "eos_id"))
 def beam_search(params, source_BxS, source_valid_BxS, *, model: Transformer, beam_size: int, max_len: int,
-                alpha: float, bos_id: int, eos_id: int, decode_phase: int = DECODE_PHASE):
+                alpha: float, bos_id: int, eos_id: int):
   """(tokens_BxKxL, scores_BxK): the beam_size best translations of each source, best first.
 
   tokens exclude <bos> and are padded with <eos> after the first one; scores are
-  log p(tokens) / length_penalty(len incl. <eos>, alpha). The decoder's cache grows in phases of
-  `decode_phase` tokens or more (`decode_lengths`): most translations end in the first."""
+  log p(tokens) / length_penalty(len incl. <eos>, alpha)."""
   B, S = source_BxS.shape
   K, L = beam_size, max_len
   encoded_BxSxD = model.apply({"params": params}, source_BxS, source_valid_BxS=source_valid_BxS, method="encode")
   repeat = lambda x: jnp.repeat(x, K, axis=0)
   encoded_NxSxD, valid_NxS = repeat(encoded_BxSxD), repeat(source_valid_BxS)
-  lengths = decode_lengths(0, L, decode_phase)
-  cache = init_cache(model, B * K, S, lengths[0])
+  cache = init_cache(model, B * K, S, L)
 
   def log_probs(cache, tokens_N, encoded):
     logits_NxV, cache = decode_step(model, params, cache, encoded, tokens_N, valid_NxS)
@@ -124,21 +121,16 @@ def beam_search(params, source_BxS, source_valid_BxS, *, model: Transformer, bea
   state = (jnp.int32(0), cache, jnp.full((B, K, L), eos_id, jnp.int32), alive_lp_BxK,
            jnp.full((B, K, L), eos_id, jnp.int32), jnp.full((B, K), NEG_INF))
   state = step(state, encoded_NxSxD)  # the first step passes the encoder output (cached from then on)
-  *_, fin_BxKxL, fin_score_BxK = decode_in_phases(keep_going, step, state, lengths,
-                                                  lambda length: jax.eval_shape(lambda: init_cache(model, B * K, S,
-                                                                                                   length)))
+  _, _, _, _, fin_BxKxL, fin_score_BxK = jax.lax.while_loop(keep_going, step, state)
   return fin_BxKxL, fin_score_BxK
 
 
-@functools.partial(jax.jit, static_argnames=("model", "max_len", "bos_id", "eos_id", "decode_phase"))
-def greedy(params, source_BxS, source_valid_BxS, *, model: Transformer, max_len: int, bos_id: int, eos_id: int,
-           decode_phase: int = DECODE_PHASE):
-  """tokens_BxL: the argmax token at every step, <eos>-padded after the first <eos>. The cache grows
-  as in `beam_search`."""
+@functools.partial(jax.jit, static_argnames=("model", "max_len", "bos_id", "eos_id"))
+def greedy(params, source_BxS, source_valid_BxS, *, model: Transformer, max_len: int, bos_id: int, eos_id: int):
+  """tokens_BxL: the argmax token at every step, <eos>-padded after the first <eos>."""
   B, S = source_BxS.shape
   encoded_BxSxD = model.apply({"params": params}, source_BxS, source_valid_BxS=source_valid_BxS, method="encode")
-  lengths = decode_lengths(0, max_len, decode_phase)
-  cache = init_cache(model, B, S, lengths[0])
+  cache = init_cache(model, B, S, max_len)
 
   def step(state, encoded=None):
     i, cache, last_B, done_B, out_BxL = state
@@ -149,8 +141,7 @@ def greedy(params, source_BxS, source_valid_BxS, *, model: Transformer, max_len:
   state = (jnp.int32(0), cache, jnp.full((B,), bos_id, jnp.int32), jnp.zeros((B,), bool),
            jnp.full((B, max_len), eos_id, jnp.int32))
   state = step(state, encoded_BxSxD)
-  *_, out_BxL = decode_in_phases(lambda s: (s[0] < max_len) & ~jnp.all(s[3]), step, state, lengths,
-                                 lambda length: jax.eval_shape(lambda: init_cache(model, B, S, length)))
+  *_, out_BxL = jax.lax.while_loop(lambda s: (s[0] < max_len) & ~jnp.all(s[3]), step, state)
   return out_BxL
 
 

@@ -69,32 +69,6 @@ def empty_cache(init: Callable[[], dict]):
   return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(init)["cache"])
 
 
-DECODE_PHASE = 32  # the fewest new tokens a phase of a decode loop makes (see `decode_lengths`)
-MAX_DECODE_PHASES = 4  # each phase compiles its own loop body
-
-
-def decode_lengths(start: int, new_tokens: int, phase_tokens: int = DECODE_PHASE) -> list[int]:
-  """The KV-cache lengths a decode loop grows through, the last `start + new_tokens` (a prompt's
-  slots, then the new tokens'). A step attends over every slot of the cache (its shape is static),
-  so one cache of the final length makes the early steps read slots that hold nothing yet. Up to
-  MAX_DECODE_PHASES phases of at least `phase_tokens` tokens: GPT's main-job shape (32 + 96 tokens)
-  attends over 64, 96, then 128 slots instead of 128 throughout."""
-  phases = max(1, min(MAX_DECODE_PHASES, new_tokens // phase_tokens))
-  return [start + -(-new_tokens * j // phases) for j in range(1, phases + 1)]
-
-
-def decode_in_phases(keep_going, step, state, lengths: Sequence[int], cache_shapes, first_slot: int = 0):
-  """`jax.lax.while_loop(keep_going, step, state)` with the KV cache grown through `lengths`
-  (`decode_lengths`; the cache in `state` has the first): one loop per length, each running the steps
-  whose slot fits. `state` is (step i, cache, ...); step i writes slot first_slot + i;
-  `cache_shapes(length)` is `jax.eval_shape` of an empty cache of that length."""
-  for length in lengths:
-    i, cache, *rest = state
-    state = (i, grow_cache(cache, cache_shapes(length)), *rest)
-    state = jax.lax.while_loop(lambda s, end=length - first_slot: (s[0] < end) & keep_going(s), step, state)
-  return state
-
-
 def grow_cache(cache, shapes):
   """`cache` zero-padded at the end of whichever axis `shapes` (a cache's `jax.eval_shape`) makes
   longer: its length axis, wherever a layer stack puts it. The new slots hold no token (valid =

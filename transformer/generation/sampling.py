@@ -36,11 +36,12 @@ import numpy as np
 from jax.experimental import io_callback
 
 from transformer.errors import ConfigError, TokenizerError
-from transformer.generation.common import (DECODE_PHASE, batch_rows, check_token_lists, decode_in_phases,
-                                                decode_lengths, empty_cache, pad_rows, put_on_mesh, round_up,
-                                                until_stop)
+from transformer.generation.common import (batch_rows, check_token_lists, empty_cache, grow_cache, pad_rows,
+                                                put_on_mesh, round_up, until_stop)
 
 PROMPT_BUCKET = 16  # prompts are padded to a multiple of this: few compiled shapes
+DECODE_PHASE = 32  # the fewest new tokens a phase of the decode loop makes (see `decode_lengths`)
+MAX_DECODE_PHASES = 4  # each phase compiles its own loop body
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +105,15 @@ def init_cache(model, batch_size: int, length: int):
   return empty_cache(lambda: model.init(jax.random.key(0), jnp.zeros((batch_size, length), jnp.int32), decode=True))
 
 
+def decode_lengths(prompt_len: int, max_new_tokens: int, phase_tokens: int = DECODE_PHASE) -> list[int]:
+  """The cache lengths the decode loop grows through, the last P + max_new_tokens. A step attends over
+  every slot of the cache (its shape is static), so one cache of the final length makes the early
+  steps read slots that hold nothing yet. Up to MAX_DECODE_PHASES phases of at least `phase_tokens`
+  tokens: main-job shape (32 + 96 tokens) attends over 64, 96, 128 slots instead of 128 throughout."""
+  phases = max(1, min(MAX_DECODE_PHASES, max_new_tokens // phase_tokens))
+  return [prompt_len + -(-max_new_tokens * j // phases) for j in range(1, phases + 1)]
+
+
 # Streaming: the compiled program calls `_stream` on the host with each step's tokens; it forwards
 # them to the callback of the `generate` call running now. (A fixed function, so that streaming
 # calls share one compiled program; one streaming `generate` at a time per process.)
@@ -148,11 +158,12 @@ def sample_padded(params, prompt_BxP, valid_BxP, rng, *, model, max_new_tokens: 
       logits_BxV, cache = forward(cache, token_B[:, None], jnp.ones((B, 1), bool))
       return i + 1, cache, *emit(i, logits_BxV, done_B, tokens_BxN)
 
-    keep_going = lambda carry: (carry[0] < N) & ~jnp.all(carry[3])
-    *_, tokens_BxN = decode_in_phases(keep_going, step, (jnp.int32(1), cache, token_B, done_B, tokens_BxN), lengths,
-                                      lambda length: jax.eval_shape(lambda: init_cache(model, B, length)),
-                                      first_slot=P - 1)  # step i writes slot P + i - 1
-  return tokens_BxN
+    carry = (jnp.int32(1), cache, token_B, done_B, tokens_BxN)
+    for length in lengths:  # step i writes slot P + i - 1: a cache of `length` slots takes i <= length - P
+      carry = (carry[0], grow_cache(carry[1], jax.eval_shape(lambda: init_cache(model, B, length))), *carry[2:])
+      keep_going = lambda carry, end=min(length - P + 1, N): (carry[0] < end) & ~jnp.all(carry[3])
+      carry = jax.lax.while_loop(keep_going, step, carry)
+  return carry[-1]
 
 
 # Compiled once per (model, lengths, sampling, ...): `generate` keeps the shapes to a few buckets.
@@ -168,17 +179,24 @@ def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int) -> list[lis
 def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
              sampling: Sampling = Sampling(), seed: int | jax.Array = 0, stop_id: int | None = None,
              mesh=None, rules: tuple = (), sliding_window: bool = False,
-             on_token: Callable[[int, np.ndarray], None] | None = None) -> list[list[int]]:
+             on_token: Callable[[int, np.ndarray], None] | None = None,
+             decode_phase: int = DECODE_PHASE) -> list[list[int]]:
   """New token ids for each prompt (at most `max_new_tokens`, without `stop_id` and what follows).
 
   With `mesh` (and the logical axis `rules` training used), the batch and the KV cache are sharded
   like training's activations; `params` keep whatever shardings they have (e.g. from a checkpoint).
-  `on_token(step, tokens_B)` streams each step's tokens, in prompt order."""
+  `on_token(step, tokens_B)` streams each step's tokens, in prompt order.
+
+  `decode_phase`: the fewest new tokens per phase of the decode loop (`decode_lengths`). Each phase
+  compiles its own loop body (here ~0.3 s each at the main job's and cpu-small's shapes), so for one
+  call the compile can cost more than the phases save; max_new_tokens or more makes one phase."""
   cfg = model.config
   prompts = check_prompts(prompts, cfg.vocab_size)
   sampling = sampling.check()
   if max_new_tokens < 1:
     raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+  if decode_phase < 1:
+    raise ConfigError(f"decode_phase must be >= 1 (max_new_tokens or more: one phase), got {decode_phase}")
   rng = jax.random.key(seed) if isinstance(seed, int) else seed
   longest = max(len(p) for p in prompts)
   if longest + max_new_tokens > cfg.context_length:
@@ -196,7 +214,8 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
   P = min(round_up(longest, PROMPT_BUCKET), cfg.context_length - max_new_tokens)
   prompt_BxP, valid_BxP = pad_rows(prompts, batch_rows(len(prompts), mesh, rules), P, left=True)
   kwargs = dict(model=model, max_new_tokens=max_new_tokens, sampling=sampling, stop_id=stop_id,
-                rules=tuple(rules) if mesh is not None else (), stream=on_token is not None)
+                rules=tuple(rules) if mesh is not None else (), stream=on_token is not None,
+                decode_phase=min(decode_phase, max_new_tokens))  # one compiled program for any one-phase value
   if on_token is not None:
     _stream_target[:] = [lambda i, tokens_B: on_token(i, tokens_B[:len(prompts)])]
   try:
