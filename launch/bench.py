@@ -54,9 +54,10 @@ _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repeats (the median is repo
 _ATTENTION = flags.DEFINE_string("attention", "xla", "Attention implementation.")
 _DTYPE = flags.DEFINE_string("dtype", "float32", "Compute dtype (bfloat16 on accelerators).")
 _HLO_OUT = flags.DEFINE_string("hlo_out", None, "--what=profile: also write the step's optimised HLO here.")
-_ROUNDS = flags.DEFINE_integer("rounds", 1, lower_bound=1, help="--what=vs_torch: measure the peers and ours this many times, "
-                               "alternating, and report each cell's median over the rounds (this machine's "
-                               "speed drifts over minutes: alternating puts both sides in the same minutes).")
+_ROUNDS = flags.DEFINE_integer("rounds", 1, lower_bound=1,
+                               help="--what=vs_torch: measure the peers and ours this many times, alternating, and "
+                               "report each cell's median over the rounds (a machine's speed can drift over "
+                               "minutes: alternating puts both sides in the same minutes).")
 _PEER_PYTHON = flags.DEFINE_string("peer_python", None, "A Python with torch + transformers for the PyTorch peers "
                                    "(default: a venv made once under the asset cache).")
 

@@ -235,9 +235,9 @@ class Translation(Task):
 
   def finish(self, params, workdir: Path) -> dict:
     """Greedy and beam-search BLEU/chrF on the test split (its first eval.test_sentences pairs, when
-    set), printed as a table, of the final params or
-    (eval.average_last > 1) the mean of the last checkpoints', beside the final params' greedy score;
-    the translations go to test_translations.tsv (source, reference, greedy, beam)."""
+    set), printed as a table, of the final params or (eval.average_last > 1) the mean of the last
+    checkpoints', beside the final params' greedy score; the translations go to
+    test_translations.tsv (source, reference, greedy, beam)."""
     split = self._pairs["test"]
     if not split:
       return {}
