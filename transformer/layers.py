@@ -248,14 +248,23 @@ def attend_cached(q_BxTxHxK, k_BxHxKxS, v_BxHxKxS, mask_BxTxS, dropout: nn.Dropo
                   deterministic: bool = True, sow=None) -> jax.Array:
   """`attend` over a KV cache (B x H x K x S, see `MultiHeadAttention._cached`). One new token per
   sequence (T = 1, every step after the prompt) skips the T axis: both products are then
-  matrix-vector products along the cache's contiguous S axis."""
+  matrix-vector products along the cache's contiguous S axis. XLA:CPU runs them fastest as einsums
+  for several sequences and as multiply-and-sum for one (main-job shape, 96 new tokens: batch 32
+  166 -> 73 ms as einsums, batch 1 9.7 -> 7.6 ms as multiply-and-sum)."""
   scale = 1.0 / math.sqrt(q_BxTxHxK.shape[-1])
   if q_BxTxHxK.shape[1] == 1 and sow is None and dropout is None:
-    scores_BxHxS = jnp.einsum("bhk,bhks->bhs", q_BxTxHxK[:, 0], k_BxHxKxS, preferred_element_type=jnp.float32) * scale
+    q_BxHxK = q_BxTxHxK[:, 0].astype(jnp.float32)
+    if q_BxHxK.shape[0] == 1:
+      scores_BxHxS = jnp.sum(q_BxHxK[..., None] * k_BxHxKxS, axis=2) * scale
+    else:
+      scores_BxHxS = jnp.einsum("bhk,bhks->bhs", q_BxHxK, k_BxHxKxS, preferred_element_type=jnp.float32) * scale
     scores_BxHxS = jnp.where(mask_BxTxS, scores_BxHxS, jnp.finfo(jnp.float32).min)  # B x 1 x S: for every head
     probs_BxHxS = jax.nn.softmax(scores_BxHxS, axis=-1)
-    out_BxHxK = jnp.einsum("bhs,bhks->bhk", probs_BxHxS.astype(v_BxHxKxS.dtype), v_BxHxKxS)
-    return out_BxHxK[:, None]
+    if q_BxHxK.shape[0] == 1:
+      out_BxHxK = jnp.sum(probs_BxHxS[:, :, None, :] * v_BxHxKxS, axis=-1)
+    else:
+      out_BxHxK = jnp.einsum("bhs,bhks->bhk", probs_BxHxS.astype(v_BxHxKxS.dtype), v_BxHxKxS)
+    return out_BxHxK[:, None].astype(v_BxHxKxS.dtype)
   scores_BxHxTxS = jnp.einsum("bthk,bhks->bhts", q_BxTxHxK, k_BxHxKxS, preferred_element_type=jnp.float32) * scale
   return mix(scores_BxHxTxS, v_BxHxKxS, mask_BxTxS, dropout, deterministic, sow, values="bhks")
 
