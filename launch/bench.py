@@ -54,6 +54,7 @@ _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repeats (the median is repo
 _ATTENTION = flags.DEFINE_string("attention", "xla", "Attention implementation.")
 _DTYPE = flags.DEFINE_string("dtype", "float32", "Compute dtype (bfloat16 on accelerators).")
 _HLO_OUT = flags.DEFINE_string("hlo_out", None, "--what=profile: also write the step's optimised HLO here.")
+_TOP_OPS = flags.DEFINE_integer("top_ops", 15, "--what=profile/profile_generate: rows of the op tables.")
 _ROUNDS = flags.DEFINE_integer("rounds", 1, lower_bound=1,
                                help="--what=vs_torch: measure the peers and ours this many times, alternating, and "
                                "report each cell's median over the rounds (a machine's speed can drift over "
@@ -214,7 +215,6 @@ def vs_hf_table() -> str:
   return header + "\n" + benchmark.table(["benchmark", "batch", "unit", "ours", "HF", "ours/HF"], rows)
 
 
-_TOP_OPS = 15
 
 
 def profile_table() -> str:
@@ -234,10 +234,10 @@ def profile_table() -> str:
   grouped = sorted(([p, n, ms, f"{ms / total:.1%}"] for p, (ms, n) in by_primitive.items()), key=lambda r: -r[2])
   return (_header(f"training step by XLA op, batch {_TRAIN_BATCH.value} x seq {_SEQ_LEN.value}, remat "
                   f"{cfg.remat_policy}, scan {cfg.scan_layers}", cfg)
-          + f"\nsum of the ops' times: {total:.1f} ms/step (the {_TOP_OPS} largest, then by the JAX primitive "
+          + f"\nsum of the ops' times: {total:.1f} ms/step (the {_TOP_OPS.value} largest, then by the JAX primitive "
             "each op was fused around)\n"
-          + benchmark.table(["HLO op", "JAX operation", "ms/step", "share"], rows[:_TOP_OPS]) + "\n\n"
-          + benchmark.table(["JAX primitive", "ops", "ms/step", "share"], grouped[:_TOP_OPS]))
+          + benchmark.table(["HLO op", "JAX operation", "ms/step", "share"], rows[:_TOP_OPS.value]) + "\n\n"
+          + benchmark.table(["JAX primitive", "ops", "ms/step", "share"], grouped[:_TOP_OPS.value]))
 
 
 def profile_generate_table() -> str:
@@ -254,7 +254,7 @@ def profile_generate_table() -> str:
   total = sum(ms for _, _, ms, _ in rows)
   return (_header(f"generate by XLA op, batch {b}, {_PROMPT_LEN.value}+{_NEW_TOKENS.value} tokens", cfg)
           + f"\nsum of the ops' times: {total:.1f} ms/call\n"
-          + benchmark.table(["HLO op", "JAX operation", "ms/call", "share"], rows[:_TOP_OPS]))
+          + benchmark.table(["HLO op", "JAX operation", "ms/call", "share"], rows[:_TOP_OPS.value]))
 
 
 # --what=vs_torch's two shapes: the README main job's (shakespeare.py:char) and cpu-small with GPT-2's

@@ -55,7 +55,7 @@ class LoopConfig:
   checkpoint_every_steps: int = 200
   keep_checkpoints: int = 3  # the last 3, plus the best (Task.best_metric: val loss; dev BLEU for translation)
   async_checkpointing: bool = True
-  # A step whose loss, gradient norm or new params are not finite is never applied. Then "stop"
+  # A step whose loss or gradient norm is not finite is never applied. Then "stop"
   # (exit 1, naming the step and its batch; the last good checkpoint stays the latest) or "skip"
   # (log it in metrics.jsonl, go on), stopping after more than max_consecutive_skips in a row.
   on_nonfinite: str = "stop"
