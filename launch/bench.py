@@ -215,8 +215,6 @@ def vs_hf_table() -> str:
   return header + "\n" + benchmark.table(["benchmark", "batch", "unit", "ours", "HF", "ours/HF"], rows)
 
 
-
-
 def profile_table() -> str:
   """The training step of --train_batch x --seq_len tokens (first of --remat_policies and
   --scan_layers), its time split by XLA op."""
