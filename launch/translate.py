@@ -41,12 +41,14 @@ def main(argv):
   which = f"steps {list(trained.averaged)} averaged" if trained.averaged else f"step {trained.step}"
   print(f"# {_WORKDIR.value} {which} ({trained.task.direction}): "
         f"{len(sentences)} sentence(s), beam {_BEAM_SIZE.value}, alpha {_ALPHA.value}", file=sys.stderr)
-  translations = beam_search.translate_texts(trained.model, trained.params, trained.tokenizer, sentences,
-                                             beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value,
-                                             max_len=_MAX_LEN.value or None, batch_size=_BATCH_SIZE.value,
-                                             mesh=trained.mesh, rules=trained.rules)
-  for line in translations:
-    print(line)
+  # The ids the model reads (with data.fuzzy_match_tokens: each sentence followed by its fuzzy match).
+  sources = trained.task.sources(sentences)
+  translations = beam_search.translate_ids(trained.model, trained.params, sources, eos_id=trained.tokenizer.eot_id,
+                                           beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value,
+                                           max_len=_MAX_LEN.value or trained.task.config.max_len,
+                                           batch_size=_BATCH_SIZE.value, mesh=trained.mesh, rules=trained.rules)
+  for ids in translations:
+    print(trained.tokenizer.decode(ids))
 
 
 if __name__ == "__main__":

@@ -89,7 +89,7 @@ def test_packed_rows_give_every_pair_the_loss_it_has_alone():
   its own earlier target tokens only, from position 0."""
   tok = tokenizers.CharTokenizer.from_corpus([s + t for s, t in PAIRS])
   pairs = [(np.array(tok.encode(s)), np.array(tok.encode(t))) for s, t in PAIRS]
-  model = seq2seq.Transformer(seq2seq.preset("cpu-tiny", vocab_size=tok.vocab_size, max_len=64))
+  model = seq2seq.Transformer(seq2seq.preset("cpu-tiny", vocab_size=tok.vocab_size, max_len=96))
   params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32), jnp.zeros((1, 8), jnp.int32))["params"])
   alone = [translation_loss(model, params, b, jax.random.key(1), False)
            for b in pipeline.translation_batches(pairs, max_tokens=10_000, max_len=32, eot_id=tok.eot_id, seed=0)]
@@ -99,6 +99,12 @@ def test_packed_rows_give_every_pair_the_loss_it_has_alone():
   together = [translation_loss(model, params, b, jax.random.key(1), False) for b in packed]
   np.testing.assert_allclose(sum(float(s) for s, _ in together), sum(float(s) for s, _ in alone), rtol=1e-5)
   assert sum(float(n) for _, n in together) == sum(float(n) for _, n in alone) == sum(len(t) + 1 for _, t in pairs)
+  # Source rows longer than target rows (sources that carry a fuzzy match): the same losses.
+  longer = pipeline.packed_batches(pairs, max_tokens=128, max_len=64, eot_id=tok.eot_id, seed=0, source_len=96)
+  assert longer[0]["source"].shape == longer[0]["source_valid"].shape == (2, 96)
+  assert longer[0]["target_in"].shape == longer[0]["target_segments"].shape == (2, 64)
+  np.testing.assert_allclose(sum(float(translation_loss(model, params, b, jax.random.key(1), False)[0]) for b in longer),
+                             sum(float(s) for s, _ in alone), rtol=1e-5)
 
 
 def test_an_epoch_of_packed_batches_compiles_the_step_once():
@@ -290,6 +296,47 @@ def test_launch_translate_from_flags_stdin_and_file(trained, tmp_path):
   assert averaged.stdout.splitlines() == expected
 
 
+def test_fuzzy_matches_are_read_in_training_evaluation_and_launch_translate(tmp_path):
+  """data.fuzzy_match_tokens: every source is followed by <eot> and its fuzzy match; the memory goes
+  into the workdir, and a restored model (launch.translate) reads new sentences the same way."""
+  words = ["eins", "zwei", "drei", "vier", "fünf", "sechs", "sieben", "acht", "neun", "zehn"]
+  english = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
+  tsv = tmp_path / "pairs.tsv"
+  # Each number is in four sentences (with other counts): those are a sentence's fuzzy matches.
+  tsv.write_text("".join(f"Ich habe {words[i % 7]} Katzen gesehen , Nummer {i % 60} .\t"
+                         f"I saw {english[i % 7]} cats , number {i % 60} .\n" for i in range(240)))
+  config = _config(tsv, tmp_path / "data", **{"data.tokenizer": "word", "data.vocab_size": 200, "data.lexicon": "",
+                                              "data.max_len": 24, "data.fuzzy_match_tokens": 12, "model.max_len": 36,
+                                              "eval.average_last": 1})
+  train.train_and_evaluate(config, tmp_path / "w")
+  task = train.build(resolve(config, num_devices=1)).task
+  eot = task.tokenizer.eot_id
+  # Every source: the sentence, <eot>, then at most 12 tokens of another training pair's target.
+  for split, pairs in task._pairs.items():
+    for source, _ in pairs:
+      ends = np.flatnonzero(source == eot)
+      assert len(ends) == 1 and len(source) - ends[0] - 1 <= 12 and len(source) <= 36
+  matched = [s for s, _ in task._pairs["test"] if s[-1] != eot]
+  assert len(matched) > len(task._pairs["test"]) // 2  # the numbers recur, so most test sentences have a match
+  rows = [r.split("\t") for r in (tmp_path / "w" / "test_translations.tsv").read_text().splitlines()]
+  assert rows[0] == ["source", "fuzzy_match", "reference", "greedy", "beam"]
+  assert all(r[0].startswith("Ich habe") and "<|endoftext|>" not in r[0] for r in rows[1:])
+  assert any(r[1].startswith("I saw") for r in rows[1:])
+  # Restored: the memory comes from the workdir, and new sentences get the matches training gave.
+  restored = inference.restore(tmp_path / "w", task="translation")
+  assert restored.task.memory is not None and len(restored.task.memory.sources) == len(task._pairs["train"])
+  sentences = [row[0] for row in rows[1:4]]
+  for got, (want, _) in zip(restored.task.sources(sentences), task._pairs["test"]):
+    np.testing.assert_array_equal(got, want)
+  result = run_module("launch.translate", f"--workdir={tmp_path / 'w'}", "--beam_size=2",
+                      *[f"--sentence={s}" for s in sentences])
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.splitlines() == [row[4] for row in rows[1:4]]  # the run's own beam translations
+  (tmp_path / "w" / "translation_memory.npz").unlink()
+  with pytest.raises(UserError, match="trained with fuzzy matches .* but holds no translation_memory.npz"):
+    inference.restore(tmp_path / "w", task="translation")
+
+
 @pytest.mark.parametrize("args,message", [
     (["--sentence=" + "Ich habe " * 20], "sentence 0 is 179 tokens, longer than the model's max_len=48"),
     ([], "nothing to translate: give --sentence or --input_file"),
@@ -317,6 +364,11 @@ def test_workdirs_of_the_other_task_are_refused_by_name(trained):
     ({"eval.average_last": 4}, "--config.eval.average_last=4 averages more checkpoints than "
                                "--config.keep_checkpoints=3 keeps"),
     ({"lexicon_share": 1.0}, r"--config.lexicon_share must be in \[0, 1\)"),
+    ({"data.fuzzy_match_tokens": -1}, r"--config.data.fuzzy_match_tokens must be >= 0 \(0: off\)"),
+    ({"data.fuzzy_match_tokens": 8, "data.batching": "bucketed"}, "--config.data.fuzzy_match_tokens needs "
+                                                                  "--config.data.batching=packed"),
+    ({"data.fuzzy_match_tokens": 8}, r"--config.data.max_len=48 \+ --config.data.fuzzy_match_tokens=8 is longer than "
+                                     "--config.model.max_len=48"),
     ({"eval.test_sentences": -1}, r"--config.eval.test_sentences must be >= 0 \(0: the whole test split\)"),
     ({"data.lexicon": "dictionary"}, "has no dictionary entries of its own"),
     ({"data.lexicon": "", "lexicon_tag": True}, "--config.lexicon_tag tags the lexicon's pairs, but there is no "

@@ -84,6 +84,7 @@ def restore(workdir: str | Path, step: str | int = "latest", task: str | None = 
                           f"{tasks.get(run.task).program}")
   run, trained_task, mesh, abstract = _on_this_machine(run, load_tokenizer(files["tokenizer"]),
                                                        workdir_files.saved_labels(workdir))
+  trained_task.load_files(workdir)
   ckpt = checkpoints.Checkpointer(files["checkpoints"], read_only=True, best=tasks.get(run.task).best_metric)
   chosen, params = _restore_params(ckpt, step, abstract)
   if average <= 1:

@@ -327,6 +327,8 @@ def _train(config: RunConfig, workdir: Path, lead: bool) -> dict:
       state = state.replace(params=jax.device_put(params, run.state_shardings.params))
   if lead:  # the launch fits the workdir: now it may write
     workdir_files.record_run(workdir, config, task.tokenizer, fingerprint, task.labels)
+    with workdir_files.writable(workdir):
+      task.save_files(workdir)
   eval_batches = task.eval_batches()
 
   step_fn, eval_fn = jit_steps(run)

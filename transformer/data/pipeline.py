@@ -13,6 +13,8 @@ so its iterator's `get_state()` is the exact data position to save with a checkp
 
 from __future__ import annotations
 
+import functools
+
 import grain
 import numpy as np
 
@@ -165,22 +167,24 @@ BATCHING = ("packed", "bucketed")
 
 
 def packed_batches(pairs, *, max_tokens: int, max_len: int, eot_id: int, seed: int, epoch: int = 0,
-                   batch_multiple: int = 1, shuffle: bool = True) -> list[dict]:
+                   batch_multiple: int = 1, shuffle: bool = True, source_len: int | None = None) -> list[dict]:
   """One epoch of batches of one shape, each pair once: pairs are packed back to back into rows of
   `max_len` tokens per side (in order, a new row when the next pair does not fit: the flax WMT
   example's packing), `bucket_rows(max_len, max_tokens, batch_multiple)` rows a batch. The keys of
   `translation_batches`, plus source_segments (B, S) and target_segments (B, T): which pair of its
   row (1, 2, ...; 0 is padding) each token belongs to. A pair attends only to itself
-  (models.seq2seq) and its positions start at 0, so packing changes no pair's loss."""
+  (models.seq2seq) and its positions start at 0, so packing changes no pair's loss. `source_len`:
+  source rows longer than the target rows (sources that carry a fuzzy match: data.fuzzy)."""
   if not pairs:
     raise DataError("no sentence pairs left to batch (all were empty or longer than max_len)")
+  source_len = source_len or max_len
   rng = np.random.default_rng([seed, epoch])
   order = rng.permutation(len(pairs)) if shuffle else np.arange(len(pairs))
   rows: list[list[int]] = [[]]
   used_src = used_tgt = 0
   for i in order:
     src, tgt = pairs[i]
-    if rows[-1] and (used_src + len(src) > max_len or used_tgt + len(tgt) + 1 > max_len):
+    if rows[-1] and (used_src + len(src) > source_len or used_tgt + len(tgt) + 1 > max_len):
       rows.append([])
       used_src = used_tgt = 0
     rows[-1].append(int(i))
@@ -189,7 +193,7 @@ def packed_batches(pairs, *, max_tokens: int, max_len: int, eot_id: int, seed: i
   rows += [[]] * (-len(rows) % size)  # the last batch's empty rows weigh nothing
   batches = []
   for start in range(0, len(rows), size):
-    batch = {k: np.zeros((size, max_len), np.int32)
+    batch = {k: np.zeros((size, source_len if k.startswith("source") else max_len), np.int32)
              for k in ("source", "source_segments", "target_in", "target_out", "target_segments")}
     for r, members in enumerate(rows[start:start + size]):
       s = t = 0
@@ -217,8 +221,9 @@ class TranslationBatches:
   shuffled order of them, going round, so that every extra pair is seen before any is seen again."""
 
   def __init__(self, pairs, *, max_tokens: int, max_len: int, eot_id: int, seed: int, batch_multiple: int = 1,
-               batching: str = "packed", extra=(), extra_per_epoch: int = 0):
-    make = packed_batches if batching == "packed" else translation_batches
+               batching: str = "packed", extra=(), extra_per_epoch: int = 0, source_len: int | None = None):
+    make = (functools.partial(packed_batches, source_len=source_len) if batching == "packed"
+            else translation_batches)
     extra_order = np.random.default_rng([seed, 1 << 30]).permutation(len(extra)) if len(extra) else None
 
     def epoch_pairs(epoch: int) -> list:

@@ -84,6 +84,13 @@ class Task(abc.ABC):
     workdir keeps them for inference (`Task(..., labels=...)`)."""
     return None
 
+  def save_files(self, workdir: Path) -> None:
+    """Writes what a restored model needs beside its params and tokenizer (e.g. a translation
+    memory), when a launch may write into the workdir."""
+
+  def load_files(self, workdir: Path) -> None:
+    """Reads back what `save_files` wrote, when a model is restored from `workdir`."""
+
   def init_params(self, params):
     """The params a new run starts from: `params` (freshly initialised) unless the task loads some
     from elsewhere (a pretrained body: config.init_from)."""

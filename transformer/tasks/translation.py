@@ -16,7 +16,7 @@ import optax
 from transformer import checkpoints, metrics
 from transformer import workdir as workdir_files
 from transformer.config import RunConfig, at, check_positive
-from transformer.data import pipeline
+from transformer.data import fuzzy, pipeline
 from transformer.data.prepare import LEXICON
 from transformer.errors import ConfigError, DataError
 from transformer.generation import beam_search
@@ -52,9 +52,18 @@ class TranslationConfig:
   # Lexicon pairs' sources start with <|endoftext|> (which no sentence starts with): a tag that tells
   # the model a word entry from a sentence, as tagged back-translation does (Caswell et al. 2019).
   lexicon_tag: bool = False
+  # Neural fuzzy repair (Bulté & Tezcan 2019; transformer.data.fuzzy): each source is followed by
+  # <|endoftext|> and up to this many tokens of the target of its most similar training pair (never
+  # itself), so source rows are data.max_len + this long. 0: off.
+  fuzzy_match_tokens: int = at("data.fuzzy_match_tokens", 0)
   eval: EvalConfig = EvalConfig()
 
   may_change: ClassVar[tuple[str, ...]] = ("eval",)
+
+  @property
+  def source_len(self) -> int:
+    """Tokens a source may take: the sentence (< max_len), then <|endoftext|> and its fuzzy match."""
+    return self.max_len + self.fuzzy_match_tokens
 
   def check(self, run: RunConfig, data_parallel: int | None) -> None:
     check_positive(self, ("batch_tokens",))
@@ -68,8 +77,14 @@ class TranslationConfig:
     if self.eval.average_last > run.loop.keep_checkpoints:
       raise ConfigError(f"--config.eval.average_last={self.eval.average_last} averages more checkpoints than "
                         f"--config.keep_checkpoints={run.loop.keep_checkpoints} keeps; raise keep_checkpoints")
-    if self.max_len > run.model.max_len:
-      raise ConfigError(f"--config.data.max_len={self.max_len} is longer than --config.model.max_len="
+    if self.fuzzy_match_tokens < 0:
+      raise ConfigError(f"--config.data.fuzzy_match_tokens must be >= 0 (0: off), got {self.fuzzy_match_tokens}")
+    if self.fuzzy_match_tokens and self.batching != "packed":
+      raise ConfigError("--config.data.fuzzy_match_tokens needs --config.data.batching=packed (its sources are "
+                        "longer than its targets)")
+    if self.source_len > run.model.max_len:
+      with_match = f" + --config.data.fuzzy_match_tokens={self.fuzzy_match_tokens}" if self.fuzzy_match_tokens else ""
+      raise ConfigError(f"--config.data.max_len={self.max_len}{with_match} is longer than --config.model.max_len="
                         f"{run.model.max_len}; lower the one or raise the other")
     if self.max_len < 2:
       raise ConfigError(f"--config.data.max_len must be at least 2 (a token and <|endoftext|>), got {self.max_len}")
@@ -115,6 +130,8 @@ class Translation(Task):
   program = "launch.translate"
   best_metric = ("dev_bleu", "max")  # what a reader sees, rather than the loss
   curves = ("dev_bleu", "dev_chrf")
+  MEMORY_FILE: ClassVar[str] = "translation_memory.npz"  # the training pairs, with data.fuzzy_match_tokens
+  memory: fuzzy.TranslationMemory | None = None
 
   @classmethod
   def check_source(cls, run: RunConfig, source) -> None:
@@ -137,6 +154,42 @@ class Translation(Task):
       if self.config.lexicon_tag:
         self._lexicon = [(np.concatenate([[self.tokenizer.eot_id], source]).astype(source.dtype), target)
                          for source, target in self._lexicon]
+      if self.config.fuzzy_match_tokens:
+        self.memory = fuzzy.TranslationMemory(self._pairs["train"])
+        self._pairs = {split: self._with_matches(pairs) for split, pairs in self._pairs.items()}
+
+  # --- Fuzzy matches (config.data.fuzzy_match_tokens): the memory goes into the workdir, so that a
+  # restored model reads its sources as it was trained to. ---
+
+  def _with_matches(self, pairs: list) -> list:
+    sources = self.memory.augment([s for s, _ in pairs], self.config.fuzzy_match_tokens, self.tokenizer.eot_id)
+    return [(source, target) for source, (_, target) in zip(sources, pairs)]
+
+  def save_files(self, workdir: Path) -> None:
+    if self.memory is not None:
+      self.memory.save(workdir / self.MEMORY_FILE)
+
+  def load_files(self, workdir: Path) -> None:
+    if self.config.fuzzy_match_tokens:
+      path = workdir / self.MEMORY_FILE
+      if not path.exists():
+        raise DataError(f"{workdir} was trained with fuzzy matches (data.fuzzy_match_tokens) but holds no {path.name}; "
+                        f"it is written when training starts: train again")
+      self.memory = fuzzy.TranslationMemory.load(path)
+
+  def _sentence(self, source: np.ndarray) -> np.ndarray:
+    """A dev/test source without its fuzzy match (which starts at its <|endoftext|>)."""
+    ends = np.flatnonzero(source == self.tokenizer.eot_id)
+    return source[:ends[0]] if self.memory is not None and len(ends) else source
+
+  def sources(self, texts) -> list[np.ndarray]:
+    """Sentences -> the token ids the model reads: with fuzzy matches, each followed by its match."""
+    ids = [self.tokenizer.encode(t.strip()) for t in texts]
+    if self.memory is None:
+      return ids  # translate_ids checks them
+    ids = beam_search.check_sources(ids, self.config.max_len - 1, self.model_config.vocab_size)
+    return self.memory.augment([np.asarray(s, np.int32) for s in ids], self.config.fuzzy_match_tokens,
+                               self.tokenizer.eot_id)
 
   def build_model(self, model_config):
     return seq2seq.Transformer(model_config)
@@ -166,7 +219,7 @@ class Translation(Task):
     return pipeline.TranslationBatches(self._pairs["train"], max_tokens=c.batch_tokens, max_len=c.max_len,
                                        eot_id=self.tokenizer.eot_id, seed=self.run.loop.seed, batch_multiple=multiple,
                                        batching=c.batching, extra=self._lexicon,
-                                       extra_per_epoch=self.lexicon_per_epoch())
+                                       extra_per_epoch=self.lexicon_per_epoch(), source_len=c.source_len)
 
   def lexicon_per_epoch(self) -> int:
     """Lexicon pairs per epoch: config.lexicon_share of the epoch's target tokens (<|endoftext|> counted)."""
@@ -179,9 +232,11 @@ class Translation(Task):
 
   def eval_batches(self) -> list:
     c = self.config
-    make = pipeline.packed_batches if c.batching == "packed" else pipeline.translation_batches
-    return make(self._pairs["validation"], max_tokens=c.batch_tokens, max_len=c.max_len, eot_id=self.tokenizer.eot_id,
-                seed=0, shuffle=False, batch_multiple=self.run.mesh.data_parallel)
+    kwargs = dict(max_tokens=c.batch_tokens, max_len=c.max_len, eot_id=self.tokenizer.eot_id, seed=0, shuffle=False,
+                  batch_multiple=self.run.mesh.data_parallel)
+    if c.batching == "packed":
+      return pipeline.packed_batches(self._pairs["validation"], source_len=c.source_len, **kwargs)
+    return pipeline.translation_batches(self._pairs["validation"], **kwargs)
 
   def _full_rows(self) -> int:
     """Rows of a packed batch, or of one of the longest bucket (the fewest rows, the most padded tokens)."""
@@ -192,11 +247,12 @@ class Translation(Task):
   def batch_shapes(self):
     # Packed: the one shape. Bucketed: the longest bucket's (the others hold at most batch_tokens
     # too, and compile as programs of their own).
-    shape = (self._full_rows(), self.config.max_len)
+    rows, c = self._full_rows(), self.config
     keys = ["source", "source_valid", "target_in", "target_out", "target_valid"]
-    if self.config.batching == "packed":
+    if c.batching == "packed":
       keys += ["source_segments", "target_segments"]
-    return {k: jax.ShapeDtypeStruct(shape, jnp.bool_ if k.endswith("valid") else jnp.int32) for k in keys}
+    return {k: jax.ShapeDtypeStruct((rows, c.source_len if k.startswith("source") else c.max_len),
+                                    jnp.bool_ if k.endswith("valid") else jnp.int32) for k in keys}
 
   def tokens_per_step(self) -> int:
     return self._full_rows() * self.config.max_len
@@ -227,8 +283,8 @@ class Translation(Task):
     the hypotheses and references."""
     ev = self.config.eval
     hyps = beam_search.translate_ids(self.model, params, [s for s, _ in pairs], eos_id=self.tokenizer.eot_id,
-                                     beam_size=beam_size, alpha=ev.alpha, batch_size=ev.decode_batch_size,
-                                     mesh=self.mesh, rules=self.rules)
+                                     beam_size=beam_size, alpha=ev.alpha, max_len=self.config.max_len,
+                                     batch_size=ev.decode_batch_size, mesh=self.mesh, rules=self.rules)
     hyp_text = [self.tokenizer.decode(h) for h in hyps]
     ref_text = [self.tokenizer.decode(t) for _, t in pairs]
     return {**metrics.corpus_scores(hyp_text, ref_text), "hypotheses": hyp_text, "references": ref_text}
@@ -262,11 +318,14 @@ class Translation(Task):
     averaged = f", mean of {average}" if average > 1 else ""
     scores += [(f"greedy{averaged}", greedy), (f"beam {beam}, alpha {alpha:g}{averaged}", searched)]
     if jax.process_index() == 0:
-      sources = [self.tokenizer.decode(s) for s, _ in pairs]
-      rows = zip(sources, greedy["references"], greedy["hypotheses"], searched["hypotheses"])
+      columns = [("source", [self.tokenizer.decode(self._sentence(s)) for s, _ in pairs])]
+      if self.memory is not None:  # what the model read after the sentence
+        columns.append(("fuzzy_match", [self.tokenizer.decode(s[len(self._sentence(s)) + 1:]) for s, _ in pairs]))
+      columns += [("reference", greedy["references"]), ("greedy", greedy["hypotheses"]),
+                  ("beam", searched["hypotheses"])]
       one_line = lambda text: " ".join(text.split())  # a tab or newline in a translation would break the TSV
-      (workdir / "test_translations.tsv").write_text(
-          "source\treference\tgreedy\tbeam\n" + "".join("\t".join(map(one_line, r)) + "\n" for r in rows))
+      (workdir / "test_translations.tsv").write_text("\t".join(name for name, _ in columns) + "\n" + "".join(
+          "\t".join(map(one_line, row)) + "\n" for row in zip(*(texts for _, texts in columns))))
       table = "".join(f"  {name:<28}{r['bleu']:6.2f}  {r['chrf']:6.2f}\n" for name, r in scores)
       which = f"the first {len(pairs)} of {len(split)}" if len(pairs) < len(split) else f"{len(pairs)}"
       print(f"\ntest split, {which} pairs ({self.direction}), sacreBLEU {greedy['bleu_signature']}:\n"
