@@ -13,7 +13,7 @@ Training pairs are matched against the other training pairs, exactly as a dev or
 matched against all of them, so the model never sees its own reference in its input.
 
     >>> memory = TranslationMemory(train_pairs)
-    >>> source_with_hint = memory.augment(source, hint_tokens=64, separator=tokenizer.eot_id)
+    >>> [source_with_match] = memory.augment([source], hint_tokens=32, separator=tokenizer.eot_id)
 """
 
 from __future__ import annotations

@@ -174,7 +174,7 @@ def packed_batches(pairs, *, max_tokens: int, max_len: int, eot_id: int, seed: i
   `translation_batches`, plus source_segments (B, S) and target_segments (B, T): which pair of its
   row (1, 2, ...; 0 is padding) each token belongs to. A pair attends only to itself
   (models.seq2seq) and its positions start at 0, so packing changes no pair's loss. `source_len`:
-  source rows longer than the target rows (sources that carry a fuzzy match: data.fuzzy)."""
+  source rows longer than the target rows (sources that carry a fuzzy match: data.fuzzy_match_tokens)."""
   if not pairs:
     raise DataError("no sentence pairs left to batch (all were empty or longer than max_len)")
   source_len = source_len or max_len
