@@ -10,7 +10,7 @@ sentences, ~19k pairs, from Debian's trans-de-en package), scored with sacreBLEU
   --config.data.direction=en-de           the other way
   --config.data.input_files=pairs.tsv     your own pairs (source<TAB>target a line); direction source-target
   --config.data.tokenizer=cl100k_base     a tiktoken encoding instead of the joint BPE trained on the pairs
-  --config.data.fuzzy_match_tokens=32 --config.model.max_len=96
+  --config.data.fuzzy_match_tokens=64 --config.model.max_len=128
                                           each source followed by its fuzzy match (neural fuzzy repair)
 """
 
