@@ -156,14 +156,14 @@ class Translation(Task):
                          for source, target in self._lexicon]
       if self.config.fuzzy_match_tokens:
         self.memory = fuzzy.TranslationMemory(self._pairs["train"])
-        self._pairs = {split: self._with_matches(pairs) for split, pairs in self._pairs.items()}
+        self._pairs = {split: list(zip(self._with_matches([s for s, _ in pairs]), [t for _, t in pairs]))
+                       for split, pairs in self._pairs.items()}
 
   # --- Fuzzy matches (config.data.fuzzy_match_tokens): the memory goes into the workdir, so that a
   # restored model reads its sources as it was trained to. ---
 
-  def _with_matches(self, pairs: list) -> list:
-    sources = self.memory.augment([s for s, _ in pairs], self.config.fuzzy_match_tokens, self.tokenizer.eot_id)
-    return [(source, target) for source, (_, target) in zip(sources, pairs)]
+  def _with_matches(self, sources: list) -> list[np.ndarray]:
+    return self.memory.augment(sources, self.config.fuzzy_match_tokens, self.tokenizer.eot_id)
 
   def save_files(self, workdir: Path) -> None:
     if self.memory is not None:
@@ -177,10 +177,12 @@ class Translation(Task):
                         f"it is written when training starts: train again")
       self.memory = fuzzy.TranslationMemory.load(path)
 
-  def _sentence(self, source: np.ndarray) -> np.ndarray:
-    """A dev/test source without its fuzzy match (which starts at its <|endoftext|>)."""
+  def _split_source(self, source: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sentence, fuzzy match) of a dev/test source: the match follows the first <|endoftext|>."""
     ends = np.flatnonzero(source == self.tokenizer.eot_id)
-    return source[:ends[0]] if self.memory is not None and len(ends) else source
+    if self.memory is None or not len(ends):
+      return source, source[:0]
+    return source[:ends[0]], source[ends[0] + 1:]
 
   def sources(self, texts) -> list[np.ndarray]:
     """Sentences -> the token ids the model reads: with fuzzy matches, each followed by its match."""
@@ -188,8 +190,7 @@ class Translation(Task):
     if self.memory is None:
       return ids  # translate_ids checks them
     ids = beam_search.check_sources(ids, self.config.max_len - 1, self.model_config.vocab_size)
-    return self.memory.augment([np.asarray(s, np.int32) for s in ids], self.config.fuzzy_match_tokens,
-                               self.tokenizer.eot_id)
+    return self._with_matches([np.asarray(s, np.int32) for s in ids])
 
   def build_model(self, model_config):
     return seq2seq.Transformer(model_config)
@@ -318,9 +319,10 @@ class Translation(Task):
     averaged = f", mean of {average}" if average > 1 else ""
     scores += [(f"greedy{averaged}", greedy), (f"beam {beam}, alpha {alpha:g}{averaged}", searched)]
     if jax.process_index() == 0:
-      columns = [("source", [self.tokenizer.decode(self._sentence(s)) for s, _ in pairs])]
+      split_sources = [self._split_source(s) for s, _ in pairs]
+      columns = [("source", [self.tokenizer.decode(sentence) for sentence, _ in split_sources])]
       if self.memory is not None:  # what the model read after the sentence
-        columns.append(("fuzzy_match", [self.tokenizer.decode(s[len(self._sentence(s)) + 1:]) for s, _ in pairs]))
+        columns.append(("fuzzy_match", [self.tokenizer.decode(match) for _, match in split_sources]))
       columns += [("reference", greedy["references"]), ("greedy", greedy["hypotheses"]),
                   ("beam", searched["hypotheses"])]
       one_line = lambda text: " ".join(text.split())  # a tab or newline in a translation would break the TSV
