@@ -61,6 +61,26 @@ def test_no_mask_means_causal(implementation):
   np.testing.assert_allclose(layers.mix(scores_BxHxTxS, v, None), layers.mix(scores_BxHxTxS, v, layers.causal_mask(7)))
 
 
+@pytest.mark.parametrize("T", [2 * layers.CAUSAL_BLOCK, 2 * layers.CAUSAL_BLOCK + 37])
+def test_causal_attention_by_blocks_is_causal_attention(T):
+  """Long causal sequences go through `_attend_causal_blocks` (no score above the diagonal's blocks
+  is computed); the result and its gradients are those of the full masked T x T computation, also
+  when T is not a multiple of the block."""
+  q, k, v = _qkv(B=2, T=T, S=T, H=2, K=8)
+  cotangent = jax.random.normal(jax.random.key(3), q.shape)
+  full = lambda q, k, v: layers.attend(q, k, v, layers.causal_mask(T), "xla")
+  blocked = lambda q, k, v: layers.attend(q, k, v, None, "xla")
+  out_full, vjp_full = jax.vjp(full, q, k, v)
+  out_blocked, vjp_blocked = jax.vjp(blocked, q, k, v)
+  np.testing.assert_allclose(out_blocked, out_full, atol=1e-5)
+  for grad_blocked, grad_full in zip(vjp_blocked(cotangent), vjp_full(cotangent)):
+    np.testing.assert_allclose(grad_blocked, grad_full, atol=1e-4)
+  # The future does not leak: changing the last token's key and value changes only its own output.
+  changed = blocked(q, k.at[:, -1].set(5.0), v.at[:, -1].set(-5.0))
+  np.testing.assert_allclose(changed[:, :-1], out_blocked[:, :-1], atol=1e-6)
+  assert not np.allclose(changed[:, -1], out_blocked[:, -1])
+
+
 def test_cache_positions_count_real_tokens_only():
   """Left-padded prompts in decode mode: padding takes no position and no query sees it."""
   module = layers.CachePositions()

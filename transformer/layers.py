@@ -238,10 +238,33 @@ def attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, implementation: str,
   if mask_BxTxS is None and implementation == "cudnn":
     return jax.nn.dot_product_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, is_causal=True,
                                         implementation=implementation)
+  if mask_BxTxS is None and q_BxTxHxK.shape[1] >= 2 * CAUSAL_BLOCK:
+    return _attend_causal_blocks(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, implementation)
   if mask_BxTxS is None:  # XLA's kernel takes the mask as before: is_causal measured no faster on a CPU
     mask_BxTxS = causal_mask(q_BxTxHxK.shape[1], k_BxSxHxK.shape[1])
   return jax.nn.dot_product_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask=mask_BxTxS[:, None],
                                       implementation=implementation)
+
+
+CAUSAL_BLOCK = 64  # query rows per block of `_attend_causal_blocks`
+
+
+def _attend_causal_blocks(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, implementation: str) -> jax.Array:
+  """Causal attention computed by blocks of CAUSAL_BLOCK queries, each over the keys up to its last
+  query: the scores above the diagonal's blocks, which the mask would zero, are never computed
+  (T = 128: 3/4 of the T x T scores; T = 256: 5/8). Exactly `attend`'s result (a masked key's
+  weight is exp(-huge) = 0 either way). XLA's kernel has no causal skipping of its own: on a 2-core
+  EPYC the attention's forward + backward takes ~0.7x the time at the README main job's shape
+  (batch 32 x 128 tokens, 4 heads) and ~0.75x at cpu-small's (16 x 256)."""
+  T = q_BxTxHxK.shape[1]
+  out_blocks = []
+  for start in range(0, T, CAUSAL_BLOCK):
+    end = min(start + CAUSAL_BLOCK, T)
+    mask_1xTxS = causal_mask(end)[:, start:]  # this block's queries over keys 0..end-1
+    out_blocks.append(jax.nn.dot_product_attention(q_BxTxHxK[:, start:end], k_BxTxHxK[:, :end],
+                                                   v_BxTxHxK[:, :end], mask=mask_1xTxS[:, None],
+                                                   implementation=implementation))
+  return jnp.concatenate(out_blocks, axis=1)
 
 
 def attend_cached(q_BxTxHxK, k_BxHxKxS, v_BxHxKxS, mask_BxTxS, dropout: nn.Dropout | None = None,
