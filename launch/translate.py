@@ -27,6 +27,8 @@ _INPUT_FILE = flags.DEFINE_string("input_file", None, "One sentence per line; '-
 _BEAM_SIZE = flags.DEFINE_integer("beam_size", 4, "Hypotheses kept per sentence; 1 is greedy decoding.")
 _ALPHA = flags.DEFINE_float("alpha", 0.6, "GNMT length penalty exponent (0: plain log-probability).")
 _MAX_LEN = flags.DEFINE_integer("max_len", 0, "At most this many target tokens (0: the model's max_len).")
+_NO_REPEAT_NGRAM = flags.DEFINE_integer("no_repeat_ngram", -1, "No translation repeats an n-gram of this many "
+                                       "tokens (0: off; -1: the run's config.eval.no_repeat_ngram).")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Sentences decoded together.")
 
 
@@ -41,11 +43,13 @@ def main(argv):
   which = f"steps {list(trained.averaged)} averaged" if trained.averaged else f"step {trained.step}"
   print(f"# {_WORKDIR.value} {which} ({trained.task.direction}): "
         f"{len(sentences)} sentence(s), beam {_BEAM_SIZE.value}, alpha {_ALPHA.value}", file=sys.stderr)
+  no_repeat_ngram = trained.task.config.eval.no_repeat_ngram if _NO_REPEAT_NGRAM.value < 0 else _NO_REPEAT_NGRAM.value
   # The ids the model reads (with data.fuzzy_match_tokens: each sentence followed by its fuzzy match).
   sources = trained.task.sources(sentences)
   translations = beam_search.translate_ids(trained.model, trained.params, sources, eos_id=trained.tokenizer.eot_id,
                                            beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value,
                                            max_len=_MAX_LEN.value or trained.task.config.max_len,
+                                           no_repeat_ngram=no_repeat_ngram,
                                            batch_size=_BATCH_SIZE.value, mesh=trained.mesh, rules=trained.rules)
   for ids in translations:
     print(trained.tokenizer.decode(ids))

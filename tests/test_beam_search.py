@@ -85,6 +85,33 @@ def test_beam_size_one_equals_greedy_and_beams_are_sorted_by_their_scores():
   assert scores[0, 0] >= g_score - 1e-4
 
 
+def test_repeated_ngram_mask_names_the_tokens_that_would_repeat():
+  tokens = jnp.array([[5, 6, 7, 5, 6, 9, 0, 0],    # ... 5 6 -> 7 and 9 would repeat a trigram
+                      [3, 3, 3, 3, 0, 0, 0, 0]])   # ... 3 3 -> 3
+  def banned(length, n):
+    mask = beam_search.repeated_ngram_mask(tokens, length, n, 10)
+    return [set(np.flatnonzero(row).tolist()) for row in mask]
+  assert banned(5, 3) == [{7}, set()]  # row 0's last two are 5 6; row 1's (3 0) never came before
+  assert banned(4, 3) == [set(), {3}]
+  assert banned(6, 2) == [set(), {0}]  # row 0's last token 9 came once; row 1's bigram 0 0 came before
+  assert banned(3, 1) == [{5, 6, 7}, {3}]  # unigrams: any token already written
+  assert banned(1, 3) == [set(), set()]  # too short to repeat
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_no_repeat_ngram_decodes_no_repeated_ngram(beam_size):
+  p = _params(CFG)  # a tied head at random init repeats its input token: every step a repeat
+  model = Transformer(CFG)
+  kw = dict(model=model, max_len=12, bos_id=BOS, eos_id=49)
+  decode = (lambda **o: beam_search.greedy(p, SRC, VALID, **kw, **o)) if beam_size == 1 else (
+      lambda **o: beam_search.beam_search(p, SRC, VALID, beam_size=beam_size, alpha=0.6, **kw, **o)[0][:, 0])
+  ngrams = lambda row, n: [tuple(row[i:i + n]) for i in range(len(row) - n + 1)]
+  repeats = lambda out, n: sum(len(g) - len(set(g)) for g in (ngrams(until_stop(r, 49), n) for r in np.asarray(out)))
+  assert repeats(decode(), 2) > 0
+  for n in (1, 2, 3):
+    assert repeats(decode(no_repeat_ngram=n), n) == 0
+
+
 def test_translate_refuses_bad_sentences():
   tok = tokenizers.CharTokenizer.from_corpus(["abc"])
   model = Transformer(seq2seq.preset("cpu-tiny", vocab_size=tok.vocab_size, max_len=8))

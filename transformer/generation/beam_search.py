@@ -9,6 +9,11 @@ log-probability / GNMT length penalty ((5 + length) / 6)^alpha, as in flax's wmt
 they are among the beam_size best, and the best beam_size others on. It stops when no live
 hypothesis can beat the finished ones, or at max_len. With beam_size = 1 and alpha = 0 it is
 greedy decoding.
+
+Both can forbid repeating an n-gram (`no_repeat_ngram=n`, fairseq's --no-repeat-ngram-size and
+Hugging Face's no_repeat_ngram_size): a token that would complete an n-gram of tokens the hypothesis
+already holds is not chosen. An undertrained model loops ("the voice of the voice of the voice");
+this stops the loop, never the <eos>.
 """
 
 from __future__ import annotations
@@ -50,6 +55,21 @@ def decode_step(model: Transformer, params, cache, encoded_BxSxD, tokens_B, sour
   return logits_Bx1xV[:, 0], variables["cache"]
 
 
+def repeated_ngram_mask(tokens_NxL, length, n: int, vocab_size: int):
+  """bool_NxV: True for each next token that would complete an n-gram already in tokens_NxL[:, :length]
+  (the tokens generated so far; the next one goes at `length`)."""
+  N, L = tokens_NxL.shape
+  if n > L:
+    return jnp.zeros((N, vocab_size), bool)
+  start_J = jnp.arange(L - n + 1)  # where an earlier n-gram starts
+  last_Nx = jax.lax.dynamic_slice_in_dim(tokens_NxL, jnp.maximum(length - (n - 1), 0), n - 1, axis=1)
+  earlier_NxJx = tokens_NxL[:, start_J[:, None] + jnp.arange(n - 1)[None]]
+  # the earlier n-gram's first n-1 tokens are the last n-1 generated, and it ended before `length`
+  match_NxJ = jnp.all(earlier_NxJx == last_Nx[:, None], axis=-1) & (start_J + n - 1 < length)[None]
+  match_NxJ &= length >= n - 1
+  return jnp.zeros((N, vocab_size), bool).at[jnp.arange(N)[:, None], tokens_NxL[:, start_J + n - 1]].max(match_NxJ)
+
+
 def _gather_beams(cache, beam_BxK, old_beams: int):
   """Reorders every per-sequence cache entry (batch*old_beams, ...) to the chosen beams (batch*K, ...)."""
   flat = flax.traverse_util.flatten_dict(cache)
@@ -67,9 +87,10 @@ def _gather_beams(cache, beam_BxK, old_beams: int):
   return flax.traverse_util.unflatten_dict(out)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "beam_size", "max_len", "alpha", "bos_id", "eos_id"))
+@functools.partial(jax.jit, static_argnames=("model", "beam_size", "max_len", "alpha", "bos_id", "eos_id",
+                                             "no_repeat_ngram"))
 def beam_search(params, source_BxS, source_valid_BxS, *, model: Transformer, beam_size: int, max_len: int,
-                alpha: float, bos_id: int, eos_id: int):
+                alpha: float, bos_id: int, eos_id: int, no_repeat_ngram: int = 0):
   """(tokens_BxKxL, scores_BxK): the beam_size best translations of each source, best first.
 
   tokens exclude <bos> and are padded with <eos> after the first one; scores are
@@ -90,6 +111,9 @@ def beam_search(params, source_BxS, source_valid_BxS, *, model: Transformer, bea
     last_N = jnp.where(i == 0, bos_id, alive_BxKxL[:, :, jnp.maximum(i - 1, 0)]).reshape(B * K)
     lp_NxV, cache = log_probs(cache, last_N, encoded)
     V = lp_NxV.shape[-1]
+    if no_repeat_ngram:
+      banned_NxV = repeated_ngram_mask(alive_BxKxL.reshape(B * K, L), i, no_repeat_ngram, V).at[:, eos_id].set(False)
+      lp_NxV = jnp.where(banned_NxV, NEG_INF, lp_NxV)
     cand_BxKV = (alive_lp_BxK[:, :, None] + lp_NxV.reshape(B, K, V)).reshape(B, K * V)
     top_lp_Bx2K, top_idx_Bx2K = jax.lax.top_k(cand_BxKV, 2 * K)
     beam_Bx2K, token_Bx2K = top_idx_Bx2K // V, top_idx_Bx2K % V
@@ -125,8 +149,9 @@ def beam_search(params, source_BxS, source_valid_BxS, *, model: Transformer, bea
   return fin_BxKxL, fin_score_BxK
 
 
-@functools.partial(jax.jit, static_argnames=("model", "max_len", "bos_id", "eos_id"))
-def greedy(params, source_BxS, source_valid_BxS, *, model: Transformer, max_len: int, bos_id: int, eos_id: int):
+@functools.partial(jax.jit, static_argnames=("model", "max_len", "bos_id", "eos_id", "no_repeat_ngram"))
+def greedy(params, source_BxS, source_valid_BxS, *, model: Transformer, max_len: int, bos_id: int, eos_id: int,
+           no_repeat_ngram: int = 0):
   """tokens_BxL: the argmax token at every step, <eos>-padded after the first <eos>."""
   B, S = source_BxS.shape
   encoded_BxSxD = model.apply({"params": params}, source_BxS, source_valid_BxS=source_valid_BxS, method="encode")
@@ -135,6 +160,9 @@ def greedy(params, source_BxS, source_valid_BxS, *, model: Transformer, max_len:
   def step(state, encoded=None):
     i, cache, last_B, done_B, out_BxL = state
     logits_BxV, cache = decode_step(model, params, cache, encoded, last_B, source_valid_BxS)
+    if no_repeat_ngram:
+      banned_BxV = repeated_ngram_mask(out_BxL, i, no_repeat_ngram, logits_BxV.shape[-1]).at[:, eos_id].set(False)
+      logits_BxV = jnp.where(banned_BxV, -jnp.inf, logits_BxV)
     token_B = jnp.where(done_B, eos_id, jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32))
     return i + 1, cache, token_B, done_B | (token_B == eos_id), out_BxL.at[:, i].set(token_B)
 
@@ -161,8 +189,8 @@ def check_sources(sources: Sequence[Sequence[int]], max_len: int, vocab_size: in
 
 
 def translate_ids(model: Transformer, params, sources: Sequence[Sequence[int]], *, eos_id: int,
-                  beam_size: int = 1, alpha: float = 0.6, max_len: int | None = None, batch_size: int = 32,
-                  mesh=None, rules: tuple = ()) -> list[list[int]]:
+                  beam_size: int = 1, alpha: float = 0.6, max_len: int | None = None, no_repeat_ngram: int = 0,
+                  batch_size: int = 32, mesh=None, rules: tuple = ()) -> list[list[int]]:
   """The best translation of each source (token ids, without <eos>), in order: greedy for
   beam_size 1, else beam search. <eos> (<|endoftext|>) is also the decoder's start token.
 
@@ -172,15 +200,18 @@ def translate_ids(model: Transformer, params, sources: Sequence[Sequence[int]], 
   max_len = max_len or cfg.max_len
   if beam_size < 1 or not 2 <= max_len <= cfg.max_len:
     raise ConfigError(f"beam_size must be >= 1 and max_len in [2, {cfg.max_len}], got {beam_size} and {max_len}")
+  if no_repeat_ngram < 0:
+    raise ConfigError(f"no_repeat_ngram must be >= 0 (0: repeats allowed), got {no_repeat_ngram}")
   sources = check_sources(sources, cfg.max_len, cfg.vocab_size)
   B = batch_rows(batch_size, mesh, rules)
   order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
   out: list[list[int]] = [[] for _ in sources]
   if beam_size == 1:
-    search = functools.partial(greedy, model=model, max_len=max_len, bos_id=eos_id, eos_id=eos_id)
+    search = functools.partial(greedy, model=model, max_len=max_len, bos_id=eos_id, eos_id=eos_id,
+                               no_repeat_ngram=no_repeat_ngram)
   else:
     beams = functools.partial(beam_search, model=model, beam_size=beam_size, alpha=float(alpha), max_len=max_len,
-                              bos_id=eos_id, eos_id=eos_id)
+                              bos_id=eos_id, eos_id=eos_id, no_repeat_ngram=no_repeat_ngram)
     search = lambda *args: beams(*args)[0][:, 0]  # the best of each sentence's beams
   for start in range(0, len(order), B):
     rows = order[start:start + B]

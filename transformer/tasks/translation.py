@@ -30,6 +30,8 @@ class EvalConfig:
   bleu_sentences: int = 400  # dev sentences translated (greedy) at each evaluation; 0: all
   beam_size: int = 4  # the paper's beam and length penalty for the final test score
   alpha: float = 0.6
+  # No translation repeats an n-gram of this many tokens (greedy and beam, dev and test); 0: off.
+  no_repeat_ngram: int = 0
   decode_batch_size: int = 64
   # The test score is of the mean of the params of the last `average_last` checkpoints (the paper
   # averages the last 5); 1: of the final params alone.
@@ -71,6 +73,8 @@ class TranslationConfig:
       raise ConfigError(f"--config.data.batching={self.batching!r} is unknown; choose one of "
                         f"{', '.join(pipeline.BATCHING)}")
     check_positive(self.eval, ("decode_batch_size", "beam_size", "average_last"), prefix="eval.")
+    if self.eval.no_repeat_ngram < 0:
+      raise ConfigError(f"--config.eval.no_repeat_ngram must be >= 0 (0: off), got {self.eval.no_repeat_ngram}")
     if self.eval.test_sentences < 0:
       raise ConfigError(f"--config.eval.test_sentences must be >= 0 (0: the whole test split), got "
                         f"{self.eval.test_sentences}")
@@ -285,6 +289,7 @@ class Translation(Task):
     ev = self.config.eval
     hyps = beam_search.translate_ids(self.model, params, [s for s, _ in pairs], eos_id=self.tokenizer.eot_id,
                                      beam_size=beam_size, alpha=ev.alpha, max_len=self.config.max_len,
+                                     no_repeat_ngram=ev.no_repeat_ngram,
                                      batch_size=ev.decode_batch_size, mesh=self.mesh, rules=self.rules)
     hyp_text = [self.tokenizer.decode(h) for h in hyps]
     ref_text = [self.tokenizer.decode(t) for _, t in pairs]
