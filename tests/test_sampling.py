@@ -59,6 +59,17 @@ def test_greedy_with_cache_equals_full_reforward(changes, params):
   assert len({tuple(g) for g in got}) == len(PROMPTS) and all(len(set(g)) > 3 for g in got)  # not degenerate
 
 
+@pytest.mark.parametrize("prompts", [PROMPTS, PROMPTS[:1]], ids=["batch", "one"])
+def test_greedy_through_the_tied_head_equals_full_reforward(prompts):
+  """A tied head decodes several sequences through the embedding transposed once per call (on a CPU)
+  and one through the embedding's rows (gpt._decode_head): both give the reference's tokens."""
+  cfg = CFG.replace(tie_embeddings=True)
+  params = _params(cfg, scale=20.0, seed=1)  # the head reads the embedding: larger weights to vary the paths
+  got = sampler.generate(GPT(cfg), params, prompts, max_new_tokens=20, sampling=Sampling(temperature=0))
+  assert got == [_greedy_by_full_forward(cfg, params, p, 20) for p in prompts]
+  assert all(len(set(g)) > 3 for g in got)  # not degenerate
+
+
 def test_decode_grows_its_cache_in_phases_that_end_at_prompt_plus_new_tokens():
   assert sampler.decode_lengths(32, 96) == [64, 96, 128]
   assert sampler.decode_lengths(32, 128) == [64, 96, 128, 160]

@@ -168,7 +168,11 @@ def sample_padded(params, prompt_BxP, valid_BxP, rng, *, model, max_new_tokens: 
 
 # Compiled once per (model, lengths, sampling, ...): `generate` keeps the shapes to a few buckets.
 STATIC_ARGNAMES = ("model", "max_new_tokens", "sampling", "stop_id", "rules", "stream", "decode_phase")
-generate_padded = jax.jit(sample_padded, static_argnames=STATIC_ARGNAMES)
+# A decoding step of a small model is many small elementwise kernels (LayerNorm, GELU's tanh): with
+# 512-bit vectors on CPUs that have them, main-job-sized generation is ~6% faster (a Zen 5; LLVM's
+# default prefers 256). Accelerator compilers ignore XLA:CPU's options.
+COMPILER_OPTIONS = {"xla_cpu_prefer_vector_width": 512}
+generate_padded = jax.jit(sample_padded, static_argnames=STATIC_ARGNAMES, compiler_options=COMPILER_OPTIONS)
 
 
 def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int) -> list[list[int]]:

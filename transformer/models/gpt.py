@@ -143,9 +143,7 @@ class GPT(nn.Module):
       x_BxTxD = jax.lax.optimization_barrier(x_BxTxD[:, -1:])
 
     if cfg.tie_embeddings and decode:
-      # Embedding rows times the hidden state: for one sequence XLA:CPU runs this matrix-vector
-      # form ~1.3x faster than x @ embeddingᵀ (and as fast for several).
-      logits_BxTxV = jnp.einsum("vd,btd->btv", wte.embedding.astype(dtype), x_BxTxD)
+      logits_BxTxV = _decode_head(wte.embedding.astype(dtype), x_BxTxD)
     elif cfg.tie_embeddings:
       logits_BxTxV = wte.attend(x_BxTxD)
     else:
@@ -155,6 +153,22 @@ class GPT(nn.Module):
                               name="lm_head")(x_BxTxD)
     # Softmax/cross-entropy in float32 whatever the compute dtype.
     return nn.with_logical_constraint(logits_BxTxV.astype(jnp.float32), ("batch", "length", "vocab"))
+
+
+def _decode_head(embedding_VxD: jax.Array, x_BxTxD: jax.Array) -> jax.Array:
+  """The tied head of a decoding step, B x T x V.
+
+  For one sequence, embedding rows times the hidden state: XLA:CPU runs this matrix-vector form
+  ~1.3x faster than x @ embeddingᵀ. For several on a CPU, x times the embedding transposed into a
+  D x V copy: the product reads contiguous rows of the copy, and it is ~1.3x faster than against the
+  V x D embedding at batch 8 (XLA hoists the copy out of the decode loop, so it is made once per
+  `generate` call). Accelerators keep the einsum, which their matrix units take in either layout."""
+  rows = lambda E_VxD, x_BxTxD: jnp.einsum("vd,btd->btv", E_VxD, x_BxTxD)
+  if x_BxTxD.shape[0] == 1:
+    return rows(embedding_VxD, x_BxTxD)
+  # The barrier keeps XLA from folding the transpose back into the product's dimension numbers.
+  transposed = lambda E_VxD, x_BxTxD: x_BxTxD @ jax.lax.optimization_barrier(E_VxD.T)
+  return jax.lax.platform_dependent(embedding_VxD, x_BxTxD, cpu=transposed, default=rows)
 
 
 def param_shapes(config: GPTConfig):
