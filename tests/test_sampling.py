@@ -59,15 +59,30 @@ def test_greedy_with_cache_equals_full_reforward(changes, params):
   assert len({tuple(g) for g in got}) == len(PROMPTS) and all(len(set(g)) > 3 for g in got)  # not degenerate
 
 
-@pytest.mark.parametrize("prompts", [PROMPTS, PROMPTS[:1]], ids=["batch", "one"])
+# 4 prompts, 1, and 20 (vocabulary-major from gpt.VOCAB_MAJOR_MIN_BATCH = 16 sequences).
+@pytest.mark.parametrize("prompts", [PROMPTS, PROMPTS[:1], PROMPTS * 5], ids=["batch", "one", "vocab_major"])
 def test_greedy_through_the_tied_head_equals_full_reforward(prompts):
-  """A tied head decodes several sequences through the embedding transposed once per call (on a CPU)
-  and one through the embedding's rows (gpt._decode_head): both give the reference's tokens."""
+  """A tied head decodes one sequence through the embedding's rows, a few through the embedding
+  transposed once per call, many into vocabulary-major logits that the argmax reads in place (on a
+  CPU; gpt._decode_head): each gives the reference's tokens."""
+  assert GPT(CFG.replace(tie_embeddings=True)).vocab_major_logits(len(prompts)) == (len(prompts) >= 16)
   cfg = CFG.replace(tie_embeddings=True)
   params = _params(cfg, scale=20.0, seed=1)  # the head reads the embedding: larger weights to vary the paths
   got = sampler.generate(GPT(cfg), params, prompts, max_new_tokens=20, sampling=Sampling(temperature=0))
   assert got == [_greedy_by_full_forward(cfg, params, p, 20) for p in prompts]
   assert all(len(set(g)) > 3 for g in got)  # not degenerate
+
+
+@pytest.mark.parametrize("vocab_major", [False, True])
+@pytest.mark.parametrize("batch", [1, 3, 20])
+def test_argmax_is_the_first_index_of_the_maximum(batch, vocab_major):
+  """sampling.argmax in each of its forms is jnp.argmax: ties go to the first index."""
+  x_BxV = jnp.round(jax.random.normal(jax.random.key(batch), (batch, 300)) * 2)  # many ties at the max
+  if vocab_major:  # as the tied head hands them over: the transpose of a V x B array
+    x_BxV = jnp.asarray(np.asarray(x_BxV).T.copy()).T
+  got = jax.jit(lambda x: sampler.argmax(x, vocab_major))(x_BxV)
+  np.testing.assert_array_equal(got, jnp.argmax(x_BxV, axis=-1))
+  assert (jnp.sum(x_BxV == x_BxV.max(-1, keepdims=True), -1) > 1).any() or batch == 1  # ties were there
 
 
 def test_decode_grows_its_cache_in_phases_that_end_at_prompt_plus_new_tokens():
