@@ -163,6 +163,30 @@ def test_samples_follow_softmax_of_logits_over_temperature(params):
     assert wrong_stat > wrong_dof + 10 * np.sqrt(2 * wrong_dof), (wrong, wrong_stat)
 
 
+@pytest.mark.parametrize("block", [8, 256])
+def test_inverse_cdf_draws_the_token_whose_cumulative_probability_passes_u(block):
+  """sampling.inverse_cdf against float64 cumulative probabilities: over 7 blocks of 8 entries (the
+  last one padded) and one block of 256, the first token whose cumulative probability exceeds u; never
+  an excluded (-inf) token, also at u = 0 and at the largest float32 below 1."""
+  V = 50
+  logits_BxV = np.array(jax.random.normal(jax.random.key(0), (3, V)) * 2, np.float32)
+  logits_BxV[0, :9] = -np.inf  # the first block and one more entry excluded
+  logits_BxV[1, 20:] = -np.inf  # the last blocks excluded
+  logits_BxV[2, ::3] = -np.inf  # excluded entries inside every block
+  u_M = np.concatenate([(np.arange(2000) + 0.5) / 2000, [0.0, np.nextafter(np.float32(1), np.float32(0))]])
+  draw = jax.jit(lambda l, u: jax.vmap(lambda u: sampler.inverse_cdf(l, jnp.full((3,), u), block=block))(u))
+  got_MxB = np.asarray(draw(jnp.asarray(logits_BxV), jnp.asarray(u_M, jnp.float32)))
+  for b in range(3):
+    p_V = np.exp(logits_BxV[b].astype(np.float64) - logits_BxV[b].max())
+    cum_V = np.cumsum(p_V / p_V.sum())
+    want_M = np.minimum(np.searchsorted(cum_V, u_M, side="right"), np.flatnonzero(p_V)[-1])
+    near_edge_M = np.abs(cum_V[want_M] - u_M) < 1e-5
+    assert ((got_MxB[:, b] == want_M) | near_edge_M).all()
+    assert np.isfinite(logits_BxV[b, got_MxB[:, b]]).all()
+    assert got_MxB[-2, b] == np.flatnonzero(p_V)[0]  # u = 0: the first token that can be drawn
+  assert len(set(got_MxB[:, 2].tolist())) > 20  # draws spread over the row's tokens
+
+
 def _nucleus_reference(logits_V, top_p):
   """The tokens top-p keeps, computed plainly: most likely first, until the mass reaches top_p."""
   probs_V = np.exp(logits_V - logits_V.max())
