@@ -59,30 +59,59 @@ def test_greedy_with_cache_equals_full_reforward(changes, params):
   assert len({tuple(g) for g in got}) == len(PROMPTS) and all(len(set(g)) > 3 for g in got)  # not degenerate
 
 
-# 4 prompts, 1, and 20 (vocabulary-major from gpt.VOCAB_MAJOR_MIN_BATCH = 16 sequences).
-@pytest.mark.parametrize("prompts", [PROMPTS, PROMPTS[:1], PROMPTS * 5], ids=["batch", "one", "vocab_major"])
-def test_greedy_through_the_tied_head_equals_full_reforward(prompts):
+# 4 prompts, 1, and 20 (vocabulary-major from gpt.VOCAB_MAJOR_MIN_BATCH = 16 sequences); 20 with a
+# large vocabulary (the argmax in blocks, the sampler compiled with Eigen's dots on a CPU).
+@pytest.mark.parametrize("prompts,vocab", [(PROMPTS, 96), (PROMPTS[:1], 96), (PROMPTS * 5, 96), (PROMPTS * 5, 8192)],
+                         ids=["batch", "one", "vocab_major", "vocab_major_large"])
+def test_greedy_through_the_tied_head_equals_full_reforward(prompts, vocab):
   """A tied head decodes one sequence through the embedding's rows, a few through the embedding
   transposed once per call, many into vocabulary-major logits that the argmax reads in place (on a
   CPU; gpt._decode_head): each gives the reference's tokens."""
-  assert GPT(CFG.replace(tie_embeddings=True)).vocab_major_logits(len(prompts)) == (len(prompts) >= 16)
-  cfg = CFG.replace(tie_embeddings=True)
+  cfg = CFG.replace(tie_embeddings=True, vocab_size=vocab)
+  assert GPT(cfg).vocab_major_logits(len(prompts)) == (len(prompts) >= 16)
+  options = sampler.compiler_options(GPT(cfg), len(prompts), "cpu")
+  assert options == sampler.CPU_OPTIONS | (sampler.EIGEN_DOTS if vocab == 8192 and len(prompts) >= 16 else {})
+  assert sampler.compiler_options(GPT(cfg), len(prompts), "gpu") == {}
   params = _params(cfg, scale=20.0, seed=1)  # the head reads the embedding: larger weights to vary the paths
   got = sampler.generate(GPT(cfg), params, prompts, max_new_tokens=20, sampling=Sampling(temperature=0))
   assert got == [_greedy_by_full_forward(cfg, params, p, 20) for p in prompts]
   assert all(len(set(g)) > 3 for g in got)  # not degenerate
 
 
+def _vocab_major(x_BxV):
+  """x as the tied head hands vocabulary-major logits over: the transpose of a V x B array."""
+  return jnp.asarray(np.asarray(x_BxV).T.copy()).T
+
+
+# V = 300 and the prime 4099: one maximum over all entries; 50,257 and 8,192: in blocks of 29 and 128.
+@pytest.mark.parametrize("vocab", [300, 4099, 50257, 8192])
 @pytest.mark.parametrize("vocab_major", [False, True])
 @pytest.mark.parametrize("batch", [1, 3, 20])
-def test_argmax_is_the_first_index_of_the_maximum(batch, vocab_major):
+def test_argmax_is_the_first_index_of_the_maximum(batch, vocab_major, vocab):
   """sampling.argmax in each of its forms is jnp.argmax: ties go to the first index."""
-  x_BxV = jnp.round(jax.random.normal(jax.random.key(batch), (batch, 300)) * 2)  # many ties at the max
-  if vocab_major:  # as the tied head hands them over: the transpose of a V x B array
-    x_BxV = jnp.asarray(np.asarray(x_BxV).T.copy()).T
+  assert sampler.argmax_block(vocab) == {300: None, 4099: None, 50257: 29, 8192: 128}[vocab]
+  x_BxV = jnp.round(jax.random.normal(jax.random.key(batch), (batch, vocab)) * (2 if vocab < 1000 else 1.5))
+  x_BxV = _vocab_major(x_BxV) if vocab_major else x_BxV
   got = jax.jit(lambda x: sampler.argmax(x, vocab_major))(x_BxV)
   np.testing.assert_array_equal(got, jnp.argmax(x_BxV, axis=-1))
   assert (jnp.sum(x_BxV == x_BxV.max(-1, keepdims=True), -1) > 1).any() or batch == 1  # ties were there
+
+
+@pytest.mark.parametrize("vocab_major", [False, True])
+def test_argmax_in_blocks_takes_the_first_maximum_across_and_within_blocks(vocab_major):
+  """GPT-2's vocabulary, reduced in blocks of 29: the first block holding the maximum, then the first
+  entry of that block that equals it, wherever the maxima lie."""
+  V = 50257
+  x_BxV = np.zeros((7, V), np.float32)
+  x_BxV[1, V - 1] = 1  # the last entry, alone
+  x_BxV[2, [29 * 5 + 3, 29 * 900]] = 1  # two blocks: the first one's
+  x_BxV[3, [29 * 7 + 20, 29 * 7 + 10]] = 1  # one block, two entries: the first
+  x_BxV[4] = -np.inf; x_BxV[4, 12345] = -3.0  # one finite entry
+  x_BxV[5, [0, V - 1]] = 2  # the first and the last
+  x_BxV[6] = np.arange(V) % 29 == 28  # the last entry of every block
+  x_BxV = _vocab_major(x_BxV) if vocab_major else jnp.asarray(x_BxV)
+  got = jax.jit(lambda x: sampler.argmax(x, vocab_major))(x_BxV)
+  np.testing.assert_array_equal(got, [0, V - 1, 29 * 5 + 3, 29 * 7 + 10, 12345, 0, 28])
 
 
 def test_decode_grows_its_cache_in_phases_that_end_at_prompt_plus_new_tokens():
@@ -317,7 +346,7 @@ class SampleLogitsTest(chex.TestCase):
 def test_prompts_of_one_length_bucket_compile_once(params, monkeypatch):
   """Prompt lengths are padded to a bucket: batches of 1 to 16 tokens share one compiled sampler."""
   traced = jax.jit(chex.assert_max_traces(sampler.sample_padded, n=1), static_argnames=sampler.STATIC_ARGNAMES)
-  monkeypatch.setattr(sampler, "generate_padded", traced)
+  monkeypatch.setattr(sampler, "jitted_sampler", lambda *args: traced)
   for prompts in ([[5, 6, 7], list(range(1, 10))], [list(range(20, 36)), [4]], [[8] * 12, [9] * 2]):
     out = sampler.generate(GPT(CFG), params, prompts, max_new_tokens=4, sampling=Sampling(temperature=0))
     assert [len(o) for o in out] == [4, 4]

@@ -130,7 +130,7 @@ def plan_train(run: train.Run) -> Plan:
 
 
 def plan_decode(run: train.Run, batch_size: int) -> Plan:
-  """Compiles the KV-cache sampler (`sampling.generate_padded`) of a GPT for `batch_size` prompts
+  """Compiles the KV-cache sampler (`sampling.jitted_sampler`) of a GPT for `batch_size` prompts
   of one prompt bucket, generating up to the full context: the params and the cache it fills."""
   task, rules = run.task, run.config.mesh.rules
   context = getattr(task.model_config, "context_length", None)
@@ -145,7 +145,7 @@ def plan_decode(run: train.Run, batch_size: int) -> Plan:
   valid = jax.ShapeDtypeStruct((batch_size, prompt), jnp.bool_, sharding=task.batch_sharding)
   start = time.perf_counter()
   with jax.set_mesh(run.mesh), nn.logical_axis_rules(rules):
-    compiled = sampling.generate_padded.lower(
+    compiled = sampling.jitted_sampler(task.model, batch_size, run.mesh).lower(
         params, tokens, valid, jax.random.key(0), model=task.model, max_new_tokens=context - prompt,
         sampling=sampling.Sampling(), stop_id=None, rules=rules).compile()
   seconds = time.perf_counter() - start

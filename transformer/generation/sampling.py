@@ -27,6 +27,8 @@ the last context_length tokens for each new one (`generate_sliding`: correct but
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 from typing import Callable, Iterable, Sequence
 
 import flax.linen as nn
@@ -79,9 +81,10 @@ def filter_logits(logits_BxV: jax.Array, sampling: Sampling) -> jax.Array:
 def argmax(x_BxV: jax.Array, vocab_major: bool = False) -> jax.Array:
   """jnp.argmax over the last axis (the first index of the maximum), fast on XLA:CPU too.
 
-  For several rows it is a max and then a min over the indices that reach it: XLA:CPU's argmax (a
-  variadic reduce) was 3-5x slower there, a third of a decoding step at a 50k vocabulary. For one
-  row jnp.argmax fuses well with the head's matrix-vector product and the max+min does not.
+  For several rows it is a max and then a min over the indices that reach it, for a large vocabulary
+  by blocks (`argmax_block`): XLA:CPU's argmax (a variadic reduce) was 3-5x slower there, a third of
+  a decoding step at a 50k vocabulary. For one row jnp.argmax fuses well with the head's
+  matrix-vector product and the max+min does not.
   `vocab_major`: x_BxV is the transpose of a V x B array (GPT.vocab_major_logits); on a CPU the
   reductions then run down its columns, the two transposes cancelling."""
   if x_BxV.shape[0] == 1:
@@ -97,9 +100,42 @@ def _first_max_index(x: jax.Array, axis: int) -> jax.Array:
   # Indices as float32 (exact below 2^24) keep both reductions floating-point maxima and minima,
   # which XLA:CPU vectorises down columns; int32 otherwise.
   dtype = jnp.float32 if V < 2**24 else jnp.int32
-  hits = x == jnp.max(x, axis=axis, keepdims=True)
-  index = jnp.min(jnp.where(hits, jax.lax.broadcasted_iota(dtype, x.shape, axis), V - 1), axis=axis)
+  C = argmax_block(V)
+  if C is None:
+    return _first_index(x == jnp.max(x, axis=axis, keepdims=True), axis, dtype).reshape(-1)
+  # In blocks of C entries: the blocks' maxima (the one pass over x), the first block that holds the
+  # maximum, then the first entry of that block that equals it. The maximum over all of x and then
+  # the first index that holds it took two more passes (a select, a reduction) over x: at cpu-small's
+  # batch 32, 6 MB and ~0.3 ms of a ~5.5 ms decoding step.
+  blocks, entries = axis, axis + 1  # V x B -> N x C x B; B x V -> B x N x C
+  x = x.reshape(x.shape[:axis] + (V // C, C) + x.shape[axis + 1:])
+  max_blocks = jnp.max(x, axis=entries, keepdims=True)
+  max_all = jnp.max(max_blocks, axis=blocks, keepdims=True)
+  block = _first_index(max_blocks == max_all, blocks, dtype)
+  entry = _first_index(jnp.take_along_axis(x, block, axis=blocks) == max_all, entries, dtype)
+  return (block * C + entry).reshape(-1)
+
+
+def _first_index(hits: jax.Array, axis: int, dtype) -> jax.Array:
+  """The first index along `axis` that is True (the last index where none is), kept as a size-1 axis."""
+  n = hits.shape[axis]
+  index = jnp.min(jnp.where(hits, jax.lax.broadcasted_iota(dtype, hits.shape, axis), n - 1), axis=axis, keepdims=True)
   return index.astype(jnp.int32)
+
+
+# From this vocabulary size, the tied head's product and the argmax over its logits are most of a
+# decoding step: `argmax` reduces in blocks, and the sampler program may take Eigen's dots (`jitted_sampler`).
+LARGE_VOCAB = 4096
+
+
+def argmax_block(V: int) -> int | None:
+  """The block size of `argmax` over V entries (None: no blocks): for a large vocabulary, the divisor
+  of V nearest sqrt(V) that leaves at least 16 blocks of at least 16 (GPT-2's 50,257 = 1,733 x 29:
+  blocks of 29); none for a V with no such divisor, e.g. a prime."""
+  if V < LARGE_VOCAB:
+    return None
+  divisors = [c for c in range(16, V // 16 + 1) if V % c == 0]
+  return min(divisors, key=lambda c: abs(math.log(c / math.sqrt(V))), default=None)
 
 
 def sample_logits(logits_BxV: jax.Array, rng: jax.Array, sampling: Sampling, vocab_major: bool = False) -> jax.Array:
@@ -178,7 +214,7 @@ def _stream(step, tokens_B):
 def sample_padded(params, prompt_BxP, valid_BxP, rng, *, model, max_new_tokens: int, sampling: Sampling,
                   stop_id: int | None = None, rules: tuple = (), stream: bool = False,
                   decode_phase: int = DECODE_PHASE):
-  """The sampler (`generate_padded` is its compiled form): left-padded prompts (B, P) -> new tokens
+  """The sampler (`jitted_sampler` compiles it): left-padded prompts (B, P) -> new tokens
   (B, max_new_tokens). `decode_phase`: see `decode_lengths`.
 
   After a sequence emits `stop_id` its remaining entries are `stop_id`. With `stream`, each step's
@@ -221,11 +257,38 @@ def sample_padded(params, prompt_BxP, valid_BxP, rng, *, model, max_new_tokens: 
 
 # Compiled once per (model, lengths, sampling, ...): `generate` keeps the shapes to a few buckets.
 STATIC_ARGNAMES = ("model", "max_new_tokens", "sampling", "stop_id", "rules", "stream", "decode_phase")
-# A decoding step of a small model is many small elementwise kernels (LayerNorm, GELU's tanh): with
-# 512-bit vectors on CPUs that have them, main-job-sized generation is ~6% faster (a Zen 5; LLVM's
-# default prefers 256). Accelerator compilers ignore XLA:CPU's options.
-COMPILER_OPTIONS = {"xla_cpu_prefer_vector_width": 512}
-generate_padded = jax.jit(sample_padded, static_argnames=STATIC_ARGNAMES, compiler_options=COMPILER_OPTIONS)
+# XLA:CPU's options for the sampler program (on accelerators it compiles without them), measured on
+# a 2-core Zen 5:
+# - 512-bit vectors: a decoding step of a small model is many small elementwise kernels (LayerNorm,
+#   GELU's tanh), and main-job-sized generation is ~6% faster with them (LLVM prefers 256 by default).
+# - Where a large vocabulary's tied head is computed vocabulary-major (GPT.vocab_major_logits), dots
+#   through Eigen instead of YNNPACK, XLA:CPU's default (which keeps the reductions): Eigen is the
+#   faster of the two at that V x D by D x B product, cpu-small's batch 32 ~1.07x and batch 16 ~1.06x;
+#   YNNPACK is the faster at the small products that make the rest of a step (the main job's batch
+#   16, vocabulary 85: ~0.94x with Eigen).
+CPU_OPTIONS = {"xla_cpu_prefer_vector_width": 512}
+EIGEN_DOTS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"}
+
+
+@functools.cache
+def _compiled(options: tuple[tuple[str, object], ...]):
+  return jax.jit(sample_padded, static_argnames=STATIC_ARGNAMES, compiler_options=dict(options) or None)
+
+
+def compiler_options(model, batch_size: int, platform: str) -> dict:
+  """The XLA options of the sampler program for `batch_size` sequences on `platform` (see above)."""
+  if platform != "cpu":
+    return {}
+  large_vocab_major = (hasattr(model, "vocab_major_logits") and model.vocab_major_logits(batch_size)
+                       and model.config.vocab_size >= LARGE_VOCAB)
+  return CPU_OPTIONS | (EIGEN_DOTS if large_vocab_major else {})
+
+
+def jitted_sampler(model, batch_size: int, mesh=None):
+  """`sample_padded` under jax.jit with the compiler options for `batch_size` sequences on the
+  platform of `mesh` (default: of the first device)."""
+  platform = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0]).platform
+  return _compiled(tuple(sorted(compiler_options(model, batch_size, platform).items())))
 
 
 def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int) -> list[list[int]]:
@@ -276,11 +339,12 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
   if on_token is not None:
     _stream_target[:] = [lambda i, tokens_B: on_token(i, tokens_B[:len(prompts)])]
   try:
+    sampler = jitted_sampler(model, len(prompt_BxP), mesh)
     if mesh is None:
-      tokens_BxN = generate_padded(params, prompt_BxP, valid_BxP, rng, **kwargs)
+      tokens_BxN = sampler(params, prompt_BxP, valid_BxP, rng, **kwargs)
     else:
       with jax.set_mesh(mesh):
-        tokens_BxN = generate_padded(params, *put_on_mesh(mesh, rules, prompt_BxP, valid_BxP), rng, **kwargs)
+        tokens_BxN = sampler(params, *put_on_mesh(mesh, rules, prompt_BxP, valid_BxP), rng, **kwargs)
     tokens_BxN = np.asarray(tokens_BxN)  # waits for the last callback too
   finally:
     _stream_target.clear()
