@@ -228,6 +228,27 @@ def test_a_kill_during_a_save_then_a_full_disk_then_a_clean_resume(tmp_path, dat
   assert_same_losses(tmp_path, straight)
 
 
+_ERROR_WITH_AN_UNAWAITED_WRITE = """
+from transformer import cli
+from transformer.errors import UserError
+
+async def write_fragment():  # what a failed Orbax save leaves behind
+  pass
+
+def main(argv):
+  main.pending = write_fragment()  # collected only as Python exits
+  raise UserError("could not write checkpoint step 30")
+
+cli.run(main)
+"""
+
+
+def test_the_error_stays_the_last_line_when_an_async_write_was_never_awaited():
+  proc = subprocess.run([sys.executable, "-c", _ERROR_WITH_AN_UNAWAITED_WRITE], cwd=REPO, capture_output=True,
+                        text=True, timeout=120)
+  assert error_line(proc) == "error: could not write checkpoint step 30", proc.stderr[-3000:]
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
 def test_an_unwritable_workdir_is_one_error(tmp_path, data_root):
   tmp_path.chmod(0o500)

@@ -2,6 +2,7 @@
 
 import ctypes
 import sys
+import warnings
 from pathlib import Path
 
 import jax
@@ -43,6 +44,9 @@ def run(main) -> None:
       return main(argv)
     except UserError as e:
       print(f"error: {e}", file=sys.stderr)
+      # A write that failed inside Orbax's async saving (e.g. a full disk) can leave coroutines that
+      # were never awaited; Python warns of each as it exits, after the error, which must stay last.
+      warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited", category=RuntimeWarning)
       sys.exit(1)
 
   app.run(main_with_clean_errors)
