@@ -187,6 +187,12 @@ def _clip_to_nonzero(index_B: jax.Array, weights_BxN: jax.Array) -> jax.Array:
   return jnp.clip(index_B, first_B, last_B)
 
 
+def _vocab_major(model, batch_size: int) -> bool:
+  """Whether the model's decoding step hands over vocabulary-major logits (GPT.vocab_major_logits);
+  a model without that method (the LSTM) hands over rows."""
+  return hasattr(model, "vocab_major_logits") and model.vocab_major_logits(batch_size)
+
+
 def init_cache(model, batch_size: int, length: int):
   """An empty GPT KV cache for `batch_size` sequences of `length` tokens."""
   return empty_cache(lambda: model.init(jax.random.key(0), jnp.zeros((batch_size, length), jnp.int32), decode=True))
@@ -227,7 +233,7 @@ def sample_padded(params, prompt_BxP, valid_BxP, rng, *, model, max_new_tokens: 
                                             decode=True, mutable=["cache"])
       return logits_BxTxV[:, -1], variables["cache"]
 
-    vocab_major = hasattr(model, "vocab_major_logits") and model.vocab_major_logits(B)
+    vocab_major = _vocab_major(model, B)
 
     def emit(i, logits_BxV, done_B, tokens_BxN):
       token_B = sample_logits(logits_BxV, jax.random.fold_in(rng, i), sampling, vocab_major)
@@ -279,8 +285,7 @@ def compiler_options(model, batch_size: int, platform: str) -> dict:
   """The XLA options of the sampler program for `batch_size` sequences on `platform` (see above)."""
   if platform != "cpu":
     return {}
-  large_vocab_major = (hasattr(model, "vocab_major_logits") and model.vocab_major_logits(batch_size)
-                       and model.config.vocab_size >= LARGE_VOCAB)
+  large_vocab_major = _vocab_major(model, batch_size) and model.config.vocab_size >= LARGE_VOCAB
   return CPU_OPTIONS | (EIGEN_DOTS if large_vocab_major else {})
 
 
