@@ -210,7 +210,7 @@ def mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, dropout: nn.Dropout | None = None
   """softmax(scores) V over the keys that `mask` allows (True = attend; None: causal), however the
   scores were made. Scores in float32; masking by jnp.where, never by adding a large negative number
   (which overflows in half precision). `sow(probs_BxHxTxS)`, when given, receives the attention
-  probabilities (transformer.probes). `values`: the layout of V ("bhks": a KV cache's)."""
+  probabilities (transformer.probes). `values`: the layout of V ("bhsk": a KV cache's)."""
   if mask_BxTxS is None:
     mask_BxTxS = causal_mask(*scores_BxHxTxS.shape[-2:])
   scores_BxHxTxS = jnp.where(mask_BxTxS[:, None], scores_BxHxTxS.astype(jnp.float32), jnp.finfo(jnp.float32).min)
@@ -268,13 +268,13 @@ def _attend_causal_blocks(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, implementation: str) 
   return jnp.concatenate(out_blocks, axis=1)
 
 
-def attend_cached(q_BxTxHxK, k_BxHxKxS, v_BxHxKxS, mask_BxTxS, dropout: nn.Dropout | None = None,
+def attend_cached(q_BxTxHxK, k_BxHxKxS, v_BxHxSxK, mask_BxTxS, dropout: nn.Dropout | None = None,
                   deterministic: bool = True, sow=None) -> jax.Array:
-  """`attend` over a KV cache (B x H x K x S, see `MultiHeadAttention._cached`). One new token per
-  sequence (T = 1, every step after the prompt) skips the T axis: both products are then
-  matrix-vector products along the cache's contiguous S axis. XLA:CPU runs them fastest as einsums
-  for several sequences and as multiply-and-sum for one (main-job shape, 96 new tokens: batch 32
-  166 -> 73 ms as einsums, batch 1 9.7 -> 7.6 ms as multiply-and-sum)."""
+  """`attend` over a KV cache (keys B x H x K x S, values B x H x S x K: see
+  `MultiHeadAttention._cached`). One new token per sequence (T = 1, every step after the prompt)
+  skips the T axis: both products are then matrix-vector products. XLA:CPU runs them fastest as
+  einsums for several sequences and as multiply-and-sum for one (main-job shape, 96 new tokens:
+  batch 32 166 -> 73 ms as einsums, batch 1 9.7 -> 7.6 ms as multiply-and-sum)."""
   scale = 1.0 / math.sqrt(q_BxTxHxK.shape[-1])
   if q_BxTxHxK.shape[1] == 1 and sow is None and dropout is None:
     q_BxHxK = q_BxTxHxK[:, 0].astype(jnp.float32)
@@ -285,12 +285,12 @@ def attend_cached(q_BxTxHxK, k_BxHxKxS, v_BxHxKxS, mask_BxTxS, dropout: nn.Dropo
     scores_BxHxS = jnp.where(mask_BxTxS, scores_BxHxS, jnp.finfo(jnp.float32).min)  # B x 1 x S: for every head
     probs_BxHxS = jax.nn.softmax(scores_BxHxS, axis=-1)
     if q_BxHxK.shape[0] == 1:
-      out_BxHxK = jnp.sum(probs_BxHxS[:, :, None, :] * v_BxHxKxS, axis=-1)
+      out_BxHxK = jnp.sum(probs_BxHxS[..., None] * v_BxHxSxK, axis=2)
     else:
-      out_BxHxK = jnp.einsum("bhs,bhks->bhk", probs_BxHxS.astype(v_BxHxKxS.dtype), v_BxHxKxS)
-    return out_BxHxK[:, None].astype(v_BxHxKxS.dtype)
+      out_BxHxK = jnp.einsum("bhs,bhsk->bhk", probs_BxHxS.astype(v_BxHxSxK.dtype), v_BxHxSxK)
+    return out_BxHxK[:, None].astype(v_BxHxSxK.dtype)
   scores_BxHxTxS = jnp.einsum("bthk,bhks->bhts", q_BxTxHxK, k_BxHxKxS, preferred_element_type=jnp.float32) * scale
-  return mix(scores_BxHxTxS, v_BxHxKxS, mask_BxTxS, dropout, deterministic, sow, values="bhks")
+  return mix(scores_BxHxTxS, v_BxHxSxK, mask_BxTxS, dropout, deterministic, sow, values="bhsk")
 
 
 class Projection(nn.Module):
@@ -351,8 +351,8 @@ class MultiHeadAttention(nn.Module):
       # Only values are cached: a synthesized score depends on the query token and positions alone.
       scores_BxHxTxS = self._synthesized_scores(x_BxTxD, *positions)
       if self.decode:
-        v_BxHxKxS = self._cached(value=v_BxTxHxK)["value"]
-        out_BxTxHxK = mix(scores_BxHxTxS, v_BxHxKxS, mask_BxTxS, dropout, deterministic, sow, values="bhks")
+        v_BxHxSxK = self._cached(value=v_BxTxHxK)["value"]
+        out_BxTxHxK = mix(scores_BxHxTxS, v_BxHxSxK, mask_BxTxS, dropout, deterministic, sow, values="bhsk")
       else:
         out_BxTxHxK = mix(scores_BxHxTxS, v_BxTxHxK, mask_BxTxS, dropout, deterministic, sow)
       return dense((D,), 2, ("heads", "kv", "embed"), self.residual_std, "out")(out_BxTxHxK)
@@ -410,24 +410,34 @@ class MultiHeadAttention(nn.Module):
     return jnp.moveaxis(scores_HxBxTxS, 0, 1)
 
   def _cached(self, **arrays_BxTxHxK):
-    """Writes this call's T keys and/or values at the cache index; returns the whole cache, each
-    B x H x K x S, by name. The layout the products read, so that writing a step's keys is the only
-    copy (with B x S x H x K, XLA:CPU copied the whole cache at every step: 40% of the main job's
-    generation at batch 32); positions last, so that one new token's products run along contiguous
-    rows (main-job batch 32: the decode attention 145 -> 100 us a layer against B x H x S x K)."""
+    """Writes this call's T keys and/or values at the cache index; returns the whole cache by name:
+    keys B x H x K x S, values B x H x S x K (CACHE_LAYOUTS). The layouts the products read, so that
+    writing a step's keys and values is the only copy (with B x S x H x K, XLA:CPU copied the whole
+    cache at every step: 40% of the main job's generation at batch 32). Keys positions last, so that
+    a new token's scores run along contiguous rows (main-job batch 32: the decode attention 145 ->
+    100 us a layer against B x H x S x K). Values positions second, so that a step writes K
+    contiguous numbers per head instead of K numbers S apart (greedy decoding, against values B x H
+    x K x S: main-job shape batch 1 ~1.1x, batch 8 and 32 ~1.02x, cpu-small ~1.01x)."""
     initialising = not self.has_variable("cache", "index")
-    names = ("batch", "heads", "kv", "length")  # sharded like the activations that fill it
-    arrays_BxHxKxT = {name: x.transpose(0, 2, 3, 1) for name, x in arrays_BxTxHxK.items()}
-    cache = {name: self.variable("cache", name, jnp.zeros, x.shape, x.dtype) for name, x in arrays_BxHxKxT.items()}
+    layouts = {name: CACHE_LAYOUTS[name] for name in arrays_BxTxHxK}
+    arrays = {name: x.transpose(layouts[name][0]) for name, x in arrays_BxTxHxK.items()}
+    cache = {name: self.variable("cache", name, jnp.zeros, x.shape, x.dtype) for name, x in arrays.items()}
     index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
     if initialising:  # `init` only sizes the cache
-      return arrays_BxHxKxT
+      return arrays
     i = index.value
-    for name, x in arrays_BxHxKxT.items():
-      cache[name].value = nn.with_logical_constraint(
-          jax.lax.dynamic_update_slice_in_dim(cache[name].value, x.astype(cache[name].value.dtype), i, axis=3), names)
-    index.value = i + next(iter(arrays_BxHxKxT.values())).shape[3]
+    for name, x in arrays.items():
+      _, names = layouts[name]
+      cache[name].value = nn.with_logical_constraint(jax.lax.dynamic_update_slice_in_dim(
+          cache[name].value, x.astype(cache[name].value.dtype), i, axis=names.index("length")), names)
+    index.value = i + next(iter(arrays_BxTxHxK.values())).shape[1]
     return {name: variable.value for name, variable in cache.items()}
+
+
+# A KV cache's layouts: (the transpose of a B x T x H x K array into it, its logical axis names,
+# sharded like the activations that fill it). See MultiHeadAttention._cached.
+CACHE_LAYOUTS = {"key": ((0, 2, 3, 1), ("batch", "heads", "kv", "length")),
+                 "value": ((0, 2, 1, 3), ("batch", "heads", "length", "kv"))}
 
 
 class MLP(nn.Module):
