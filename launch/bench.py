@@ -96,7 +96,7 @@ def generate_seconds(cfg, params, batch: int, new_tokens: int = 0) -> float:
   run = lambda: sampling.generate(gpt.GPT(cfg), params, prompts, max_new_tokens=new_tokens or _NEW_TOKENS.value,
                                   sampling=sampling.Sampling(temperature=0))
   # `generate` returns host lists, complete when it returns: time it without median_seconds' wait on
-  # the result, which walks a list of lists as a pytree (~1.7 ms for 32 x 96 ids, ~3% of the main
+  # the result, which walks a list of lists as a pytree (~1.7 ms for 32 x 96 ids, ~4% of the main
   # job's batch-32 call; the peers' times include no such walk).
   return benchmark.median_seconds(lambda: len(run()), repeats=_REPEATS.value)
 
