@@ -55,7 +55,7 @@ def get_config(preset: str = "cpu"):
       c.model.d_mlp = 512
       c.num_train_steps = 4500
       c.eval_every_steps = c.checkpoint_every_steps = 1500
-    else:  # under an hour: 3+3 layers, ~38 epochs, so more dropout; the mean of the last 5 checkpoints
+    else:  # under an hour: 3+3 layers, ~40 epochs, so more dropout; the mean of the last 5 checkpoints
       c.model.dropout_rate = 0.2
       c.num_train_steps = 11000
       c.eval_every_steps = 1000
