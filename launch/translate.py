@@ -4,10 +4,13 @@ r"""Translates sentences with a trained encoder-decoder checkpoint (experiments/
   python -m launch.translate --workdir=workdirs/de-en --input_file=sentences.de > sentences.en
   echo "Wo ist der Bahnhof?" | python -m launch.translate --workdir=workdirs/de-en --input_file=- --beam_size=1
   python -m launch.translate --workdir=workdirs/de-en --average=5 --sentence=...  # the last 5 checkpoints' mean
+  python -m launch.translate --workdir=workdirs/de-en --ensemble=workdirs/de-en-seed1,workdirs/de-en-seed2 ...
 
 Sentences come from --sentence (repeatable), then --input_file (one per line; "-" is stdin); one
 translation per line comes out, in order. --beam_size=1 is greedy decoding; larger beams rank
-hypotheses by log-probability over the GNMT length penalty ((5 + length) / 6)^alpha.
+hypotheses by log-probability over the GNMT length penalty ((5 + length) / 6)^alpha. --ensemble
+decodes with the mean of several runs' log-probabilities (runs of the same data and tokenizer, e.g.
+other seeds: transformer.inference.restore_ensemble); --step and --average apply to each run.
 """
 
 import sys
@@ -22,6 +25,8 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "A translation training workdir 
 _STEP = flags.DEFINE_string("step", "latest", "'latest', 'best' (highest dev BLEU) or a step number.")
 _AVERAGE = flags.DEFINE_integer("average", 1, "Translate with the mean of the params of this many checkpoints, "
                                 "up to and including --step (checkpoint averaging).")
+_ENSEMBLE = flags.DEFINE_list("ensemble", [], "More workdirs (comma-separated) whose models decode together with "
+                              "--workdir's: the mean of their log-probabilities.")
 _SENTENCE = flags.DEFINE_multi_string("sentence", [], "A sentence to translate; repeat the flag for several.")
 _INPUT_FILE = flags.DEFINE_string("input_file", None, "One sentence per line; '-' reads stdin.")
 _BEAM_SIZE = flags.DEFINE_integer("beam_size", 4, "Hypotheses kept per sentence; 1 is greedy decoding.")
@@ -39,8 +44,12 @@ def main(argv):
     raise UserError("nothing to translate: give --sentence or --input_file")
   from transformer import inference
   from transformer.generation import beam_search
-  trained = inference.restore(_WORKDIR.value, _STEP.value, task="translation", average=_AVERAGE.value)
-  which = f"steps {list(trained.averaged)} averaged" if trained.averaged else f"step {trained.step}"
+  if _ENSEMBLE.value:
+    trained = inference.restore_ensemble([_WORKDIR.value, *_ENSEMBLE.value], _STEP.value, average=_AVERAGE.value)
+    which = f"+ {len(_ENSEMBLE.value)} more workdir(s), an ensemble"
+  else:
+    trained = inference.restore(_WORKDIR.value, _STEP.value, task="translation", average=_AVERAGE.value)
+    which = f"steps {list(trained.averaged)} averaged" if trained.averaged else f"step {trained.step}"
   print(f"# {_WORKDIR.value} {which} ({trained.task.direction}): "
         f"{len(sentences)} sentence(s), beam {_BEAM_SIZE.value}, alpha {_ALPHA.value}", file=sys.stderr)
   no_repeat_ngram = trained.task.config.eval.no_repeat_ngram if _NO_REPEAT_NGRAM.value < 0 else _NO_REPEAT_NGRAM.value

@@ -85,6 +85,41 @@ def test_beam_size_one_equals_greedy_and_beams_are_sorted_by_their_scores():
   assert scores[0, 0] >= g_score - 1e-4
 
 
+
+def test_an_ensemble_decodes_with_the_mean_of_its_members_log_probs():
+  """seq2seq.Ensemble: one member decodes exactly as that model; two (of different depths) give the
+  mean of their log-softmaxes, the same through the KV cache as in one forward pass."""
+  shallow = DEC_CFG.replace(num_layers=1)
+  p_a, p_b = _scaled(_params(DEC_CFG)), _scaled(_params(shallow, seed=1))
+  one, model = seq2seq.Ensemble((DEC_CFG,)), Transformer(DEC_CFG)
+  unstopped = beam_search.greedy(p_a, SRC, VALID, model=model, max_len=12, bos_id=BOS, eos_id=49)
+  eos = int(unstopped[0, 4])
+  for beam_size in (1, 3):
+    alone = beam_search.beam_search(p_a, SRC, VALID, model=model, beam_size=beam_size, max_len=12, alpha=0.6,
+                                    bos_id=BOS, eos_id=eos)
+    ensembled = beam_search.beam_search({"member_0": p_a}, SRC, VALID, model=one, beam_size=beam_size, max_len=12,
+                                        alpha=0.6, bos_id=BOS, eos_id=eos)
+    np.testing.assert_array_equal(alone[0], ensembled[0])
+    np.testing.assert_allclose(alone[1], ensembled[1], atol=1e-5)
+  pair, p_pair = seq2seq.Ensemble((DEC_CFG, shallow)), {"member_0": p_a, "member_1": p_b}
+  mean = (jax.nn.log_softmax(model.apply({"params": p_a}, SRC, TGT, source_valid_BxS=VALID))
+          + jax.nn.log_softmax(Transformer(shallow).apply({"params": p_b}, SRC, TGT, source_valid_BxS=VALID))) / 2
+  full = pair.apply({"params": p_pair}, SRC, TGT, source_valid_BxS=VALID)
+  np.testing.assert_allclose(full, mean, atol=1e-5)
+  encoded = pair.apply({"params": p_pair}, SRC, source_valid_BxS=VALID, method="encode")
+  cache = beam_search.init_cache(pair, TGT.shape[0], SRC.shape[1], TGT.shape[1])
+  for t in range(TGT.shape[1]):
+    step_BxV, cache = beam_search.decode_step(pair, p_pair, cache, encoded if t == 0 else None, TGT[:, t], VALID)
+    np.testing.assert_allclose(step_BxV, mean[:, t], atol=1e-5)
+  # Greedy decoding of the pair takes the argmax of the mean at every step.
+  tokens = beam_search.greedy(p_pair, SRC, VALID, model=pair, max_len=6, bos_id=BOS, eos_id=49)
+  mean = pair.apply({"params": p_pair}, SRC, jnp.concatenate([jnp.full((2, 1), BOS), tokens[:, :-1]], 1),
+                    source_valid_BxS=VALID)
+  np.testing.assert_array_equal(tokens, jnp.argmax(mean, -1))
+  with pytest.raises(UserError, match=r"must share one vocabulary, got vocab_size \[50, 60\]"):
+    seq2seq.Ensemble((DEC_CFG, DEC_CFG.replace(vocab_size=60))).init(jax.random.key(0), SRC, TGT)
+
+
 def test_repeated_ngram_mask_names_the_tokens_that_would_repeat():
   tokens = jnp.array([[5, 6, 7, 5, 6, 9, 0, 0],    # ... 5 6 -> 7 and 9 would repeat a trigram
                       [3, 3, 3, 3, 0, 0, 0, 0]])   # ... 3 3 -> 3

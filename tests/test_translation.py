@@ -302,6 +302,35 @@ def test_launch_translate_from_flags_stdin_and_file(trained, tmp_path):
   assert no_repeats.stdout.splitlines() == expected
 
 
+
+def test_launch_translate_ensembles_runs_of_one_tokenizer(trained, tmp_path):
+  """--ensemble: another seed's run decodes with the first (as restore_ensemble gives it in process),
+  a run with itself decodes as it alone, and a run of another tokenizer is refused by name."""
+  root, tsv, _ = trained
+  other = tmp_path / "seed1"
+  train.train_and_evaluate(_config(tsv, root / "data", seed=1, **{"eval.average_last": 1}), other)
+  sentences = ["Ich habe drei Katzen gesehen.", "Ich habe zehn Hunde gesehen."]
+  common = [f"--workdir={root / 'w'}", "--beam_size=2", *[f"--sentence={s}" for s in sentences]]
+  both = run_module("launch.translate", *common, f"--ensemble={other}")
+  assert both.returncode == 0 and "+ 1 more workdir(s), an ensemble" in both.stderr, both.stderr
+  ensemble = inference.restore_ensemble([root / "w", other])
+  assert [m.run.loop.seed for m in ensemble.members] == [0, 1] and set(ensemble.params) == {"member_0", "member_1"}
+  expected = beam_search.translate_texts(ensemble.model, ensemble.params, ensemble.tokenizer, sentences, beam_size=2,
+                                         mesh=ensemble.mesh, rules=ensemble.rules)
+  assert both.stdout.splitlines() == expected
+  itself = run_module("launch.translate", *common, f"--ensemble={root / 'w'}")
+  alone = run_module("launch.translate", *common)
+  assert itself.returncode == alone.returncode == 0 and itself.stdout == alone.stdout
+  # The same vocabulary size but other characters: the ids would mean other things.
+  config_file = other / "tokenizer" / "tokenizer.json"
+  tokenizer = json.loads(config_file.read_text())
+  tokenizer["chars"] = tokenizer["chars"][::-1]
+  config_file.write_text(json.dumps(tokenizer))
+  refused = run_module("launch.translate", *common, f"--ensemble={other}")
+  assert refused.returncode == 1 and f"error: {other}'s tokenizer differs from {root / 'w'}'s" in refused.stderr, \
+      refused.stderr
+
+
 def test_fuzzy_matches_are_read_in_training_evaluation_and_launch_translate(tmp_path):
   """data.fuzzy_match_tokens: every source is followed by <eot> and its fuzzy match; the memory goes
   into the workdir, and a restored model (launch.translate) reads new sentences the same way."""

@@ -8,6 +8,7 @@ is, on this machine's devices.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,8 @@ from transformer import checkpoints, sharding, tasks
 from transformer import workdir as workdir_files
 from transformer.config import MeshConfig, RunConfig
 from transformer.errors import CheckpointError, ConfigError
-from transformer.tokenizers import load_tokenizer
+from transformer.models import seq2seq
+from transformer.tokenizers import CONFIG_FILE, load_tokenizer
 
 
 @dataclasses.dataclass
@@ -33,6 +35,7 @@ class Trained:
   step: int
   run: RunConfig
   averaged: tuple[int, ...] = ()  # the steps whose params were averaged into `params`, if any
+  members: tuple["Trained", ...] = ()  # restore_ensemble's members, each as `restore` gave it
 
   @property
   def model(self):
@@ -116,3 +119,38 @@ def _restore_params(ckpt: checkpoints.Checkpointer, step: str | int, abstract) -
   else:
     raise CheckpointError(f"step must be 'latest', 'best' or a step number, got {step!r}")
   return chosen, ckpt.restore_params(chosen, abstract)
+
+
+def restore_ensemble(workdirs, step: str | int = "latest", average: int = 1) -> Trained:
+  """Several translation workdirs decoding as one model (`seq2seq.Ensemble`: the mean of their
+  log-probabilities). Each member is restored as `restore` does it, with `step` and `average`; the
+  result has the first one's tokenizer, task and mesh, params {"member_i": ...}, and `members`.
+
+  The members must share the tokenizer (the same data with the same data.tokenizer and vocab_size
+  build the same one, so runs that differ in seed, model or schedule qualify) and read the same
+  sources (the same data.fuzzy_match_tokens and translation memory)."""
+  workdirs = [Path(w) for w in workdirs]
+  if not workdirs:
+    raise ConfigError("an ensemble needs at least one workdir")
+  members = tuple(restore(w, step, task="translation", average=average) for w in workdirs)
+  first, path = members[0], workdirs[0]
+  for trained, other in zip(members[1:], workdirs[1:]):
+    if (other / workdir_files.TOKENIZER / CONFIG_FILE).read_text() != (
+        path / workdir_files.TOKENIZER / CONFIG_FILE).read_text():
+      raise ConfigError(f"{other}'s tokenizer differs from {path}'s: an ensemble averages the members' "
+                        f"probabilities over one vocabulary; ensemble runs trained with the same data and "
+                        f"data.tokenizer/data.vocab_size settings")
+    memory = first.task.MEMORY_FILE
+    if trained.task.config.fuzzy_match_tokens != first.task.config.fuzzy_match_tokens or (
+        first.task.config.fuzzy_match_tokens and (other / memory).read_bytes() != (path / memory).read_bytes()):
+      raise ConfigError(f"{other} and {path} read different sources (data.fuzzy_match_tokens "
+                        f"{trained.task.config.fuzzy_match_tokens} and {first.task.config.fuzzy_match_tokens}, "
+                        f"or different translation memories): ensemble runs trained on the same sources")
+  # Every member's params on the first one's mesh, each leaf keeping its own partitioning.
+  on_first = lambda x: jax.device_put(x, jax.sharding.NamedSharding(first.mesh, getattr(x.sharding, "spec", None)
+                                                                     or jax.sharding.PartitionSpec()))
+  params = {f"member_{i}": m.params if m.mesh == first.mesh else jax.tree.map(on_first, m.params)
+            for i, m in enumerate(members)}
+  task = copy.copy(first.task)  # the first member's task (its tokenizer, sources, scoring), decoding the ensemble
+  task.model = seq2seq.Ensemble(tuple(m.task.model_config for m in members))
+  return Trained(task, params, first.tokenizer, first.mesh, first.step, first.run, first.averaged, members)

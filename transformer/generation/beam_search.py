@@ -10,6 +10,8 @@ they are among the beam_size best, and the best beam_size others on. It stops wh
 hypothesis can beat the finished ones, or at max_len. With beam_size = 1 and alpha = 0 it is
 greedy decoding.
 
+Both decode an `Ensemble` of models (transformer.models.seq2seq) as they decode one `Transformer`.
+
 Both can forbid repeating an n-gram (`no_repeat_ngram=n`, fairseq's --no-repeat-ngram-size and
 Hugging Face's no_repeat_ngram_size): a token that would complete an n-gram of tokens the hypothesis
 already holds is not chosen. An undertrained model loops ("the voice of the voice of the voice");
@@ -106,7 +108,7 @@ def beam_search(params, source_BxS, source_valid_BxS, *, model: Transformer, bea
   K, L = beam_size, max_len
   encoded_BxSxD = model.apply({"params": params}, source_BxS, source_valid_BxS=source_valid_BxS, method="encode")
   repeat = lambda x: jnp.repeat(x, K, axis=0)
-  encoded_NxSxD, valid_NxS = repeat(encoded_BxSxD), repeat(source_valid_BxS)
+  encoded_NxSxD, valid_NxS = jax.tree.map(repeat, encoded_BxSxD), repeat(source_valid_BxS)  # a tuple for an Ensemble
   cache = init_cache(model, B * K, S, L)
 
   def log_probs(cache, tokens_N, encoded):

@@ -222,3 +222,50 @@ class Transformer(nn.Module):
     if length > self.config.max_len:
       raise ConfigError(f"a {what} of {length} tokens is longer than max_len={self.config.max_len}; "
                         f"raise model.max_len or drop longer pairs (data.max_len)")
+
+
+class Ensemble(nn.Module):
+  """Several encoder-decoders over one vocabulary decoding as one model: the next token's score is
+  the mean of the members' log-probabilities (fairseq's `--path a.pt:b.pt`), so greedy decoding
+  takes the argmax of their geometric mean and beam search ranks hypotheses by it.
+
+  Independently trained models make different errors, and averaging their distributions cancels
+  part of them: the usual gain of a few BLEU in low-resource translation, at the members' decoding
+  cost. The members may differ in depth, width or norm placement; they must share the tokenizer
+  (transformer.inference.restore_ensemble checks it). Params: {"member_0": the first's params, ...}.
+  It has the decoding methods of `Transformer` (encode, decode_logits and __call__ with
+  decode=True), which is all generation.beam_search uses; it does not train.
+
+    >>> ensemble = Ensemble((config_a, config_b))
+    >>> beam_search.translate_ids(ensemble, {"member_0": params_a, "member_1": params_b}, sources, ...)
+  """
+  members: tuple[Seq2SeqConfig, ...]
+
+  def setup(self):
+    if len({c.vocab_size for c in self.members}) != 1:
+      raise ConfigError(f"an ensemble's members must share one vocabulary, got vocab_size "
+                        f"{[c.vocab_size for c in self.members]}")
+    self.models = [Transformer(c, name=f"member_{i}") for i, c in enumerate(self.members)]
+
+  @property
+  def config(self) -> Seq2SeqConfig:
+    """What decoding reads of a model's config (vocab_size, max_len): the first member's, with
+    the shortest member's max_len."""
+    return self.members[0].replace(max_len=min(c.max_len for c in self.members))
+
+  def encode(self, source_BxS, *, source_valid_BxS=None):
+    """(each member's encoded_BxSxD, ...)."""
+    return tuple(m.encode(source_BxS, source_valid_BxS=source_valid_BxS) for m in self.models)
+
+  def decode_logits(self, encoded, target_in_BxT, *, source_valid_BxS=None, decode: bool = False):
+    """The mean of the members' log-probabilities for the next token (float32, B × T × V; already
+    normalised per member, so log_softmax of it is their normalised geometric mean). `encoded`:
+    `encode`'s tuple, or None on cached decoding steps."""
+    encoded = encoded if encoded is not None else (None,) * len(self.models)
+    log_probs = [jax.nn.log_softmax(m.decode_logits(e, target_in_BxT, source_valid_BxS=source_valid_BxS, decode=decode))
+                 for m, e in zip(self.models, encoded)]
+    return sum(log_probs) / len(log_probs)
+
+  def __call__(self, source_BxS, target_in_BxT, *, source_valid_BxS=None, decode: bool = False):
+    encoded = self.encode(source_BxS, source_valid_BxS=source_valid_BxS)
+    return self.decode_logits(encoded, target_in_BxT, source_valid_BxS=source_valid_BxS, decode=decode)
