@@ -5,12 +5,15 @@ r"""Translates sentences with a trained encoder-decoder checkpoint (experiments/
   echo "Wo ist der Bahnhof?" | python -m launch.translate --workdir=workdirs/de-en --input_file=- --beam_size=1
   python -m launch.translate --workdir=workdirs/de-en --average=5 --sentence=...  # the last 5 checkpoints' mean
   python -m launch.translate --workdir=workdirs/de-en --ensemble=workdirs/de-en-seed1,workdirs/de-en-seed2 ...
+  python -m launch.translate --workdir=workdirs/de-en --split=test --beam_size=4  # + sacreBLEU BLEU/chrF
 
 Sentences come from --sentence (repeatable), then --input_file (one per line; "-" is stdin); one
 translation per line comes out, in order. --beam_size=1 is greedy decoding; larger beams rank
 hypotheses by log-probability over the GNMT length penalty ((5 + length) / 6)^alpha. --ensemble
 decodes with the mean of several runs' log-probabilities (runs of the same data and tokenizer, e.g.
 other seeds: transformer.inference.restore_ensemble); --step and --average apply to each run.
+--split=test (or validation) translates that split of the run's data instead and prints its
+sacreBLEU BLEU and chrF to stderr: how an ensemble, an average or another decoding is scored.
 """
 
 import sys
@@ -29,6 +32,8 @@ _ENSEMBLE = flags.DEFINE_list("ensemble", [], "More workdirs (comma-separated) w
                               "--workdir's: the mean of their log-probabilities.")
 _SENTENCE = flags.DEFINE_multi_string("sentence", [], "A sentence to translate; repeat the flag for several.")
 _INPUT_FILE = flags.DEFINE_string("input_file", None, "One sentence per line; '-' reads stdin.")
+_SPLIT = flags.DEFINE_enum("split", None, ["validation", "test"], "Translate this split of the run's data "
+                           "(instead of --sentence/--input_file) and print its BLEU and chrF to stderr.")
 _BEAM_SIZE = flags.DEFINE_integer("beam_size", 4, "Hypotheses kept per sentence; 1 is greedy decoding.")
 _ALPHA = flags.DEFINE_float("alpha", 0.6, "GNMT length penalty exponent (0: plain log-probability).")
 _MAX_LEN = flags.DEFINE_integer("max_len", 0, "At most this many target tokens (0: the model's max_len).")
@@ -40,8 +45,9 @@ _BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Sentences decoded together
 def main(argv):
   del argv
   sentences = cli.read_inputs(_SENTENCE.value, _INPUT_FILE.value, "input_file")
-  if not sentences:
-    raise UserError("nothing to translate: give --sentence or --input_file")
+  if bool(sentences) == bool(_SPLIT.value):
+    raise UserError("nothing to translate: give --sentence or --input_file" if not sentences else
+                    "--split translates the run's data: give it without --sentence and --input_file")
   from transformer import inference
   from transformer.generation import beam_search
   if _ENSEMBLE.value:
@@ -50,18 +56,38 @@ def main(argv):
   else:
     trained = inference.restore(_WORKDIR.value, _STEP.value, task="translation", average=_AVERAGE.value)
     which = f"steps {list(trained.averaged)} averaged" if trained.averaged else f"step {trained.step}"
+  references = None
+  if _SPLIT.value:
+    pairs = _split_pairs(trained, _SPLIT.value)
+    sources, references = [s for s, _ in pairs], [trained.tokenizer.decode(t) for _, t in pairs]
+  else:
+    # The ids the model reads (with data.fuzzy_match_tokens: each sentence followed by its fuzzy match).
+    sources = trained.task.sources(sentences)
   print(f"# {_WORKDIR.value} {which} ({trained.task.direction}): "
-        f"{len(sentences)} sentence(s), beam {_BEAM_SIZE.value}, alpha {_ALPHA.value}", file=sys.stderr)
+        f"{len(sources)} sentence(s), beam {_BEAM_SIZE.value}, alpha {_ALPHA.value}", file=sys.stderr)
   no_repeat_ngram = trained.task.config.eval.no_repeat_ngram if _NO_REPEAT_NGRAM.value < 0 else _NO_REPEAT_NGRAM.value
-  # The ids the model reads (with data.fuzzy_match_tokens: each sentence followed by its fuzzy match).
-  sources = trained.task.sources(sentences)
   translations = beam_search.translate_ids(trained.model, trained.params, sources, eos_id=trained.tokenizer.eot_id,
                                            beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value,
                                            max_len=_MAX_LEN.value or trained.task.config.max_len,
                                            no_repeat_ngram=no_repeat_ngram,
                                            batch_size=_BATCH_SIZE.value, mesh=trained.mesh, rules=trained.rules)
-  for ids in translations:
-    print(trained.tokenizer.decode(ids))
+  texts = [trained.tokenizer.decode(ids) for ids in translations]
+  print("\n".join(texts))
+  if references is not None:
+    from transformer import metrics
+    scores = metrics.corpus_scores(texts, references)
+    print(f"# {_SPLIT.value} split, {len(texts)} pairs: BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f} "
+          f"(sacreBLEU {scores['bleu_signature']})", file=sys.stderr)
+
+
+def _split_pairs(trained, split: str) -> list:
+  """(source ids, target ids) of a split of the run's data, prepared now if it is not on this machine."""
+  import contextlib
+  from transformer import tasks
+  task_class = tasks.get(trained.run.task)
+  with contextlib.redirect_stdout(sys.stderr):  # the pair counts it prints; stdout is the translations
+    task = task_class(trained.run, trained.tokenizer, trained.mesh, task_class.load_data(trained.run))
+  return task.pairs(split)
 
 
 if __name__ == "__main__":

@@ -294,6 +294,14 @@ def test_launch_translate_from_flags_stdin_and_file(trained, tmp_path):
   expected = beam_search.translate_texts(mean.model, mean.params, mean.tokenizer, sentences, beam_size=2,
                                          mesh=mean.mesh, rules=mean.rules)
   assert averaged.stdout.splitlines() == expected
+  # --split=test: the run's test split, as the run translated it at its end (the mean of the last two
+  # checkpoints, greedy; the run scored its first 10 pairs), with sacreBLEU's scores.
+  split = run_module("launch.translate", f"--workdir={workdir}", "--average=2", "--beam_size=1", "--split=test")
+  assert split.returncode == 0 and "# test split, 16 pairs: BLEU " in split.stderr, split.stderr
+  rows = [r.split("\t") for r in (workdir / "test_translations.tsv").read_text().splitlines()[1:]]
+  one_line = lambda text: " ".join(text.split())  # as the TSV writes a translation
+  assert [one_line(t) for t in split.stdout.splitlines()[:10]] == [r[2] for r in rows]
+  assert len(split.stdout.splitlines()) == 16
   # --no_repeat_ngram decodes as translate_texts(no_repeat_ngram=...) does.
   no_repeats = run_module("launch.translate", *common, "--no_repeat_ngram=1", *[f"--sentence={s}" for s in sentences])
   assert no_repeats.returncode == 0, no_repeats.stderr
@@ -376,6 +384,7 @@ def test_fuzzy_matches_are_read_in_training_evaluation_and_launch_translate(tmp_
     (["--sentence=" + "Ich habe " * 20], "sentence 0 is 179 tokens, longer than the model's max_len=48"),
     ([], "nothing to translate: give --sentence or --input_file"),
     (["--sentence=Hallo", "--input_file=/no/such.txt"], "--input_file=/no/such.txt: no such file"),
+    (["--sentence=Hallo", "--split=test"], "--split translates the run's data: give it without --sentence"),
 ])
 def test_launch_translate_errors(trained, args, message):
   root, _, _ = trained

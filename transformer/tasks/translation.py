@@ -202,6 +202,10 @@ class Translation(Task):
   def init_inputs(self) -> tuple:
     return jnp.zeros((1, 8), jnp.int32), jnp.zeros((1, 8), jnp.int32)
 
+  def pairs(self, split: str) -> list:
+    """(source ids, target ids) of the "train", "validation" or "test" split, as the model reads them."""
+    return self._pairs[split]
+
   def _split_pairs(self, split: str) -> list:
     max_len = self.config.max_len
     pairs, dropped = pipeline.translation_pairs(self.data, split, direction=self.direction, max_len=max_len,
