@@ -16,6 +16,7 @@ other seeds: transformer.inference.restore_ensemble); --step and --average apply
 sacreBLEU BLEU and chrF to stderr: how an ensemble, an average or another decoding is scored.
 """
 
+import contextlib
 import sys
 
 from absl import flags
@@ -82,7 +83,6 @@ def main(argv):
 
 def _split_pairs(trained, split: str) -> list:
   """(source ids, target ids) of a split of the run's data, prepared now if it is not on this machine."""
-  import contextlib
   from transformer import tasks
   task_class = tasks.get(trained.run.task)
   with contextlib.redirect_stdout(sys.stderr):  # the pair counts it prints; stdout is the translations

@@ -85,7 +85,6 @@ def test_beam_size_one_equals_greedy_and_beams_are_sorted_by_their_scores():
   assert scores[0, 0] >= g_score - 1e-4
 
 
-
 def test_an_ensemble_decodes_with_the_mean_of_its_members_log_probs():
   """seq2seq.Ensemble: one member decodes exactly as that model; two (of different depths) give the
   mean of their log-softmaxes, the same through the KV cache as in one forward pass."""

@@ -310,7 +310,6 @@ def test_launch_translate_from_flags_stdin_and_file(trained, tmp_path):
   assert no_repeats.stdout.splitlines() == expected
 
 
-
 def test_launch_translate_ensembles_runs_of_one_tokenizer(trained, tmp_path):
   """--ensemble: another seed's run decodes with the first (as restore_ensemble gives it in process),
   a run with itself decodes as it alone, and a run of another tokenizer is refused by name."""
