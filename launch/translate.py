@@ -59,7 +59,7 @@ def main(argv):
     which = f"steps {list(trained.averaged)} averaged" if trained.averaged else f"step {trained.step}"
   references = None
   if _SPLIT.value:
-    pairs = _split_pairs(trained, _SPLIT.value)
+    pairs = _split_pairs(trained, _WORKDIR.value, _SPLIT.value)
     sources, references = [s for s, _ in pairs], [trained.tokenizer.decode(t) for _, t in pairs]
   else:
     # The ids the model reads (with data.fuzzy_match_tokens: each sentence followed by its fuzzy match).
@@ -81,13 +81,21 @@ def main(argv):
           f"(sacreBLEU {scores['bleu_signature']})", file=sys.stderr)
 
 
-def _split_pairs(trained, split: str) -> list:
-  """(source ids, target ids) of a split of the run's data, prepared now if it is not on this machine."""
+def _split_pairs(trained, workdir: str, split: str) -> list:
+  """(source ids, target ids) of a split of the run's data, prepared now if it is not on this machine.
+  Data whose files changed since the run was trained is refused, as resuming it is: its splits are
+  other sentences, and a data set prepared again may hold another tokenizer's ids."""
+  from pathlib import Path
+
   from transformer import tasks
+  from transformer import workdir as workdir_files
   task_class = tasks.get(trained.run.task)
-  with contextlib.redirect_stdout(sys.stderr):  # the pair counts it prints; stdout is the translations
-    task = task_class(trained.run, trained.tokenizer, trained.mesh, task_class.load_data(trained.run))
-  return task.pairs(split)
+  with contextlib.redirect_stdout(sys.stderr):  # what preparing and the task print; stdout is the translations
+    task_data = task_class.load_data(trained.run)
+    workdir_files.check_data(Path(workdir), task_data.fingerprint,
+                             f"its {split} split is no longer the one the run was scored on, and may be in another "
+                             "tokenizer's ids. Restore the files, or translate the sentences with --input_file")
+    return task_class(trained.run, trained.tokenizer, trained.mesh, task_data).pairs(split)
 
 
 if __name__ == "__main__":

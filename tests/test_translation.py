@@ -4,6 +4,7 @@
 import dataclasses
 import functools
 import json
+import shutil
 
 import chex
 import flax.linen as nn
@@ -377,6 +378,28 @@ def test_fuzzy_matches_are_read_in_training_evaluation_and_launch_translate(tmp_
   (tmp_path / "w" / "translation_memory.npz").unlink()
   with pytest.raises(UserError, match="trained with fuzzy matches .* but holds no translation_memory.npz"):
     inference.restore(tmp_path / "w", task="translation")
+
+
+def test_launch_translate_refuses_a_split_of_data_that_changed(trained, tmp_path):
+  root, _, _ = trained
+  # A copy of the run that reads a copy of its data: the module's run keeps its files.
+  workdir = tmp_path / "w"
+  shutil.copytree(root / "w", workdir)
+  for name in ("pairs.tsv", "lexicon.tsv"):
+    shutil.copy(root / name, tmp_path / name)
+  config = json.loads((workdir / "config.json").read_text())
+  config["data"].update(input_files=[str(tmp_path / "pairs.tsv")], lexicon=str(tmp_path / "lexicon.tsv"),
+                        root=str(tmp_path / "data"))
+  (workdir / "config.json").write_text(json.dumps(config))
+  args = [f"--workdir={workdir}", "--beam_size=1", "--split=test"]
+  same = run_module("launch.translate", *args)
+  assert same.returncode == 0 and "# test split, 16 pairs: BLEU " in same.stderr, same.stderr[-3000:]
+  with (tmp_path / "pairs.tsv").open("a") as f:
+    f.write("Ich habe elf Katzen gesehen.\tI saw eleven cats.\n")
+  changed = run_module("launch.translate", *args)
+  assert changed.returncode == 1 and not changed.stdout, changed.stderr[-3000:]
+  assert (f"error: the training data changed since the run in {workdir} started: pairs.tsv (sha256" in changed.stderr
+          and "its test split is no longer the one the run was scored on" in changed.stderr), changed.stderr[-3000:]
 
 
 @pytest.mark.parametrize("args,message", [

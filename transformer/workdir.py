@@ -125,9 +125,12 @@ def check_config(workdir: Path, run: RunConfig) -> list[str]:
   return allowed
 
 
-def check_data(workdir: Path, fingerprint: dict | None) -> None:
-  """Refuses to resume a run on data whose files changed since it started (sha256). `fingerprint`
-  is the prepared data's (None for a task that makes its own data)."""
+RESUMING = "resuming would mix two data sets. Restore the files, or train on them in a new --workdir"
+
+
+def check_data(workdir: Path, fingerprint: dict | None, refusal: str = RESUMING) -> None:
+  """Refuses a run's data whose files changed since it started (sha256): resuming on it, by default,
+  or what `refusal` says. `fingerprint` is the prepared data's (None for a task that makes its own data)."""
   path = workdir / DATA
   if fingerprint is None or not path.exists():
     return
@@ -142,7 +145,7 @@ def check_data(workdir: Path, fingerprint: dict | None) -> None:
     lexicon = lambda f: (f or {}).get("source", "none")
     detail = f"the lexicon ({lexicon(saved.get('lexicon'))} then, {lexicon(fingerprint.get('lexicon'))} now)"
   raise DataError(f"the training data changed since the run in {workdir} started: {detail or saved.get('source')}; "
-                  f"resuming would mix two data sets. Restore the files, or train on them in a new --workdir")
+                  f"{refusal}")
 
 
 def write_text(path: Path, text: str) -> None:
