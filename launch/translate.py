@@ -18,6 +18,7 @@ sacreBLEU BLEU and chrF to stderr: how an ensemble, an average or another decodi
 
 import contextlib
 import sys
+from pathlib import Path
 
 from absl import flags
 
@@ -85,8 +86,6 @@ def _split_pairs(trained, workdir: str, split: str) -> list:
   """(source ids, target ids) of a split of the run's data, prepared now if it is not on this machine.
   Data whose files changed since the run was trained is refused, as resuming it is: its splits are
   other sentences, and a data set prepared again may hold another tokenizer's ids."""
-  from pathlib import Path
-
   from transformer import tasks
   from transformer import workdir as workdir_files
   task_class = tasks.get(trained.run.task)
