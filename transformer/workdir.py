@@ -145,7 +145,7 @@ def check_data(workdir: Path, fingerprint: dict | None, refusal: str = RESUMING)
     lexicon = lambda f: (f or {}).get("source", "none")
     detail = f"the lexicon ({lexicon(saved.get('lexicon'))} then, {lexicon(fingerprint.get('lexicon'))} now)"
   raise DataError(f"the training data changed since the run in {workdir} started: {detail or saved.get('source')}; "
-                  f"{refusal}")
+                  + refusal)
 
 
 def write_text(path: Path, text: str) -> None:

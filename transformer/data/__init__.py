@@ -4,5 +4,5 @@ from transformer.data.prepare import PrepareOptions, Prepared, default_dir, ensu
 from transformer.data.sources import (NAMED, NAMED_COLUMNS, PAIR_COLUMNS, Source, file_source, lexicon_source,
                                       named_source)
 
-__all__ = ["NAMED", "NAMED_COLUMNS", "PAIR_COLUMNS", "PrepareOptions", "Prepared", "Source", "default_dir", "ensure_prepared", "file_source",
-           "lexicon_source", "load_prepared", "named_source", "prepare"]
+__all__ = ["NAMED", "NAMED_COLUMNS", "PAIR_COLUMNS", "PrepareOptions", "Prepared", "Source", "default_dir",
+           "ensure_prepared", "file_source", "lexicon_source", "load_prepared", "named_source", "prepare"]
