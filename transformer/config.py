@@ -179,11 +179,10 @@ class DataConfig:
     """The files of the data set (a named one is fetched on first use), read as `kind` records."""
     return data.file_source(list(self.input_files), kind) if self.input_files else data.named_source(self.dataset)
 
-  def pair_columns(self) -> tuple[str, ...]:
+  def column_names(self) -> tuple[str, ...]:
     """The names of a pair's two columns, known without reading or fetching the data: the named data
     set's (ding_de_en: de, en), or source and target for a TSV of your own."""
-    named = data.NAMED_COLUMNS.get(self.dataset, ())
-    return named if len(named) == 2 and not self.input_files else data.PAIR_COLUMNS
+    return data.PAIR_COLUMNS if self.input_files else data.NAMED_COLUMNS.get(self.dataset, data.PAIR_COLUMNS)
 
   def prepared(self, source: data.Source) -> data.Prepared:
     """`source` tokenized per these options, prepared now if it has not been."""

@@ -231,7 +231,8 @@ class Ensemble(nn.Module):
 
   Independently trained models make different errors, and averaging their distributions cancels
   part of them, at the members' decoding cost: on the Ding pairs, two runs of one recipe that differ
-  only in seed gain ~1 BLEU over either, six ~2 (README, "What each lever gives"). The members may differ in depth, width or norm placement; they must share the tokenizer
+  only in seed gain ~1 BLEU over either, six ~2 (README, "What each lever gives"). The members may
+  differ in depth, width or norm placement; they must share the tokenizer
   (transformer.inference.restore_ensemble checks it). Params: {"member_0": the first's params, ...}.
   It has the decoding methods of `Transformer` (encode, decode_logits and __call__ with
   decode=True), which is all generation.beam_search uses; it does not train.

@@ -149,7 +149,7 @@ class Translation(Task):
     super().__init__(run, tokenizer, mesh, data)
     # The data set's column order unless config.data.direction says otherwise (a restored model
     # without its data takes the names from the config: "de-en" for ding_de_en, "source-target" for a TSV).
-    self.languages = tuple(data.manifest["columns"]) if data is not None else run.data.pair_columns()
+    self.languages = tuple(data.manifest["columns"]) if data is not None else run.data.column_names()
     self.direction = self.config.direction or "-".join(self.languages)
     if data is not None:
       pipeline.pair_columns(self.direction, self.languages)  # an unknown direction fails here, named
