@@ -2,8 +2,10 @@
 independence, the sampling distribution, top-k/top-p, stopping, errors, shardings."""
 
 import json
+import os
 import subprocess
 import sys
+import threading
 
 import chex
 import flax.linen as nn
@@ -293,13 +295,55 @@ def test_each_sequence_stops_at_its_stop_token(params):
   assert len(stopped[0]) <= 5 and any(len(s) == 20 for s in stopped)
 
 
-def test_streaming_calls_back_every_step_in_order(params):
+def test_streaming_calls_back_every_step_in_order(params, monkeypatch):
+  """Every row in each call back, in prompt order: a streaming batch is never split (`cpu_parts`)."""
+  monkeypatch.setattr(sampler, "cpu_parts", lambda *args: 2)
   model = GPT(CFG)
   seen = []
   out = sampler.generate(model, params, PROMPTS[:2], max_new_tokens=6, sampling=Sampling(temperature=0),
                         on_token=lambda step, tokens_B: seen.append((step, tokens_B.tolist())))
   assert [s for s, _ in seen] == list(range(6))
   assert [list(col) for col in zip(*[t for _, t in seen])] == out
+
+
+@pytest.mark.parametrize("sampling", [Sampling(temperature=0), Sampling(temperature=0.9, top_k=20)])
+def test_a_batch_split_over_cpu_cores_makes_the_tokens_of_the_whole_batch(sampling, params, monkeypatch):
+  """On a CPU, `generate` decodes parts of a batch on threads of their own (`cpu_parts`): 7 prompts
+  in 3 parts (padded to 9: 3 calls of one program for 3 rows) make the tokens of one call over all
+  of them, sampled ones too (a row draws by its index in the whole batch), each stopping on its own."""
+  model = GPT(CFG)
+  prompts = PROMPTS + [[7, 8, 9], [1] * 12, [90]]
+  run = lambda stop=None: sampler.generate(model, params, prompts, max_new_tokens=12, sampling=sampling, seed=3,
+                                           stop_id=stop)
+  monkeypatch.setattr(sampler, "cpu_parts", lambda *args: 1)
+  stop = run()[0][4]  # a token row 0 makes at step 4
+  whole = run(stop)
+  calls = []
+  compiled = sampler.jitted_sampler
+
+  def recording_sampler(model, batch_size, mesh=None):
+    def call(params, prompt_BxP, valid_BxP, rng, first_row, **kwargs):
+      calls.append((first_row, len(prompt_BxP), threading.get_ident()))
+      return compiled(model, batch_size, mesh)(params, prompt_BxP, valid_BxP, rng, first_row, **kwargs)
+    return call
+
+  monkeypatch.setattr(sampler, "jitted_sampler", recording_sampler)
+  monkeypatch.setattr(sampler, "cpu_parts", lambda *args: 3)
+  assert run(stop) == whole
+  assert sorted((first, rows) for first, rows, _ in calls) == [(0, 3), (3, 3), (6, 3)]
+  assert len({thread for _, _, thread in calls}) > 1
+  assert len({tuple(w) for w in whole}) == len(prompts) and {len(w) < 12 for w in whole} == {True, False}
+
+
+def test_cpu_parts_one_per_core_each_of_enough_prompts(monkeypatch):
+  monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+  small_vocab, large_vocab = GPT(CFG), GPT(CFG.replace(vocab_size=sampler.LARGE_VOCAB))
+  assert [sampler.cpu_parts(small_vocab, b, "cpu") for b in (1, 4, 7, 8, 9, 32)] == [1, 1, 1, 2, 2, 2]
+  # A large vocabulary's parts keep the vocabulary-major head (16 rows or more).
+  assert [sampler.cpu_parts(large_vocab, b, "cpu") for b in (8, 16, 31, 32)] == [1, 1, 1, 2]
+  assert sampler.cpu_parts(small_vocab, 32, "gpu") == 1
+  monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+  assert [sampler.cpu_parts(small_vocab, b, "cpu") for b in (8, 32, 128)] == [2, 8, 16]
 
 
 def test_bad_inputs_give_one_clear_error(params):

@@ -13,6 +13,8 @@ How `generate` works:
      token) until every sequence has emitted `stop_id` or `max_new_tokens` are made. The cache
      grows in a few phases up to P + max_new_tokens slots (`decode_lengths`): each step attends
      over the slots of its phase, not over every slot that will ever be written.
+  On a CPU a large enough batch is split into one part per core, each decoded by its own thread
+  (`cpu_parts`); the tokens are those of the whole batch.
 
 Sampling (HF's order): logits / temperature -> keep the top_k -> keep the nucleus (the fewest
 tokens whose probability reaches top_p) -> draw. **temperature=0 means greedy** (argmax; top_k and
@@ -29,6 +31,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
+from concurrent import futures
 from typing import Callable, Iterable, Sequence
 
 import flax.linen as nn
@@ -138,12 +142,15 @@ def argmax_block(V: int) -> int | None:
   return min(divisors, key=lambda c: abs(math.log(c / math.sqrt(V))), default=None)
 
 
-def sample_logits(logits_BxV: jax.Array, rng: jax.Array, sampling: Sampling, vocab_major: bool = False) -> jax.Array:
-  """One token per row; row b draws with the key fold_in(rng, b). `vocab_major`: see `argmax`."""
+def sample_logits(logits_BxV: jax.Array, rng: jax.Array, sampling: Sampling, vocab_major: bool = False,
+                  first_row: jax.Array | int = 0) -> jax.Array:
+  """One token per row; row b draws with the key fold_in(rng, first_row + b) (`first_row`: where
+  these rows start in the whole batch). `vocab_major`: see `argmax`."""
   if sampling.temperature == 0:
     return argmax(logits_BxV, vocab_major)
   logits_BxV = filter_logits(logits_BxV, sampling)
-  u_B = jax.vmap(lambda b: jax.random.uniform(jax.random.fold_in(rng, b)))(jnp.arange(logits_BxV.shape[0]))
+  rows_B = first_row + jnp.arange(logits_BxV.shape[0])
+  u_B = jax.vmap(lambda b: jax.random.uniform(jax.random.fold_in(rng, b)))(rows_B)
   return inverse_cdf(logits_BxV, u_B)
 
 
@@ -217,11 +224,13 @@ def _stream(step, tokens_B):
   _stream_target[0](int(step), np.asarray(tokens_B))
 
 
-def sample_padded(params, prompt_BxP, valid_BxP, rng, *, model, max_new_tokens: int, sampling: Sampling,
-                  stop_id: int | None = None, rules: tuple = (), stream: bool = False,
+def sample_padded(params, prompt_BxP, valid_BxP, rng, first_row=0, *, model, max_new_tokens: int,
+                  sampling: Sampling, stop_id: int | None = None, rules: tuple = (), stream: bool = False,
                   decode_phase: int = DECODE_PHASE):
   """The sampler (`jitted_sampler` compiles it): left-padded prompts (B, P) -> new tokens
-  (B, max_new_tokens). `decode_phase`: see `decode_lengths`.
+  (B, max_new_tokens). `first_row`: the index of these prompts' first row in the whole batch, which
+  a part of a split batch draws its random numbers by (`sample_logits`). `decode_phase`: see
+  `decode_lengths`.
 
   After a sequence emits `stop_id` its remaining entries are `stop_id`. With `stream`, each step's
   tokens go to the host as they are made (see `generate`'s `on_token`)."""
@@ -236,7 +245,7 @@ def sample_padded(params, prompt_BxP, valid_BxP, rng, *, model, max_new_tokens: 
     vocab_major = _vocab_major(model, B)
 
     def emit(i, logits_BxV, done_B, tokens_BxN):
-      token_B = sample_logits(logits_BxV, jax.random.fold_in(rng, i), sampling, vocab_major)
+      token_B = sample_logits(logits_BxV, jax.random.fold_in(rng, i), sampling, vocab_major, first_row)
       if stop_id is not None:
         token_B = jnp.where(done_B, stop_id, token_B)
         done_B = done_B | (token_B == stop_id)
@@ -289,11 +298,46 @@ def compiler_options(model, batch_size: int, platform: str) -> dict:
   return CPU_OPTIONS | (EIGEN_DOTS if large_vocab_major else {})
 
 
+def _platform(mesh) -> str:
+  """The platform `generate` runs on: `mesh`'s, or without one the first device's."""
+  return (mesh.devices.flat[0] if mesh is not None else jax.devices()[0]).platform
+
+
 def jitted_sampler(model, batch_size: int, mesh=None):
   """`sample_padded` under jax.jit with the compiler options for `batch_size` sequences on the
   platform of `mesh` (default: of the first device)."""
-  platform = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0]).platform
-  return _compiled(tuple(sorted(compiler_options(model, batch_size, platform).items())))
+  return _compiled(tuple(sorted(compiler_options(model, batch_size, _platform(mesh)).items())))
+
+
+# The fewest prompts a part of a batch split over a CPU's cores gets (`cpu_parts`); with a vocabulary
+# of LARGE_VOCAB or more, LARGE_VOCAB_PART_ROWS.
+MIN_PART_ROWS = 4
+LARGE_VOCAB_PART_ROWS = 16
+
+
+def cpu_parts(model, batch_size: int, platform: str) -> int:
+  """Into how many parts `generate` splits a batch of `batch_size` prompts on `platform`, each part
+  decoded by its own thread: on a CPU, one per core this process may run on, each of at least
+  MIN_PART_ROWS prompts (LARGE_VOCAB_PART_ROWS with a large vocabulary); elsewhere 1.
+
+  Why: XLA:CPU runs a program's kernels one after another and spreads only a large product over the
+  cores, and a decoding step of a small model is ~120 kernels of a few microseconds each, so one
+  core did nearly all of it (the main job's batch 32 was as fast on one core as on two). Calls of a
+  compiled program from two threads run at once, one on each core (one thread dispatching both
+  calls runs them one after the other; so does one program over the two halves). Measured on a
+  2-core Zen 5 (greedy unless said, tokens identical, both forms timed alternately in one process):
+  main job (d 128, vocabulary 85) batch 8 / 16 / 32 1.8x / 1.2-1.5x / 1.6x, batch 32 at temperature
+  0.8 1.7x; d 256 with vocabulary 85 at batch 8 / 32 1.4x / 1.5x; cpu-small (vocabulary 50,257)
+  batch 32 1.0-1.1x, whose head streams its 51 MB embedding from memory in each part; GPT-2 124M
+  batch 32 1.0x. Smaller parts lose: two of 2 prompts 0.7-0.9x, four parts on two cores 0.7x;
+  with a large vocabulary, parts under 16 prompts compute the tied head from their own copy of the
+  transposed embedding (`gpt._decode_head`): cpu-small's batch 16 in two parts 0.67x, GPT-2's
+  batch 8 0.75x."""
+  if platform != "cpu":
+    return 1
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+  rows = LARGE_VOCAB_PART_ROWS if model.config.vocab_size >= LARGE_VOCAB else MIN_PART_ROWS
+  return max(1, min(cores, batch_size // rows))
 
 
 def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int) -> list[list[int]]:
@@ -310,7 +354,9 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
 
   With `mesh` (and the logical axis `rules` training used), the batch and the KV cache are sharded
   like training's activations; `params` keep whatever shardings they have (e.g. from a checkpoint).
-  `on_token(step, tokens_B)` streams each step's tokens, in prompt order.
+  `on_token(step, tokens_B)` streams each step's tokens, in prompt order. On a CPU without a mesh of
+  several devices, a batch of enough prompts is split into parts decoded at once, one per core
+  (`cpu_parts`); the tokens, sampled ones too, are those of the whole batch.
 
   `decode_phase`: the fewest new tokens per phase of the decode loop (`decode_lengths`). Each phase
   compiles its own loop body (here ~0.3 s each at the main job's and cpu-small's shapes), so for one
@@ -335,22 +381,37 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
                       f"to {max(cfg.context_length - longest, 0)}, or use the sliding window "
                       f"(sliding_window=True / --sliding_window), which is much slower")
 
-  # Shapes: prompt length rounded up (without leaving the context), batch up to the data-parallel size.
+  # On one device, a CPU's cores may each decode a part of the batch (streaming keeps one part).
+  one_device = mesh is None or mesh.devices.size == 1
+  parts = cpu_parts(model, len(prompts), _platform(mesh)) if one_device and on_token is None else 1
+  # Shapes: prompt length rounded up (without leaving the context), batch up to a multiple of the
+  # data-parallel size and of the parts.
   P = min(round_up(longest, PROMPT_BUCKET), cfg.context_length - max_new_tokens)
-  prompt_BxP, valid_BxP = pad_rows(prompts, batch_rows(len(prompts), mesh, rules), P, left=True)
+  prompt_BxP, valid_BxP = pad_rows(prompts, round_up(batch_rows(len(prompts), mesh, rules), parts), P, left=True)
   kwargs = dict(model=model, max_new_tokens=max_new_tokens, sampling=sampling, stop_id=stop_id,
                 rules=tuple(rules) if mesh is not None else (), stream=on_token is not None,
                 decode_phase=min(decode_phase, max_new_tokens))  # one compiled program for any one-phase value
+  rows = len(prompt_BxP) // parts
+  sampler = jitted_sampler(model, rows, mesh)
+
+  def decode(part: int) -> np.ndarray:
+    first = part * rows
+    part_BxP, part_valid_BxP = prompt_BxP[first:first + rows], valid_BxP[first:first + rows]
+    if mesh is None:
+      tokens_BxN = sampler(params, part_BxP, part_valid_BxP, rng, first, **kwargs)
+    else:
+      with jax.set_mesh(mesh):
+        tokens_BxN = sampler(params, *put_on_mesh(mesh, rules, part_BxP, part_valid_BxP), rng, first, **kwargs)
+    return np.asarray(tokens_BxN)  # waits for the last callback too
+
   if on_token is not None:
     _stream_target[:] = [lambda i, tokens_B: on_token(i, tokens_B[:len(prompts)])]
   try:
-    sampler = jitted_sampler(model, len(prompt_BxP), mesh)
-    if mesh is None:
-      tokens_BxN = sampler(params, prompt_BxP, valid_BxP, rng, **kwargs)
+    if parts == 1:
+      tokens_BxN = decode(0)
     else:
-      with jax.set_mesh(mesh):
-        tokens_BxN = sampler(params, *put_on_mesh(mesh, rules, prompt_BxP, valid_BxP), rng, **kwargs)
-    tokens_BxN = np.asarray(tokens_BxN)  # waits for the last callback too
+      with futures.ThreadPoolExecutor(parts) as pool:
+        tokens_BxN = np.concatenate(list(pool.map(decode, range(parts))))
   finally:
     _stream_target.clear()
   return [until_stop(row, stop_id) for row in tokens_BxN[:len(prompts)]]
