@@ -335,15 +335,22 @@ def test_a_batch_split_over_cpu_cores_makes_the_tokens_of_the_whole_batch(sampli
   assert len({tuple(w) for w in whole}) == len(prompts) and {len(w) < 12 for w in whole} == {True, False}
 
 
-def test_cpu_parts_one_per_core_each_of_enough_prompts(monkeypatch):
-  monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+def test_cpu_parts_one_per_thread_each_of_enough_prompts():
   small_vocab, large_vocab = GPT(CFG), GPT(CFG.replace(vocab_size=sampler.LARGE_VOCAB))
-  assert [sampler.cpu_parts(small_vocab, b, "cpu") for b in (1, 4, 7, 8, 9, 32)] == [1, 1, 1, 2, 2, 2]
+  assert [sampler.cpu_parts(small_vocab, b, 2) for b in (1, 4, 7, 8, 9, 32)] == [1, 1, 1, 2, 2, 2]
   # A large vocabulary's parts keep the vocabulary-major head (16 rows or more).
-  assert [sampler.cpu_parts(large_vocab, b, "cpu") for b in (8, 16, 31, 32)] == [1, 1, 1, 2]
-  assert sampler.cpu_parts(small_vocab, 32, "gpu") == 1
-  monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
-  assert [sampler.cpu_parts(small_vocab, b, "cpu") for b in (8, 32, 128)] == [2, 8, 16]
+  assert [sampler.cpu_parts(large_vocab, b, 2) for b in (8, 16, 31, 32)] == [1, 1, 1, 2]
+  assert [sampler.cpu_parts(small_vocab, b, 16) for b in (8, 32, 128)] == [2, 8, 16]
+  assert sampler.cpu_parts(small_vocab, 32, 1) == 1
+
+
+def test_decoders_run_on_one_thread_per_core_of_a_cpu_device(monkeypatch):
+  from transformer import sharding
+  from transformer.generation import common
+  monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+  assert common.cpu_threads(None) == common.cpu_threads(sharding.make_mesh((1, 1, 1))) == 3
+  assert common.on_threads(lambda x: x * x, [], 3) == []
+  assert common.on_threads(lambda x: x * x, list(range(6)), 3) == [0, 1, 4, 9, 16, 25]  # in order
 
 
 def test_bad_inputs_give_one_clear_error(params):
@@ -412,6 +419,8 @@ with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
 shardings = sharding.logical_shardings(mesh, boxed, rules)
 params = jax.device_put(params, shardings)
 assert len(params["wte"]["embedding"].sharding.device_set) == 8
+from transformer.generation import common
+assert common.cpu_threads(mesh) == 1  # a mesh of several devices splits the batch over them instead
 out = {{}}
 for name, sampling in [("greedy", sampler.Sampling(temperature=0)), ("sampled", sampler.Sampling(top_p=0.9))]:
   out[name] = sampler.generate(GPT(CFG), params, PROMPTS, max_new_tokens=12, sampling=sampling, seed=5,

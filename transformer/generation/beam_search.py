@@ -31,8 +31,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from transformer.errors import ConfigError
-from transformer.generation.common import (batch_rows, check_token_lists, empty_cache, pad_rows, put_on_mesh,
-                                           round_up, until_stop)
+from transformer.generation.common import (batch_rows, check_token_lists, cpu_threads, empty_cache, on_threads,
+                                           pad_rows, put_on_mesh, round_up, until_stop)
 from transformer.models.seq2seq import Transformer
 
 NEG_INF = -1.0e7  # scores of impossible hypotheses; finite, so that sums stay ordered
@@ -202,7 +202,8 @@ def translate_ids(model: Transformer, params, sources: Sequence[Sequence[int]], 
   beam_size 1, else beam search. <eos> (<|endoftext|>) is also the decoder's start token.
 
   Sources are sorted by length and batched (batch_size rows, lengths padded to a multiple of 16),
-  so few shapes compile. With `mesh`, batches are split over its data-parallel devices."""
+  so few shapes compile. With `mesh`, batches are split over its data-parallel devices; on one CPU
+  device, batches decode at once, one per core (`common.cpu_threads`)."""
   cfg = model.config
   max_len = max_len or cfg.max_len
   if beam_size < 1 or not 2 <= max_len <= cfg.max_len:
@@ -220,8 +221,9 @@ def translate_ids(model: Transformer, params, sources: Sequence[Sequence[int]], 
     beams = functools.partial(beam_search, model=model, beam_size=beam_size, alpha=float(alpha), max_len=max_len,
                               bos_id=eos_id, eos_id=eos_id, no_repeat_ngram=no_repeat_ngram)
     search = lambda *args: beams(*args)[0][:, 0]  # the best of each sentence's beams
-  for start in range(0, len(order), B):
-    rows = order[start:start + B]
+  batches = [order[start:start + B] for start in range(0, len(order), B)]
+
+  def decode(rows: list[int]) -> np.ndarray:  # the best hypotheses of these sources, B x L on the host
     S = min(round_up(len(sources[rows[-1]]), SOURCE_BUCKET), cfg.max_len)
     source_BxS, valid_BxS = pad_rows([sources[i] for i in rows], B, S, left=False)
     if mesh is None:
@@ -229,7 +231,9 @@ def translate_ids(model: Transformer, params, sources: Sequence[Sequence[int]], 
     else:
       with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         tokens = search(params, *put_on_mesh(mesh, rules, source_BxS, valid_BxS))
-    best_BxL = multihost_utils.process_allgather(tokens, tiled=True) if jax.process_count() > 1 else np.asarray(tokens)
+    return multihost_utils.process_allgather(tokens, tiled=True) if jax.process_count() > 1 else np.asarray(tokens)
+
+  for rows, best_BxL in zip(batches, on_threads(decode, batches, cpu_threads(mesh))):
     for r, i in enumerate(rows):
       out[i] = until_stop(best_BxL[r], eos_id)
   return out

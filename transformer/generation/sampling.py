@@ -31,8 +31,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
-from concurrent import futures
 from typing import Callable, Iterable, Sequence
 
 import flax.linen as nn
@@ -42,8 +40,8 @@ import numpy as np
 from jax.experimental import io_callback
 
 from transformer.errors import ConfigError, TokenizerError
-from transformer.generation.common import (batch_rows, check_token_lists, empty_cache, grow_cache, pad_rows,
-                                                put_on_mesh, round_up, until_stop)
+from transformer.generation.common import (batch_rows, check_token_lists, cpu_threads, empty_cache, grow_cache,
+                                           on_threads, pad_rows, put_on_mesh, round_up, until_stop)
 
 PROMPT_BUCKET = 16  # prompts are padded to a multiple of this: few compiled shapes
 DECODE_PHASE = 32  # the fewest new tokens a phase of the decode loop makes (see `decode_lengths`)
@@ -298,15 +296,11 @@ def compiler_options(model, batch_size: int, platform: str) -> dict:
   return CPU_OPTIONS | (EIGEN_DOTS if large_vocab_major else {})
 
 
-def _platform(mesh) -> str:
-  """The platform `generate` runs on: `mesh`'s, or without one the first device's."""
-  return (mesh.devices.flat[0] if mesh is not None else jax.devices()[0]).platform
-
-
 def jitted_sampler(model, batch_size: int, mesh=None):
   """`sample_padded` under jax.jit with the compiler options for `batch_size` sequences on the
   platform of `mesh` (default: of the first device)."""
-  return _compiled(tuple(sorted(compiler_options(model, batch_size, _platform(mesh)).items())))
+  platform = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0]).platform
+  return _compiled(tuple(sorted(compiler_options(model, batch_size, platform).items())))
 
 
 # The fewest prompts a part of a batch split over a CPU's cores gets (`cpu_parts`); with a vocabulary
@@ -315,17 +309,13 @@ MIN_PART_ROWS = 4
 LARGE_VOCAB_PART_ROWS = 16
 
 
-def cpu_parts(model, batch_size: int, platform: str) -> int:
-  """Into how many parts `generate` splits a batch of `batch_size` prompts on `platform`, each part
-  decoded by its own thread: on a CPU, one per core this process may run on, each of at least
-  MIN_PART_ROWS prompts (LARGE_VOCAB_PART_ROWS with a large vocabulary); elsewhere 1.
+def cpu_parts(model, batch_size: int, threads: int) -> int:
+  """Into how many parts `generate` splits a batch of `batch_size` prompts, each part decoded by its
+  own thread: one per thread of `common.cpu_threads` (one per core on a CPU device), each of at
+  least MIN_PART_ROWS prompts (LARGE_VOCAB_PART_ROWS with a large vocabulary).
 
-  Why: XLA:CPU runs a program's kernels one after another and spreads only a large product over the
-  cores, and a decoding step of a small model is ~120 kernels of a few microseconds each, so one
-  core did nearly all of it (the main job's batch 32 was as fast on one core as on two). Calls of a
-  compiled program from two threads run at once, one on each core (one thread dispatching both
-  calls runs them one after the other; so does one program over the two halves). Measured on a
-  2-core Zen 5 (greedy unless said, tokens identical, both forms timed alternately in one process):
+  Measured on a 2-core Zen 5 (greedy unless said, tokens identical, both forms timed alternately in
+  one process):
   main job (d 128, vocabulary 85) batch 8 / 16 / 32 1.8x / 1.2-1.5x / 1.6x, batch 32 at temperature
   0.8 1.7x; d 256 with vocabulary 85 at batch 8 / 32 1.4x / 1.5x; cpu-small (vocabulary 50,257)
   batch 32 1.0-1.1x, whose head streams its 51 MB embedding from memory in each part; GPT-2 124M
@@ -333,11 +323,8 @@ def cpu_parts(model, batch_size: int, platform: str) -> int:
   with a large vocabulary, parts under 16 prompts compute the tied head from their own copy of the
   transposed embedding (`gpt._decode_head`): cpu-small's batch 16 in two parts 0.67x, GPT-2's
   batch 8 0.75x."""
-  if platform != "cpu":
-    return 1
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
   rows = LARGE_VOCAB_PART_ROWS if model.config.vocab_size >= LARGE_VOCAB else MIN_PART_ROWS
-  return max(1, min(cores, batch_size // rows))
+  return max(1, min(threads, batch_size // rows))
 
 
 def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int) -> list[list[int]]:
@@ -381,9 +368,8 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
                       f"to {max(cfg.context_length - longest, 0)}, or use the sliding window "
                       f"(sliding_window=True / --sliding_window), which is much slower")
 
-  # On one device, a CPU's cores may each decode a part of the batch (streaming keeps one part).
-  one_device = mesh is None or mesh.devices.size == 1
-  parts = cpu_parts(model, len(prompts), _platform(mesh)) if one_device and on_token is None else 1
+  # On a CPU device, its cores may each decode a part of the batch (streaming keeps one part).
+  parts = cpu_parts(model, len(prompts), cpu_threads(mesh)) if on_token is None else 1
   # Shapes: prompt length rounded up (without leaving the context), batch up to a multiple of the
   # data-parallel size and of the parts.
   P = min(round_up(longest, PROMPT_BUCKET), cfg.context_length - max_new_tokens)
@@ -407,11 +393,7 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
   if on_token is not None:
     _stream_target[:] = [lambda i, tokens_B: on_token(i, tokens_B[:len(prompts)])]
   try:
-    if parts == 1:
-      tokens_BxN = decode(0)
-    else:
-      with futures.ThreadPoolExecutor(parts) as pool:
-        tokens_BxN = np.concatenate(list(pool.map(decode, range(parts))))
+    tokens_BxN = np.concatenate(on_threads(decode, range(parts), parts))
   finally:
     _stream_target.clear()
   return [until_stop(row, stop_id) for row in tokens_BxN[:len(prompts)]]
