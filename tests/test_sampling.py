@@ -338,8 +338,11 @@ def test_a_batch_split_over_cpu_cores_makes_the_tokens_of_the_whole_batch(sampli
 def test_cpu_parts_one_per_thread_each_of_enough_prompts():
   small_vocab, large_vocab = GPT(CFG), GPT(CFG.replace(vocab_size=sampler.LARGE_VOCAB))
   assert [sampler.cpu_parts(small_vocab, b, 2) for b in (1, 4, 7, 8, 9, 32)] == [1, 1, 1, 2, 2, 2]
-  # A large vocabulary's parts: 32 rows or more (each streams the embedding from memory).
-  assert [sampler.cpu_parts(large_vocab, b, 2) for b in (16, 32, 63, 64)] == [1, 1, 1, 2]
+  # A large vocabulary's parts keep the vocabulary-major head (16 rows or more); a head larger than
+  # the cache, which each part reads from memory, gets 32 or more.
+  assert [sampler.cpu_parts(large_vocab, b, 2) for b in (8, 16, 31, 32)] == [1, 1, 1, 2]
+  streamed = GPT(CFG.replace(vocab_size=sampler.STREAMED_HEAD_BYTES // (4 * CFG.d_model)))
+  assert [sampler.cpu_parts(streamed, b, 2) for b in (16, 32, 63, 64)] == [1, 1, 1, 2]
   assert [sampler.cpu_parts(small_vocab, b, 16) for b in (8, 32, 128)] == [2, 8, 16]
   assert sampler.cpu_parts(small_vocab, 32, 1) == 1
 

@@ -303,27 +303,37 @@ def jitted_sampler(model, batch_size: int, mesh=None):
   return _compiled(tuple(sorted(compiler_options(model, batch_size, platform).items())))
 
 
-# The fewest prompts a part of a batch split over a CPU's cores gets (`cpu_parts`); with a vocabulary
-# of LARGE_VOCAB or more, LARGE_VOCAB_PART_ROWS.
+# The fewest prompts a part of a batch split over a CPU's cores gets (`cpu_parts`): MIN_PART_ROWS;
+# with a vocabulary of LARGE_VOCAB or more, LARGE_VOCAB_PART_ROWS; with an output head of
+# STREAMED_HEAD_BYTES or more (larger than a CPU's cache, read from memory at every step),
+# STREAMED_HEAD_PART_ROWS.
 MIN_PART_ROWS = 4
-LARGE_VOCAB_PART_ROWS = 32
+LARGE_VOCAB_PART_ROWS = 16
+STREAMED_HEAD_BYTES = 16 * 2**20
+STREAMED_HEAD_PART_ROWS = 32
 
 
 def cpu_parts(model, batch_size: int, threads: int) -> int:
   """Into how many parts `generate` splits a batch of `batch_size` prompts, each part decoded by its
   own thread: one per thread of `common.cpu_threads` (one per core on a CPU device), each of at
-  least MIN_PART_ROWS prompts (LARGE_VOCAB_PART_ROWS with a large vocabulary).
+  least MIN_PART_ROWS prompts (more with a large vocabulary or head, see above).
 
   Measured on a 2-core Zen 5 (greedy unless said, tokens identical, both forms timed alternately in
   one process):
   main job (d 128, vocabulary 85) batch 8 / 16 / 32 1.8x / 1.2-1.5x / 1.6x, batch 32 at temperature
-  0.8 1.7x; d 256 with vocabulary 85 at batch 8 / 32 1.4x / 1.5x. Smaller parts lose: two of 2
-  prompts 0.7-0.9x, four parts on two cores 0.7x. A large vocabulary's head streams its embedding
-  (cpu-small's 51 MB) from memory in each part: cpu-small's batch 32 in two parts 1.0-1.1x there,
-  0.85-0.91x on a 2-core Zen 4, its batch 64 1.07x on the Zen 4; GPT-2 124M's batch 32 1.0x on the
-  Zen 5. Parts under 16 prompts also compute the tied head from their own copy of the transposed
-  embedding (`gpt._decode_head`): cpu-small's batch 16 in two parts 0.67x, GPT-2's batch 8 0.75x."""
-  rows = LARGE_VOCAB_PART_ROWS if model.config.vocab_size >= LARGE_VOCAB else MIN_PART_ROWS
+  0.8 1.7x; d 256 with vocabulary 85 at batch 8 / 32 1.4x / 1.5x; d 128 with vocabulary 4,096
+  (a 2 MB head) at batch 32 1.5x. Smaller parts lose: two of 2 prompts 0.7-0.9x, four parts on two
+  cores 0.7x. With a large vocabulary, parts under 16 prompts compute the tied head from their own
+  copy of the transposed embedding (`gpt._decode_head`): cpu-small's batch 16 in two parts 0.67x,
+  GPT-2's batch 8 0.75x. A head larger than the cache is read from memory by each part: cpu-small's
+  (51 MB) batch 32 in two parts 1.0-1.1x on the Zen 5, 0.85-0.91x on a 2-core Zen 4, its batch 64
+  1.07x on the Zen 4; GPT-2 124M's batch 32 1.0x on the Zen 5."""
+  cfg = model.config
+  rows = MIN_PART_ROWS
+  if cfg.vocab_size >= LARGE_VOCAB:
+    rows = LARGE_VOCAB_PART_ROWS
+  if cfg.vocab_size * cfg.d_model * jnp.dtype(cfg.dtype).itemsize >= STREAMED_HEAD_BYTES:
+    rows = STREAMED_HEAD_PART_ROWS
   return max(1, min(threads, batch_size // rows))
 
 
