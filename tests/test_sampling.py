@@ -18,7 +18,7 @@ from conftest import REPO
 from transformer.errors import ConfigError
 from transformer.generation import sampling as sampler
 from transformer.generation.sampling import Sampling
-from transformer.models.gpt import GPT, GPTConfig
+from transformer.models.gpt import GPT, STREAMED_HEAD_BYTES, GPTConfig, streamed_head
 
 CFG = GPTConfig(vocab_size=96, context_length=48, num_layers=2, num_heads=4, d_model=32, tie_embeddings=False)
 PROMPTS = [[5, 17, 3, 80, 41, 2, 9], [60], list(range(10, 31)), [33, 34]]
@@ -62,15 +62,19 @@ def test_greedy_with_cache_equals_full_reforward(changes, params):
 
 
 # 4 prompts, 1, and 20 (vocabulary-major from gpt.VOCAB_MAJOR_MIN_BATCH = 16 sequences); 20 with a
-# large vocabulary (the argmax in blocks, the sampler compiled with Eigen's dots on a CPU).
-@pytest.mark.parametrize("prompts,vocab", [(PROMPTS, 96), (PROMPTS[:1], 96), (PROMPTS * 5, 96), (PROMPTS * 5, 8192)],
-                         ids=["batch", "one", "vocab_major", "vocab_major_large"])
+# large vocabulary (the argmax in blocks, the sampler compiled with Eigen's dots on a CPU); 1 with a
+# head of 16 MiB + 128 bytes (2**17 + 1 x 32 floats: streamed, so transposed as for a few sequences).
+@pytest.mark.parametrize("prompts,vocab", [(PROMPTS, 96), (PROMPTS[:1], 96), (PROMPTS * 5, 96), (PROMPTS * 5, 8192),
+                                           (PROMPTS[:1], 2**17 + 1)],
+                         ids=["batch", "one", "vocab_major", "vocab_major_large", "one_streamed_head"])
 def test_greedy_through_the_tied_head_equals_full_reforward(prompts, vocab):
-  """A tied head decodes one sequence through the embedding's rows, a few through the embedding
-  transposed once per call, many into vocabulary-major logits that the argmax reads in place (on a
-  CPU; gpt._decode_head): each gives the reference's tokens."""
+  """A tied head decodes one sequence through the embedding's rows (through the embedding
+  transposed once per call if the head is read from memory at every step), a few through the
+  transposed embedding, many into vocabulary-major logits that the argmax reads in place (on a CPU;
+  gpt._decode_head): each gives the reference's tokens."""
   cfg = CFG.replace(tie_embeddings=True, vocab_size=vocab)
   assert GPT(cfg).vocab_major_logits(len(prompts)) == (len(prompts) >= 16)
+  assert streamed_head(cfg.vocab_size, cfg.d_model, cfg.dtype) == (vocab > 2**17)
   options = sampler.compiler_options(GPT(cfg), len(prompts), "cpu")
   assert options == sampler.CPU_OPTIONS | (sampler.EIGEN_DOTS if vocab == 8192 and len(prompts) >= 16 else {})
   assert sampler.compiler_options(GPT(cfg), len(prompts), "gpu") == {}
@@ -341,7 +345,9 @@ def test_cpu_parts_one_per_thread_each_of_enough_prompts():
   # A large vocabulary's parts keep the vocabulary-major head (16 rows or more); a head larger than
   # the cache, which each part reads from memory, gets 32 or more.
   assert [sampler.cpu_parts(large_vocab, b, 2) for b in (8, 16, 31, 32)] == [1, 1, 1, 2]
-  streamed = GPT(CFG.replace(vocab_size=sampler.STREAMED_HEAD_BYTES // (4 * CFG.d_model)))
+  in_cache = CFG.replace(vocab_size=STREAMED_HEAD_BYTES // (4 * CFG.d_model))  # a head of exactly 16 MiB
+  assert [sampler.cpu_parts(GPT(in_cache), b, 2) for b in (16, 32)] == [1, 2]
+  streamed = GPT(in_cache.replace(vocab_size=in_cache.vocab_size + 1))
   assert [sampler.cpu_parts(streamed, b, 2) for b in (16, 32, 63, 64)] == [1, 1, 1, 2]
   assert [sampler.cpu_parts(small_vocab, b, 16) for b in (8, 32, 128)] == [2, 8, 16]
   assert sampler.cpu_parts(small_vocab, 32, 1) == 1

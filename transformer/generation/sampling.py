@@ -42,6 +42,7 @@ from jax.experimental import io_callback
 from transformer.errors import ConfigError, TokenizerError
 from transformer.generation.common import (batch_rows, check_token_lists, cpu_threads, empty_cache, grow_cache,
                                            on_threads, pad_rows, put_on_mesh, round_up, until_stop)
+from transformer.models import gpt
 
 PROMPT_BUCKET = 16  # prompts are padded to a multiple of this: few compiled shapes
 DECODE_PHASE = 32  # the fewest new tokens a phase of the decode loop makes (see `decode_lengths`)
@@ -304,12 +305,10 @@ def jitted_sampler(model, batch_size: int, mesh=None):
 
 
 # The fewest prompts a part of a batch split over a CPU's cores gets (`cpu_parts`): MIN_PART_ROWS;
-# with a vocabulary of LARGE_VOCAB or more, LARGE_VOCAB_PART_ROWS; with an output head of
-# STREAMED_HEAD_BYTES or more (larger than a CPU's cache, read from memory at every step),
-# STREAMED_HEAD_PART_ROWS.
+# with a vocabulary of LARGE_VOCAB or more, LARGE_VOCAB_PART_ROWS; with an output head read from
+# memory at every step (`gpt.streamed_head`), STREAMED_HEAD_PART_ROWS.
 MIN_PART_ROWS = 4
 LARGE_VOCAB_PART_ROWS = 16
-STREAMED_HEAD_BYTES = 16 * 2**20
 STREAMED_HEAD_PART_ROWS = 32
 
 
@@ -332,7 +331,7 @@ def cpu_parts(model, batch_size: int, threads: int) -> int:
   rows = MIN_PART_ROWS
   if cfg.vocab_size >= LARGE_VOCAB:
     rows = LARGE_VOCAB_PART_ROWS
-  if cfg.vocab_size * cfg.d_model * jnp.dtype(cfg.dtype).itemsize >= STREAMED_HEAD_BYTES:
+  if gpt.streamed_head(cfg.vocab_size, cfg.d_model, cfg.dtype):
     rows = STREAMED_HEAD_PART_ROWS
   return max(1, min(threads, batch_size // rows))
 
