@@ -179,7 +179,7 @@ def _decode_head(embedding_VxD: jax.Array, x_BxTxD: jax.Array) -> jax.Array:
   - One sequence: embedding rows times the hidden state, a matrix-vector product ~1.3x faster than
     x @ embeddingᵀ, while the head stays in the cache. A head read from memory at every step
     (STREAMED_HEAD_BYTES) is read faster as the D x V copy below, streamed row after row: cpu-small
-    (a 51 MB head) generates ~1.17x faster at batch 1 on a 2-core Zen 4, copy included; a 16 MiB
+    (a 51 MB head) generates ~1.4x faster at batch 1 on a 2-core Zen 4, copy included; a 16 MiB
     head, in the cache, 0.87-0.96x.
   - Up to VOCAB_MAJOR_MIN_BATCH: x times the embedding transposed into a D x V copy, whose rows the
     product reads contiguously (~1.3x faster than the einsum at batch 8). XLA hoists the copy out of
