@@ -84,6 +84,17 @@ def test_greedy_through_the_tied_head_equals_full_reforward(prompts, vocab):
   assert all(len(set(g)) > 3 for g in got)  # not degenerate
 
 
+def test_one_sequence_reads_a_head_larger_than_the_cache_through_its_transposed_copy():
+  """gpt._decode_head at batch 1 on a CPU: a head of 16 MiB keeps the embedding's rows; one entry more
+  (streamed from memory at every step) is read through a D x V copy of the embedding."""
+  for vocab, copied in ((2**17, False), (2**17 + 1, True)):
+    model = GPT(CFG.replace(tie_embeddings=True, vocab_size=vocab))
+    params = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]))
+    step = lambda p, c, t: model.apply({"params": p, "cache": c}, t, decode=True, mutable=["cache"])
+    text = jax.jit(step).lower(params, sampler.init_cache(model, 1, 8), jnp.zeros((1, 1), jnp.int32)).as_text()
+    assert (f"tensor<{CFG.d_model}x{vocab}xf32>" in text) == copied
+
+
 def _vocab_major(x_BxV):
   """x as the tied head hands vocabulary-major logits over: the transpose of a V x B array."""
   return jnp.asarray(np.asarray(x_BxV).T.copy()).T
