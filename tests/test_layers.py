@@ -1,6 +1,8 @@
 """The shared layers (transformer.layers): positions, masks, attention, the decode-mode cache
 positions; the model tests (test_gpt, test_seq2seq) cover blocks and stacks through the models."""
 
+import re
+
 import chex
 import flax.linen as nn
 import flax.traverse_util
@@ -105,6 +107,42 @@ def test_projection_keeps_its_kernel_shape_and_axis_names():
   chex.assert_shape(nn.unbox(boxed)["kernel"], (5, 3, 4))
   chex.assert_shape(proj.apply({"params": nn.unbox(boxed)}, jnp.ones((2, 5))), (2, 3, 4))
 
+
+# x, kernel, contracted dims: the fused qkv (kernel in < out), the MLP's fc (<) and proj (>), the
+# attention's output (two contracted dims, =), a proj-like kernel over tokens in one dim (>).
+PROJECTIONS = [((2, 5, 8), (8, 3, 2, 4), 1), ((2, 5, 8), (8, 32), 1), ((2, 5, 32), (32, 8), 1),
+               ((2, 5, 2, 4), (2, 4, 8), 2), ((10, 24), (24, 6), 1)]
+
+
+@pytest.mark.parametrize("x_shape,kernel_shape,contract", PROJECTIONS)
+def test_projection_gradients_on_a_cpu_equal_autodiffs_of_tensordot(x_shape, kernel_shape, contract):
+  kx, kk, kg = jax.random.split(jax.random.key(0), 3)
+  x, kernel = jax.random.normal(kx, x_shape), jax.random.normal(kk, kernel_shape)
+  cotangent = jax.random.normal(kg, jnp.tensordot(x, kernel, contract).shape)
+  ours = jax.jit(jax.vjp, static_argnums=0)(lambda x, k: layers.project(x, k, contract), x, kernel)
+  reference = jax.vjp(lambda x, k: jnp.tensordot(x, k, contract), x, kernel)
+  np.testing.assert_allclose(ours[0], reference[0], rtol=1e-5, atol=1e-5)
+  for got, want in zip(ours[1](cotangent), reference[1](cotangent), strict=True):
+    chex.assert_equal_shape([got, want])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_projection_kernel_gradients_are_the_products_xla_cpu_runs_in_its_library():
+  """Autodiff's kernel gradient contracts the token dims that lead both operands, a product XLA:CPU
+  runs in its slow fallback (a plain `dot` in the optimised HLO) instead of its library (YNNPACK, a
+  custom fusion like the forward products); layers.project's gradients take only library products."""
+  x = jax.random.normal(jax.random.key(0), (4, 64, 32))
+  fc, proj = jax.random.normal(jax.random.key(1), (32, 128)), jax.random.normal(jax.random.key(2), (128, 32))
+
+  def plain_dots(project):
+    loss = lambda fc, proj, x: jnp.sum(project(jax.nn.gelu(project(x, fc, 1)), proj, 1) ** 2)
+    hlo = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(fc, proj, x).compile().as_text()
+    entry = hlo[hlo.index("ENTRY"):]
+    if "kind=kCustom" not in entry:
+      pytest.skip("this XLA:CPU runs no product in a library fusion")
+    return len(re.findall(r" dot\(", entry))
+  assert plain_dots(lambda x, k, c: jnp.tensordot(x, k, c)) > 0  # what layers.project exists for
+  assert plain_dots(layers.project) == 0
 
 # --- Synthesizer attention (Tay et al. 2020), through the models that use it -----------------
 
