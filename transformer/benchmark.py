@@ -42,7 +42,9 @@ def op_profile(fn: Callable[[], object], compiled_text: str, calls: int = 3) -> 
   trace's XLA op events summed by HLO instruction, largest first. Rows: [HLO op, what it computes
   (the JAX operation recorded in `compiled_text`'s metadata), ms per call, share of the ops'
   total]. On an accelerator the device's kernels are counted; on a CPU the XLA threads' thunks
-  (thunks that run in parallel each count their own time)."""
+  (thunks that run in parallel each count their own time). A product XLA:CPU leaves to Eigen (a
+  plain `dot` in the optimised HLO, not a library fusion) counts only until it is handed to the
+  thread pool, where it runs on: the trace's `end: dot.N` event says when it finished."""
   from jax.profiler import ProfileData
   jax.block_until_ready(fn())  # compiled and warm before the trace
   with tempfile.TemporaryDirectory() as trace_dir:
