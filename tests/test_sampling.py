@@ -62,21 +62,25 @@ def test_greedy_with_cache_equals_full_reforward(changes, params):
 
 
 # 4 prompts, 1, and 20 (vocabulary-major from gpt.VOCAB_MAJOR_MIN_BATCH = 16 sequences); 20 with a
-# large vocabulary (the argmax in blocks, the sampler compiled with Eigen's dots on a CPU); 1 with a
-# head of 16 MiB + 128 bytes (2**17 + 1 x 32 floats: streamed, so transposed as for a few sequences).
+# large vocabulary (the argmax in blocks, the sampler compiled with Eigen's dots on a CPU); 1 and 4
+# with a head of 16 MiB + 128 bytes (2**17 + 1 x 32 floats: streamed, so transposed as for a few
+# sequences at batch 1, and vocabulary-major from gpt.STREAMED_VOCAB_MAJOR_MIN_BATCH = 4).
 @pytest.mark.parametrize("prompts,vocab", [(PROMPTS, 96), (PROMPTS[:1], 96), (PROMPTS * 5, 96), (PROMPTS * 5, 8192),
-                                           (PROMPTS[:1], 2**17 + 1)],
-                         ids=["batch", "one", "vocab_major", "vocab_major_large", "one_streamed_head"])
+                                           (PROMPTS[:1], 2**17 + 1), (PROMPTS, 2**17 + 1)],
+                         ids=["batch", "one", "vocab_major", "vocab_major_large", "one_streamed_head",
+                              "vocab_major_streamed_head"])
 def test_greedy_through_the_tied_head_equals_full_reforward(prompts, vocab):
   """A tied head decodes one sequence through the embedding's rows (through the embedding
   transposed once per call if the head is read from memory at every step), a few through the
   transposed embedding, many into vocabulary-major logits that the argmax reads in place (on a CPU;
   gpt._decode_head): each gives the reference's tokens."""
   cfg = CFG.replace(tie_embeddings=True, vocab_size=vocab)
-  assert GPT(cfg).vocab_major_logits(len(prompts)) == (len(prompts) >= 16)
-  assert streamed_head(cfg.vocab_size, cfg.d_model, cfg.dtype) == (vocab > 2**17)
+  streamed = streamed_head(cfg.vocab_size, cfg.d_model, cfg.dtype)
+  assert streamed == (vocab > 2**17)
+  vocab_major = len(prompts) >= (4 if streamed else 16)
+  assert GPT(cfg).vocab_major_logits(len(prompts)) == vocab_major
   options = sampler.compiler_options(GPT(cfg), len(prompts), "cpu")
-  assert options == sampler.CPU_OPTIONS | (sampler.EIGEN_DOTS if vocab == 8192 and len(prompts) >= 16 else {})
+  assert options == sampler.CPU_OPTIONS | (sampler.EIGEN_DOTS if vocab >= 8192 and vocab_major else {})
   assert sampler.compiler_options(GPT(cfg), len(prompts), "gpu") == {}
   params = _params(cfg, scale=20.0, seed=1)  # the head reads the embedding: larger weights to vary the paths
   got = sampler.generate(GPT(cfg), params, prompts, max_new_tokens=20, sampling=Sampling(temperature=0))

@@ -157,11 +157,14 @@ class GPT(nn.Module):
   def vocab_major_logits(self, batch_size: int) -> bool:
     """Whether a decoding step of `batch_size` sequences returns its logits as the transpose of a
     vocabulary-major array on a CPU (_decode_head): the sampler's greedy argmax then reads them in place."""
-    return self.config.tie_embeddings and batch_size >= VOCAB_MAJOR_MIN_BATCH
+    cfg = self.config
+    return cfg.tie_embeddings and vocab_major(batch_size, cfg.vocab_size, cfg.d_model, cfg.dtype)
 
 
-# From this many sequences, a CPU decoding step computes the tied head vocabulary-major (see _decode_head).
+# From this many sequences, a CPU decoding step computes the tied head vocabulary-major (see
+# _decode_head); from STREAMED_VOCAB_MAJOR_MIN_BATCH where the head is read from memory (streamed_head).
 VOCAB_MAJOR_MIN_BATCH = 16
+STREAMED_VOCAB_MAJOR_MIN_BATCH = 4
 # A tied head of more than this many bytes does not stay in a CPU's last-level cache between decoding
 # steps (32 MiB on a Zen 4 EPYC, shared with the KV cache and the layers' weights): every step reads
 # it from memory (see _decode_head, sampling.cpu_parts).
@@ -173,6 +176,12 @@ def streamed_head(vocab_size: int, d_model: int, dtype) -> bool:
   return vocab_size * d_model * jnp.dtype(dtype).itemsize > STREAMED_HEAD_BYTES
 
 
+def vocab_major(batch_size: int, vocab_size: int, d_model: int, dtype) -> bool:
+  """Whether a CPU decoding step of `batch_size` sequences computes its tied head vocabulary-major."""
+  streamed = streamed_head(vocab_size, d_model, dtype)
+  return batch_size >= (STREAMED_VOCAB_MAJOR_MIN_BATCH if streamed else VOCAB_MAJOR_MIN_BATCH)
+
+
 def _decode_head(embedding_VxD: jax.Array, x_BxTxD: jax.Array) -> jax.Array:
   """The tied head of a decoding step, B x T x V, in the form XLA:CPU runs fastest at the batch size.
 
@@ -181,18 +190,23 @@ def _decode_head(embedding_VxD: jax.Array, x_BxTxD: jax.Array) -> jax.Array:
     (STREAMED_HEAD_BYTES) is read faster as the D x V copy below, streamed row after row: cpu-small
     (a 51 MB head) generates ~1.4x faster at batch 1 on a 2-core Zen 4, copy included; a 16 MiB
     head, in the cache, 0.87-0.96x.
-  - Up to VOCAB_MAJOR_MIN_BATCH: x times the embedding transposed into a D x V copy, whose rows the
-    product reads contiguously (~1.3x faster than the einsum at batch 8). XLA hoists the copy out of
-    the decode loop: it is made once per `generate` call.
-  - More: the logits computed V x B and handed over transposed. A reduction over the vocabulary
+  - A few sequences (fewer than `vocab_major` asks for): x times the embedding transposed into a
+    D x V copy, whose rows the product reads contiguously (~1.3x faster than the einsum at batch 8 on
+    a Zen 4). XLA hoists the copy out of the decode loop: it is made once per `generate` call.
+  - More (VOCAB_MAJOR_MIN_BATCH; a streamed head from STREAMED_VOCAB_MAJOR_MIN_BATCH): the logits
+    computed V x B and handed over transposed. A reduction over the vocabulary
     (`sampling.argmax(..., vocab_major=True)`) transposes them back, the two transposes cancel, and it
-    runs down columns of B contiguous values: greedy decoding ~1.15x faster at batch 32.
+    runs down columns of B contiguous values: greedy decoding ~1.15x faster at batch 32. A streamed
+    head takes this form from 4 sequences: on a 2-core Zen 3 (AVX2, no AVX-512) the D x V copy's
+    product ran at ~16 GFLOP/s at batch 8, and cpu-small generates 1.35x / 1.38x faster at batch 4 /
+    8 this way (with Eigen's dots: `sampling.compiler_options`), 0.89x at batch 2; on a Zen 4 the
+    two products were about as fast at batch 8, and this form makes no copy (~40 ms a call).
   Accelerators keep the einsum, which their matrix units take in either layout."""
   rows = lambda E_VxD, x_BxTxD: jnp.einsum("vd,btd->btv", E_VxD, x_BxTxD)
   B = x_BxTxD.shape[0]
   if B == 1 and not streamed_head(*embedding_VxD.shape, embedding_VxD.dtype):
     return rows(embedding_VxD, x_BxTxD)
-  if B >= VOCAB_MAJOR_MIN_BATCH:
+  if vocab_major(B, *embedding_VxD.shape, embedding_VxD.dtype):
     cpu = lambda E_VxD, x_BxTxD: jnp.einsum("vd,btd->vbt", E_VxD, x_BxTxD).transpose(1, 2, 0)
   else:  # the barrier keeps XLA from folding the transpose back into the product's dimension numbers
     cpu = lambda E_VxD, x_BxTxD: x_BxTxD @ jax.lax.optimization_barrier(E_VxD.T)
