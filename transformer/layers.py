@@ -316,7 +316,7 @@ def _project_cpu_bwd(contract, residuals, dy):
   product with the left operand's contracted dims leading, so autodiff's form went to its slow
   fallback (Eigen), after a transposed copy of the larger operand: the MLP's four kernel gradients
   were ~40% of the README main job's training step on a 2-core Zen 4, and ran ~3x slower than the
-  same products in the library. Here the smaller of x and dy is transposed, tokens last (the barrier
+  same products in the library. Here the smaller of x and dy is transposed, tokens last (the barriers
   keep XLA from folding a transpose back into the product's dimension numbers), and the product is
   one the library takes; a transposed result is kernel-sized."""
   x, kernel = residuals

@@ -277,7 +277,8 @@ STATIC_ARGNAMES = ("model", "max_new_tokens", "sampling", "stop_id", "rules", "s
 #   GELU's tanh), and main-job-sized generation is ~6% faster with them (LLVM prefers 256 by default).
 # - Where a large vocabulary's tied head is computed vocabulary-major (GPT.vocab_major_logits), dots
 #   through Eigen instead of YNNPACK, XLA:CPU's default (which keeps the reductions): Eigen is the
-#   faster of the two at that V x D by D x B product, cpu-small's batch 32 ~1.07x and batch 16 ~1.06x;
+#   faster of the two at that V x D by D x B product, cpu-small's batch 32 ~1.07x and batch 16 ~1.06x
+#   (on a 2-core Zen 3, batch 8: 1.0-1.1x; 1.38x against the D x V copy's product in YNNPACK);
 #   YNNPACK is the faster at the small products that make the rest of a step (the main job's batch
 #   16, vocabulary 85: ~0.94x with Eigen).
 CPU_OPTIONS = {"xla_cpu_prefer_vector_width": 512}
