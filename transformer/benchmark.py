@@ -69,8 +69,10 @@ def op_profile(fn: Callable[[], object], compiled_text: str, calls: int = 3) -> 
 
 
 def _short_op_name(op_name: str, keep: int = 4) -> str:
-  """The last `keep` parts of a JAX op_name path ("jit(f)/jvp(GPT)/block_0/attn/dot_general")."""
-  return "/".join(op_name.split("/")[-keep:])
+  """The last `keep` parts of a JAX op_name path ("jit(f)/jvp(GPT)/block_0/attn/dot_general"), less
+  the "cond/branch_N_fun" that a `jax.lax.platform_dependent` (layers.project) puts in it."""
+  parts = [p for p in op_name.split("/") if p != "cond" and not re.fullmatch(r"branch_\d+_fun", p)]
+  return "/".join(parts[-keep:])
 
 
 def table(headers: list[str], rows: list[list]) -> str:
