@@ -28,9 +28,12 @@ import transformers
 from torch import nn
 
 
-def median_seconds(fn, repeats: int, warmup: int = 1) -> float:
-  for _ in range(warmup):
+def median_seconds(fn, repeats: int, warmup: int = 1, warmup_seconds: float = 0.0) -> float:
+  """As transformer.benchmark.median_seconds: `warmup` untimed calls, then more until `warmup_seconds`."""
+  start, calls = time.perf_counter(), 0
+  while calls < warmup or time.perf_counter() - start < warmup_seconds:
     fn()
+    calls += 1
   times = []
   for _ in range(repeats):
     start = time.perf_counter()
@@ -135,7 +138,7 @@ def hf_peer(spec: dict) -> dict:
   if spec["train"]:
     model.train()
     step = train_step_fn(model, lambda x: model(x).logits, spec["train"], m["vocab_size"])
-    result["train"] = median_seconds(step, spec["repeats"])
+    result["train"] = median_seconds(step, spec["repeats"], warmup_seconds=spec["train"]["warmup_seconds"])
   return result
 
 
@@ -153,7 +156,8 @@ def minimal_peer(spec: dict) -> dict:
     result["generate"][str(batch)] = median_seconds(generate, spec["repeats"])
   if spec["train"]:
     model.train()
-    result["train"] = median_seconds(train_step_fn(model, model, spec["train"], m["vocab_size"]), spec["repeats"])
+    result["train"] = median_seconds(train_step_fn(model, model, spec["train"], m["vocab_size"]), spec["repeats"],
+                                     warmup_seconds=spec["train"]["warmup_seconds"])
   return result
 
 

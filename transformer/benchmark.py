@@ -25,10 +25,13 @@ from transformer import assets
 from transformer.errors import UserError
 
 
-def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
-  """Median wall time of `fn()` (its result blocked on), after `warmup` untimed calls (compiles)."""
-  for _ in range(warmup):
+def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 1, warmup_seconds: float = 0.0) -> float:
+  """Median wall time of `fn()` (its result blocked on), after untimed calls: `warmup` of them (the
+  first compiles), then more until `warmup_seconds` have passed since the first began."""
+  start, calls = time.perf_counter(), 0
+  while calls < warmup or time.perf_counter() - start < warmup_seconds:
     jax.block_until_ready(fn())
+    calls += 1
   times = []
   for _ in range(repeats):
     start = time.perf_counter()

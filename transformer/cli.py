@@ -1,6 +1,5 @@
 """What every absl launch program shares: user errors become one line on stderr and exit 1."""
 
-import ctypes
 import sys
 import warnings
 from pathlib import Path
@@ -11,31 +10,7 @@ from absl import app, flags, logging
 from transformer.errors import UserError
 
 
-# glibc's mallopt parameters (malloc.h).
-_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -2, -4, -8
-
-
-def keep_freed_host_memory() -> bool:
-  """Have glibc's malloc keep freed memory for reuse instead of giving it back to the OS (Linux;
-  elsewhere nothing). Call before JAX's first computation; every launch program does (`run`).
-
-  Why: XLA:CPU allocates a step's buffers anew at every call. By default glibc serves large blocks
-  with fresh mmaps, trims freed heap tops, and gives each thread an mmapped arena that it shrinks,
-  so every step page-faults hundreds of MB back in. On the README main job's training step that is
-  87,000 minor faults and 40% of the CPU time in the kernel; kept, the step is ~1.7x faster (2-core
-  EPYC, `launch.bench --what=vs_torch`). The cost: the process holds on to its peak host memory
-  until it exits. Returns whether malloc took every setting."""
-  try:
-    mallopt = ctypes.CDLL(None).mallopt
-  except (OSError, AttributeError):  # not glibc
-    return False
-  settings = ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**30), (_M_TOP_PAD, 2**30), (_M_ARENA_MAX, 2))
-  return all([mallopt(param, value) == 1 for param, value in settings])  # mallopt: 1 on success
-
-
 def run(main) -> None:
-  keep_freed_host_memory()
-
   def main_with_clean_errors(argv):
     # Libraries (Orbax above all) log a lot at INFO; keep warnings unless --verbosity is given.
     if not flags.FLAGS["verbosity"].present:

@@ -1,21 +1,28 @@
-"""Host memory: keep the blocks XLA:CPU frees for its next call, instead of giving them back.
+"""Host memory: keep the block XLA:CPU frees after a call for its next call, mapped.
 
 XLA:CPU allocates all of a program's temporary buffers as one block at every call (the README main
-job's training step: 327 MB), from a thread of its pool, and frees it when the call ends. glibc
-serves a block over 32 MB from a fresh `mmap` whenever the thread has its own arena, and unmaps
-it on free, so every call faults all of the block's pages in again: ~84,000 minor faults a step
-for the main job, a third of the step on a 2-core Zen 3 VM. With one arena, no `mmap` and no
-trimming of the heap's top, the block comes back from the heap at the next call, its pages
-already mapped (0 faults a step after the first).
+job's training step: 327 MB; cpu-small's: ~2.4 GB), from a thread of its pool, and frees it when the
+call ends. glibc serves a block that large with a fresh `mmap`, and unmaps it on free, unless it
+comes from the main arena with `mmap` turned off: a thread's own arena is made of heaps of at most
+64 MB, so a larger block is always mmapped there. Each call then faults all of the block's pages in
+again: ~84,000 minor faults a step for the main job, whose step took 536 ms against 301 ms without
+them (2-core Zen 3 VM, medians of 50 steps). So: one arena (every thread allocates from the main
+heap), no `mmap`, no trimming of the heap's top. A freed block then serves the next call with its
+pages mapped. For the first calls the heap still grows (small allocations take pieces of a freed
+block, and the next block comes from fresh memory): the main job's step faults at ~6 of its first 15
+steps, then at none. (With two arenas, as before, a third of the steps kept faulting: the ones whose
+block a thread on the second arena allocated.)
 
-The price: the process keeps its peak heap (a freed block serves later allocations; the memory is
-not returned to the OS while the process lives), and every thread allocates from the one arena,
-which costs a little under many threads that allocate often. `TRANSFORMER_KEEP_HOST_MEMORY=0`
-leaves glibc's defaults.
+The price: the process keeps its peak heap (freed memory serves later allocations but is not given
+back to the OS while the process lives), and every thread allocates from the one arena, which costs
+a little where many threads allocate often. `TRANSFORMER_KEEP_HOST_MEMORY=0` leaves glibc's
+defaults.
 
 glibc picks a thread's arena at its first allocation, so this must run before any thread but the
 main one allocates: `transformer/__init__.py` calls it first thing. Importing numpy or jax before is
-fine; a computation (which starts XLA's threads) before is too late for them.
+fine; a computation before (which starts XLA's threads) is too late, and so may be a process whose
+other threads have allocated already (a Jupyter kernel's), where glibc may have fixed its number of
+arenas.
 """
 
 import ctypes
