@@ -10,8 +10,8 @@ them (2-core Zen 3 VM, medians of 50 steps). So: one arena (every thread allocat
 heap), no `mmap`, no trimming of the heap's top. A freed block then serves the next call with its
 pages mapped. For the first calls the heap still grows (small allocations take pieces of a freed
 block, and the next block comes from fresh memory): the main job's step faults at ~6 of its first 15
-steps, then at none. (With two arenas, as before, a third of the steps kept faulting: the ones whose
-block a thread on the second arena allocated.)
+steps, then at none. (With two arenas, as until 2026-11-25, 1 to 9 of a process's steps 16-40 still
+faulted: those whose block a thread of the second arena allocated.)
 
 The price: the process keeps its peak heap (freed memory serves later allocations but is not given
 back to the OS while the process lives), and every thread allocates from the one arena, which costs
