@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
+from experiments import shakespeare
 from transformer import benchmark, cli, layers, metrics, optim, train
 from transformer.config import OptimizerConfig
 from transformer.generation import sampling
@@ -56,6 +57,8 @@ _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repeats (the median is repo
 # are in the steady state, and so are the timed ones, ours and the peers'.
 _TRAIN_WARMUP = flags.DEFINE_float("train_warmup_s", 5.0, "Training steps, ours and the peers': untimed steps for "
                                    "at least this many seconds first.")
+_MICROBATCHES = flags.DEFINE_integer("microbatches", 1, "Training steps: the batch in this many microbatches "
+                                     "(optimizer.accumulation_steps; vs_torch: the main job's own).", lower_bound=1)
 _ATTENTION = flags.DEFINE_string("attention", "xla", "Attention implementation.")
 _DTYPE = flags.DEFINE_string("dtype", "float32", "Compute dtype (bfloat16 on accelerators).")
 _HLO_OUT = flags.DEFINE_string("hlo_out", None, "--what=profile: also write the step's optimised HLO here.")
@@ -106,21 +109,22 @@ def generate_seconds(cfg, params, batch: int, new_tokens: int = 0) -> float:
   return benchmark.median_seconds(lambda: len(run()), repeats=_REPEATS.value)
 
 
-def train_step_seconds(cfg, params, batch_size: int = 0, seq_len: int = 0) -> float:
+def train_step_seconds(cfg, params, batch_size: int = 0, seq_len: int = 0, microbatches: int = 0) -> float:
   """One jit-compiled `train.train_step` (AdamW, clipping at 1.0) on batch_size x seq_len tokens
-  (default --train_batch x --seq_len), after --train_warmup_s of steps."""
-  run, _ = _train_step(cfg, params, batch_size, seq_len)
+  in `microbatches` (defaults: --train_batch x --seq_len, --microbatches), after --train_warmup_s of steps."""
+  run, _ = _train_step(cfg, params, batch_size, seq_len, microbatches)
   return benchmark.median_seconds(run, repeats=_REPEATS.value, warmup_seconds=_TRAIN_WARMUP.value)
 
 
-def _train_step(cfg, params, batch_size: int = 0, seq_len: int = 0):
+def _train_step(cfg, params, batch_size: int = 0, seq_len: int = 0, microbatches: int = 0):
   """(a function that runs one training step and returns its loss, the step's optimised HLO text)."""
   opt = OptimizerConfig(lr=1e-4, schedule="constant", warmup_steps=0)
   tx, schedule = optim.make_optimizer(opt, 1000), optim.learning_rate(opt, 1000)
   state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                            rng=jax.random.key_data(jax.random.key(0)))
   loss_fn = functools.partial(lm_loss, gpt.GPT(cfg))
-  step = jax.jit(functools.partial(train.train_step, loss_fn=loss_fn, tx=tx, schedule=schedule, accumulation_steps=1),
+  step = jax.jit(functools.partial(train.train_step, loss_fn=loss_fn, tx=tx, schedule=schedule,
+                                   accumulation_steps=microbatches or _MICROBATCHES.value),
                  donate_argnums=0)
   batch = jax.random.randint(jax.random.key(1), (batch_size or _TRAIN_BATCH.value, (seq_len or _SEQ_LEN.value) + 1),
                              0, cfg.vocab_size)
@@ -264,11 +268,13 @@ def profile_generate_table() -> str:
           + benchmark.table(["HLO op", "JAX operation", "ms/call", "share"], rows[:_TOP_OPS.value]))
 
 
-# --what=vs_torch's two shapes: the README main job's (shakespeare.py:char) and cpu-small with GPT-2's
-# vocabulary. (name, preset, overrides, train batch, train seq, new tokens after a 32-token prompt)
+# --what=vs_torch's two shapes: the README main job's (shakespeare.py:char, its batch in the config's
+# microbatches) and cpu-small with GPT-2's vocabulary. (name, preset, overrides, train batch, train
+# seq, microbatches, new tokens after a 32-token prompt)
 VS_TORCH_SHAPES = (
-    ("main job", "cpu-small", dict(d_model=128, context_length=128, vocab_size=85), 32, 128, 96),
-    ("cpu-small", "cpu-small", dict(vocab_size=50257), 16, 256, 128),
+    ("main job", "cpu-small", dict(d_model=128, context_length=128, vocab_size=85), 32, 128,
+     shakespeare.GPT_MICROBATCHES, 96),
+    ("cpu-small", "cpu-small", dict(vocab_size=50257), 16, 256, 1, 128),
 )
 
 
@@ -278,7 +284,7 @@ def vs_torch_table() -> str:
   batch_sizes = [int(b) for b in _BATCH_SIZES.value]
   python = benchmark.peer_python(_PEER_PYTHON.value)
   rows, versions = [], ""
-  for name, preset, overrides, train_batch, seq_len, new_tokens in VS_TORCH_SHAPES:
+  for name, preset, overrides, train_batch, seq_len, microbatches, new_tokens in VS_TORCH_SHAPES:
     cfg = gpt.preset(preset, attention=_ATTENTION.value, dtype=_DTYPE.value, **overrides)
     spec = {"peers": ["minimal", "hf"],
             "model": {k: getattr(cfg, k) for k in ("vocab_size", "context_length", "num_layers", "num_heads",
@@ -298,14 +304,15 @@ def vs_torch_table() -> str:
         for peer in ("minimal", "hf"):
           cell[peer].append(peers[peer]["generate"][str(b)])
       cell = seconds[("train", train_batch)]
-      cell["ours"].append(train_step_seconds(cfg, params, train_batch, seq_len))  # donates the params: last
+      cell["ours"].append(train_step_seconds(cfg, params, train_batch, seq_len, microbatches))  # donates: last
       for peer in ("minimal", "hf"):
         cell[peer].append(peers[peer]["train"])
     shape = f"{name}: d {cfg.d_model}, {cfg.num_layers} layers, vocab {cfg.vocab_size}"
     for (what, batch), cell in sorted(seconds.items(), key=lambda kv: (kv[0][0] != "train", kv[0][1])):
       work = batch * (seq_len if what == "train" else new_tokens)
       ours, minimal, hf = (work / float(np.median(cell[side])) for side in ("ours", "minimal", "hf"))
-      label = f"train step, seq {seq_len}" if what == "train" else f"generate {_PROMPT_LEN.value}+{new_tokens}"
+      label = (f"train step, seq {seq_len}" + (f", {microbatches} microbatches" if microbatches > 1 else "")
+               if what == "train" else f"generate {_PROMPT_LEN.value}+{new_tokens}")
       rows.append([shape, label, batch, "tokens/s" if what == "train" else "new tokens/s", ours, minimal, hf,
                    f"{ours / minimal:.2f}x", f"{ours / hf:.2f}x"])
   header = (f"ours (JAX, jit) vs a minimal PyTorch GPT and HF transformers' GPT-2 (PyTorch eager) on "
