@@ -17,11 +17,8 @@ SYNTHESIZERS = {"char_dense": "synthesizer_dense", "char_random": "synthesizer_r
 PRESETS = ("char", "bpe", "tiny", "lstm", *SYNTHESIZERS)
 # The GPT presets' batch of 32 windows is computed in two microbatches of 16 (gradient accumulation:
 # the same update, the summed gradients divided by the batch's tokens; the losses equal to float
-# rounding: no dropout here). On a CPU the two halves run faster than the whole (why is not pinned
-# down; every array of a pass is half the size, nearer the caches). On a 2-core AMD EPYC Zen 3, 300
-# steps of `char` took a median 425 -> 326 and 325 -> 278 ms a step (two rounds, separate processes,
-# alternating; the validation loss equal to 7 digits); the step alone 1.03-1.19x (in one process,
-# alternating; four microbatches ~1.1x, eight 0.9x); with the 4,096-way head (`bpe`) 1.06x.
+# rounding: no dropout here). On a CPU the two halves run faster than the whole, 1.03-1.30x a step on
+# 2 cores (README: "The main job's batch in two microbatches"); four were ~1.1x, eight 0.9x.
 GPT_MICROBATCHES = 2
 LSTM_STEPS = 1500  # as many as fit in the GPT's 1,200 steps of training time here (README: the LM table)
 
