@@ -1,6 +1,7 @@
 """The shared layers (transformer.layers): positions, masks, attention, the decode-mode cache
 positions; the model tests (test_gpt, test_seq2seq) cover blocks and stacks through the models."""
 
+import functools
 import re
 
 import chex
@@ -63,15 +64,19 @@ def test_no_mask_means_causal(implementation):
   np.testing.assert_allclose(layers.mix(scores_BxHxTxS, v, None), layers.mix(scores_BxHxTxS, v, layers.causal_mask(7)))
 
 
-@pytest.mark.parametrize("T", [2 * layers.CAUSAL_BLOCK, 2 * layers.CAUSAL_BLOCK + 37])
-def test_causal_attention_by_blocks_is_causal_attention(T):
-  """Long causal sequences go through `_attend_causal_blocks` (no score above the diagonal's blocks
-  is computed); the result and its gradients are those of the full masked T x T computation, also
-  when T is not a multiple of the block."""
+@pytest.mark.parametrize("T", [layers.CAUSAL_BLOCK // 2, 2 * layers.CAUSAL_BLOCK + 37])
+@pytest.mark.parametrize("path", ["cpu", "accelerators"])
+def test_causal_attention_by_blocks_is_causal_attention(T, path):
+  """Causal self-attention (mask None) goes by blocks of queries, each over the keys up to its last
+  query (no score above the diagonal's blocks is computed): on a CPU with its own backward pass
+  (`_attend_causal_cpu`), elsewhere through XLA's kernel (`_attend_causal_xla`, tested here on the
+  CPU). Either way the result and its gradients are those of the full masked T x T computation, also
+  when T is not a multiple of the block or under one block (and the CPU's in bfloat16 too)."""
   q, k, v = _qkv(B=2, T=T, S=T, H=2, K=8)
   cotangent = jax.random.normal(jax.random.key(3), q.shape)
-  full = lambda q, k, v: layers.attend(q, k, v, layers.causal_mask(T), "xla")
-  blocked = lambda q, k, v: layers.attend(q, k, v, None, "xla")
+  full = jax.jit(lambda q, k, v: layers.attend(q, k, v, layers.causal_mask(T), "einsum"))
+  blocked = jax.jit({"cpu": layers._attend_causal_cpu,  # what layers.attend(q, k, v, None, "xla") runs here
+                     "accelerators": functools.partial(layers._attend_causal_xla, implementation="xla")}[path])
   out_full, vjp_full = jax.vjp(full, q, k, v)
   out_blocked, vjp_blocked = jax.vjp(blocked, q, k, v)
   np.testing.assert_allclose(out_blocked, out_full, atol=1e-5)
@@ -81,6 +86,29 @@ def test_causal_attention_by_blocks_is_causal_attention(T):
   changed = blocked(q, k.at[:, -1].set(5.0), v.at[:, -1].set(-5.0))
   np.testing.assert_allclose(changed[:, :-1], out_blocked[:, :-1], atol=1e-6)
   assert not np.allclose(changed[:, -1], out_blocked[:, -1])
+  if path != "cpu":
+    return
+  # bfloat16 in, bfloat16 out and gradients (the backward pass written here), close to float32's.
+  bf16 = lambda x: x.astype(jnp.bfloat16)
+  out_bf16, vjp_bf16 = jax.vjp(blocked, bf16(q), bf16(k), bf16(v))
+  assert out_bf16.dtype == jnp.bfloat16
+  np.testing.assert_allclose(out_bf16.astype(jnp.float32), out_full, atol=5e-2)
+  for grad_bf16, grad_full in zip(vjp_bf16(bf16(cotangent)), vjp_full(cotangent)):
+    assert grad_bf16.dtype == jnp.bfloat16
+    np.testing.assert_allclose(grad_bf16.astype(jnp.float32), grad_full, atol=1e-1)
+
+
+def test_causal_self_attention_takes_the_cpu_path_on_a_cpu():
+  """layers.attend with no mask, on this CPU, runs `_attend_causal_cpu`: its gradients are that
+  backward pass's to the bit (XLA's kernel differentiated by autodiff rounds differently)."""
+  q, k, v = _qkv(B=2, T=2 * layers.CAUSAL_BLOCK, S=2 * layers.CAUSAL_BLOCK, H=2, K=8)
+  cotangent = jax.random.normal(jax.random.key(3), q.shape)
+  grads = lambda f: jax.jit(jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) * cotangent), argnums=(0, 1, 2)))(q, k, v)
+  attend = grads(lambda q, k, v: layers.attend(q, k, v, None, "xla"))
+  for got, want in zip(attend, grads(layers._attend_causal_cpu)):
+    np.testing.assert_array_equal(got, want)
+  xla = grads(functools.partial(layers._attend_causal_xla, implementation="xla"))
+  assert any(not np.array_equal(got, other) for got, other in zip(attend, xla))
 
 
 def test_cache_positions_count_real_tokens_only():
