@@ -290,8 +290,7 @@ def _attend_causal_cpu_fwd(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK):
     scores_BxHxtxs = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK[:, start:end], k_BxTxHxK[:, :end],
                                 preferred_element_type=jnp.float32) * scale
     scores_BxHxtxs = jnp.where(causal_mask(end)[:, start:][:, None], scores_BxHxtxs, jnp.finfo(jnp.float32).min)
-    exp_BxHxtxs = jnp.exp(scores_BxHxtxs - jnp.max(scores_BxHxtxs, axis=-1, keepdims=True))
-    probs_BxHxtxs = (exp_BxHxtxs / jnp.sum(exp_BxHxtxs, axis=-1, keepdims=True)).astype(v_BxTxHxK.dtype)
+    probs_BxHxtxs = jax.nn.softmax(scores_BxHxtxs, axis=-1).astype(v_BxTxHxK.dtype)
     out_blocks.append(jnp.einsum("bhts,bshk->bthk", probs_BxHxtxs, v_BxTxHxK[:, :end]))
     probs_blocks.append(probs_BxHxtxs)
   out_BxTxHxK = jnp.concatenate(out_blocks, axis=1)
