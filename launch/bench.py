@@ -6,6 +6,7 @@ r"""Benchmarks that print tables (medians of several runs). Speed is measured he
   python -m launch.bench --what=generate --preset=gpt2 --batch_sizes=1,64     # new tokens/s (+ HBM roofline)
   python -m launch.bench --what=train --preset=gpt2 --vocab_size=50304 --dtype=bfloat16 --attention=cudnn \
       --seq_len=1024 --batch_sizes=16,32 --remat_policies=none,dots --scan_layers=false,true  # MFU
+  python -m launch.bench --what=ceilings                                      # bf16 product FLOP/s, copy GB/s
   python -m launch.bench --what=profile --train_batch=16 --seq_len=256        # the training step by XLA op
   python -m launch.bench --what=profile_generate --batch_sizes=8              # a generate call by XLA op
   python -m launch.bench --what=mechanisms --d_model=128 --context_length=128 --vocab_size=85 \
@@ -39,7 +40,7 @@ from transformer.tasks.lm import lm_loss
 from transformer.models import gpt
 
 _WHAT = flags.DEFINE_enum("what", "vs_hf", ["forward", "generate", "train", "profile", "profile_generate", "vs_hf",
-                                           "vs_torch", "mechanisms"], "Which benchmark.")
+                                           "vs_torch", "mechanisms", "ceilings"], "Which benchmark.")
 _PRESET = flags.DEFINE_string("preset", "cpu-small", "GPT preset (random weights).")
 _VOCAB = flags.DEFINE_integer("vocab_size", 50257, "Vocabulary size (GPT-2's by default).")
 _D_MODEL = flags.DEFINE_integer("d_model", 0, "Model width instead of the preset's (0: the preset's).")
@@ -339,12 +340,40 @@ def mechanisms_table() -> str:
                                     "speed vs dot_product"], rows))
 
 
+def ceilings_table() -> str:
+  """The chip's two ceilings, measured: a large bf16 matrix product's FLOP/s (random data: zeros
+  run faster) and a large copy's memory bandwidth (bytes read plus bytes written), beside the data
+  sheet's peaks that `metrics` divides by. A step's MFU over the measured product rate says how far
+  it is from what the chip's matrix units really deliver."""
+  device = jax.devices()[0]
+  accelerator = device.platform != "cpu"
+  n, copy_bytes = (8192, 2**32) if accelerator else (1024, 2**27)
+  a_NxN, b_NxN = (jax.random.normal(jax.random.key(i), (n, n), jnp.bfloat16) for i in (0, 1))
+  x_N = jax.random.normal(jax.random.key(2), (copy_bytes // 4,), jnp.float32)
+  matmul, copy = jax.jit(lambda a, b: a @ b), jax.jit(lambda x: x + 1)  # + 1: a plain copy could be elided
+  # Each timed sample is `calls` launches waited on once: one ~1 ms launch waited on alone would
+  # count the host's dispatch and wait too (an 8192^3 product on an H200 read 664 TFLOP/s that way).
+  calls = 20 if accelerator else 2
+
+  def seconds(fn, *args):
+    return benchmark.median_seconds(lambda: [fn(*args) for _ in range(calls)][-1], repeats=_REPEATS.value,
+                                    warmup=2) / calls
+  matmul_s, copy_s = seconds(matmul, a_NxN, b_NxN), seconds(copy, x_N)
+  peak_flops, peak_bytes = metrics.peak_flops(device), metrics.peak_bandwidth(device)
+  rows = [[f"bf16 product {n}x{n}x{n}", "TFLOP/s", f"{2 * n**3 / matmul_s / 1e12:.3g}",
+           f"{peak_flops / 1e12:.0f}" if peak_flops else "n/a"],
+          [f"float32 x + 1 over {copy_bytes / 2**30:g} GiB (read + write)", "TB/s",
+           f"{2 * copy_bytes / copy_s / 1e12:.3g}", f"{peak_bytes / 1e12:.2f}" if peak_bytes else "n/a"]]
+  return (f"ceilings of 1x {device.device_kind}, jax {jax.__version__}, median of {_REPEATS.value} samples of "
+          f"{calls} calls\n" + benchmark.table(["what", "unit", "measured", "data sheet"], rows))
+
+
 def main(argv):
   del argv
   print({"forward": forward_table, "generate": generate_table, "train": train_table, "profile": profile_table,
          "profile_generate": profile_generate_table,
          "vs_hf": vs_hf_table, "vs_torch": vs_torch_table,
-         "mechanisms": mechanisms_table}[_WHAT.value]())
+         "mechanisms": mechanisms_table, "ceilings": ceilings_table}[_WHAT.value]())
 
 
 if __name__ == "__main__":

@@ -33,6 +33,11 @@ def test_benchmark_programs_print_their_tables():
   assert proc.returncode == 0, proc.stderr
   assert [line.split()[0] for line in proc.stdout.splitlines()[3:]] == [
       "dot_product", "synthesizer_dense", "synthesizer_random", "synthesizer_fixed_random"]
+  proc = run_module("launch.bench", "--what=ceilings", "--repeats=1")
+  assert proc.returncode == 0, proc.stderr
+  rows = proc.stdout.splitlines()[3:]
+  assert [row.split()[:2] for row in rows] == [["bf16", "product"], ["float32", "x"]]
+  assert all(float(row.split()[-2]) > 0 and row.split()[-1] == "n/a" for row in rows)  # no data sheet for a CPU
 
 
 @pytest.mark.skipif(not os.environ.get("TRANSFORMER_TORCH_PYTHON"),
