@@ -356,8 +356,11 @@ def ceilings_table() -> str:
   calls = 20 if accelerator else 2
 
   def seconds(fn, *args):
-    return benchmark.median_seconds(lambda: [fn(*args) for _ in range(calls)][-1], repeats=_REPEATS.value,
-                                    warmup=2) / calls
+    def sample():
+      for _ in range(calls):  # each result freed when the next replaces it: 20 copies would not fit
+        result = fn(*args)
+      return result
+    return benchmark.median_seconds(sample, repeats=_REPEATS.value, warmup=2) / calls
   matmul_s, copy_s = seconds(matmul, a_NxN, b_NxN), seconds(copy, x_N)
   peak_flops, peak_bytes = metrics.peak_flops(device), metrics.peak_bandwidth(device)
   rows = [[f"bf16 product {n}x{n}x{n}", "TFLOP/s", f"{2 * n**3 / matmul_s / 1e12:.3g}",
