@@ -261,7 +261,7 @@ def profile_generate_table() -> str:
   prompt_BxP = jax.random.randint(jax.random.key(b), (b, _PROMPT_LEN.value), 0, cfg.vocab_size)
   args = (params, prompt_BxP, jnp.ones_like(prompt_BxP, bool), jax.random.key(0))
   kwargs = dict(model=gpt.GPT(cfg), max_new_tokens=_NEW_TOKENS.value, sampling=sampling.Sampling(temperature=0))
-  compiled = sampling.jitted_sampler(kwargs["model"], b).lower(*args, **kwargs).compile()
+  compiled = sampling.jitted_sampler().lower(*args, **kwargs).compile()
   rows = benchmark.op_profile(lambda: compiled(*args), compiled.as_text(), calls=_REPEATS.value)
   total = sum(ms for _, _, ms, _ in rows)
   return (_header(f"generate by XLA op, batch {b}, {_PROMPT_LEN.value}+{_NEW_TOKENS.value} tokens", cfg)

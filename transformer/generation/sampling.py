@@ -127,7 +127,7 @@ def _first_index(hits: jax.Array, axis: int, dtype) -> jax.Array:
 
 
 # From this vocabulary size, the tied head's product and the argmax over its logits are most of a
-# decoding step: `argmax` reduces in blocks, and the sampler program may take Eigen's dots (`jitted_sampler`).
+# decoding step: `argmax` reduces in blocks, and a batch split over a CPU's cores gets larger parts (`cpu_parts`).
 LARGE_VOCAB = 4096
 
 
@@ -271,18 +271,14 @@ def sample_padded(params, prompt_BxP, valid_BxP, rng, first_row=0, *, model, max
 
 # Compiled once per (model, lengths, sampling, ...): `generate` keeps the shapes to a few buckets.
 STATIC_ARGNAMES = ("model", "max_new_tokens", "sampling", "stop_id", "rules", "stream", "decode_phase")
-# XLA:CPU's options for the sampler program (on accelerators it compiles without them), measured on
-# a 2-core Zen 5:
-# - 512-bit vectors: a decoding step of a small model is many small elementwise kernels (LayerNorm,
-#   GELU's tanh), and main-job-sized generation is ~6% faster with them (LLVM prefers 256 by default).
-# - Where a large vocabulary's tied head is computed vocabulary-major (GPT.vocab_major_logits), dots
-#   through Eigen instead of YNNPACK, XLA:CPU's default (which keeps the reductions): Eigen is the
-#   faster of the two at that V x D by D x B product, cpu-small's batch 32 ~1.07x and batch 16 ~1.06x
-#   (on a 2-core Zen 3, batch 8: 1.0-1.1x; 1.38x against the D x V copy's product in YNNPACK);
-#   YNNPACK is the faster at the small products that make the rest of a step (the main job's batch
-#   16, vocabulary 85: ~0.94x with Eigen).
+# XLA:CPU's options for the sampler program (on accelerators it compiles without them): 512-bit
+# vectors. A decoding step of a small model is many small elementwise kernels (LayerNorm, GELU's
+# tanh), and main-job-sized generation is ~6% faster with them on a 2-core Zen 5 (LLVM prefers 256 by
+# default). Products stay in YNNPACK, XLA:CPU's default, also the tied head's: Eigen's dots (as
+# `xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_REDUCE`) once ran its vocabulary-major
+# product faster, but under jax 0.12 on a 2-core Zen 3 they made cpu-small's generation 0.60x as
+# fast at batch 4, ~0.9x at 8 and 1.0x at 16 and 32, GPT-2's 0.96x at batch 8.
 CPU_OPTIONS = {"xla_cpu_prefer_vector_width": 512}
-EIGEN_DOTS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"}
 
 
 @functools.cache
@@ -290,19 +286,16 @@ def _compiled(options: tuple[tuple[str, object], ...]):
   return jax.jit(sample_padded, static_argnames=STATIC_ARGNAMES, compiler_options=dict(options) or None)
 
 
-def compiler_options(model, batch_size: int, platform: str) -> dict:
-  """The XLA options of the sampler program for `batch_size` sequences on `platform` (see above)."""
-  if platform != "cpu":
-    return {}
-  large_vocab_major = _vocab_major(model, batch_size) and model.config.vocab_size >= LARGE_VOCAB
-  return CPU_OPTIONS | (EIGEN_DOTS if large_vocab_major else {})
+def compiler_options(platform: str) -> dict:
+  """The XLA options of the sampler program on `platform` (see above)."""
+  return CPU_OPTIONS if platform == "cpu" else {}
 
 
-def jitted_sampler(model, batch_size: int, mesh=None):
-  """`sample_padded` under jax.jit with the compiler options for `batch_size` sequences on the
-  platform of `mesh` (default: of the first device)."""
+def jitted_sampler(mesh=None):
+  """`sample_padded` under jax.jit with the compiler options of the platform of `mesh` (default:
+  of the first device)."""
   platform = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0]).platform
-  return _compiled(tuple(sorted(compiler_options(model, batch_size, platform).items())))
+  return _compiled(tuple(sorted(compiler_options(platform).items())))
 
 
 # The fewest prompts a part of a batch split over a CPU's cores gets (`cpu_parts`): MIN_PART_ROWS;
@@ -388,7 +381,7 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
                 rules=tuple(rules) if mesh is not None else (), stream=on_token is not None,
                 decode_phase=min(decode_phase, max_new_tokens))  # one compiled program for any one-phase value
   rows = len(prompt_BxP) // parts
-  sampler = jitted_sampler(model, rows, mesh)
+  sampler = jitted_sampler(mesh)
 
   def decode(part: int) -> np.ndarray:
     first = part * rows

@@ -164,7 +164,7 @@ class GPT(nn.Module):
 # From this many sequences, a CPU decoding step computes the tied head vocabulary-major (see
 # _decode_head); from STREAMED_VOCAB_MAJOR_MIN_BATCH where the head is read from memory (streamed_head).
 VOCAB_MAJOR_MIN_BATCH = 16
-STREAMED_VOCAB_MAJOR_MIN_BATCH = 4
+STREAMED_VOCAB_MAJOR_MIN_BATCH = 2
 # A tied head of more than this many bytes does not stay in a CPU's last-level cache between decoding
 # steps (32 MiB on a Zen 4 EPYC, shared with the KV cache and the layers' weights): every step reads
 # it from memory (see _decode_head, sampling.cpu_parts).
@@ -197,10 +197,10 @@ def _decode_head(embedding_VxD: jax.Array, x_BxTxD: jax.Array) -> jax.Array:
     computed V x B and handed over transposed. A reduction over the vocabulary
     (`sampling.argmax(..., vocab_major=True)`) transposes them back, the two transposes cancel, and it
     runs down columns of B contiguous values: greedy decoding ~1.15x faster at batch 32. A streamed
-    head takes this form from 4 sequences: on a 2-core Zen 3 (AVX2, no AVX-512) the D x V copy's
+    head takes this form from 2 sequences: on a 2-core Zen 3 (AVX2, no AVX-512) the D x V copy's
     product ran at ~16 GFLOP/s at batch 8, and cpu-small generates 1.35x / 1.38x faster at batch 4 /
-    8 this way (with Eigen's dots: `sampling.compiler_options`), 0.89x at batch 2; on a Zen 4 the
-    two products were about as fast at batch 8, and this form makes no copy (~40 ms a call).
+    8 this way, 1.2-1.6x at batch 2 (GPT-2 1.44x; under jax 0.12, with YNNPACK's dots); on a Zen 4
+    the two products were about as fast at batch 8, and this form makes no copy (~40 ms a call).
   Accelerators keep the einsum, which their matrix units take in either layout."""
   rows = lambda E_VxD, x_BxTxD: jnp.einsum("vd,btd->btv", E_VxD, x_BxTxD)
   B = x_BxTxD.shape[0]
