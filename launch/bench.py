@@ -237,9 +237,10 @@ def profile_table() -> str:
   if _HLO_OUT.value:
     Path(_HLO_OUT.value).write_text(hlo)
   rows = benchmark.op_profile(run, hlo, calls=_REPEATS.value)
+  library = benchmark.library_calls(hlo)
   by_primitive = collections.defaultdict(lambda: [0.0, 0])
-  for _, what, ms, _ in rows:  # "layer_0/attn/qkv/dot_general" -> "dot_general"
-    primitive = by_primitive[what.rsplit("/", 1)[-1] or "?"]
+  for op, what, ms, _ in rows:  # a library call by its routine, else "layer_0/attn/qkv/dot_general" -> "dot_general"
+    primitive = by_primitive[library.get(op) or what.rsplit("/", 1)[-1] or "?"]
     primitive[0] += ms
     primitive[1] += 1
   total = sum(ms for _, _, ms, _ in rows)
@@ -247,9 +248,9 @@ def profile_table() -> str:
   return (_header(f"training step by XLA op, batch {_TRAIN_BATCH.value} x seq {_SEQ_LEN.value}, remat "
                   f"{cfg.remat_policy}, scan {cfg.scan_layers}", cfg)
           + f"\nsum of the ops' times: {total:.1f} ms/step (the {_TOP_OPS.value} largest, then by the JAX primitive "
-            "each op was fused around)\n"
+            "each op was fused around, or the library routine it calls)\n"
           + benchmark.table(["HLO op", "JAX operation", "ms/step", "share"], rows[:_TOP_OPS.value]) + "\n\n"
-          + benchmark.table(["JAX primitive", "ops", "ms/step", "share"], grouped[:_TOP_OPS.value]))
+          + benchmark.table(["library routine or JAX primitive", "ops", "ms/step", "share"], grouped[:_TOP_OPS.value]))
 
 
 def profile_generate_table() -> str:

@@ -71,6 +71,14 @@ def op_profile(fn: Callable[[], object], compiled_text: str, calls: int = 3) -> 
           for op, s in seconds.most_common()]
 
 
+def library_calls(compiled_text: str) -> dict[str, str]:
+  """HLO op -> the library routine it calls (`custom_call_target`: cuBLAS products, cuDNN attention).
+  A profile grouped by JAX operation alone misnames some: XLA folds the transpose that autodiff puts
+  after a kernel's gradient product into the product, which then carries the transpose's name (GPT-2's
+  24 MLP kernel-gradient products, 10.5 ms of an H200 step, read as "transpose")."""
+  return dict(re.findall(r'%?([\w.\-]+) = [^\n]*?custom_call_target="([^"]*)"', compiled_text))
+
+
 def _short_op_name(op_name: str, keep: int = 4) -> str:
   """The last `keep` parts of a JAX op_name path ("jit(f)/jvp(GPT)/block_0/attn/dot_general"), less
   the "cond/branch_N_fun" that a `jax.lax.platform_dependent` (layers.project) puts in it."""
