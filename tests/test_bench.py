@@ -40,6 +40,15 @@ def test_benchmark_programs_print_their_tables():
   assert all(float(row.split()[-2]) > 0 and row.split()[-1] == "n/a" for row in rows)  # no data sheet for a CPU
 
 
+def test_a_profile_names_library_calls_by_their_routine():
+  """A product XLA folded a transpose into carries the transpose's JAX name; its routine says what it is."""
+  from transformer import benchmark
+  hlo = ('  %custom-call.123 = (bf16[768,3072]{1,0}, s8[33554432]{0}) custom-call(%a, %b), '
+         'custom_call_target="__cublas$lt$matmul", metadata={op_name="jit(step)/mlp/fc/transpose"}\n'
+         '  %loop_add_fusion.3 = bf16[64,768]{1,0} fusion(%c, %d), kind=kLoop, calls=%fused_add.3\n')
+  assert benchmark.library_calls(hlo) == {"custom-call.123": "__cublas$lt$matmul"}
+
+
 @pytest.mark.skipif(not os.environ.get("TRANSFORMER_TORCH_PYTHON"),
                     reason="set TRANSFORMER_TORCH_PYTHON to a python with torch + transformers")
 def test_benchmark_against_hugging_face_runs():

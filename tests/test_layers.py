@@ -177,6 +177,17 @@ def test_projection_kernel_gradients_are_the_products_xla_cpu_runs_in_its_librar
 SYNTHESIZERS = ("synthesizer_dense", "synthesizer_random", "synthesizer_fixed_random")
 
 
+def test_the_mlp_saves_its_activations_input_and_output_not_the_tanh(capsys):
+  """The GELU's backward pass recomputes it from its input (layers.MLP); autodiff alone would also
+  save the tanh GELU's tanh, a third B x T x F tensor."""
+  from jax.ad_checkpoint import print_saved_residuals
+  mlp, x_BxTxD = layers.MLP(layers.BlockConfig(d_model=8, num_heads=2, d_mlp=32)), jnp.ones((2, 3, 8))
+  params = mlp.init(jax.random.key(0), x_BxTxD)
+  print_saved_residuals(lambda p, x: mlp.apply(p, x).sum(), params, x_BxTxD)
+  saved_BxTxF = [line for line in capsys.readouterr().out.splitlines() if line.startswith("f32[2,3,32]")]
+  assert len(saved_BxTxF) == 2 and not any("tanh" in line for line in saved_BxTxF), saved_BxTxF
+
+
 def _gpt(mechanism, **changes):
   from transformer.models.gpt import GPT, GPTConfig
   cfg = GPTConfig(vocab_size=50, context_length=16, num_layers=2, num_heads=2, d_model=32,
