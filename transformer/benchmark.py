@@ -64,8 +64,7 @@ def op_profile(fn: Callable[[], object], compiled_text: str, calls: int = 3) -> 
         op = dict(event.stats).get("hlo_op")
         if op:
           seconds[op] += event.duration_ns * 1e-9
-  # "%fusion.12 = ... metadata={op_name="jit(step)/.../dot_general" ...}": name -> JAX operation.
-  what = dict(re.findall(r'%?([\w.\-]+) = [^\n]*?metadata=\{op_name="([^"]*)"', compiled_text))
+  what = _per_instruction(compiled_text, r"metadata=\{op_name")  # name -> JAX operation
   total = sum(seconds.values()) or 1.0
   return [[op, _short_op_name(what.get(op, "")), s / calls * 1000, f"{s / total:.1%}"]
           for op, s in seconds.most_common()]
@@ -76,7 +75,13 @@ def library_calls(compiled_text: str) -> dict[str, str]:
   A profile grouped by JAX operation alone misnames some: XLA folds the transpose that autodiff puts
   after a kernel's gradient product into the product, which then carries the transpose's name (GPT-2's
   24 MLP kernel-gradient products, 10.5 ms of an H200 step, read as "transpose")."""
-  return dict(re.findall(r'%?([\w.\-]+) = [^\n]*?custom_call_target="([^"]*)"', compiled_text))
+  return _per_instruction(compiled_text, "custom_call_target")
+
+
+def _per_instruction(compiled_text: str, attribute: str) -> dict[str, str]:
+  """HLO instruction -> the value of `attribute` (a regex) on its line: "%fusion.12 = ...
+  metadata={op_name="jit(step)/.../dot_general" ...}" -> {"fusion.12": "jit(step)/.../dot_general"}."""
+  return dict(re.findall(rf'%?([\w.\-]+) = [^\n]*?{attribute}="([^"]*)"', compiled_text))
 
 
 def _short_op_name(op_name: str, keep: int = 4) -> str:
