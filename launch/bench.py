@@ -62,6 +62,8 @@ _MICROBATCHES = flags.DEFINE_integer("microbatches", 1, "Training steps: the bat
                                      "(optimizer.accumulation_steps; vs_torch: the main job's own).", lower_bound=1)
 _ATTENTION = flags.DEFINE_string("attention", "xla", "Attention implementation.")
 _DTYPE = flags.DEFINE_string("dtype", "float32", "Compute dtype (bfloat16 on accelerators).")
+_KERNELS = flags.DEFINE_string("kernels", "auto", "config.model.kernels: auto (the platform's fast forms), reference "
+                               "(plain JAX), cpu or accelerator (transformer.kernels).")
 _HLO_OUT = flags.DEFINE_string("hlo_out", None, "--what=profile: also write the step's optimised HLO here.")
 _TOP_OPS = flags.DEFINE_integer("top_ops", 15, "--what=profile/profile_generate: rows of the op tables.")
 _ROUNDS = flags.DEFINE_integer("rounds", 1, lower_bound=1,
@@ -74,12 +76,13 @@ _PEER_PYTHON = flags.DEFINE_string("peer_python", None, "A Python with torch + t
 
 def model_config() -> gpt.GPTConfig:
   sizes = {k: f.value for k, f in (("d_model", _D_MODEL), ("context_length", _CONTEXT)) if f.value}
-  return gpt.preset(_PRESET.value, vocab_size=_VOCAB.value, attention=_ATTENTION.value, dtype=_DTYPE.value, **sizes)
+  return gpt.preset(_PRESET.value, vocab_size=_VOCAB.value, attention=_ATTENTION.value, dtype=_DTYPE.value,
+                    kernels=_KERNELS.value, **sizes)
 
 
 def _header(what: str, cfg: gpt.GPTConfig) -> str:
   return (f"{what}: {_PRESET.value} ({gpt.count_params(cfg):,} params, vocab {cfg.vocab_size}, {cfg.dtype}, "
-          f"attention={cfg.attention}) on {jax.device_count()}x {jax.devices()[0].device_kind}, "
+          f"attention={cfg.attention}, kernels={cfg.kernels}) on {jax.device_count()}x {jax.devices()[0].device_kind}, "
           f"median of {_REPEATS.value}")
 
 
@@ -262,7 +265,7 @@ def profile_generate_table() -> str:
   prompt_BxP = jax.random.randint(jax.random.key(b), (b, _PROMPT_LEN.value), 0, cfg.vocab_size)
   args = (params, prompt_BxP, jnp.ones_like(prompt_BxP, bool), jax.random.key(0))
   kwargs = dict(model=gpt.GPT(cfg), max_new_tokens=_NEW_TOKENS.value, sampling=sampling.Sampling(temperature=0))
-  compiled = sampling.jitted_sampler().lower(*args, **kwargs).compile()
+  compiled = sampling.jitted_sampler(kwargs["model"]).lower(*args, **kwargs).compile()
   rows = benchmark.op_profile(lambda: compiled(*args), compiled.as_text(), calls=_REPEATS.value)
   total = sum(ms for _, _, ms, _ in rows)
   return (_header(f"generate by XLA op, batch {b}, {_PROMPT_LEN.value}+{_NEW_TOKENS.value} tokens", cfg)
@@ -287,7 +290,7 @@ def vs_torch_table() -> str:
   python = benchmark.peer_python(_PEER_PYTHON.value)
   rows, versions = [], ""
   for name, preset, overrides, train_batch, seq_len, microbatches, new_tokens in VS_TORCH_SHAPES:
-    cfg = gpt.preset(preset, attention=_ATTENTION.value, dtype=_DTYPE.value, **overrides)
+    cfg = gpt.preset(preset, attention=_ATTENTION.value, dtype=_DTYPE.value, kernels=_KERNELS.value, **overrides)
     spec = {"peers": ["minimal", "hf"],
             "model": {k: getattr(cfg, k) for k in ("vocab_size", "context_length", "num_layers", "num_heads",
                                                    "d_model")},

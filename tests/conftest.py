@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from transformer import hostmem
+
 REPO = Path(__file__).resolve().parents[1]
+
+# The test processes train and decode on XLA:CPU as the launch programs do: the same allocator settings
+# (before any computation starts XLA's threads).
+hostmem.keep_freed_blocks()
 
 # One persistent XLA compilation cache for the whole run, shared by the test processes (pytest-xdist
 # workers inherit the controller's environment) and every program they launch: the suite compiles

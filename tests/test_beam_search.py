@@ -14,6 +14,7 @@ from test_seq2seq import CFG, SRC, TGT, VALID, _params
 from transformer import tokenizers
 from transformer.errors import UserError
 from transformer.generation import beam_search
+from transformer.kernels import decode_threads
 from transformer.generation.common import until_stop
 from transformer.models import seq2seq
 from transformer.models.seq2seq import Transformer
@@ -181,18 +182,19 @@ def test_one_length_bucket_compiles_once(params, monkeypatch, beam_size):
 
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_batches_decode_on_threads_at_once_into_the_translations_of_each_sentence_alone(monkeypatch, beam_size):
-  """On a CPU device `translate_ids` decodes its batches on one thread per core (common.cpu_threads):
-  the translations, in the sources' order, are those of decoding each sentence alone."""
+  """With the CPU's kernels on a CPU device, `translate_ids` decodes its batches on one thread per core
+  (kernels.decode_threads): the translations, in the sources' order, are those of decoding each
+  sentence alone."""
   p, model = _scaled(_params(DEC_CFG)), Transformer(DEC_CFG)
   sources = [list(range(3, 3 + n)) for n in (3, 7, 15, 5, 11, 20, 4)]
   run = lambda sources: beam_search.translate_ids(model, p, sources, eos_id=2, beam_size=beam_size, batch_size=2,
                                                   max_len=10)
-  monkeypatch.setattr(beam_search, "cpu_threads", lambda mesh: 1)
+  monkeypatch.setattr(decode_threads, "cpu_threads", lambda devices: 1)
   alone = [run([source])[0] for source in sources]
   name = "greedy" if beam_size == 1 else "beam_search"
   search, threads = getattr(beam_search, name), set()
   monkeypatch.setattr(beam_search, name, lambda *args, **kw: threads.add(threading.get_ident()) or search(*args, **kw))
-  monkeypatch.setattr(beam_search, "cpu_threads", lambda mesh: 3)
+  monkeypatch.setattr(decode_threads, "cpu_threads", lambda devices: 3)
   assert run(sources) == alone
   assert len(threads) > 1
   assert len({tuple(t) for t in alone}) > 3  # varied translations, not one repeated output

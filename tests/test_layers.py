@@ -1,8 +1,6 @@
 """The shared layers (transformer.layers): positions, masks, attention, the decode-mode cache
 positions; the model tests (test_gpt, test_seq2seq) cover blocks and stacks through the models."""
 
-import functools
-import re
 
 import chex
 import flax.linen as nn
@@ -64,53 +62,6 @@ def test_no_mask_means_causal(implementation):
   np.testing.assert_allclose(layers.mix(scores_BxHxTxS, v, None), layers.mix(scores_BxHxTxS, v, layers.causal_mask(7)))
 
 
-@pytest.mark.parametrize("T", [layers.CAUSAL_BLOCK // 2, 2 * layers.CAUSAL_BLOCK + 37])
-@pytest.mark.parametrize("path", ["cpu", "accelerators"])
-def test_causal_attention_by_blocks_is_causal_attention(T, path):
-  """Causal self-attention (mask None) goes by blocks of queries, each over the keys up to its last
-  query (no score above the diagonal's blocks is computed): on a CPU with its own backward pass
-  (`_attend_causal_cpu`), elsewhere through XLA's kernel (`_attend_causal_xla`, tested here on the
-  CPU). Either way the result and its gradients are those of the full masked T x T computation, also
-  when T is not a multiple of the block or under one block (and the CPU's in bfloat16 too)."""
-  q, k, v = _qkv(B=2, T=T, S=T, H=2, K=8)
-  cotangent = jax.random.normal(jax.random.key(3), q.shape)
-  full = jax.jit(lambda q, k, v: layers.attend(q, k, v, layers.causal_mask(T), "einsum"))
-  blocked = jax.jit({"cpu": layers._attend_causal_cpu,  # what layers.attend(q, k, v, None, "xla") runs here
-                     "accelerators": functools.partial(layers._attend_causal_xla, implementation="xla")}[path])
-  out_full, vjp_full = jax.vjp(full, q, k, v)
-  out_blocked, vjp_blocked = jax.vjp(blocked, q, k, v)
-  np.testing.assert_allclose(out_blocked, out_full, atol=1e-5)
-  for grad_blocked, grad_full in zip(vjp_blocked(cotangent), vjp_full(cotangent)):
-    np.testing.assert_allclose(grad_blocked, grad_full, atol=1e-4)
-  # The future does not leak: changing the last token's key and value changes only its own output.
-  changed = blocked(q, k.at[:, -1].set(5.0), v.at[:, -1].set(-5.0))
-  np.testing.assert_allclose(changed[:, :-1], out_blocked[:, :-1], atol=1e-6)
-  assert not np.allclose(changed[:, -1], out_blocked[:, -1])
-  if path != "cpu":
-    return
-  # bfloat16 in, bfloat16 out and gradients (the backward pass written here), close to float32's.
-  bf16 = lambda x: x.astype(jnp.bfloat16)
-  out_bf16, vjp_bf16 = jax.vjp(blocked, bf16(q), bf16(k), bf16(v))
-  assert out_bf16.dtype == jnp.bfloat16
-  np.testing.assert_allclose(out_bf16.astype(jnp.float32), out_full, atol=5e-2)
-  for grad_bf16, grad_full in zip(vjp_bf16(bf16(cotangent)), vjp_full(cotangent)):
-    assert grad_bf16.dtype == jnp.bfloat16
-    np.testing.assert_allclose(grad_bf16.astype(jnp.float32), grad_full, atol=1e-1)
-
-
-def test_causal_self_attention_takes_the_cpu_path_on_a_cpu():
-  """layers.attend with no mask, on this CPU, runs `_attend_causal_cpu`: its gradients are that
-  backward pass's to the bit (XLA's kernel differentiated by autodiff rounds differently)."""
-  q, k, v = _qkv(B=2, T=2 * layers.CAUSAL_BLOCK, S=2 * layers.CAUSAL_BLOCK, H=2, K=8)
-  cotangent = jax.random.normal(jax.random.key(3), q.shape)
-  grads = lambda f: jax.jit(jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) * cotangent), argnums=(0, 1, 2)))(q, k, v)
-  attend = grads(lambda q, k, v: layers.attend(q, k, v, None, "xla"))
-  for got, want in zip(attend, grads(layers._attend_causal_cpu)):
-    np.testing.assert_array_equal(got, want)
-  xla = grads(functools.partial(layers._attend_causal_xla, implementation="xla"))
-  assert any(not np.array_equal(got, other) for got, other in zip(attend, xla))
-
-
 def test_cache_positions_count_real_tokens_only():
   """Left-padded prompts in decode mode: padding takes no position and no query sees it."""
   module = layers.CachePositions()
@@ -135,42 +86,6 @@ def test_projection_keeps_its_kernel_shape_and_axis_names():
   chex.assert_shape(nn.unbox(boxed)["kernel"], (5, 3, 4))
   chex.assert_shape(proj.apply({"params": nn.unbox(boxed)}, jnp.ones((2, 5))), (2, 3, 4))
 
-
-# x, kernel, contracted dims: the fused qkv (kernel in < out), the MLP's fc (<) and proj (>), the
-# attention's output (two contracted dims, =), a proj-like kernel over tokens in one dim (>).
-PROJECTIONS = [((2, 5, 8), (8, 3, 2, 4), 1), ((2, 5, 8), (8, 32), 1), ((2, 5, 32), (32, 8), 1),
-               ((2, 5, 2, 4), (2, 4, 8), 2), ((10, 24), (24, 6), 1)]
-
-
-@pytest.mark.parametrize("x_shape,kernel_shape,contract", PROJECTIONS)
-def test_projection_gradients_on_a_cpu_equal_autodiffs_of_tensordot(x_shape, kernel_shape, contract):
-  kx, kk, kg = jax.random.split(jax.random.key(0), 3)
-  x, kernel = jax.random.normal(kx, x_shape), jax.random.normal(kk, kernel_shape)
-  cotangent = jax.random.normal(kg, jnp.tensordot(x, kernel, contract).shape)
-  ours = jax.jit(jax.vjp, static_argnums=0)(lambda x, k: layers.project(x, k, contract), x, kernel)
-  reference = jax.vjp(lambda x, k: jnp.tensordot(x, k, contract), x, kernel)
-  np.testing.assert_allclose(ours[0], reference[0], rtol=1e-5, atol=1e-5)
-  for got, want in zip(ours[1](cotangent), reference[1](cotangent), strict=True):
-    chex.assert_equal_shape([got, want])
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-
-
-def test_projection_kernel_gradients_are_the_products_xla_cpu_runs_in_its_library():
-  """Autodiff's kernel gradient contracts the token dims that lead both operands, a product XLA:CPU
-  runs in its slow fallback (a plain `dot` in the optimised HLO) instead of its library (YNNPACK, a
-  custom fusion like the forward products); layers.project's gradients take only library products."""
-  x = jax.random.normal(jax.random.key(0), (4, 64, 32))
-  fc, proj = jax.random.normal(jax.random.key(1), (32, 128)), jax.random.normal(jax.random.key(2), (128, 32))
-
-  def plain_dots(project):
-    loss = lambda fc, proj, x: jnp.sum(project(jax.nn.gelu(project(x, fc, 1)), proj, 1) ** 2)
-    hlo = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(fc, proj, x).compile().as_text()
-    entry = hlo[hlo.index("ENTRY"):]
-    if "kind=kCustom" not in entry:
-      pytest.skip("this XLA:CPU runs no product in a library fusion")
-    return len(re.findall(r" dot\(", entry))
-  assert plain_dots(lambda x, k, c: jnp.tensordot(x, k, c)) > 0  # what layers.project exists for
-  assert plain_dots(layers.project) == 0
 
 # --- Synthesizer attention (Tay et al. 2020), through the models that use it -----------------
 

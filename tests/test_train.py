@@ -13,7 +13,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 from conftest import REPO, run_module
@@ -21,8 +20,7 @@ from experiments import gpt2 as gpt2_experiment, shakespeare
 from transformer import metrics, optim, train
 from transformer.config import OptimizerConfig
 from transformer.models.gpt import GPT, GPTConfig
-from transformer.tasks import lm
-from transformer.tasks.lm import lm_loss, next_token_nll
+from transformer.tasks.lm import lm_loss
 
 TINY = ["--config=experiments/shakespeare.py:tiny", "--config.sample.max_new_tokens=0"]
 
@@ -49,25 +47,6 @@ def test_gradient_accumulation_equals_one_big_batch():
   np.testing.assert_allclose(m4["loss"], m1["loss"], rtol=1e-5)
   np.testing.assert_allclose(m4["grad_norm"], m1["grad_norm"], rtol=1e-4)
   np.testing.assert_allclose(s4.params["wte"]["embedding"], s1.params["wte"]["embedding"], atol=1e-6)
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("loss", [next_token_nll, lm._recomputing_nll], ids=["this_platform", "accelerators"])
-def test_next_token_nll_and_its_gradient_equal_optax(dtype, loss):
-  """The LM loss, and the hand-written backward pass accelerators use (softmax - one-hot, one
-  pass), = autodiff of optax's cross-entropy on the float32 logits; the gradient comes back in
-  the logits' dtype."""
-  k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
-  logits = (4 * jax.random.normal(k1, (3, 5, 97))).astype(dtype)
-  targets, weights = jax.random.randint(k2, (3, 5), 0, 97), jax.random.normal(k3, (3, 5))
-  reference = lambda x: (optax.softmax_cross_entropy_with_integer_labels(x.astype(jnp.float32), targets)
-                         * weights).sum()
-  ours = lambda x: (loss(x, targets) * weights).sum()
-  np.testing.assert_allclose(ours(logits), reference(logits), rtol=1e-6)
-  grad = jax.grad(ours)(logits)
-  assert grad.dtype == logits.dtype
-  np.testing.assert_allclose(np.asarray(grad, np.float32), np.asarray(jax.grad(reference)(logits), np.float32),
-                             atol=1e-6)
 
 
 def test_a_nonfinite_step_is_not_applied():

@@ -1,7 +1,7 @@
-"""A JAX/Flax research codebase for GPT-2 language models and encoder-decoder translation."""
+"""A JAX/Flax research codebase for GPT-2 language models and encoder-decoder translation.
 
-# First, before any of XLA's threads allocates: keeps the temporary block of every XLA:CPU call
-# mapped for the next one (hostmem.py says why and how to turn it off).
-from transformer import hostmem as _hostmem
-
-_hostmem.keep_freed_blocks()
+Importing it changes nothing process-wide. The launch programs (`transformer.cli.run`) set glibc's
+allocator to keep XLA:CPU's freed blocks mapped (`transformer.hostmem`); a notebook or another
+program that trains on a CPU can do the same by calling `transformer.hostmem.keep_freed_blocks()`
+before its first computation.
+"""

@@ -86,7 +86,7 @@ def _per_instruction(compiled_text: str, attribute: str) -> dict[str, str]:
 
 def _short_op_name(op_name: str, keep: int = 4) -> str:
   """The last `keep` parts of a JAX op_name path ("jit(f)/jvp(GPT)/block_0/attn/dot_general"), less
-  the "cond/branch_N_fun" that a `jax.lax.platform_dependent` (layers.project) puts in it."""
+  the "cond/branch_N_fun" that a `jax.lax.platform_dependent` or `lax.cond` puts in it."""
   parts = [p for p in op_name.split("/") if p != "cond" and not re.fullmatch(r"branch_\d+_fun", p)]
   return "/".join(parts[-keep:])
 

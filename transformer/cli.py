@@ -7,10 +7,16 @@ from pathlib import Path
 import jax
 from absl import app, flags, logging
 
+from transformer import hostmem
 from transformer.errors import UserError
 
 
 def run(main) -> None:
+  """absl's app.run(main), with this codebase's process settings and clean errors: a UserError is
+  one `error:` line on stderr and exit status 1."""
+  # First, before any of XLA's threads allocates (hostmem.py says why and how to turn it off).
+  hostmem.keep_freed_blocks()
+
   def main_with_clean_errors(argv):
     # Libraries (Orbax above all) log a lot at INFO; keep warnings unless --verbosity is given.
     if not flags.FLAGS["verbosity"].present:

@@ -5,8 +5,8 @@ job's training step: 327 MB; cpu-small's: ~2.4 GB), from a thread of its pool, a
 call ends. glibc serves a block that large with a fresh `mmap`, and unmaps it on free, unless it
 comes from the main arena with `mmap` turned off: a thread's own arena is made of heaps of at most
 64 MB, so a larger block is always mmapped there. Each call then faults all of the block's pages in
-again: ~84,000 minor faults a step for the main job, whose step took 536 ms against 301 ms without
-them (2-core Zen 3 VM, medians of 50 steps). So: one arena (every thread allocates from the main
+again: ~84,000 minor faults a step for the main job, whose step took ~1.7x as long with them
+(launch/BENCHMARKS.md). So: one arena (every thread allocates from the main
 heap), no `mmap`, no trimming of the heap's top. A freed block then serves the next call with its
 pages mapped. For the first calls the heap still grows (small allocations take pieces of a freed
 block, and the next block comes from fresh memory): the main job's step faults at ~6 of its first 15
@@ -19,7 +19,9 @@ a little where many threads allocate often. `TRANSFORMER_KEEP_HOST_MEMORY=0` lea
 defaults.
 
 glibc picks a thread's arena at its first allocation, so this must run before any thread but the
-main one allocates: `transformer/__init__.py` calls it first thing. Importing numpy or jax before is
+main one allocates: the launch programs call it first thing (`transformer.cli.run`); importing
+`transformer` does not, so that a library or notebook that imports it keeps its allocator unless it
+calls `keep_freed_blocks()` itself. Importing numpy or jax before is
 fine; a computation before (which starts XLA's threads) is too late, and so may be a process whose
 other threads have allocated already (a Jupyter kernel's), where glibc may have fixed its number of
 arenas.

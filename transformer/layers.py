@@ -13,7 +13,6 @@ activations carry logical constraints, so that sharding is a matter of rules and
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 import flax.linen as nn
@@ -21,6 +20,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer.kernels import attention as fast_attention
+from transformer.kernels import check as check_kernels
+from transformer.kernels import forms as kernel_forms
+from transformer.kernels import projection as fast_projection
 from transformer.errors import ConfigError
 
 ATTENTION_IMPLEMENTATIONS = ("einsum", "xla", "cudnn")
@@ -58,6 +61,7 @@ class BlockConfig:
   # "xavier": Glorot uniform (the 2017 paper's tensor2tensor, flax's wmt example), whose larger
   # scale at small widths lets attention learn from the first steps.
   kernel_init: str = "gpt2"
+  kernels: str = "auto"  # which faster forms of the ops a program takes (transformer.kernels)
 
   @property
   def head_dim(self) -> int:
@@ -93,6 +97,7 @@ def check_block_config(cfg: BlockConfig) -> None:
     raise ConfigError(f"unknown kernel_init {cfg.kernel_init!r}; choose one of {', '.join(KERNEL_INITS)}")
   if cfg.activation not in ACTIVATIONS:
     raise ConfigError(f"unknown activation {cfg.activation!r}; choose one of {', '.join(ACTIVATIONS)}")
+  check_kernels(cfg.kernels)
   _dtype(cfg.dtype), _dtype(cfg.param_dtype)
 
 
@@ -224,12 +229,13 @@ def mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, dropout: nn.Dropout | None = None
 
 
 def attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, implementation: str,
-           dropout: nn.Dropout | None = None, deterministic: bool = True, sow=None) -> jax.Array:
+           dropout: nn.Dropout | None = None, deterministic: bool = True, sow=None,
+           kernels: str = "auto") -> jax.Array:
   """softmax(Q Kᵀ / √K) V over the keys that `mask` allows (True = attend). `mask` None means causal
   and nothing else (query t sees keys 0..t), which cuDNN takes as `is_causal`: it skips the masked
-  half of the scores instead of reading a mask (GPT-2 124M on an H100: attention 2x faster, the
-  training step 1.12x). `sow` (see `mix`) needs the probabilities, so it takes the einsum path
-  whatever the implementation."""
+  half of the scores instead of reading a mask. `sow` (see `mix`) needs the probabilities, so it
+  takes the einsum path whatever the implementation. `kernels` (config.model.kernels) may send causal
+  self-attention to a faster form of the same computation (transformer.kernels.attention)."""
   if implementation == "einsum" or sow is not None:  # the reference: every step visible (mix: None = causal)
     scale = 1.0 / math.sqrt(q_BxTxHxK.shape[-1])
     scores_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK,
@@ -240,149 +246,27 @@ def attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, implementation: str,
     return jax.nn.dot_product_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, is_causal=True,
                                         implementation=implementation)
   if mask_BxTxS is None and q_BxTxHxK.shape[1] == k_BxSxHxK.shape[1]:  # causal self-attention
-    return jax.lax.platform_dependent(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, cpu=_attend_causal_cpu,
-                                      default=functools.partial(_attend_causal_xla, implementation=implementation))
+    forms = kernel_forms(kernels)
+    if forms == "cpu":
+      return fast_attention.causal_cpu(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK)
+    if forms == "accelerator":
+      return fast_attention.causal_by_blocks(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, implementation)
   if mask_BxTxS is None:
     mask_BxTxS = causal_mask(q_BxTxHxK.shape[1], k_BxSxHxK.shape[1])
   return jax.nn.dot_product_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask=mask_BxTxS[:, None],
                                       implementation=implementation)
 
 
-CAUSAL_BLOCK = 64  # query rows per block of causal self-attention
-
-
-def _causal_blocks(T: int) -> list[tuple[int, int]]:
-  """[start, end) of each block of CAUSAL_BLOCK queries; a block attends to keys 0..end-1."""
-  return [(start, min(start + CAUSAL_BLOCK, T)) for start in range(0, T, CAUSAL_BLOCK)]
-
-
-def _attend_causal_xla(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, implementation: str) -> jax.Array:
-  """Causal self-attention by XLA's kernel (accelerators), in blocks of CAUSAL_BLOCK queries from
-  two blocks on, each over the keys up to its last query: the scores above the diagonal's blocks,
-  which the mask would zero, are never computed (T = 128: 3/4 of the T x T scores; T = 256: 5/8).
-  The result is the full masked computation's: a masked key's weight is exp(-huge) = 0 either way.
-  (XLA's kernel takes the mask: is_causal measured no faster.)"""
-  T = q_BxTxHxK.shape[1]
-  blocks = _causal_blocks(T) if T >= 2 * CAUSAL_BLOCK else [(0, T)]
-  return jnp.concatenate([
-      jax.nn.dot_product_attention(q_BxTxHxK[:, start:end], k_BxTxHxK[:, :end], v_BxTxHxK[:, :end],
-                                   mask=causal_mask(end)[:, start:][:, None], implementation=implementation)
-      for start, end in blocks], axis=1)
-
-
-@jax.custom_vjp
-def _attend_causal_cpu(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK) -> jax.Array:
-  """Causal self-attention on a CPU: the blocks of `_attend_causal_xla`, with a backward pass written
-  out. Autodiff of the softmax makes several passes over each block's scores (the probabilities
-  times their gradient, its row sums, the mask's select, the scale); here the row sums come from
-  the output instead (rowsum(dP * P) = rowsum(dO * O), FlashAttention's identity: a pass over
-  B x T x H x K, not B x H x T x S), so the scores' gradient is one pass, P * (dP - D). On a 2-core
-  EPYC the main job's attention (forward and backward, a microbatch of 16 x 128 tokens) runs
-  1.2-1.4x faster, cpu-small's 1.2x; the result is the same to float rounding (gradients within
-  ~1e-6 relative). Accelerators keep XLA's kernel and autodiff."""
-  return _attend_causal_cpu_fwd(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK)[0]
-
-
-def _attend_causal_cpu_fwd(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK):
-  T, scale = q_BxTxHxK.shape[1], 1.0 / math.sqrt(q_BxTxHxK.shape[-1])
-  out_blocks, probs_blocks = [], []
-  for start, end in _causal_blocks(T):
-    scores_BxHxtxs = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK[:, start:end], k_BxTxHxK[:, :end],
-                                preferred_element_type=jnp.float32) * scale
-    scores_BxHxtxs = jnp.where(causal_mask(end)[:, start:][:, None], scores_BxHxtxs, jnp.finfo(jnp.float32).min)
-    probs_BxHxtxs = jax.nn.softmax(scores_BxHxtxs, axis=-1).astype(v_BxTxHxK.dtype)
-    out_blocks.append(jnp.einsum("bhts,bshk->bthk", probs_BxHxtxs, v_BxTxHxK[:, :end]))
-    probs_blocks.append(probs_BxHxtxs)
-  out_BxTxHxK = jnp.concatenate(out_blocks, axis=1)
-  return out_BxTxHxK, (q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, out_BxTxHxK, probs_blocks)
-
-
-def _attend_causal_cpu_bwd(residuals, dout_BxTxHxK):
-  q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, out_BxTxHxK, probs_blocks = residuals
-  T, scale = q_BxTxHxK.shape[1], 1.0 / math.sqrt(q_BxTxHxK.shape[-1])
-  f32 = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)
-  rowsum_BxHxT = f32("bthk,bthk->bht", dout_BxTxHxK, out_BxTxHxK)
-  dq_blocks, dk_BxTxHxK, dv_BxTxHxK = [], 0.0, 0.0
-  for (start, end), probs_BxHxtxs in zip(_causal_blocks(T), probs_blocks):
-    dout_BxtxHxK = dout_BxTxHxK[:, start:end]
-    dprobs_BxHxtxs = f32("bthk,bshk->bhts", dout_BxtxHxK, v_BxTxHxK[:, :end])
-    dscores_BxHxtxs = probs_BxHxtxs * (dprobs_BxHxtxs - rowsum_BxHxT[:, :, start:end, None])
-    dq_blocks.append(f32("bhts,bshk->bthk", dscores_BxHxtxs, k_BxTxHxK[:, :end]) * scale)
-    keys_after = ((0, 0), (0, T - end), (0, 0), (0, 0))  # this block saw keys 0..end-1
-    dk_BxTxHxK += jnp.pad(f32("bhts,bthk->bshk", dscores_BxHxtxs, q_BxTxHxK[:, start:end]) * scale, keys_after)
-    dv_BxTxHxK += jnp.pad(f32("bhts,bthk->bshk", probs_BxHxtxs, dout_BxtxHxK), keys_after)
-  return (jnp.concatenate(dq_blocks, axis=1).astype(q_BxTxHxK.dtype), dk_BxTxHxK.astype(k_BxTxHxK.dtype),
-          dv_BxTxHxK.astype(v_BxTxHxK.dtype))
-
-
-_attend_causal_cpu.defvjp(_attend_causal_cpu_fwd, _attend_causal_cpu_bwd)
-
-
 def attend_cached(q_BxTxHxK, k_BxHxKxS, v_BxHxSxK, mask_BxTxS, dropout: nn.Dropout | None = None,
-                  deterministic: bool = True, sow=None) -> jax.Array:
+                  deterministic: bool = True, sow=None, kernels: str = "auto") -> jax.Array:
   """`attend` over a KV cache (keys B x H x K x S, values B x H x S x K: see
-  `MultiHeadAttention._cached`). One new token per sequence (T = 1, every step after the prompt)
-  skips the T axis: both products are then matrix-vector products. XLA:CPU runs them fastest as
-  einsums for several sequences and as multiply-and-sum for one (main-job shape, 96 new tokens:
-  batch 32 166 -> 73 ms as einsums, batch 1 9.7 -> 7.6 ms as multiply-and-sum)."""
+  `MultiHeadAttention._cached`). On a CPU, one new token per sequence (every step after the prompt)
+  takes matrix-vector products (transformer.kernels.attention.one_token_cpu)."""
+  if (q_BxTxHxK.shape[1] == 1 and sow is None and dropout is None and kernel_forms(kernels) == "cpu"):
+    return fast_attention.one_token_cpu(q_BxTxHxK, k_BxHxKxS, v_BxHxSxK, mask_BxTxS)
   scale = 1.0 / math.sqrt(q_BxTxHxK.shape[-1])
-  if q_BxTxHxK.shape[1] == 1 and sow is None and dropout is None:
-    q_BxHxK = q_BxTxHxK[:, 0].astype(jnp.float32)
-    if q_BxHxK.shape[0] == 1:
-      scores_BxHxS = jnp.sum(q_BxHxK[..., None] * k_BxHxKxS, axis=2) * scale
-    else:
-      scores_BxHxS = jnp.einsum("bhk,bhks->bhs", q_BxHxK, k_BxHxKxS, preferred_element_type=jnp.float32) * scale
-    scores_BxHxS = jnp.where(mask_BxTxS, scores_BxHxS, jnp.finfo(jnp.float32).min)  # B x 1 x S: for every head
-    probs_BxHxS = jax.nn.softmax(scores_BxHxS, axis=-1)
-    if q_BxHxK.shape[0] == 1:
-      out_BxHxK = jnp.sum(probs_BxHxS[..., None] * v_BxHxSxK, axis=2)
-    else:
-      out_BxHxK = jnp.einsum("bhs,bhsk->bhk", probs_BxHxS.astype(v_BxHxSxK.dtype), v_BxHxSxK)
-    return out_BxHxK[:, None].astype(v_BxHxSxK.dtype)
   scores_BxHxTxS = jnp.einsum("bthk,bhks->bhts", q_BxTxHxK, k_BxHxKxS, preferred_element_type=jnp.float32) * scale
   return mix(scores_BxHxTxS, v_BxHxSxK, mask_BxTxS, dropout, deterministic, sow, values="bhsk")
-
-
-def project(x, kernel, contract: int):
-  """jnp.tensordot(x, kernel, contract): x's last `contract` dims times kernel's first. On a CPU its
-  gradient is computed in the forms XLA:CPU's fast matrix products take (_project_cpu_bwd)."""
-  return jax.lax.platform_dependent(x, kernel, cpu=functools.partial(_project_cpu, contract=contract),
-                                    default=functools.partial(jnp.tensordot, axes=contract))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _project_cpu(x, kernel, contract):
-  return jnp.tensordot(x, kernel, contract)
-
-
-def _project_cpu_fwd(x, kernel, contract):
-  return jnp.tensordot(x, kernel, contract), (x, kernel)
-
-
-def _project_cpu_bwd(contract, residuals, dy):
-  """The kernel's gradient, a sum over every token of x's row times dy's row, contracts the token
-  dims that are the leading (major) dims of both x and dy. XLA:CPU's fast library (YNNPACK) takes no
-  product with the left operand's contracted dims leading, so autodiff's form went to its slow
-  fallback (Eigen), after a transposed copy of the larger operand: the MLP's four kernel gradients
-  were ~40% of the README main job's training step on a 2-core Zen 4, and ran ~3x slower than the
-  same products in the library. Here the smaller of x and dy is transposed, tokens last (the barriers
-  keep XLA from folding a transpose back into the product's dimension numbers), and the product is
-  one the library takes; a transposed result is kernel-sized."""
-  x, kernel = residuals
-  tokens, n_in, n_out = x.ndim - contract, contract, kernel.ndim - contract
-  token_dims = tuple(range(tokens))
-  dx = jnp.tensordot(dy, kernel, (tuple(range(tokens, dy.ndim)), tuple(range(n_in, kernel.ndim))))
-  if math.prod(kernel.shape[:n_in]) <= math.prod(kernel.shape[n_in:]):
-    xT = jax.lax.optimization_barrier(x.transpose(*range(tokens, x.ndim), *token_dims))
-    dkernel = jnp.tensordot(xT, dy, (tuple(range(n_in, xT.ndim)), token_dims))
-  else:
-    dyT = jax.lax.optimization_barrier(dy.transpose(*range(tokens, dy.ndim), *token_dims))
-    dkernelT = jax.lax.optimization_barrier(jnp.tensordot(dyT, x, (tuple(range(n_out, dyT.ndim)), token_dims)))
-    dkernel = dkernelT.transpose(*range(n_out, kernel.ndim), *range(n_out))
-  return dx, dkernel
-
-
-_project_cpu.defvjp(_project_cpu_fwd, _project_cpu_bwd)
 
 
 class Projection(nn.Module):
@@ -398,13 +282,18 @@ class Projection(nn.Module):
   dtype: str = "float32"
   param_dtype: str = "float32"
   kernel_init: str = "gpt2"  # or "xavier" (see BlockConfig)
+  kernels: str = "auto"  # config.model.kernels: the CPU's forms take transformer.kernels.projection
 
   @nn.compact
   def __call__(self, x):
     shape = (*x.shape[x.ndim - self.contract:], *self.features)
     kernel = self.param("kernel", _kernel_init(self.kernel_init, self.std, self.names, self.contract), shape,
                         _dtype(self.param_dtype))
-    y = project(x.astype(self.dtype), kernel.astype(self.dtype), self.contract)
+    x, kernel = x.astype(self.dtype), kernel.astype(self.dtype)
+    if kernel_forms(self.kernels) == "cpu":
+      y = fast_projection.project(x, kernel, self.contract)
+    else:
+      y = jnp.tensordot(x, kernel, self.contract)
     if self.use_bias:
       bias = self.param("bias", _zeros(self.names[self.contract:]), self.features, _dtype(self.param_dtype))
       y = y + bias.astype(self.dtype)
@@ -432,7 +321,8 @@ class MultiHeadAttention(nn.Module):
     cfg = self.cfg
     H, K, D = cfg.num_heads, cfg.head_dim, cfg.d_model
     dense = lambda features, contract, names, std, name: Projection(
-        features, names, contract, std, cfg.use_bias, cfg.dtype, cfg.param_dtype, cfg.kernel_init, name=name)
+        features, names, contract, std, cfg.use_bias, cfg.dtype, cfg.param_dtype, cfg.kernel_init, cfg.kernels,
+        name=name)
     dropout = nn.Dropout(cfg.attention_dropout_rate) if cfg.attention_dropout_rate else None
     # Probing (apply(..., mutable=["intermediates"]), transformer.probes) records the attention
     # probabilities; otherwise nothing is recorded and no probability is materialised for it.
@@ -453,7 +343,8 @@ class MultiHeadAttention(nn.Module):
       q_BxTxHxK, k_BxSxHxK, v_BxSxHxK = (qkv_BxTx3xHxK[:, :, i] for i in range(3))
       if self.decode:
         cached = self._cached(key=k_BxSxHxK, value=v_BxSxHxK)
-        out_BxTxHxK = attend_cached(q_BxTxHxK, cached["key"], cached["value"], mask_BxTxS, dropout, deterministic, sow)
+        out_BxTxHxK = attend_cached(q_BxTxHxK, cached["key"], cached["value"], mask_BxTxS, dropout, deterministic, sow,
+                                    cfg.kernels)
         return dense((D,), 2, ("heads", "kv", "embed"), self.residual_std, "out")(out_BxTxHxK)
     else:
       q_BxTxHxK = dense((H, K), 1, ("embed", "heads", "kv"), 0.02, "q")(x_BxTxD)
@@ -467,7 +358,8 @@ class MultiHeadAttention(nn.Module):
         kv_BxSx2xHxK = cached.value
       k_BxSxHxK, v_BxSxHxK = kv_BxSx2xHxK[:, :, 0], kv_BxSx2xHxK[:, :, 1]
     q_BxTxHxK = nn.with_logical_constraint(q_BxTxHxK, ("batch", "length", "heads", "kv"))
-    out_BxTxHxK = attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, cfg.attention, dropout, deterministic, sow)
+    out_BxTxHxK = attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, cfg.attention, dropout, deterministic, sow,
+                         cfg.kernels)
     return dense((D,), 2, ("heads", "kv", "embed"), self.residual_std, "out")(out_BxTxHxK)
 
   def _synthesized_scores(self, x_BxTxD, q_positions_BxT, k_positions_BxS):
@@ -480,7 +372,8 @@ class MultiHeadAttention(nn.Module):
     param_dtype = _dtype(cfg.param_dtype)
     if cfg.mechanism == "synthesizer_dense":
       hidden_BxTxHxK = jax.nn.relu(Projection((H, K), ("embed", "heads", "kv"), 1, 0.02, cfg.use_bias, cfg.dtype,
-                                              cfg.param_dtype, cfg.kernel_init, name="synth_hidden")(x_BxTxD))
+                                              cfg.param_dtype, cfg.kernel_init, cfg.kernels,
+                                              name="synth_hidden")(x_BxTxD))
       init = (nn.initializers.normal(0.02) if cfg.kernel_init == "gpt2" else nn.initializers.variance_scaling(
           1.0, "fan_avg", "uniform", in_axis=1, out_axis=2, batch_axis=0))
       kernel_HxKxL = self.param("synth_kernel", nn.with_logical_partitioning(init, ("heads", "kv", "position")),
@@ -539,13 +432,13 @@ class MLP(nn.Module):
   @nn.compact
   def __call__(self, x_BxTxD):
     cfg = self.cfg
-    kw = dict(use_bias=cfg.use_bias, dtype=cfg.dtype, param_dtype=cfg.param_dtype, kernel_init=cfg.kernel_init)
+    kw = dict(use_bias=cfg.use_bias, dtype=cfg.dtype, param_dtype=cfg.param_dtype, kernel_init=cfg.kernel_init,
+              kernels=cfg.kernels)
     h_BxTxF = Projection((cfg.d_mlp,), ("embed", "mlp"), name="fc", **kw)(x_BxTxD)
     # The activation's backward pass recomputes it from its saved input (jax.checkpoint). Autodiff
     # saves the tanh GELU's tanh instead and rebuilds the input from the product's output and the bias,
-    # so that pass reads three B x T x F tensors, not two. GPT-2 124M on an H200 (batch 64 x 1,024):
-    # the step 0.2-1.7% faster in four comparisons, the same losses and gradients; neutral on a CPU.
-    # Without a gradient it is the plain activation.
+    # so that pass reads three B x T x F tensors, not two (a little faster on accelerators; the same
+    # losses and gradients). Without a gradient it is the plain activation.
     h_BxTxF = jax.checkpoint(ACTIVATIONS[cfg.activation])(h_BxTxF)
     h_BxTxF = nn.with_logical_constraint(h_BxTxF, ("batch", "length", "mlp"))
     return Projection((cfg.d_model,), ("mlp", "embed"), std=self.residual_std, name="proj", **kw)(h_BxTxF)

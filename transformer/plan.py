@@ -145,7 +145,7 @@ def plan_decode(run: train.Run, batch_size: int) -> Plan:
   valid = jax.ShapeDtypeStruct((batch_size, prompt), jnp.bool_, sharding=task.batch_sharding)
   start = time.perf_counter()
   with jax.set_mesh(run.mesh), nn.logical_axis_rules(rules):
-    compiled = sampling.jitted_sampler(run.mesh).lower(
+    compiled = sampling.jitted_sampler(task.model).lower(
         params, tokens, valid, jax.random.key(0), model=task.model, max_new_tokens=context - prompt,
         sampling=sampling.Sampling(), stop_id=None, rules=rules).compile()
   seconds = time.perf_counter() - start

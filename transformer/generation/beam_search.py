@@ -31,8 +31,10 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from transformer.errors import ConfigError
-from transformer.generation.common import (batch_rows, check_token_lists, cpu_threads, empty_cache, on_threads,
-                                           pad_rows, put_on_mesh, round_up, until_stop)
+from transformer.generation.common import (batch_rows, check_token_lists, empty_cache, pad_rows, put_on_mesh,
+                                           round_up, until_stop)
+from transformer.kernels import decode_threads
+from transformer.kernels import forms as kernel_forms
 from transformer.models.seq2seq import Transformer
 
 NEG_INF = -1.0e7  # scores of impossible hypotheses; finite, so that sums stay ordered
@@ -202,8 +204,9 @@ def translate_ids(model: Transformer, params, sources: Sequence[Sequence[int]], 
   beam_size 1, else beam search. <eos> (<|endoftext|>) is also the decoder's start token.
 
   Sources are sorted by length and batched (batch_size rows, lengths padded to a multiple of 16),
-  so few shapes compile. With `mesh`, batches are split over its data-parallel devices; on one CPU
-  device, batches decode at once, one per core (`common.cpu_threads`)."""
+  so few shapes compile. With `mesh`, batches are split over its data-parallel devices; with the
+  CPU's kernels on one CPU device, batches decode at once, one per core
+  (transformer.kernels.decode_threads)."""
   cfg = model.config
   max_len = max_len or cfg.max_len
   if beam_size < 1 or not 2 <= max_len <= cfg.max_len:
@@ -233,7 +236,10 @@ def translate_ids(model: Transformer, params, sources: Sequence[Sequence[int]], 
         tokens = search(params, *put_on_mesh(mesh, rules, source_BxS, valid_BxS))
     return multihost_utils.process_allgather(tokens, tiled=True) if jax.process_count() > 1 else np.asarray(tokens)
 
-  for rows, best_BxL in zip(batches, on_threads(decode, batches, cpu_threads(mesh))):
+  threads = 1
+  if kernel_forms(cfg.kernels) == "cpu":
+    threads = decode_threads.cpu_threads(list(mesh.devices.flat) if mesh is not None else jax.devices()[:1])
+  for rows, best_BxL in zip(batches, decode_threads.on_threads(decode, batches, threads)):
     for r, i in enumerate(rows):
       out[i] = until_stop(best_BxL[r], eos_id)
   return out

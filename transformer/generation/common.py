@@ -1,11 +1,9 @@
 """What GPT sampling and encoder-decoder search share: checking token-id inputs, padding a list of
 sequences into one bucketed batch with filler rows, putting it on the mesh, an empty KV cache,
-cutting outputs at the stop token, and decoding on several CPU cores at once."""
+cutting outputs at the stop token."""
 
 from __future__ import annotations
 
-import os
-from concurrent import futures
 from typing import Callable, Sequence
 
 import jax
@@ -83,26 +81,3 @@ def until_stop(tokens, stop_id: int | None) -> list[int]:
   """The tokens before the first `stop_id` (all of them if there is none)."""
   tokens = np.asarray(tokens).tolist()
   return tokens[:tokens.index(stop_id)] if stop_id in tokens else tokens
-
-
-def cpu_threads(mesh) -> int:
-  """On how many threads at once the decoders run independent calls (parts of a batch, batches):
-  one per core this process may run on where they decode on one CPU device, else 1.
-
-  Why: XLA:CPU runs a program's kernels one after another and spreads only a large product over
-  the cores, and a decoding step of a small model is ~120 kernels of a few microseconds each, so one
-  core did nearly all of it (the README main job's batch-32 generation was as fast on one core as on
-  two). Calls of compiled programs from several threads run at once, one on each core; one thread
-  dispatching them all runs them one after the other, as one program over two halves does."""
-  devices = mesh.devices.flat if mesh is not None else jax.devices()[:1]
-  if len(devices) > 1 or devices[0].platform != "cpu":
-    return 1
-  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def on_threads(fn: Callable, items: Sequence, threads: int) -> list:
-  """[fn(item) for item in items], on up to `threads` threads at once (see `cpu_threads`)."""
-  if threads <= 1 or len(items) <= 1:
-    return [fn(item) for item in items]
-  with futures.ThreadPoolExecutor(min(threads, len(items))) as pool:
-    return list(pool.map(fn, items))

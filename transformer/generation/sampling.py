@@ -13,8 +13,8 @@ How `generate` works:
      token) until every sequence has emitted `stop_id` or `max_new_tokens` are made. The cache
      grows in a few phases up to P + max_new_tokens slots (`decode_lengths`): each step attends
      over the slots of its phase, not over every slot that will ever be written.
-  On a CPU a large enough batch is split into one part per core, each decoded by its own thread
-  (`cpu_parts`); the tokens are those of the whole batch.
+  With the CPU's kernels a large enough batch is split into one part per core, each decoded by its
+  own thread (`split_parts`); the tokens are those of the whole batch.
 
 Sampling (HF's order): logits / temperature -> keep the top_k -> keep the nucleus (the fewest
 tokens whose probability reaches top_p) -> draw. **temperature=0 means greedy** (argmax; top_k and
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Callable, Iterable, Sequence
 
 import flax.linen as nn
@@ -40,9 +39,11 @@ import numpy as np
 from jax.experimental import io_callback
 
 from transformer.errors import ConfigError, TokenizerError
-from transformer.generation.common import (batch_rows, check_token_lists, cpu_threads, empty_cache, grow_cache,
-                                           on_threads, pad_rows, put_on_mesh, round_up, until_stop)
-from transformer.models import gpt
+from transformer.generation.common import (batch_rows, check_token_lists, empty_cache, grow_cache, pad_rows,
+                                           put_on_mesh, round_up, until_stop)
+from transformer.kernels import argmax as fast_argmax
+from transformer.kernels import decode_head, decode_threads, draw
+from transformer.kernels import forms as kernel_forms
 
 PROMPT_BUCKET = 16  # prompts are padded to a multiple of this: few compiled shapes
 DECODE_PHASE = 32  # the fewest new tokens a phase of the decode loop makes (see `decode_lengths`)
@@ -81,122 +82,33 @@ def filter_logits(logits_BxV: jax.Array, sampling: Sampling) -> jax.Array:
   return logits_BxV
 
 
-def argmax(x_BxV: jax.Array, vocab_major: bool = False) -> jax.Array:
-  """jnp.argmax over the last axis (the first index of the maximum), fast on XLA:CPU too.
-
-  For several rows it is a max and then a min over the indices that reach it, for a large vocabulary
-  by blocks (`argmax_block`): XLA:CPU's argmax (a variadic reduce) was 3-5x slower there, a third of
-  a decoding step at a 50k vocabulary. For one row jnp.argmax fuses well with the head's
-  matrix-vector product and the max+min does not.
-  `vocab_major`: x_BxV is the transpose of a V x B array (GPT.vocab_major_logits); on a CPU the
-  reductions then run down its columns, the two transposes cancelling."""
-  if x_BxV.shape[0] == 1:
-    return jnp.argmax(x_BxV, axis=-1).astype(jnp.int32)
-  if vocab_major:
-    return jax.lax.platform_dependent(x_BxV.T, cpu=lambda x_VxB: _first_max_index(x_VxB, axis=0),
-                                      default=lambda x_VxB: _first_max_index(x_VxB.T, axis=1))
-  return _first_max_index(x_BxV, axis=1)
-
-
-def _first_max_index(x: jax.Array, axis: int) -> jax.Array:
-  V = x.shape[axis]
-  # Indices as float32 (exact below 2^24) keep both reductions floating-point maxima and minima,
-  # which XLA:CPU vectorises down columns; int32 otherwise.
-  dtype = jnp.float32 if V < 2**24 else jnp.int32
-  C = argmax_block(V)
-  if C is None:
-    return _first_index(x == jnp.max(x, axis=axis, keepdims=True), axis, dtype).reshape(-1)
-  # In blocks of C entries: the blocks' maxima (the one pass over x), the first block that holds the
-  # maximum, then the first entry of that block that equals it. The maximum over all of x and then
-  # the first index that holds it took two more passes (a select, a reduction) over x: at cpu-small's
-  # batch 32, 6 MB and ~0.3 ms of a ~5.5 ms decoding step.
-  blocks, entries = axis, axis + 1  # V x B -> N x C x B; B x V -> B x N x C
-  x = x.reshape(x.shape[:axis] + (V // C, C) + x.shape[axis + 1:])
-  max_blocks = jnp.max(x, axis=entries, keepdims=True)
-  max_all = jnp.max(max_blocks, axis=blocks, keepdims=True)
-  block = _first_index(max_blocks == max_all, blocks, dtype)
-  entry = _first_index(jnp.take_along_axis(x, block, axis=blocks) == max_all, entries, dtype)
-  return (block * C + entry).reshape(-1)
-
-
-def _first_index(hits: jax.Array, axis: int, dtype) -> jax.Array:
-  """The first index along `axis` that is True (the last index where none is), kept as a size-1 axis."""
-  n = hits.shape[axis]
-  index = jnp.min(jnp.where(hits, jax.lax.broadcasted_iota(dtype, hits.shape, axis), n - 1), axis=axis, keepdims=True)
-  return index.astype(jnp.int32)
-
-
-# From this vocabulary size, the tied head's product and the argmax over its logits are most of a
-# decoding step: `argmax` reduces in blocks, and a batch split over a CPU's cores gets larger parts (`cpu_parts`).
-LARGE_VOCAB = 4096
-
-
-def argmax_block(V: int) -> int | None:
-  """The block size of `argmax` over V entries (None: no blocks): for a large vocabulary, the divisor
-  of V nearest sqrt(V) that leaves at least 16 blocks of at least 16 (GPT-2's 50,257 = 1,733 x 29:
-  blocks of 29); none for a V with no such divisor, e.g. a prime."""
-  if V < LARGE_VOCAB:
-    return None
-  divisors = [c for c in range(16, V // 16 + 1) if V % c == 0]
-  return min(divisors, key=lambda c: abs(math.log(c / math.sqrt(V))), default=None)
-
-
-def sample_logits(logits_BxV: jax.Array, rng: jax.Array, sampling: Sampling, vocab_major: bool = False,
-                  first_row: jax.Array | int = 0) -> jax.Array:
+def sample_logits(logits_BxV: jax.Array, rng: jax.Array, sampling: Sampling, forms: str = "reference",
+                  vocab_major: bool = False, first_row: jax.Array | int = 0) -> jax.Array:
   """One token per row; row b draws with the key fold_in(rng, first_row + b) (`first_row`: where
-  these rows start in the whole batch). `vocab_major`: see `argmax`."""
+  these rows start in the whole batch). `forms` (kernels.forms of config.model.kernels) picks the
+  argmax's and the draw's faster forms (transformer.kernels.argmax, .draw); `vocab_major`: the logits
+  are the transpose of a V x B array (transformer.kernels.decode_head)."""
   if sampling.temperature == 0:
-    return argmax(logits_BxV, vocab_major)
+    if forms == "cpu":
+      return fast_argmax.argmax(logits_BxV, vocab_major)
+    return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
   logits_BxV = filter_logits(logits_BxV, sampling)
   rows_B = first_row + jnp.arange(logits_BxV.shape[0])
   u_B = jax.vmap(lambda b: jax.random.uniform(jax.random.fold_in(rng, b)))(rows_B)
-  return inverse_cdf(logits_BxV, u_B)
+  if forms == "reference":
+    return inverse_cdf(logits_BxV, u_B)
+  return draw.inverse_cdf(logits_BxV, u_B)
 
 
-SAMPLE_BLOCK = 256  # entries of the vocabulary per block of `inverse_cdf`'s first level
-
-
-def inverse_cdf(logits_BxV: jax.Array, u_B: jax.Array, block: int = SAMPLE_BLOCK) -> jax.Array:
+def inverse_cdf(logits_BxV: jax.Array, u_B: jax.Array) -> jax.Array:
   """A draw from softmax(logits) per row, given one uniform number u in [0, 1) per row: the first
-  token whose cumulative probability exceeds u. One random number a row, where Gumbel noise (jax's
-  `categorical`) needs one per vocabulary entry: on a CPU, threefry's bits for 32 x 50,257 entries
-  took ~5 ms, most of a decoding step.
-
-  In two levels, so that no cumulative sum runs over the whole vocabulary: the weights exp(logits -
-  max) summed in blocks of `block` entries, the block where the cumulative weight passes u * total,
-  then the entry inside it. A token of weight 0 (excluded by top-k or top-p) is never drawn, also
-  where float rounding puts u * total on a block's or an entry's edge."""
-  B, V = logits_BxV.shape
-  C = min(block, V)
-  N = -(-V // C)
+  token whose cumulative probability exceeds u. A token of weight 0 (excluded by top-k or top-p) is
+  never drawn: where float rounding puts u * total at the end, the last token of weight > 0 is."""
   w_BxV = jnp.exp(logits_BxV - jnp.max(logits_BxV, axis=-1, keepdims=True))  # -inf -> 0; the max -> 1
-  w_BxNxC = jnp.pad(w_BxV, ((0, 0), (0, N * C - V))).reshape(B, N, C)
-  block_BxN = w_BxNxC.sum(axis=-1)
-  cum_BxN = jnp.cumsum(block_BxN, axis=-1)
-  target_B = u_B * cum_BxN[:, -1]
-  # The first block whose cumulative weight exceeds the target has weight > 0; rounding may put the
-  # count past the last such block (or the target below the first entry): hence the clip.
-  j_B = _clip_to_nonzero(jnp.sum(cum_BxN <= target_B[:, None], axis=-1), block_BxN)
-  take = lambda x, i: jnp.take_along_axis(x, i[:, None], axis=1)[:, 0]
-  w_BxC = jnp.take_along_axis(w_BxNxC, j_B[:, None, None], axis=1)[:, 0]
-  rest_B = target_B - (take(cum_BxN, j_B) - take(block_BxN, j_B))
-  k_B = _clip_to_nonzero(jnp.sum(jnp.cumsum(w_BxC, axis=-1) <= rest_B[:, None], axis=-1), w_BxC)
-  return (j_B * C + k_B).astype(jnp.int32)
-
-
-def _clip_to_nonzero(index_B: jax.Array, weights_BxN: jax.Array) -> jax.Array:
-  """index_B clipped to the span between each row's first and last entry of positive weight."""
-  positive_BxN = weights_BxN > 0
-  N = weights_BxN.shape[-1]
-  first_B = jnp.argmax(positive_BxN, axis=-1)
-  last_B = N - 1 - jnp.argmax(positive_BxN[:, ::-1], axis=-1)
-  return jnp.clip(index_B, first_B, last_B)
-
-
-def _vocab_major(model, batch_size: int) -> bool:
-  """Whether the model's decoding step hands over vocabulary-major logits (GPT.vocab_major_logits);
-  a model without that method (the LSTM) hands over rows."""
-  return hasattr(model, "vocab_major_logits") and model.vocab_major_logits(batch_size)
+  cum_BxV = jnp.cumsum(w_BxV, axis=-1)
+  index_B = jnp.sum(cum_BxV <= u_B[:, None] * cum_BxV[:, -1:], axis=-1)
+  last_B = w_BxV.shape[-1] - 1 - jnp.argmax(w_BxV[:, ::-1] > 0, axis=-1)
+  return jnp.minimum(index_B, last_B).astype(jnp.int32)
 
 
 def init_cache(model, batch_size: int, length: int):
@@ -241,10 +153,12 @@ def sample_padded(params, prompt_BxP, valid_BxP, rng, first_row=0, *, model, max
                                             decode=True, mutable=["cache"])
       return logits_BxTxV[:, -1], variables["cache"]
 
-    vocab_major = _vocab_major(model, B)
+    forms = _forms(model)
+    vocab_major = forms == "cpu" and _tied(model) and decode_head.vocab_major(
+        B, model.config.vocab_size, model.config.d_model, model.config.dtype)
 
     def emit(i, logits_BxV, done_B, tokens_BxN):
-      token_B = sample_logits(logits_BxV, jax.random.fold_in(rng, i), sampling, vocab_major, first_row)
+      token_B = sample_logits(logits_BxV, jax.random.fold_in(rng, i), sampling, forms, vocab_major, first_row)
       if stop_id is not None:
         token_B = jnp.where(done_B, stop_id, token_B)
         done_B = done_B | (token_B == stop_id)
@@ -271,14 +185,6 @@ def sample_padded(params, prompt_BxP, valid_BxP, rng, first_row=0, *, model, max
 
 # Compiled once per (model, lengths, sampling, ...): `generate` keeps the shapes to a few buckets.
 STATIC_ARGNAMES = ("model", "max_new_tokens", "sampling", "stop_id", "rules", "stream", "decode_phase")
-# XLA:CPU's options for the sampler program (on accelerators it compiles without them): 512-bit
-# vectors. A decoding step of a small model is many small elementwise kernels (LayerNorm, GELU's
-# tanh), and main-job-sized generation is ~6% faster with them on a 2-core Zen 5 (LLVM prefers 256 by
-# default). Products stay in YNNPACK, XLA:CPU's default, also the tied head's: Eigen's dots (as
-# `xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_REDUCE`) once ran its vocabulary-major
-# product faster, but under jax 0.12 on a 2-core Zen 3 they made cpu-small's generation 0.60x as
-# fast at batch 4, ~0.9x at 8 and 1.0x at 16 and 32, GPT-2's 0.96x at batch 8.
-CPU_OPTIONS = {"xla_cpu_prefer_vector_width": 512}
 
 
 @functools.cache
@@ -286,48 +192,30 @@ def _compiled(options: tuple[tuple[str, object], ...]):
   return jax.jit(sample_padded, static_argnames=STATIC_ARGNAMES, compiler_options=dict(options) or None)
 
 
-def compiler_options(platform: str) -> dict:
-  """The XLA options of the sampler program on `platform` (see above)."""
-  return CPU_OPTIONS if platform == "cpu" else {}
+def jitted_sampler(model):
+  """`sample_padded` under jax.jit; with the CPU's kernels, with XLA:CPU's options for it
+  (transformer.kernels.decode_threads.CPU_OPTIONS)."""
+  options = decode_threads.CPU_OPTIONS if _forms(model) == "cpu" else {}
+  return _compiled(tuple(sorted(options.items())))
 
 
-def jitted_sampler(mesh=None):
-  """`sample_padded` under jax.jit with the compiler options of the platform of `mesh` (default:
-  of the first device)."""
-  platform = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0]).platform
-  return _compiled(tuple(sorted(compiler_options(platform).items())))
+def _forms(model) -> str:
+  """The forms of the model's config.model.kernels (transformer.kernels.forms)."""
+  return kernel_forms(model.config.kernels)
 
 
-# The fewest prompts a part of a batch split over a CPU's cores gets (`cpu_parts`): MIN_PART_ROWS;
-# with a vocabulary of LARGE_VOCAB or more, LARGE_VOCAB_PART_ROWS; with an output head read from
-# memory at every step (`gpt.streamed_head`), STREAMED_HEAD_PART_ROWS.
-MIN_PART_ROWS = 4
-LARGE_VOCAB_PART_ROWS = 16
-STREAMED_HEAD_PART_ROWS = 32
+def _tied(model) -> bool:
+  """Whether the model's decoding step takes the tied head (a GPT's, transformer.kernels.decode_head)."""
+  return getattr(model.config, "tie_embeddings", False) and getattr(model.config, "family", "") == "gpt"
 
 
-def cpu_parts(model, batch_size: int, threads: int) -> int:
-  """Into how many parts `generate` splits a batch of `batch_size` prompts, each part decoded by its
-  own thread: one per thread of `common.cpu_threads` (one per core on a CPU device), each of at
-  least MIN_PART_ROWS prompts (more with a large vocabulary or head, see above).
-
-  Measured on a 2-core Zen 5 (greedy unless said, tokens identical, both forms timed alternately in
-  one process):
-  main job (d 128, vocabulary 85) batch 8 / 16 / 32 1.8x / 1.2-1.5x / 1.6x, batch 32 at temperature
-  0.8 1.7x; d 256 with vocabulary 85 at batch 8 / 32 1.4x / 1.5x; d 128 with vocabulary 4,096
-  (a 2 MB head) at batch 32 1.5x. Smaller parts lose: two of 2 prompts 0.7-0.9x, four parts on two
-  cores 0.7x. With a large vocabulary, parts under 16 prompts compute the tied head from their own
-  copy of the transposed embedding (`gpt._decode_head`): cpu-small's batch 16 in two parts 0.67x,
-  GPT-2's batch 8 0.75x. A head larger than the cache is read from memory by each part: cpu-small's
-  (51 MB) batch 32 in two parts 1.0-1.1x on the Zen 5, 0.85-0.91x on a 2-core Zen 4, its batch 64
-  1.07x on the Zen 4; GPT-2 124M's batch 32 1.0x on the Zen 5."""
-  cfg = model.config
-  rows = MIN_PART_ROWS
-  if cfg.vocab_size >= LARGE_VOCAB:
-    rows = LARGE_VOCAB_PART_ROWS
-  if gpt.streamed_head(cfg.vocab_size, cfg.d_model, cfg.dtype):
-    rows = STREAMED_HEAD_PART_ROWS
-  return max(1, min(threads, batch_size // rows))
+def split_parts(model, batch_size: int, mesh) -> int:
+  """Into how many parts `generate` splits a batch, each decoded by its own thread: with the CPU's
+  kernels on one CPU device, one per core (transformer.kernels.decode_threads); else 1."""
+  if _forms(model) != "cpu":
+    return 1
+  devices = list(mesh.devices.flat) if mesh is not None else jax.devices()[:1]
+  return decode_threads.parts(model.config, batch_size, decode_threads.cpu_threads(devices))
 
 
 def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int) -> list[list[int]]:
@@ -346,7 +234,7 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
   like training's activations; `params` keep whatever shardings they have (e.g. from a checkpoint).
   `on_token(step, tokens_B)` streams each step's tokens, in prompt order. On a CPU without a mesh of
   several devices, a batch of enough prompts is split into parts decoded at once, one per core
-  (`cpu_parts`); the tokens, sampled ones too, are those of the whole batch.
+  (`split_parts`); the tokens, sampled ones too, are those of the whole batch.
 
   `decode_phase`: the fewest new tokens per phase of the decode loop (`decode_lengths`). Each phase
   compiles its own loop body (here ~0.3 s each at the main job's and cpu-small's shapes), so for one
@@ -372,7 +260,7 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
                       f"(sliding_window=True / --sliding_window), which is much slower")
 
   # On a CPU device, its cores may each decode a part of the batch (streaming keeps one part).
-  parts = cpu_parts(model, len(prompts), cpu_threads(mesh)) if on_token is None else 1
+  parts = split_parts(model, len(prompts), mesh) if on_token is None else 1
   # Shapes: prompt length rounded up (without leaving the context), batch up to a multiple of the
   # data-parallel size and of the parts.
   P = min(round_up(longest, PROMPT_BUCKET), cfg.context_length - max_new_tokens)
@@ -381,7 +269,7 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
                 rules=tuple(rules) if mesh is not None else (), stream=on_token is not None,
                 decode_phase=min(decode_phase, max_new_tokens))  # one compiled program for any one-phase value
   rows = len(prompt_BxP) // parts
-  sampler = jitted_sampler(mesh)
+  sampler = jitted_sampler(model)
 
   def decode(part: int) -> np.ndarray:
     first = part * rows
@@ -396,7 +284,7 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
   if on_token is not None:
     _stream_target[:] = [lambda i, tokens_B: on_token(i, tokens_B[:len(prompts)])]
   try:
-    tokens_BxN = np.concatenate(on_threads(decode, range(parts), parts))
+    tokens_BxN = np.concatenate(decode_threads.on_threads(decode, range(parts), parts))
   finally:
     _stream_target.clear()
   return [until_stop(row, stop_id) for row in tokens_BxN[:len(prompts)]]
@@ -414,7 +302,7 @@ def generate_sliding(model, params, prompt: list[int], *, max_new_tokens: int, s
   def next_token(buffer_1xC, length, rng):
     logits_1xCxV = model.apply({"params": params}, buffer_1xC)
     logits_1xV = jax.lax.dynamic_index_in_dim(logits_1xCxV, length - 1, axis=1, keepdims=False)
-    return sample_logits(logits_1xV, rng, sampling)[0]
+    return sample_logits(logits_1xV, rng, sampling, _forms(model))[0]
 
   tokens = list(prompt)
   for i in range(max_new_tokens):

@@ -47,6 +47,7 @@ class EncoderConfig:
   attention_mechanism: str = "dot_product"  # or a Synthesizer (layers.ATTENTION_MECHANISMS)
   scan_layers: bool = False
   remat_policy: str = "none"
+  kernels: str = "auto"  # "auto" | "reference" | "cpu" | "accelerator": faster forms of ops (transformer.kernels)
 
   # The encoder-decoder's blocks: the same fields make the same BlockConfig.
   block = seq2seq.Seq2SeqConfig.block

@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 
 from transformer import layers
+from transformer.kernels import decode_head
+from transformer.kernels import forms as kernel_forms
 from transformer.errors import ConfigError
 
 
@@ -49,6 +51,7 @@ class GPTConfig:
   attention_mechanism: str = "dot_product"
   scan_layers: bool = False  # one scanned block instead of N unrolled ones (faster compiles)
   remat_policy: str = "none"  # "none" | "dots" | "full": what the backward pass recomputes
+  kernels: str = "auto"  # "auto" | "reference" | "cpu" | "accelerator": faster forms of ops (transformer.kernels)
 
   def block(self) -> layers.BlockConfig:
     return layers.BlockConfig(
@@ -56,7 +59,8 @@ class GPTConfig:
         dropout_rate=self.dropout_rate, attention_dropout_rate=self.attention_dropout_rate,
         layer_norm_epsilon=self.layer_norm_epsilon, use_bias=self.use_bias, dtype=self.dtype,
         param_dtype=self.param_dtype, attention=self.attention, mechanism=self.attention_mechanism,
-        max_len=self.context_length, pre_layer_norm=True, activation="gelu_tanh")
+        max_len=self.context_length, pre_layer_norm=True, activation="gelu_tanh",
+        kernels=self.kernels)
 
   def replace(self, **changes) -> "GPTConfig":
     return dataclasses.replace(self, **changes)
@@ -138,12 +142,10 @@ class GPT(nn.Module):
     if features:
       return x_BxTxD
     if decode:  # only the next token's logits are needed
-      # The barrier: XLA:CPU would otherwise fuse the normalisation into the head's matrix-vector
-      # product and redo it for every vocabulary entry (decoding ~1.2x slower at a 50k vocabulary).
-      x_BxTxD = jax.lax.optimization_barrier(x_BxTxD[:, -1:])
+      x_BxTxD = x_BxTxD[:, -1:]
 
-    if cfg.tie_embeddings and decode:
-      logits_BxTxV = _decode_head(wte.embedding.astype(dtype), x_BxTxD)
+    if cfg.tie_embeddings and decode and kernel_forms(cfg.kernels) == "cpu":
+      logits_BxTxV = decode_head.tied_head_cpu(wte.embedding.astype(dtype), x_BxTxD)
     elif cfg.tie_embeddings:
       logits_BxTxV = wte.attend(x_BxTxD)
     else:
@@ -153,64 +155,6 @@ class GPT(nn.Module):
                               name="lm_head")(x_BxTxD)
     # Softmax/cross-entropy in float32 whatever the compute dtype.
     return nn.with_logical_constraint(logits_BxTxV.astype(jnp.float32), ("batch", "length", "vocab"))
-
-  def vocab_major_logits(self, batch_size: int) -> bool:
-    """Whether a decoding step of `batch_size` sequences returns its logits as the transpose of a
-    vocabulary-major array on a CPU (_decode_head): the sampler's greedy argmax then reads them in place."""
-    cfg = self.config
-    return cfg.tie_embeddings and vocab_major(batch_size, cfg.vocab_size, cfg.d_model, cfg.dtype)
-
-
-# From this many sequences, a CPU decoding step computes the tied head vocabulary-major (see
-# _decode_head); from STREAMED_VOCAB_MAJOR_MIN_BATCH where the head is read from memory (streamed_head).
-VOCAB_MAJOR_MIN_BATCH = 16
-STREAMED_VOCAB_MAJOR_MIN_BATCH = 2
-# A tied head of more than this many bytes does not stay in a CPU's last-level cache between decoding
-# steps (32 MiB on a Zen 4 EPYC, shared with the KV cache and the layers' weights): every step reads
-# it from memory (see _decode_head, sampling.cpu_parts).
-STREAMED_HEAD_BYTES = 16 * 2**20
-
-
-def streamed_head(vocab_size: int, d_model: int, dtype) -> bool:
-  """Whether a vocab_size x d_model head in `dtype` is larger than STREAMED_HEAD_BYTES."""
-  return vocab_size * d_model * jnp.dtype(dtype).itemsize > STREAMED_HEAD_BYTES
-
-
-def vocab_major(batch_size: int, vocab_size: int, d_model: int, dtype) -> bool:
-  """Whether a CPU decoding step of `batch_size` sequences computes its tied head vocabulary-major."""
-  streamed = streamed_head(vocab_size, d_model, dtype)
-  return batch_size >= (STREAMED_VOCAB_MAJOR_MIN_BATCH if streamed else VOCAB_MAJOR_MIN_BATCH)
-
-
-def _decode_head(embedding_VxD: jax.Array, x_BxTxD: jax.Array) -> jax.Array:
-  """The tied head of a decoding step, B x T x V, in the form XLA:CPU runs fastest at the batch size.
-
-  - One sequence: embedding rows times the hidden state, a matrix-vector product ~1.3x faster than
-    x @ embeddingᵀ, while the head stays in the cache. A head read from memory at every step
-    (STREAMED_HEAD_BYTES) is read faster as the D x V copy below, streamed row after row: cpu-small
-    (a 51 MB head) generates ~1.4x faster at batch 1 on a 2-core Zen 4, copy included; a 16 MiB
-    head, in the cache, 0.87-0.96x.
-  - A few sequences (fewer than `vocab_major` asks for): x times the embedding transposed into a
-    D x V copy, whose rows the product reads contiguously (~1.3x faster than the einsum at batch 8 on
-    a Zen 4). XLA hoists the copy out of the decode loop: it is made once per `generate` call.
-  - More (VOCAB_MAJOR_MIN_BATCH; a streamed head from STREAMED_VOCAB_MAJOR_MIN_BATCH): the logits
-    computed V x B and handed over transposed. A reduction over the vocabulary
-    (`sampling.argmax(..., vocab_major=True)`) transposes them back, the two transposes cancel, and it
-    runs down columns of B contiguous values: greedy decoding ~1.15x faster at batch 32. A streamed
-    head takes this form from 2 sequences: on a 2-core Zen 3 (AVX2, no AVX-512) the D x V copy's
-    product ran at ~16 GFLOP/s at batch 8, and cpu-small generates 1.35x / 1.38x faster at batch 4 /
-    8 this way, 1.2-1.6x at batch 2 (GPT-2 1.44x; under jax 0.12, with YNNPACK's dots); on a Zen 4
-    the two products were about as fast at batch 8, and this form makes no copy (~40 ms a call).
-  Accelerators keep the einsum, which their matrix units take in either layout."""
-  rows = lambda E_VxD, x_BxTxD: jnp.einsum("vd,btd->btv", E_VxD, x_BxTxD)
-  B = x_BxTxD.shape[0]
-  if B == 1 and not streamed_head(*embedding_VxD.shape, embedding_VxD.dtype):
-    return rows(embedding_VxD, x_BxTxD)
-  if vocab_major(B, *embedding_VxD.shape, embedding_VxD.dtype):
-    cpu = lambda E_VxD, x_BxTxD: jnp.einsum("vd,btd->vbt", E_VxD, x_BxTxD).transpose(1, 2, 0)
-  else:  # the barrier keeps XLA from folding the transpose back into the product's dimension numbers
-    cpu = lambda E_VxD, x_BxTxD: x_BxTxD @ jax.lax.optimization_barrier(E_VxD.T)
-  return jax.lax.platform_dependent(embedding_VxD, x_BxTxD, cpu=cpu, default=rows)
 
 
 def param_shapes(config: GPTConfig):

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.errors import ConfigError
+from transformer.kernels import check as kernel_check
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +41,7 @@ class LSTMConfig:
   tie_embeddings: bool = False  # language model: the head is the embedding, transposed
   dtype: str = "float32"
   param_dtype: str = "float32"
+  kernels: str = "auto"  # faster forms of the loss and the sampler's ops (transformer.kernels)
 
   def replace(self, **changes) -> "LSTMConfig":
     return dataclasses.replace(self, **changes)
@@ -59,6 +61,7 @@ class LSTMConfig:
         jnp.dtype(getattr(self, name))
       except TypeError:
         raise ConfigError(f"{name}={getattr(self, name)!r} is not a dtype; use float32 or bfloat16") from None
+    kernel_check(self.kernels)
     return self
 
 

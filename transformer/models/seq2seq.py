@@ -61,6 +61,7 @@ class Seq2SeqConfig:
   attention_mechanism: str = "dot_product"
   scan_layers: bool = False
   remat_policy: str = "none"
+  kernels: str = "auto"  # "auto" | "reference" | "cpu" | "accelerator": faster forms of ops (transformer.kernels)
 
   def block(self) -> layers.BlockConfig:
     return layers.BlockConfig(
@@ -68,7 +69,7 @@ class Seq2SeqConfig:
         attention_dropout_rate=self.attention_dropout_rate, layer_norm_epsilon=self.layer_norm_epsilon,
         dtype=self.dtype, param_dtype=self.param_dtype, attention=self.attention,
         mechanism=self.attention_mechanism, max_len=self.max_len, pre_layer_norm=self.pre_layer_norm,
-        activation="relu", kernel_init=self.kernel_init)
+        activation="relu", kernel_init=self.kernel_init, kernels=self.kernels)
 
   def decoder_layers(self) -> int:
     return self.num_decoder_layers or self.num_layers
@@ -147,7 +148,7 @@ class Transformer(nn.Module):
       self.decoder_norm = layers.layer_norm(cfg.block())
     if not cfg.tie_output:
       self.head = layers.Projection((cfg.vocab_size,), ("embed", "vocab"), std=cfg.d_model ** -0.5, use_bias=False,
-                                    dtype=cfg.dtype, param_dtype=cfg.param_dtype)
+                                    dtype=cfg.dtype, param_dtype=cfg.param_dtype, kernels=cfg.kernels)
 
   def encode(self, source_BxS, *, source_valid_BxS=None, source_segments_BxS=None, deterministic: bool = True):
     """encoded_BxSxD. Padding (source_valid False) is never attended to; with `source_segments_BxS`

@@ -17,6 +17,8 @@ from transformer.config import RunConfig, at, check_positive
 from transformer.data import pipeline
 from transformer.errors import ConfigError, TokenizerError
 from transformer.generation import sampling
+from transformer.kernels import forms as kernel_forms
+from transformer.kernels import lm_loss as lm_loss_kernel
 from transformer.models.gpt import GPT
 from transformer.models.lstm import LSTMLanguageModel
 from transformer.tasks.base import Task
@@ -89,46 +91,12 @@ def document_ids(tokens_BxL, eot_id: int):
   return jnp.cumsum(tokens_BxL == eot_id, axis=1)
 
 
-def next_token_nll(logits_BxTxV: jax.Array, targets_BxT: jax.Array) -> jax.Array:
-  """-log softmax(logits)[target] at each position, in float32 (optax's
-  softmax_cross_entropy_with_integer_labels). On accelerators its backward pass is written by hand:
-  softmax - one_hot(target) recomputed from the logits in one elementwise pass, where autodiff
-  keeps float32 exponentials and makes several passes over B·T·V floats, the largest tensor of a
-  GPT-2 step (H100, 124M: the step 4% faster). XLA:CPU is better off with autodiff, which reuses
-  the forward pass's exponentials instead of recomputing them (1.7x faster at a 50k vocabulary)."""
-  return jax.lax.platform_dependent(logits_BxTxV, targets_BxT, cpu=_optax_nll, default=_recomputing_nll)
-
-
-def _optax_nll(logits_BxTxV, targets_BxT):
+def next_token_nll(logits_BxTxV: jax.Array, targets_BxT: jax.Array, kernels: str = "auto") -> jax.Array:
+  """-log softmax(logits)[target] at each position, in float32. `kernels` (config.model.kernels): the
+  accelerators' form has its backward pass written out (transformer.kernels.lm_loss)."""
+  if kernel_forms(kernels) == "accelerator":
+    return lm_loss_kernel.next_token_nll(logits_BxTxV, targets_BxT)
   return optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV.astype(jnp.float32), targets_BxT)
-
-
-@jax.custom_vjp
-def _recomputing_nll(logits_BxTxV, targets_BxT):
-  return _nll_and_lse(logits_BxTxV, targets_BxT)[0]
-
-
-def _nll_and_lse(logits_BxTxV, targets_BxT):
-  logits_BxTxV = logits_BxTxV.astype(jnp.float32)
-  lse_BxT = jax.nn.logsumexp(logits_BxTxV, axis=-1)
-  target_logit_BxT = jnp.take_along_axis(logits_BxTxV, targets_BxT[..., None], axis=-1)[..., 0]
-  return lse_BxT - target_logit_BxT, lse_BxT
-
-
-def _recomputing_nll_fwd(logits_BxTxV, targets_BxT):
-  nll_BxT, lse_BxT = _nll_and_lse(logits_BxTxV, targets_BxT)
-  return nll_BxT, (logits_BxTxV, targets_BxT, lse_BxT)
-
-
-def _recomputing_nll_bwd(residuals, g_BxT):
-  logits_BxTxV, targets_BxT, lse_BxT = residuals
-  probs_BxTxV = jnp.exp(logits_BxTxV.astype(jnp.float32) - lse_BxT[..., None])
-  one_hot_BxTxV = targets_BxT[..., None] == jnp.arange(logits_BxTxV.shape[-1])
-  grad_BxTxV = (probs_BxTxV - one_hot_BxTxV) * g_BxT[..., None]
-  return grad_BxTxV.astype(logits_BxTxV.dtype), None
-
-
-_recomputing_nll.defvjp(_recomputing_nll_fwd, _recomputing_nll_bwd)
 
 
 def lm_loss(model: GPT | LSTMLanguageModel, params, batch_BxL1, rng, train: bool, eot_id: int | None = None):
@@ -138,7 +106,7 @@ def lm_loss(model: GPT | LSTMLanguageModel, params, batch_BxL1, rng, train: bool
   segments = {} if eot_id is None else {"segments_BxT": document_ids(inputs_BxL, eot_id)}
   logits_BxLxV = model.apply({"params": params}, inputs_BxL, deterministic=not train, rngs={"dropout": rng},
                              **segments)
-  nll_BxL = next_token_nll(logits_BxLxV, targets_BxL)
+  nll_BxL = next_token_nll(logits_BxLxV, targets_BxL, model.config.kernels)
   return nll_BxL.sum(), jnp.float32(nll_BxL.size)
 
 
