@@ -6,7 +6,8 @@ time against abstract arrays, and prints per-device memory and FLOPs per step (t
       --config.model.remat_policy=dots --device_memory_gib=80      # the largest batch that fits
 
 --devices=N plans on N fake CPU devices (no accelerator needed: nothing is allocated); without it,
-on this machine's devices. Every --config.* override of launch.train works here; the data is
+on this machine's devices. --platform=gpu|tpu plans the program that platform runs (its forms of the
+ops, transformer.kernels), also on fake CPU devices; the default is this machine's platform. Every --config.* override of launch.train works here; the data is
 prepared as for training (the tokenizer, and a classifier's classes, come from it). Multi-host: run
 it in every process with launch.train's --coordinator_address/--num_processes/--process_id.
 """
@@ -19,7 +20,7 @@ import jax
 from absl import flags
 from ml_collections import config_flags
 
-from transformer import cli, metrics, plan, tasks, train
+from transformer import cli, kernels, metrics, plan, tasks, train
 from transformer.config import resolve
 from transformer.errors import ConfigError
 
@@ -31,6 +32,8 @@ _MEMORY = flags.DEFINE_float("device_memory_gib", 0.0, "Per-device memory (GiB):
 _DECODE_BATCH = flags.DEFINE_integer("decode_batch_size", 0, "Prompts in the GPT decode plan; 0: one per "
                                      "data-parallel device. -1: no decode plan.")
 _JSON = flags.DEFINE_string("json", None, "Also write the plans here as JSON (bytes per device, FLOPs per step).")
+_PLATFORM = flags.DEFINE_enum("platform", None, list(kernels.PLATFORMS), "The platform whose program is planned "
+                              "(default: this machine's): a GPU or TPU run compiles the accelerators' forms of the ops.")
 _INIT_DISTRIBUTED = cli.define_distributed_flags()
 
 
@@ -41,10 +44,13 @@ def main(argv):
     jax.config.update("jax_num_cpu_devices", _DEVICES.value)
   _INIT_DISTRIBUTED()
   run_config = resolve(_CONFIG.value, num_devices=jax.device_count())
+  lead = jax.process_index() == 0
+  say = print if lead else (lambda *_, **__: None)
+  run_config, notes = plan.for_platform(run_config, _PLATFORM.value or jax.default_backend())
+  for note in notes:
+    say(note)
   task_data = tasks.get(run_config.task).load_data(run_config)
   run = train.build(run_config, task_data)
-  lead = jax.process_index() == 0
-  say = print if lead else (lambda *_: None)
   say(f"devices: {metrics.device_summary()}\nmodel: {run.task.model_config}")
   budget = int(_MEMORY.value * plan.GIB) if _MEMORY.value else None
   plans = []
@@ -60,7 +66,9 @@ def main(argv):
       changed.task_config.check(changed, changed.mesh.data_parallel)
       return train.build(changed, task_data)
 
-    best, found = plan.largest_batch(build_run, multiple, budget)
+    say(f"searching for the largest batch that fits in {_MEMORY.value:g} GiB per device (one compile each):")
+    best, found = plan.largest_batch(build_run, multiple, budget,
+                                     report=lambda p: say(plan.candidate(p, budget), flush=True))
     plans.append(found)
     say(plan.describe(found, budget))
     if best is None:

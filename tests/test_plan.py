@@ -66,6 +66,7 @@ def test_the_batch_search_finds_the_largest_batch_that_fits(data_root, tmp_path)
   assert found["total"] <= 0.004 * 1024 ** 3
   batch = int(proc.stdout.split("--config.batch_size=")[1].split()[0])
   assert batch == found["batch"] and batch % 8 == 0
+  assert "searching for the largest batch" in proc.stdout and f"  batch {batch}: " in proc.stdout  # each candidate
   # One more row per device does not fit.
   [bigger], _ = _plan(data_root, tmp_path, "--config.mesh.fsdp=8", "--config.mesh.data=1",
                       f"--config.batch_size={batch + 8}", name="bigger")
@@ -107,3 +108,20 @@ def test_two_processes_of_four_devices_plan_like_one_of_eight(data_root, tmp_pat
     assert multi[key] == single[key], key
   assert multi["temporaries"] == pytest.approx(single["temporaries"], rel=0.05)
   assert multi["flops"] == pytest.approx(single["flops"], rel=0.01)
+
+
+def test_an_accelerator_run_is_planned_with_the_accelerators_program(data_root, tmp_path):
+  """--platform=gpu on fake CPU devices compiles what a GPU runs (the accelerators' forms of the ops,
+  transformer.kernels), not the CPU's: another program, whose memory and FLOPs differ. cuDNN
+  attention, which only a GPU compiles, is planned as XLA's, with a note instead of a traceback."""
+  mesh = ["--config.mesh.data=1", "--config.mesh.fsdp=8"]
+  [cpu], printed_cpu = _plan(data_root, tmp_path, *mesh, "--platform=cpu", name="cpu")
+  [gpu], printed_gpu = _plan(data_root, tmp_path, *mesh, "--platform=gpu", name="gpu")
+  assert "kernels='cpu'" in printed_cpu and "kernels='accelerator'" in printed_gpu
+  assert "planned for gpu: config.model.kernels=auto compiles as 'accelerator'" in printed_gpu
+  assert gpu["params"] == cpu["params"] and gpu["optimizer"] == cpu["optimizer"]  # the same state ...
+  assert gpu["temporaries"] != cpu["temporaries"]  # ... another program
+  [cudnn], printed = _plan(data_root, tmp_path, *mesh, "--platform=gpu", "--config.model.attention=cudnn",
+                           name="cudnn")
+  assert "attention=cudnn compiles on an NVIDIA GPU only: planned with attention=xla" in printed
+  assert cudnn["temporaries"] == gpu["temporaries"]

@@ -22,6 +22,10 @@ donation, accumulation and remat, compiled for the state's and one batch's shape
             count: 6·N per token + 12·L·d·T for attention (`metrics.flops_per_token`). Remat
             recomputes: "full" adds about a forward pass (~8·N against 6·N), which only XLA's count
             shows.
+
+What is compiled is the program of the platform the run is planned for (`for_platform`): the
+accelerators' forms of the ops (transformer.kernels) when a GPU or TPU run is planned on fake CPU
+devices, not the CPU's, whose memory and FLOPs differ.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer import train
+from transformer import kernels, train
 from transformer.config import RunConfig
 from transformer.errors import ConfigError
 from transformer.generation import sampling
@@ -154,14 +158,35 @@ def plan_decode(run: train.Run, batch_size: int) -> Plan:
               optimizer=0, flops=None, analytic_flops=None, compile_s=seconds)
 
 
-def largest_batch(build_run, batch_multiple: int, budget_bytes: int, limit: int = 1 << 16):
+def for_platform(run: RunConfig, platform: str) -> tuple[RunConfig, list[str]]:
+  """`run` as it compiles on `platform` (cpu, gpu or tpu), whatever devices plan it: config.model.kernels
+  "auto" becomes that platform's forms, and cuDNN attention, which only an NVIDIA GPU compiles, is
+  planned as XLA's (its memory is then an upper bound: cuDNN's flash attention keeps no T x T scores).
+  Returns the run and a line for each change."""
+  if platform not in kernels.PLATFORMS:
+    raise ConfigError(f"--platform={platform!r} is unknown; choose one of {', '.join(kernels.PLATFORMS)}")
+  model, notes = run.model, []
+  if getattr(model, "kernels", "auto") == "auto":
+    model = model.replace(kernels=kernels.for_platform(platform))
+    notes.append(f"planned for {platform}: config.model.kernels=auto compiles as {model.kernels!r}")
+  if getattr(model, "attention", None) == "cudnn" and jax.default_backend() != "gpu":
+    model = model.replace(attention="xla")
+    notes.append("attention=cudnn compiles on an NVIDIA GPU only: planned with attention=xla, whose memory is an "
+                 "upper bound (cuDNN keeps no T x T scores)")
+  return dataclasses.replace(run, model=model), notes
+
+
+def largest_batch(build_run, batch_multiple: int, budget_bytes: int, limit: int = 1 << 16, report=None):
   """The largest `batch_size` (a multiple of `batch_multiple`) whose train step fits `budget_bytes`
-  per device, by compiling plans: doubling, then bisecting. `build_run(batch_size)` makes the run.
-  Returns (batch_size, its plan) or (None, the plan of the smallest batch) when none fits."""
+  per device, by compiling plans: doubling, then bisecting. `build_run(batch_size)` makes the run;
+  `report(plan)`, when given, hears of each candidate as it is compiled. Returns (batch_size, its
+  plan) or (None, the plan of the smallest batch) when none fits."""
   plans: dict[int, Plan] = {}
 
   def fits(k: int) -> bool:
     plans[k] = plan_train(build_run(k * batch_multiple))
+    if report is not None:
+      report(plans[k])
     return plans[k].total <= budget_bytes
 
   if not fits(1):
@@ -182,6 +207,13 @@ def largest_batch(build_run, batch_multiple: int, budget_bytes: int, limit: int 
     else:
       high = mid
   return low * batch_multiple, plans[low]
+
+
+def candidate(plan: Plan, budget_bytes: int) -> str:
+  """One line for a candidate of the batch search."""
+  verdict = "fits" if plan.total <= budget_bytes else "does not fit"
+  return (f"  batch {plan.batch}: {human_bytes(plan.total)} per device, {verdict} "
+          f"(compiled in {plan.compile_s:.1f} s)")
 
 
 def human_bytes(n: float) -> str:
