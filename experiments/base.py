@@ -6,7 +6,7 @@ import dataclasses
 
 import ml_collections
 
-from transformer import config
+from transformer import tasks
 from transformer.models import gpt
 
 
@@ -28,6 +28,6 @@ def family_fields(family: str, **overrides) -> ml_collections.ConfigDict:
 
 def lm_config() -> ml_collections.ConfigDict:
   """Language modelling (config.task="lm"): a small GPT on windows of a text corpus."""
-  c = config.defaults("lm")
+  c = tasks.defaults("lm")
   c.model = model_fields("cpu-small")
   return c

@@ -13,7 +13,7 @@ most-frequent-tag baseline every run prints. Each preset trains in a few minutes
 """
 
 from experiments import base
-from transformer import config
+from transformer import tasks
 
 PRESETS = ("bilstm", "lstm", "encoder", "tiny")
 
@@ -21,7 +21,7 @@ PRESETS = ("bilstm", "lstm", "encoder", "tiny")
 def get_config(preset: str = "bilstm"):
   if preset not in PRESETS:
     raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-  c = config.defaults("tagging")
+  c = tasks.defaults("tagging")
   c.data.dataset = "brown"
   c.data.validation_fraction = 0.1
   c.data.test_fraction = 0.1

@@ -16,7 +16,7 @@ minutes on 2 CPU cores.
 """
 
 from experiments import base
-from transformer import config
+from transformer import tasks
 
 PRESETS = ("lstm", "bilstm", "encoder", "gpt", "gpt_finetune", "tiny")
 # The README main job's run: its GPT is the body `gpt_finetune` starts from.
@@ -26,7 +26,7 @@ SHAKESPEARE_RUN = "workdirs/shakespeare-char"
 def get_config(preset: str = "encoder"):
   if preset not in PRESETS:
     raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-  c = config.defaults("classification")
+  c = tasks.defaults("classification")
   c.data.dataset = "vader"
   c.data.validation_fraction = 0.1
   c.data.test_fraction = 0.1

@@ -17,7 +17,7 @@ sentences, ~19k pairs, from Debian's trans-de-en package), scored with sacreBLEU
 """
 
 from experiments import base
-from transformer import config
+from transformer import tasks
 from transformer.models import seq2seq
 
 PRESETS = ("cpu", "cpu_long", "tiny", "base", "big")
@@ -26,7 +26,7 @@ PRESETS = ("cpu", "cpu_long", "tiny", "base", "big")
 def get_config(preset: str = "cpu"):
   if preset not in PRESETS:
     raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-  c = config.defaults("translation")  # 4096-token batches, label smoothing 0.1, beam 4 (TranslationConfig)
+  c = tasks.defaults("translation")  # 4096-token batches, label smoothing 0.1, beam 4 (TranslationConfig)
   c.data.dataset = "ding_de_en"
   c.data.tokenizer = "bpe"  # a joint source+target BPE trained on the pairs (rustbpe), or a tiktoken name
   c.data.vocab_size = 8000

@@ -21,7 +21,6 @@ from absl import flags
 from ml_collections import config_flags
 
 from transformer import cli, kernels, metrics, plan, tasks, train
-from transformer.config import resolve
 from transformer.errors import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/shakespeare.py:char",
@@ -43,7 +42,7 @@ def main(argv):
     jax.config.update("jax_platforms", "cpu")
     jax.config.update("jax_num_cpu_devices", _DEVICES.value)
   _INIT_DISTRIBUTED()
-  run_config = resolve(_CONFIG.value, num_devices=jax.device_count())
+  run_config = tasks.resolve(_CONFIG.value, num_devices=jax.device_count())
   lead = jax.process_index() == 0
   say = print if lead else (lambda *_, **__: None)
   run_config, notes = plan.for_platform(run_config, _PLATFORM.value or jax.default_backend())

@@ -8,8 +8,8 @@ import ml_collections
 import pytest
 
 from experiments import gpt2, pos, sentiment, shakespeare, translation
-from transformer import config
-from transformer.config import resolve
+from transformer import config, tasks
+from transformer.tasks import resolve
 from transformer.errors import ConfigError
 from transformer.tasks.lm import LMConfig
 
@@ -51,10 +51,10 @@ def test_the_model_family_picks_the_model_config():
 
 
 def test_defaults_are_the_typed_fields_defaults():
-  c = config.defaults("lm")
+  c = tasks.defaults("lm")
   assert c.seq_len == LMConfig.seq_len and c.data.sampling == "windows" and c.sample.temperature == 0.8
   assert c.optimizer.b2 == config.OptimizerConfig.b2 and c.mesh.data == -1
-  assert "batch_tokens" in config.defaults("translation") and "batch_tokens" not in c
+  assert "batch_tokens" in tasks.defaults("translation") and "batch_tokens" not in c
 
 
 def test_derived_mesh_shape_and_data_parallel_size():

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import run_module
 from experiments import base, pos, sentiment, shakespeare
-from transformer import data, tokenizers, train
+from transformer import data, inference, tasks, tokenizers, train
 from transformer.data.prepare import _split_of
 from transformer import workdir as workdir_files
 from transformer.errors import ConfigError, DataError, TokenizerError, UserError
@@ -335,12 +335,11 @@ def _finetune_config(reviews, lm, **changes):
 
 
 def test_init_from_loads_the_pretrained_body_exactly_and_can_freeze_it(reviews, pretrained, tmp_path):
-  from transformer import inference
   lm = inference.restore(pretrained)
   c = _finetune_config(reviews, pretrained, body_lr_scale=0.0)
-  run = train.build(train.resolve(c, num_devices=1))
+  run = train.build(tasks.resolve(c, num_devices=1))
   fresh = train.init_state(run).params
-  loaded = run.task.init_params(fresh)
+  loaded = run.task.init_params(fresh, inference.restore)
   chex.assert_trees_all_equal(loaded["body"], jax.device_get(lm.params))
   chex.assert_trees_all_equal(loaded["head"], fresh["head"])  # the new head keeps its initialisation
   tokens = jnp.asarray([run.task.tokenizer.encode("the film was great")])

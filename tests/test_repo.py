@@ -1,5 +1,6 @@
 """The repository's promises: layout, packaging and that CI runs what the README says."""
 
+import ast
 import re
 import tomllib
 
@@ -29,3 +30,58 @@ def test_packaging():
   extras = project["optional-dependencies"]
   assert "cuda13" in extras["cuda"][0] and "tpu" in extras["tpu"][0]
   assert {"pytest", "chex", "hypothesis", "papermill", "ipykernel"} <= {re.split(r"[<>=]", d)[0] for d in extras["test"]}
+
+
+def _library_imports() -> tuple[dict[str, set[str]], list[str]]:
+  """The library's modules -> the library modules each imports (`from transformer.x import y` counts
+  as transformer.x.y where that is a module), and every import of the library inside a function."""
+  files = {}
+  for path in (REPO / "transformer").rglob("*.py"):
+    parts = path.relative_to(REPO).with_suffix("").parts
+    files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+  graph, local = {}, []
+  for name, path in files.items():
+    tree = ast.parse(path.read_text())
+    targets = set()
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Import):
+        targets |= {a.name for a in node.names}
+      elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+        targets |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in files else node.module
+                    for a in node.names}
+    graph[name] = {t for t in targets if t in files and t != name}
+    for function in ast.walk(tree):
+      if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        local += [f"{name}.{function.name}" for node in ast.walk(function)
+                  if isinstance(node, (ast.Import, ast.ImportFrom)) and "transformer" in ast.unparse(node)]
+  return graph, local
+
+
+def test_the_library_has_no_import_cycle_and_no_import_inside_a_function():
+  """The modules import each other as a DAG (each can be read knowing only what it imports), and no
+  function imports the library to dodge a cycle."""
+  graph, local = _library_imports()
+  assert len(graph) > 40 and graph["transformer.tasks"] >= {"transformer.tasks.lm", "transformer.config"}
+  done, path = set(), []
+
+  def visit(module):
+    if module in path:
+      raise AssertionError("import cycle: " + " -> ".join(path[path.index(module):] + [module]))
+    if module not in done:
+      path.append(module)
+      for imported in sorted(graph[module]):
+        visit(imported)
+      path.pop()
+      done.add(module)
+
+  for module in sorted(graph):
+    visit(module)
+  assert local == []
+
+
+def test_no_module_of_the_library_names_a_cpu_model():
+  """Measurements and the machines they were made on live in the results pages, not in the code."""
+  pattern = re.compile(r"\b(Zen ?\d|EPYC|Xeon|Ryzen|Core i\d)\b")
+  named = [f"{p.relative_to(REPO)}: {m.group(0)}" for p in (REPO / "transformer").rglob("*.py")
+           for m in pattern.finditer(p.read_text())]
+  assert named == []

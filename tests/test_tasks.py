@@ -103,7 +103,7 @@ def registered():
 
 
 def _copy_config(steps: int):
-  c = config.defaults("copy")
+  c = tasks.defaults("copy")
   c.model = base.model_fields("cpu-tiny", context_length=16, d_model=64, num_heads=4)
   c.num_train_steps = steps
   c.eval_every_steps = c.checkpoint_every_steps = steps // 2

@@ -16,7 +16,7 @@ import pytest
 from conftest import nontrivial_png, run_module
 from experiments import translation as translation_experiment
 from transformer import assets, checkpoints, inference, metrics, optim, tokenizers, train
-from transformer.config import resolve
+from transformer.tasks import resolve
 from transformer.generation import beam_search
 from transformer.data import pipeline
 from transformer.errors import UserError

@@ -1,9 +1,10 @@
 """The run's configuration, resolved once.
 
 Experiments write an `ml_collections.ConfigDict` (experiments/*.py) and the command line overrides
-any field of it (`--config.optimizer.lr=3e-4`). At the top of a run, `resolve` turns that dict into
-typed, frozen pieces, checks every value before anything is built, and computes what derives from
-it (the mesh shape and the data-parallel size); modules then receive the piece they need:
+any field of it (`--config.optimizer.lr=3e-4`). At the top of a run, `tasks.resolve` turns that dict
+into typed, frozen pieces (`resolve_for` here, with the task that config.task names), checks every
+value before anything is built, and computes what derives from it (the mesh shape and the
+data-parallel size); modules then receive the piece they need:
 
   RunConfig
     task         config.task: which registered task trains (transformer.tasks)
@@ -213,13 +214,12 @@ class RunConfig:
     return self.model
 
 
-def resolve(config: ml_collections.ConfigDict, *, num_devices: int | None = None) -> RunConfig:
-  """The ConfigDict as a checked RunConfig. With `num_devices` (training), the mesh is fitted to that
-  many devices and the task's batch sizes are checked against the data-parallel size; without
-  (restoring a trained model elsewhere), only what does not depend on devices is checked."""
-  from transformer import tasks  # the registry imports the task modules, which import this one
-  task_name = config.get("task", "lm")
-  task_cls = tasks.get(task_name)
+def resolve_for(task_cls, config: ml_collections.ConfigDict, *, num_devices: int | None = None) -> RunConfig:
+  """The ConfigDict as a checked RunConfig of the task class `task_cls` (what config.task names:
+  `tasks.resolve` looks it up). With `num_devices` (training), the mesh is fitted to that many
+  devices and the task's batch sizes are checked against the data-parallel size; without (restoring
+  a trained model elsewhere), only what does not depend on devices is checked."""
+  task_name = task_cls.name
   used: set[str] = {"task", "model.family"}
   loop = _read(LoopConfig, config, "", used)
   optimizer = _read(OptimizerConfig, config, "optimizer.", used)
@@ -276,11 +276,10 @@ def _diff(old, new, prefix: str, may_change: tuple, fixed: list, allowed: list) 
       (allowed if changeable else fixed).append(f"{key}={b!r} (the run's: {a!r})")
 
 
-def defaults(task: str) -> ml_collections.ConfigDict:
-  """The ConfigDict of every field's default for `task`: what experiments start from."""
-  from transformer import tasks
-  task_cls = tasks.get(task)
-  c = ml_collections.ConfigDict({"task": task})
+def defaults_for(task_cls) -> ml_collections.ConfigDict:
+  """The ConfigDict of every field's default for the task class `task_cls` (`tasks.defaults` looks it
+  up by name): what experiments start from."""
+  c = ml_collections.ConfigDict({"task": task_cls.name})
   for piece, prefix in ((LoopConfig(), ""), (OptimizerConfig(), "optimizer."), (MeshConfig(), "mesh."),
                         (DataConfig(), "data."), (task_cls.model_config_class(None)(vocab_size=0), "model."),
                         (task_cls.Config(), "")):

@@ -20,7 +20,7 @@ from absl import logging
 from transformer import checkpoints, sharding, tasks
 from transformer import workdir as workdir_files
 from transformer.config import MeshConfig, RunConfig
-from transformer.errors import CheckpointError, ConfigError
+from transformer.errors import CheckpointError, ConfigError, UserError, WorkdirError
 from transformer.models import seq2seq
 from transformer.tokenizers import CONFIG_FILE, load_tokenizer
 
@@ -67,6 +67,20 @@ def _on_this_machine(run: RunConfig, tokenizer, labels=None):
     return fitted, task, mesh, abstract
 
 
+def saved_run(workdir: Path) -> RunConfig | None:
+  """The config a workdir's run was started with, resolved (None for a new workdir)."""
+  config_dict = workdir_files.saved_config_dict(workdir)
+  if config_dict is None:
+    return None
+  try:
+    return tasks.resolve(config_dict)
+  except UserError as e:  # a field this version does not know
+    raise ConfigError(f"{workdir / workdir_files.CONFIG} is not a config this version can resume: {e}") from None
+  except ValueError as e:  # a value of the wrong type
+    raise WorkdirError(f"{workdir / workdir_files.CONFIG} is unreadable ({e}); restore it, or use another "
+                       f"--workdir") from None
+
+
 def restore(workdir: str | Path, step: str | int = "latest", task: str | None = None, average: int = 1) -> Trained:
   """The params of a workdir's checkpoint `step` ("latest": the newest readable one; "best" by the
   task's evaluation metric, e.g. validation loss or dev BLEU; or a number), sharded over this
@@ -81,7 +95,7 @@ def restore(workdir: str | Path, step: str | int = "latest", task: str | None = 
   if missing:
     raise CheckpointError(f"{workdir} is not a training workdir: looked for {', '.join(missing)} "
                           f"(launch.train writes them); check the --workdir path")
-  run = workdir_files.saved_config(workdir)
+  run = saved_run(workdir)
   if task is not None and run.task != task:
     raise CheckpointError(f"{workdir} holds a {run.task!r} model, not a {task!r} one; use python -m "
                           f"{tasks.get(run.task).program}")

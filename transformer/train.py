@@ -36,9 +36,9 @@ from absl import logging
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
-from transformer import checkpoints, data, metrics, optim, sharding, tasks
+from transformer import checkpoints, data, inference, metrics, optim, sharding, tasks
 from transformer import workdir as workdir_files
-from transformer.config import LoopConfig, RunConfig, resolve
+from transformer.config import LoopConfig, RunConfig
 from transformer.errors import TrainingError, WorkdirError
 
 
@@ -283,7 +283,7 @@ def train_and_evaluate(config_dict: ml_collections.ConfigDict, workdir: str | Pa
 
   Nothing in an existing workdir is written before the launch is known to fit it (the lock, the
   saved config and data, the checkpoints' shapes: transformer.workdir)."""
-  config = resolve(config_dict, num_devices=jax.device_count())  # every check, before anything is built
+  config = tasks.resolve(config_dict, num_devices=jax.device_count())  # every check, before anything is built
   workdir = Path(workdir)
   lead = jax.process_index() == 0
   lock = _lock(workdir, lead)
@@ -296,7 +296,7 @@ def train_and_evaluate(config_dict: ml_collections.ConfigDict, workdir: str | Pa
 
 def _train(config: RunConfig, workdir: Path, lead: bool) -> dict:
   loop = config.loop
-  changes = workdir_files.check_config(workdir, config)
+  changes = workdir_files.check_config(workdir, config, inference.saved_run(workdir))
   task_data = tasks.get(config.task).load_data(config)  # prepared again if its files changed (sha256)
   fingerprint = task_data.fingerprint if isinstance(task_data, data.Prepared) else None
   workdir_files.check_data(workdir, fingerprint)
@@ -322,7 +322,7 @@ def _train(config: RunConfig, workdir: Path, lead: bool) -> dict:
     print(f"resumed from {ckpt.directory} at step {start_step}")
   else:
     state = init_state(run)
-    params = task.init_params(state.params)  # e.g. a pretrained body (config.init_from)
+    params = task.init_params(state.params, inference.restore)  # e.g. a pretrained body (config.init_from)
     if params is not state.params:
       state = state.replace(params=jax.device_put(params, run.state_shardings.params))
   if lead:  # the launch fits the workdir: now it may write

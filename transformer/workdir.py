@@ -29,8 +29,8 @@ from pathlib import Path
 import ml_collections
 from absl import logging
 
-from transformer.config import RunConfig, resolve, resume_changes, to_config_dict
-from transformer.errors import ConfigError, DataError, UserError, WorkdirError
+from transformer.config import RunConfig, resume_changes, to_config_dict
+from transformer.errors import ConfigError, DataError, WorkdirError
 
 CONFIG = "config.json"
 DATA = "data.json"
@@ -98,23 +98,22 @@ def _alive(pid) -> bool:
   return True
 
 
-def saved_config(workdir: Path) -> RunConfig | None:
-  """The config a workdir's run was started with (None for a new workdir)."""
+def saved_config_dict(workdir: Path) -> ml_collections.ConfigDict | None:
+  """The ConfigDict a workdir's run was started with, unresolved (None for a new workdir): what
+  `tasks.resolve` makes the run's RunConfig of (`inference.saved_run`)."""
   path = workdir / CONFIG
   if not path.exists():
     return None
   try:
-    return resolve(ml_collections.ConfigDict(json.loads(path.read_text())))
-  except ValueError as e:  # a torn file (JSONDecodeError), or a field this version does not know
-    if isinstance(e, UserError):
-      raise ConfigError(f"{path} is not a config this version can resume: {e}") from None
+    return ml_collections.ConfigDict(json.loads(path.read_text()))
+  except ValueError as e:  # a torn file (JSONDecodeError)
     raise WorkdirError(f"{path} is unreadable ({e}); restore it, or use another --workdir") from None
 
 
-def check_config(workdir: Path, run: RunConfig) -> list[str]:
-  """Refuses a launch whose config differs from the workdir's run in what may not change on resume,
-  listing every such value; returns the changes that may happen (e.g. more steps, another mesh)."""
-  saved = saved_config(workdir)
+def check_config(workdir: Path, run: RunConfig, saved: RunConfig | None) -> list[str]:
+  """Refuses a launch whose config differs from the workdir's run (`saved`, None for a new workdir) in
+  what may not change on resume, listing every such value; returns the changes that may happen (e.g.
+  more steps, another mesh)."""
   if saved is None:
     return []
   fixed, allowed = resume_changes(saved, run)

@@ -23,10 +23,12 @@ decoding:
 """
 
 
+from transformer.models.encoder import EncoderConfig
+from transformer.models.gpt import GPTConfig
+from transformer.models.lstm import LSTMConfig
+from transformer.models.seq2seq import Seq2SeqConfig
+
+
 def families() -> dict[str, type]:
   """config.model.family -> its model config class."""
-  from transformer.models.encoder import EncoderConfig
-  from transformer.models.gpt import GPTConfig
-  from transformer.models.lstm import LSTMConfig
-  from transformer.models.seq2seq import Seq2SeqConfig
   return {c.family: c for c in (GPTConfig, Seq2SeqConfig, EncoderConfig, LSTMConfig)}

@@ -7,10 +7,17 @@
 
 The interface every task implements is `Task` (tasks/base.py). Adding one is a module with a
 `Task` subclass plus one line below; `register` adds one from outside the package (e.g. a test).
+
+A run's ConfigDict names its task (config.task, default "lm"), so it is resolved here, where the
+tasks are known: `resolve(config)` gives the typed, checked RunConfig (transformer.config), and
+`defaults(name)` the ConfigDict an experiment starts from.
 """
 
 from __future__ import annotations
 
+import ml_collections
+
+from transformer.config import RunConfig, defaults_for, resolve_for
 from transformer.errors import ConfigError
 from transformer.tasks.base import Task
 from transformer.tasks.classification import Classification
@@ -40,4 +47,16 @@ def get(name: str) -> type[Task]:
   return TASKS[name]
 
 
-__all__ = ["Classification", "LanguageModel", "TASKS", "Tagging", "Task", "Translation", "get", "register"]
+def resolve(config: ml_collections.ConfigDict, *, num_devices: int | None = None) -> RunConfig:
+  """The ConfigDict as a checked RunConfig of the task it names (`config.resolve_for`). With
+  `num_devices` (training), the mesh is fitted to that many devices; see resolve_for."""
+  return resolve_for(get(config.get("task", "lm")), config, num_devices=num_devices)
+
+
+def defaults(task: str) -> ml_collections.ConfigDict:
+  """The ConfigDict of every field's default for the task named `task`: what experiments start from."""
+  return defaults_for(get(task))
+
+
+__all__ = ["Classification", "LanguageModel", "TASKS", "Tagging", "Task", "Translation", "defaults", "get",
+           "register", "resolve"]

@@ -21,7 +21,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from transformer import sharding
+from transformer import models, sharding
 from transformer.config import RunConfig
 from transformer.errors import ConfigError, DataError
 
@@ -67,7 +67,6 @@ class Task(abc.ABC):
   @classmethod
   def model_config_class(cls, family: str | None) -> type:
     """The model config class of config.model.family=`family` (None: the task's default)."""
-    from transformer import models
     family = family or cls.families[0]
     if family not in cls.families:
       raise ConfigError(f"--config.model.family={family!r} cannot be trained by config.task={cls.name!r}; choose "
@@ -91,9 +90,10 @@ class Task(abc.ABC):
   def load_files(self, workdir: Path) -> None:
     """Reads back what `save_files` wrote, when a model is restored from `workdir`."""
 
-  def init_params(self, params):
+  def init_params(self, params, restore):
     """The params a new run starts from: `params` (freshly initialised) unless the task loads some
-    from elsewhere (a pretrained body: config.init_from)."""
+    from elsewhere (a pretrained body: config.init_from), e.g. from a trained workdir through
+    `restore` (`inference.restore`, which the loop hands over)."""
     return params
 
   def update_scale(self):

@@ -23,9 +23,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from transformer import metrics
+from transformer import metrics, tokenizers
+from transformer import workdir as workdir_files
 from transformer.config import RunConfig, check_positive
 from transformer.errors import ConfigError, DataError
+from transformer.models.hf_gpt2 import import_hf_gpt2
 from transformer.tasks.base import Task
 
 
@@ -181,7 +183,6 @@ class LabelledTask(Task):
 
   def encode_texts(self, texts: list[str]) -> list[list[int]]:
     """Token ids of each text (a character vocabulary folds what it lacks: tokenizers.fit_text)."""
-    from transformer import tokenizers
     out = []
     for i, text in enumerate(texts):
       if not text.strip():
@@ -197,24 +198,23 @@ class LabelledTask(Task):
       return None
     return lambda params: {k: jax.tree.map(lambda _: scale if k == "body" else 1.0, v) for k, v in params.items()}
 
-  def init_params(self, params):
+  def init_params(self, params, restore):
     if not self.config.init_from:
       return params
-    pretrained = load_pretrained_body(self.config.init_from, self.model_config, self.tokenizer)
+    pretrained = load_pretrained_body(self.config.init_from, self.model_config, self.tokenizer, restore)
     return {**params, "body": fit_body(pretrained, params["body"], self.config.init_from)}
 
 
-def load_pretrained_body(path: str, model_config, tokenizer) -> dict:
+def load_pretrained_body(path: str, model_config, tokenizer, restore) -> dict:
   """The body params of a pretrained model at `path`: a training workdir of this codebase (its
-  latest checkpoint: a GPT or LSTM language model, or another classifier/tagger's body) or a Hugging
-  Face GPT-2 directory. Its tokenizer must be the one this run's data was tokenized with."""
-  from transformer import inference, tokenizers
-  from transformer import workdir as workdir_files
+  latest checkpoint through `restore`, i.e. `inference.restore`: a GPT or LSTM language model, or
+  another classifier/tagger's body) or a Hugging Face GPT-2 directory. Its tokenizer must be the one
+  this run's data was tokenized with."""
   directory = Path(path).expanduser()
   if (directory / workdir_files.CONFIG).exists():
     theirs = tokenizers.load_tokenizer(directory / workdir_files.TOKENIZER)
     _check_same_tokenizer(theirs, tokenizer, path)
-    trained = inference.restore(directory)
+    trained = restore(directory)
     if trained.run.model.family != model_config.family:
       raise ConfigError(f"--config.init_from={path} holds a {trained.run.model.family} model, but "
                         f"--config.model.family={model_config.family}; use the same family")
@@ -225,7 +225,6 @@ def load_pretrained_body(path: str, model_config, tokenizer) -> dict:
   if model_config.family != "gpt":
     raise ConfigError(f"--config.init_from={path} is not a training workdir (no {workdir_files.CONFIG}); a Hugging "
                       f"Face directory holds GPT-2 weights, for --config.model.family=gpt")
-  from transformer.models.hf_gpt2 import import_hf_gpt2
   if tokenizer.name != "gpt2":
     raise ConfigError(f"--config.init_from={path} is GPT-2, which reads gpt2 tokens; set --config.data.tokenizer=gpt2 "
                       f"(this run's data is tokenized with {tokenizer.name})")
