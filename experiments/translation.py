@@ -4,7 +4,7 @@ sentences, ~19k pairs, from Debian's trans-de-en package), scored with sacreBLEU
   python -m launch.train --config=experiments/translation.py:cpu  --workdir=workdirs/de-en  # 2 CPU cores, 8-10 min
   python -m launch.train --config=experiments/translation.py:cpu_long --workdir=workdirs/de-en-long  # ~45 min
   python -m launch.train --config=experiments/translation.py:tiny --workdir=/tmp/tiny-mt    # seconds: smoke test
-  python -m launch.train --config=experiments/translation.py:base --workdir=workdirs/base   # the paper's base, accelerator
+  python -m launch.train --config=experiments/translation.py:base --workdir=workdirs/base  # paper's base, accelerator
   python -m launch.translate --workdir=workdirs/de-en --sentence="Ich habe keine Zeit."
 
   --config.data.direction=en-de           the other way

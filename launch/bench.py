@@ -36,8 +36,8 @@ from experiments import shakespeare
 from transformer import benchmark, cli, layers, metrics, optim, train
 from transformer.config import OptimizerConfig
 from transformer.generation import sampling
-from transformer.tasks.lm import lm_loss
 from transformer.models import gpt
+from transformer.tasks.lm import lm_loss
 
 _WHAT = flags.DEFINE_enum("what", "vs_hf", ["forward", "generate", "train", "profile", "profile_generate", "vs_hf",
                                            "vs_torch", "mechanisms", "ceilings"], "Which benchmark.")

@@ -7,7 +7,8 @@ time against abstract arrays, and prints per-device memory and FLOPs per step (t
 
 --devices=N plans on N fake CPU devices (no accelerator needed: nothing is allocated); without it,
 on this machine's devices. --platform=gpu|tpu plans the program that platform runs (its forms of the
-ops, transformer.kernels), also on fake CPU devices; the default is this machine's platform. Every --config.* override of launch.train works here; the data is
+ops, transformer.kernels), also on fake CPU devices; the default is this machine's platform.
+Every --config.* override of launch.train works here; the data is
 prepared as for training (the tokenizer, and a classifier's classes, come from it). Multi-host: run
 it in every process with launch.train's --coordinator_address/--num_processes/--process_id.
 """
@@ -32,7 +33,8 @@ _DECODE_BATCH = flags.DEFINE_integer("decode_batch_size", 0, "Prompts in the GPT
                                      "data-parallel device. -1: no decode plan.")
 _JSON = flags.DEFINE_string("json", None, "Also write the plans here as JSON (bytes per device, FLOPs per step).")
 _PLATFORM = flags.DEFINE_enum("platform", None, list(kernels.PLATFORMS), "The platform whose program is planned "
-                              "(default: this machine's): a GPU or TPU run compiles the accelerators' forms of the ops.")
+                              "(default: this machine's): a GPU or TPU run compiles the accelerators' forms of the "
+                              "ops.")
 _INIT_DISTRIBUTED = cli.define_distributed_flags()
 
 

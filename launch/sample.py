@@ -18,8 +18,8 @@ import sys
 from absl import flags
 
 from transformer import cli
-from transformer.generation import sampling
 from transformer.errors import UserError
+from transformer.generation import sampling
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir (launch.train's --workdir).")
 _STEP = flags.DEFINE_string("step", "latest", "With --workdir: 'latest', 'best' (lowest validation loss) "

@@ -36,6 +36,7 @@ def kill_at_commit(step: str) -> None:
 
 def nan_at_steps(steps: str) -> None:
   import jax.numpy as jnp
+
   from transformer import train
   bad = jnp.array([int(s) for s in steps.split(",")])
   train_step = train.train_step

@@ -10,14 +10,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from test_seq2seq import CFG, SRC, TGT, VALID, _params
 from transformer import tokenizers
 from transformer.errors import UserError
 from transformer.generation import beam_search
-from transformer.kernels import decode_threads
 from transformer.generation.common import until_stop
+from transformer.kernels import decode_threads
 from transformer.models import seq2seq
 from transformer.models.seq2seq import Transformer
+
+from test_seq2seq import CFG, SRC, TGT, VALID, _params
 
 
 @pytest.fixture(scope="module")

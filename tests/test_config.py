@@ -9,8 +9,8 @@ import pytest
 
 from experiments import gpt2, pos, sentiment, shakespeare, translation
 from transformer import config, tasks
-from transformer.tasks import resolve
 from transformer.errors import ConfigError
+from transformer.tasks import resolve
 from transformer.tasks.lm import LMConfig
 
 # sentiment:gpt_finetune reads the main job's run, which a fresh clone has not made (below).

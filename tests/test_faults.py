@@ -13,8 +13,9 @@ import time
 import numpy as np
 import pytest
 
-from conftest import REPO, run_module
 from transformer import metrics
+
+from conftest import REPO, run_module
 
 TINY = ["--config=experiments/shakespeare.py:tiny", "--config.sample.max_new_tokens=0"]
 # 60 steps, a checkpoint every 10 and a validation loss every 20: the run every fault interrupts.

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from conftest import REPO
 from transformer.errors import CheckpointError
-from transformer.models.hf_gpt2 import export_hf_gpt2, import_hf_gpt2
 from transformer.models.gpt import GPT
+from transformer.models.hf_gpt2 import export_hf_gpt2, import_hf_gpt2
+
+from conftest import REPO
 
 FIXTURES = REPO / "tests" / "fixtures"
 NAMES = ["gpt2_tiny_a", "gpt2_tiny_b"]

@@ -5,23 +5,26 @@ BiLSTM baselines, through the tasks and the launch programs."""
 import shutil
 
 import chex
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
-from conftest import run_module
 from experiments import base, pos, sentiment, shakespeare
 from transformer import data, inference, tasks, tokenizers, train
-from transformer.data.prepare import _split_of
 from transformer import workdir as workdir_files
+from transformer.data.prepare import _split_of
 from transformer.errors import ConfigError, DataError, TokenizerError, UserError
 from transformer.models import classifier
 from transformer.models.encoder import EncoderConfig
 from transformer.models.gpt import GPT, GPTConfig
+from transformer.models.hf_gpt2 import export_hf_gpt2
 from transformer.models.lstm import LSTMConfig, LSTMLanguageModel
 from transformer.tasks import labelled, tagging
+
+from conftest import run_module
 
 BODIES = {
     "encoder": EncoderConfig(vocab_size=40, max_len=16, num_layers=2, num_heads=2, d_model=32, d_mlp=64,
@@ -362,6 +365,26 @@ def test_init_from_refuses_other_shapes_and_other_tokens(reviews, pretrained, tm
   with pytest.raises(ConfigError, match="was trained on other tokens"):
     train.train_and_evaluate(_finetune_config(reviews, pretrained, data__tokenizer="word", data__vocab_size=500),
                              tmp_path / "w2")
+
+
+def test_init_from_a_hugging_face_gpt2_directory(reviews, tmp_path):
+  """init_from a Hugging Face GPT-2 directory (model.safetensors + config.json, here a small
+  random-weight one written by export_hf_gpt2): the body starts from exactly those weights, read
+  with the gpt2 tokenizer; another tokenizer is refused by name."""
+  gpt2_like = GPTConfig(vocab_size=50257, context_length=64, num_layers=2, num_heads=2, d_model=32)
+  weights = nn.unbox(GPT(gpt2_like).init(jax.random.key(7), jnp.zeros((1, 8), jnp.int32))["params"])
+  export_hf_gpt2(gpt2_like, weights, tmp_path / "hf")
+  fields = {f"model__{name}": getattr(gpt2_like, name) for name in ("context_length", "num_layers", "num_heads",
+                                                                    "d_model")}
+  c = _classify_config(reviews)
+  c.model = base.model_fields("cpu-tiny")
+  c = _set(c, **fields, init_from=str(tmp_path / "hf"), data__tokenizer="gpt2", max_len=32)
+  run = train.build(tasks.resolve(c, num_devices=1))
+  fresh = train.init_state(run).params
+  loaded = run.task.init_params(fresh, inference.restore)
+  chex.assert_trees_all_close(loaded["body"], jax.device_get(weights), atol=0)
+  with pytest.raises(ConfigError, match="is GPT-2, which reads gpt2 tokens; set --config.data.tokenizer=gpt2"):
+    train.train_and_evaluate(_set(c, data__tokenizer="word", data__vocab_size=500), tmp_path / "w")
 
 
 @pytest.fixture(scope="module")

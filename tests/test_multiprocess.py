@@ -8,8 +8,9 @@ import sys
 
 import numpy as np
 
-from conftest import REPO, run_module
 from transformer import metrics
+
+from conftest import REPO, run_module
 
 ARGS = ["--config=experiments/shakespeare.py:tiny", "--config.sample.max_new_tokens=0",
         "--config.num_train_steps=8", "--config.log_every_steps=1", "--config.eval_every_steps=8",

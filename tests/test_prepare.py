@@ -6,6 +6,7 @@ import pytest
 from transformer import data
 from transformer.data import PrepareOptions, sources
 from transformer.errors import DataError
+
 from conftest import run_module
 
 

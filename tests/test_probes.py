@@ -9,13 +9,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import nontrivial_png, run_module
 from transformer import probes
+from transformer.errors import UserError
 from transformer.layers import stack_layers
 from transformer.models.gpt import GPT, GPTConfig
 from transformer.models.seq2seq import Seq2SeqConfig, Transformer
-from transformer.errors import UserError
 from transformer.tokenizers import get_tokenizer
+
+from conftest import nontrivial_png, run_module
 
 TEXT = "Harry stood at the edge of the Forbidden Forest."
 OTHER = "Prince Harry delivered a heartfelt speech at a gala."

@@ -2,7 +2,10 @@
 
 import ast
 import re
+import subprocess
+import sys
 import tomllib
+from pathlib import Path
 
 from conftest import REPO
 
@@ -85,3 +88,11 @@ def test_no_module_of_the_library_names_a_cpu_model():
   named = [f"{p.relative_to(REPO)}: {m.group(0)}" for p in (REPO / "transformer").rglob("*.py")
            for m in pattern.finditer(p.read_text())]
   assert named == []
+
+
+def test_the_linter_is_clean():
+  """ruff, configured in pyproject.toml, finds nothing (CI runs it too, before the tests)."""
+  ruff = Path(sys.executable).with_name("ruff")
+  proc = subprocess.run([str(ruff), "check", "transformer", "launch", "experiments", "tests"], cwd=REPO,
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stdout[-3000:]

@@ -7,12 +7,13 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import run_module
 from experiments import shakespeare
 from transformer import inference, tokenizers, train
 from transformer.generation import sampling as sampler
-from transformer.models.hf_gpt2 import export_hf_gpt2, import_hf_gpt2
 from transformer.models.gpt import GPT, GPTConfig
+from transformer.models.hf_gpt2 import export_hf_gpt2, import_hf_gpt2
+
+from conftest import run_module
 
 
 @pytest.fixture(scope="module")

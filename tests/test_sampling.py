@@ -12,11 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import REPO
 from transformer.errors import ConfigError
 from transformer.generation import sampling as sampler
 from transformer.generation.sampling import Sampling
 from transformer.models.gpt import GPT, GPTConfig
+
+from conftest import REPO
 
 CFG = GPTConfig(vocab_size=96, context_length=48, num_layers=2, num_heads=4, d_model=32, tie_embeddings=False)
 PROMPTS = [[5, 17, 3, 80, 41, 2, 9], [60], list(range(10, 31)), [33, 34]]

@@ -5,7 +5,8 @@ import sys
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from transformer.errors import TokenizerError
 from transformer.tokenizers import EOT, get_tokenizer, load_tokenizer

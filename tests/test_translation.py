@@ -13,15 +13,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import nontrivial_png, run_module
 from experiments import translation as translation_experiment
 from transformer import assets, checkpoints, inference, metrics, optim, tokenizers, train
-from transformer.tasks import resolve
-from transformer.generation import beam_search
 from transformer.data import pipeline
 from transformer.errors import UserError
+from transformer.generation import beam_search
 from transformer.models import seq2seq
+from transformer.tasks import resolve
 from transformer.tasks.translation import translation_loss
+
+from conftest import nontrivial_png, run_module
 
 # Seed 004's example, and a few like it.
 PAIRS = [
@@ -355,7 +356,7 @@ def test_fuzzy_matches_are_read_in_training_evaluation_and_launch_translate(tmp_
   task = train.build(resolve(config, num_devices=1)).task
   eot = task.tokenizer.eot_id
   # Every source: the sentence, <eot>, then at most 12 tokens of another training pair's target.
-  for split, pairs in task._pairs.items():
+  for _split, pairs in task._pairs.items():
     for source, _ in pairs:
       ends = np.flatnonzero(source == eot)
       assert len(ends) == 1 and len(source) - ends[0] - 1 <= 12 and len(source) <= 36

@@ -24,8 +24,8 @@ import sys
 import tarfile
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from absl import logging
 
@@ -62,7 +62,7 @@ class Asset:
   source: str  # where it comes from, for people
   license: str
   # Writes `filename` into the staging directory it is given; raises AssetError on failure.
-  fetch_into: Callable[["Asset", Path], None]
+  fetch_into: Callable[[Asset, Path], None]
 
 
 def _run(asset: Asset, cmd: list[str], cwd: Path) -> None:

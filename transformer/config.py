@@ -37,7 +37,6 @@ import ml_collections
 from transformer import data, sharding
 from transformer.errors import ConfigError, UserError
 
-
 ALL = ("*",)  # `may_change` of a config piece whose every field may change when a run resumes
 
 
@@ -135,7 +134,7 @@ class MeshConfig:
   def sizes(self) -> dict:
     return {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
 
-  def fitted(self, num_devices: int) -> "MeshConfig":
+  def fitted(self, num_devices: int) -> MeshConfig:
     """This mesh on `num_devices` devices: its shape with -1 filled in, and the data-parallel size."""
     shape = sharding.mesh_shape(self.sizes(), num_devices)
     data_parallel = sharding.data_parallel_size(dict(zip(sharding.MESH_AXES, shape)), self.rules)

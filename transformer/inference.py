@@ -35,7 +35,7 @@ class Trained:
   step: int
   run: RunConfig
   averaged: tuple[int, ...] = ()  # the steps whose params were averaged into `params`, if any
-  members: tuple["Trained", ...] = ()  # restore_ensemble's members, each as `restore` gave it
+  members: tuple[Trained, ...] = ()  # restore_ensemble's members, each as `restore` gave it
 
   @property
   def model(self):

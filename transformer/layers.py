@@ -20,11 +20,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer.errors import ConfigError
 from transformer.kernels import attention as fast_attention
 from transformer.kernels import check as check_kernels
 from transformer.kernels import forms as kernel_forms
 from transformer.kernels import projection as fast_projection
-from transformer.errors import ConfigError
 
 ATTENTION_IMPLEMENTATIONS = ("einsum", "xla", "cudnn")
 # How self-attention scores are made (Tay et al. 2020, "Synthesizer"): query-key dot products, or
@@ -398,11 +398,9 @@ class MultiHeadAttention(nn.Module):
     """Writes this call's T keys and/or values at the cache index; returns the whole cache by name:
     keys B x H x K x S, values B x H x S x K (CACHE_LAYOUTS). The layouts the products read, so that
     writing a step's keys and values is the only copy (with B x S x H x K, XLA:CPU copied the whole
-    cache at every step: 40% of the main job's generation at batch 32). Keys: positions last, so that
-    a new token's scores run along contiguous rows (keys B x H x S x K: main-job shape batch 1 0.95x,
-    the rest within 1%). Values: positions third, so that a step writes K contiguous numbers per
-    head instead of K numbers S apart (against values B x H x K x S, greedy decoding: main-job shape
-    batch 1 ~1.1x, batch 8 and 32 ~1.02x, cpu-small ~1.01x)."""
+    cache at every step). Keys: positions last, so that a new token's scores run along contiguous
+    rows. Values: positions third, so that a step writes K contiguous numbers per head instead of K
+    numbers S apart. (What each layout gained: launch/BENCHMARKS.md.)"""
     initialising = not self.has_variable("cache", "index")
     arrays = {name: x.transpose([_WRITTEN_AXES.index(axis) for axis in CACHE_LAYOUTS[name]])
               for name, x in arrays_BxTxHxK.items()}

@@ -15,7 +15,8 @@ import math
 import flax.linen as nn
 import jax
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from transformer.errors import ConfigError
 

@@ -25,12 +25,12 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import re
+import shutil
 import tempfile
 import unicodedata
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 import rustbpe
@@ -157,7 +157,7 @@ class CharTokenizer(Tokenizer):
     self.special_tokens = {EOT: self.eot_id}
 
   @classmethod
-  def from_corpus(cls, texts: Iterable[str]) -> "CharTokenizer":
+  def from_corpus(cls, texts: Iterable[str]) -> CharTokenizer:
     seen: set[str] = set()
     for t in texts:
       seen.update(t)
@@ -225,7 +225,7 @@ class WordTokenizer(Tokenizer):
     self.special_tokens = {UNK: self.unk_id, EOT: self.eot_id}
 
   @classmethod
-  def from_corpus(cls, texts: Iterable[str], vocab_size: int, lowercase: bool = False) -> "WordTokenizer":
+  def from_corpus(cls, texts: Iterable[str], vocab_size: int, lowercase: bool = False) -> WordTokenizer:
     """The `vocab_size - 2` most frequent words of `texts` (ties: the first seen), <|unk|>, <|endoftext|>."""
     if vocab_size < 3:
       raise TokenizerError(f"word vocab_size must be at least 3 (a word, <|unk|>, <|endoftext|>), got {vocab_size}")
@@ -363,7 +363,8 @@ def train_bpe(texts: Iterable[str], vocab_size: int, *, pattern: str | None = No
 
 def _dump_ranks(ranks: dict[bytes, int], path: Path) -> None:
   # The .tiktoken format: `base64(token) rank` per line (tiktoken's own dump needs blobfile).
-  lines = (f"{base64.b64encode(token).decode()} {rank}\n" for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]))
+  by_rank = sorted(ranks.items(), key=lambda kv: kv[1])
+  lines = (f"{base64.b64encode(token).decode()} {rank}\n" for token, rank in by_rank)
   path.write_text("".join(lines))
 
 

@@ -18,8 +18,8 @@ matched against all of them, so the model never sees its own reference in its in
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import scipy.sparse
@@ -96,7 +96,7 @@ class TranslationMemory:
                max_df=np.asarray(self.max_df))
 
   @classmethod
-  def load(cls, path: Path) -> "TranslationMemory":
+  def load(cls, path: Path) -> TranslationMemory:
     try:
       with np.load(path) as z:
         split = lambda key: np.split(z[key], np.cumsum(z[f"{key[:-1]}_lengths"])[:-1])

@@ -31,8 +31,8 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import jax
 import numpy as np
@@ -41,8 +41,8 @@ from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from transformer import tokenizers
-from transformer.errors import DataError
 from transformer.data.sources import Source, read_text, records
+from transformer.errors import DataError
 
 SPLITS = ("train", "validation", "test")
 LEXICON = "lexicon"  # the training-only pairs of a lexicon source, when one was prepared
@@ -307,7 +307,7 @@ def prepare(source: Source, out_dir: str | os.PathLike, options: PrepareOptions 
 
 
 def ensure_prepared(source: Source, out_dir: str | os.PathLike, options: PrepareOptions,
-                    lexicon: Source | None = None) -> "Prepared":
+                    lexicon: Source | None = None) -> Prepared:
   """`source` prepared into `out_dir`, now if it is not already (`prepare` reuses an identical
   preparation and redoes a different one), then loaded. In a multi-process run process 0 writes and
   the others wait for it."""

@@ -19,8 +19,8 @@ import os
 import re
 import shutil
 import tarfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 from transformer import assets
 from transformer.errors import DataError

@@ -21,7 +21,7 @@ this stops the loop, never the <eos>.
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from collections.abc import Sequence
 
 import flax
 import flax.linen as nn
@@ -31,8 +31,15 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from transformer.errors import ConfigError
-from transformer.generation.common import (batch_rows, check_token_lists, empty_cache, pad_rows, put_on_mesh,
-                                           round_up, until_stop)
+from transformer.generation.common import (
+  batch_rows,
+  check_token_lists,
+  empty_cache,
+  pad_rows,
+  put_on_mesh,
+  round_up,
+  until_stop,
+)
 from transformer.kernels import decode_threads
 from transformer.kernels import forms as kernel_forms
 from transformer.models.seq2seq import Transformer

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import flax.linen as nn
 import jax
@@ -39,8 +39,16 @@ import numpy as np
 from jax.experimental import io_callback
 
 from transformer.errors import ConfigError, TokenizerError
-from transformer.generation.common import (batch_rows, check_token_lists, empty_cache, grow_cache, pad_rows,
-                                           put_on_mesh, round_up, until_stop)
+from transformer.generation.common import (
+  batch_rows,
+  check_token_lists,
+  empty_cache,
+  grow_cache,
+  pad_rows,
+  put_on_mesh,
+  round_up,
+  until_stop,
+)
 from transformer.kernels import argmax as fast_argmax
 from transformer.kernels import decode_head, decode_threads, draw
 from transformer.kernels import forms as kernel_forms
@@ -56,7 +64,7 @@ class Sampling:
   top_k: int = 0  # keep the k most likely tokens; 0: all
   top_p: float = 1.0  # keep the fewest tokens whose probability sums to >= top_p; 1: all
 
-  def check(self) -> "Sampling":
+  def check(self) -> Sampling:
     if not self.temperature >= 0:
       raise ConfigError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
     if self.top_k < 0:

@@ -18,8 +18,8 @@ tried and not kept, are in launch/BENCHMARKS.md.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from concurrent import futures
-from typing import Callable, Sequence
 
 from transformer.kernels import argmax, decode_head
 

@@ -56,10 +56,10 @@ class EncoderConfig:
   def context_length(self) -> int:  # the name every body's longest sequence goes by
     return self.max_len
 
-  def replace(self, **changes) -> "EncoderConfig":
+  def replace(self, **changes) -> EncoderConfig:
     return dataclasses.replace(self, **changes)
 
-  def check(self) -> "EncoderConfig":
+  def check(self) -> EncoderConfig:
     layers.check_model_config(self, positive=("vocab_size", "max_len", "num_layers"))
     return self
 

@@ -25,9 +25,9 @@ import jax
 import jax.numpy as jnp
 
 from transformer import layers
+from transformer.errors import ConfigError
 from transformer.kernels import decode_head
 from transformer.kernels import forms as kernel_forms
-from transformer.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,10 +62,10 @@ class GPTConfig:
         max_len=self.context_length, pre_layer_norm=True, activation="gelu_tanh",
         kernels=self.kernels)
 
-  def replace(self, **changes) -> "GPTConfig":
+  def replace(self, **changes) -> GPTConfig:
     return dataclasses.replace(self, **changes)
 
-  def check(self) -> "GPTConfig":
+  def check(self) -> GPTConfig:
     """Raises ConfigError naming the field for values that cannot work; returns self."""
     layers.check_model_config(self, positive=("vocab_size", "context_length", "num_layers"))
     return self

@@ -43,14 +43,14 @@ class LSTMConfig:
   param_dtype: str = "float32"
   kernels: str = "auto"  # faster forms of the loss and the sampler's ops (transformer.kernels)
 
-  def replace(self, **changes) -> "LSTMConfig":
+  def replace(self, **changes) -> LSTMConfig:
     return dataclasses.replace(self, **changes)
 
   @property
   def d_hidden(self) -> int:
     return self.d_model * (2 if self.bidirectional else 1)
 
-  def check(self) -> "LSTMConfig":
+  def check(self) -> LSTMConfig:
     for name in ("vocab_size", "context_length", "num_layers", "d_model"):
       if getattr(self, name) <= 0:
         raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")

@@ -74,10 +74,10 @@ class Seq2SeqConfig:
   def decoder_layers(self) -> int:
     return self.num_decoder_layers or self.num_layers
 
-  def replace(self, **changes) -> "Seq2SeqConfig":
+  def replace(self, **changes) -> Seq2SeqConfig:
     return dataclasses.replace(self, **changes)
 
-  def check(self) -> "Seq2SeqConfig":
+  def check(self) -> Seq2SeqConfig:
     """Raises ConfigError naming the field for values that cannot work; returns self."""
     layers.check_model_config(self, positive=("vocab_size", "max_len", "num_layers"))
     if self.num_decoder_layers < 0:

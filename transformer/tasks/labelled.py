@@ -211,7 +211,8 @@ def load_pretrained_body(path: str, model_config, tokenizer, restore) -> dict:
   another classifier/tagger's body) or a Hugging Face GPT-2 directory. Its tokenizer must be the one
   this run's data was tokenized with."""
   directory = Path(path).expanduser()
-  if (directory / workdir_files.CONFIG).exists():
+  # A workdir has checkpoints/ (a Hugging Face directory has a config.json too).
+  if (directory / workdir_files.CHECKPOINTS).is_dir():
     theirs = tokenizers.load_tokenizer(directory / workdir_files.TOKENIZER)
     _check_same_tokenizer(theirs, tokenizer, path)
     trained = restore(directory)
@@ -223,8 +224,8 @@ def load_pretrained_body(path: str, model_config, tokenizer, restore) -> dict:
       return params["body"]
     return params["lstm"] if model_config.family == "lstm" else params
   if model_config.family != "gpt":
-    raise ConfigError(f"--config.init_from={path} is not a training workdir (no {workdir_files.CONFIG}); a Hugging "
-                      f"Face directory holds GPT-2 weights, for --config.model.family=gpt")
+    raise ConfigError(f"--config.init_from={path} is not a training workdir (no {workdir_files.CHECKPOINTS}/); a "
+                      f"Hugging Face directory holds GPT-2 weights, for --config.model.family=gpt")
   if tokenizer.name != "gpt2":
     raise ConfigError(f"--config.init_from={path} is GPT-2, which reads gpt2 tokens; set --config.data.tokenizer=gpt2 "
                       f"(this run's data is tokenized with {tokenizer.name})")

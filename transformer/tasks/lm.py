@@ -62,7 +62,8 @@ class LMConfig:
     self.sample_options().check()
     if self.segmented and run.model.family != "gpt":
       raise ConfigError(f"--config.data.separate_documents is for GPTs (attention within a document); an "
-                        f"{run.model.family} reads a packed row as one text: set --config.data.separate_documents=False")
+                        f"{run.model.family} reads a packed row as one text: set "
+                        f"--config.data.separate_documents=False")
     accum = run.optimizer.accumulation_steps
     if self.batch_size % accum:
       raise ConfigError(f"--config.batch_size={self.batch_size} is not divisible by "
