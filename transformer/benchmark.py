@@ -74,7 +74,7 @@ def library_calls(compiled_text: str) -> dict[str, str]:
   """HLO op -> the library routine it calls (`custom_call_target`: cuBLAS products, cuDNN attention).
   A profile grouped by JAX operation alone misnames some: XLA folds the transpose that autodiff puts
   after a kernel's gradient product into the product, which then carries the transpose's name (GPT-2's
-  24 MLP kernel-gradient products, 10.5 ms of an H200 step, read as "transpose")."""
+  MLP kernel-gradient products read as "transpose": launch/BENCHMARKS.md)."""
   return _per_instruction(compiled_text, "custom_call_target")
 
 

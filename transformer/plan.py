@@ -166,7 +166,7 @@ def for_platform(run: RunConfig, platform: str) -> tuple[RunConfig, list[str]]:
   if platform not in kernels.PLATFORMS:
     raise ConfigError(f"--platform={platform!r} is unknown; choose one of {', '.join(kernels.PLATFORMS)}")
   model, notes = run.model, []
-  if getattr(model, "kernels", "auto") == "auto":
+  if model.kernels == "auto":
     model = model.replace(kernels=kernels.for_platform(platform))
     notes.append(f"planned for {platform}: config.model.kernels=auto compiles as {model.kernels!r}")
   if getattr(model, "attention", None) == "cudnn" and jax.default_backend() != "gpu":

@@ -41,7 +41,6 @@ from transformer.generation.common import (
   until_stop,
 )
 from transformer.kernels import decode_threads
-from transformer.kernels import forms as kernel_forms
 from transformer.models.seq2seq import Transformer
 
 NEG_INF = -1.0e7  # scores of impossible hypotheses; finite, so that sums stay ordered
@@ -243,9 +242,7 @@ def translate_ids(model: Transformer, params, sources: Sequence[Sequence[int]], 
         tokens = search(params, *put_on_mesh(mesh, rules, source_BxS, valid_BxS))
     return multihost_utils.process_allgather(tokens, tiled=True) if jax.process_count() > 1 else np.asarray(tokens)
 
-  threads = 1
-  if kernel_forms(cfg.kernels) == "cpu":
-    threads = decode_threads.cpu_threads(list(mesh.devices.flat) if mesh is not None else jax.devices()[:1])
+  threads = decode_threads.threads(cfg.kernels, mesh)
   for rows, best_BxL in zip(batches, decode_threads.on_threads(decode, batches, threads)):
     for r, i in enumerate(rows):
       out[i] = until_stop(best_BxL[r], eos_id)

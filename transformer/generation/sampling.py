@@ -214,16 +214,14 @@ def _forms(model) -> str:
 
 def _tied(model) -> bool:
   """Whether the model's decoding step takes the tied head (a GPT's, transformer.kernels.decode_head)."""
-  return getattr(model.config, "tie_embeddings", False) and getattr(model.config, "family", "") == "gpt"
+  return model.config.family == "gpt" and model.config.tie_embeddings
 
 
 def split_parts(model, batch_size: int, mesh) -> int:
   """Into how many parts `generate` splits a batch, each decoded by its own thread: with the CPU's
   kernels on one CPU device, one per core (transformer.kernels.decode_threads); else 1."""
-  if _forms(model) != "cpu":
-    return 1
-  devices = list(mesh.devices.flat) if mesh is not None else jax.devices()[:1]
-  return decode_threads.parts(model.config, batch_size, decode_threads.cpu_threads(devices))
+  threads = decode_threads.threads(model.config.kernels, mesh)
+  return 1 if threads == 1 else decode_threads.parts(model.config, batch_size, threads)
 
 
 def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int) -> list[list[int]]:

@@ -21,7 +21,9 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent import futures
 
-from transformer.kernels import argmax, decode_head
+import jax
+
+from transformer.kernels import argmax, decode_head, forms
 
 # XLA:CPU's options for the sampler's program.
 CPU_OPTIONS = {"xla_cpu_prefer_vector_width": 512}
@@ -41,6 +43,14 @@ def cpu_threads(devices: Sequence) -> int:
   if len(devices) > 1 or devices[0].platform != "cpu":
     return 1
   return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def threads(kernels: str, mesh) -> int:
+  """On how many threads a decoder runs its independent calls: `cpu_threads` of the mesh's devices
+  (default: the first device) with the CPU's forms (kernels.forms of config.model.kernels), else 1."""
+  if forms(kernels) != "cpu":
+    return 1
+  return cpu_threads(list(mesh.devices.flat) if mesh is not None else jax.devices()[:1])
 
 
 def parts(model_config, batch_size: int, threads: int) -> int:
