@@ -10,7 +10,8 @@ one line: the label, a tab, and every class's probability.
 
 from absl import flags
 
-from transformer import cli
+import launch
+from transformer import cli, inference
 from transformer.errors import UserError
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A classification training workdir.", required=True)
@@ -24,9 +25,8 @@ def main(argv):
   texts = cli.read_inputs(_TEXT.value, _INPUT_FILE.value, "input_file")
   if not texts:
     raise UserError("nothing to classify: give --text or --input_file")
-  from transformer import inference
-  trained = inference.restore(_WORKDIR.value, _STEP.value, task="classification")
-  probs = trained.task.classify(trained.params, texts)
+  trained = launch.restore(_WORKDIR.value, _STEP.value, task="classification")
+  probs = inference.classify(trained, texts)
   names = trained.task.labels
   for p in probs:
     print(f"{names[p.argmax()]}\t" + " ".join(f"{n}={q:.3f}" for n, q in zip(names, p)))

@@ -77,7 +77,7 @@ def main(argv):
       raise ConfigError(plan.does_not_fit(found, budget))
     say(f"the largest batch that fits in {_MEMORY.value:g} GiB per device: --config.batch_size={best} "
         f"({best // multiple} sequences per device per microbatch)")
-  if _DECODE_BATCH.value >= 0 and run_config.task == "lm" and run.task.model_config.family == "gpt":
+  if _DECODE_BATCH.value >= 0 and plan.has_sampler(run):
     decode_batch = _DECODE_BATCH.value or run_config.mesh.data_parallel
     plans.append(plan.plan_decode(run, decode_batch))
     say(plan.describe(plans[-1], budget))

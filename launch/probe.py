@@ -22,8 +22,10 @@ from pathlib import Path
 
 from absl import flags
 
-from transformer import cli
+from transformer import cli, inference, probes, tokenizers
 from transformer.errors import UserError
+from transformer.models.gpt import GPT
+from transformer.models.hf_gpt2 import import_hf_gpt2
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir (launch.train's --workdir).")
 _STEP = flags.DEFINE_string("step", "latest", "With --workdir: 'latest', 'best' or a step number.")
@@ -43,21 +45,13 @@ def load():
   if (_WORKDIR.value is None) == (_HF.value is None):
     raise UserError("give exactly one of --workdir (a training run) or --hf (GPT-2 safetensors)")
   if _WORKDIR.value:
-    from transformer import inference
     trained = inference.restore(_WORKDIR.value, _STEP.value)
     return trained.model, trained.params, trained.tokenizer, f"{_WORKDIR.value} step {trained.step}"
-  from transformer import tokenizers
-  from transformer.models.gpt import GPT
-  from transformer.models.hf_gpt2 import import_hf_gpt2
   config, params = import_hf_gpt2(_HF.value)
   return GPT(config), params, tokenizers.get_tokenizer(_TOKENIZER.value), _HF.value
 
 
 def compare(model, params, tokenizer, texts: list[str]) -> None:
-  from transformer import probes
-  from transformer.models.gpt import GPT
-  if not isinstance(model, GPT):
-    raise UserError("--compare follows a word through a GPT's layers; this workdir holds another model")
   if _WORD.value is None or len(texts) < 2:
     raise UserError("--compare needs --word and at least two --text")
   similarity_LxNxN = probes.similarity_by_layer(model, params, tokenizer, texts, _WORD.value)
@@ -74,8 +68,6 @@ def compare(model, params, tokenizer, texts: list[str]) -> None:
 
 def main(argv):
   del argv
-  from transformer import probes
-  from transformer.models.seq2seq import Transformer
   texts = list(_TEXT.value)
   if not texts:
     raise UserError("give a --text to probe")
@@ -85,12 +77,9 @@ def main(argv):
     compare(model, params, tokenizer, texts)
     return
   for i, text in enumerate(texts):
-    target = _TARGET.value
-    if isinstance(model, Transformer) and target is None:
-      from transformer.generation import beam_search
-      [target] = beam_search.translate_texts(model, params, tokenizer, [text], beam_size=1)
-      print(f"translation (greedy): {target}")
-    inside = probes.look_inside(model, params, tokenizer, text, target=target)
+    inside = probes.look_inside(model, params, tokenizer, text, target=_TARGET.value)
+    if inside.translation is not None:
+      print(f"translation (greedy): {inside.translation}")
     out = Path(_OUT.value) / str(i + 1) if len(texts) > 1 else Path(_OUT.value)
     for path in probes.write_pictures(inside, tokenizer, out):
       print(path)

@@ -17,9 +17,12 @@ import sys
 
 from absl import flags
 
-from transformer import cli
+import launch
+from transformer import cli, tokenizers
 from transformer.errors import UserError
 from transformer.generation import sampling
+from transformer.models.gpt import GPT
+from transformer.models.hf_gpt2 import import_hf_gpt2
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir (launch.train's --workdir).")
 _STEP = flags.DEFINE_string("step", "latest", "With --workdir: 'latest', 'best' (lowest validation loss) "
@@ -53,13 +56,9 @@ def load():
   if (_WORKDIR.value is None) == (_HF.value is None):
     raise UserError("give exactly one of --workdir (a training run) or --hf (GPT-2 safetensors)")
   if _WORKDIR.value:
-    from transformer import inference
-    trained = inference.restore(_WORKDIR.value, _STEP.value, task="lm")
+    trained = launch.restore(_WORKDIR.value, _STEP.value, task="lm")
     return (trained.model, trained.params, trained.tokenizer, trained.mesh, trained.rules,
             f"{_WORKDIR.value} step {trained.step}")
-  from transformer import tokenizers
-  from transformer.models.gpt import GPT
-  from transformer.models.hf_gpt2 import import_hf_gpt2
   config, params = import_hf_gpt2(_HF.value)
   return GPT(config), params, tokenizers.get_tokenizer(_TOKENIZER.value), None, (), _HF.value
 

@@ -9,7 +9,8 @@ one line of `word/TAG` (words and punctuation as the word tokenizer splits them)
 
 from absl import flags
 
-from transformer import cli
+import launch
+from transformer import cli, inference
 from transformer.errors import UserError
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A tagging training workdir.", required=True)
@@ -23,9 +24,8 @@ def main(argv):
   texts = cli.read_inputs(_TEXT.value, _INPUT_FILE.value, "input_file")
   if not texts:
     raise UserError("nothing to tag: give --text or --input_file")
-  from transformer import inference
-  trained = inference.restore(_WORKDIR.value, _STEP.value, task="tagging")
-  for tagged in trained.task.tag(trained.params, texts):
+  trained = launch.restore(_WORKDIR.value, _STEP.value, task="tagging")
+  for tagged in inference.tag(trained, texts):
     print(" ".join(f"{word}/{tag}" for word, tag in tagged))
 
 

@@ -16,14 +16,14 @@ other seeds: transformer.inference.restore_ensemble); --step and --average apply
 sacreBLEU BLEU and chrF to stderr: how an ensemble, an average or another decoding is scored.
 """
 
-import contextlib
 import sys
-from pathlib import Path
 
 from absl import flags
 
-from transformer import cli
+import launch
+from transformer import cli, inference, metrics
 from transformer.errors import UserError
+from transformer.generation import beam_search
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A translation training workdir (launch.train's --workdir).",
                                required=True)
@@ -50,21 +50,19 @@ def main(argv):
   if bool(sentences) == bool(_SPLIT.value):
     raise UserError("nothing to translate: give --sentence or --input_file" if not sentences else
                     "--split translates the run's data: give it without --sentence and --input_file")
-  from transformer import inference
-  from transformer.generation import beam_search
   if _ENSEMBLE.value:
     trained = inference.restore_ensemble([_WORKDIR.value, *_ENSEMBLE.value], _STEP.value, average=_AVERAGE.value)
     which = f"+ {len(_ENSEMBLE.value)} more workdir(s), an ensemble"
   else:
-    trained = inference.restore(_WORKDIR.value, _STEP.value, task="translation", average=_AVERAGE.value)
+    trained = launch.restore(_WORKDIR.value, _STEP.value, task="translation", average=_AVERAGE.value)
     which = f"steps {list(trained.averaged)} averaged" if trained.averaged else f"step {trained.step}"
   references = None
   if _SPLIT.value:
-    pairs = _split_pairs(trained, _WORKDIR.value, _SPLIT.value)
+    pairs = inference.split_pairs(trained, _WORKDIR.value, _SPLIT.value)
     sources, references = [s for s, _ in pairs], [trained.tokenizer.decode(t) for _, t in pairs]
   else:
     # The ids the model reads (with data.fuzzy_match_tokens: each sentence followed by its fuzzy match).
-    sources = trained.task.sources(sentences)
+    sources = inference.translation_sources(trained, sentences)
   print(f"# {_WORKDIR.value} {which} ({trained.task.direction}): "
         f"{len(sources)} sentence(s), beam {_BEAM_SIZE.value}, alpha {_ALPHA.value}", file=sys.stderr)
   no_repeat_ngram = trained.task.config.eval.no_repeat_ngram if _NO_REPEAT_NGRAM.value < 0 else _NO_REPEAT_NGRAM.value
@@ -76,25 +74,9 @@ def main(argv):
   texts = [trained.tokenizer.decode(ids) for ids in translations]
   print("\n".join(texts))
   if references is not None:
-    from transformer import metrics
     scores = metrics.corpus_scores(texts, references)
     print(f"# {_SPLIT.value} split, {len(texts)} pairs: BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f} "
           f"(sacreBLEU {scores['bleu_signature']})", file=sys.stderr)
-
-
-def _split_pairs(trained, workdir: str, split: str) -> list:
-  """(source ids, target ids) of a split of the run's data, prepared now if it is not on this machine.
-  Data whose files changed since the run was trained is refused, as resuming it is: its splits are
-  other sentences, and a data set prepared again may hold another tokenizer's ids."""
-  from transformer import tasks
-  from transformer import workdir as workdir_files
-  task_class = tasks.get(trained.run.task)
-  with contextlib.redirect_stdout(sys.stderr):  # what preparing and the task print; stdout is the translations
-    task_data = task_class.load_data(trained.run)
-    workdir_files.check_data(Path(workdir), task_data.fingerprint,
-                             f"its {split} split is no longer the one the run was scored on, and may be in another "
-                             "tokenizer's ids. Restore the files, or translate the sentences with --input_file")
-    return task_class(trained.run, trained.tokenizer, trained.mesh, task_data).pairs(split)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,6 @@ class Copy(tasks.Task):
   Config = CopyConfig
   families = ("gpt",)
   data_kind = "synthetic"
-  program = "launch.sample"
 
   @classmethod
   def load_data(cls, run):  # no files: the data is made on the fly, the tokenizer is fixed
@@ -135,7 +134,7 @@ def test_a_registered_task_trains_resumes_and_restores_through_the_shared_loop(t
   out = sampling.generate(trained.model, trained.params, prompts, max_new_tokens=6,
                           sampling=sampling.Sampling(temperature=0), stop_id=tok.eot_id)
   assert [tok.decode(o) for o in out] == ["31415", "27182"]
-  with pytest.raises(Exception, match=r"holds a 'copy' model, not a 'lm' one; use python -m launch.sample"):
+  with pytest.raises(inference.WrongTaskError, match=r"holds a 'copy' model \(config.task\), not a 'lm' one"):
     inference.restore(tmp_path / "w", task="lm")
 
 

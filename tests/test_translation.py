@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import launch
 from experiments import translation as translation_experiment
 from transformer import assets, checkpoints, inference, metrics, optim, tokenizers, train
 from transformer.data import pipeline
@@ -370,7 +371,7 @@ def test_fuzzy_matches_are_read_in_training_evaluation_and_launch_translate(tmp_
   restored = inference.restore(tmp_path / "w", task="translation")
   assert restored.task.memory is not None and len(restored.task.memory.sources) == len(task._pairs["train"])
   sentences = [row[0] for row in rows[1:4]]
-  for got, (want, _) in zip(restored.task.sources(sentences), task._pairs["test"]):
+  for got, (want, _) in zip(inference.translation_sources(restored, sentences), task._pairs["test"]):
     np.testing.assert_array_equal(got, want)
   result = run_module("launch.translate", f"--workdir={tmp_path / 'w'}", "--beam_size=2",
                       *[f"--sentence={s}" for s in sentences])
@@ -429,8 +430,11 @@ def test_launch_translate_errors(trained, args, message):
 
 def test_workdirs_of_the_other_task_are_refused_by_name(trained):
   root, _, _ = trained
-  with pytest.raises(UserError, match=r"holds a 'translation' model, not a 'lm' one; use python -m launch.translate"):
+  with pytest.raises(inference.WrongTaskError, match=r"holds a 'translation' model \(config.task\), not a 'lm' one"):
     inference.restore(root / "w", task="lm")
+  # The launch programs name the one that can (the library names none).
+  with pytest.raises(UserError, match=r"not a 'lm' one; use python -m launch.translate"):
+    launch.restore(str(root / "w"), "latest", task="lm")
 
 
 @pytest.mark.parametrize("changes,message", [

@@ -1,28 +1,46 @@
-"""A trained model restored from a training workdir, for sampling, translation and evaluation: the
-params of one checkpoint (no optimizer state), the tokenizer, and the task that says what the model
-is, on this machine's devices.
+"""Using a trained model: restoring one from a training workdir (the params of one checkpoint or the
+mean of several, no optimizer state; the tokenizer; and the task that says what the model is, on
+this machine's devices), ensembles, and what the launch programs ask of each kind of model.
 
     >>> trained = restore("workdirs/shakespeare-char", step="best")
     >>> sampling.generate(trained.model, trained.params, ...)
+    >>> classify(restore("workdirs/sentiment-encoder"), ["A gorgeous, witty film."])  # (1, classes)
+
+The tasks hold what training needs; what only a trained model's user needs (labelling new texts,
+tagging them, reading sentences as a translation model does, scoring a split of the run's data) is
+here, one function each.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import sys
 from pathlib import Path
 from typing import Any
 
 import flax.linen as nn
 import jax
+import numpy as np
 from absl import logging
 
-from transformer import checkpoints, sharding, tasks
+from transformer import checkpoints, sharding, tasks, tokenizers
 from transformer import workdir as workdir_files
 from transformer.config import MeshConfig, RunConfig
-from transformer.errors import CheckpointError, ConfigError, UserError, WorkdirError
+from transformer.errors import CheckpointError, ConfigError, DataError, UserError, WorkdirError
+from transformer.generation import beam_search
 from transformer.models import seq2seq
+from transformer.tasks import labelled
 from transformer.tokenizers import CONFIG_FILE, load_tokenizer
+
+
+class WrongTaskError(CheckpointError):
+  """A workdir holds another task's model than the caller can use (`restore(task=...)`)."""
+
+  def __init__(self, workdir: Path, found: str, wanted: str):
+    super().__init__(f"{workdir} holds a {found!r} model (config.task), not a {wanted!r} one")
+    self.found, self.wanted = found, wanted
 
 
 @dataclasses.dataclass
@@ -87,7 +105,7 @@ def restore(workdir: str | Path, step: str | int = "latest", task: str | None = 
   machine's devices with the run's logical axis rules (on the run's mesh when it fits them, else
   data-parallel: any run restores on any machine). `average` > 1: the mean of the params of that
   many checkpoints, up to and including `step`. `task` (a config.task name), when given, is what
-  the caller can use: another one is an error naming the program that can."""
+  the caller can use: another one is a `WrongTaskError`."""
   workdir = Path(workdir)
   files = {"config": workdir / workdir_files.CONFIG, "tokenizer": workdir / workdir_files.TOKENIZER,
            "checkpoints": workdir / workdir_files.CHECKPOINTS}
@@ -97,8 +115,7 @@ def restore(workdir: str | Path, step: str | int = "latest", task: str | None = 
                           f"(launch.train writes them); check the --workdir path")
   run = saved_run(workdir)
   if task is not None and run.task != task:
-    raise CheckpointError(f"{workdir} holds a {run.task!r} model, not a {task!r} one; use python -m "
-                          f"{tasks.get(run.task).program}")
+    raise WrongTaskError(workdir, run.task, task)
   run, trained_task, mesh, abstract = _on_this_machine(run, load_tokenizer(files["tokenizer"]),
                                                        workdir_files.saved_labels(workdir))
   trained_task.load_files(workdir)
@@ -109,6 +126,16 @@ def restore(workdir: str | Path, step: str | int = "latest", task: str | None = 
   steps = ckpt.steps_to_average(chosen, average)
   return Trained(trained_task, ckpt.average_params(steps, abstract), trained_task.tokenizer, mesh, chosen, run,
                  averaged=tuple(steps))
+
+
+def mean_of_last(workdir: str | Path, count: int, like) -> tuple[list[int], Any]:
+  """(steps, the mean of their params) of the last `count` checkpoints in `workdir` (fewer when fewer
+  were saved), each leaf shaped and sharded as in `like` (a params tree of arrays). Averaging the
+  last checkpoints is what "Attention Is All You Need" scores (the last 5)."""
+  ckpt = checkpoints.Checkpointer(Path(workdir) / workdir_files.CHECKPOINTS, read_only=True)
+  steps = ckpt.steps()[-count:]
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like)
+  return steps, ckpt.average_params(steps, abstract)
 
 
 def _restore_params(ckpt: checkpoints.Checkpointer, step: str | int, abstract) -> tuple[int, Any]:
@@ -168,3 +195,60 @@ def restore_ensemble(workdirs, step: str | int = "latest", average: int = 1) -> 
   task = copy.copy(first.task)  # the first member's task (its tokenizer, sources, scoring), decoding the ensemble
   task.model = seq2seq.Ensemble(tuple(m.task.model_config for m in members))
   return Trained(task, params, first.tokenizer, first.mesh, first.step, first.run, first.averaged, members)
+
+
+# --- What each kind of trained model does for its launch program. ---
+
+
+def classify(trained: Trained, texts: list[str]) -> np.ndarray:
+  """Class probabilities (N, C) of `texts` by a classifier (cut to max_len tokens, as in training);
+  the classes are `trained.task.labels`."""
+  task, max_len = trained.task, trained.task.config.max_len
+  examples = [(ids[:max_len], 0) for ids in task.encode_texts(texts)]
+  batches = labelled.fixed_batches(examples, max_len, False, task.config.eval_batch_size)
+  return task.probabilities(trained.params, batches)[:len(texts)]
+
+
+def tag(trained: Trained, texts: list[str]) -> list[list[tuple[str, str]]]:
+  """(word, tag) for every word of each text by a tagger (words as tokenizers.split_words cuts them);
+  a text longer than max_len tokens is tagged in rows of max_len, as training cut sentences."""
+  task, L = trained.task, trained.task.config.max_len
+  rows, spans = [], []
+  for i, text in enumerate(texts):
+    words = tokenizers.split_words(text)
+    if not words:
+      raise DataError(f"text {i + 1} is empty; give some words to tag")
+    ids, firsts = tokenizers.word_pieces(task.tokenizer, words)
+    spans.append((words, firsts, len(rows)))
+    rows += [(np.asarray(ids[s:s + L], np.int32), np.zeros(min(L, len(ids) - s), np.int32))
+             for s in range(0, len(ids), L)]
+  probs = task.probabilities(trained.params, labelled.fixed_batches(rows, L, True, task.config.eval_batch_size))
+  out = []
+  for words, firsts, row in spans:
+    best = [int(probs[row + f // L][f % L].argmax()) for f in firsts]
+    out.append([(w, task.labels[b]) for w, b in zip(words, best)])
+  return out
+
+
+def translation_sources(trained: Trained, texts: list[str]) -> list[np.ndarray]:
+  """Sentences -> the token ids a translation model reads: with fuzzy matches
+  (data.fuzzy_match_tokens), each followed by its match from the run's translation memory."""
+  task = trained.task
+  ids = [task.tokenizer.encode(t.strip()) for t in texts]
+  if task.memory is None:
+    return ids  # beam_search.translate_ids checks them
+  ids = beam_search.check_sources(ids, task.config.max_len - 1, task.model_config.vocab_size)
+  return task.with_matches([np.asarray(s, np.int32) for s in ids])
+
+
+def split_pairs(trained: Trained, workdir: str | Path, split: str) -> list:
+  """(source ids, target ids) of a split of a translation run's data, prepared now if it is not on
+  this machine. Data whose files changed since the run was trained is refused, as resuming it is:
+  its splits are other sentences, and a data set prepared again may hold another tokenizer's ids."""
+  task_class = tasks.get(trained.run.task)
+  with contextlib.redirect_stdout(sys.stderr):  # what preparing and the task print; stdout is for results
+    task_data = task_class.load_data(trained.run)
+    workdir_files.check_data(Path(workdir), task_data.fingerprint,
+                             f"its {split} split is no longer the one the run was scored on, and may be in another "
+                             "tokenizer's ids. Restore the files, or translate the sentences with --input_file")
+    return task_class(trained.run, trained.tokenizer, trained.mesh, task_data).pairs(split)

@@ -42,6 +42,7 @@ from transformer import kernels, train
 from transformer.config import RunConfig
 from transformer.errors import ConfigError
 from transformer.generation import sampling
+from transformer.models.gpt import GPT
 
 GIB = 1024 ** 3
 
@@ -133,13 +134,20 @@ def plan_train(run: train.Run) -> Plan:
               compile_s=seconds)
 
 
+def has_sampler(run: train.Run) -> bool:
+  """Whether the run trains a model that the KV-cache sampler decodes (a GPT language model), whose
+  decoding `plan_decode` plans."""
+  return isinstance(run.task.model, GPT)
+
+
 def plan_decode(run: train.Run, batch_size: int) -> Plan:
   """Compiles the KV-cache sampler (`sampling.jitted_sampler`) of a GPT for `batch_size` prompts
   of one prompt bucket, generating up to the full context: the params and the cache it fills."""
   task, rules = run.task, run.config.mesh.rules
-  context = getattr(task.model_config, "context_length", None)
-  if task.model_config.family != "gpt" or context is None:
-    raise ConfigError(f"the decode plan is of a GPT's sampler; this run's model is a {task.model_config.family}")
+  if not has_sampler(run):
+    raise ConfigError(f"the decode plan is of a GPT language model's sampler; this run's model is a "
+                      f"{type(task.model).__name__}")
+  context = task.model_config.context_length
   dp = run.config.mesh.data_parallel
   if batch_size % dp:
     raise ConfigError(f"--decode_batch_size={batch_size} is not divisible by the data-parallel size {dp}")

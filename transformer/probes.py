@@ -25,6 +25,7 @@ import numpy as np
 
 from transformer import layers
 from transformer.errors import UserError
+from transformer.generation import beam_search
 from transformer.models.gpt import GPT
 from transformer.models.seq2seq import Transformer
 
@@ -41,6 +42,7 @@ class Inside:
   source_tokens: list[str] = dataclasses.field(default_factory=list)
   cross_attention_LxHxTxS: np.ndarray | None = None
   encoder_attention_LxHxSxS: np.ndarray | None = None
+  translation: str | None = None  # the model's own greedy translation, probed when no target was given
 
   def lens_top(self, k: int = 3, tokenizer=None) -> list[list[list[tuple[str, float]]]]:
     """Per layer, per position: the k most likely next tokens of the logit lens, with probabilities."""
@@ -77,14 +79,19 @@ def gpt_output_logits(model: GPT, params, x_BxTxD) -> jax.Array:
 
 
 def look_inside(model, params, tokenizer, text: str, *, target: str | None = None) -> Inside:
-  """One text through a GPT (or, with `target`, a source sentence and its translation through an
-  encoder-decoder): attention, residual stream, logit lens, output."""
+  """One text through a GPT, or a source sentence and its translation through an encoder-decoder
+  (`target`, or else the model's greedy translation, kept in `Inside.translation`): attention,
+  residual stream, logit lens, output."""
   params = nn.unbox(params)
   if not isinstance(model, (GPT, Transformer)):
     raise UserError(f"probes read the attention and residual stream of a GPT or an encoder-decoder; this is a "
                     f"{type(model).__name__}")
   if isinstance(model, Transformer):
-    return _look_inside_seq2seq(model, params, tokenizer, text, target or "")
+    if target is not None:
+      return _look_inside_seq2seq(model, params, tokenizer, text, target)
+    [translation] = beam_search.translate_texts(model, params, tokenizer, [text], beam_size=1)
+    return dataclasses.replace(_look_inside_seq2seq(model, params, tokenizer, text, translation),
+                               translation=translation)
   ids = tokenizer.encode(text) or [tokenizer.eot_id]
   _check_vocabulary(ids, model.config.vocab_size)
   if len(ids) > model.config.context_length:
@@ -140,6 +147,8 @@ def word_position(tokenizer, text: str, word: str) -> int:
 
 def contextual_embeddings(model: GPT, params, tokenizer, texts: list[str], word: str) -> np.ndarray:
   """N x (L + 1) x D: the residual stream at `word` (its last token) in each text, at every layer."""
+  if not isinstance(model, GPT):
+    raise UserError(f"contextual embeddings follow a word through a GPT's layers; this is a {type(model).__name__}")
   rows = []
   for text in texts:
     inside = look_inside(model, params, tokenizer, text)

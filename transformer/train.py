@@ -412,7 +412,8 @@ def _train(config: RunConfig, workdir: Path, lead: bool) -> dict:
         metrics.plot_losses(workdir / "metrics.jsonl", workdir / "loss.png", title=f"{workdir.name} ({task.name})",
                             curves=task.curves)
       ckpt.wait()  # the final checkpoint is on disk: a task may read it (checkpoint averaging)
-      final = task.finish(state.params, workdir)  # e.g. a sample; test BLEU
+      final = task.finish(state.params, workdir,  # e.g. a sample; test BLEU
+                          lambda count: inference.mean_of_last(workdir, count, state.params))
       if final:
         writer.write(steps, {k: v for k, v in final.items() if not isinstance(v, str)})
   finally:

@@ -1,5 +1,6 @@
-"""The task interface: everything `train_and_evaluate`, `inference.restore` and the launch programs
-need of a task, and nothing they may ask about which task it is.
+"""The task interface: everything `train_and_evaluate` and `inference.restore` need of a task, and
+nothing they may ask about which task it is. What only a trained model's user needs (labelling,
+tagging, translating new texts) is in transformer.inference.
 
 A task owns what differs between problems: its config fields, its model, the loss, the training
 batches and their position (saved with each checkpoint), evaluation and the end-of-run output. The
@@ -47,7 +48,6 @@ class Task(abc.ABC):
   # the default.
   families: ClassVar[tuple[str, ...]]
   data_kind: ClassVar[str]  # what config.data is prepared as: "text" | "pairs" | ... (transformer.data)
-  program: ClassVar[str]  # the launch program that uses a trained model, e.g. "launch.sample"
   # The evaluation metric that picks the best checkpoint (kept beside the last ones; `--step=best`),
   # and whether "min" or "max" is best.
   best_metric: ClassVar[tuple[str, str]] = ("val_loss", "min")
@@ -178,6 +178,8 @@ class Task(abc.ABC):
     """One line for the log from `evaluate`'s result."""
     return f"validation loss {result['val_loss']:.4f} (perplexity {result['val_perplexity']:.2f})"
 
-  def finish(self, params, workdir: Path) -> dict:
-    """The end-of-run output (a sample, test scores); its numbers go to metrics.jsonl."""
+  def finish(self, params, workdir: Path, mean_of_last) -> dict:
+    """The end-of-run output (a sample, test scores); its numbers go to metrics.jsonl.
+    `mean_of_last(count)`: (steps, the mean of their params) of the run's last `count` checkpoints
+    (`inference.mean_of_last`, which the loop hands over), for a task that scores an average."""
     return {}

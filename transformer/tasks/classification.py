@@ -84,7 +84,6 @@ class Classification(labelled.LabelledTask):
   name = "classification"
   Config = ClassificationConfig
   data_kind = "classification"
-  program = "launch.classify"
   per_token = False
 
   def __init__(self, run: RunConfig, tokenizer, mesh, data=None, labels=None):
@@ -151,7 +150,7 @@ class Classification(labelled.LabelledTask):
     return (f"validation loss {result['val_loss']:.4f}, dev accuracy {result['dev_accuracy']:.2%}, "
             f"macro-F1 {result['dev_macro_f1']:.4f}")
 
-  def finish(self, params, workdir: Path) -> dict:
+  def finish(self, params, workdir: Path, mean_of_last) -> dict:
     """Accuracy and macro-F1 on dev and test, printed as a table; the test confusion matrix as a PNG."""
     out, table = {}, {}
     for split, short in (("validation", "dev"), ("test", "test")):
@@ -169,13 +168,6 @@ class Classification(labelled.LabelledTask):
                        f"{workdir.name}: {'test' if 'test' in table else 'dev'} split")
         print(f"confusion matrix: {workdir / 'confusion_matrix.png'}")
     return out
-
-  def classify(self, params, texts: list[str]) -> np.ndarray:
-    """Class probabilities (N, C) of `texts` (cut to max_len tokens, as in training)."""
-    max_len = self.config.max_len
-    examples = [(ids[:max_len], 0) for ids in self.encode_texts(texts)]
-    batches = labelled.fixed_batches(examples, max_len, False, self.config.eval_batch_size)
-    return self.probabilities(params, batches)[:len(texts)]
 
 
 def draw_confusion(confusion: np.ndarray, names, path: Path, title: str) -> None:

@@ -118,7 +118,6 @@ class LanguageModel(Task):
   Config = LMConfig
   families = ("gpt", "lstm")
   data_kind = "text"
-  program = "launch.sample"
 
   def __init__(self, run: RunConfig, tokenizer, mesh, data=None, labels=None):
     super().__init__(run, tokenizer, mesh, data)
@@ -168,7 +167,7 @@ class LanguageModel(Task):
     return list(pipeline.lm_eval_batches(self.data, seq_len=c.seq_len, batch_size=c.eval_batch_size,
                                          num_batches=c.eval_batches))
 
-  def finish(self, params, workdir: Path) -> dict:
+  def finish(self, params, workdir: Path, mean_of_last) -> dict:
     """A sample from the trained model (config.sample), printed and written to samples.txt."""
     s = self.config.sample
     if s.max_new_tokens <= 0:

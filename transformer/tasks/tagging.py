@@ -23,7 +23,6 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from transformer import tokenizers
 from transformer.config import RunConfig, at
 from transformer.errors import ConfigError, DataError
 from transformer.models import classifier
@@ -84,7 +83,6 @@ class Tagging(labelled.LabelledTask):
   Config = TaggingConfig
   families = ("encoder", "lstm", "gpt")
   data_kind = "tagged"
-  program = "launch.tag"
   per_token = True
 
   def __init__(self, run: RunConfig, tokenizer, mesh, data=None, labels=None):
@@ -160,7 +158,7 @@ class Tagging(labelled.LabelledTask):
     default = overall.most_common(1)[0][0]
     return lambda first: np.array([best.get(int(t), default) for t in first])
 
-  def finish(self, params, workdir: Path) -> dict:
+  def finish(self, params, workdir: Path, mean_of_last) -> dict:
     """Token accuracy on dev and test beside the most-frequent-tag baseline; per-tag accuracy of the
     10 most frequent test tags."""
     guess = self.baseline()
@@ -182,23 +180,4 @@ class Tagging(labelled.LabelledTask):
       print(f"\n{self.config.tagset} tags ({len(self._tags)}); token accuracy (the baseline: each word's most "
             f"frequent training tag):\n  split    words     model  baseline\n" + "\n".join(lines)
             + f"\nper tag, the 10 most frequent ({short}):\n  tag        words  accuracy\n" + "\n".join(tag_lines))
-    return out
-
-  def tag(self, params, texts: list[str]) -> list[list[tuple[str, str]]]:
-    """(word, tag) for every word of each text (words as tokenizers.split_words cuts them)."""
-    L = self.config.max_len
-    rows, spans = [], []
-    for i, text in enumerate(texts):
-      words = tokenizers.split_words(text)
-      if not words:
-        raise DataError(f"text {i + 1} is empty; give some words to tag")
-      ids, firsts = tokenizers.word_pieces(self.tokenizer, words)
-      starts = list(range(0, len(ids), L))
-      spans.append((words, firsts, len(rows)))
-      rows += [(np.asarray(ids[s:s + L], np.int32), np.zeros(min(L, len(ids) - s), np.int32)) for s in starts]
-    probs = self.probabilities(params, labelled.fixed_batches(rows, L, True, self.config.eval_batch_size))
-    out = []
-    for words, firsts, row in spans:
-      best = [int(probs[row + f // L][f % L].argmax()) for f in firsts]
-      out.append([(w, self._tags[b]) for w, b in zip(words, best)])
     return out

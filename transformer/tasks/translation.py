@@ -13,8 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from transformer import checkpoints, metrics
-from transformer import workdir as workdir_files
+from transformer import metrics
 from transformer.config import RunConfig, at, check_positive
 from transformer.data import fuzzy, pipeline
 from transformer.data.prepare import LEXICON
@@ -131,7 +130,6 @@ class Translation(Task):
   Config = TranslationConfig
   families = ("transformer",)
   data_kind = "pairs"
-  program = "launch.translate"
   best_metric = ("dev_bleu", "max")  # what a reader sees, rather than the loss
   curves = ("dev_bleu", "dev_chrf")
   MEMORY_FILE: ClassVar[str] = "translation_memory.npz"  # the training pairs, with data.fuzzy_match_tokens
@@ -160,13 +158,14 @@ class Translation(Task):
                          for source, target in self._lexicon]
       if self.config.fuzzy_match_tokens:
         self.memory = fuzzy.TranslationMemory(self._pairs["train"])
-        self._pairs = {split: list(zip(self._with_matches([s for s, _ in pairs]), [t for _, t in pairs]))
+        self._pairs = {split: list(zip(self.with_matches([s for s, _ in pairs]), [t for _, t in pairs]))
                        for split, pairs in self._pairs.items()}
 
   # --- Fuzzy matches (config.data.fuzzy_match_tokens): the memory goes into the workdir, so that a
   # restored model reads its sources as it was trained to. ---
 
-  def _with_matches(self, sources: list) -> list[np.ndarray]:
+  def with_matches(self, sources: list) -> list[np.ndarray]:
+    """Each source followed by its fuzzy match from the translation memory."""
     return self.memory.augment(sources, self.config.fuzzy_match_tokens, self.tokenizer.eot_id)
 
   def save_files(self, workdir: Path) -> None:
@@ -187,14 +186,6 @@ class Translation(Task):
     if self.memory is None or not len(ends):
       return source, source[:0]
     return source[:ends[0]], source[ends[0] + 1:]
-
-  def sources(self, texts) -> list[np.ndarray]:
-    """Sentences -> the token ids the model reads: with fuzzy matches, each followed by its match."""
-    ids = [self.tokenizer.encode(t.strip()) for t in texts]
-    if self.memory is None:
-      return ids  # translate_ids checks them
-    ids = beam_search.check_sources(ids, self.config.max_len - 1, self.model_config.vocab_size)
-    return self._with_matches([np.asarray(s, np.int32) for s in ids])
 
   def build_model(self, model_config):
     return seq2seq.Transformer(model_config)
@@ -299,7 +290,7 @@ class Translation(Task):
     ref_text = [self.tokenizer.decode(t) for _, t in pairs]
     return {**metrics.corpus_scores(hyp_text, ref_text), "hypotheses": hyp_text, "references": ref_text}
 
-  def finish(self, params, workdir: Path) -> dict:
+  def finish(self, params, workdir: Path, mean_of_last) -> dict:
     """Greedy and beam-search BLEU/chrF on the test split (its first eval.test_sentences pairs, when
     set), printed as a table, of the final params or (eval.average_last > 1) the mean of the last
     checkpoints', beside the final params' greedy score; the translations go to
@@ -314,11 +305,8 @@ class Translation(Task):
       last = self.score(params, pairs, beam_size=1)
       result.update(test_bleu_greedy_last=last["bleu"], test_chrf_greedy_last=last["chrf"])
       scores.append(("greedy, final params", last))
-      ckpt = checkpoints.Checkpointer(workdir / workdir_files.CHECKPOINTS, read_only=True)
-      steps = ckpt.steps()[-average:]  # a short run may have saved fewer
-      average = len(steps)
-      abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params)
-      params = ckpt.average_params(steps, abstract)
+      steps, params = mean_of_last(average)
+      average = len(steps)  # a short run may have saved fewer
       print(f"test scores of the mean of the params of steps {steps}")
     greedy = self.score(params, pairs, beam_size=1)
     searched = self.score(params, pairs, beam_size=beam)
