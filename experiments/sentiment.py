@@ -50,7 +50,7 @@ def get_config(preset: str = "encoder"):
   elif preset in ("gpt", "gpt_finetune"):
     # Characters and the main job's GPT shape (4 layers, d 128, 128 positions), from scratch or
     # from that run: the comparison is pretraining alone. Reviews are cut to their first 128 characters.
-    c.model = base.model_fields("cpu-small", d_model=128, context_length=128, dropout_rate=0.1)
+    c.model = base.model_fields("cpu-small", d_model=128, max_len=128, dropout_rate=0.1)
     c.max_len = 128
     c.num_train_steps = 1000
     c.optimizer.lr = 5e-4

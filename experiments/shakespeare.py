@@ -26,7 +26,7 @@ LSTM_STEPS = 1500  # as many as fit in the GPT's 1,200 steps of training time he
 def _five_cpu_minutes(c, num_train_steps: int, eval_every_steps: int) -> None:
   """A 4-layer, 128-wide GPT on 128-token windows: ~5 minutes on a 2-core CPU (nanoGPT's CPU
   recipe for shakespeare_char is similar)."""
-  c.model = base.model_fields("cpu-small", d_model=128, context_length=128)
+  c.model = base.model_fields("cpu-small", d_model=128, max_len=128)
   c.seq_len = 128
   c.batch_size = 32
   c.num_train_steps = num_train_steps
@@ -41,7 +41,7 @@ def get_config(preset: str = "char"):
   if preset == "char" or preset in SYNTHESIZERS:
     c.data.tokenizer = "char"
     _five_cpu_minutes(c, num_train_steps=1200, eval_every_steps=300)
-    c.model.attention_mechanism = SYNTHESIZERS.get(preset, "dot_product")
+    c.model.block.attention_mechanism = SYNTHESIZERS.get(preset, "dot_product")
   elif preset == "bpe":  # ~3.4 characters a token: fewer, slower steps (the 4096-way head)
     c.data.tokenizer = "bpe"
     c.data.vocab_size = 4096
@@ -49,7 +49,7 @@ def get_config(preset: str = "char"):
   elif preset == "lstm":  # char's data and batches, an LSTM instead of the GPT, the same wall-clock
     c.data.tokenizer = "char"
     _five_cpu_minutes(c, num_train_steps=LSTM_STEPS, eval_every_steps=LSTM_STEPS // 4)
-    c.model = base.family_fields("lstm", num_layers=2, d_model=256, context_length=1024)
+    c.model = base.family_fields("lstm", num_layers=2, d_model=256, max_len=1024)
     c.optimizer.accumulation_steps = 1  # a recurrence over the time steps: its batch is its parallelism
   elif preset == "tiny":  # for tests and smoke runs
     c.data.tokenizer = "char"

@@ -54,11 +54,11 @@ def get_config(preset: str = "cpu"):
     c.optimizer.warmup_steps = 200
     if preset == "cpu":  # 8-10 minutes: 2+2 layers, a narrow MLP
       c.model.num_layers = 2
-      c.model.d_mlp = 512
+      c.model.block.d_mlp = 512
       c.num_train_steps = 4500
       c.eval_every_steps = c.checkpoint_every_steps = 1500
     else:  # under an hour: 3+3 layers, ~40 epochs, so more dropout; the mean of the last 5 checkpoints
-      c.model.dropout_rate = 0.2
+      c.model.block.dropout_rate = 0.2
       c.num_train_steps = 11000
       c.eval_every_steps = 1000
       c.checkpoint_every_steps = 500
@@ -82,6 +82,6 @@ def get_config(preset: str = "cpu"):
     c.num_train_steps = 100_000
     c.eval_every_steps = c.checkpoint_every_steps = 5000
     c.optimizer.warmup_steps = 4000
-    c.optimizer.lr = (c.model.d_model * 4000) ** -0.5
+    c.optimizer.lr = (c.model.block.d_model * 4000) ** -0.5
     c.optimizer.grad_clip_norm = 0.0
   return c

@@ -9,7 +9,7 @@ r"""Benchmarks that print tables (medians of several runs). Speed is measured he
   python -m launch.bench --what=ceilings                                      # bf16 product FLOP/s, copy GB/s
   python -m launch.bench --what=profile --train_batch=16 --seq_len=256        # the training step by XLA op
   python -m launch.bench --what=profile_generate --batch_sizes=8              # a generate call by XLA op
-  python -m launch.bench --what=mechanisms --d_model=128 --context_length=128 --vocab_size=85 \
+  python -m launch.bench --what=mechanisms --d_model=128 --max_len=128 --vocab_size=85 \
       --train_batch=32 --seq_len=128                                          # shakespeare.py:char's model
 
 --what=vs_hf runs, on one random-weight config (default: cpu-small with GPT-2's vocabulary):
@@ -33,6 +33,7 @@ import numpy as np
 from absl import flags
 
 from experiments import shakespeare
+from launch import peer_env
 from transformer import benchmark, cli, layers, metrics, optim, train
 from transformer.config import OptimizerConfig
 from transformer.generation import sampling
@@ -44,7 +45,7 @@ _WHAT = flags.DEFINE_enum("what", "vs_hf", ["forward", "generate", "train", "pro
 _PRESET = flags.DEFINE_string("preset", "cpu-small", "GPT preset (random weights).")
 _VOCAB = flags.DEFINE_integer("vocab_size", 50257, "Vocabulary size (GPT-2's by default).")
 _D_MODEL = flags.DEFINE_integer("d_model", 0, "Model width instead of the preset's (0: the preset's).")
-_CONTEXT = flags.DEFINE_integer("context_length", 0, "Context length instead of the preset's (0: the preset's).")
+_CONTEXT = flags.DEFINE_integer("max_len", 0, "Context length instead of the preset's (0: the preset's).")
 _BATCH_SIZES = flags.DEFINE_list("batch_sizes", ["1", "8"], "Batch sizes (forward, generate, train).")
 _REMAT = flags.DEFINE_list("remat_policies", ["none"], "--what=train: remat policies to try.")
 _SCAN = flags.DEFINE_list("scan_layers", ["false"], "--what=train: scan_layers values to try.")
@@ -75,15 +76,15 @@ _PEER_PYTHON = flags.DEFINE_string("peer_python", None, "A Python with torch + t
 
 
 def model_config() -> gpt.GPTConfig:
-  sizes = {k: f.value for k, f in (("d_model", _D_MODEL), ("context_length", _CONTEXT)) if f.value}
+  sizes = {k: f.value for k, f in (("d_model", _D_MODEL), ("max_len", _CONTEXT)) if f.value}
   return gpt.preset(_PRESET.value, vocab_size=_VOCAB.value, attention=_ATTENTION.value, dtype=_DTYPE.value,
                     kernels=_KERNELS.value, **sizes)
 
 
 def _header(what: str, cfg: gpt.GPTConfig) -> str:
-  return (f"{what}: {_PRESET.value} ({gpt.count_params(cfg):,} params, vocab {cfg.vocab_size}, {cfg.dtype}, "
-          f"attention={cfg.attention}, kernels={cfg.kernels}) on {jax.device_count()}x {jax.devices()[0].device_kind}, "
-          f"median of {_REPEATS.value}")
+  return (f"{what}: {_PRESET.value} ({gpt.count_params(cfg):,} params, vocab {cfg.vocab_size}, {cfg.block.dtype}, "
+          f"attention={cfg.block.attention}, kernels={cfg.kernels}) on {jax.device_count()}x "
+          f"{jax.devices()[0].device_kind}, median of {_REPEATS.value}")
 
 
 def _params(cfg):
@@ -92,7 +93,7 @@ def _params(cfg):
 
 def _serving_params(cfg):
   """Random weights cast to the compute dtype, as a server would hold them for generation."""
-  return jax.tree.map(lambda x: x.astype(cfg.dtype), _params(cfg))
+  return jax.tree.map(lambda x: x.astype(cfg.block.dtype), _params(cfg))
 
 
 def forward_seconds(cfg, params, batch: int) -> float:
@@ -167,14 +168,14 @@ def generate_table() -> str:
     row = [b, _PROMPT_LEN.value, _NEW_TOKENS.value, seconds * 1000, ms_token, b * _NEW_TOKENS.value / seconds]
     if bandwidth:
       mean_position = _PROMPT_LEN.value + _NEW_TOKENS.value / 2
-      cache_bytes = 2 * cfg.num_layers * b * mean_position * cfg.d_model * jnp.dtype(cfg.dtype).itemsize
+      cache_bytes = 2 * cfg.num_layers * b * mean_position * cfg.block.d_model * jnp.dtype(cfg.block.dtype).itemsize
       roofline_ms = (weight_bytes + cache_bytes) / bandwidth * 1000
       row += [roofline_ms, f"{roofline_ms / ms_token:.1%}"]
     rows.append(row)
   headers = ["batch", "prompt", "new", "ms/call", "ms/token", "new tokens/s"]
   if bandwidth:
     headers += ["roofline ms/token", "of roofline"]
-  note = (f"\nweights {weight_bytes / 1e6:,.0f} MB in {cfg.dtype}"
+  note = (f"\nweights {weight_bytes / 1e6:,.0f} MB in {cfg.block.dtype}"
           + (f"; roofline at {bandwidth / 1e12:.2f} TB/s (data sheet)" if bandwidth else ""))
   return (_header("KV-cache generation (greedy, prefill included)", cfg) + note + "\n"
           + benchmark.table(headers, rows))
@@ -188,7 +189,7 @@ def train_table() -> str:
   for scan in (s.lower() in ("true", "1") for s in _SCAN.value):
     for remat in _REMAT.value:
       cfg = model_config().replace(scan_layers=scan, remat_policy=remat)
-      flops_token = metrics.flops_per_token(gpt.count_params(cfg), cfg.num_layers, cfg.d_model, _SEQ_LEN.value)
+      flops_token = metrics.flops_per_token(gpt.count_params(cfg), cfg.num_layers, cfg.block.d_model, _SEQ_LEN.value)
       for b in map(int, _BATCH_SIZES.value):
         try:
           seconds = train_step_seconds(cfg, _params(cfg), b)
@@ -203,16 +204,21 @@ def train_table() -> str:
           + benchmark.table(["scan", "remat", "batch", "ms/step", "tokens/s", "TFLOP/s", "MFU"], rows))
 
 
+def _peer_shape(cfg: gpt.GPTConfig) -> dict:
+  """The model's shape as launch/torch_peer.py builds its PyTorch GPT-2."""
+  return {"vocab_size": cfg.vocab_size, "max_len": cfg.max_len, "num_layers": cfg.num_layers,
+          "num_heads": cfg.block.num_heads, "d_model": cfg.block.d_model}
+
+
 def vs_hf_table() -> str:
   cfg = model_config()
   batch_sizes = [int(b) for b in _BATCH_SIZES.value]
-  spec = {"model": {k: getattr(cfg, k) for k in ("vocab_size", "context_length", "num_layers", "num_heads",
-                                                 "d_model")},
+  spec = {"model": _peer_shape(cfg),
           "generate": {"batch_sizes": batch_sizes, "prompt_len": _PROMPT_LEN.value, "new_tokens": _NEW_TOKENS.value},
           "train": _TRAIN_BATCH.value and {"batch_size": _TRAIN_BATCH.value, "seq_len": _SEQ_LEN.value,
                                            "warmup_seconds": _TRAIN_WARMUP.value},
           "repeats": _REPEATS.value}
-  result = benchmark.run_peers(benchmark.peer_python(_PEER_PYTHON.value), spec)
+  result = peer_env.run_peers(peer_env.peer_python(_PEER_PYTHON.value), spec)
   peer = result["hf"]
   params = _params(cfg)
   rows = []
@@ -277,7 +283,7 @@ def profile_generate_table() -> str:
 # microbatches) and cpu-small with GPT-2's vocabulary. (name, preset, overrides, train batch, train
 # seq, microbatches, new tokens after a 32-token prompt)
 VS_TORCH_SHAPES = (
-    ("main job", "cpu-small", dict(d_model=128, context_length=128, vocab_size=85), 32, 128,
+    ("main job", "cpu-small", dict(d_model=128, max_len=128, vocab_size=85), 32, 128,
      shakespeare.GPT_MICROBATCHES, 96),
     ("cpu-small", "cpu-small", dict(vocab_size=50257), 16, 256, 1, 128),
 )
@@ -287,20 +293,19 @@ def vs_torch_table() -> str:
   """Ours beside the minimal PyTorch GPT and HF's GPT-2 (launch/torch_peer.py) on both shapes:
   a training step, and greedy generation at --batch_sizes; --rounds times, alternating."""
   batch_sizes = [int(b) for b in _BATCH_SIZES.value]
-  python = benchmark.peer_python(_PEER_PYTHON.value)
+  python = peer_env.peer_python(_PEER_PYTHON.value)
   rows, versions = [], ""
   for name, preset, overrides, train_batch, seq_len, microbatches, new_tokens in VS_TORCH_SHAPES:
     cfg = gpt.preset(preset, attention=_ATTENTION.value, dtype=_DTYPE.value, kernels=_KERNELS.value, **overrides)
     spec = {"peers": ["minimal", "hf"],
-            "model": {k: getattr(cfg, k) for k in ("vocab_size", "context_length", "num_layers", "num_heads",
-                                                   "d_model")},
+            "model": _peer_shape(cfg),
             "generate": {"batch_sizes": batch_sizes, "prompt_len": _PROMPT_LEN.value, "new_tokens": new_tokens},
             "train": {"batch_size": train_batch, "seq_len": seq_len, "warmup_seconds": _TRAIN_WARMUP.value},
             "repeats": _REPEATS.value}
     # seconds[(benchmark, batch)][side]: one median per round
     seconds = collections.defaultdict(lambda: collections.defaultdict(list))
     for _ in range(_ROUNDS.value):
-      peers = benchmark.run_peers(python, spec)
+      peers = peer_env.run_peers(python, spec)
       versions = f"torch {peers['torch']}, transformers {peers['transformers']}, {peers['threads']} threads"
       params = _params(cfg)
       for b in batch_sizes:
@@ -312,7 +317,7 @@ def vs_torch_table() -> str:
       cell["ours"].append(train_step_seconds(cfg, params, train_batch, seq_len, microbatches))  # donates: last
       for peer in ("minimal", "hf"):
         cell[peer].append(peers[peer]["train"])
-    shape = f"{name}: d {cfg.d_model}, {cfg.num_layers} layers, vocab {cfg.vocab_size}"
+    shape = f"{name}: d {cfg.block.d_model}, {cfg.num_layers} layers, vocab {cfg.vocab_size}"
     for (what, batch), cell in sorted(seconds.items(), key=lambda kv: (kv[0][0] != "train", kv[0][1])):
       work = batch * (seq_len if what == "train" else new_tokens)
       ours, minimal, hf = (work / float(np.median(cell[side])) for side in ("ours", "minimal", "hf"))

@@ -42,7 +42,7 @@ _STREAM = flags.DEFINE_bool("stream", False, "Print tokens as they are made (com
 _ALLOW_SPECIAL = flags.DEFINE_bool("allow_special", False, "Encode special tokens written in a prompt (e.g. "
                                    "<|endoftext|>) as such; without it such a prompt is refused.")
 _SLIDING_WINDOW = flags.DEFINE_bool("sliding_window", False, "Allow prompt + new tokens beyond the context by "
-                                    "re-reading the last context_length tokens for each new one (slow).")
+                                    "re-reading the last max_len tokens for each new one (slow).")
 
 
 def read_prompts() -> list[str]:

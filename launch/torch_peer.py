@@ -66,12 +66,12 @@ class Block(nn.Module):
 
 
 class MinimalGPT(nn.Module):
-  def __init__(self, vocab_size: int, context_length: int, num_layers: int, num_heads: int, d_model: int):
+  def __init__(self, vocab_size: int, max_len: int, num_layers: int, num_heads: int, d_model: int):
     super().__init__()
-    self.wte, self.wpe = nn.Embedding(vocab_size, d_model), nn.Embedding(context_length, d_model)
+    self.wte, self.wpe = nn.Embedding(vocab_size, d_model), nn.Embedding(max_len, d_model)
     self.h = nn.ModuleList(Block(d_model, num_heads) for _ in range(num_layers))
     self.ln_f = nn.LayerNorm(d_model)
-    self.num_heads, self.context_length = num_heads, context_length
+    self.num_heads, self.max_len = num_heads, max_len
     for name, p in self.named_parameters():  # GPT-2's init
       if name.endswith("c_proj.weight") or name.endswith("mlp_proj.weight"):
         nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * num_layers))
@@ -117,7 +117,7 @@ def train_step_fn(model, logits_of, t: dict, vocab_size: int):
 
 def hf_peer(spec: dict) -> dict:
   m, g = spec["model"], spec["generate"]
-  config = transformers.GPT2Config(vocab_size=m["vocab_size"], n_positions=m["context_length"], n_layer=m["num_layers"],
+  config = transformers.GPT2Config(vocab_size=m["vocab_size"], n_positions=m["max_len"], n_layer=m["num_layers"],
                                    n_head=m["num_heads"], n_embd=m["d_model"], resid_pdrop=0.0, embd_pdrop=0.0,
                                    attn_pdrop=0.0)
   model = transformers.GPT2LMHeadModel(config)
@@ -144,7 +144,7 @@ def hf_peer(spec: dict) -> dict:
 
 def minimal_peer(spec: dict) -> dict:
   m, g = spec["model"], spec["generate"]
-  model = MinimalGPT(m["vocab_size"], m["context_length"], m["num_layers"], m["num_heads"], m["d_model"])
+  model = MinimalGPT(m["vocab_size"], m["max_len"], m["num_layers"], m["num_heads"], m["d_model"])
   result = {"generate": {}, "train": None}
   model.eval()
   for batch in g["batch_sizes"]:

@@ -3,12 +3,14 @@ back; every bad value fails before anything is built, naming the --config. flag;
 computed once."""
 
 import dataclasses
+import json
+from pathlib import Path
 
 import ml_collections
 import pytest
 
 from experiments import gpt2, pos, sentiment, shakespeare, translation
-from transformer import config, tasks
+from transformer import config, tasks, workdir
 from transformer.errors import ConfigError
 from transformer.tasks import resolve
 from transformer.tasks.lm import LMConfig
@@ -42,7 +44,7 @@ def test_the_model_family_picks_the_model_config():
   assert type(resolve(pos.get_config("encoder")).model).__name__ == "EncoderConfig"
   c = shakespeare.get_config("char")
   c.model.family = "lstm"  # the GPT preset's fields are not an LSTM's
-  with pytest.raises(ConfigError, match=r"--config.model.attention is not a field .* \(config.model.family=.lstm.: "
+  with pytest.raises(ConfigError, match=r"--config.model.block.activation is not a field .* \(config.model.family=.lstm.: "
                                         "config.model must hold that family's fields"):
     resolve(c)
   saved = resolve(shakespeare.get_config("char"))
@@ -89,8 +91,8 @@ def _set(c, key, value):
     ("optimizer.b2", 1.0, r"--config.optimizer.b2 must be in \[0, 1\)"),
     ("optimizer.accumulation_steps", 0, "--config.optimizer.accumulation_steps must be positive"),
     ("data.validation_fraction", 1.5, r"--config.data: validation_fraction must be in \[0, 1\)"),
-    ("model.num_heads", 3, "--config.model: d_model=64 is not divisible by num_heads=3"),
-    ("model.attention", "flash", "--config.model: unknown attention implementation 'flash'"),
+    ("model.block.num_heads", 3, "--config.model: block.d_model=64 is not divisible by block.num_heads=3"),
+    ("model.block.attention", "flash", "--config.model: unknown block.attention implementation 'flash'"),
     ("data.sampling", "random", "--config.data.sampling='random' is unknown; choose one of windows, packed"),
     ("sample.temperature", -1.0, "temperature must be >= 0"),
     ("batch_size", 6, "--config.batch_size=6 is not divisible by --config.optimizer.accumulation_steps=4"),
@@ -137,10 +139,10 @@ def test_resume_changes_split_what_may_change_from_what_may_not():
   assert allowed == ["num_train_steps=99 (the run's: 40)", "optimizer.lr=0.0001 (the run's: 0.001)",
                      "mesh.fsdp=2 (the run's: 1)", "data.root='elsewhere' (the run's: 'data')",
                      "sample.temperature=0.5 (the run's: 0.8)"]
-  c.seed, c.model.d_model, c.data.tokenizer, c.seq_len = 1, 96, "gpt2", 32
+  c.seed, c.model.block.d_model, c.data.tokenizer, c.seq_len = 1, 96, "gpt2", 32
   fixed, _ = config.resume_changes(saved, resolve(c))
   assert fixed == ["seed=1 (the run's: 0)", "data.tokenizer='gpt2' (the run's: 'char')",
-                   "model.d_model=96 (the run's: 64)", "seq_len=32 (the run's: 64)"]
+                   "model.block.d_model=96 (the run's: 64)", "seq_len=32 (the run's: 64)"]
   assert config.resume_changes(saved, resolve(translation.get_config("tiny")))[0] == [
       "task=translation (the run's: lm)"]
 
@@ -149,4 +151,36 @@ def test_nonfinite_policy_is_checked():
   c = shakespeare.get_config("tiny")
   c.on_nonfinite = "ignore"
   with pytest.raises(ConfigError, match=r"--config.on_nonfinite='ignore' is unknown; choose one of stop, skip"):
+    resolve(c)
+
+
+# config.json files an earlier version wrote (tests/fixtures/configs_before_block: the experiments'
+# configs as of 2026-11-25, when each model config held its block's fields flat and a GPT's or an
+# LSTM's longest sequence was `context_length`).
+BEFORE_BLOCK = Path(__file__).parent / "fixtures" / "configs_before_block"
+
+
+@pytest.mark.parametrize("name,model,block", [
+    ("translation_tiny", {"max_len": 32, "num_layers": 2, "share_embeddings": True},
+     {"d_model": 64, "num_heads": 2, "d_mlp": 128, "layer_norm_epsilon": 1e-6, "pre_layer_norm": False,
+      "activation": "relu", "kernel_init": "xavier"}),
+    ("sentiment_encoder", {"max_len": 64, "num_layers": 2},
+     {"d_model": 128, "num_heads": 4, "d_mlp": 512, "dropout_rate": 0.3, "pre_layer_norm": True, "activation": "relu"}),
+    ("sentiment_gpt", {"max_len": 128, "num_layers": 4},
+     {"d_model": 128, "num_heads": 4, "d_mlp": 0, "dropout_rate": 0.1, "activation": "gelu_tanh", "kernel_init": "gpt2"}),
+    ("sentiment_lstm", {"max_len": 1024, "num_layers": 1, "d_model": 256, "dropout_rate": 0.3}, None),
+])
+def test_configs_written_before_the_block_was_nested_resolve_to_the_same_model(name, model, block):
+  saved = json.loads((BEFORE_BLOCK / f"{name}.json").read_text())
+  assert "block" not in saved["model"]  # the old layout, flat
+  run = resolve(ml_collections.ConfigDict(workdir.upgrade_config(saved)))
+  assert {k: getattr(run.model, k) for k in model} == model
+  if block is not None:
+    assert {k: getattr(run.model.block, k) for k in block} == block
+    assert run.model.block.max_len == run.model.max_len  # the block takes the model's
+  # Written again, it is the new layout, which resolves to the same run.
+  assert resolve(ml_collections.ConfigDict(config.to_config_dict(run).to_dict())) == run
+  # Only what config.json holds is upgraded: the old names on a command line are refused, named.
+  c = ml_collections.ConfigDict(saved)
+  with pytest.raises(ConfigError, match="is not a field of this task's config"):
     resolve(c)

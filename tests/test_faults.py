@@ -158,10 +158,10 @@ def test_a_refused_launch_leaves_the_run_as_it_was(tmp_path, data_root, straight
   workdir = tmp_path / "w"
   subprocess.run(["cp", "-r", str(straight), str(workdir)], check=True)
   before = {p: p.read_bytes() for p in workdir.rglob("*") if p.is_file()}
-  line = error_line(train(data_root, workdir, "--config.model.d_model=96", "--config.data.tokenizer=gpt2",
+  line = error_line(train(data_root, workdir, "--config.model.block.d_model=96", "--config.data.tokenizer=gpt2",
                           "--config.num_train_steps=80"))
   assert "cannot change when it resumes" in line
-  assert "model.d_model=96 (the run's: 64)" in line and "data.tokenizer='gpt2' (the run's: 'char')" in line
+  assert "model.block.d_model=96 (the run's: 64)" in line and "data.tokenizer='gpt2' (the run's: 'char')" in line
   assert "num_train_steps" not in line  # that may change
   after = {p: p.read_bytes() for p in workdir.rglob("*") if p.is_file() and p.name != "train.lock"}
   assert after == before and not (workdir / "train.lock").exists()
@@ -177,7 +177,7 @@ def test_without_a_saved_config_the_checkpoint_names_the_parameter(tmp_path, dat
   workdir = tmp_path / "w"
   subprocess.run(["cp", "-r", str(straight), str(workdir)], check=True)
   (workdir / "config.json").unlink()
-  line = error_line(train(data_root, workdir, "--config.model.d_mlp=128"))
+  line = error_line(train(data_root, workdir, "--config.model.block.d_mlp=128"))
   assert "'h/layer_0/mlp/fc/bias' has shape (256,) but the config makes (128,)" in line
 
 

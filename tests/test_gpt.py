@@ -9,7 +9,7 @@ from transformer import layers
 from transformer.errors import ConfigError
 from transformer.models.gpt import GPT, GPTConfig, count_params, preset
 
-TINY = GPTConfig(vocab_size=61, context_length=16, num_layers=2, num_heads=4, d_model=32)
+TINY = GPTConfig().replace(vocab_size=61, max_len=16, num_layers=2, num_heads=4, d_model=32)
 
 
 def _init(cfg, T=8, seed=0):
@@ -26,7 +26,7 @@ def test_preset_parameter_counts(name, expected):
   assert count_params(preset(name)) == expected  # jax.eval_shape: nothing allocated
   assert count_params(preset(name, scan_layers=True)) == expected
   untied = count_params(preset(name, tie_embeddings=False))
-  assert untied == expected + 50257 * preset(name).d_model
+  assert untied == expected + 50257 * preset(name).block.d_model
 
 
 def test_gpt2_124m_seed_batch():
@@ -147,9 +147,9 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
 
 
 @pytest.mark.parametrize("changes,message", [
-    (dict(d_model=30, num_heads=4), "d_model=30 is not divisible by num_heads=4"),
-    (dict(attention="flash"), "unknown attention implementation 'flash'; choose one of einsum, xla, cudnn"),
-    (dict(attention_dropout_rate=0.1), "attention_dropout_rate=0.1 needs attention='einsum'"),
+    (dict(d_model=30, num_heads=4), "block.d_model=30 is not divisible by block.num_heads=4"),
+    (dict(attention="flash"), "unknown block.attention implementation 'flash'; choose one of einsum, xla, cudnn"),
+    (dict(attention_dropout_rate=0.1), "attention_dropout_rate=0.1 needs block.attention='einsum'"),
     (dict(remat_policy="some"), "unknown remat_policy 'some'"),
     (dict(dtype="float12"), "unknown dtype 'float12'"),
     (dict(vocab_size=0), "vocab_size must be positive"),
@@ -167,7 +167,7 @@ def test_unknown_preset():
 
 def test_sequence_longer_than_context():
   params = _init(TINY)
-  with pytest.raises(ConfigError, match="17 tokens is longer than context_length=16"):
+  with pytest.raises(ConfigError, match="17 tokens is longer than max_len=16"):
     GPT(TINY).apply({"params": params}, jnp.zeros((1, 17), jnp.int32))
 
 
@@ -188,7 +188,7 @@ def test_a_documents_logits_do_not_depend_on_the_documents_before_it(attention, 
   """Packed rows (tasks.lm document_ids): a document sees only itself, from position 0, whatever
   came before it in the row, exactly as if it began the row."""
   from transformer.tasks.lm import document_ids
-  cfg = GPTConfig(vocab_size=50, context_length=32, num_layers=2, num_heads=2, d_model=32, attention=attention,
+  cfg = GPTConfig().replace(vocab_size=50, max_len=32, num_layers=2, num_heads=2, d_model=32, attention=attention,
                   attention_mechanism=mechanism)
   params = _init(cfg)
   eot, doc = 49, [7, 3, 3, 9, 12, 4]

@@ -29,7 +29,7 @@ def _logits(cfg, params, ids):
 def test_logits_match_reference(name, attention):
   cfg, params = import_hf_gpt2(FIXTURES / name, attention=attention)
   hf = json.loads((FIXTURES / name / "config.json").read_text())
-  assert (cfg.num_layers, cfg.num_heads, cfg.d_model, cfg.vocab_size) == (
+  assert (cfg.num_layers, cfg.block.num_heads, cfg.block.d_model, cfg.vocab_size) == (
       hf["n_layer"], hf["n_head"], hf["n_embd"], hf["vocab_size"])
   ids = np.load(FIXTURES / name / "input_ids.npy")
   diff = np.abs(_logits(cfg, params, ids) - np.load(FIXTURES / name / "logits.npy")).max()
@@ -89,7 +89,7 @@ def test_untied_head_round_trip(tmp_path):
 
 
 def test_shorter_context_keeps_first_positions():
-  cfg, params = import_hf_gpt2(FIXTURES / "gpt2_tiny_a", context_length=16)
+  cfg, params = import_hf_gpt2(FIXTURES / "gpt2_tiny_a", max_len=16)
   full_cfg, full = import_hf_gpt2(FIXTURES / "gpt2_tiny_a")
   ids = np.load(FIXTURES / "gpt2_tiny_a" / "input_ids.npy")[:, :16]
   np.testing.assert_allclose(_logits(cfg, params, ids), _logits(full_cfg, full, ids), atol=1e-6)
@@ -117,8 +117,8 @@ def test_errors_name_the_tensor(tmp_path):
     import_hf_gpt2(_broken(tmp_path / "c", extra))
   with pytest.raises(CheckpointError, match="no GPT-2 safetensors at /nowhere"):
     import_hf_gpt2("/nowhere")
-  with pytest.raises(CheckpointError, match=r"context_length=64 is longer than the position table .* \(32 rows\)"):
-    import_hf_gpt2(FIXTURES / "gpt2_tiny_a", context_length=64)
+  with pytest.raises(CheckpointError, match=r"max_len=64 is longer than the position table .* \(32 rows\)"):
+    import_hf_gpt2(FIXTURES / "gpt2_tiny_a", max_len=64)
   (tmp_path / "d").mkdir()
   save_file(load_file(FIXTURES / "gpt2_tiny_a" / "model.safetensors"), tmp_path / "d" / "model.safetensors")
   with pytest.raises(CheckpointError, match="cannot tell the number of heads"):

@@ -33,7 +33,7 @@ def test_kernels_values_and_what_auto_means_here():
   with pytest.raises(ConfigError, match="unknown kernels 'fast'; choose one of auto, reference, cpu, accelerator"):
     kernels.forms("fast")
   with pytest.raises(ConfigError, match="unknown kernels"):
-    GPTConfig(vocab_size=10, kernels="fast").check()
+    GPTConfig().replace(vocab_size=10, kernels="fast").check()
 
 
 # --- projection --------------------------------------------------------------------------------
@@ -157,7 +157,7 @@ def test_one_token_over_a_kv_cache_equals_the_reference(B):
 
 # --- the decoding step's tied head, argmax and draw --------------------------------------------
 
-CFG = GPTConfig(vocab_size=96, context_length=48, num_layers=2, num_heads=4, d_model=32, tie_embeddings=False)
+CFG = GPTConfig().replace(vocab_size=96, max_len=48, num_layers=2, num_heads=4, d_model=32, tie_embeddings=False)
 PROMPTS = [[5, 17, 3, 80, 41, 2, 9], [60], list(range(10, 31)), [33, 34]]
 
 
@@ -207,7 +207,7 @@ def test_one_sequence_reads_a_head_larger_than_the_cache_through_its_transposed_
     params = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]))
     step = lambda p, c, t: model.apply({"params": p, "cache": c}, t, decode=True, mutable=["cache"])
     text = jax.jit(step).lower(params, sampler.init_cache(model, 1, 8), jnp.zeros((1, 1), jnp.int32)).as_text()
-    assert (f"tensor<{CFG.d_model}x{vocab}xf32>" in text) == copied
+    assert (f"tensor<{CFG.block.d_model}x{vocab}xf32>" in text) == copied
 
 
 def _vocab_major(x_BxV):
@@ -294,17 +294,18 @@ class SampleLogitsTest(chex.TestCase):
 # --- decoding on threads -----------------------------------------------------------------------
 
 def test_parts_one_per_thread_each_of_enough_prompts():
-  small_vocab, large_vocab = CFG, CFG.replace(vocab_size=argmax.LARGE_VOCAB)
-  assert [decode_threads.parts(small_vocab, b, 2) for b in (1, 4, 7, 8, 9, 32)] == [1, 1, 1, 2, 2, 2]
+  D = CFG.block.d_model
+  parts = lambda vocab, b, threads: decode_threads.parts(vocab, D, "float32", b, threads)
+  small_vocab, large_vocab = CFG.vocab_size, argmax.LARGE_VOCAB
+  assert [parts(small_vocab, b, 2) for b in (1, 4, 7, 8, 9, 32)] == [1, 1, 1, 2, 2, 2]
   # A large vocabulary's parts keep the vocabulary-major head (16 rows or more); a head larger than
   # the cache, which each part reads from memory, gets 32 or more.
-  assert [decode_threads.parts(large_vocab, b, 2) for b in (8, 16, 31, 32)] == [1, 1, 1, 2]
-  in_cache = CFG.replace(vocab_size=decode_head.STREAMED_HEAD_BYTES // (4 * CFG.d_model))  # exactly 16 MiB
-  assert [decode_threads.parts(in_cache, b, 2) for b in (16, 32)] == [1, 2]
-  streamed = in_cache.replace(vocab_size=in_cache.vocab_size + 1)
-  assert [decode_threads.parts(streamed, b, 2) for b in (16, 32, 63, 64)] == [1, 1, 1, 2]
-  assert [decode_threads.parts(small_vocab, b, 16) for b in (8, 32, 128)] == [2, 8, 16]
-  assert decode_threads.parts(small_vocab, 32, 1) == 1
+  assert [parts(large_vocab, b, 2) for b in (8, 16, 31, 32)] == [1, 1, 1, 2]
+  in_cache = decode_head.STREAMED_HEAD_BYTES // (4 * D)  # exactly 16 MiB
+  assert [parts(in_cache, b, 2) for b in (16, 32)] == [1, 2]
+  assert [parts(in_cache + 1, b, 2) for b in (16, 32, 63, 64)] == [1, 1, 1, 2]
+  assert [parts(small_vocab, b, 16) for b in (8, 32, 128)] == [2, 8, 16]
+  assert parts(small_vocab, 32, 1) == 1
 
 
 def test_decoders_run_on_one_thread_per_core_of_a_cpu_device(monkeypatch):
@@ -378,7 +379,7 @@ class WholeModelTest(chex.TestCase):
   def test_gpt_logits_and_gradients_are_the_references_in_every_form(self):
     """A GPT with T = 2 blocks + 5 tokens (every dispatch point: projections, causal attention by
     blocks, the loss): the same logits and parameter gradients whatever config.model.kernels says."""
-    cfg = GPTConfig(vocab_size=50, context_length=160, num_layers=2, num_heads=2, d_model=16)
+    cfg = GPTConfig().replace(vocab_size=50, max_len=160, num_layers=2, num_heads=2, d_model=16)
     tokens = jax.random.randint(jax.random.key(0), (2, 2 * attention.BLOCK + 5), 0, 50)
     params = nn.unbox(GPT(cfg).init(jax.random.key(1), tokens[:, :8])["params"])
 
@@ -395,7 +396,7 @@ class WholeModelTest(chex.TestCase):
   def test_translation_is_the_references_in_every_form(self):
     """The encoder-decoder (projections, its head, cross-attention) decodes the same greedy tokens."""
     from transformer.generation import beam_search
-    cfg = seq2seq.Seq2SeqConfig(vocab_size=40, max_len=24, num_layers=2, num_heads=2, d_model=16, d_mlp=32,
+    cfg = seq2seq.Seq2SeqConfig().replace(vocab_size=40, max_len=24, num_layers=2, num_heads=2, d_model=16, d_mlp=32,
                                 dropout_rate=0.0)
     source = jnp.ones((1, 6), jnp.int32)
     params = nn.unbox(seq2seq.Transformer(cfg).init(jax.random.key(0), source, source)["params"])

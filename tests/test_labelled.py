@@ -27,9 +27,9 @@ from transformer.tasks import labelled, tagging
 from conftest import run_module
 
 BODIES = {
-    "encoder": EncoderConfig(vocab_size=40, max_len=16, num_layers=2, num_heads=2, d_model=32, d_mlp=64,
+    "encoder": EncoderConfig().replace(vocab_size=40, max_len=16, num_layers=2, num_heads=2, d_model=32, d_mlp=64,
                              dropout_rate=0.0),
-    "gpt": GPTConfig(vocab_size=40, context_length=16, num_layers=2, num_heads=2, d_model=32),
+    "gpt": GPTConfig().replace(vocab_size=40, max_len=16, num_layers=2, num_heads=2, d_model=32),
     "lstm": LSTMConfig(vocab_size=40, num_layers=2, d_model=32),
     "bilstm": LSTMConfig(vocab_size=40, num_layers=2, d_model=32, bidirectional=True),
 }
@@ -228,7 +228,7 @@ def test_padding_changes_no_prediction(family):
 
 def test_the_lstm_language_model_samples_through_its_recurrent_state():
   from transformer.generation import sampling
-  model = LSTMLanguageModel(LSTMConfig(vocab_size=20, num_layers=2, d_model=16, context_length=64))
+  model = LSTMLanguageModel(LSTMConfig(vocab_size=20, num_layers=2, d_model=16, max_len=64))
   params = model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]
   prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9]]  # left-padded to one length inside generate
   got = sampling.generate(model, params, prompts, max_new_tokens=6, sampling=sampling.Sampling(temperature=0))
@@ -358,8 +358,8 @@ def test_init_from_loads_the_pretrained_body_exactly_and_can_freeze_it(reviews, 
 
 def test_init_from_refuses_other_shapes_and_other_tokens(reviews, pretrained, tmp_path):
   with pytest.raises(ConfigError, match=r"tensor h/layer_0/\S+ is \(64,?.*\) there but \(96,?.*\) in this body; set "
-                                        r"--config.model.\* \(d_model"):
-    c = _finetune_config(reviews, pretrained, model__d_model=96)
+                                        r"--config.model.\* \(block.d_model"):
+    c = _finetune_config(reviews, pretrained, model__block__d_model=96)
     train.train_and_evaluate(c, tmp_path / "w")
   assert not (tmp_path / "w" / "config.json").exists()
   with pytest.raises(ConfigError, match="was trained on other tokens"):
@@ -371,11 +371,10 @@ def test_init_from_a_hugging_face_gpt2_directory(reviews, tmp_path):
   """init_from a Hugging Face GPT-2 directory (model.safetensors + config.json, here a small
   random-weight one written by export_hf_gpt2): the body starts from exactly those weights, read
   with the gpt2 tokenizer; another tokenizer is refused by name."""
-  gpt2_like = GPTConfig(vocab_size=50257, context_length=64, num_layers=2, num_heads=2, d_model=32)
+  gpt2_like = GPTConfig().replace(vocab_size=50257, max_len=64, num_layers=2, num_heads=2, d_model=32)
   weights = nn.unbox(GPT(gpt2_like).init(jax.random.key(7), jnp.zeros((1, 8), jnp.int32))["params"])
   export_hf_gpt2(gpt2_like, weights, tmp_path / "hf")
-  fields = {f"model__{name}": getattr(gpt2_like, name) for name in ("context_length", "num_layers", "num_heads",
-                                                                    "d_model")}
+  fields = {"model__max_len": 64, "model__num_layers": 2, "model__block__num_heads": 2, "model__block__d_model": 32}
   c = _classify_config(reviews)
   c.model = base.model_fields("cpu-tiny")
   c = _set(c, **fields, init_from=str(tmp_path / "hf"), data__tokenizer="gpt2", max_len=32)

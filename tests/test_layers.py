@@ -105,7 +105,7 @@ def test_the_mlp_saves_its_activations_input_and_output_not_the_tanh(capsys):
 
 def _gpt(mechanism, **changes):
   from transformer.models.gpt import GPT, GPTConfig
-  cfg = GPTConfig(vocab_size=50, context_length=16, num_layers=2, num_heads=2, d_model=32,
+  cfg = GPTConfig().replace(vocab_size=50, max_len=16, num_layers=2, num_heads=2, d_model=32,
                   attention_mechanism=mechanism, **changes).check()
   params = nn.unbox(GPT(cfg).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
   # Scale the synthesized scores up so that attention is far from uniform (a real test of masking).
@@ -118,7 +118,7 @@ def _gpt(mechanism, **changes):
 def test_synthesizer_parameters_shapes_and_axis_names(mechanism):
   from transformer.models.gpt import count_params, param_shapes
   cfg, _, params = _gpt(mechanism)
-  D, H, L = cfg.d_model, cfg.num_heads, cfg.context_length
+  D, H, L = cfg.block.d_model, cfg.block.num_heads, cfg.max_len
   attn = params["h"]["layer_0"]["attn"]
   if mechanism == "synthesizer_dense":  # A (D x D/H per head) + b1, B (D/H x L per head) + b2
     assert set(attn) == {"v", "synth_hidden", "synth_kernel", "synth_bias", "out"}
@@ -180,7 +180,7 @@ def test_synthesizer_gradients_are_finite_and_fixed_random_gets_none(mechanism):
 @pytest.mark.parametrize("mechanism", ["synthesizer_dense", "synthesizer_random"])
 def test_synthesizer_in_the_encoder_decoder(mechanism):
   from transformer.models.seq2seq import Seq2SeqConfig, Transformer
-  cfg = Seq2SeqConfig(vocab_size=40, max_len=12, num_layers=1, num_heads=2, d_model=16, d_mlp=32,
+  cfg = Seq2SeqConfig().replace(vocab_size=40, max_len=12, num_layers=1, num_heads=2, d_model=16, d_mlp=32,
                       attention_mechanism=mechanism).check()
   model = Transformer(cfg)
   src = jax.random.randint(jax.random.key(1), (2, 6), 1, 40)

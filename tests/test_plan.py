@@ -121,7 +121,7 @@ def test_an_accelerator_run_is_planned_with_the_accelerators_program(data_root, 
   assert "planned for gpu: config.model.kernels=auto compiles as 'accelerator'" in printed_gpu
   assert gpu["params"] == cpu["params"] and gpu["optimizer"] == cpu["optimizer"]  # the same state ...
   assert gpu["temporaries"] != cpu["temporaries"]  # ... another program
-  [cudnn], printed = _plan(data_root, tmp_path, *mesh, "--platform=gpu", "--config.model.attention=cudnn",
+  [cudnn], printed = _plan(data_root, tmp_path, *mesh, "--platform=gpu", "--config.model.block.attention=cudnn",
                            name="cudnn")
-  assert "attention=cudnn compiles on an NVIDIA GPU only: planned with attention=xla" in printed
+  assert "block.attention=cudnn compiles on an NVIDIA GPU only: planned with block.attention=xla" in printed
   assert cudnn["temporaries"] == gpu["temporaries"]

@@ -29,7 +29,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module", params=["dot_product", "synthesizer_dense"])
 def gpt(request, tokenizer):
-  cfg = GPTConfig(vocab_size=tokenizer.vocab_size, context_length=64, num_layers=3, num_heads=2, d_model=32,
+  cfg = GPTConfig().replace(vocab_size=tokenizer.vocab_size, max_len=64, num_layers=3, num_heads=2, d_model=32,
                   attention_mechanism=request.param)
   params = nn.unbox(GPT(cfg).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
   return GPT(cfg), params
@@ -54,7 +54,7 @@ def test_attention_rows_are_causal_probabilities_and_the_lens_ends_at_the_logits
 
 
 def test_scanned_layers_give_the_same_insides(tokenizer):
-  cfg = GPTConfig(vocab_size=tokenizer.vocab_size, context_length=64, num_layers=3, num_heads=2, d_model=32)
+  cfg = GPTConfig().replace(vocab_size=tokenizer.vocab_size, max_len=64, num_layers=3, num_heads=2, d_model=32)
   params = nn.unbox(GPT(cfg).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
   unrolled = probes.look_inside(GPT(cfg), params, tokenizer, TEXT)
   scanned_params = {**params, "h": stack_layers(params["h"], 3)}
@@ -75,7 +75,7 @@ def test_contextual_embeddings(gpt, tokenizer):
 
 
 def test_translation_alignment_rows_are_probabilities_over_the_source(tokenizer):
-  cfg = Seq2SeqConfig(vocab_size=tokenizer.vocab_size, max_len=32, num_layers=3, num_decoder_layers=2, num_heads=2,
+  cfg = Seq2SeqConfig().replace(vocab_size=tokenizer.vocab_size, max_len=32, num_layers=3, num_decoder_layers=2, num_heads=2,
                       d_model=16, d_mlp=32)
   model = Transformer(cfg)
   params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 4), jnp.int32))["params"])
@@ -117,7 +117,7 @@ def test_launch_probe_draws_pictures_and_compares_a_word(trained, tmp_path):
 
 def test_launch_probe_reads_hugging_face_gpt2_weights(tmp_path):
   from transformer.models.hf_gpt2 import export_hf_gpt2
-  cfg = GPTConfig(context_length=32, num_layers=2, num_heads=2, d_model=16)  # GPT-2's vocabulary
+  cfg = GPTConfig().replace(max_len=32, num_layers=2, num_heads=2, d_model=16)  # GPT-2's vocabulary
   export_hf_gpt2(cfg, GPT(cfg).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"], tmp_path / "hf")
   proc = run_module("launch.probe", f"--hf={tmp_path / 'hf'}", "--text=Every effort moves you", f"--out={tmp_path}")
   assert proc.returncode == 0, proc.stderr[-3000:]

@@ -78,7 +78,7 @@ def test_sampling_flags_and_seeds(workdir):
 
 def test_from_gpt2_safetensors(tmp_path):
   """A GPT-2-shaped model with the real vocabulary, exported to HF safetensors, sampled via --hf."""
-  cfg = GPTConfig(vocab_size=50257, context_length=64, num_layers=2, num_heads=2, d_model=32)
+  cfg = GPTConfig().replace(vocab_size=50257, max_len=64, num_layers=2, num_heads=2, d_model=32)
   params = jax.jit(GPT(cfg).init)(jax.random.key(0), np.zeros((1, 8), np.int32))["params"]
   export_hf_gpt2(cfg, params, tmp_path)
   proc = _sample(f"--hf={tmp_path}", "--prompt=Every effort moves you", "--temperature=0", "--max_new_tokens=8")

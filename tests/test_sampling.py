@@ -19,7 +19,7 @@ from transformer.models.gpt import GPT, GPTConfig
 
 from conftest import REPO
 
-CFG = GPTConfig(vocab_size=96, context_length=48, num_layers=2, num_heads=4, d_model=32, tie_embeddings=False)
+CFG = GPTConfig().replace(vocab_size=96, max_len=48, num_layers=2, num_heads=4, d_model=32, tie_embeddings=False)
 PROMPTS = [[5, 17, 3, 80, 41, 2, 9], [60], list(range(10, 31)), [33, 34]]
 
 
@@ -38,11 +38,11 @@ def params():
 
 def _greedy_by_full_forward(cfg, params, prompt, n):
   """The reference: re-run the whole sequence for every new token, no cache. (Into a buffer of
-  context_length, one compile: causality makes the zeros after the sequence irrelevant.)"""
+  max_len, one compile: causality makes the zeros after the sequence irrelevant.)"""
   forward = jax.jit(lambda buffer_1xC, last: GPT(cfg).apply({"params": params}, buffer_1xC)[0, last])
   tokens = list(prompt)
   for _ in range(n):
-    buffer_1xC = np.zeros((1, cfg.context_length), np.int32)
+    buffer_1xC = np.zeros((1, cfg.max_len), np.int32)
     buffer_1xC[0, :len(tokens)] = tokens
     tokens.append(int(jnp.argmax(forward(buffer_1xC, len(tokens) - 1))))
   return tokens[len(prompt):]
@@ -72,8 +72,8 @@ def test_decode_grows_its_cache_in_phases_that_end_at_prompt_plus_new_tokens():
 def test_greedy_through_a_cache_grown_in_phases_equals_full_reforward(changes, params):
   """Four phases of 5 new tokens (cache of 37, 42, 47, 52 slots) give the tokens of the reference, for
   prompts of different lengths in one left-padded batch, with the cache's layers stacked or not."""
-  cfg = CFG.replace(context_length=64, **changes)
-  params = _params(CFG.replace(context_length=64))
+  cfg = CFG.replace(max_len=64, **changes)
+  params = _params(CFG.replace(max_len=64))
   if cfg.scan_layers:
     from transformer.layers import stack_layers
     params = {**params, "h": stack_layers(params["h"], cfg.num_layers)}

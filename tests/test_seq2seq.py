@@ -39,7 +39,7 @@ def test_shapes_and_variants(changes):
   names = {"/".join(map(str, p)) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]}
   assert any("target_embed" in n for n in names) == (not cfg.share_embeddings)
   assert any("head" in n for n in names) == (not cfg.tie_output)
-  assert any("encoder_norm" in n for n in names) == cfg.pre_layer_norm
+  assert any("encoder_norm" in n for n in names) == cfg.block.pre_layer_norm
   depth = lambda stack: (jax.tree.leaves(params[stack]["layers"])[0].shape[0] if cfg.scan_layers
                          else sum(k.startswith("layer_") for k in params[stack]))
   assert (depth("encoder"), depth("decoder")) == (cfg.num_layers, cfg.decoder_layers())
@@ -116,7 +116,7 @@ def test_source_word_dropout_drops_whole_source_tokens_in_training_only(params):
 def test_bad_config_and_lengths():
   with pytest.raises(ConfigError, match="unknown Transformer preset 'transformer_huge'"):
     seq2seq.preset("transformer_huge")
-  with pytest.raises(ConfigError, match="d_model=100 is not divisible by num_heads=8"):
+  with pytest.raises(ConfigError, match="block.d_model=100 is not divisible by block.num_heads=8"):
     seq2seq.preset("transformer_base", vocab_size=10, d_model=100)
   with pytest.raises(ConfigError, match="vocab_size must be positive"):
     seq2seq.preset("transformer_base")

@@ -27,8 +27,8 @@ class CopyConfig:
 
   def check(self, run, data_parallel) -> None:
     config.check_positive(self, ("length", "batch_size"))
-    if 2 * self.length + 2 > run.model.context_length:
-      raise ConfigError(f"--config.length={self.length} does not fit --config.model.context_length")
+    if 2 * self.length + 2 > run.model.max_len:
+      raise ConfigError(f"--config.length={self.length} does not fit --config.model.max_len")
 
 
 class Copy(tasks.Task):
@@ -103,7 +103,7 @@ def registered():
 
 def _copy_config(steps: int):
   c = tasks.defaults("copy")
-  c.model = base.model_fields("cpu-tiny", context_length=16, d_model=64, num_heads=4)
+  c.model = base.model_fields("cpu-tiny", max_len=16, d_model=64, num_heads=4)
   c.num_train_steps = steps
   c.eval_every_steps = c.checkpoint_every_steps = steps // 2
   c.log_every_steps = 10

@@ -3,6 +3,7 @@
 import functools
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import pytest
 
 from experiments import gpt2 as gpt2_experiment
 from experiments import shakespeare
-from transformer import metrics, optim, train
+from transformer import inference, metrics, optim, train
 from transformer.config import OptimizerConfig
 from transformer.models.gpt import GPT, GPTConfig
 from transformer.tasks.lm import lm_loss
@@ -29,7 +30,7 @@ TINY = ["--config=experiments/shakespeare.py:tiny", "--config.sample.max_new_tok
 
 def _tiny_step(batch_size: int):
   """(model, initial state, a batch, step(loss_fn, accumulation_steps) -> (state, metrics)) of a tiny GPT."""
-  model = GPT(GPTConfig(vocab_size=23, context_length=16, num_layers=1, num_heads=2, d_model=16))
+  model = GPT(GPTConfig().replace(vocab_size=23, max_len=16, num_layers=1, num_heads=2, d_model=16))
   tx = optim.make_optimizer(OptimizerConfig(lr=1e-2, warmup_steps=0, schedule="constant"), 10)
   params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
   state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
@@ -99,6 +100,28 @@ def test_end_to_end_in_process(tmp_path, data_root):
   assert len(result["sample"]) > 0 and (tmp_path / "samples.txt").exists()
 
 
+def test_a_workdir_written_before_the_block_was_nested_restores_and_resumes(tmp_path, data_root):
+  """tests/fixtures/workdir_before_block: 4 steps of the tiny preset (d_model 32, 1 layer) trained by
+  the version of 2026-11-25, whose config.json holds the block's fields flat and `context_length`."""
+  old = tmp_path / "w"
+  shutil.copytree(REPO / "tests" / "fixtures" / "workdir_before_block", old)
+  assert "context_length" in json.loads((old / "config.json").read_text())["model"]
+  trained = inference.restore(old)
+  assert trained.step == 4 and trained.run.model.max_len == 64
+  assert (trained.run.model.block.d_model, trained.run.model.block.num_heads, trained.run.model.num_layers) == (32, 2, 1)
+  assert trained.params["wpe"].shape == (64, 32)
+  # The same run, launched today: it resumes from step 4 (nothing that may not change has changed).
+  config = shakespeare.get_config("tiny")
+  config.data.root = str(data_root)
+  config.model.block.d_model, config.model.num_layers = 32, 1
+  config.num_train_steps, config.eval_every_steps, config.sample.max_new_tokens = 6, 6, 0
+  config.log_every_steps = 1
+  result = train.train_and_evaluate(config, old)
+  records = metrics.read_jsonl(old / "metrics.jsonl")
+  assert any(r.get("event") == "resumed" for r in records) and np.isfinite(result["val_loss"])
+  assert sorted(s for s in _losses(old) if s > 4) == [5, 6]
+
+
 def test_kill_and_resume_gives_identical_losses(tmp_path, data_root):
   """SIGKILL mid-run, restart: the per-step losses equal those of an uninterrupted run."""
   extra = ["--config.num_train_steps=300", "--config.log_every_steps=1", "--config.checkpoint_every_steps=10",
@@ -146,7 +169,7 @@ def test_sigterm_saves_then_exits_zero(tmp_path, data_root):
 @pytest.mark.parametrize("mechanism", ["dot_product", "synthesizer_dense", "synthesizer_random"])
 def test_one_and_eight_devices_give_the_same_losses(tmp_path, data_root, mechanism):
   extra = ["--config.num_train_steps=12", "--config.log_every_steps=1", "--config.model.vocab_size=96",
-           f"--config.model.attention_mechanism={mechanism}"]
+           f"--config.model.block.attention_mechanism={mechanism}"]
   one = run_module("launch.train", *_args(data_root, tmp_path / "one", *extra))
   assert one.returncode == 0, one.stderr
   eight = run_module("launch.train", *_args(data_root, tmp_path / "eight", *extra, "--config.mesh.data=2",
@@ -164,7 +187,7 @@ def test_one_and_eight_devices_give_the_same_losses(tmp_path, data_root, mechani
 @pytest.mark.parametrize("extra,env,message", [
     (["--config.batch_size=6"], {"JAX_NUM_CPU_DEVICES": "8"},
      r"batch_size=6 \(microbatch 6\) is not divisible by the data-parallel size 8"),
-    (["--config.seq_len=100"], {}, "--config.seq_len=100 is longer than --config.model.context_length=64"),
+    (["--config.seq_len=100"], {}, "--config.seq_len=100 is longer than --config.model.max_len=64"),
     (["--config.data.dataset=wiki"], {}, "unknown data set 'wiki'"),
     (["--config.data.input_files=/no/such.txt"], {}, "/no/such.txt: no such file"),
     (["--config.mesh.data=3"], {}, r"needs 3 devices but 1 are available"),
@@ -196,6 +219,6 @@ def test_gpt2_recipes():
     c = gpt2_experiment.get_config(preset)
     assert c.batch_size * c.seq_len == 524_288  # ~0.5M tokens per optimizer step
     assert c.batch_size % c.optimizer.accumulation_steps == 0
-    assert c.model.d_model == {"gpt2": 768, "gpt2-medium": 1024, "gpt2-large": 1280, "gpt2-xl": 1600}[preset]
-    assert c.optimizer.weight_decay == 0.1 and c.model.dtype == "bfloat16" and c.model.param_dtype == "float32"
+    assert c.model.block.d_model == {"gpt2": 768, "gpt2-medium": 1024, "gpt2-large": 1280, "gpt2-xl": 1600}[preset]
+    assert c.optimizer.weight_decay == 0.1 and c.model.block.dtype == "bfloat16" and c.model.block.param_dtype == "float32"
   assert gpt2_experiment.get_config("gpt2").optimizer.lr == 6e-4

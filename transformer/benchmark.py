@@ -1,28 +1,20 @@
 """Timing helpers for benchmarks (launch/bench.py): medians over repeats, printed as tables.
 
-Never used by tests: speed is measured here, not asserted. Also sets up and runs the PyTorch peers
-(launch/torch_peer.py: Hugging Face's GPT-2 and a minimal nanoGPT-style GPT) that launch/bench.py
-compares against.
+Never used by tests: speed is measured here, not asserted. (The PyTorch peers that launch/bench.py
+compares against are set up by launch/peer_env.py.)
 """
 
 from __future__ import annotations
 
 import collections
-import json
-import os
 import re
-import shutil
 import statistics
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import jax
-
-from transformer import assets
-from transformer.errors import UserError
 
 
 def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 1, warmup_seconds: float = 0.0) -> float:
@@ -99,55 +91,3 @@ def table(headers: list[str], rows: list[list]) -> str:
   return "\n".join([line(cells[0]), line(["-" * w for w in widths])] + [line(r) for r in cells[1:]])
 
 
-# The PyTorch peers (launch/torch_peer.py) run in their own venv: torch has CPU wheels for
-# Python 3.11 only, and neither torch nor transformers is a dependency of this project.
-PEER_PYTHON_VERSION = (3, 11)
-PEER_REQUIREMENTS = ("torch==2.13.0", "transformers==5.23.0")
-
-
-def _is_python(python: str, version: tuple[int, int]) -> bool:
-  check = f"import sys; sys.exit(sys.version_info[:2] != {version!r})"
-  try:
-    return subprocess.run([python, "-c", check], capture_output=True, timeout=60).returncode == 0
-  except (OSError, subprocess.TimeoutExpired):
-    return False
-
-
-def _find_peer_base_python() -> str | None:
-  """python3.11 on PATH, else pyenv's installed 3.11.x."""
-  major, minor = PEER_PYTHON_VERSION
-  candidates = [shutil.which(f"python{major}.{minor}")]
-  pyenv_root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
-  candidates += sorted(map(str, pyenv_root.glob(f"versions/{major}.{minor}.*/bin/python{major}.{minor}")), reverse=True)
-  return next((c for c in candidates if c and _is_python(c, PEER_PYTHON_VERSION)), None)
-
-
-def peer_python(explicit: str | None = None) -> str:
-  """A Python with torch (CPU) and transformers for the peers: `explicit` if given, else a venv
-  created once under the asset cache (<cache>/torch-peer-venv; about 1 GB of wheels)."""
-  if explicit:
-    return explicit
-  venv = assets.cache_dir() / "torch-peer-venv"
-  python = venv / "bin" / "python"
-  stamp = venv / ".installed"
-  if python.exists() and stamp.exists() and stamp.read_text() == " ".join(PEER_REQUIREMENTS):
-    return str(python)
-  base = _find_peer_base_python()
-  if base is None:
-    raise UserError(f"the PyTorch peers need Python {'.'.join(map(str, PEER_PYTHON_VERSION))} (torch's CPU "
-                    f"wheels): install it (e.g. 'pyenv install 3.11') or pass --peer_python=/path/to/python "
-                    f"that has {' and '.join(PEER_REQUIREMENTS)}")
-  print(f"bench: creating {venv} with {base} and installing {' '.join(PEER_REQUIREMENTS)} ...", flush=True)
-  subprocess.run([base, "-m", "venv", "--clear", str(venv)], check=True)
-  subprocess.run([str(python), "-m", "pip", "install", "-q", *PEER_REQUIREMENTS], check=True)
-  stamp.write_text(" ".join(PEER_REQUIREMENTS))
-  return str(python)
-
-
-def run_peers(python: str, spec: dict) -> dict:
-  """Runs launch/torch_peer.py under `python` with `spec`; returns its JSON result."""
-  script = Path(__file__).resolve().parents[1] / "launch" / "torch_peer.py"
-  proc = subprocess.run([python, str(script), json.dumps(spec)], capture_output=True, text=True)
-  if proc.returncode:
-    raise UserError(f"the PyTorch peer failed ({python} {script}):\n{proc.stderr[-2000:]}")
-  return json.loads(proc.stdout.strip().splitlines()[-1])

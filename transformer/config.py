@@ -286,6 +286,14 @@ def defaults_for(task_cls) -> ml_collections.ConfigDict:
   return c
 
 
+def model_dict(model_config) -> ml_collections.ConfigDict:
+  """config.model for a model config: its family and every field (the block as config.model.block),
+  e.g. a preset that an experiment starts from."""
+  c = ml_collections.ConfigDict()
+  _write(model_config, c, "model.")
+  return c.model
+
+
 def to_config_dict(run: RunConfig) -> ml_collections.ConfigDict:
   """The inverse of `resolve` (what config.json holds): resolving it again gives `run`."""
   c = ml_collections.ConfigDict({"task": run.task})
@@ -317,17 +325,26 @@ def _lookup(config, key: str):
   return node
 
 
-def _read(cls, config, prefix: str, used: set[str]):
+def _read(cls, config, prefix: str, used: set[str], default=None):
+  """An instance of `cls` from the keys under `prefix`; a missing key keeps `default`'s value (or
+  the class's default)."""
   values = {}
   for f, key, hint in _fields(cls, prefix):
-    if dataclasses.is_dataclass(hint):  # a section of its own, e.g. config.sample
-      values[f.name] = _read(hint, config, key + ".", used)
+    if dataclasses.is_dataclass(hint):  # a section of its own, e.g. config.sample, config.model.block
+      values[f.name] = _read(hint, config, key + ".", used, _field_default(f))
       continue
     value = _lookup(config, key)
     if value is not _MISSING:
       used.add(key)
       values[f.name] = _coerce(value, hint, key)
-  return cls(**values)
+  return cls(**values) if default is None else dataclasses.replace(default, **values)
+
+
+def _field_default(f: dataclasses.Field):
+  """A section's default value: e.g. each model family's own block (GPT-2's, the 2017 paper's)."""
+  if f.default is not dataclasses.MISSING:
+    return f.default
+  return f.default_factory() if f.default_factory is not dataclasses.MISSING else None
 
 
 def _coerce(value, hint, key: str):
@@ -394,11 +411,12 @@ def _check_all_read(config, used: set[str]) -> None:
     section = unread[0].rpartition(".")[0]
     known = sorted(k.rpartition(".")[2] for k in used if k.rpartition(".")[0] == section)
     hint = ""
-    if section == "model":  # e.g. --config.model.family=lstm on a preset of another family
+    if section.split(".")[0] == "model":  # e.g. --config.model.family=lstm on a preset of another family
       hint = (f" (config.model.family={config.model.get('family')!r}: config.model must hold that family's fields; "
               f"start from a preset of that family, or experiments.base.family_fields)")
-    raise ConfigError(f"--config.{unread[0]} is not a field of this task's config (it would be ignored); the "
-                      f"fields {'of config.' + section if section else 'at the top level'} are {', '.join(known)}"
+    where = (f"the fields {'of config.' + section if section else 'at the top level'} are {', '.join(known)}"
+             if known else f"config.{section} is not a section of it")
+    raise ConfigError(f"--config.{unread[0]} is not a field of this task's config (it would be ignored); {where}"
                       + hint)
 
 

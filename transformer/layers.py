@@ -42,61 +42,96 @@ def _dtype(name: str):
 
 @dataclasses.dataclass(frozen=True)
 class BlockConfig:
-  """What a transformer block needs to know; model configs produce one with `block()`."""
-  d_model: int
-  num_heads: int
-  d_mlp: int
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
+  """One transformer block: what every model with blocks nests as `config.model.block` (its width
+  is also the embeddings'). The defaults are GPT-2's; each model family's config sets its own (the
+  2017 paper's blocks are post-LN, ReLU, Glorot-initialised)."""
+  d_model: int = 768
+  num_heads: int = 12
+  d_mlp: int = 0  # 0: 4 * d_model, GPT-2's ratio (`mlp_width`)
+  dropout_rate: float = 0.0  # the residual branches' (and the embeddings'); GPT-2 trained with 0.1
+  attention_dropout_rate: float = 0.0  # needs attention="einsum"
   layer_norm_epsilon: float = 1e-5
   use_bias: bool = True
-  dtype: str = "float32"  # compute
+  dtype: str = "float32"  # compute ("bfloat16" on accelerators)
   param_dtype: str = "float32"
-  attention: str = "xla"  # the implementation of dot-product attention
-  mechanism: str = "dot_product"  # of self-attention (ATTENTION_MECHANISMS); cross-attention is dot-product
-  max_len: int = 0  # the longest sequence: a synthesizer makes scores for this many positions
+  attention: str = "xla"  # the implementation of dot-product attention: "einsum" | "xla" | "cudnn" (NVIDIA GPUs)
+  # Of self-attention (ATTENTION_MECHANISMS); cross-attention is dot-product.
+  attention_mechanism: str = "dot_product"
   pre_layer_norm: bool = True  # GPT-2; the 2017 paper normalises after the residual instead
   activation: str = "gelu_tanh"  # GPT-2's approximate GELU; the 2017 paper uses relu
   # "gpt2": kernels ~ normal(0.02), projections into the residual stream 0.02/sqrt(2 * layers);
   # "xavier": Glorot uniform (the 2017 paper's tensor2tensor, flax's wmt example), whose larger
   # scale at small widths lets attention learn from the first steps.
   kernel_init: str = "gpt2"
-  kernels: str = "auto"  # which faster forms of the ops a program takes (transformer.kernels)
+  # The model's own fields, which its config copies in (`with_model`); not config keys of the block.
+  max_len: int = dataclasses.field(default=0, metadata={"derived": True})  # a synthesizer's positions
+  kernels: str = dataclasses.field(default="auto", metadata={"derived": True})  # transformer.kernels
 
   @property
   def head_dim(self) -> int:
     return self.d_model // self.num_heads
 
+  @property
+  def mlp_width(self) -> int:
+    return self.d_mlp or 4 * self.d_model
+
+  def replace(self, **changes) -> BlockConfig:
+    return dataclasses.replace(self, **changes)
+
+  def with_model(self, model_config) -> BlockConfig:
+    """This block in a model of `model_config` (its max_len and kernels)."""
+    return dataclasses.replace(self, max_len=model_config.max_len, kernels=model_config.kernels)
+
+
+def nest_block(model_config) -> None:
+  """For a model config's `__post_init__`: its `block` takes the model's max_len and kernels, so
+  that `config.block` is what the layers build (the config is frozen, hence `object.__setattr__`)."""
+  object.__setattr__(model_config, "block", model_config.block.with_model(model_config))
+
+
+def replace_model(model_config, changes: dict):
+  """`dataclasses.replace` of a model config, where the block's own fields (d_model=..., ...) change
+  its nested block: a shorthand for Python callers (the config keys are model.block.*)."""
+  changes = dict(changes)
+  model_names = {f.name for f in dataclasses.fields(model_config)}
+  block_names = {f.name for f in dataclasses.fields(BlockConfig) if not f.metadata.get("derived")} - model_names
+  block_changes = {name: changes.pop(name) for name in list(changes) if name in block_names}
+  if block_changes:
+    changes["block"] = dataclasses.replace(changes.get("block", model_config.block), **block_changes)
+  return dataclasses.replace(model_config, **changes)
+
 
 def check_block_config(cfg: BlockConfig) -> None:
-  if cfg.d_model <= 0 or cfg.num_heads <= 0 or cfg.d_mlp <= 0:
-    raise ConfigError(f"d_model, num_heads and d_mlp must be positive, got {cfg.d_model}, "
-                      f"{cfg.num_heads}, {cfg.d_mlp}")
+  """Raises ConfigError naming the field (config.model.block.*) for values that cannot work."""
+  if cfg.d_model <= 0 or cfg.num_heads <= 0 or cfg.d_mlp < 0:
+    raise ConfigError(f"block.d_model and block.num_heads must be positive and block.d_mlp >= 0 (0: 4 * d_model), "
+                      f"got {cfg.d_model}, {cfg.num_heads}, {cfg.d_mlp}")
   if cfg.d_model % cfg.num_heads:
-    raise ConfigError(f"d_model={cfg.d_model} is not divisible by num_heads={cfg.num_heads}; every head "
-                      f"gets d_model/num_heads channels, so pick e.g. num_heads="
+    raise ConfigError(f"block.d_model={cfg.d_model} is not divisible by block.num_heads={cfg.num_heads}; every "
+                      f"head gets d_model/num_heads channels, so pick e.g. num_heads="
                       f"{math.gcd(cfg.d_model, cfg.num_heads) or 1} or d_model="
                       f"{cfg.num_heads * max(1, round(cfg.d_model / cfg.num_heads))}")
   if cfg.attention not in ATTENTION_IMPLEMENTATIONS:
-    raise ConfigError(f"unknown attention implementation {cfg.attention!r}; choose one of "
+    raise ConfigError(f"unknown block.attention implementation {cfg.attention!r}; choose one of "
                       f"{', '.join(ATTENTION_IMPLEMENTATIONS)}")
-  if cfg.mechanism not in ATTENTION_MECHANISMS:
-    raise ConfigError(f"unknown attention_mechanism {cfg.mechanism!r}; choose one of {', '.join(ATTENTION_MECHANISMS)}")
-  if cfg.mechanism != "dot_product" and cfg.max_len <= 0:
-    raise ConfigError(f"attention_mechanism={cfg.mechanism!r} makes scores for a fixed number of positions; "
-                      f"the model must give its longest sequence (max_len), got {cfg.max_len}")
+  if cfg.attention_mechanism not in ATTENTION_MECHANISMS:
+    raise ConfigError(f"unknown block.attention_mechanism {cfg.attention_mechanism!r}; choose one of "
+                      f"{', '.join(ATTENTION_MECHANISMS)}")
+  if cfg.attention_mechanism != "dot_product" and cfg.max_len <= 0:
+    raise ConfigError(f"block.attention_mechanism={cfg.attention_mechanism!r} makes scores for a fixed number of "
+                      f"positions; the model must give its longest sequence (max_len), got {cfg.max_len}")
   if cfg.attention_dropout_rate > 0 and cfg.attention != "einsum":
-    raise ConfigError(f"attention_dropout_rate={cfg.attention_dropout_rate} needs attention='einsum' "
+    raise ConfigError(f"block.attention_dropout_rate={cfg.attention_dropout_rate} needs block.attention='einsum' "
                       f"(jax.nn.dot_product_attention has no dropout); set one or the other")
   for name in ("dropout_rate", "attention_dropout_rate"):
     if not 0.0 <= getattr(cfg, name) < 1.0:
-      raise ConfigError(f"{name} must be in [0, 1), got {getattr(cfg, name)}")
+      raise ConfigError(f"block.{name} must be in [0, 1), got {getattr(cfg, name)}")
   if cfg.layer_norm_epsilon <= 0:
-    raise ConfigError(f"layer_norm_epsilon must be positive, got {cfg.layer_norm_epsilon}")
+    raise ConfigError(f"block.layer_norm_epsilon must be positive, got {cfg.layer_norm_epsilon}")
   if cfg.kernel_init not in KERNEL_INITS:
-    raise ConfigError(f"unknown kernel_init {cfg.kernel_init!r}; choose one of {', '.join(KERNEL_INITS)}")
+    raise ConfigError(f"unknown block.kernel_init {cfg.kernel_init!r}; choose one of {', '.join(KERNEL_INITS)}")
   if cfg.activation not in ACTIVATIONS:
-    raise ConfigError(f"unknown activation {cfg.activation!r}; choose one of {', '.join(ACTIVATIONS)}")
+    raise ConfigError(f"unknown block.activation {cfg.activation!r}; choose one of {', '.join(ACTIVATIONS)}")
   check_kernels(cfg.kernels)
   _dtype(cfg.dtype), _dtype(cfg.param_dtype)
 
@@ -328,7 +363,7 @@ class MultiHeadAttention(nn.Module):
     # probabilities; otherwise nothing is recorded and no probability is materialised for it.
     sow = (lambda probs: self.sow("intermediates", "attention", probs)) \
         if self.is_mutable_collection("intermediates") else None
-    if not self.cross and cfg.mechanism != "dot_product":
+    if not self.cross and cfg.attention_mechanism != "dot_product":
       v_BxTxHxK = dense((H, K), 1, ("embed", "heads", "kv"), 0.02, "v")(x_BxTxD)
       # Only values are cached: a synthesized score depends on the query token and positions alone.
       scores_BxHxTxS = self._synthesized_scores(x_BxTxD, *positions)
@@ -370,7 +405,7 @@ class MultiHeadAttention(nn.Module):
     H, K, L = cfg.num_heads, cfg.head_dim, cfg.max_len
     B, T, S = x_BxTxD.shape[0], q_positions_BxT.shape[1], k_positions_BxS.shape[1]
     param_dtype = _dtype(cfg.param_dtype)
-    if cfg.mechanism == "synthesizer_dense":
+    if cfg.attention_mechanism == "synthesizer_dense":
       hidden_BxTxHxK = jax.nn.relu(Projection((H, K), ("embed", "heads", "kv"), 1, 0.02, cfg.use_bias, cfg.dtype,
                                               cfg.param_dtype, cfg.kernel_init, cfg.kernels,
                                               name="synth_hidden")(x_BxTxD))
@@ -389,7 +424,7 @@ class MultiHeadAttention(nn.Module):
     table_HxLxL = self.param("synth_table", nn.with_logical_partitioning(nn.initializers.normal(1.0),
                                                                          ("heads", "position", None)),
                              (H, L, L), param_dtype)
-    if cfg.mechanism == "synthesizer_fixed_random":
+    if cfg.attention_mechanism == "synthesizer_fixed_random":
       table_HxLxL = jax.lax.stop_gradient(table_HxLxL)
     scores_HxBxTxS = table_HxLxL[:, q_positions_BxT[:, :, None], k_positions_BxS[:, None, :]]
     return jnp.moveaxis(scores_HxBxTxS, 0, 1)
@@ -432,7 +467,7 @@ class MLP(nn.Module):
     cfg = self.cfg
     kw = dict(use_bias=cfg.use_bias, dtype=cfg.dtype, param_dtype=cfg.param_dtype, kernel_init=cfg.kernel_init,
               kernels=cfg.kernels)
-    h_BxTxF = Projection((cfg.d_mlp,), ("embed", "mlp"), name="fc", **kw)(x_BxTxD)
+    h_BxTxF = Projection((cfg.mlp_width,), ("embed", "mlp"), name="fc", **kw)(x_BxTxD)
     # The activation's backward pass recomputes it from its saved input (jax.checkpoint). Autodiff
     # saves the tanh GELU's tanh instead and rebuilds the input from the product's output and the bias,
     # so that pass reads three B x T x F tensors, not two (a little faster on accelerators; the same
@@ -490,7 +525,7 @@ def check_model_config(cfg, positive: tuple[str, ...]) -> None:
   for name in positive:
     if getattr(cfg, name) <= 0:
       raise ConfigError(f"{name} must be positive, got {getattr(cfg, name)}")
-  check_block_config(cfg.block())
+  check_block_config(cfg.block)
   check_remat_policy(cfg.remat_policy)
 
 

@@ -147,7 +147,7 @@ def plan_decode(run: train.Run, batch_size: int) -> Plan:
   if not has_sampler(run):
     raise ConfigError(f"the decode plan is of a GPT language model's sampler; this run's model is a "
                       f"{type(task.model).__name__}")
-  context = task.model_config.context_length
+  context = task.model_config.max_len
   dp = run.config.mesh.data_parallel
   if batch_size % dp:
     raise ConfigError(f"--decode_batch_size={batch_size} is not divisible by the data-parallel size {dp}")
@@ -177,10 +177,10 @@ def for_platform(run: RunConfig, platform: str) -> tuple[RunConfig, list[str]]:
   if model.kernels == "auto":
     model = model.replace(kernels=kernels.for_platform(platform))
     notes.append(f"planned for {platform}: config.model.kernels=auto compiles as {model.kernels!r}")
-  if getattr(model, "attention", None) == "cudnn" and jax.default_backend() != "gpu":
+  if model.family != "lstm" and model.block.attention == "cudnn" and jax.default_backend() != "gpu":
     model = model.replace(attention="xla")
-    notes.append("attention=cudnn compiles on an NVIDIA GPU only: planned with attention=xla, whose memory is an "
-                 "upper bound (cuDNN keeps no T x T scores)")
+    notes.append("block.attention=cudnn compiles on an NVIDIA GPU only: planned with block.attention=xla, whose "
+                 "memory is an upper bound (cuDNN keeps no T x T scores)")
   return dataclasses.replace(run, model=model), notes
 
 

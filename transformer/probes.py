@@ -71,8 +71,8 @@ def _per_layer(stack, num_layers: int, *path: str) -> np.ndarray:
 def gpt_output_logits(model: GPT, params, x_BxTxD) -> jax.Array:
   """The GPT's final LayerNorm and head applied to a residual stream (what GPT.__call__ does last)."""
   cfg = model.config
-  x_BxTxD = layers.layer_norm(cfg.block()).apply({"params": params["ln_f"]}, x_BxTxD)
-  dtype = jnp.dtype(cfg.dtype)
+  x_BxTxD = layers.layer_norm(cfg.block).apply({"params": params["ln_f"]}, x_BxTxD)
+  dtype = jnp.dtype(cfg.block.dtype)
   if cfg.tie_embeddings:
     return (x_BxTxD.astype(dtype) @ params["wte"]["embedding"].astype(dtype).T).astype(jnp.float32)
   return (x_BxTxD.astype(dtype) @ params["lm_head"]["kernel"].astype(dtype)).astype(jnp.float32)
@@ -94,9 +94,9 @@ def look_inside(model, params, tokenizer, text: str, *, target: str | None = Non
                                translation=translation)
   ids = tokenizer.encode(text) or [tokenizer.eot_id]
   _check_vocabulary(ids, model.config.vocab_size)
-  if len(ids) > model.config.context_length:
+  if len(ids) > model.config.max_len:
     raise UserError(f"the text is {len(ids)} tokens, longer than the model's context of "
-                    f"{model.config.context_length}; probe a shorter one")
+                    f"{model.config.max_len}; probe a shorter one")
   # Eager, not jit: one pass per text, and a new jit here would compile for every call (--compare).
   logits, state = model.apply({"params": params}, jnp.asarray([ids], jnp.int32), mutable=["intermediates"])
   sown = state["intermediates"]

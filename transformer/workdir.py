@@ -19,6 +19,7 @@ or the new one, never half of one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -31,6 +32,7 @@ from absl import logging
 
 from transformer.config import RunConfig, resume_changes, to_config_dict
 from transformer.errors import ConfigError, DataError, WorkdirError
+from transformer.layers import BlockConfig
 
 CONFIG = "config.json"
 DATA = "data.json"
@@ -105,9 +107,28 @@ def saved_config_dict(workdir: Path) -> ml_collections.ConfigDict | None:
   if not path.exists():
     return None
   try:
-    return ml_collections.ConfigDict(json.loads(path.read_text()))
+    saved = json.loads(path.read_text())
   except ValueError as e:  # a torn file (JSONDecodeError)
     raise WorkdirError(f"{path} is unreadable ({e}); restore it, or use another --workdir") from None
+  return ml_collections.ConfigDict(upgrade_config(saved))
+
+
+# The block's config keys, which model configs written before 2026-11-26 held flat in config.model.
+_BLOCK_KEYS = tuple(f.name for f in dataclasses.fields(BlockConfig) if not f.metadata.get("derived"))
+
+
+def upgrade_config(saved: dict) -> dict:
+  """A config.json as this version writes it, from one an earlier version wrote: until 2026-11-26
+  each model config held its block's fields itself (now config.model.block.*) and a GPT's or an
+  LSTM's longest sequence was `context_length` (now `max_len`, as for every model)."""
+  model = dict(saved.get("model") or {})
+  if "context_length" in model:
+    model["max_len"] = model.pop("context_length")
+  if model.get("family") != "lstm" and "block" not in model:  # an LSTM has no block: its d_model is its own
+    block = {k: model.pop(k) for k in _BLOCK_KEYS if k in model}
+    if block:
+      model["block"] = block
+  return {**saved, "model": model} if "model" in saved else saved
 
 
 def check_config(workdir: Path, run: RunConfig, saved: RunConfig | None) -> list[str]:

@@ -23,7 +23,7 @@ prompt gives the same sample alone or in a batch, in the same row.
 
 Lengths: every prompt plus max_new_tokens must fit in the context (the learned position table),
 or `generate` raises; with `sliding_window=True` longer generations instead re-run the model over
-the last context_length tokens for each new one (`generate_sliding`: correct but slow, no cache).
+the last max_len tokens for each new one (`generate_sliding`: correct but slow, no cache).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
 
+from transformer import models
 from transformer.errors import ConfigError, TokenizerError
 from transformer.generation.common import (
   batch_rows,
@@ -162,8 +163,7 @@ def sample_padded(params, prompt_BxP, valid_BxP, rng, first_row=0, *, model, max
       return logits_BxTxV[:, -1], variables["cache"]
 
     forms = _forms(model)
-    vocab_major = forms == "cpu" and _tied(model) and decode_head.vocab_major(
-        B, model.config.vocab_size, model.config.d_model, model.config.dtype)
+    vocab_major = forms == "cpu" and _tied(model) and decode_head.vocab_major(B, *_head(model))
 
     def emit(i, logits_BxV, done_B, tokens_BxN):
       token_B = sample_logits(logits_BxV, jax.random.fold_in(rng, i), sampling, forms, vocab_major, first_row)
@@ -217,11 +217,17 @@ def _tied(model) -> bool:
   return model.config.family == "gpt" and model.config.tie_embeddings
 
 
+def _head(model) -> tuple[int, int, str]:
+  """(vocabulary size, width, compute dtype) of the model's output head."""
+  fields = models.body_fields(model.config)
+  return model.config.vocab_size, fields.d_model, fields.dtype
+
+
 def split_parts(model, batch_size: int, mesh) -> int:
   """Into how many parts `generate` splits a batch, each decoded by its own thread: with the CPU's
   kernels on one CPU device, one per core (transformer.kernels.decode_threads); else 1."""
   threads = decode_threads.threads(model.config.kernels, mesh)
-  return 1 if threads == 1 else decode_threads.parts(model.config, batch_size, threads)
+  return 1 if threads == 1 else decode_threads.parts(*_head(model), batch_size, threads)
 
 
 def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int) -> list[list[int]]:
@@ -254,22 +260,22 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     raise ConfigError(f"decode_phase must be >= 1 (max_new_tokens or more: one phase), got {decode_phase}")
   rng = jax.random.key(seed) if isinstance(seed, int) else seed
   longest = max(len(p) for p in prompts)
-  if longest + max_new_tokens > cfg.context_length:
+  if longest + max_new_tokens > cfg.max_len:
     if sliding_window:
       return [generate_sliding(model, params, p, max_new_tokens=max_new_tokens, sampling=sampling,
                                rng=jax.random.fold_in(rng, b), stop_id=stop_id) for b, p in enumerate(prompts)]
     which = max(range(len(prompts)), key=lambda b: len(prompts[b]))
     tokens = f"{longest} token{'s' * (longest > 1)}"
     raise ConfigError(f"prompt {which} ({tokens}) + max_new_tokens={max_new_tokens} is longer than the "
-                      f"model's context of {cfg.context_length} tokens; shorten the prompt, lower max_new_tokens "
-                      f"to {max(cfg.context_length - longest, 0)}, or use the sliding window "
+                      f"model's context of {cfg.max_len} tokens; shorten the prompt, lower max_new_tokens "
+                      f"to {max(cfg.max_len - longest, 0)}, or use the sliding window "
                       f"(sliding_window=True / --sliding_window), which is much slower")
 
   # On a CPU device, its cores may each decode a part of the batch (streaming keeps one part).
   parts = split_parts(model, len(prompts), mesh) if on_token is None else 1
   # Shapes: prompt length rounded up (without leaving the context), batch up to a multiple of the
   # data-parallel size and of the parts.
-  P = min(round_up(longest, PROMPT_BUCKET), cfg.context_length - max_new_tokens)
+  P = min(round_up(longest, PROMPT_BUCKET), cfg.max_len - max_new_tokens)
   prompt_BxP, valid_BxP = pad_rows(prompts, round_up(batch_rows(len(prompts), mesh, rules), parts), P, left=True)
   kwargs = dict(model=model, max_new_tokens=max_new_tokens, sampling=sampling, stop_id=stop_id,
                 rules=tuple(rules) if mesh is not None else (), stream=on_token is not None,
@@ -298,9 +304,9 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
 
 def generate_sliding(model, params, prompt: list[int], *, max_new_tokens: int, sampling: Sampling = Sampling(),
                      rng=None, stop_id: int | None = None) -> list[int]:
-  """One prompt, any length: a full forward pass over the last `context_length` tokens per new token
+  """One prompt, any length: a full forward pass over the last `max_len` tokens per new token
   (one compiled function over a fixed-size buffer, no cache). Slow; for text longer than the context."""
-  context = model.config.context_length
+  context = model.config.max_len
   prompt = check_prompts([prompt], model.config.vocab_size)[0]
   rng = jax.random.key(0) if rng is None else rng
 

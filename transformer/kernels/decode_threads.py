@@ -53,13 +53,14 @@ def threads(kernels: str, mesh) -> int:
   return cpu_threads(list(mesh.devices.flat) if mesh is not None else jax.devices()[:1])
 
 
-def parts(model_config, batch_size: int, threads: int) -> int:
+def parts(vocab_size: int, d_model: int, dtype: str, batch_size: int, threads: int) -> int:
   """Into how many parts a batch of `batch_size` prompts is split, each decoded by its own thread:
-  one per thread, each of at least MIN_PART_ROWS prompts (more with a large vocabulary or head)."""
+  one per thread, each of at least MIN_PART_ROWS prompts (more with a large vocabulary or a head of
+  `vocab_size` x `d_model` in `dtype` streamed from memory)."""
   rows = MIN_PART_ROWS
-  if model_config.vocab_size >= argmax.LARGE_VOCAB:
+  if vocab_size >= argmax.LARGE_VOCAB:
     rows = LARGE_VOCAB_PART_ROWS
-  if decode_head.streamed_head(model_config.vocab_size, model_config.d_model, model_config.dtype):
+  if decode_head.streamed_head(vocab_size, d_model, dtype):
     rows = STREAMED_HEAD_PART_ROWS
   return max(1, min(threads, batch_size // rows))
 

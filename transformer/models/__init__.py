@@ -29,6 +29,12 @@ from transformer.models.lstm import LSTMConfig
 from transformer.models.seq2seq import Seq2SeqConfig
 
 
+def body_fields(config):
+  """Where a model's width (d_model), dropout rate and dtypes are: an LSTM's own config, another
+  family's block (config.model.block)."""
+  return config if config.family == "lstm" else config.block
+
+
 def families() -> dict[str, type]:
   """config.model.family -> its model config class."""
   return {c.family: c for c in (GPTConfig, Seq2SeqConfig, EncoderConfig, LSTMConfig)}

@@ -21,6 +21,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer import models
 from transformer.errors import ConfigError
 from transformer.models.encoder import Encoder
 from transformer.models.gpt import GPT
@@ -32,7 +33,7 @@ POOLINGS = ("mean", "last", "first")  # of the real tokens' states
 
 def body_width(config) -> int:
   """The size of the hidden states the body gives its head."""
-  return config.d_hidden if config.family == "lstm" else config.d_model
+  return config.d_hidden if config.family == "lstm" else config.block.d_model
 
 
 def natural_pooling(config) -> str:
@@ -52,7 +53,8 @@ def _hidden(config, tokens_BxT, valid_BxT, deterministic: bool):
 
 
 def _head(num_outputs: int, config, x_BxD):
-  return nn.Dense(num_outputs, dtype=jnp.dtype(config.dtype), param_dtype=jnp.dtype(config.param_dtype),
+  fields = models.body_fields(config)
+  return nn.Dense(num_outputs, dtype=jnp.dtype(fields.dtype), param_dtype=jnp.dtype(fields.param_dtype),
                   kernel_init=nn.initializers.normal(0.02), name="head")(x_BxD).astype(jnp.float32)
 
 

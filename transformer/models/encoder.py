@@ -33,31 +33,18 @@ class EncoderConfig:
   vocab_size: int = 0  # 0: taken from the tokenizer
   max_len: int = 256  # longest sequence (positions are sinusoidal, not learned)
   num_layers: int = 4
-  num_heads: int = 4
-  d_model: int = 256
-  d_mlp: int = 1024
-  dropout_rate: float = 0.1
-  attention_dropout_rate: float = 0.0  # needs attention="einsum"
-  layer_norm_epsilon: float = 1e-6
-  pre_layer_norm: bool = True  # False: the paper's post-LN
-  dtype: str = "float32"
-  param_dtype: str = "float32"
-  kernel_init: str = "xavier"
-  attention: str = "xla"  # "einsum" | "xla" | "cudnn"
-  attention_mechanism: str = "dot_product"  # or a Synthesizer (layers.ATTENTION_MECHANISMS)
+  # The encoder-decoder's blocks, pre-LN by default (block.pre_layer_norm=False: the paper's post-LN).
+  block: layers.BlockConfig = seq2seq.PAPER_BLOCK.replace(d_model=256, num_heads=4, d_mlp=1024, pre_layer_norm=True)
   scan_layers: bool = False
   remat_policy: str = "none"
   kernels: str = "auto"  # "auto" | "reference" | "cpu" | "accelerator": faster forms of ops (transformer.kernels)
 
-  # The encoder-decoder's blocks: the same fields make the same BlockConfig.
-  block = seq2seq.Seq2SeqConfig.block
-
-  @property
-  def context_length(self) -> int:  # the name every body's longest sequence goes by
-    return self.max_len
+  def __post_init__(self):
+    layers.nest_block(self)
 
   def replace(self, **changes) -> EncoderConfig:
-    return dataclasses.replace(self, **changes)
+    """A copy with `changes`; the block's fields (d_model=..., num_heads=...) change the block."""
+    return layers.replace_model(self, changes)
 
   def check(self) -> EncoderConfig:
     layers.check_model_config(self, positive=("vocab_size", "max_len", "num_layers"))
@@ -72,9 +59,9 @@ class Encoder(nn.Module):
   def setup(self):
     cfg = self.config
     self.source_embed = seq2seq.Embed(cfg)
-    self.encoder = layers.Stack(cfg.block(), cfg.num_layers, scan=cfg.scan_layers, remat_policy=cfg.remat_policy)
-    if cfg.pre_layer_norm:
-      self.encoder_norm = layers.layer_norm(cfg.block())
+    self.encoder = layers.Stack(cfg.block, cfg.num_layers, scan=cfg.scan_layers, remat_policy=cfg.remat_policy)
+    if cfg.block.pre_layer_norm:
+      self.encoder_norm = layers.layer_norm(cfg.block)
 
   def __call__(self, tokens_BxT, *, valid_BxT=None, deterministic: bool = True):
     B, T = tokens_BxT.shape
@@ -87,4 +74,4 @@ class Encoder(nn.Module):
     self.sow("intermediates", "embeddings", x_BxTxD)
     mask_BxTxT = layers.self_attention_mask(valid_BxT, None, causal=False)
     x_BxTxD = self.encoder(x_BxTxD, mask_BxTxT, positions=(positions_1xT, positions_1xT), deterministic=deterministic)
-    return self.encoder_norm(x_BxTxD) if self.config.pre_layer_norm else x_BxTxD
+    return self.encoder_norm(x_BxTxD) if self.config.block.pre_layer_norm else x_BxTxD

@@ -34,51 +34,41 @@ from transformer.kernels import forms as kernel_forms
 class GPTConfig:
   family: ClassVar[str] = "gpt"  # config.model.family (transformer.models.FAMILIES)
   vocab_size: int = 50257
-  context_length: int = 1024  # size of the learned position table: the longest sequence
+  max_len: int = 1024  # size of the learned position table: the longest sequence (GPT-2's n_ctx)
   num_layers: int = 12
-  num_heads: int = 12
-  d_model: int = 768
-  d_mlp: int = 0  # 0 means 4 * d_model, as in GPT-2
-  dropout_rate: float = 0.0  # embeddings and residual branches (GPT-2 trained with 0.1)
-  attention_dropout_rate: float = 0.0  # needs attention="einsum"
-  layer_norm_epsilon: float = 1e-5
-  use_bias: bool = True
+  # Width, heads, dropout, dtypes, attention: GPT-2's pre-LayerNorm, GELU-tanh blocks (the defaults).
+  block: layers.BlockConfig = layers.BlockConfig()
   tie_embeddings: bool = True  # the output head is the token embedding, transposed
-  dtype: str = "float32"  # compute dtype ("bfloat16" on accelerators)
-  param_dtype: str = "float32"
-  attention: str = "xla"  # "einsum" (the readable reference) | "xla" | "cudnn" (NVIDIA GPUs)
-  # "dot_product" (GPT-2) | "synthesizer_dense" | "synthesizer_random" | "synthesizer_fixed_random"
-  attention_mechanism: str = "dot_product"
   scan_layers: bool = False  # one scanned block instead of N unrolled ones (faster compiles)
   remat_policy: str = "none"  # "none" | "dots" | "full": what the backward pass recomputes
   kernels: str = "auto"  # "auto" | "reference" | "cpu" | "accelerator": faster forms of ops (transformer.kernels)
 
-  def block(self) -> layers.BlockConfig:
-    return layers.BlockConfig(
-        d_model=self.d_model, num_heads=self.num_heads, d_mlp=self.d_mlp or 4 * self.d_model,
-        dropout_rate=self.dropout_rate, attention_dropout_rate=self.attention_dropout_rate,
-        layer_norm_epsilon=self.layer_norm_epsilon, use_bias=self.use_bias, dtype=self.dtype,
-        param_dtype=self.param_dtype, attention=self.attention, mechanism=self.attention_mechanism,
-        max_len=self.context_length, pre_layer_norm=True, activation="gelu_tanh",
-        kernels=self.kernels)
+  def __post_init__(self):
+    layers.nest_block(self)
 
   def replace(self, **changes) -> GPTConfig:
-    return dataclasses.replace(self, **changes)
+    """A copy with `changes`; the block's fields (d_model=..., num_heads=...) change the block."""
+    return layers.replace_model(self, changes)
 
   def check(self) -> GPTConfig:
     """Raises ConfigError naming the field for values that cannot work; returns self."""
-    layers.check_model_config(self, positive=("vocab_size", "context_length", "num_layers"))
+    layers.check_model_config(self, positive=("vocab_size", "max_len", "num_layers"))
     return self
 
 
+def _gpt2(num_layers: int, num_heads: int, d_model: int, max_len: int = 1024) -> GPTConfig:
+  return GPTConfig(max_len=max_len, num_layers=num_layers, block=layers.BlockConfig(d_model=d_model,
+                                                                                    num_heads=num_heads))
+
+
 PRESETS: dict[str, GPTConfig] = {
-    "gpt2": GPTConfig(num_layers=12, num_heads=12, d_model=768),
-    "gpt2-medium": GPTConfig(num_layers=24, num_heads=16, d_model=1024),
-    "gpt2-large": GPTConfig(num_layers=36, num_heads=20, d_model=1280),
-    "gpt2-xl": GPTConfig(num_layers=48, num_heads=25, d_model=1600),
+    "gpt2": _gpt2(num_layers=12, num_heads=12, d_model=768),
+    "gpt2-medium": _gpt2(num_layers=24, num_heads=16, d_model=1024),
+    "gpt2-large": _gpt2(num_layers=36, num_heads=20, d_model=1280),
+    "gpt2-xl": _gpt2(num_layers=48, num_heads=25, d_model=1600),
     # Small enough to train on a 2-core CPU in minutes (vocab_size is set from the tokenizer).
-    "cpu-small": GPTConfig(context_length=256, num_layers=4, num_heads=4, d_model=256),
-    "cpu-tiny": GPTConfig(context_length=64, num_layers=2, num_heads=2, d_model=64),
+    "cpu-small": _gpt2(max_len=256, num_layers=4, num_heads=4, d_model=256),
+    "cpu-tiny": _gpt2(max_len=64, num_layers=2, num_heads=2, d_model=64),
 }
 
 
@@ -114,9 +104,9 @@ class GPT(nn.Module):
     if decode:
       positions_BxT, mask_BxTxS, key_positions_BxS = layers.CachePositions(name="positions")(
           valid_BxT if valid_BxT is not None else jnp.ones((B, T), bool))
-    elif T > cfg.context_length:
-      raise ConfigError(f"a sequence of {T} tokens is longer than context_length={cfg.context_length} "
-                        f"(the position table); use at most {cfg.context_length} tokens")
+    elif T > cfg.max_len:
+      raise ConfigError(f"a sequence of {T} tokens is longer than max_len={cfg.max_len} "
+                        f"(the position table); use at most {cfg.max_len} tokens")
     elif valid_BxT is None and segments_BxT is None:
       positions_BxT, mask_BxTxS = jnp.arange(T)[None], None  # causal (layers.attend)
     else:
@@ -125,20 +115,21 @@ class GPT(nn.Module):
     if not decode:
       key_positions_BxS = positions_BxT
 
-    dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
-    wte = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=param_dtype, name="wte",
+    block = cfg.block
+    dtype, param_dtype = jnp.dtype(block.dtype), jnp.dtype(block.param_dtype)
+    wte = nn.Embed(cfg.vocab_size, block.d_model, dtype=dtype, param_dtype=param_dtype, name="wte",
                    embedding_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ("vocab", "embed")))
     wpe_LxD = self.param("wpe", nn.with_logical_partitioning(nn.initializers.normal(0.01), ("position", "embed")),
-                         (cfg.context_length, cfg.d_model), param_dtype)
+                         (cfg.max_len, block.d_model), param_dtype)
     x_BxTxD = wte(tokens_BxT) + wpe_LxD.astype(dtype)[positions_BxT]
-    x_BxTxD = nn.Dropout(cfg.dropout_rate)(x_BxTxD, deterministic=deterministic)
+    x_BxTxD = nn.Dropout(block.dropout_rate)(x_BxTxD, deterministic=deterministic)
     x_BxTxD = nn.with_logical_constraint(x_BxTxD, ("batch", "length", "embed"))
     self.sow("intermediates", "embeddings", x_BxTxD)  # the residual stream's start, when probing
 
-    x_BxTxD = layers.Stack(cfg.block(), cfg.num_layers, scan=cfg.scan_layers, remat_policy=cfg.remat_policy,
+    x_BxTxD = layers.Stack(block, cfg.num_layers, scan=cfg.scan_layers, remat_policy=cfg.remat_policy,
                            name="h")(x_BxTxD, mask_BxTxS, positions=(positions_BxT, key_positions_BxS),
                                      deterministic=deterministic, decode=decode)
-    x_BxTxD = layers.layer_norm(cfg.block(), "ln_f")(x_BxTxD)
+    x_BxTxD = layers.layer_norm(block, "ln_f")(x_BxTxD)
     if features:
       return x_BxTxD
     if decode:  # only the next token's logits are needed
@@ -160,7 +151,7 @@ class GPT(nn.Module):
 def param_shapes(config: GPTConfig):
   """The parameter tree as ShapeDtypeStructs (with their logical axis metadata), allocating nothing."""
   model = GPT(config.check())
-  tokens = jax.ShapeDtypeStruct((1, min(8, config.context_length)), jnp.int32)
+  tokens = jax.ShapeDtypeStruct((1, min(8, config.max_len)), jnp.int32)
   return jax.eval_shape(lambda t: model.init(jax.random.key(0), t), tokens)["params"]
 
 

@@ -34,8 +34,8 @@ _IGNORED = re.compile(r"^h\.\d+\.attn\.(bias|masked_bias)$")
 
 def _hf_layout(cfg: GPTConfig):
   """(HF key, our param path, HF shape) for every tensor of a GPT-2 with config `cfg`."""
-  D, L, V = cfg.d_model, cfg.context_length, cfg.vocab_size
-  F = cfg.d_mlp or 4 * D
+  D, L, V = cfg.block.d_model, cfg.max_len, cfg.vocab_size
+  F = cfg.block.mlp_width
   yield "wte.weight", ("wte", "embedding"), (V, D)
   yield "wpe.weight", ("wpe",), (L, D)
   for i in range(cfg.num_layers):
@@ -83,7 +83,7 @@ def import_hf_gpt2(path: str | Path, **overrides) -> tuple[GPTConfig, dict]:
 
   The config is inferred from the tensor shapes (and `config.json` beside it, for the number of
   heads and the LayerNorm epsilon); `overrides` change fields that do not alter shapes (dtype,
-  attention, scan_layers, ...), or shorten `context_length`. Returns (config, params).
+  attention, scan_layers, ...), or shorten `max_len`. Returns (config, params).
   """
   path = Path(path)
   file = path / "model.safetensors" if path.is_dir() else path
@@ -106,16 +106,16 @@ def import_hf_gpt2(path: str | Path, **overrides) -> tuple[GPTConfig, dict]:
   tied = "lm_head.weight" not in tensors or np.array_equal(tensors["lm_head.weight"], tensors["wte.weight"])
   if tied:
     tensors.pop("lm_head.weight", None)
-  cfg = GPTConfig(vocab_size=V, context_length=table_length, num_layers=num_layers, num_heads=heads,
-                  d_model=D, d_mlp=tensors["h.0.mlp.c_fc.weight"].shape[1],
-                  layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-5), tie_embeddings=tied)
+  block = layers.BlockConfig(d_model=D, num_heads=heads, d_mlp=tensors["h.0.mlp.c_fc.weight"].shape[1],
+                             layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-5))
+  cfg = GPTConfig(vocab_size=V, max_len=table_length, num_layers=num_layers, block=block, tie_embeddings=tied)
   scan = overrides.pop("scan_layers", False)
   cfg = cfg.replace(**overrides)
-  if cfg.context_length > table_length:
-    raise CheckpointError(f"context_length={cfg.context_length} is longer than the position table of "
-                          f"{file} ({table_length} rows); use context_length <= {table_length}")
-  if cfg.context_length < table_length:  # keep the first rows: positions beyond are never used
-    tensors["wpe.weight"] = tensors["wpe.weight"][: cfg.context_length]
+  if cfg.max_len > table_length:
+    raise CheckpointError(f"max_len={cfg.max_len} is longer than the position table of "
+                          f"{file} ({table_length} rows); use max_len <= {table_length}")
+  if cfg.max_len < table_length:  # keep the first rows: positions beyond are never used
+    tensors["wpe.weight"] = tensors["wpe.weight"][: cfg.max_len]
   cfg.check()
 
   params: dict = {}
@@ -143,15 +143,16 @@ def import_hf_gpt2(path: str | Path, **overrides) -> tuple[GPTConfig, dict]:
 
 def export_hf_gpt2(config: GPTConfig, params: dict, out_dir: str | Path) -> Path:
   """Writes `model.safetensors` + `config.json` that `GPT2LMHeadModel.from_pretrained` loads."""
-  if config.attention_mechanism != "dot_product":
-    raise ConfigError(f"GPT-2 has dot-product attention; a model with attention_mechanism="
-                      f"{config.attention_mechanism!r} has no Hugging Face GPT-2 form")
+  block = config.block
+  if block.attention_mechanism != "dot_product":
+    raise ConfigError(f"GPT-2 has dot-product attention; a model with block.attention_mechanism="
+                      f"{block.attention_mechanism!r} has no Hugging Face GPT-2 form")
   params = nn.unbox(params)
   if config.scan_layers:
     params = {**params, "h": layers.unstack_layers(params["h"], config.num_layers)}
   tensors = {}
   for key, ours, hf_shape in _hf_layout(config):
-    if ours[-1] == "bias" and not config.use_bias:
+    if ours[-1] == "bias" and not block.use_bias:
       value = np.zeros(hf_shape, np.float32)  # the same function: GPT-2 always has biases
     else:
       value = np.asarray(jax.device_get(_get(params, ours)), dtype=np.float32)
@@ -162,12 +163,12 @@ def export_hf_gpt2(config: GPTConfig, params: dict, out_dir: str | Path) -> Path
   save_file(tensors, out_dir / "model.safetensors", metadata={"format": "pt"})
   hf_config = {
       "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "activation_function": "gelu_new",
-      "vocab_size": config.vocab_size, "n_positions": config.context_length, "n_embd": config.d_model,
-      "n_layer": config.num_layers, "n_head": config.num_heads,
-      "n_inner": None if config.d_mlp in (0, 4 * config.d_model) else config.d_mlp,
-      "layer_norm_epsilon": config.layer_norm_epsilon, "tie_word_embeddings": config.tie_embeddings,
-      "resid_pdrop": config.dropout_rate, "embd_pdrop": config.dropout_rate,
-      "attn_pdrop": config.attention_dropout_rate, "bos_token_id": config.vocab_size - 1,
+      "vocab_size": config.vocab_size, "n_positions": config.max_len, "n_embd": block.d_model,
+      "n_layer": config.num_layers, "n_head": block.num_heads,
+      "n_inner": None if block.mlp_width == 4 * block.d_model else block.mlp_width,
+      "layer_norm_epsilon": block.layer_norm_epsilon, "tie_word_embeddings": config.tie_embeddings,
+      "resid_pdrop": block.dropout_rate, "embd_pdrop": block.dropout_rate,
+      "attn_pdrop": block.attention_dropout_rate, "bos_token_id": config.vocab_size - 1,
       "eos_token_id": config.vocab_size - 1, "scale_attn_weights": True,
   }
   (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")

@@ -33,7 +33,7 @@ from transformer.kernels import check as kernel_check
 class LSTMConfig:
   family: ClassVar[str] = "lstm"  # config.model.family (transformer.models.FAMILIES)
   vocab_size: int = 0  # 0: taken from the tokenizer
-  context_length: int = 1024  # longest sequence it is trained or sampled on (no position table)
+  max_len: int = 1024  # longest sequence it is trained or sampled on (no position table)
   num_layers: int = 2
   d_model: int = 256  # embedding size = hidden size of each direction
   bidirectional: bool = False
@@ -51,7 +51,7 @@ class LSTMConfig:
     return self.d_model * (2 if self.bidirectional else 1)
 
   def check(self) -> LSTMConfig:
-    for name in ("vocab_size", "context_length", "num_layers", "d_model"):
+    for name in ("vocab_size", "max_len", "num_layers", "d_model"):
       if getattr(self, name) <= 0:
         raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
     if not 0 <= self.dropout_rate < 1:
@@ -130,9 +130,9 @@ class LSTMLanguageModel(nn.Module):
     if cfg.bidirectional:
       raise ConfigError("a language model predicts the next token from the ones before it: a bidirectional "
                         "LSTM would read the answer; set --config.model.bidirectional=False")
-    if not decode and tokens_BxT.shape[1] > cfg.context_length:
-      raise ConfigError(f"a sequence of {tokens_BxT.shape[1]} tokens is longer than context_length="
-                        f"{cfg.context_length}; use at most {cfg.context_length} tokens")
+    if not decode and tokens_BxT.shape[1] > cfg.max_len:
+      raise ConfigError(f"a sequence of {tokens_BxT.shape[1]} tokens is longer than max_len="
+                        f"{cfg.max_len}; use at most {cfg.max_len} tokens")
     lstm = LSTM(cfg, name="lstm")
     hidden_BxTxD = lstm(tokens_BxT, valid_BxT=valid_BxT, deterministic=deterministic, decode=decode)
     if cfg.tie_embeddings:

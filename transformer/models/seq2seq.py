@@ -29,6 +29,10 @@ import jax.numpy as jnp
 from transformer import layers
 from transformer.errors import ConfigError
 
+# The paper's blocks: post-LayerNorm, ReLU, Glorot-initialised (its tensor2tensor code), base's sizes.
+PAPER_BLOCK = layers.BlockConfig(d_model=512, num_heads=8, d_mlp=2048, dropout_rate=0.1, layer_norm_epsilon=1e-6,
+                                 pre_layer_norm=False, activation="relu", kernel_init="xavier")
+
 
 @dataclasses.dataclass(frozen=True)
 class Seq2SeqConfig:
@@ -40,42 +44,27 @@ class Seq2SeqConfig:
   # Decoder") decodes faster, as the decoder runs once per output token; whether it translates as
   # well depends on the data (on the README's Ding runs, 3+1 layers did worse than 2+2).
   num_decoder_layers: int = 0
-  num_heads: int = 8
-  d_model: int = 512
-  d_mlp: int = 2048
-  dropout_rate: float = 0.1
-  attention_dropout_rate: float = 0.0  # needs attention="einsum"
+  # The encoder's and the decoder's blocks (block.pre_layer_norm=True: pre-LN, easier to train deep;
+  # block.attention_mechanism applies to self-attention, cross-attention is dot-product).
+  block: layers.BlockConfig = PAPER_BLOCK
   # Training drops whole source tokens (their embedding is zeroed; position kept) at this rate: word
   # dropout (Gal & Ghahramani 2016), which Sennrich & Zhang (2019) find helps low-resource NMT.
   source_word_dropout: float = 0.0
-  layer_norm_epsilon: float = 1e-6
-  pre_layer_norm: bool = False  # False: the paper's post-LN; True: pre-LN (easier to train deep)
   share_embeddings: bool = True  # one embedding for source and target (a joint vocabulary)
   tie_output: bool = True  # the output head is the target embedding, transposed
-  dtype: str = "float32"
-  param_dtype: str = "float32"
-  kernel_init: str = "xavier"  # Glorot uniform as in the paper's code; "gpt2": normal(0.02)
-  attention: str = "xla"  # "einsum" | "xla" | "cudnn"
-  # Of the encoder's and the decoder's self-attention (cross-attention is dot-product): "dot_product" |
-  # "synthesizer_dense" | "synthesizer_random" | "synthesizer_fixed_random"
-  attention_mechanism: str = "dot_product"
   scan_layers: bool = False
   remat_policy: str = "none"
   kernels: str = "auto"  # "auto" | "reference" | "cpu" | "accelerator": faster forms of ops (transformer.kernels)
 
-  def block(self) -> layers.BlockConfig:
-    return layers.BlockConfig(
-        d_model=self.d_model, num_heads=self.num_heads, d_mlp=self.d_mlp, dropout_rate=self.dropout_rate,
-        attention_dropout_rate=self.attention_dropout_rate, layer_norm_epsilon=self.layer_norm_epsilon,
-        dtype=self.dtype, param_dtype=self.param_dtype, attention=self.attention,
-        mechanism=self.attention_mechanism, max_len=self.max_len, pre_layer_norm=self.pre_layer_norm,
-        activation="relu", kernel_init=self.kernel_init, kernels=self.kernels)
+  def __post_init__(self):
+    layers.nest_block(self)
 
   def decoder_layers(self) -> int:
     return self.num_decoder_layers or self.num_layers
 
   def replace(self, **changes) -> Seq2SeqConfig:
-    return dataclasses.replace(self, **changes)
+    """A copy with `changes`; the block's fields (d_model=..., num_heads=...) change the block."""
+    return layers.replace_model(self, changes)
 
   def check(self) -> Seq2SeqConfig:
     """Raises ConfigError naming the field for values that cannot work; returns self."""
@@ -89,11 +78,14 @@ class Seq2SeqConfig:
 
 PRESETS: dict[str, Seq2SeqConfig] = {
     # The paper's Table 3: base (65M params at 37k vocab) and big (213M).
-    "transformer_base": Seq2SeqConfig(num_layers=6, num_heads=8, d_model=512, d_mlp=2048, dropout_rate=0.1),
-    "transformer_big": Seq2SeqConfig(num_layers=6, num_heads=16, d_model=1024, d_mlp=4096, dropout_rate=0.3),
+    "transformer_base": Seq2SeqConfig(num_layers=6, block=PAPER_BLOCK),
+    "transformer_big": Seq2SeqConfig(num_layers=6, block=PAPER_BLOCK.replace(num_heads=16, d_model=1024, d_mlp=4096,
+                                                                             dropout_rate=0.3)),
     # Trains on a 2-core CPU in minutes.
-    "cpu-small": Seq2SeqConfig(max_len=64, num_layers=3, num_heads=4, d_model=256, d_mlp=1024, dropout_rate=0.1),
-    "cpu-tiny": Seq2SeqConfig(max_len=32, num_layers=2, num_heads=2, d_model=64, d_mlp=128, dropout_rate=0.0),
+    "cpu-small": Seq2SeqConfig(max_len=64, num_layers=3, block=PAPER_BLOCK.replace(num_heads=4, d_model=256,
+                                                                                   d_mlp=1024)),
+    "cpu-tiny": Seq2SeqConfig(max_len=32, num_layers=2, block=PAPER_BLOCK.replace(num_heads=2, d_model=64, d_mlp=128,
+                                                                                  dropout_rate=0.0)),
 }
 
 
@@ -104,25 +96,26 @@ def preset(name: str, **overrides) -> Seq2SeqConfig:
 
 
 class Embed(nn.Module):
-  """Token embedding * sqrt(d_model) + sinusoidal position, then dropout (the paper's section 3.4)."""
+  """Token embedding * sqrt(d_model) + sinusoidal position, then dropout (the paper's section 3.4).
+  `config`: a model config with vocab_size, max_len and a block (the encoder's too)."""
   config: Seq2SeqConfig
 
   def setup(self):
-    cfg = self.config
-    self.table = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=jnp.dtype(cfg.dtype),
-                          param_dtype=jnp.dtype(cfg.param_dtype),
+    block = self.config.block
+    self.table = nn.Embed(self.config.vocab_size, block.d_model, dtype=jnp.dtype(block.dtype),
+                          param_dtype=jnp.dtype(block.param_dtype),
                           embedding_init=nn.with_logical_partitioning(
-                              nn.initializers.normal(cfg.d_model ** -0.5), ("vocab", "embed")))
-    self.dropout = nn.Dropout(cfg.dropout_rate)
+                              nn.initializers.normal(block.d_model ** -0.5), ("vocab", "embed")))
+    self.dropout = nn.Dropout(block.dropout_rate)
 
   def __call__(self, tokens_BxT, positions_BxT, deterministic: bool, word_dropout: float = 0.0):
-    cfg = self.config
-    pe_LxD = jnp.asarray(layers.sinusoidal_positions(cfg.max_len, cfg.d_model), jnp.dtype(cfg.dtype))
+    block = self.config.block
+    pe_LxD = jnp.asarray(layers.sinusoidal_positions(self.config.max_len, block.d_model), jnp.dtype(block.dtype))
     tokens_BxTxD = self.table(tokens_BxT)
     if word_dropout and not deterministic:
       keep_BxT = jax.random.bernoulli(self.make_rng("dropout"), 1.0 - word_dropout, tokens_BxT.shape)
       tokens_BxTxD = jnp.where(keep_BxT[..., None], tokens_BxTxD, 0)
-    x_BxTxD = tokens_BxTxD * math.sqrt(cfg.d_model) + pe_LxD[positions_BxT]
+    x_BxTxD = tokens_BxTxD * math.sqrt(block.d_model) + pe_LxD[positions_BxT]
     return nn.with_logical_constraint(self.dropout(x_BxTxD, deterministic=deterministic), ("batch", "length", "embed"))
 
   def attend(self, x_BxTxD):
@@ -137,18 +130,19 @@ class Transformer(nn.Module):
 
   def setup(self):
     cfg = self.config
-    stack = lambda depth, cross: layers.Stack(cfg.block(), depth, scan=cfg.scan_layers,
+    stack = lambda depth, cross: layers.Stack(cfg.block, depth, scan=cfg.scan_layers,
                                               remat_policy=cfg.remat_policy, cross_attention=cross)
     self.encoder, self.decoder = stack(cfg.num_layers, False), stack(cfg.decoder_layers(), True)
     self.cache_positions = layers.CachePositions()  # decode mode only; it has no parameters
     self.source_embed = Embed(cfg)
     self.target_embed = self.source_embed if cfg.share_embeddings else Embed(cfg)
-    if cfg.pre_layer_norm:
-      self.encoder_norm = layers.layer_norm(cfg.block())
-      self.decoder_norm = layers.layer_norm(cfg.block())
+    if cfg.block.pre_layer_norm:
+      self.encoder_norm = layers.layer_norm(cfg.block)
+      self.decoder_norm = layers.layer_norm(cfg.block)
     if not cfg.tie_output:
-      self.head = layers.Projection((cfg.vocab_size,), ("embed", "vocab"), std=cfg.d_model ** -0.5, use_bias=False,
-                                    dtype=cfg.dtype, param_dtype=cfg.param_dtype, kernels=cfg.kernels)
+      self.head = layers.Projection((cfg.vocab_size,), ("embed", "vocab"), std=cfg.block.d_model ** -0.5,
+                                    use_bias=False, dtype=cfg.block.dtype, param_dtype=cfg.block.param_dtype,
+                                    kernels=cfg.kernels)
 
   def encode(self, source_BxS, *, source_valid_BxS=None, source_segments_BxS=None, deterministic: bool = True):
     """encoded_BxSxD. Padding (source_valid False) is never attended to; with `source_segments_BxS`
@@ -164,7 +158,7 @@ class Transformer(nn.Module):
     self.sow("intermediates", "encoder_embeddings", x_BxSxD)  # the residual stream's start, when probing
     mask_BxSxS = layers.self_attention_mask(valid_BxS, source_segments_BxS, causal=False)
     x_BxSxD = self.encoder(x_BxSxD, mask_BxSxS, positions=(positions_BxS, positions_BxS), deterministic=deterministic)
-    return self.encoder_norm(x_BxSxD) if self.config.pre_layer_norm else x_BxSxD
+    return self.encoder_norm(x_BxSxD) if self.config.block.pre_layer_norm else x_BxSxD
 
   def decode_logits(self, encoded_BxSxD, target_in_BxT, *, source_valid_BxS=None, source_segments_BxS=None,
                     target_segments_BxT=None, deterministic: bool = True, decode: bool = False):
@@ -204,7 +198,7 @@ class Transformer(nn.Module):
   def output_logits(self, y_BxTxD):
     """The decoder's residual stream -> float32 logits: the final norm (pre-LN) and the output head.
     (The logit lens applies it to every layer's residual: transformer.probes.)"""
-    if self.config.pre_layer_norm:
+    if self.config.block.pre_layer_norm:
       y_BxTxD = self.decoder_norm(y_BxTxD)
     logits_BxTxV = self.target_embed.attend(y_BxTxD) if self.config.tie_output else self.head(y_BxTxD)
     return nn.with_logical_constraint(logits_BxTxV.astype(jnp.float32), ("batch", "length", "vocab"))

@@ -18,6 +18,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from transformer import models
 from transformer.config import RunConfig
 from transformer.errors import ConfigError, DataError
 from transformer.models import classifier
@@ -111,7 +112,8 @@ class Classification(labelled.LabelledTask):
     pooling = self.config.pooling
     if pooling == "auto":
       pooling = classifier.natural_pooling(model_config)
-    return classifier.SequenceClassifier(model_config, len(self._names), pooling, model_config.dropout_rate)
+    return classifier.SequenceClassifier(model_config, len(self._names), pooling,
+                                         models.body_fields(model_config).dropout_rate)
 
   def _examples(self, split: str) -> list:
     d, max_len = self.data, self.config.max_len

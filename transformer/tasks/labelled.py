@@ -27,6 +27,7 @@ from transformer import metrics, tokenizers
 from transformer import workdir as workdir_files
 from transformer.config import RunConfig, check_positive
 from transformer.errors import ConfigError, DataError
+from transformer.models import classifier
 from transformer.models.hf_gpt2 import import_hf_gpt2
 from transformer.tasks.base import Task
 
@@ -49,9 +50,9 @@ class LabelledConfig:
 def check_common(c, run: RunConfig, data_parallel: int | None) -> None:
   """The checks of a labelled task's config `c` (batch_size, eval_batch_size, max_len, body_lr_scale)."""
   check_positive(c, ("batch_size", "eval_batch_size", "max_len"))
-  if c.max_len > run.model.context_length:
+  if c.max_len > run.model.max_len:
     raise ConfigError(f"--config.max_len={c.max_len} is longer than the model's longest sequence "
-                      f"({run.model.context_length}: --config.model.{_length_field(run.model)}); lower the one or "
+                      f"({run.model.max_len}: --config.model.max_len); lower the one or "
                       f"raise the other")
   if not c.body_lr_scale >= 0:
     raise ConfigError(f"--config.body_lr_scale must be >= 0 (0 freezes the body), got {c.body_lr_scale}")
@@ -66,10 +67,6 @@ def check_common(c, run: RunConfig, data_parallel: int | None) -> None:
       if size % data_parallel:
         raise ConfigError(f"--config.{name}={getattr(c, name)} is not divisible by the data-parallel size "
                           f"{data_parallel} (mesh data*fsdp); use a multiple of {data_parallel}")
-
-
-def _length_field(model_config) -> str:
-  return "max_len" if model_config.family == "encoder" else "context_length"
 
 
 def pad_batch(examples: list, max_len: int, per_token: bool, rows: int) -> dict:
@@ -166,7 +163,7 @@ class LabelledTask(Task):
   def flops_per_token(self, num_params: int) -> float:
     cfg = self.model_config
     attention_layers = 0 if cfg.family == "lstm" else cfg.num_layers
-    return metrics.flops_per_token(num_params, attention_layers, cfg.d_model, self.config.max_len)
+    return metrics.flops_per_token(num_params, attention_layers, classifier.body_width(cfg), self.config.max_len)
 
   @functools.cached_property
   def _predict(self):
@@ -254,7 +251,7 @@ def fit_body(pretrained: dict, body: dict, path: str) -> dict:
                         f"{', '.join(sorted(theirs)[:6])}, ...); set --config.model.* like the pretrained model's")
     if tuple(theirs[name].shape) != tuple(mine.shape):
       raise ConfigError(f"--config.init_from={path}: tensor {name} is {tuple(theirs[name].shape)} there but "
-                        f"{tuple(mine.shape)} in this body; set --config.model.* (d_model, num_layers, num_heads, "
-                        f"context_length, ...) like the pretrained model's")
+                        f"{tuple(mine.shape)} in this body; set --config.model.* (block.d_model, num_layers, "
+                        f"block.num_heads, max_len, ...) like the pretrained model's")
     out[name] = jnp.asarray(theirs[name], mine.dtype)
   return flax.traverse_util.unflatten_dict(out, sep="/")

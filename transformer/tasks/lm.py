@@ -54,9 +54,9 @@ class LMConfig:
     if self.sampling not in pipeline.SAMPLING:
       raise ConfigError(f"--config.data.sampling={self.sampling!r} is unknown; choose one of "
                         f"{', '.join(pipeline.SAMPLING)}")
-    if self.seq_len > run.model.context_length:
-      raise ConfigError(f"--config.seq_len={self.seq_len} is longer than --config.model.context_length="
-                        f"{run.model.context_length}; lower the one or raise the other")
+    if self.seq_len > run.model.max_len:
+      raise ConfigError(f"--config.seq_len={self.seq_len} is longer than --config.model.max_len="
+                        f"{run.model.max_len}; lower the one or raise the other")
     if self.sample.max_new_tokens < 0:
       raise ConfigError(f"--config.sample.max_new_tokens must be >= 0 (0: no sample), got {self.sample.max_new_tokens}")
     self.sample_options().check()
@@ -159,8 +159,9 @@ class LanguageModel(Task):
 
   def flops_per_token(self, num_params: int) -> float:
     cfg = self.model_config
-    attention_layers = cfg.num_layers if cfg.family == "gpt" else 0  # an LSTM: the 6N of its matmuls
-    return metrics.flops_per_token(num_params, attention_layers, cfg.d_model, self.config.seq_len)
+    if cfg.family != "gpt":  # an LSTM: the 6N of its matmuls
+      return metrics.flops_per_token(num_params, 0, 0, self.config.seq_len)
+    return metrics.flops_per_token(num_params, cfg.num_layers, cfg.block.d_model, self.config.seq_len)
 
   def eval_batches(self) -> list:
     c = self.config

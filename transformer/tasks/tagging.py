@@ -23,6 +23,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from transformer import models
 from transformer.config import RunConfig, at
 from transformer.errors import ConfigError, DataError
 from transformer.models import classifier
@@ -107,7 +108,8 @@ class Tagging(labelled.LabelledTask):
     return self._tags
 
   def build_model(self, model_config):
-    return classifier.TokenClassifier(model_config, len(self._tags), model_config.dropout_rate)
+    return classifier.TokenClassifier(model_config, len(self._tags),
+                                      models.body_fields(model_config).dropout_rate)
 
   def _examples(self, split: str) -> list:
     d, L = self.data, self.config.max_len

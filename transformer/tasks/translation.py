@@ -265,7 +265,7 @@ class Translation(Task):
     # (the weights are split about evenly), plus self-, cross- and encoder attention.
     cfg = self.model_config
     attention_layers = cfg.num_layers + 2 * cfg.decoder_layers()
-    return metrics.flops_per_token(num_params, attention_layers, cfg.d_model, self.config.max_len)
+    return metrics.flops_per_token(num_params, attention_layers, cfg.block.d_model, self.config.max_len)
 
   def evaluate(self, params, eval_fn, batches) -> dict:
     """Dev loss over every dev pair, and greedy BLEU/chrF on the first eval.bleu_sentences of them."""
