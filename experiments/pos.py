@@ -38,8 +38,9 @@ def get_config(preset: str = "bilstm"):
   if preset in ("bilstm", "lstm"):
     c.model = base.family_fields("lstm", num_layers=1, d_model=128, dropout_rate=0.2, bidirectional=preset == "bilstm")
   elif preset == "encoder":
-    c.model = base.family_fields("encoder", max_len=64, num_layers=2, num_heads=4, d_model=128, d_mlp=512,
-                                 dropout_rate=0.1)
+    c.model = base.family_fields(
+      "encoder", max_len=64, num_layers=2, num_heads=4, d_model=128, d_mlp=512, dropout_rate=0.1
+    )
   else:  # tiny: for tests and smoke runs
     c.model = base.family_fields("lstm", num_layers=1, d_model=32, bidirectional=True)
     c.data.vocab_size = 2000

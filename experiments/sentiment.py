@@ -42,11 +42,11 @@ def get_config(preset: str = "encoder"):
   c.optimizer.lr = 1e-3
   c.optimizer.warmup_steps = 100
   if preset in ("lstm", "bilstm"):
-    c.model = base.family_fields("lstm", num_layers=1, d_model=256, dropout_rate=0.3,
-                                 bidirectional=preset == "bilstm")
+    c.model = base.family_fields("lstm", num_layers=1, d_model=256, dropout_rate=0.3, bidirectional=preset == "bilstm")
   elif preset == "encoder":
-    c.model = base.family_fields("encoder", max_len=64, num_layers=2, num_heads=4, d_model=128, d_mlp=512,
-                                 dropout_rate=0.3)
+    c.model = base.family_fields(
+      "encoder", max_len=64, num_layers=2, num_heads=4, d_model=128, d_mlp=512, dropout_rate=0.3
+    )
   elif preset in ("gpt", "gpt_finetune"):
     # Characters and the main job's GPT shape (4 layers, d 128, 128 positions), from scratch or
     # from that run: the comparison is pretraining alone. Reviews are cut to their first 128 characters.

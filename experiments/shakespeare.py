@@ -1,19 +1,22 @@
 """Small GPTs on Shakespeare that train on a 2-core CPU in minutes.
 
-  python -m launch.train --config=experiments/shakespeare.py:char --workdir=workdirs/char
-  python -m launch.train --config=experiments/shakespeare.py:bpe  --workdir=workdirs/bpe
-  python -m launch.train --config=experiments/shakespeare.py:tiny --workdir=/tmp/tiny   # seconds
-  python -m launch.train --config=experiments/shakespeare.py:char_dense --workdir=workdirs/char-dense
-      # also char_random, char_fixed_random: Synthesizer attention instead of dot products
-  python -m launch.train --config=experiments/shakespeare.py:lstm --workdir=workdirs/char-lstm
-      # the recurrent baseline: a 2-layer LSTM on the same characters, for the same ~5 minutes
+python -m launch.train --config=experiments/shakespeare.py:char --workdir=workdirs/char
+python -m launch.train --config=experiments/shakespeare.py:bpe  --workdir=workdirs/bpe
+python -m launch.train --config=experiments/shakespeare.py:tiny --workdir=/tmp/tiny   # seconds
+python -m launch.train --config=experiments/shakespeare.py:char_dense --workdir=workdirs/char-dense
+    # also char_random, char_fixed_random: Synthesizer attention instead of dot products
+python -m launch.train --config=experiments/shakespeare.py:lstm --workdir=workdirs/char-lstm
+    # the recurrent baseline: a 2-layer LSTM on the same characters, for the same ~5 minutes
 """
 
 from experiments import base
 
 # char with Synthesizer self-attention (Tay et al. 2020) instead of dot products: the README compares them.
-SYNTHESIZERS = {"char_dense": "synthesizer_dense", "char_random": "synthesizer_random",
-                "char_fixed_random": "synthesizer_fixed_random"}
+SYNTHESIZERS = {
+  "char_dense": "synthesizer_dense",
+  "char_random": "synthesizer_random",
+  "char_fixed_random": "synthesizer_fixed_random",
+}
 PRESETS = ("char", "bpe", "tiny", "lstm", *SYNTHESIZERS)
 # The GPT presets' batch of 32 windows is computed in two microbatches of 16 (gradient accumulation:
 # the same update, the summed gradients divided by the batch's tokens; the losses equal to float

@@ -4,8 +4,12 @@ from transformer import inference
 from transformer.errors import CheckpointError
 
 # The program that uses each task's trained model (config.task -> python -m ...).
-PROGRAMS = {"lm": "launch.sample", "translation": "launch.translate", "classification": "launch.classify",
-            "tagging": "launch.tag"}
+PROGRAMS = {
+  "lm": "launch.sample",
+  "translation": "launch.translate",
+  "classification": "launch.classify",
+  "tagging": "launch.tag",
+}
 
 
 def restore(workdir: str, step: str, task: str, **options) -> inference.Trained:

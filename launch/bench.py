@@ -40,8 +40,12 @@ from transformer.generation import sampling
 from transformer.models import gpt
 from transformer.tasks.lm import lm_loss
 
-_WHAT = flags.DEFINE_enum("what", "vs_hf", ["forward", "generate", "train", "profile", "profile_generate", "vs_hf",
-                                           "vs_torch", "mechanisms", "ceilings"], "Which benchmark.")
+_WHAT = flags.DEFINE_enum(
+  "what",
+  "vs_hf",
+  ["forward", "generate", "train", "profile", "profile_generate", "vs_hf", "vs_torch", "mechanisms", "ceilings"],
+  "Which benchmark.",
+)
 _PRESET = flags.DEFINE_string("preset", "cpu-small", "GPT preset (random weights).")
 _VOCAB = flags.DEFINE_integer("vocab_size", 50257, "Vocabulary size (GPT-2's by default).")
 _D_MODEL = flags.DEFINE_integer("d_model", 0, "Model width instead of the preset's (0: the preset's).")
@@ -57,34 +61,58 @@ _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repeats (the median is repo
 # The first steps of a process still grow its host heap (transformer/hostmem.py: the main job's step
 # faults its 327 MB block in again at ~6 of its first 15 steps, then at none); a run's 1,200 steps
 # are in the steady state, and so are the timed ones, ours and the peers'.
-_TRAIN_WARMUP = flags.DEFINE_float("train_warmup_s", 5.0, "Training steps, ours and the peers': untimed steps for "
-                                   "at least this many seconds first.")
-_MICROBATCHES = flags.DEFINE_integer("microbatches", 1, "Training steps: the batch in this many microbatches "
-                                     "(optimizer.accumulation_steps; vs_torch: the main job's own).", lower_bound=1)
+_TRAIN_WARMUP = flags.DEFINE_float(
+  "train_warmup_s", 5.0, "Training steps, ours and the peers': untimed steps for at least this many seconds first."
+)
+_MICROBATCHES = flags.DEFINE_integer(
+  "microbatches",
+  1,
+  "Training steps: the batch in this many microbatches (optimizer.accumulation_steps; vs_torch: the main job's own).",
+  lower_bound=1,
+)
 _ATTENTION = flags.DEFINE_string("attention", "xla", "Attention implementation.")
 _DTYPE = flags.DEFINE_string("dtype", "float32", "Compute dtype (bfloat16 on accelerators).")
-_KERNELS = flags.DEFINE_string("kernels", "auto", "config.model.kernels: auto (the platform's fast forms), reference "
-                               "(plain JAX), cpu or accelerator (transformer.kernels).")
+_KERNELS = flags.DEFINE_string(
+  "kernels",
+  "auto",
+  "config.model.kernels: auto (the platform's fast forms), reference "
+  "(plain JAX), cpu or accelerator (transformer.kernels).",
+)
 _HLO_OUT = flags.DEFINE_string("hlo_out", None, "--what=profile: also write the step's optimised HLO here.")
 _TOP_OPS = flags.DEFINE_integer("top_ops", 15, "--what=profile/profile_generate: rows of the op tables.")
-_ROUNDS = flags.DEFINE_integer("rounds", 1, lower_bound=1,
-                               help="--what=vs_torch: measure the peers and ours this many times, alternating, and "
-                               "report each cell's median over the rounds (a machine's speed can drift over "
-                               "minutes: alternating puts both sides in the same minutes).")
-_PEER_PYTHON = flags.DEFINE_string("peer_python", None, "A Python with torch + transformers for the PyTorch peers "
-                                   "(default: a venv made once under the asset cache).")
+_ROUNDS = flags.DEFINE_integer(
+  "rounds",
+  1,
+  lower_bound=1,
+  help="--what=vs_torch: measure the peers and ours this many times, alternating, and "
+  "report each cell's median over the rounds (a machine's speed can drift over "
+  "minutes: alternating puts both sides in the same minutes).",
+)
+_PEER_PYTHON = flags.DEFINE_string(
+  "peer_python",
+  None,
+  "A Python with torch + transformers for the PyTorch peers (default: a venv made once under the asset cache).",
+)
 
 
 def model_config() -> gpt.GPTConfig:
   sizes = {k: f.value for k, f in (("d_model", _D_MODEL), ("max_len", _CONTEXT)) if f.value}
-  return gpt.preset(_PRESET.value, vocab_size=_VOCAB.value, attention=_ATTENTION.value, dtype=_DTYPE.value,
-                    kernels=_KERNELS.value, **sizes)
+  return gpt.preset(
+    _PRESET.value,
+    vocab_size=_VOCAB.value,
+    attention=_ATTENTION.value,
+    dtype=_DTYPE.value,
+    kernels=_KERNELS.value,
+    **sizes,
+  )
 
 
 def _header(what: str, cfg: gpt.GPTConfig) -> str:
-  return (f"{what}: {_PRESET.value} ({gpt.count_params(cfg):,} params, vocab {cfg.vocab_size}, {cfg.block.dtype}, "
-          f"attention={cfg.block.attention}, kernels={cfg.kernels}) on {jax.device_count()}x "
-          f"{jax.devices()[0].device_kind}, median of {_REPEATS.value}")
+  return (
+    f"{what}: {_PRESET.value} ({gpt.count_params(cfg):,} params, vocab {cfg.vocab_size}, {cfg.block.dtype}, "
+    f"attention={cfg.block.attention}, kernels={cfg.kernels}) on {jax.device_count()}x "
+    f"{jax.devices()[0].device_kind}, median of {_REPEATS.value}"
+  )
 
 
 def _params(cfg):
@@ -106,8 +134,13 @@ def generate_seconds(cfg, params, batch: int, new_tokens: int = 0) -> float:
   """One `sampling.generate` call, greedy, exactly new_tokens (default --new_tokens) per sequence
   (no stop token)."""
   prompts = np.random.default_rng(batch).integers(0, cfg.vocab_size, (batch, _PROMPT_LEN.value)).tolist()
-  run = lambda: sampling.generate(gpt.GPT(cfg), params, prompts, max_new_tokens=new_tokens or _NEW_TOKENS.value,
-                                  sampling=sampling.Sampling(temperature=0))
+  run = lambda: sampling.generate(
+    gpt.GPT(cfg),
+    params,
+    prompts,
+    max_new_tokens=new_tokens or _NEW_TOKENS.value,
+    sampling=sampling.Sampling(temperature=0),
+  )
   # `generate` returns host lists, complete when it returns: time it without median_seconds' wait on
   # the result, which walks a list of lists as a pytree (~1.7 ms for 32 x 96 ids, ~4% of the main
   # job's batch-32 call; the peers' times include no such walk).
@@ -125,20 +158,30 @@ def _train_step(cfg, params, batch_size: int = 0, seq_len: int = 0, microbatches
   """(a function that runs one training step and returns its loss, the step's optimised HLO text)."""
   opt = OptimizerConfig(lr=1e-4, schedule="constant", warmup_steps=0)
   tx, schedule = optim.make_optimizer(opt, 1000), optim.learning_rate(opt, 1000)
-  state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                           rng=jax.random.key_data(jax.random.key(0)))
+  state = train.TrainState(
+    step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=jax.random.key_data(jax.random.key(0))
+  )
   loss_fn = functools.partial(lm_loss, gpt.GPT(cfg))
-  step = jax.jit(functools.partial(train.train_step, loss_fn=loss_fn, tx=tx, schedule=schedule,
-                                   accumulation_steps=microbatches or _MICROBATCHES.value),
-                 donate_argnums=0)
-  batch = jax.random.randint(jax.random.key(1), (batch_size or _TRAIN_BATCH.value, (seq_len or _SEQ_LEN.value) + 1),
-                             0, cfg.vocab_size)
+  step = jax.jit(
+    functools.partial(
+      train.train_step,
+      loss_fn=loss_fn,
+      tx=tx,
+      schedule=schedule,
+      accumulation_steps=microbatches or _MICROBATCHES.value,
+    ),
+    donate_argnums=0,
+  )
+  batch = jax.random.randint(
+    jax.random.key(1), (batch_size or _TRAIN_BATCH.value, (seq_len or _SEQ_LEN.value) + 1), 0, cfg.vocab_size
+  )
   compiled = step.lower(state, batch).compile()  # run as is: calling `step` would compile it again
   holder = [state]
 
   def run():
     holder[0], step_metrics = compiled(holder[0], batch)
     return step_metrics["loss"]
+
   return run, compiled.as_text()
 
 
@@ -175,10 +218,10 @@ def generate_table() -> str:
   headers = ["batch", "prompt", "new", "ms/call", "ms/token", "new tokens/s"]
   if bandwidth:
     headers += ["roofline ms/token", "of roofline"]
-  note = (f"\nweights {weight_bytes / 1e6:,.0f} MB in {cfg.block.dtype}"
-          + (f"; roofline at {bandwidth / 1e12:.2f} TB/s (data sheet)" if bandwidth else ""))
-  return (_header("KV-cache generation (greedy, prefill included)", cfg) + note + "\n"
-          + benchmark.table(headers, rows))
+  note = f"\nweights {weight_bytes / 1e6:,.0f} MB in {cfg.block.dtype}" + (
+    f"; roofline at {bandwidth / 1e12:.2f} TB/s (data sheet)" if bandwidth else ""
+  )
+  return _header("KV-cache generation (greedy, prefill included)", cfg) + note + "\n" + benchmark.table(headers, rows)
 
 
 def train_table() -> str:
@@ -198,26 +241,45 @@ def train_table() -> str:
           continue
         tokens_s = b * _SEQ_LEN.value / seconds
         util = metrics.mfu(tokens_s, flops_token, jax.devices()[:1])
-        rows.append([scan, remat, b, seconds * 1000, tokens_s, tokens_s * flops_token / 1e12,
-                     "n/a" if util is None else f"{util:.1%}"])
-  return (_header(f"training step, seq {_SEQ_LEN.value}", model_config()) + "\n"
-          + benchmark.table(["scan", "remat", "batch", "ms/step", "tokens/s", "TFLOP/s", "MFU"], rows))
+        rows.append(
+          [
+            scan,
+            remat,
+            b,
+            seconds * 1000,
+            tokens_s,
+            tokens_s * flops_token / 1e12,
+            "n/a" if util is None else f"{util:.1%}",
+          ]
+        )
+  return (
+    _header(f"training step, seq {_SEQ_LEN.value}", model_config())
+    + "\n"
+    + benchmark.table(["scan", "remat", "batch", "ms/step", "tokens/s", "TFLOP/s", "MFU"], rows)
+  )
 
 
 def _peer_shape(cfg: gpt.GPTConfig) -> dict:
   """The model's shape as launch/torch_peer.py builds its PyTorch GPT-2."""
-  return {"vocab_size": cfg.vocab_size, "max_len": cfg.max_len, "num_layers": cfg.num_layers,
-          "num_heads": cfg.block.num_heads, "d_model": cfg.block.d_model}
+  return {
+    "vocab_size": cfg.vocab_size,
+    "max_len": cfg.max_len,
+    "num_layers": cfg.num_layers,
+    "num_heads": cfg.block.num_heads,
+    "d_model": cfg.block.d_model,
+  }
 
 
 def vs_hf_table() -> str:
   cfg = model_config()
   batch_sizes = [int(b) for b in _BATCH_SIZES.value]
-  spec = {"model": _peer_shape(cfg),
-          "generate": {"batch_sizes": batch_sizes, "prompt_len": _PROMPT_LEN.value, "new_tokens": _NEW_TOKENS.value},
-          "train": _TRAIN_BATCH.value and {"batch_size": _TRAIN_BATCH.value, "seq_len": _SEQ_LEN.value,
-                                           "warmup_seconds": _TRAIN_WARMUP.value},
-          "repeats": _REPEATS.value}
+  spec = {
+    "model": _peer_shape(cfg),
+    "generate": {"batch_sizes": batch_sizes, "prompt_len": _PROMPT_LEN.value, "new_tokens": _NEW_TOKENS.value},
+    "train": _TRAIN_BATCH.value
+    and {"batch_size": _TRAIN_BATCH.value, "seq_len": _SEQ_LEN.value, "warmup_seconds": _TRAIN_WARMUP.value},
+    "repeats": _REPEATS.value,
+  }
   result = peer_env.run_peers(peer_env.peer_python(_PEER_PYTHON.value), spec)
   peer = result["hf"]
   params = _params(cfg)
@@ -225,16 +287,27 @@ def vs_hf_table() -> str:
   for b in batch_sizes:
     ours = b * _NEW_TOKENS.value / generate_seconds(cfg, params, b)
     theirs = b * _NEW_TOKENS.value / peer["generate"][str(b)]
-    rows.append([f"generate, {_PROMPT_LEN.value}+{_NEW_TOKENS.value} tokens", b, "new tokens/s", ours, theirs,
-                 f"{ours / theirs:.2f}x"])
+    rows.append(
+      [
+        f"generate, {_PROMPT_LEN.value}+{_NEW_TOKENS.value} tokens",
+        b,
+        "new tokens/s",
+        ours,
+        theirs,
+        f"{ours / theirs:.2f}x",
+      ]
+    )
   if _TRAIN_BATCH.value:
     tokens = _TRAIN_BATCH.value * _SEQ_LEN.value
     ours, theirs = tokens / train_step_seconds(cfg, params), tokens / peer["train"]
-    rows.append([f"train step, seq {_SEQ_LEN.value}", _TRAIN_BATCH.value, "tokens/s", ours, theirs,
-                 f"{ours / theirs:.2f}x"])
-  header = (_header("ours (JAX, jit) vs HF transformers (PyTorch eager)", cfg)
-            + f"\npeer: torch {result['torch']}, transformers {result['transformers']}, {result['threads']} threads; "
-              f"ours: jax {jax.__version__}")
+    rows.append(
+      [f"train step, seq {_SEQ_LEN.value}", _TRAIN_BATCH.value, "tokens/s", ours, theirs, f"{ours / theirs:.2f}x"]
+    )
+  header = (
+    _header("ours (JAX, jit) vs HF transformers (PyTorch eager)", cfg)
+    + f"\npeer: torch {result['torch']}, transformers {result['transformers']}, {result['threads']} threads; "
+    f"ours: jax {jax.__version__}"
+  )
   return header + "\n" + benchmark.table(["benchmark", "batch", "unit", "ours", "HF", "ours/HF"], rows)
 
 
@@ -254,12 +327,18 @@ def profile_table() -> str:
     primitive[1] += 1
   total = sum(ms for _, _, ms, _ in rows)
   grouped = sorted(([p, n, ms, f"{ms / total:.1%}"] for p, (ms, n) in by_primitive.items()), key=lambda r: -r[2])
-  return (_header(f"training step by XLA op, batch {_TRAIN_BATCH.value} x seq {_SEQ_LEN.value}, remat "
-                  f"{cfg.remat_policy}, scan {cfg.scan_layers}", cfg)
-          + f"\nsum of the ops' times: {total:.1f} ms/step (the {_TOP_OPS.value} largest, then by the JAX primitive "
-            "each op was fused around, or the library routine it calls)\n"
-          + benchmark.table(["HLO op", "JAX operation", "ms/step", "share"], rows[:_TOP_OPS.value]) + "\n\n"
-          + benchmark.table(["library routine or JAX primitive", "ops", "ms/step", "share"], grouped[:_TOP_OPS.value]))
+  return (
+    _header(
+      f"training step by XLA op, batch {_TRAIN_BATCH.value} x seq {_SEQ_LEN.value}, remat "
+      f"{cfg.remat_policy}, scan {cfg.scan_layers}",
+      cfg,
+    )
+    + f"\nsum of the ops' times: {total:.1f} ms/step (the {_TOP_OPS.value} largest, then by the JAX primitive "
+    "each op was fused around, or the library routine it calls)\n"
+    + benchmark.table(["HLO op", "JAX operation", "ms/step", "share"], rows[: _TOP_OPS.value])
+    + "\n\n"
+    + benchmark.table(["library routine or JAX primitive", "ops", "ms/step", "share"], grouped[: _TOP_OPS.value])
+  )
 
 
 def profile_generate_table() -> str:
@@ -274,18 +353,19 @@ def profile_generate_table() -> str:
   compiled = sampling.jitted_sampler(kwargs["model"]).lower(*args, **kwargs).compile()
   rows = benchmark.op_profile(lambda: compiled(*args), compiled.as_text(), calls=_REPEATS.value)
   total = sum(ms for _, _, ms, _ in rows)
-  return (_header(f"generate by XLA op, batch {b}, {_PROMPT_LEN.value}+{_NEW_TOKENS.value} tokens", cfg)
-          + f"\nsum of the ops' times: {total:.1f} ms/call\n"
-          + benchmark.table(["HLO op", "JAX operation", "ms/call", "share"], rows[:_TOP_OPS.value]))
+  return (
+    _header(f"generate by XLA op, batch {b}, {_PROMPT_LEN.value}+{_NEW_TOKENS.value} tokens", cfg)
+    + f"\nsum of the ops' times: {total:.1f} ms/call\n"
+    + benchmark.table(["HLO op", "JAX operation", "ms/call", "share"], rows[: _TOP_OPS.value])
+  )
 
 
 # --what=vs_torch's two shapes: the README main job's (shakespeare.py:char, its batch in the config's
 # microbatches) and cpu-small with GPT-2's vocabulary. (name, preset, overrides, train batch, train
 # seq, microbatches, new tokens after a 32-token prompt)
 VS_TORCH_SHAPES = (
-    ("main job", "cpu-small", dict(d_model=128, max_len=128, vocab_size=85), 32, 128,
-     shakespeare.GPT_MICROBATCHES, 96),
-    ("cpu-small", "cpu-small", dict(vocab_size=50257), 16, 256, 1, 128),
+  ("main job", "cpu-small", dict(d_model=128, max_len=128, vocab_size=85), 32, 128, shakespeare.GPT_MICROBATCHES, 96),
+  ("cpu-small", "cpu-small", dict(vocab_size=50257), 16, 256, 1, 128),
 )
 
 
@@ -297,11 +377,13 @@ def vs_torch_table() -> str:
   rows, versions = [], ""
   for name, preset, overrides, train_batch, seq_len, microbatches, new_tokens in VS_TORCH_SHAPES:
     cfg = gpt.preset(preset, attention=_ATTENTION.value, dtype=_DTYPE.value, kernels=_KERNELS.value, **overrides)
-    spec = {"peers": ["minimal", "hf"],
-            "model": _peer_shape(cfg),
-            "generate": {"batch_sizes": batch_sizes, "prompt_len": _PROMPT_LEN.value, "new_tokens": new_tokens},
-            "train": {"batch_size": train_batch, "seq_len": seq_len, "warmup_seconds": _TRAIN_WARMUP.value},
-            "repeats": _REPEATS.value}
+    spec = {
+      "peers": ["minimal", "hf"],
+      "model": _peer_shape(cfg),
+      "generate": {"batch_sizes": batch_sizes, "prompt_len": _PROMPT_LEN.value, "new_tokens": new_tokens},
+      "train": {"batch_size": train_batch, "seq_len": seq_len, "warmup_seconds": _TRAIN_WARMUP.value},
+      "repeats": _REPEATS.value,
+    }
     # seconds[(benchmark, batch)][side]: one median per round
     seconds = collections.defaultdict(lambda: collections.defaultdict(list))
     for _ in range(_ROUNDS.value):
@@ -321,16 +403,37 @@ def vs_torch_table() -> str:
     for (what, batch), cell in sorted(seconds.items(), key=lambda kv: (kv[0][0] != "train", kv[0][1])):
       work = batch * (seq_len if what == "train" else new_tokens)
       ours, minimal, hf = (work / float(np.median(cell[side])) for side in ("ours", "minimal", "hf"))
-      label = (f"train step, seq {seq_len}" + (f", {microbatches} microbatches" if microbatches > 1 else "")
-               if what == "train" else f"generate {_PROMPT_LEN.value}+{new_tokens}")
-      rows.append([shape, label, batch, "tokens/s" if what == "train" else "new tokens/s", ours, minimal, hf,
-                   f"{ours / minimal:.2f}x", f"{ours / hf:.2f}x"])
-  header = (f"ours (JAX, jit) vs a minimal PyTorch GPT and HF transformers' GPT-2 (PyTorch eager) on "
-            f"{jax.devices()[0].device_kind}, median of {_REPEATS.value}"
-            + (f", then the median of {_ROUNDS.value} alternating rounds" if _ROUNDS.value > 1 else "")
-            + f"\npeers: {versions}; ours: jax {jax.__version__}")
-  return header + "\n" + benchmark.table(["shape", "benchmark", "batch", "unit", "ours", "minimal torch", "HF",
-                                           "ours/minimal", "ours/HF"], rows)
+      label = (
+        f"train step, seq {seq_len}" + (f", {microbatches} microbatches" if microbatches > 1 else "")
+        if what == "train"
+        else f"generate {_PROMPT_LEN.value}+{new_tokens}"
+      )
+      rows.append(
+        [
+          shape,
+          label,
+          batch,
+          "tokens/s" if what == "train" else "new tokens/s",
+          ours,
+          minimal,
+          hf,
+          f"{ours / minimal:.2f}x",
+          f"{ours / hf:.2f}x",
+        ]
+      )
+  header = (
+    f"ours (JAX, jit) vs a minimal PyTorch GPT and HF transformers' GPT-2 (PyTorch eager) on "
+    f"{jax.devices()[0].device_kind}, median of {_REPEATS.value}"
+    + (f", then the median of {_ROUNDS.value} alternating rounds" if _ROUNDS.value > 1 else "")
+    + f"\npeers: {versions}; ours: jax {jax.__version__}"
+  )
+  return (
+    header
+    + "\n"
+    + benchmark.table(
+      ["shape", "benchmark", "batch", "unit", "ours", "minimal torch", "HF", "ours/minimal", "ours/HF"], rows
+    )
+  )
 
 
 def mechanisms_table() -> str:
@@ -342,11 +445,23 @@ def mechanisms_table() -> str:
     forward_s = forward_seconds(cfg, params, _TRAIN_BATCH.value)
     train_s = train_step_seconds(cfg, params)  # donates the params: last
     base = base or train_s
-    rows.append([mechanism, f"{gpt.count_params(cfg):,}", train_s * 1000,
-                 _TRAIN_BATCH.value * _SEQ_LEN.value / train_s, forward_s * 1000, f"{base / train_s:.2f}x"])
-  return (_header(f"attention mechanisms, batch {_TRAIN_BATCH.value} x seq {_SEQ_LEN.value}", model_config())
-          + "\n" + benchmark.table(["mechanism", "params", "ms/train step", "train tokens/s", "ms/forward",
-                                    "speed vs dot_product"], rows))
+    rows.append(
+      [
+        mechanism,
+        f"{gpt.count_params(cfg):,}",
+        train_s * 1000,
+        _TRAIN_BATCH.value * _SEQ_LEN.value / train_s,
+        forward_s * 1000,
+        f"{base / train_s:.2f}x",
+      ]
+    )
+  return (
+    _header(f"attention mechanisms, batch {_TRAIN_BATCH.value} x seq {_SEQ_LEN.value}", model_config())
+    + "\n"
+    + benchmark.table(
+      ["mechanism", "params", "ms/train step", "train tokens/s", "ms/forward", "speed vs dot_product"], rows
+    )
+  )
 
 
 def ceilings_table() -> str:
@@ -369,23 +484,46 @@ def ceilings_table() -> str:
       for _ in range(calls):  # each result freed when the next replaces it: 20 copies would not fit
         result = fn(*args)
       return result
+
     return benchmark.median_seconds(sample, repeats=_REPEATS.value, warmup=2) / calls
+
   matmul_s, copy_s = seconds(matmul, a_NxN, b_NxN), seconds(copy, x_N)
   peak_flops, peak_bytes = metrics.peak_flops(device), metrics.peak_bandwidth(device)
-  rows = [[f"bf16 product {n}x{n}x{n}", "TFLOP/s", f"{2 * n**3 / matmul_s / 1e12:.3g}",
-           f"{peak_flops / 1e12:.0f}" if peak_flops else "n/a"],
-          [f"float32 x + 1 over {copy_bytes / 2**30:g} GiB (read + write)", "TB/s",
-           f"{2 * copy_bytes / copy_s / 1e12:.3g}", f"{peak_bytes / 1e12:.2f}" if peak_bytes else "n/a"]]
-  return (f"ceilings of 1x {device.device_kind}, jax {jax.__version__}, median of {_REPEATS.value} samples of "
-          f"{calls} calls\n" + benchmark.table(["what", "unit", "measured", "data sheet"], rows))
+  rows = [
+    [
+      f"bf16 product {n}x{n}x{n}",
+      "TFLOP/s",
+      f"{2 * n**3 / matmul_s / 1e12:.3g}",
+      f"{peak_flops / 1e12:.0f}" if peak_flops else "n/a",
+    ],
+    [
+      f"float32 x + 1 over {copy_bytes / 2**30:g} GiB (read + write)",
+      "TB/s",
+      f"{2 * copy_bytes / copy_s / 1e12:.3g}",
+      f"{peak_bytes / 1e12:.2f}" if peak_bytes else "n/a",
+    ],
+  ]
+  return (
+    f"ceilings of 1x {device.device_kind}, jax {jax.__version__}, median of {_REPEATS.value} samples of "
+    f"{calls} calls\n" + benchmark.table(["what", "unit", "measured", "data sheet"], rows)
+  )
 
 
 def main(argv):
   del argv
-  print({"forward": forward_table, "generate": generate_table, "train": train_table, "profile": profile_table,
-         "profile_generate": profile_generate_table,
-         "vs_hf": vs_hf_table, "vs_torch": vs_torch_table,
-         "mechanisms": mechanisms_table, "ceilings": ceilings_table}[_WHAT.value]())
+  print(
+    {
+      "forward": forward_table,
+      "generate": generate_table,
+      "train": train_table,
+      "profile": profile_table,
+      "profile_generate": profile_generate_table,
+      "vs_hf": vs_hf_table,
+      "vs_torch": vs_torch_table,
+      "mechanisms": mechanisms_table,
+      "ceilings": ceilings_table,
+    }[_WHAT.value]()
+  )
 
 
 if __name__ == "__main__":

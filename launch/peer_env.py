@@ -50,9 +50,11 @@ def peer_python(explicit: str | None = None) -> str:
     return str(python)
   base = _find_peer_base_python()
   if base is None:
-    raise UserError(f"the PyTorch peers need Python {'.'.join(map(str, PEER_PYTHON_VERSION))} (torch's CPU "
-                    f"wheels): install it (e.g. 'pyenv install 3.11') or pass --peer_python=/path/to/python "
-                    f"that has {' and '.join(PEER_REQUIREMENTS)}")
+    raise UserError(
+      f"the PyTorch peers need Python {'.'.join(map(str, PEER_PYTHON_VERSION))} (torch's CPU "
+      f"wheels): install it (e.g. 'pyenv install 3.11') or pass --peer_python=/path/to/python "
+      f"that has {' and '.join(PEER_REQUIREMENTS)}"
+    )
   print(f"bench: creating {venv} with {base} and installing {' '.join(PEER_REQUIREMENTS)} ...", flush=True)
   subprocess.run([base, "-m", "venv", "--clear", str(venv)], check=True)
   subprocess.run([str(python), "-m", "pip", "install", "-q", *PEER_REQUIREMENTS], check=True)

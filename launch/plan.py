@@ -24,17 +24,28 @@ from ml_collections import config_flags
 from transformer import cli, kernels, metrics, plan, tasks, train
 from transformer.errors import ConfigError
 
-_CONFIG = config_flags.DEFINE_config_file("config", "experiments/shakespeare.py:char",
-                                          "Experiment config file:preset.", lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", "experiments/shakespeare.py:char", "Experiment config file:preset.", lock_config=True
+)
 _DEVICES = flags.DEFINE_integer("devices", 0, "Plan on this many fake CPU devices; 0: this machine's devices.")
-_MEMORY = flags.DEFINE_float("device_memory_gib", 0.0, "Per-device memory (GiB): search for the largest "
-                             "config.batch_size whose train step fits; 0: plan the config's batch only.")
-_DECODE_BATCH = flags.DEFINE_integer("decode_batch_size", 0, "Prompts in the GPT decode plan; 0: one per "
-                                     "data-parallel device. -1: no decode plan.")
+_MEMORY = flags.DEFINE_float(
+  "device_memory_gib",
+  0.0,
+  "Per-device memory (GiB): search for the largest "
+  "config.batch_size whose train step fits; 0: plan the config's batch only.",
+)
+_DECODE_BATCH = flags.DEFINE_integer(
+  "decode_batch_size", 0, "Prompts in the GPT decode plan; 0: one per data-parallel device. -1: no decode plan."
+)
 _JSON = flags.DEFINE_string("json", None, "Also write the plans here as JSON (bytes per device, FLOPs per step).")
-_PLATFORM = flags.DEFINE_enum("platform", None, list(kernels.PLATFORMS), "The platform whose program is planned "
-                              "(default: this machine's): a GPU or TPU run compiles the accelerators' forms of the "
-                              "ops.")
+_PLATFORM = flags.DEFINE_enum(
+  "platform",
+  None,
+  list(kernels.PLATFORMS),
+  "The platform whose program is planned "
+  "(default: this machine's): a GPU or TPU run compiles the accelerators' forms of the "
+  "ops.",
+)
 _INIT_DISTRIBUTED = cli.define_distributed_flags()
 
 
@@ -62,21 +73,25 @@ def main(argv):
     multiple = plan.check_batch_rows(run_config)
 
     def build_run(batch_size: int) -> train.Run:
-      changed = dataclasses.replace(run_config, task_config=dataclasses.replace(run_config.task_config,
-                                                                                batch_size=batch_size))
+      changed = dataclasses.replace(
+        run_config, task_config=dataclasses.replace(run_config.task_config, batch_size=batch_size)
+      )
       changed.task_config.check(changed, changed.mesh.data_parallel)
       return train.build(changed, task_data)
 
     say(f"searching for the largest batch that fits in {_MEMORY.value:g} GiB per device (one compile each):")
-    best, found = plan.largest_batch(build_run, multiple, budget,
-                                     report=lambda p: say(plan.candidate(p, budget), flush=True))
+    best, found = plan.largest_batch(
+      build_run, multiple, budget, report=lambda p: say(plan.candidate(p, budget), flush=True)
+    )
     plans.append(found)
     say(plan.describe(found, budget))
     if best is None:
       write_json(plans)
       raise ConfigError(plan.does_not_fit(found, budget))
-    say(f"the largest batch that fits in {_MEMORY.value:g} GiB per device: --config.batch_size={best} "
-        f"({best // multiple} sequences per device per microbatch)")
+    say(
+      f"the largest batch that fits in {_MEMORY.value:g} GiB per device: --config.batch_size={best} "
+      f"({best // multiple} sequences per device per microbatch)"
+    )
   if _DECODE_BATCH.value >= 0 and plan.has_sampler(run):
     decode_batch = _DECODE_BATCH.value or run_config.mesh.data_parallel
     plans.append(plan.plan_decode(run, decode_batch))

@@ -32,10 +32,12 @@ _STEP = flags.DEFINE_string("step", "latest", "With --workdir: 'latest', 'best' 
 _HF = flags.DEFINE_string("hf", None, "Instead of --workdir: Hugging Face GPT-2 safetensors (a directory or file).")
 _TOKENIZER = flags.DEFINE_string("tokenizer", "gpt2", "With --hf: the tokenizer.")
 _TEXT = flags.DEFINE_multi_string("text", [], "A text (a source sentence for a translation model); repeatable.")
-_TARGET = flags.DEFINE_string("target", None, "Translation: the target sentence to probe (default: the model's "
-                              "greedy translation).")
-_OUT = flags.DEFINE_string("out", "probes", "Where the pictures and numbers go (one subdirectory per text when "
-                           "there are several).")
+_TARGET = flags.DEFINE_string(
+  "target", None, "Translation: the target sentence to probe (default: the model's greedy translation)."
+)
+_OUT = flags.DEFINE_string(
+  "out", "probes", "Where the pictures and numbers go (one subdirectory per text when there are several)."
+)
 _COMPARE = flags.DEFINE_bool("compare", False, "Print the per-layer similarity of --word across the texts.")
 _WORD = flags.DEFINE_string("word", None, "With --compare: the word to follow through the layers.")
 
@@ -62,8 +64,9 @@ def compare(model, params, tokenizer, texts: list[str]) -> None:
     print(f"{name:<10}" + "".join(f"  {sims[0, j]:8.4f}" for j in range(1, len(texts))))
   out = Path(_OUT.value)
   out.mkdir(parents=True, exist_ok=True)
-  (out / "similarity.json").write_text(json.dumps({"word": _WORD.value, "texts": texts,
-                                                   "cosine_LxNxN": similarity_LxNxN.round(6).tolist()}) + "\n")
+  (out / "similarity.json").write_text(
+    json.dumps({"word": _WORD.value, "texts": texts, "cosine_LxNxN": similarity_LxNxN.round(6).tolist()}) + "\n"
+  )
 
 
 def main(argv):

@@ -25,10 +25,14 @@ from transformer.models.gpt import GPT
 from transformer.models.hf_gpt2 import import_hf_gpt2
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir (launch.train's --workdir).")
-_STEP = flags.DEFINE_string("step", "latest", "With --workdir: 'latest', 'best' (lowest validation loss) "
-                            "or a step number.")
-_HF = flags.DEFINE_string("hf", None, "Instead of --workdir: a Hugging Face GPT-2 directory (model.safetensors "
-                          "+ config.json) or .safetensors file.")
+_STEP = flags.DEFINE_string(
+  "step", "latest", "With --workdir: 'latest', 'best' (lowest validation loss) or a step number."
+)
+_HF = flags.DEFINE_string(
+  "hf",
+  None,
+  "Instead of --workdir: a Hugging Face GPT-2 directory (model.safetensors + config.json) or .safetensors file.",
+)
 _TOKENIZER = flags.DEFINE_string("tokenizer", "gpt2", "With --hf: the tokenizer (gpt2 for OpenAI's GPT-2).")
 _PROMPT = flags.DEFINE_multi_string("prompt", [], "A prompt; repeat the flag for several.")
 _PROMPTS_FILE = flags.DEFINE_string("prompts_file", None, "One prompt per line; '-' reads stdin.")
@@ -39,10 +43,16 @@ _TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus sampling: the fewest tokens w
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1, "Completions per prompt.")
 _SEED = flags.DEFINE_integer("seed", 0, "Random seed.")
 _STREAM = flags.DEFINE_bool("stream", False, "Print tokens as they are made (completions one at a time).")
-_ALLOW_SPECIAL = flags.DEFINE_bool("allow_special", False, "Encode special tokens written in a prompt (e.g. "
-                                   "<|endoftext|>) as such; without it such a prompt is refused.")
-_SLIDING_WINDOW = flags.DEFINE_bool("sliding_window", False, "Allow prompt + new tokens beyond the context by "
-                                    "re-reading the last max_len tokens for each new one (slow).")
+_ALLOW_SPECIAL = flags.DEFINE_bool(
+  "allow_special",
+  False,
+  "Encode special tokens written in a prompt (e.g. <|endoftext|>) as such; without it such a prompt is refused.",
+)
+_SLIDING_WINDOW = flags.DEFINE_bool(
+  "sliding_window",
+  False,
+  "Allow prompt + new tokens beyond the context by re-reading the last max_len tokens for each new one (slow).",
+)
 
 
 def read_prompts() -> list[str]:
@@ -57,8 +67,14 @@ def load():
     raise UserError("give exactly one of --workdir (a training run) or --hf (GPT-2 safetensors)")
   if _WORKDIR.value:
     trained = launch.restore(_WORKDIR.value, _STEP.value, task="lm")
-    return (trained.model, trained.params, trained.tokenizer, trained.mesh, trained.rules,
-            f"{_WORKDIR.value} step {trained.step}")
+    return (
+      trained.model,
+      trained.params,
+      trained.tokenizer,
+      trained.mesh,
+      trained.rules,
+      f"{_WORKDIR.value} step {trained.step}",
+    )
   config, params = import_hf_gpt2(_HF.value)
   return GPT(config), params, tokenizers.get_tokenizer(_TOKENIZER.value), None, (), _HF.value
 
@@ -69,9 +85,16 @@ def main(argv):
   model, params, tokenizer, mesh, rules, source = load()
   how = sampling.Sampling(temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value)
   print(f"# {source}: {len(prompts)} prompt(s) x {_NUM_SAMPLES.value}, {how}", file=sys.stderr)
-  options = dict(max_new_tokens=_MAX_NEW_TOKENS.value, sampling=how, seed=_SEED.value,
-                 num_samples=_NUM_SAMPLES.value, mesh=mesh, rules=rules, sliding_window=_SLIDING_WINDOW.value,
-                 allow_special=_ALLOW_SPECIAL.value)
+  options = dict(
+    max_new_tokens=_MAX_NEW_TOKENS.value,
+    sampling=how,
+    seed=_SEED.value,
+    num_samples=_NUM_SAMPLES.value,
+    mesh=mesh,
+    rules=rules,
+    sliding_window=_SLIDING_WINDOW.value,
+    allow_special=_ALLOW_SPECIAL.value,
+  )
   if _STREAM.value:
     sampling.complete(model, params, tokenizer, prompts, stream=sys.stdout, **options)
     return

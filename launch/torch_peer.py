@@ -58,8 +58,8 @@ class Block(nn.Module):
     if cache is None:
       y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     else:
-      cache[0][:, :, position:position + T], cache[1][:, :, position:position + T] = k, v
-      k, v = cache[0][:, :, :position + T], cache[1][:, :, :position + T]
+      cache[0][:, :, position : position + T], cache[1][:, :, position : position + T] = k, v
+      k, v = cache[0][:, :, : position + T], cache[1][:, :, : position + T]
       y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)  # prefill: causal; one token: all
     x = x + self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
     return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
@@ -89,8 +89,7 @@ class MinimalGPT(nn.Module):
   def generate(self, prompt, new_tokens: int):
     B, P = prompt.shape
     C, H = self.wte.weight.shape[1], self.num_heads
-    caches = [(torch.empty(B, H, P + new_tokens, C // H), torch.empty(B, H, P + new_tokens, C // H))
-              for _ in self.h]
+    caches = [(torch.empty(B, H, P + new_tokens, C // H), torch.empty(B, H, P + new_tokens, C // H)) for _ in self.h]
     logits = self(prompt, caches, 0)[:, -1]
     out = []
     for i in range(new_tokens):
@@ -112,14 +111,22 @@ def train_step_fn(model, logits_of, t: dict, vocab_size: int):
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
+
   return step
 
 
 def hf_peer(spec: dict) -> dict:
   m, g = spec["model"], spec["generate"]
-  config = transformers.GPT2Config(vocab_size=m["vocab_size"], n_positions=m["max_len"], n_layer=m["num_layers"],
-                                   n_head=m["num_heads"], n_embd=m["d_model"], resid_pdrop=0.0, embd_pdrop=0.0,
-                                   attn_pdrop=0.0)
+  config = transformers.GPT2Config(
+    vocab_size=m["vocab_size"],
+    n_positions=m["max_len"],
+    n_layer=m["num_layers"],
+    n_head=m["num_heads"],
+    n_embd=m["d_model"],
+    resid_pdrop=0.0,
+    embd_pdrop=0.0,
+    attn_pdrop=0.0,
+  )
   model = transformers.GPT2LMHeadModel(config)
   result = {"generate": {}, "train": None}
   model.eval()
@@ -129,9 +136,16 @@ def hf_peer(spec: dict) -> dict:
 
     def generate():
       with torch.inference_mode():
-        out = model.generate(prompt, attention_mask=mask, max_new_tokens=g["new_tokens"],
-                             min_new_tokens=g["new_tokens"], do_sample=False, use_cache=True,
-                             pad_token_id=0, eos_token_id=None)
+        out = model.generate(
+          prompt,
+          attention_mask=mask,
+          max_new_tokens=g["new_tokens"],
+          min_new_tokens=g["new_tokens"],
+          do_sample=False,
+          use_cache=True,
+          pad_token_id=0,
+          eos_token_id=None,
+        )
       assert out.shape == (batch, g["prompt_len"] + g["new_tokens"])
 
     result["generate"][str(batch)] = median_seconds(generate, spec["repeats"])
@@ -156,8 +170,11 @@ def minimal_peer(spec: dict) -> dict:
     result["generate"][str(batch)] = median_seconds(generate, spec["repeats"])
   if spec["train"]:
     model.train()
-    result["train"] = median_seconds(train_step_fn(model, model, spec["train"], m["vocab_size"]), spec["repeats"],
-                                     warmup_seconds=spec["train"]["warmup_seconds"])
+    result["train"] = median_seconds(
+      train_step_fn(model, model, spec["train"], m["vocab_size"]),
+      spec["repeats"],
+      warmup_seconds=spec["train"]["warmup_seconds"],
+    )
   return result
 
 

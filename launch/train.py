@@ -11,10 +11,12 @@ from ml_collections import config_flags
 
 from transformer import cli, train
 
-_CONFIG = config_flags.DEFINE_config_file("config", "experiments/shakespeare.py:char",
-                                          "Experiment config file:preset.", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", "workdirs/shakespeare-char", "Where checkpoints, metrics and "
-                               "samples go; an existing one is resumed.")
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", "experiments/shakespeare.py:char", "Experiment config file:preset.", lock_config=True
+)
+_WORKDIR = flags.DEFINE_string(
+  "workdir", "workdirs/shakespeare-char", "Where checkpoints, metrics and samples go; an existing one is resumed."
+)
 _INIT_DISTRIBUTED = cli.define_distributed_flags()
 
 

@@ -25,22 +25,36 @@ from transformer import cli, inference, metrics
 from transformer.errors import UserError
 from transformer.generation import beam_search
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "A translation training workdir (launch.train's --workdir).",
-                               required=True)
+_WORKDIR = flags.DEFINE_string(
+  "workdir", None, "A translation training workdir (launch.train's --workdir).", required=True
+)
 _STEP = flags.DEFINE_string("step", "latest", "'latest', 'best' (highest dev BLEU) or a step number.")
-_AVERAGE = flags.DEFINE_integer("average", 1, "Translate with the mean of the params of this many checkpoints, "
-                                "up to and including --step (checkpoint averaging).")
-_ENSEMBLE = flags.DEFINE_list("ensemble", [], "More workdirs (comma-separated) whose models decode together with "
-                              "--workdir's: the mean of their log-probabilities.")
+_AVERAGE = flags.DEFINE_integer(
+  "average",
+  1,
+  "Translate with the mean of the params of this many checkpoints, up to and including --step (checkpoint averaging).",
+)
+_ENSEMBLE = flags.DEFINE_list(
+  "ensemble",
+  [],
+  "More workdirs (comma-separated) whose models decode together with --workdir's: the mean of their log-probabilities.",
+)
 _SENTENCE = flags.DEFINE_multi_string("sentence", [], "A sentence to translate; repeat the flag for several.")
 _INPUT_FILE = flags.DEFINE_string("input_file", None, "One sentence per line; '-' reads stdin.")
-_SPLIT = flags.DEFINE_enum("split", None, ["validation", "test"], "Translate this split of the run's data "
-                           "(instead of --sentence/--input_file) and print its BLEU and chrF to stderr.")
+_SPLIT = flags.DEFINE_enum(
+  "split",
+  None,
+  ["validation", "test"],
+  "Translate this split of the run's data (instead of --sentence/--input_file) and print its BLEU and chrF to stderr.",
+)
 _BEAM_SIZE = flags.DEFINE_integer("beam_size", 4, "Hypotheses kept per sentence; 1 is greedy decoding.")
 _ALPHA = flags.DEFINE_float("alpha", 0.6, "GNMT length penalty exponent (0: plain log-probability).")
 _MAX_LEN = flags.DEFINE_integer("max_len", 0, "At most this many target tokens (0: the model's max_len).")
-_NO_REPEAT_NGRAM = flags.DEFINE_integer("no_repeat_ngram", -1, "No translation repeats an n-gram of this many "
-                                       "tokens (0: off; -1: the run's config.eval.no_repeat_ngram).")
+_NO_REPEAT_NGRAM = flags.DEFINE_integer(
+  "no_repeat_ngram",
+  -1,
+  "No translation repeats an n-gram of this many tokens (0: off; -1: the run's config.eval.no_repeat_ngram).",
+)
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Sentences decoded together.")
 
 
@@ -48,8 +62,11 @@ def main(argv):
   del argv
   sentences = cli.read_inputs(_SENTENCE.value, _INPUT_FILE.value, "input_file")
   if bool(sentences) == bool(_SPLIT.value):
-    raise UserError("nothing to translate: give --sentence or --input_file" if not sentences else
-                    "--split translates the run's data: give it without --sentence and --input_file")
+    raise UserError(
+      "nothing to translate: give --sentence or --input_file"
+      if not sentences
+      else "--split translates the run's data: give it without --sentence and --input_file"
+    )
   if _ENSEMBLE.value:
     trained = inference.restore_ensemble([_WORKDIR.value, *_ENSEMBLE.value], _STEP.value, average=_AVERAGE.value)
     which = f"+ {len(_ENSEMBLE.value)} more workdir(s), an ensemble"
@@ -63,20 +80,34 @@ def main(argv):
   else:
     # The ids the model reads (with data.fuzzy_match_tokens: each sentence followed by its fuzzy match).
     sources = inference.translation_sources(trained, sentences)
-  print(f"# {_WORKDIR.value} {which} ({trained.task.direction}): "
-        f"{len(sources)} sentence(s), beam {_BEAM_SIZE.value}, alpha {_ALPHA.value}", file=sys.stderr)
+  print(
+    f"# {_WORKDIR.value} {which} ({trained.task.direction}): "
+    f"{len(sources)} sentence(s), beam {_BEAM_SIZE.value}, alpha {_ALPHA.value}",
+    file=sys.stderr,
+  )
   no_repeat_ngram = trained.task.config.eval.no_repeat_ngram if _NO_REPEAT_NGRAM.value < 0 else _NO_REPEAT_NGRAM.value
-  translations = beam_search.translate_ids(trained.model, trained.params, sources, eos_id=trained.tokenizer.eot_id,
-                                           beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value,
-                                           max_len=_MAX_LEN.value or trained.task.config.max_len,
-                                           no_repeat_ngram=no_repeat_ngram,
-                                           batch_size=_BATCH_SIZE.value, mesh=trained.mesh, rules=trained.rules)
+  translations = beam_search.translate_ids(
+    trained.model,
+    trained.params,
+    sources,
+    eos_id=trained.tokenizer.eot_id,
+    beam_size=_BEAM_SIZE.value,
+    alpha=_ALPHA.value,
+    max_len=_MAX_LEN.value or trained.task.config.max_len,
+    no_repeat_ngram=no_repeat_ngram,
+    batch_size=_BATCH_SIZE.value,
+    mesh=trained.mesh,
+    rules=trained.rules,
+  )
   texts = [trained.tokenizer.decode(ids) for ids in translations]
   print("\n".join(texts))
   if references is not None:
     scores = metrics.corpus_scores(texts, references)
-    print(f"# {_SPLIT.value} split, {len(texts)} pairs: BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f} "
-          f"(sacreBLEU {scores['bleu_signature']})", file=sys.stderr)
+    print(
+      f"# {_SPLIT.value} split, {len(texts)} pairs: BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f} "
+      f"(sacreBLEU {scores['bleu_signature']})",
+      file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":

@@ -30,12 +30,14 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 def pytest_unconfigure(config):
   if _OWN_XLA_CACHE is not None:  # the process that made it (the controller, after its workers) removes it
     import shutil
+
     shutil.rmtree(_OWN_XLA_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
 def shakespeare_dir():
   from transformer import assets
+
   return assets.fetch("shakespeare")
 
 
@@ -47,15 +49,24 @@ def shakespeare_text(shakespeare_dir):
 def run_module(module: str, *args: str, env: dict | None = None, timeout: float = 300, stdin: str | None = None):
   """Runs `python -m module args` from the repo root as a real process; returns CompletedProcess."""
   import subprocess
+
   full_env = {**os.environ, **(env or {})}
-  return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=full_env, input=stdin,
-                        capture_output=True, text=True, timeout=timeout)
+  return subprocess.run(
+    [sys.executable, "-m", module, *args],
+    cwd=REPO,
+    env=full_env,
+    input=stdin,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
 
 
 def nontrivial_png(path, min_colors: int = 20) -> None:
   """A picture was drawn: big enough, and not blank (at least `min_colors` distinct colours)."""
   import numpy as np
   from PIL import Image
+
   image = np.asarray(Image.open(path).convert("RGB"))
   assert image.shape[0] > 200 and image.shape[1] > 200
   assert len(np.unique(image.reshape(-1, 3), axis=0)) >= min_colors, path

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def kill_at_commit(step: str) -> None:
   from orbax.checkpoint._src.path import atomicity
+
   finalize = atomicity.AtomicRenameTemporaryPath.finalize
 
   async def finalize_or_die(self, *args, **kwargs):
@@ -38,6 +39,7 @@ def nan_at_steps(steps: str) -> None:
   import jax.numpy as jnp
 
   from transformer import train
+
   bad = jnp.array([int(s) for s in steps.split(",")])
   train_step = train.train_step
 
@@ -45,6 +47,7 @@ def nan_at_steps(steps: str) -> None:
     def loss(params, batch, rng, is_training):
       loss_sum, tokens = loss_fn(params, batch, rng, is_training)
       return jnp.where(jnp.isin(state.step + 1, bad), jnp.nan, loss_sum), tokens
+
     return train_step(state, batch, loss_fn=loss, **kwargs)
 
   train.train_step = poisoned
@@ -61,5 +64,5 @@ if __name__ == "__main__":
   for arg in sys.argv[1:split]:
     name, _, value = arg.partition("=")
     FAULTS[name](value)
-  sys.argv = ["launch.train", *sys.argv[split + 1:]]
+  sys.argv = ["launch.train", *sys.argv[split + 1 :]]
   runpy.run_module("launch.train", run_name="__main__", alter_sys=True)

@@ -22,9 +22,9 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 CONFIGS = {
-    # Two shapes that differ in everything an importer could get wrong: heads, widths, n_inner, depth.
-    "gpt2_tiny_a": dict(vocab_size=97, n_positions=32, n_embd=64, n_layer=2, n_head=4),
-    "gpt2_tiny_b": dict(vocab_size=131, n_positions=48, n_embd=48, n_layer=3, n_head=3, n_inner=80),
+  # Two shapes that differ in everything an importer could get wrong: heads, widths, n_inner, depth.
+  "gpt2_tiny_a": dict(vocab_size=97, n_positions=32, n_embd=64, n_layer=2, n_head=4),
+  "gpt2_tiny_b": dict(vocab_size=131, n_positions=48, n_embd=48, n_layer=3, n_head=3, n_inner=80),
 }
 
 

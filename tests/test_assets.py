@@ -77,8 +77,10 @@ def test_unknown_asset():
 def test_two_processes_fetch_at_once(private_cache):
   """Both real processes fetch into an empty cache concurrently; both get the verified file."""
   code = "from transformer import assets; print(assets.fetch('vader_movie_reviews'))"
-  procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True) for _ in range(2)]
+  procs = [
+    subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(2)
+  ]
   outs = [p.communicate(timeout=300) for p in procs]
   assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
   (path,) = {o[0].strip() for o in outs}

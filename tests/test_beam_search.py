@@ -49,13 +49,15 @@ BOS = 1
 def _scaled(params, scale=2.0):
   """Weights scaled up so that the next-token distributions are far from uniform and outputs vary."""
   return jax.tree_util.tree_map_with_path(
-      lambda path, x: x if "ln" in jax.tree_util.keystr(path) else x * scale, params)
+    lambda path, x: x if "ln" in jax.tree_util.keystr(path) else x * scale, params
+  )
 
 
 def _sequence_log_prob(params, source, valid, tokens, eos):
   """log p(tokens + <eos>) by one full forward pass (the reference for beam scores)."""
-  logits = Transformer(DEC_CFG).apply({"params": params}, source[None], jnp.array([[BOS] + tokens]),
-                                      source_valid_BxS=valid[None])[0]
+  logits = Transformer(DEC_CFG).apply(
+    {"params": params}, source[None], jnp.array([[BOS] + tokens]), source_valid_BxS=valid[None]
+  )[0]
   lp = jax.nn.log_softmax(logits)
   return float(sum(lp[t, n] for t, n in enumerate(tokens + [eos])))
 
@@ -66,11 +68,13 @@ def test_beam_size_one_equals_greedy_and_beams_are_sorted_by_their_scores():
   unstopped = beam_search.greedy(p, SRC, VALID, model=model, max_len=12, bos_id=BOS, eos_id=49)
   eos = int(unstopped[0, 4])  # a token greedy emits: hypotheses do end
   greedy = beam_search.greedy(p, SRC, VALID, model=model, max_len=12, bos_id=BOS, eos_id=eos)
-  beam1, _ = beam_search.beam_search(p, SRC, VALID, model=model, beam_size=1, max_len=12, alpha=0.0, bos_id=BOS,
-                                   eos_id=eos)
+  beam1, _ = beam_search.beam_search(
+    p, SRC, VALID, model=model, beam_size=1, max_len=12, alpha=0.0, bos_id=BOS, eos_id=eos
+  )
   assert [until_stop(g, eos) for g in greedy] == [until_stop(b[0], eos) for b in beam1]
-  tokens, scores = beam_search.beam_search(p, SRC, VALID, model=model, beam_size=4, max_len=12, alpha=0.6,
-                                         bos_id=BOS, eos_id=eos)
+  tokens, scores = beam_search.beam_search(
+    p, SRC, VALID, model=model, beam_size=4, max_len=12, alpha=0.6, bos_id=BOS, eos_id=eos
+  )
   scores = np.asarray(scores)
   assert (np.diff(scores, axis=1) <= 1e-6).all()  # best first
   checked = 0
@@ -98,15 +102,19 @@ def test_an_ensemble_decodes_with_the_mean_of_its_members_log_probs():
   unstopped = beam_search.greedy(p_a, SRC, VALID, model=model, max_len=12, bos_id=BOS, eos_id=49)
   eos = int(unstopped[0, 4])
   for beam_size in (1, 3):
-    alone = beam_search.beam_search(p_a, SRC, VALID, model=model, beam_size=beam_size, max_len=12, alpha=0.6,
-                                    bos_id=BOS, eos_id=eos)
-    ensembled = beam_search.beam_search({"member_0": p_a}, SRC, VALID, model=one, beam_size=beam_size, max_len=12,
-                                        alpha=0.6, bos_id=BOS, eos_id=eos)
+    alone = beam_search.beam_search(
+      p_a, SRC, VALID, model=model, beam_size=beam_size, max_len=12, alpha=0.6, bos_id=BOS, eos_id=eos
+    )
+    ensembled = beam_search.beam_search(
+      {"member_0": p_a}, SRC, VALID, model=one, beam_size=beam_size, max_len=12, alpha=0.6, bos_id=BOS, eos_id=eos
+    )
     np.testing.assert_array_equal(alone[0], ensembled[0])
     np.testing.assert_allclose(alone[1], ensembled[1], atol=1e-5)
   pair, p_pair = seq2seq.Ensemble((DEC_CFG, shallow)), {"member_0": p_a, "member_1": p_b}
-  mean = (jax.nn.log_softmax(model.apply({"params": p_a}, SRC, TGT, source_valid_BxS=VALID))
-          + jax.nn.log_softmax(Transformer(shallow).apply({"params": p_b}, SRC, TGT, source_valid_BxS=VALID))) / 2
+  mean = (
+    jax.nn.log_softmax(model.apply({"params": p_a}, SRC, TGT, source_valid_BxS=VALID))
+    + jax.nn.log_softmax(Transformer(shallow).apply({"params": p_b}, SRC, TGT, source_valid_BxS=VALID))
+  ) / 2
   full = pair.apply({"params": p_pair}, SRC, TGT, source_valid_BxS=VALID)
   np.testing.assert_allclose(full, mean, atol=1e-5)
   encoded = pair.apply({"params": p_pair}, SRC, source_valid_BxS=VALID, method="encode")
@@ -116,19 +124,26 @@ def test_an_ensemble_decodes_with_the_mean_of_its_members_log_probs():
     np.testing.assert_allclose(step_BxV, mean[:, t], atol=1e-5)
   # Greedy decoding of the pair takes the argmax of the mean at every step.
   tokens = beam_search.greedy(p_pair, SRC, VALID, model=pair, max_len=6, bos_id=BOS, eos_id=49)
-  mean = pair.apply({"params": p_pair}, SRC, jnp.concatenate([jnp.full((2, 1), BOS), tokens[:, :-1]], 1),
-                    source_valid_BxS=VALID)
+  mean = pair.apply(
+    {"params": p_pair}, SRC, jnp.concatenate([jnp.full((2, 1), BOS), tokens[:, :-1]], 1), source_valid_BxS=VALID
+  )
   np.testing.assert_array_equal(tokens, jnp.argmax(mean, -1))
   with pytest.raises(UserError, match=r"must share one vocabulary, got vocab_size \[50, 60\]"):
     seq2seq.Ensemble((DEC_CFG, DEC_CFG.replace(vocab_size=60))).init(jax.random.key(0), SRC, TGT)
 
 
 def test_repeated_ngram_mask_names_the_tokens_that_would_repeat():
-  tokens = jnp.array([[5, 6, 7, 5, 6, 9, 0, 0],    # ... 5 6 -> 7 and 9 would repeat a trigram
-                      [3, 3, 3, 3, 0, 0, 0, 0]])   # ... 3 3 -> 3
+  tokens = jnp.array(
+    [
+      [5, 6, 7, 5, 6, 9, 0, 0],  # ... 5 6 -> 7 and 9 would repeat a trigram
+      [3, 3, 3, 3, 0, 0, 0, 0],
+    ]
+  )  # ... 3 3 -> 3
+
   def banned(length, n):
     mask = beam_search.repeated_ngram_mask(tokens, length, n, 10)
     return [set(np.flatnonzero(row).tolist()) for row in mask]
+
   assert banned(5, 3) == [{7}, set()]  # row 0's last two are 5 6; row 1's (3 0) never came before
   assert banned(4, 3) == [set(), {3}]
   assert banned(6, 2) == [set(), {0}]  # row 0's last token 9 came once; row 1's bigram 0 0 came before
@@ -144,9 +159,12 @@ def test_no_repeat_ngram_decodes_no_repeated_ngram(beam_size):
   p = _params(CFG)  # a tied head at random init repeats its input token: every step a repeat
   model = Transformer(CFG)
   kw = dict(model=model, max_len=12, bos_id=BOS, eos_id=49)
-  decode = (lambda **o: beam_search.greedy(p, SRC, VALID, **kw, **o)) if beam_size == 1 else (
-      lambda **o: beam_search.beam_search(p, SRC, VALID, beam_size=beam_size, alpha=0.6, **kw, **o)[0][:, 0])
-  ngrams = lambda row, n: [tuple(row[i:i + n]) for i in range(len(row) - n + 1)]
+  decode = (
+    (lambda **o: beam_search.greedy(p, SRC, VALID, **kw, **o))
+    if beam_size == 1
+    else (lambda **o: beam_search.beam_search(p, SRC, VALID, beam_size=beam_size, alpha=0.6, **kw, **o)[0][:, 0])
+  )
+  ngrams = lambda row, n: [tuple(row[i : i + n]) for i in range(len(row) - n + 1)]
   repeats = lambda out, n: sum(len(g) - len(set(g)) for g in (ngrams(until_stop(r, 49), n) for r in np.asarray(out)))
   assert repeats(decode(), 2) > 0
   for n in (1, 2, 3):
@@ -176,8 +194,9 @@ def test_one_length_bucket_compiles_once(params, monkeypatch, beam_size):
   traced = jax.jit(chex.assert_max_traces(getattr(beam_search, name).__wrapped__, n=1), static_argnames=static)
   monkeypatch.setattr(beam_search, name, traced)
   sources = [list(range(3, 3 + n)) for n in (3, 7, 15, 5, 11)]
-  out = beam_search.translate_ids(Transformer(CFG), params, sources, eos_id=2, beam_size=beam_size, batch_size=2,
-                                  max_len=8)
+  out = beam_search.translate_ids(
+    Transformer(CFG), params, sources, eos_id=2, beam_size=beam_size, batch_size=2, max_len=8
+  )
   assert len(out) == 5 and all(len(o) <= 8 for o in out)
 
 
@@ -188,8 +207,9 @@ def test_batches_decode_on_threads_at_once_into_the_translations_of_each_sentenc
   sentence alone."""
   p, model = _scaled(_params(DEC_CFG)), Transformer(DEC_CFG)
   sources = [list(range(3, 3 + n)) for n in (3, 7, 15, 5, 11, 20, 4)]
-  run = lambda sources: beam_search.translate_ids(model, p, sources, eos_id=2, beam_size=beam_size, batch_size=2,
-                                                  max_len=10)
+  run = lambda sources: beam_search.translate_ids(
+    model, p, sources, eos_id=2, beam_size=beam_size, batch_size=2, max_len=10
+  )
   monkeypatch.setattr(decode_threads, "cpu_threads", lambda devices: 1)
   alone = [run([source])[0] for source in sources]
   name = "greedy" if beam_size == 1 else "beam_search"

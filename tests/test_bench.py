@@ -10,29 +10,74 @@ from conftest import run_module
 
 def test_benchmark_programs_print_their_tables():
   """launch.bench runs (smoke: the tiny preset, one repeat); speed itself is never asserted."""
-  proc = run_module("launch.bench", "--what=generate", "--preset=cpu-tiny", "--vocab_size=97", "--batch_sizes=1,2",
-                    "--new_tokens=4", "--prompt_len=3", "--repeats=1")
+  proc = run_module(
+    "launch.bench",
+    "--what=generate",
+    "--preset=cpu-tiny",
+    "--vocab_size=97",
+    "--batch_sizes=1,2",
+    "--new_tokens=4",
+    "--prompt_len=3",
+    "--repeats=1",
+  )
   assert proc.returncode == 0, proc.stderr
   lines = proc.stdout.splitlines()
   assert "KV-cache generation" in lines[0] and lines[1].startswith("weights")
-  assert lines[2].split() == ["batch", "prompt", "new", "ms/call", "ms/token", "new", "tokens/s"]  # no roofline on a CPU
+  assert lines[2].split() == [
+    "batch",
+    "prompt",
+    "new",
+    "ms/call",
+    "ms/token",
+    "new",
+    "tokens/s",
+  ]  # no roofline on a CPU
   assert [line.split()[0] for line in lines[4:]] == ["1", "2"]
-  proc = run_module("launch.bench", "--what=train", "--preset=cpu-tiny", "--vocab_size=97", "--batch_sizes=2",
-                    "--seq_len=16", "--remat_policies=dots", "--scan_layers=false,true", "--repeats=1",
-                    "--train_warmup_s=0")
+  proc = run_module(
+    "launch.bench",
+    "--what=train",
+    "--preset=cpu-tiny",
+    "--vocab_size=97",
+    "--batch_sizes=2",
+    "--seq_len=16",
+    "--remat_policies=dots",
+    "--scan_layers=false,true",
+    "--repeats=1",
+    "--train_warmup_s=0",
+  )
   assert proc.returncode == 0, proc.stderr
   rows = [line.split()[:3] for line in proc.stdout.splitlines()[3:]]
   assert rows == [["False", "dots", "2"], ["True", "dots", "2"]]
   assert all(line.split()[-1] == "n/a" for line in proc.stdout.splitlines()[3:])  # no MFU without a known peak
-  proc = run_module("launch.bench", "--what=profile", "--preset=cpu-tiny", "--vocab_size=97", "--train_batch=2",
-                    "--seq_len=16", "--repeats=1", "--top_ops=1000")  # every op: a tiny step's times are noise
+  proc = run_module(
+    "launch.bench",
+    "--what=profile",
+    "--preset=cpu-tiny",
+    "--vocab_size=97",
+    "--train_batch=2",
+    "--seq_len=16",
+    "--repeats=1",
+    "--top_ops=1000",
+  )  # every op: a tiny step's times are noise
   assert proc.returncode == 0, proc.stderr
   assert "layer_0/attn/qkv/dot_general" in proc.stdout  # ops named by what they compute, in which layer
-  proc = run_module("launch.bench", "--what=mechanisms", "--preset=cpu-tiny", "--vocab_size=97", "--train_batch=2",
-                    "--seq_len=16", "--repeats=1", "--train_warmup_s=0")
+  proc = run_module(
+    "launch.bench",
+    "--what=mechanisms",
+    "--preset=cpu-tiny",
+    "--vocab_size=97",
+    "--train_batch=2",
+    "--seq_len=16",
+    "--repeats=1",
+    "--train_warmup_s=0",
+  )
   assert proc.returncode == 0, proc.stderr
   assert [line.split()[0] for line in proc.stdout.splitlines()[3:]] == [
-      "dot_product", "synthesizer_dense", "synthesizer_random", "synthesizer_fixed_random"]
+    "dot_product",
+    "synthesizer_dense",
+    "synthesizer_random",
+    "synthesizer_fixed_random",
+  ]
   proc = run_module("launch.bench", "--what=ceilings", "--repeats=1")
   assert proc.returncode == 0, proc.stderr
   rows = proc.stdout.splitlines()[3:]
@@ -43,17 +88,32 @@ def test_benchmark_programs_print_their_tables():
 def test_a_profile_names_library_calls_by_their_routine():
   """A product XLA folded a transpose into carries the transpose's JAX name; its routine says what it is."""
   from transformer import benchmark
-  hlo = ('  %custom-call.123 = (bf16[768,3072]{1,0}, s8[33554432]{0}) custom-call(%a, %b), '
-         'custom_call_target="__cublas$lt$matmul", metadata={op_name="jit(step)/mlp/fc/transpose"}\n'
-         '  %loop_add_fusion.3 = bf16[64,768]{1,0} fusion(%c, %d), kind=kLoop, calls=%fused_add.3\n')
+
+  hlo = (
+    "  %custom-call.123 = (bf16[768,3072]{1,0}, s8[33554432]{0}) custom-call(%a, %b), "
+    'custom_call_target="__cublas$lt$matmul", metadata={op_name="jit(step)/mlp/fc/transpose"}\n'
+    "  %loop_add_fusion.3 = bf16[64,768]{1,0} fusion(%c, %d), kind=kLoop, calls=%fused_add.3\n"
+  )
   assert benchmark.library_calls(hlo) == {"custom-call.123": "__cublas$lt$matmul"}
 
 
-@pytest.mark.skipif(not os.environ.get("TRANSFORMER_TORCH_PYTHON"),
-                    reason="set TRANSFORMER_TORCH_PYTHON to a python with torch + transformers")
+@pytest.mark.skipif(
+  not os.environ.get("TRANSFORMER_TORCH_PYTHON"),
+  reason="set TRANSFORMER_TORCH_PYTHON to a python with torch + transformers",
+)
 def test_benchmark_against_hugging_face_runs():
-  proc = run_module("launch.bench", "--what=vs_hf", "--preset=cpu-tiny", "--batch_sizes=1", "--new_tokens=4",
-                    "--prompt_len=3", "--train_batch=2", "--seq_len=16", "--repeats=1", "--train_warmup_s=0",
-                    f"--peer_python={os.environ['TRANSFORMER_TORCH_PYTHON']}")
+  proc = run_module(
+    "launch.bench",
+    "--what=vs_hf",
+    "--preset=cpu-tiny",
+    "--batch_sizes=1",
+    "--new_tokens=4",
+    "--prompt_len=3",
+    "--train_batch=2",
+    "--seq_len=16",
+    "--repeats=1",
+    "--train_warmup_s=0",
+    f"--peer_python={os.environ['TRANSFORMER_TORCH_PYTHON']}",
+  )
   assert proc.returncode == 0, proc.stderr
   assert "ours/HF" in proc.stdout and "train step" in proc.stdout and "generate" in proc.stdout

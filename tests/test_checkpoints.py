@@ -15,8 +15,13 @@ def _state(width=4, value=0.0):
 def test_keeps_last_k_and_the_best(tmp_path):
   ckpt = Checkpointer(tmp_path, keep=2, async_save=False)
   for step, val in zip(range(1, 7), [3.0, 1.0, 2.0, 4.0, None, 5.0]):
-    ckpt.save(step, _state(value=step), {"next_index": step}, {"tokens": step},
-              metrics=None if val is None else {"val_loss": val})
+    ckpt.save(
+      step,
+      _state(value=step),
+      {"next_index": step},
+      {"tokens": step},
+      metrics=None if val is None else {"val_loss": val},
+    )
   ckpt.wait()
   kept = sorted(int(p.name) for p in tmp_path.iterdir() if p.name.isdigit())
   assert kept == [2, 5, 6]  # the best (val 1.0) plus the last two

@@ -16,8 +16,12 @@ from transformer.tasks import resolve
 from transformer.tasks.lm import LMConfig
 
 # sentiment:gpt_finetune reads the main job's run, which a fresh clone has not made (below).
-PRESETS = [(m, p) for m in (shakespeare, gpt2, translation, sentiment, pos) for p in m.PRESETS
-           if (m, p) != (sentiment, "gpt_finetune")]
+PRESETS = [
+  (m, p)
+  for m in (shakespeare, gpt2, translation, sentiment, pos)
+  for p in m.PRESETS
+  if (m, p) != (sentiment, "gpt_finetune")
+]
 
 
 @pytest.mark.parametrize("module,preset", PRESETS)
@@ -34,8 +38,11 @@ def test_every_experiment_resolves_and_round_trips(module, preset):
 
 def test_a_preset_whose_pretrained_run_is_missing_says_so(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
-  with pytest.raises(ConfigError, match="tokenizer 'workdirs/shakespeare-char/tokenizer' is neither one of gpt2, .* "
-                                        "nor a directory holding a saved tokenizer"):
+  with pytest.raises(
+    ConfigError,
+    match="tokenizer 'workdirs/shakespeare-char/tokenizer' is neither one of gpt2, .* "
+    "nor a directory holding a saved tokenizer",
+  ):
     resolve(sentiment.get_config("gpt_finetune"))
 
 
@@ -44,12 +51,16 @@ def test_the_model_family_picks_the_model_config():
   assert type(resolve(pos.get_config("encoder")).model).__name__ == "EncoderConfig"
   c = shakespeare.get_config("char")
   c.model.family = "lstm"  # the GPT preset's fields are not an LSTM's
-  with pytest.raises(ConfigError, match=r"--config.model.block.activation is not a field .* \(config.model.family=.lstm.: "
-                                        "config.model must hold that family's fields"):
+  with pytest.raises(
+    ConfigError,
+    match=r"--config.model.block.activation is not a field .* \(config.model.family=.lstm.: "
+    "config.model must hold that family's fields",
+  ):
     resolve(c)
   saved = resolve(shakespeare.get_config("char"))
   assert config.resume_changes(saved, resolve(shakespeare.get_config("lstm")))[0] == [
-      "model.family=lstm (the run's: gpt)"]
+    "model.family=lstm (the run's: gpt)"
+  ]
 
 
 def test_defaults_are_the_typed_fields_defaults():
@@ -83,7 +94,9 @@ def _set(c, key, value):
   c[name] = value
 
 
-@pytest.mark.parametrize("key,value,message", [
+@pytest.mark.parametrize(
+  "key,value,message",
+  [
     ("num_train_steps", 0, "--config.num_train_steps must be positive, got 0"),
     ("keep_checkpoints", 0, "--config.keep_checkpoints must be positive"),
     ("optimizer.schedule", "linear", "--config.optimizer.schedule='linear' is unknown; choose one of cosine"),
@@ -96,7 +109,8 @@ def _set(c, key, value):
     ("data.sampling", "random", "--config.data.sampling='random' is unknown; choose one of windows, packed"),
     ("sample.temperature", -1.0, "temperature must be >= 0"),
     ("batch_size", 6, "--config.batch_size=6 is not divisible by --config.optimizer.accumulation_steps=4"),
-])
+  ],
+)
 def test_bad_values_name_their_flag(key, value, message):
   c = shakespeare.get_config("tiny")
   c.optimizer.accumulation_steps = 4 if key == "batch_size" else 1
@@ -108,8 +122,10 @@ def test_bad_values_name_their_flag(key, value, message):
 def test_unknown_fields_and_wrong_types_are_refused():
   c = shakespeare.get_config("tiny")
   c.optimizer.lrr = 0.1  # a typo would otherwise be silently ignored
-  with pytest.raises(ConfigError, match="--config.optimizer.lrr is not a field .* the fields of config.optimizer "
-                                        "are accumulation_steps, b1, b2"):
+  with pytest.raises(
+    ConfigError,
+    match="--config.optimizer.lrr is not a field .* the fields of config.optimizer are accumulation_steps, b1, b2",
+  ):
     resolve(c)
   c = translation.get_config("tiny")
   c.sample = ml_collections.ConfigDict({"prompt": "x"})  # a field of another task
@@ -136,15 +152,24 @@ def test_resume_changes_split_what_may_change_from_what_may_not():
   c.data.root = "elsewhere"  # where the data is prepared; its content is checked by sha256
   fixed, allowed = config.resume_changes(saved, resolve(c))
   assert fixed == []
-  assert allowed == ["num_train_steps=99 (the run's: 40)", "optimizer.lr=0.0001 (the run's: 0.001)",
-                     "mesh.fsdp=2 (the run's: 1)", "data.root='elsewhere' (the run's: 'data')",
-                     "sample.temperature=0.5 (the run's: 0.8)"]
+  assert allowed == [
+    "num_train_steps=99 (the run's: 40)",
+    "optimizer.lr=0.0001 (the run's: 0.001)",
+    "mesh.fsdp=2 (the run's: 1)",
+    "data.root='elsewhere' (the run's: 'data')",
+    "sample.temperature=0.5 (the run's: 0.8)",
+  ]
   c.seed, c.model.block.d_model, c.data.tokenizer, c.seq_len = 1, 96, "gpt2", 32
   fixed, _ = config.resume_changes(saved, resolve(c))
-  assert fixed == ["seed=1 (the run's: 0)", "data.tokenizer='gpt2' (the run's: 'char')",
-                   "model.block.d_model=96 (the run's: 64)", "seq_len=32 (the run's: 64)"]
+  assert fixed == [
+    "seed=1 (the run's: 0)",
+    "data.tokenizer='gpt2' (the run's: 'char')",
+    "model.block.d_model=96 (the run's: 64)",
+    "seq_len=32 (the run's: 64)",
+  ]
   assert config.resume_changes(saved, resolve(translation.get_config("tiny")))[0] == [
-      "task=translation (the run's: lm)"]
+    "task=translation (the run's: lm)"
+  ]
 
 
 def test_nonfinite_policy_is_checked():
@@ -160,16 +185,42 @@ def test_nonfinite_policy_is_checked():
 BEFORE_BLOCK = Path(__file__).parent / "fixtures" / "configs_before_block"
 
 
-@pytest.mark.parametrize("name,model,block", [
-    ("translation_tiny", {"max_len": 32, "num_layers": 2, "share_embeddings": True},
-     {"d_model": 64, "num_heads": 2, "d_mlp": 128, "layer_norm_epsilon": 1e-6, "pre_layer_norm": False,
-      "activation": "relu", "kernel_init": "xavier"}),
-    ("sentiment_encoder", {"max_len": 64, "num_layers": 2},
-     {"d_model": 128, "num_heads": 4, "d_mlp": 512, "dropout_rate": 0.3, "pre_layer_norm": True, "activation": "relu"}),
-    ("sentiment_gpt", {"max_len": 128, "num_layers": 4},
-     {"d_model": 128, "num_heads": 4, "d_mlp": 0, "dropout_rate": 0.1, "activation": "gelu_tanh", "kernel_init": "gpt2"}),
+@pytest.mark.parametrize(
+  "name,model,block",
+  [
+    (
+      "translation_tiny",
+      {"max_len": 32, "num_layers": 2, "share_embeddings": True},
+      {
+        "d_model": 64,
+        "num_heads": 2,
+        "d_mlp": 128,
+        "layer_norm_epsilon": 1e-6,
+        "pre_layer_norm": False,
+        "activation": "relu",
+        "kernel_init": "xavier",
+      },
+    ),
+    (
+      "sentiment_encoder",
+      {"max_len": 64, "num_layers": 2},
+      {"d_model": 128, "num_heads": 4, "d_mlp": 512, "dropout_rate": 0.3, "pre_layer_norm": True, "activation": "relu"},
+    ),
+    (
+      "sentiment_gpt",
+      {"max_len": 128, "num_layers": 4},
+      {
+        "d_model": 128,
+        "num_heads": 4,
+        "d_mlp": 0,
+        "dropout_rate": 0.1,
+        "activation": "gelu_tanh",
+        "kernel_init": "gpt2",
+      },
+    ),
     ("sentiment_lstm", {"max_len": 1024, "num_layers": 1, "d_model": 256, "dropout_rate": 0.3}, None),
-])
+  ],
+)
 def test_configs_written_before_the_block_was_nested_resolve_to_the_same_model(name, model, block):
   saved = json.loads((BEFORE_BLOCK / f"{name}.json").read_text())
   assert "block" not in saved["model"]  # the old layout, flat

@@ -19,8 +19,12 @@ from conftest import REPO, run_module
 
 TINY = ["--config=experiments/shakespeare.py:tiny", "--config.sample.max_new_tokens=0"]
 # 60 steps, a checkpoint every 10 and a validation loss every 20: the run every fault interrupts.
-RUN = ["--config.num_train_steps=60", "--config.log_every_steps=1", "--config.checkpoint_every_steps=10",
-       "--config.eval_every_steps=20"]
+RUN = [
+  "--config.num_train_steps=60",
+  "--config.log_every_steps=1",
+  "--config.checkpoint_every_steps=10",
+  "--config.eval_every_steps=20",
+]
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +40,14 @@ def train(data_root, workdir, *extra, inject=(), env=None):
   """launch.train on `workdir` (through tests/inject.py when a fault is injected)."""
   if not inject:
     return run_module("launch.train", *_args(data_root, workdir, *extra), env=env)
-  return subprocess.run([sys.executable, "tests/inject.py", *inject, "--", *_args(data_root, workdir, *extra)],
-                        cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=300)
+  return subprocess.run(
+    [sys.executable, "tests/inject.py", *inject, "--", *_args(data_root, workdir, *extra)],
+    cwd=REPO,
+    env={**os.environ, **(env or {})},
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
 
 
 def losses(workdir, key="loss"):
@@ -61,13 +71,19 @@ def error_line(proc):
 def assert_same_losses(workdir, straight, first=1, last=60):
   a, b = losses(straight), losses(workdir)
   assert set(range(first, last + 1)) <= set(b), sorted(b)
-  np.testing.assert_allclose([b[s] for s in range(first, last + 1)], [a[s] for s in range(first, last + 1)],
-                             rtol=1e-6)
+  np.testing.assert_allclose([b[s] for s in range(first, last + 1)], [a[s] for s in range(first, last + 1)], rtol=1e-6)
 
 
 def sample(workdir, *extra, env=None):
-  return run_module("launch.sample", f"--workdir={workdir}", "--prompt=ROMEO:", "--max_new_tokens=20",
-                    "--temperature=0", *extra, env=env)
+  return run_module(
+    "launch.sample",
+    f"--workdir={workdir}",
+    "--prompt=ROMEO:",
+    "--max_new_tokens=20",
+    "--temperature=0",
+    *extra,
+    env=env,
+  )
 
 
 @pytest.fixture(scope="module")
@@ -108,8 +124,13 @@ def test_skip_policy_skips_logs_and_goes_on_then_stops_after_too_many(tmp_path, 
   skipped = [e for e in events(tmp_path / "skip") if e["event"] == "nonfinite step skipped"]
   assert [e["step"] for e in skipped] == [12, 13] and all(np.isnan(e["loss"]) for e in skipped)
   assert np.isfinite(losses(tmp_path / "skip", "val_loss")[60])
-  proc = train(data_root, tmp_path / "stop", "--config.on_nonfinite=skip", "--config.max_consecutive_skips=1",
-               inject=["--nan_at_steps=12,13"])
+  proc = train(
+    data_root,
+    tmp_path / "stop",
+    "--config.on_nonfinite=skip",
+    "--config.max_consecutive_skips=1",
+    inject=["--nan_at_steps=12,13"],
+  )
   assert "2 steps in a row were not finite, more than --config.max_consecutive_skips=1" in error_line(proc)
   assert steps(tmp_path / "stop") == [10]
 
@@ -123,8 +144,9 @@ def _tear(step_dir):
       path.write_bytes(b"")
 
 
-def test_a_torn_latest_checkpoint_is_moved_aside_and_training_goes_on_from_the_one_before(tmp_path, data_root,
-                                                                                       straight):
+def test_a_torn_latest_checkpoint_is_moved_aside_and_training_goes_on_from_the_one_before(
+  tmp_path, data_root, straight
+):
   proc = train(data_root, tmp_path, inject=["--kill_at_commit=40"])
   assert proc.returncode == -signal.SIGKILL
   _tear(tmp_path / "checkpoints" / "30")
@@ -158,8 +180,15 @@ def test_a_refused_launch_leaves_the_run_as_it_was(tmp_path, data_root, straight
   workdir = tmp_path / "w"
   subprocess.run(["cp", "-r", str(straight), str(workdir)], check=True)
   before = {p: p.read_bytes() for p in workdir.rglob("*") if p.is_file()}
-  line = error_line(train(data_root, workdir, "--config.model.block.d_model=96", "--config.data.tokenizer=gpt2",
-                          "--config.num_train_steps=80"))
+  line = error_line(
+    train(
+      data_root,
+      workdir,
+      "--config.model.block.d_model=96",
+      "--config.data.tokenizer=gpt2",
+      "--config.num_train_steps=80",
+    )
+  )
   assert "cannot change when it resumes" in line
   assert "model.block.d_model=96 (the run's: 64)" in line and "data.tokenizer='gpt2' (the run's: 'char')" in line
   assert "num_train_steps" not in line  # that may change
@@ -245,8 +274,9 @@ cli.run(main)
 
 
 def test_the_error_stays_the_last_line_when_an_async_write_was_never_awaited():
-  proc = subprocess.run([sys.executable, "-c", _ERROR_WITH_AN_UNAWAITED_WRITE], cwd=REPO, capture_output=True,
-                        text=True, timeout=120)
+  proc = subprocess.run(
+    [sys.executable, "-c", _ERROR_WITH_AN_UNAWAITED_WRITE], cwd=REPO, capture_output=True, text=True, timeout=120
+  )
   assert error_line(proc) == "error: could not write checkpoint step 30", proc.stderr[-3000:]
 
 
@@ -269,8 +299,14 @@ def test_a_workdir_that_cannot_be_a_directory_is_one_error(tmp_path, data_root):
 def test_changed_data_is_prepared_again_and_never_mixed_into_a_run(tmp_path):
   text = tmp_path / "mine.txt"
   text.write_text("the quick brown fox jumps over the lazy dog.\n" * 400)
-  own = [*TINY, f"--config.data.input_files={text}", f"--config.data.root={tmp_path / 'data'}",
-         "--config.data.piece_chars=1000", "--config.num_train_steps=10", "--config.eval_every_steps=10"]
+  own = [
+    *TINY,
+    f"--config.data.input_files={text}",
+    f"--config.data.root={tmp_path / 'data'}",
+    "--config.data.piece_chars=1000",
+    "--config.num_train_steps=10",
+    "--config.eval_every_steps=10",
+  ]
   assert run_module("launch.train", *own, f"--workdir={tmp_path / 'a'}").returncode == 0
   before = (tmp_path / "a" / "metrics.jsonl").read_text()
   text.write_text("the quick brown fox jumps over the lazy cat.\n" * 400)
@@ -280,8 +316,11 @@ def test_changed_data_is_prepared_again_and_never_mixed_into_a_run(tmp_path):
   fresh = run_module("launch.train", *own, f"--workdir={tmp_path / 'b'}")
   assert fresh.returncode == 0, fresh.stderr[-3000:]
   manifest = json.loads((tmp_path / "data" / "mine-char" / "manifest.json").read_text())
-  assert manifest["request"]["files"][0]["sha256"] == json.loads((tmp_path / "b" / "data.json").read_text())[
-      "files"][0]["sha256"] != json.loads((tmp_path / "a" / "data.json").read_text())["files"][0]["sha256"]
+  assert (
+    manifest["request"]["files"][0]["sha256"]
+    == json.loads((tmp_path / "b" / "data.json").read_text())["files"][0]["sha256"]
+    != json.loads((tmp_path / "a" / "data.json").read_text())["files"][0]["sha256"]
+  )
 
 
 def _logged(workdir, step) -> bool:
@@ -298,11 +337,15 @@ def _wait_for(predicate, proc, seconds=120):
   assert proc.poll() is None, proc.communicate()[1][-3000:]
 
 
-def test_sigterm_during_evaluation_abandons_it_saves_and_the_next_launch_evaluates_first(tmp_path, data_root,
-                                                                                        straight):
+def test_sigterm_during_evaluation_abandons_it_saves_and_the_next_launch_evaluates_first(tmp_path, data_root, straight):
   long_eval = ["--config.eval_batches=16000"]  # an evaluation of many seconds: SIGTERM must land inside it
-  proc = subprocess.Popen([sys.executable, "-m", "launch.train", *_args(data_root, tmp_path, *long_eval)], cwd=REPO,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  proc = subprocess.Popen(
+    [sys.executable, "-m", "launch.train", *_args(data_root, tmp_path, *long_eval)],
+    cwd=REPO,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   _wait_for(lambda: _logged(tmp_path, 20), proc)
   proc.send_signal(signal.SIGTERM)
   _, err = proc.communicate(timeout=120)
@@ -346,8 +389,12 @@ def test_sigterm_abandons_an_evaluation_even_inside_a_library_that_catches_excep
 
 def test_a_second_launch_on_a_running_workdir_refuses_and_a_dead_holder_is_detected(tmp_path, data_root):
   forever = ["--config.num_train_steps=100000", "--config.checkpoint_every_steps=100000"]
-  proc = subprocess.Popen([sys.executable, "-m", "launch.train", *_args(data_root, tmp_path, *forever)], cwd=REPO,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  proc = subprocess.Popen(
+    [sys.executable, "-m", "launch.train", *_args(data_root, tmp_path, *forever)],
+    cwd=REPO,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+  )
   try:
     _wait_for(lambda: (tmp_path / "metrics.jsonl").exists(), proc)
     line = error_line(train(data_root, tmp_path, *forever))
@@ -365,24 +412,34 @@ def test_a_second_launch_on_a_running_workdir_refuses_and_a_dead_holder_is_detec
 
 
 def test_special_tokens_in_a_prompt_are_refused_unless_allowed(straight):
-  line = error_line(run_module("launch.sample", f"--workdir={straight}", "--prompt=ROMEO<|endoftext|>",
-                               "--max_new_tokens=5"))
+  line = error_line(
+    run_module("launch.sample", f"--workdir={straight}", "--prompt=ROMEO<|endoftext|>", "--max_new_tokens=5")
+  )
   assert "prompt 1: text contains the special token '<|endoftext|>' at character 5" in line
   assert "--allow_special" in line
-  allowed = run_module("launch.sample", f"--workdir={straight}", "--prompt=ROMEO<|endoftext|>", "--max_new_tokens=5",
-                       "--allow_special")
+  allowed = run_module(
+    "launch.sample", f"--workdir={straight}", "--prompt=ROMEO<|endoftext|>", "--max_new_tokens=5", "--allow_special"
+  )
   assert allowed.returncode == 0, allowed.stderr[-3000:]
 
 
 def test_own_translation_pairs_default_to_their_column_order(tmp_path):
   pairs = tmp_path / "pairs.tsv"
   pairs.write_text("".join(f"das haus {i}\tthe house {i}\n" for i in range(300)))
-  common = ["--config=experiments/translation.py:tiny", f"--config.data.input_files={pairs}",
-            f"--config.data.root={tmp_path / 'data'}", "--config.data.tokenizer=char", "--config.num_train_steps=4",
-            "--config.eval_every_steps=4", "--config.checkpoint_every_steps=4", "--config.eval.bleu_sentences=4",
-            "--config.eval.beam_size=1"]
-  line = error_line(run_module("launch.train", *common, "--config.data.direction=de-en",
-                               f"--workdir={tmp_path / 'bad'}"))
+  common = [
+    "--config=experiments/translation.py:tiny",
+    f"--config.data.input_files={pairs}",
+    f"--config.data.root={tmp_path / 'data'}",
+    "--config.data.tokenizer=char",
+    "--config.num_train_steps=4",
+    "--config.eval_every_steps=4",
+    "--config.checkpoint_every_steps=4",
+    "--config.eval.bleu_sentences=4",
+    "--config.eval.beam_size=1",
+  ]
+  line = error_line(
+    run_module("launch.train", *common, "--config.data.direction=de-en", f"--workdir={tmp_path / 'bad'}")
+  )
   assert "--config.data.direction: unknown direction 'de-en'" in line and "'source-target'" in line, line
   assert not (tmp_path / "data").exists()  # refused before the data was prepared
   proc = run_module("launch.train", *common, f"--workdir={tmp_path / 'w'}")

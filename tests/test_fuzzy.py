@@ -11,8 +11,16 @@ THE, DOT = 1, 2  # in every source: too common to tell sentences apart
 
 
 def _pairs():
-  sources = [[THE, 10, 11, DOT], [THE, 10, 12, DOT], [THE, 13, 14, DOT], [THE, 10, 11, DOT], [THE, 15, 16, 17, DOT],
-             [THE, 18, DOT], [THE, 19, DOT], [THE, 20, 21, DOT]]
+  sources = [
+    [THE, 10, 11, DOT],
+    [THE, 10, 12, DOT],
+    [THE, 13, 14, DOT],
+    [THE, 10, 11, DOT],
+    [THE, 15, 16, 17, DOT],
+    [THE, 18, DOT],
+    [THE, 19, DOT],
+    [THE, 20, 21, DOT],
+  ]
   return [(np.array(s), np.array([100 + i, 200 + i, 300 + i])) for i, s in enumerate(sources)]
 
 
@@ -42,8 +50,9 @@ def test_training_sources_are_matched_against_the_others_exactly_as_new_ones_are
 def test_augment_appends_the_separator_and_the_start_of_the_matchs_target():
   memory = TranslationMemory(_pairs(), max_df=0.4)
   sep = 0
-  with_match, without = memory.augment([np.array([THE, 13, DOT]), np.array([THE, 99, DOT])], hint_tokens=2,
-                                       separator=sep)
+  with_match, without = memory.augment(
+    [np.array([THE, 13, DOT]), np.array([THE, 99, DOT])], hint_tokens=2, separator=sep
+  )
   np.testing.assert_array_equal(with_match, [THE, 13, DOT, sep, 102, 202])
   np.testing.assert_array_equal(without, [THE, 99, DOT, sep])
   assert with_match.dtype == np.int32

@@ -20,8 +20,10 @@ def _tokens(cfg, B=2, T=8, seed=1):
   return jax.random.randint(jax.random.key(seed), (B, T), 0, cfg.vocab_size)
 
 
-@pytest.mark.parametrize("name,expected", [("gpt2", 124_439_808), ("gpt2-medium", 354_823_168),
-                                           ("gpt2-large", 774_030_080), ("gpt2-xl", 1_557_611_200)])
+@pytest.mark.parametrize(
+  "name,expected",
+  [("gpt2", 124_439_808), ("gpt2-medium", 354_823_168), ("gpt2-large", 774_030_080), ("gpt2-xl", 1_557_611_200)],
+)
 def test_preset_parameter_counts(name, expected):
   assert count_params(preset(name)) == expected  # jax.eval_shape: nothing allocated
   assert count_params(preset(name, scan_layers=True)) == expected
@@ -52,7 +54,6 @@ def test_every_parameter_has_logical_axes():
 
 
 class TestVariants(chex.TestCase):
-
   @chex.variants(with_jit=True, without_jit=True)
   def test_jit_and_no_jit_agree(self):
     params = _init(TINY)
@@ -71,7 +72,7 @@ def test_causality(attention):
   tokens = _tokens(cfg, B=1, T=10)
   logits = GPT(cfg).apply({"params": params}, tokens)
   for t in range(9):
-    changed = tokens.at[0, t + 1:].set((tokens[0, t + 1:] + 7) % cfg.vocab_size)
+    changed = tokens.at[0, t + 1 :].set((tokens[0, t + 1 :] + 7) % cfg.vocab_size)
     other = GPT(cfg).apply({"params": params}, changed)
     np.testing.assert_allclose(other[0, : t + 1], logits[0, : t + 1], atol=1e-6)
     assert not np.allclose(other[0, t + 1], logits[0, t + 1])  # and the future does change
@@ -81,9 +82,10 @@ def test_causality(attention):
   def logit_sum_at(wpe, t):
     p = {**params, "wpe": wpe}
     return GPT(cfg).apply({"params": p}, tokens)[0, t].sum()
+
   for t in (0, 4, 8):
     g = jax.grad(logit_sum_at)(params["wpe"], t)
-    assert np.all(g[t + 1:] == 0), f"position {t} sees the future"
+    assert np.all(g[t + 1 :] == 0), f"position {t} sees the future"
     assert np.any(g[: t + 1] != 0)
 
 
@@ -112,8 +114,11 @@ def test_scan_and_unrolled_agree(remat):
   loss = lambda cfg: lambda p: GPT(cfg).apply({"params": p}, tokens).mean()
   g_unrolled = jax.grad(loss(TINY))(params)
   g_scanned = jax.grad(loss(scanned_cfg))(scanned_params)
-  np.testing.assert_allclose(layers.stack_layers(g_unrolled["h"], 2)["layers"]["mlp"]["fc"]["kernel"],
-                             g_scanned["h"]["layers"]["mlp"]["fc"]["kernel"], atol=1e-6)
+  np.testing.assert_allclose(
+    layers.stack_layers(g_unrolled["h"], 2)["layers"]["mlp"]["fc"]["kernel"],
+    g_scanned["h"]["layers"]["mlp"]["fc"]["kernel"],
+    atol=1e-6,
+  )
 
 
 def test_dropout_only_in_training():
@@ -131,8 +136,10 @@ def test_dropout_only_in_training():
   cfg0 = TINY.replace(attention="einsum")
   p0 = _init(cfg0)
   np.testing.assert_allclose(
-      GPT(cfg0).apply({"params": p0}, tokens, deterministic=False, rngs={"dropout": jax.random.key(1)}),
-      GPT(cfg0).apply({"params": p0}, tokens), atol=1e-6)
+    GPT(cfg0).apply({"params": p0}, tokens, deterministic=False, rngs={"dropout": jax.random.key(1)}),
+    GPT(cfg0).apply({"params": p0}, tokens),
+    atol=1e-6,
+  )
 
 
 def test_bfloat16_compute_keeps_float32_params_and_logits():
@@ -146,7 +153,9 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
   np.testing.assert_allclose(logits, ref, atol=0.1)
 
 
-@pytest.mark.parametrize("changes,message", [
+@pytest.mark.parametrize(
+  "changes,message",
+  [
     (dict(d_model=30, num_heads=4), "block.d_model=30 is not divisible by block.num_heads=4"),
     (dict(attention="flash"), "unknown block.attention implementation 'flash'; choose one of einsum, xla, cudnn"),
     (dict(attention_dropout_rate=0.1), "attention_dropout_rate=0.1 needs block.attention='einsum'"),
@@ -154,7 +163,8 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
     (dict(dtype="float12"), "unknown dtype 'float12'"),
     (dict(vocab_size=0), "vocab_size must be positive"),
     (dict(layer_norm_epsilon=0.0), "layer_norm_epsilon must be positive"),
-])
+  ],
+)
 def test_bad_configs(changes, message):
   with pytest.raises(ConfigError, match=message):
     TINY.replace(**changes).check()
@@ -182,14 +192,18 @@ def test_segment_positions_restart_and_skip_padding():
   np.testing.assert_array_equal(mask[5], [0, 0, 0, 0, 0, 1])
 
 
-@pytest.mark.parametrize("attention,mechanism", [("einsum", "dot_product"), ("xla", "dot_product"),
-                                                 ("xla", "synthesizer_dense"), ("xla", "synthesizer_random")])
+@pytest.mark.parametrize(
+  "attention,mechanism",
+  [("einsum", "dot_product"), ("xla", "dot_product"), ("xla", "synthesizer_dense"), ("xla", "synthesizer_random")],
+)
 def test_a_documents_logits_do_not_depend_on_the_documents_before_it(attention, mechanism):
   """Packed rows (tasks.lm document_ids): a document sees only itself, from position 0, whatever
   came before it in the row, exactly as if it began the row."""
   from transformer.tasks.lm import document_ids
-  cfg = GPTConfig().replace(vocab_size=50, max_len=32, num_layers=2, num_heads=2, d_model=32, attention=attention,
-                  attention_mechanism=mechanism)
+
+  cfg = GPTConfig().replace(
+    vocab_size=50, max_len=32, num_layers=2, num_heads=2, d_model=32, attention=attention, attention_mechanism=mechanism
+  )
   params = _init(cfg)
   eot, doc = 49, [7, 3, 3, 9, 12, 4]
   rows = [[eot, 5, 6, 7, eot, *doc], [eot, 1, 2, 3, 8, 8, 8, 8, 1, 0, eot, *doc], [eot, *doc]]
@@ -198,9 +212,9 @@ def test_a_documents_logits_do_not_depend_on_the_documents_before_it(attention, 
   for row in rows:
     tokens = jnp.array([row])
     logits = model.apply({"params": params}, tokens, segments_BxT=document_ids(tokens, eot))
-    tails.append(np.asarray(logits[0, -len(doc) - 1:]))
+    tails.append(np.asarray(logits[0, -len(doc) - 1 :]))
   np.testing.assert_allclose(tails[0], tails[2], atol=1e-5)
   np.testing.assert_allclose(tails[1], tails[2], atol=1e-5)
   # Without segments the earlier document is read: the logits differ.
   joined = model.apply({"params": params}, jnp.array([rows[0]]))
-  assert np.abs(np.asarray(joined[0, -len(doc) - 1:]) - tails[2]).max() > 1e-3
+  assert np.abs(np.asarray(joined[0, -len(doc) - 1 :]) - tails[2]).max() > 1e-3

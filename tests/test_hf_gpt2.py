@@ -30,7 +30,11 @@ def test_logits_match_reference(name, attention):
   cfg, params = import_hf_gpt2(FIXTURES / name, attention=attention)
   hf = json.loads((FIXTURES / name / "config.json").read_text())
   assert (cfg.num_layers, cfg.block.num_heads, cfg.block.d_model, cfg.vocab_size) == (
-      hf["n_layer"], hf["n_head"], hf["n_embd"], hf["vocab_size"])
+    hf["n_layer"],
+    hf["n_head"],
+    hf["n_embd"],
+    hf["vocab_size"],
+  )
   ids = np.load(FIXTURES / name / "input_ids.npy")
   diff = np.abs(_logits(cfg, params, ids) - np.load(FIXTURES / name / "logits.npy")).max()
   assert diff <= 1e-4, diff
@@ -62,8 +66,18 @@ def test_import_export_import_is_identical(name, tmp_path):
     np.testing.assert_array_equal(ours[k], theirs[k], err_msg=k)
   exported = json.loads((tmp_path / "config.json").read_text())
   hf = json.loads((FIXTURES / name / "config.json").read_text())
-  for field in ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size", "n_inner", "layer_norm_epsilon",
-                "tie_word_embeddings", "activation_function", "model_type"):
+  for field in (
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "n_positions",
+    "vocab_size",
+    "n_inner",
+    "layer_norm_epsilon",
+    "tie_word_embeddings",
+    "activation_function",
+    "model_type",
+  ):
     assert exported[field] == hf[field], field
 
 
@@ -107,12 +121,16 @@ def _broken(tmp_path, edit):
 def test_errors_name_the_tensor(tmp_path):
   with pytest.raises(CheckpointError, match="missing tensor 'h.1.mlp.c_proj.bias'"):
     import_hf_gpt2(_broken(tmp_path / "a", lambda t: t.pop("transformer.h.1.mlp.c_proj.bias")))
+
   def reshape(t):
     t["transformer.h.0.attn.c_attn.weight"] = t["transformer.h.0.attn.c_attn.weight"][:, :96]
+
   with pytest.raises(CheckpointError, match=r"'h.0.attn.c_attn.weight' .* has shape \(64, 96\), expected \(64, 192\)"):
     import_hf_gpt2(_broken(tmp_path / "b", reshape))
+
   def extra(t):
     t["transformer.h.0.attn.rotary"] = np.zeros(3, np.float32)
+
   with pytest.raises(CheckpointError, match="tensors a GPT-2 does not: h.0.attn.rotary"):
     import_hf_gpt2(_broken(tmp_path / "c", extra))
   with pytest.raises(CheckpointError, match="no GPT-2 safetensors at /nowhere"):
@@ -125,13 +143,25 @@ def test_errors_name_the_tensor(tmp_path):
     import_hf_gpt2(tmp_path / "d")  # d_model 64 is no OpenAI size and there is no config.json
 
 
-@pytest.mark.skipif(not os.environ.get("TRANSFORMER_TORCH_PYTHON"),
-                    reason="set TRANSFORMER_TORCH_PYTHON to a python with torch + transformers")
+@pytest.mark.skipif(
+  not os.environ.get("TRANSFORMER_TORCH_PYTHON"),
+  reason="set TRANSFORMER_TORCH_PYTHON to a python with torch + transformers",
+)
 @pytest.mark.parametrize("name", NAMES)
 def test_hf_loads_our_export(name, tmp_path):
   cfg, params = import_hf_gpt2(FIXTURES / name)
   export_hf_gpt2(cfg, params, tmp_path)
-  out = subprocess.run([os.environ["TRANSFORMER_TORCH_PYTHON"], str(REPO / "tests" / "make_gpt2_fixtures.py"),
-                        "--check", str(tmp_path), str(FIXTURES / name)], capture_output=True, text=True, timeout=300)
+  out = subprocess.run(
+    [
+      os.environ["TRANSFORMER_TORCH_PYTHON"],
+      str(REPO / "tests" / "make_gpt2_fixtures.py"),
+      "--check",
+      str(tmp_path),
+      str(FIXTURES / name),
+    ],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert out.returncode == 0, out.stderr
   assert float(out.stdout.split()[-1]) <= 1e-4

@@ -37,8 +37,9 @@ _TEMP_PAGES = 4096 * 3072 * 4 // 4096  # 12,288
 def _faulting_calls(keep: str) -> int:
   """Of the 40 calls, how many faulted in (most of) a 48 MB block."""
   env = {"TRANSFORMER_KEEP_HOST_MEMORY": keep, "PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"}
-  out = subprocess.run([sys.executable, "-c", _FAULTS_PER_CALL], cwd=REPO, env=env, capture_output=True,
-                       text=True, timeout=300, check=True).stdout
+  out = subprocess.run(
+    [sys.executable, "-c", _FAULTS_PER_CALL], cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=True
+  ).stdout
   return sum(faults > _TEMP_PAGES * 0.8 for faults in json.loads(out.splitlines()[-1]))
 
 

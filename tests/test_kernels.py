@@ -40,12 +40,16 @@ def test_kernels_values_and_what_auto_means_here():
 
 # x, kernel, contracted dims: the fused qkv (kernel in < out), the MLP's fc (<) and proj (>), the
 # attention's output (two contracted dims, =), a proj-like kernel over tokens in one dim (>).
-PROJECTIONS = [((2, 5, 8), (8, 3, 2, 4), 1), ((2, 5, 8), (8, 32), 1), ((2, 5, 32), (32, 8), 1),
-               ((2, 5, 2, 4), (2, 4, 8), 2), ((10, 24), (24, 6), 1)]
+PROJECTIONS = [
+  ((2, 5, 8), (8, 3, 2, 4), 1),
+  ((2, 5, 8), (8, 32), 1),
+  ((2, 5, 32), (32, 8), 1),
+  ((2, 5, 2, 4), (2, 4, 8), 2),
+  ((10, 24), (24, 6), 1),
+]
 
 
 class ProjectionTest(chex.TestCase):
-
   @chex.variants(with_jit=True, without_jit=True)
   @parameterized.parameters(*PROJECTIONS)
   def test_values_and_gradients_equal_autodiff_of_tensordot(self, x_shape, kernel_shape, contract):
@@ -54,8 +58,9 @@ class ProjectionTest(chex.TestCase):
     cotangent = jax.random.normal(kg, jnp.tensordot(x, kernel, contract).shape)
     ours = self.variant(lambda x, k: jax.vjp(lambda x, k: projection.project(x, k, contract), x, k)[1](cotangent))
     reference = jax.vjp(lambda x, k: jnp.tensordot(x, k, contract), x, kernel)[1](cotangent)
-    np.testing.assert_allclose(projection.project(x, kernel, contract), jnp.tensordot(x, kernel, contract),
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+      projection.project(x, kernel, contract), jnp.tensordot(x, kernel, contract), rtol=1e-5, atol=1e-5
+    )
     for got, want in zip(ours(x, kernel), reference, strict=True):
       chex.assert_equal_shape([got, want])
       np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -71,20 +76,21 @@ def test_projection_kernel_gradients_are_the_products_xla_cpu_runs_in_its_librar
   def plain_dots(project):
     loss = lambda fc, proj, x: jnp.sum(project(jax.nn.gelu(project(x, fc, 1)), proj, 1) ** 2)
     hlo = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(fc, proj, x).compile().as_text()
-    entry = hlo[hlo.index("ENTRY"):]
+    entry = hlo[hlo.index("ENTRY") :]
     if "kind=kCustom" not in entry:
       pytest.skip("this XLA:CPU runs no product in a library fusion")
     return len(re.findall(r" dot\(", entry))
+
   assert plain_dots(lambda x, k, c: jnp.tensordot(x, k, c)) > 0  # what kernels.projection exists for
   assert plain_dots(projection.project) == 0
 
 
 # --- attention ---------------------------------------------------------------------------------
 
+
 def _qkv(B=2, T=5, S=7, H=3, K=8, seed=0):
   kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
-  return (jax.random.normal(kq, (B, T, H, K)), jax.random.normal(kk, (B, S, H, K)),
-          jax.random.normal(kv, (B, S, H, K)))
+  return (jax.random.normal(kq, (B, T, H, K)), jax.random.normal(kk, (B, S, H, K)), jax.random.normal(kv, (B, S, H, K)))
 
 
 @pytest.mark.parametrize("T", [attention.BLOCK // 2, 2 * attention.BLOCK + 37])
@@ -98,8 +104,9 @@ def test_causal_attention_by_blocks_is_causal_attention(T, form):
   q, k, v = _qkv(B=2, T=T, S=T, H=2, K=8)
   cotangent = jax.random.normal(jax.random.key(3), q.shape)
   full = jax.jit(lambda q, k, v: layers.attend(q, k, v, layers.causal_mask(T), "einsum"))
-  blocked = jax.jit(attention.causal_cpu if form == "cpu" else
-                    (lambda q, k, v: attention.causal_by_blocks(q, k, v, "xla")))
+  blocked = jax.jit(
+    attention.causal_cpu if form == "cpu" else (lambda q, k, v: attention.causal_by_blocks(q, k, v, "xla"))
+  )
   out_full, vjp_full = jax.vjp(full, q, k, v)
   out_blocked, vjp_blocked = jax.vjp(blocked, q, k, v)
   np.testing.assert_allclose(out_blocked, out_full, atol=1e-5)
@@ -128,8 +135,9 @@ def test_attend_dispatches_causal_self_attention_by_kernels():
   q, k, v = _qkv(B=2, T=2 * attention.BLOCK, S=2 * attention.BLOCK, H=2, K=8)
   cotangent = jax.random.normal(jax.random.key(3), q.shape)
   grads = lambda f: jax.jit(jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) * cotangent), argnums=(0, 1, 2)))(q, k, v)
-  by_form = {form: grads(lambda q, k, v, form=form: layers.attend(q, k, v, None, "xla", kernels=form))
-             for form in FORMS}
+  by_form = {
+    form: grads(lambda q, k, v, form=form: layers.attend(q, k, v, None, "xla", kernels=form)) for form in FORMS
+  }
   for got, want in zip(by_form["cpu"], grads(attention.causal_cpu)):
     np.testing.assert_array_equal(got, want)
   for got, want in zip(by_form["accelerator"], grads(lambda q, k, v: attention.causal_by_blocks(q, k, v, "xla"))):
@@ -164,12 +172,16 @@ PROMPTS = [[5, 17, 3, 80, 41, 2, 9], [60], list(range(10, 31)), [33, 34]]
 def _params(cfg, scale=10.0, seed=0):
   """Random weights, scaled up so that greedy paths are varied (as tests/test_sampling.py's)."""
   params = nn.unbox(GPT(cfg).init(jax.random.key(seed), jnp.zeros((1, 8), jnp.int32))["params"])
-  return jax.tree_util.tree_map_with_path(lambda path, x: x if "ln" in jax.tree_util.keystr(path) else x * scale,
-                                          params)
+  return jax.tree_util.tree_map_with_path(
+    lambda path, x: x if "ln" in jax.tree_util.keystr(path) else x * scale, params
+  )
 
 
-@pytest.mark.parametrize("B,V", [(1, 96), (4, 96), (20, 96), (1, 2**17 + 1), (4, 2**17 + 1)],
-                         ids=["one", "few", "vocab_major", "one_streamed", "vocab_major_streamed"])
+@pytest.mark.parametrize(
+  "B,V",
+  [(1, 96), (4, 96), (20, 96), (1, 2**17 + 1), (4, 2**17 + 1)],
+  ids=["one", "few", "vocab_major", "one_streamed", "vocab_major_streamed"],
+)
 def test_tied_head_forms_equal_the_embeddings_attend(B, V):
   """kernels.decode_head.tied_head_cpu in each of its forms (the embedding's rows; a D x V copy;
   vocabulary-major from VOCAB_MAJOR_MIN_BATCH rows, or from 2 with a head of more than
@@ -183,17 +195,26 @@ def test_tied_head_forms_equal_the_embeddings_attend(B, V):
   np.testing.assert_allclose(got, jnp.einsum("btd,vd->btv", x_Bx1xD, embedding_VxD), rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("prompts,vocab", [(PROMPTS, 96), (PROMPTS[:1], 96), (PROMPTS * 5, 96), (PROMPTS * 5, 8192),
-                                           (PROMPTS[:1], 2**17 + 1), (PROMPTS, 2**17 + 1)],
-                         ids=["batch", "one", "vocab_major", "vocab_major_large", "one_streamed_head",
-                              "vocab_major_streamed_head"])
+@pytest.mark.parametrize(
+  "prompts,vocab",
+  [
+    (PROMPTS, 96),
+    (PROMPTS[:1], 96),
+    (PROMPTS * 5, 96),
+    (PROMPTS * 5, 8192),
+    (PROMPTS[:1], 2**17 + 1),
+    (PROMPTS, 2**17 + 1),
+  ],
+  ids=["batch", "one", "vocab_major", "vocab_major_large", "one_streamed_head", "vocab_major_streamed_head"],
+)
 def test_greedy_decoding_with_the_cpu_kernels_makes_the_reference_tokens(prompts, vocab):
   """The whole sampler with the CPU's forms (the tied head in each form, the blocked and
   vocabulary-major argmax, the matrix-vector attention, XLA:CPU's options) makes the reference's tokens."""
   cfg = CFG.replace(tie_embeddings=True, vocab_size=vocab)
   params = _params(cfg, scale=20.0, seed=1)  # the head reads the embedding: larger weights to vary the paths
-  run = lambda form: sampler.generate(GPT(cfg.replace(kernels=form)), params, prompts, max_new_tokens=20,
-                                      sampling=Sampling(temperature=0))
+  run = lambda form: sampler.generate(
+    GPT(cfg.replace(kernels=form)), params, prompts, max_new_tokens=20, sampling=Sampling(temperature=0)
+  )
   got = run("cpu")
   assert got == run("reference")
   assert all(len(set(g)) > 3 for g in got)  # not degenerate
@@ -276,22 +297,24 @@ def test_two_level_inverse_cdf_draws_the_reference_token(block):
 
 
 class SampleLogitsTest(chex.TestCase):
-
   @chex.variants(with_jit=True, without_jit=True)
   def test_every_form_draws_the_reference_tokens(self):
     """sampling.sample_logits with each kernels form, jitted or not: the same tokens."""
     logits_BxV = jax.random.normal(jax.random.key(0), (4, 5000)) * 3
     for how in (Sampling(temperature=0), Sampling(temperature=0.7, top_k=5), Sampling(top_p=0.8), Sampling()):
       reference = jax.jit(lambda x, key, how=how: sampler.sample_logits(x, key, how, "reference"))(
-          logits_BxV, jax.random.key(3))
+        logits_BxV, jax.random.key(3)
+      )
       for form in ("cpu", "accelerator"):
         tokens_B = self.variant(lambda x, key, how=how, form=form: sampler.sample_logits(x, key, how, form))(
-            logits_BxV, jax.random.key(3))
+          logits_BxV, jax.random.key(3)
+        )
         chex.assert_shape(tokens_B, (4,))
         np.testing.assert_array_equal(tokens_B, reference)
 
 
 # --- decoding on threads -----------------------------------------------------------------------
+
 
 def test_parts_one_per_thread_each_of_enough_prompts():
   D = CFG.block.d_model
@@ -328,8 +351,9 @@ def test_a_batch_split_over_cpu_cores_makes_the_tokens_of_the_whole_batch(sampli
   the whole batch), each stopping on its own."""
   params = _params(CFG)
   prompts = PROMPTS + [[7, 8, 9], [1] * 12, [90]]
-  run = lambda form, stop=None: sampler.generate(GPT(CFG.replace(kernels=form)), params, prompts, max_new_tokens=12,
-                                                 sampling=sampling, seed=3, stop_id=stop)
+  run = lambda form, stop=None: sampler.generate(
+    GPT(CFG.replace(kernels=form)), params, prompts, max_new_tokens=12, sampling=sampling, seed=3, stop_id=stop
+  )
   stop = run("reference")[0][4]  # a token row 0 makes at step 4
   whole = run("reference", stop)
   calls = []
@@ -339,6 +363,7 @@ def test_a_batch_split_over_cpu_cores_makes_the_tokens_of_the_whole_batch(sampli
     def call(params, prompt_BxP, valid_BxP, rng, first_row, **kwargs):
       calls.append((first_row, len(prompt_BxP), threading.get_ident()))
       return compiled(model)(params, prompt_BxP, valid_BxP, rng, first_row, **kwargs)
+
     return call
 
   monkeypatch.setattr(sampler, "jitted_sampler", recording_sampler)
@@ -351,6 +376,7 @@ def test_a_batch_split_over_cpu_cores_makes_the_tokens_of_the_whole_batch(sampli
 
 # --- the LM loss -------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("form", FORMS)
 def test_next_token_nll_and_its_gradient_equal_optax(dtype, form):
@@ -359,22 +385,24 @@ def test_next_token_nll_and_its_gradient_equal_optax(dtype, form):
   k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
   logits = (4 * jax.random.normal(k1, (3, 5, 97))).astype(dtype)
   targets, weights = jax.random.randint(k2, (3, 5), 0, 97), jax.random.normal(k3, (3, 5))
-  reference = lambda x: (optax.softmax_cross_entropy_with_integer_labels(x.astype(jnp.float32), targets)
-                         * weights).sum()
+  reference = lambda x: (
+    optax.softmax_cross_entropy_with_integer_labels(x.astype(jnp.float32), targets) * weights
+  ).sum()
   ours = lambda x: (next_token_nll(x, targets, form) * weights).sum()
   np.testing.assert_allclose(ours(logits), reference(logits), rtol=1e-6)
   grad = jax.grad(ours)(logits)
   assert grad.dtype == logits.dtype
-  np.testing.assert_allclose(np.asarray(grad, np.float32), np.asarray(jax.grad(reference)(logits), np.float32),
-                             atol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(grad, np.float32), np.asarray(jax.grad(reference)(logits), np.float32), atol=1e-6
+  )
   direct = jax.grad(lambda x: (lm_loss.next_token_nll(x, targets) * weights).sum())(logits)
   np.testing.assert_allclose(np.asarray(direct, np.float32), np.asarray(grad, np.float32), atol=1e-6)
 
 
 # --- whole models ------------------------------------------------------------------------------
 
-class WholeModelTest(chex.TestCase):
 
+class WholeModelTest(chex.TestCase):
   @chex.variants(with_jit=True, without_jit=True)
   def test_gpt_logits_and_gradients_are_the_references_in_every_form(self):
     """A GPT with T = 2 blocks + 5 tokens (every dispatch point: projections, causal attention by
@@ -396,12 +424,15 @@ class WholeModelTest(chex.TestCase):
   def test_translation_is_the_references_in_every_form(self):
     """The encoder-decoder (projections, its head, cross-attention) decodes the same greedy tokens."""
     from transformer.generation import beam_search
-    cfg = seq2seq.Seq2SeqConfig().replace(vocab_size=40, max_len=24, num_layers=2, num_heads=2, d_model=16, d_mlp=32,
-                                dropout_rate=0.0)
+
+    cfg = seq2seq.Seq2SeqConfig().replace(
+      vocab_size=40, max_len=24, num_layers=2, num_heads=2, d_model=16, d_mlp=32, dropout_rate=0.0
+    )
     source = jnp.ones((1, 6), jnp.int32)
     params = nn.unbox(seq2seq.Transformer(cfg).init(jax.random.key(0), source, source)["params"])
     params = jax.tree.map(lambda x: x * 4, params)
     sources = [[3, 4, 5, 6], [7, 8, 9, 10, 11, 12], [13]]
-    run = lambda form: beam_search.translate_ids(seq2seq.Transformer(cfg.replace(kernels=form)), params, sources,
-                                                 eos_id=0, beam_size=2, max_len=10)
+    run = lambda form: beam_search.translate_ids(
+      seq2seq.Transformer(cfg.replace(kernels=form)), params, sources, eos_id=0, beam_size=2, max_len=10
+    )
     assert run("cpu") == run("accelerator") == run("reference")

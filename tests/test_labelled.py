@@ -27,11 +27,12 @@ from transformer.tasks import labelled, tagging
 from conftest import run_module
 
 BODIES = {
-    "encoder": EncoderConfig().replace(vocab_size=40, max_len=16, num_layers=2, num_heads=2, d_model=32, d_mlp=64,
-                             dropout_rate=0.0),
-    "gpt": GPTConfig().replace(vocab_size=40, max_len=16, num_layers=2, num_heads=2, d_model=32),
-    "lstm": LSTMConfig(vocab_size=40, num_layers=2, d_model=32),
-    "bilstm": LSTMConfig(vocab_size=40, num_layers=2, d_model=32, bidirectional=True),
+  "encoder": EncoderConfig().replace(
+    vocab_size=40, max_len=16, num_layers=2, num_heads=2, d_model=32, d_mlp=64, dropout_rate=0.0
+  ),
+  "gpt": GPTConfig().replace(vocab_size=40, max_len=16, num_layers=2, num_heads=2, d_model=32),
+  "lstm": LSTMConfig(vocab_size=40, num_layers=2, d_model=32),
+  "bilstm": LSTMConfig(vocab_size=40, num_layers=2, d_model=32, bidirectional=True),
 }
 
 
@@ -40,14 +41,21 @@ BODIES = {
 
 
 def test_word_tokenizer_round_trips_maps_unseen_words_to_unk_and_saves(tmp_path):
-  tok = tokenizers.get_tokenizer("word", corpus=["The jury said it .", "the term-end jury , Atlanta's"],
-                                 vocab_size=12, lowercase=True)
+  tok = tokenizers.get_tokenizer(
+    "word", corpus=["The jury said it .", "the term-end jury , Atlanta's"], vocab_size=12, lowercase=True
+  )
   text = "The JURY said it , term-end"
   assert tok.decode(tok.encode(text)) == " ".join(tokenizers.split_words(text.lower())) == "the jury said it , term-end"
   assert tok.encode("Mayor Allen said") == [tok.unk_id, tok.unk_id, tok.encode("said")[0]]
   assert tok.decode(tok.encode("Mayor")) == tokenizers.UNK
-  assert tokenizers.split_words("Atlanta's term-end ``primary'' .") == ["Atlanta's", "term-end", "``", "primary",
-                                                                       "''", "."]
+  assert tokenizers.split_words("Atlanta's term-end ``primary'' .") == [
+    "Atlanta's",
+    "term-end",
+    "``",
+    "primary",
+    "''",
+    ".",
+  ]
   loaded = tokenizers.load_tokenizer(tok.save(tmp_path / "tok"))
   assert (loaded.words, loaded.lowercase, loaded.vocab_size) == (tok.words, True, tok.vocab_size)
   assert loaded.encode(text) == tok.encode(text)
@@ -62,8 +70,12 @@ def test_the_word_vocabulary_comes_from_the_training_split_only(tmp_path):
   tsv = tmp_path / "labels.tsv"
   tsv.write_text("".join(f"{'pos' if i % 2 else 'neg'}\tword{i} common\n" for i in range(200)))
   out = tmp_path / "prepared"
-  data.prepare(data.file_source([tsv], "classification"), out, data.PrepareOptions(
-      tokenizer="word", vocab_size=1000, validation_fraction=0.2, test_fraction=0.2), progress=False)
+  data.prepare(
+    data.file_source([tsv], "classification"),
+    out,
+    data.PrepareOptions(tokenizer="word", vocab_size=1000, validation_fraction=0.2, test_fraction=0.2),
+    progress=False,
+  )
   p = data.load_prepared(out)
   for split in ("validation", "test"):
     rows, tokens = p.index(split), p.tokens(split)
@@ -100,38 +112,50 @@ def test_tagged_files_prepare_with_subword_masking(tmp_path):
   tagged = tmp_path / "tagged.txt"
   tagged.write_text("The/at Durwood/np presentments/nns jury/nn ./.\n\nIt/pps said/vbd so/rb ./.\n" * 20)
   out = tmp_path / "prepared"
-  data.prepare(data.file_source([tagged], "tagged"), out, data.PrepareOptions(tokenizer="gpt2",
-               validation_fraction=0.0), progress=False)
+  data.prepare(
+    data.file_source([tagged], "tagged"),
+    out,
+    data.PrepareOptions(tokenizer="gpt2", validation_fraction=0.0),
+    progress=False,
+  )
   p = data.load_prepared(out)
   assert p.manifest["tags"] == ["at", "np", "nns", "nn", ".", "pps", "vbd", "rb"]
   tokens, labels = p.tokens("train"), p.labels("train")
   assert len(tokens) == len(labels) > 9  # more tokens than words: subwords
   assert (labels >= 0).sum() == 9  # every word once (duplicate sentences are dropped), at its first subword
-  first_sentence = labels[:p.index("train")[0][2]]
+  first_sentence = labels[: p.index("train")[0][2]]
   ids, firsts = tokenizers.word_pieces(p.tokenizer, ["The", "Durwood", "presentments", "jury", "."])
   expected = np.full(len(ids), -1)
   expected[firsts] = [0, 1, 2, 3, 4]
   np.testing.assert_array_equal(first_sentence, expected)
 
 
-@pytest.mark.parametrize("line, message", [
+@pytest.mark.parametrize(
+  "line, message",
+  [
     ("The/at jury said/vbd", "token 'jury' is not 'word/TAG'"),
     ("The/at /nn", "token '/nn' is not 'word/TAG'"),
-])
+  ],
+)
 def test_bad_tagged_lines_are_named(tmp_path, line, message):
   path = tmp_path / "bad.txt"
   path.write_text(f"It/pps is/bez ./.\n{line}\n")
   with pytest.raises(DataError, match=f"bad.txt:2: {message}"):
-    data.prepare(data.file_source([path], "tagged"), tmp_path / "out", data.PrepareOptions(tokenizer="gpt2"),
-                 progress=False)
+    data.prepare(
+      data.file_source([path], "tagged"), tmp_path / "out", data.PrepareOptions(tokenizer="gpt2"), progress=False
+    )
 
 
 def test_a_label_file_in_the_wrong_format_is_named(tmp_path):
   path = tmp_path / "labels.tsv"
   path.write_text("pos\tA fine film.\nA dull film without a label\n")
   with pytest.raises(DataError, match=r"labels.tsv:2: expected 'label<TAB>text'"):
-    data.prepare(data.file_source([path], "classification"), tmp_path / "out", data.PrepareOptions(tokenizer="gpt2"),
-                 progress=False)
+    data.prepare(
+      data.file_source([path], "classification"),
+      tmp_path / "out",
+      data.PrepareOptions(tokenizer="gpt2"),
+      progress=False,
+    )
   with pytest.raises(DataError, match="unknown input format 'csv'"):
     data.file_source([path], "csv")
 
@@ -149,15 +173,32 @@ def test_brown_corpus_is_fetched_pinned_and_split_by_file():
   assert 30 < splits.count(1) < 70 and 30 < splits.count(2) < 70
   assert splits == [_split_of(options.seed, i, fractions=(0.1, 0.1)) for i in range(500)]
   # Every tag of the corpus maps to one of the 12 universal tags.
-  tags = {tag for path in source.files for _, line in data.sources.read_lines(path)
-          for _, tag in (data.sources.parse_tagged_line(line, path, 0) or [()])[0]}
+  tags = {
+    tag
+    for path in source.files
+    for _, line in data.sources.read_lines(path)
+    for _, tag in (data.sources.parse_tagged_line(line, path, 0) or [()])[0]
+  }
   assert len(tags) > 400
   assert {tagging.universal_tag(t) for t in tags} == set(tagging._UNIVERSAL)
 
 
 def test_universal_tags_follow_the_brown_base_tag():
-  cases = {"at": "DET", "nn-tl": "NOUN", "np$": "NOUN", "ppss+bem": "PRON", "fw-nn": "X", "md*": "VERB",
-           "*": "ADV", "nns-tl-hl": "NOUN", "cs": "ADP", "to": "PRT", ".": ".", "``": ".", "cd": "NUM"}
+  cases = {
+    "at": "DET",
+    "nn-tl": "NOUN",
+    "np$": "NOUN",
+    "ppss+bem": "PRON",
+    "fw-nn": "X",
+    "md*": "VERB",
+    "*": "ADV",
+    "nns-tl-hl": "NOUN",
+    "cs": "ADP",
+    "to": "PRT",
+    ".": ".",
+    "``": ".",
+    "cd": "NUM",
+  }
   assert {t: tagging.universal_tag(t) for t in cases} == cases
   with pytest.raises(DataError, match="tag 'NOUN' is not a Brown tag"):
     tagging.universal_tag("NOUN")
@@ -184,10 +225,12 @@ def _fit(model, tokens, valid, labels, steps: int = 150):
 
   @jax.jit
   def step(params, state):
-    (loss, n), grads = jax.value_and_grad(lambda p: labelled.labelled_loss(model, p, batch, jax.random.key(1), True),
-                                          has_aux=True)(params)
+    (loss, n), grads = jax.value_and_grad(
+      lambda p: labelled.labelled_loss(model, p, batch, jax.random.key(1), True), has_aux=True
+    )(params)
     updates, state = tx.update(grads, state)
     return optax.apply_updates(params, updates), state
+
   for _ in range(steps):
     params, state = step(params, state)
   return params
@@ -214,8 +257,11 @@ def test_each_model_overfits_a_tiny_labelled_set(family):
 def test_padding_changes_no_prediction(family):
   tokens, valid = _texts(num=4)
   cfg = BODIES[family]
-  for model in (classifier.SequenceClassifier(cfg, 3, "mean"), classifier.SequenceClassifier(cfg, 3, "last"),
-                classifier.TokenClassifier(cfg, 5)):
+  for model in (
+    classifier.SequenceClassifier(cfg, 3, "mean"),
+    classifier.SequenceClassifier(cfg, 3, "last"),
+    classifier.TokenClassifier(cfg, 5),
+  ):
     params = model.init(jax.random.key(0), tokens, valid_BxT=valid)["params"]
     run = jax.jit(lambda t, v: model.apply({"params": params}, t, valid_BxT=v))
     short = run(tokens[:, :10], valid[:, :10])
@@ -228,6 +274,7 @@ def test_padding_changes_no_prediction(family):
 
 def test_the_lstm_language_model_samples_through_its_recurrent_state():
   from transformer.generation import sampling
+
   model = LSTMLanguageModel(LSTMConfig(vocab_size=20, num_layers=2, d_model=16, max_len=64))
   params = model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]
   prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9]]  # left-padded to one length inside generate
@@ -236,7 +283,7 @@ def test_the_lstm_language_model_samples_through_its_recurrent_state():
     sequence = list(prompt)
     for _ in range(6):  # greedy by full forward passes, no state carried
       sequence.append(int(model.apply({"params": params}, jnp.asarray([sequence]))[0, -1].argmax()))
-    assert new == sequence[len(prompt):]
+    assert new == sequence[len(prompt) :]
   with pytest.raises(ConfigError, match="bidirectional LSTM would read the answer"):
     LSTMLanguageModel(LSTMConfig(vocab_size=20, bidirectional=True)).init(jax.random.key(0), jnp.zeros((1, 4), int))
 
@@ -272,9 +319,18 @@ def reviews(tmp_path_factory):
 
 def _classify_config(reviews, **changes):
   c = sentiment.get_config("tiny")
-  return _set(c, **{"data__input_files": (str(reviews / "reviews.tsv"),), "data__root": str(reviews / "data"),
-                     "classes": "names", "num_train_steps": 60, "eval_every_steps": 30, "checkpoint_every_steps": 30,
-                     **changes})
+  return _set(
+    c,
+    **{
+      "data__input_files": (str(reviews / "reviews.tsv"),),
+      "data__root": str(reviews / "data"),
+      "classes": "names",
+      "num_train_steps": 60,
+      "eval_every_steps": 30,
+      "checkpoint_every_steps": 30,
+      **changes,
+    },
+  )
 
 
 @pytest.fixture(scope="module")
@@ -292,8 +348,13 @@ def test_classification_trains_and_scores_dev_and_test(classified):
 
 def test_launch_classify_from_flags_and_stdin(classified):
   workdir, _ = classified
-  proc = run_module("launch.classify", f"--workdir={workdir}", "--text=the film was wonderful",
-                    "--input_file=-", stdin="quite an awful film\n")
+  proc = run_module(
+    "launch.classify",
+    f"--workdir={workdir}",
+    "--text=the film was wonderful",
+    "--input_file=-",
+    stdin="quite an awful film\n",
+  )
   assert proc.returncode == 0, proc.stderr
   lines = proc.stdout.splitlines()
   assert [line.split("\t")[0] for line in lines] == ["pos", "neg"]
@@ -305,15 +366,23 @@ def test_launch_classify_from_flags_and_stdin(classified):
   assert proc.returncode == 1 and "use python -m launch.classify" in proc.stderr
 
 
-@pytest.mark.parametrize("changes, message", [
+@pytest.mark.parametrize(
+  "changes, message",
+  [
     ({"classes": "binary"}, "label 'neg' is not a score; for class names set --config.classes=names"),
     ({"classes": "five"}, "--config.classes='five' is unknown; choose one of binary, three, names"),
     ({"pooling": "max"}, "--config.pooling='max' is unknown"),
-    ({"max_len": 64}, r"--config.max_len=64 is longer than the model's longest sequence \(32: --config.model.max_len\)"),
+    (
+      {"max_len": 64},
+      r"--config.max_len=64 is longer than the model's longest sequence \(32: --config.model.max_len\)",
+    ),
     ({"body_lr_scale": 0.5}, "give --config.init_from too"),
-    ({"model__family": "transformer"}, "--config.model.family='transformer' cannot be trained by "
-                                      "config.task='classification'"),
-])
+    (
+      {"model__family": "transformer"},
+      "--config.model.family='transformer' cannot be trained by config.task='classification'",
+    ),
+  ],
+)
 def test_bad_classification_configs_are_named(reviews, tmp_path, changes, message):
   with pytest.raises(UserError, match=message):
     train.train_and_evaluate(_classify_config(reviews, **changes), tmp_path / "w")
@@ -324,8 +393,14 @@ def test_bad_classification_configs_are_named(reviews, tmp_path, changes, messag
 def pretrained(tmp_path_factory):
   """A tiny Shakespeare GPT run of this codebase: what init_from starts a classifier from."""
   root = tmp_path_factory.mktemp("pretrained")
-  c = _set(shakespeare.get_config("tiny"), data__root=str(root / "data"), num_train_steps=4,
-           checkpoint_every_steps=4, eval_every_steps=4, sample__max_new_tokens=0)
+  c = _set(
+    shakespeare.get_config("tiny"),
+    data__root=str(root / "data"),
+    num_train_steps=4,
+    checkpoint_every_steps=4,
+    eval_every_steps=4,
+    sample__max_new_tokens=0,
+  )
   train.train_and_evaluate(c, root / "lm")
   return root / "lm"
 
@@ -333,8 +408,18 @@ def pretrained(tmp_path_factory):
 def _finetune_config(reviews, lm, **changes):
   c = _classify_config(reviews)
   c.model = base.model_fields("cpu-tiny")
-  return _set(c, **{"init_from": str(lm), "data__tokenizer": str(lm / "tokenizer"), "max_len": 32,
-                     "num_train_steps": 6, "eval_every_steps": 6, "checkpoint_every_steps": 6, **changes})
+  return _set(
+    c,
+    **{
+      "init_from": str(lm),
+      "data__tokenizer": str(lm / "tokenizer"),
+      "max_len": 32,
+      "num_train_steps": 6,
+      "eval_every_steps": 6,
+      "checkpoint_every_steps": 6,
+      **changes,
+    },
+  )
 
 
 def test_init_from_loads_the_pretrained_body_exactly_and_can_freeze_it(reviews, pretrained, tmp_path):
@@ -357,14 +442,18 @@ def test_init_from_loads_the_pretrained_body_exactly_and_can_freeze_it(reviews, 
 
 
 def test_init_from_refuses_other_shapes_and_other_tokens(reviews, pretrained, tmp_path):
-  with pytest.raises(ConfigError, match=r"tensor h/layer_0/\S+ is \(64,?.*\) there but \(96,?.*\) in this body; set "
-                                        r"--config.model.\* \(block.d_model"):
+  with pytest.raises(
+    ConfigError,
+    match=r"tensor h/layer_0/\S+ is \(64,?.*\) there but \(96,?.*\) in this body; set "
+    r"--config.model.\* \(block.d_model",
+  ):
     c = _finetune_config(reviews, pretrained, model__block__d_model=96)
     train.train_and_evaluate(c, tmp_path / "w")
   assert not (tmp_path / "w" / "config.json").exists()
   with pytest.raises(ConfigError, match="was trained on other tokens"):
-    train.train_and_evaluate(_finetune_config(reviews, pretrained, data__tokenizer="word", data__vocab_size=500),
-                             tmp_path / "w2")
+    train.train_and_evaluate(
+      _finetune_config(reviews, pretrained, data__tokenizer="word", data__vocab_size=500), tmp_path / "w2"
+    )
 
 
 def test_init_from_a_hugging_face_gpt2_directory(reviews, tmp_path):
@@ -390,16 +479,32 @@ def test_init_from_a_hugging_face_gpt2_directory(reviews, tmp_path):
 def tagged(tmp_path_factory):
   root = tmp_path_factory.mktemp("tagged")
   rng = np.random.default_rng(0)
-  lexicon = {"the": "at", "a": "at", "jury": "nn", "city": "nn", "said": "vbd", "saw": "vbd", "it": "pps",
-             "quietly": "rb", ".": "."}
+  lexicon = {
+    "the": "at",
+    "a": "at",
+    "jury": "nn",
+    "city": "nn",
+    "said": "vbd",
+    "saw": "vbd",
+    "it": "pps",
+    "quietly": "rb",
+    ".": ".",
+  }
   nouns, verbs = ["jury", "city"], ["said", "saw"]
   lines = []
   for i in range(300):
     words = [rng.choice(["the", "a"]), rng.choice(nouns), rng.choice(verbs), "it", "quietly", "."]
     lines.append(" ".join(f"{w}/{lexicon[w]}" for w in words) + f" {i}/cd")
   (root / "tagged.txt").write_text("\n".join(lines) + "\n")
-  c = _set(pos.get_config("tiny"), data__input_files=(str(root / "tagged.txt"),), data__root=str(root / "data"),
-           num_train_steps=60, eval_every_steps=30, checkpoint_every_steps=30, optimizer__lr=1e-2)
+  c = _set(
+    pos.get_config("tiny"),
+    data__input_files=(str(root / "tagged.txt"),),
+    data__root=str(root / "data"),
+    num_train_steps=60,
+    eval_every_steps=30,
+    checkpoint_every_steps=30,
+    optimizer__lr=1e-2,
+  )
   result = train.train_and_evaluate(c, root / "w")
   return root, result
 
@@ -419,6 +524,7 @@ def test_bad_tagging_configs_are_named(tagged, tmp_path):
     train.train_and_evaluate(_set(c, data__tagset="penn"), tmp_path / "w")
   (tmp_path / "penn.txt").write_text("".join(f"The/DT jury/NNP says/VBP {i}/CD ./.\n" for i in range(40)))
   c = _set(c, data__input_files=(str(tmp_path / "penn.txt"),), data__tagset="universal", data__root=str(tmp_path))
-  with pytest.raises(DataError, match="tag 'NNP' is not a Brown tag that maps to a universal one; use "
-                                      "--config.data.tagset=brown"):
+  with pytest.raises(
+    DataError, match="tag 'NNP' is not a Brown tag that maps to a universal one; use --config.data.tagset=brown"
+  ):
     train.train_and_evaluate(c, tmp_path / "w2")

@@ -1,7 +1,6 @@
 """The shared layers (transformer.layers): positions, masks, attention, the decode-mode cache
 positions; the model tests (test_gpt, test_seq2seq) cover blocks and stacks through the models."""
 
-
 import chex
 import flax.linen as nn
 import flax.traverse_util
@@ -31,18 +30,18 @@ def test_causal_mask():
 
 def _qkv(B=2, T=5, S=7, H=3, K=8, seed=0):
   kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
-  return (jax.random.normal(kq, (B, T, H, K)), jax.random.normal(kk, (B, S, H, K)),
-          jax.random.normal(kv, (B, S, H, K)))
+  return (jax.random.normal(kq, (B, T, H, K)), jax.random.normal(kk, (B, S, H, K)), jax.random.normal(kv, (B, S, H, K)))
 
 
 class AttendTest(chex.TestCase):
-
   @chex.variants(with_jit=True, without_jit=True)
   def test_implementations_agree_and_masked_keys_do_not_count(self):
     q, k, v = _qkv()
     mask_BxTxS = jnp.ones((2, 5, 7), bool).at[:, :, 4:].set(False)
-    out = {impl: self.variant(lambda q, k, v, m, impl=impl: layers.attend(q, k, v, m, impl))(q, k, v, mask_BxTxS)
-           for impl in ("einsum", "xla")}
+    out = {
+      impl: self.variant(lambda q, k, v, m, impl=impl: layers.attend(q, k, v, m, impl))(q, k, v, mask_BxTxS)
+      for impl in ("einsum", "xla")
+    }
     chex.assert_shape(out["einsum"], (2, 5, 3, 8))
     chex.assert_tree_all_finite(out)
     np.testing.assert_allclose(out["xla"], out["einsum"], atol=1e-5)
@@ -96,6 +95,7 @@ def test_the_mlp_saves_its_activations_input_and_output_not_the_tanh(capsys):
   """The GELU's backward pass recomputes it from its input (layers.MLP); autodiff alone would also
   save the tanh GELU's tanh, a third B x T x F tensor."""
   from jax.ad_checkpoint import print_saved_residuals
+
   mlp, x_BxTxD = layers.MLP(layers.BlockConfig(d_model=8, num_heads=2, d_mlp=32)), jnp.ones((2, 3, 8))
   params = mlp.init(jax.random.key(0), x_BxTxD)
   print_saved_residuals(lambda p, x: mlp.apply(p, x).sum(), params, x_BxTxD)
@@ -105,25 +105,33 @@ def test_the_mlp_saves_its_activations_input_and_output_not_the_tanh(capsys):
 
 def _gpt(mechanism, **changes):
   from transformer.models.gpt import GPT, GPTConfig
-  cfg = GPTConfig().replace(vocab_size=50, max_len=16, num_layers=2, num_heads=2, d_model=32,
-                  attention_mechanism=mechanism, **changes).check()
+
+  cfg = (
+    GPTConfig()
+    .replace(vocab_size=50, max_len=16, num_layers=2, num_heads=2, d_model=32, attention_mechanism=mechanism, **changes)
+    .check()
+  )
   params = nn.unbox(GPT(cfg).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
   # Scale the synthesized scores up so that attention is far from uniform (a real test of masking).
   params = jax.tree_util.tree_map_with_path(
-      lambda path, x: x * 8 if "synth" in jax.tree_util.keystr(path) else x, params)
+    lambda path, x: x * 8 if "synth" in jax.tree_util.keystr(path) else x, params
+  )
   return cfg, GPT(cfg), params
 
 
 @pytest.mark.parametrize("mechanism", SYNTHESIZERS)
 def test_synthesizer_parameters_shapes_and_axis_names(mechanism):
   from transformer.models.gpt import count_params, param_shapes
+
   cfg, _, params = _gpt(mechanism)
   D, H, L = cfg.block.d_model, cfg.block.num_heads, cfg.max_len
   attn = params["h"]["layer_0"]["attn"]
   if mechanism == "synthesizer_dense":  # A (D x D/H per head) + b1, B (D/H x L per head) + b2
     assert set(attn) == {"v", "synth_hidden", "synth_kernel", "synth_bias", "out"}
-    chex.assert_shape([attn["synth_hidden"]["kernel"], attn["synth_kernel"], attn["synth_bias"]],
-                      [(D, H, D // H), (H, D // H, L), (H, L)])
+    chex.assert_shape(
+      [attn["synth_hidden"]["kernel"], attn["synth_kernel"], attn["synth_bias"]],
+      [(D, H, D // H), (H, D // H, L), (H, L)],
+    )
     extra = D * D + D + D * L + H * L
   else:
     assert set(attn) == {"v", "synth_table", "out"}
@@ -154,8 +162,13 @@ def test_synthesizer_is_causal_padding_invariant_and_cached_decoding_equals_the_
   cache = variables["cache"]
   step_logits = []
   for t in range(13):
-    out, mutated = model.apply({"params": params, "cache": cache}, padded[:, t:t + 1], valid_BxT=valid[:, t:t + 1],
-                               decode=True, mutable=["cache"])
+    out, mutated = model.apply(
+      {"params": params, "cache": cache},
+      padded[:, t : t + 1],
+      valid_BxT=valid[:, t : t + 1],
+      decode=True,
+      mutable=["cache"],
+    )
     cache = mutated["cache"]
     step_logits.append(out[:, 0])
   np.testing.assert_allclose(jnp.stack(step_logits, 1)[:, 3:], logits, atol=1e-4)
@@ -167,7 +180,8 @@ def test_synthesizer_gradients_are_finite_and_fixed_random_gets_none(mechanism):
   params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
   tokens = jax.random.randint(jax.random.key(1), (2, 12), 0, 50)
   loss = lambda p: optax.softmax_cross_entropy_with_integer_labels(
-      model.apply({"params": p}, tokens[:, :-1]), tokens[:, 1:]).mean()
+    model.apply({"params": p}, tokens[:, :-1]), tokens[:, 1:]
+  ).mean()
   grads = jax.grad(loss)(params)
   assert all(bool(jnp.isfinite(g).all()) for g in jax.tree.leaves(grads))
   attn = grads["h"]["layers"]["attn"]
@@ -180,8 +194,12 @@ def test_synthesizer_gradients_are_finite_and_fixed_random_gets_none(mechanism):
 @pytest.mark.parametrize("mechanism", ["synthesizer_dense", "synthesizer_random"])
 def test_synthesizer_in_the_encoder_decoder(mechanism):
   from transformer.models.seq2seq import Seq2SeqConfig, Transformer
-  cfg = Seq2SeqConfig().replace(vocab_size=40, max_len=12, num_layers=1, num_heads=2, d_model=16, d_mlp=32,
-                      attention_mechanism=mechanism).check()
+
+  cfg = (
+    Seq2SeqConfig()
+    .replace(vocab_size=40, max_len=12, num_layers=1, num_heads=2, d_model=16, d_mlp=32, attention_mechanism=mechanism)
+    .check()
+  )
   model = Transformer(cfg)
   src = jax.random.randint(jax.random.key(1), (2, 6), 1, 40)
   tgt = jax.random.randint(jax.random.key(2), (2, 5), 1, 40)
@@ -197,6 +215,7 @@ def test_synthesizer_in_the_encoder_decoder(mechanism):
   np.testing.assert_allclose(changed[:, :3], full[:, :3], atol=1e-5)  # the decoder is causal
   # The decoder through its cache, one token at a time, equals the full forward.
   from transformer.generation import beam_search
+
   cache = beam_search.init_cache(model, 2, 6, 5)
   encoded = model.apply({"params": params}, src, source_valid_BxS=valid, method="encode")
   steps = []

@@ -12,9 +12,14 @@ from transformer import metrics
 
 from conftest import REPO, run_module
 
-ARGS = ["--config=experiments/shakespeare.py:tiny", "--config.sample.max_new_tokens=0",
-        "--config.num_train_steps=8", "--config.log_every_steps=1", "--config.eval_every_steps=8",
-        "--config.checkpoint_every_steps=4"]
+ARGS = [
+  "--config=experiments/shakespeare.py:tiny",
+  "--config.sample.max_new_tokens=0",
+  "--config.num_train_steps=8",
+  "--config.log_every_steps=1",
+  "--config.eval_every_steps=8",
+  "--config.checkpoint_every_steps=4",
+]
 
 
 def _free_port() -> int:
@@ -28,11 +33,26 @@ def test_two_processes_match_one(tmp_path):
   one = run_module("launch.train", *ARGS, f"--config.data.root={data_root}", f"--workdir={tmp_path / 'one'}")
   assert one.returncode == 0, one.stderr
   port = _free_port()
-  procs = [subprocess.Popen([sys.executable, "-m", "launch.train", *ARGS, f"--config.data.root={data_root}",
-                             f"--workdir={tmp_path / 'two'}", f"--coordinator_address=127.0.0.1:{port}",
-                             "--num_processes=2", f"--process_id={i}"],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-           for i in range(2)]
+  procs = [
+    subprocess.Popen(
+      [
+        sys.executable,
+        "-m",
+        "launch.train",
+        *ARGS,
+        f"--config.data.root={data_root}",
+        f"--workdir={tmp_path / 'two'}",
+        f"--coordinator_address=127.0.0.1:{port}",
+        "--num_processes=2",
+        f"--process_id={i}",
+      ],
+      cwd=REPO,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for i in range(2)
+  ]
   outs = [p.communicate(timeout=300) for p in procs]
   assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
   assert "2 x cpu (cpu), 2 process(es)" in outs[0][0]
@@ -49,24 +69,54 @@ def test_two_processes_of_four_devices_match_one_of_eight_and_one_process_resume
   data_root = tmp_path / "data"
   mesh = ["--config.mesh.data=2", "--config.mesh.fsdp=4", "--config.model.vocab_size=96"]
   longer = ["--config.num_train_steps=12", "--config.eval_every_steps=12", "--config.checkpoint_every_steps=4"]
-  one = run_module("launch.train", *ARGS, *mesh, *longer, f"--config.data.root={data_root}",
-                   f"--workdir={tmp_path / 'one'}", env={"JAX_NUM_CPU_DEVICES": "8"})
+  one = run_module(
+    "launch.train",
+    *ARGS,
+    *mesh,
+    *longer,
+    f"--config.data.root={data_root}",
+    f"--workdir={tmp_path / 'one'}",
+    env={"JAX_NUM_CPU_DEVICES": "8"},
+  )
   assert one.returncode == 0, one.stderr
   port = _free_port()
-  procs = [subprocess.Popen([sys.executable, "-m", "launch.train", *ARGS, *mesh, *longer,
-                             f"--config.data.root={data_root}", f"--workdir={tmp_path / 'two'}",
-                             f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "JAX_NUM_CPU_DEVICES": "4"})
-           for i in range(2)]
+  procs = [
+    subprocess.Popen(
+      [
+        sys.executable,
+        "-m",
+        "launch.train",
+        *ARGS,
+        *mesh,
+        *longer,
+        f"--config.data.root={data_root}",
+        f"--workdir={tmp_path / 'two'}",
+        f"--coordinator_address=127.0.0.1:{port}",
+        "--num_processes=2",
+        f"--process_id={i}",
+      ],
+      cwd=REPO,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+      env={**os.environ, "JAX_NUM_CPU_DEVICES": "4"},
+    )
+    for i in range(2)
+  ]
   outs = [p.communicate(timeout=300) for p in procs]
   assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
   assert "8 x cpu (cpu), 2 process(es)" in outs[0][0]
   # One process, one device, the data-parallel mesh: steps 9..12 again, from the two processes'
   # checkpoint of step 8 (the later one removed).
   shutil.rmtree(tmp_path / "two" / "checkpoints" / "12")
-  resumed = run_module("launch.train", *ARGS, *longer, "--config.model.vocab_size=96", f"--config.data.root={data_root}",
-                       f"--workdir={tmp_path / 'two'}")
+  resumed = run_module(
+    "launch.train",
+    *ARGS,
+    *longer,
+    "--config.model.vocab_size=96",
+    f"--config.data.root={data_root}",
+    f"--workdir={tmp_path / 'two'}",
+  )
   assert resumed.returncode == 0, resumed.stderr
   assert "resumed from" in resumed.stdout and "at step 8" in resumed.stdout
   a = metrics.last_per_step(metrics.read_jsonl(tmp_path / "one" / "metrics.jsonl"), "loss")

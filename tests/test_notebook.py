@@ -30,13 +30,27 @@ def test_the_notebook_runs_on_cpu(tmp_path, monkeypatch):
   monkeypatch.setenv("JUPYTER_PREFER_ENV_PATH", "1")
   out = tmp_path / "colab.ipynb"
   workdir = tmp_path / "w"
-  parameters = dict(LM_PRESET="tiny", MT_PRESET="tiny", CPU_DEVICES=2, MESH_DATA=1, MESH_FSDP=-1,
-                    WORKDIR=str(workdir), DATA_ROOT=str(tmp_path / "data"))
+  parameters = dict(
+    LM_PRESET="tiny",
+    MT_PRESET="tiny",
+    CPU_DEVICES=2,
+    MESH_DATA=1,
+    MESH_FSDP=-1,
+    WORKDIR=str(workdir),
+    DATA_ROOT=str(tmp_path / "data"),
+  )
   # Each one a parameter papermill finds in the parameters cell (one name per line), which it lists
   # in `papermill --help-notebook`; an unparsed one is injected anyway, with a warning.
   assert set(parameters) <= set(papermill.inspect_notebook(NOTEBOOK))
-  papermill.execute_notebook(NOTEBOOK, out, kernel_name="python3", cwd=str(NOTEBOOK.parent), progress_bar=False,
-                             execution_timeout=600, parameters=parameters)
+  papermill.execute_notebook(
+    NOTEBOOK,
+    out,
+    kernel_name="python3",
+    cwd=str(NOTEBOOK.parent),
+    progress_bar=False,
+    execution_timeout=600,
+    parameters=parameters,
+  )
   nb = nbformat.read(out, as_version=4)
   assert nb.metadata.language_info.version == platform.python_version()
   outputs = [o for c in _code_cells(nb) for o in c.outputs]

@@ -29,8 +29,11 @@ def test_schedule_warmup_then_cosine():
 
 
 def test_weight_decay_mask():
-  params = nn.unbox(GPT(GPTConfig().replace(vocab_size=11, max_len=8, num_layers=1, num_heads=1, d_model=8)).init(
-      jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"])
+  params = nn.unbox(
+    GPT(GPTConfig().replace(vocab_size=11, max_len=8, num_layers=1, num_heads=1, d_model=8)).init(
+      jax.random.key(0), jnp.zeros((1, 4), jnp.int32)
+    )["params"]
+  )
   mask = optim.decay_mask(params, _opt())
   assert mask["h"]["layer_0"]["attn"]["qkv"]["kernel"] and mask["h"]["layer_0"]["mlp"]["fc"]["kernel"]
   assert not mask["h"]["layer_0"]["attn"]["qkv"]["bias"] and not mask["h"]["layer_0"]["ln_1"]["scale"]

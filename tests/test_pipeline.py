@@ -24,8 +24,9 @@ def test_pipeline_is_deterministic_resumable_and_process_sharded(prepared, sampl
   batches = [next(it) for _ in range(5)]
   assert batches[0].shape == (8, 33) and batches[0].dtype == np.int32
   np.testing.assert_array_equal(batches[1], make()[1])  # the same for a seed
-  assert not np.array_equal(batches[1], pipeline.lm_train_dataset(prepared, seq_len=32, global_batch=8, seed=4,
-                                                                  sampling=sampling)[1])
+  assert not np.array_equal(
+    batches[1], pipeline.lm_train_dataset(prepared, seq_len=32, global_batch=8, seed=4, sampling=sampling)[1]
+  )
   # Resume from a saved position.
   it2 = iter(make().to_iter_dataset())
   next(it2)
@@ -41,14 +42,14 @@ def test_pipeline_is_deterministic_resumable_and_process_sharded(prepared, sampl
   tokens = np.asarray(prepared.tokens("train"))
   row = batches[4][0]
   starts = np.flatnonzero(tokens[: len(tokens) - 32] == row[0])
-  assert any(np.array_equal(tokens[s:s + 33], row) for s in starts)
+  assert any(np.array_equal(tokens[s : s + 33], row) for s in starts)
 
 
 def test_packed_covers_every_chunk_once_per_epoch(prepared):
   L = 4096
   tokens = np.asarray(prepared.tokens("train"), dtype=np.int32)
   n_chunks = (len(tokens) - 1) // L
-  chunk_of = {tokens[c * L:c * L + L + 1].tobytes(): c for c in range(n_chunks)}
+  chunk_of = {tokens[c * L : c * L + L + 1].tobytes(): c for c in range(n_chunks)}
   ds = pipeline.lm_train_dataset(prepared, seq_len=L, global_batch=1, seed=0, sampling="packed")
   first_epoch = [chunk_of[ds[i][0].tobytes()] for i in range(n_chunks)]
   assert sorted(first_epoch) == list(range(n_chunks)) and first_epoch != sorted(first_epoch)
@@ -63,4 +64,6 @@ def test_pipeline_errors(prepared):
     pipeline.lm_train_dataset(prepared, seq_len=10**9, global_batch=2, seed=0)
   eval_batches = pipeline.lm_eval_batches(prepared, seq_len=16, batch_size=4, num_batches=3)
   assert eval_batches.shape == (3, 4, 17)
-  np.testing.assert_array_equal(eval_batches, pipeline.lm_eval_batches(prepared, seq_len=16, batch_size=4, num_batches=3))
+  np.testing.assert_array_equal(
+    eval_batches, pipeline.lm_eval_batches(prepared, seq_len=16, batch_size=4, num_batches=3)
+  )

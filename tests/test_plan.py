@@ -29,8 +29,9 @@ def _plan(data_root, tmp_path, *extra, name="plan"):
 def test_fsdp_divides_params_and_optimizer_state_remat_trades_memory_for_flops(data_root, tmp_path):
   [replicated], _ = _plan(data_root, tmp_path, "--config.mesh.data=8", name="data8")
   [fsdp], printed = _plan(data_root, tmp_path, "--config.mesh.data=1", "--config.mesh.fsdp=8", name="fsdp8")
-  [remat], _ = _plan(data_root, tmp_path, "--config.mesh.data=1", "--config.mesh.fsdp=8",
-                     "--config.model.remat_policy=full", name="full")
+  [remat], _ = _plan(
+    data_root, tmp_path, "--config.mesh.data=1", "--config.mesh.fsdp=8", "--config.model.remat_policy=full", name="full"
+  )
   assert "train step: batch 8 on 8 devices (data 1 × fsdp 8 × tensor 1)" in printed
   assert "FLOPs per step, all devices: XLA" in printed
   state = lambda p: p["params"] + p["optimizer"]
@@ -52,25 +53,39 @@ def test_fsdp_divides_params_and_optimizer_state_remat_trades_memory_for_flops(d
 
 def test_gradient_accumulation_counts_every_microbatch(data_root, tmp_path):
   [one], _ = _plan(data_root, tmp_path, "--config.batch_size=32", name="one")
-  [four], _ = _plan(data_root, tmp_path, "--config.batch_size=32", "--config.optimizer.accumulation_steps=4",
-                    name="four")
+  [four], _ = _plan(
+    data_root, tmp_path, "--config.batch_size=32", "--config.optimizer.accumulation_steps=4", name="four"
+  )
   assert four["flops"] == pytest.approx(one["flops"], rel=0.02)
   assert four["temporaries"] < one["temporaries"]  # one microbatch's activations at a time
 
 
 def test_the_batch_search_finds_the_largest_batch_that_fits(data_root, tmp_path):
-  proc = run_module("launch.plan", *TINY, f"--config.data.root={data_root}", "--config.mesh.fsdp=8",
-                    "--config.mesh.data=1", "--device_memory_gib=0.004", f"--json={tmp_path / 'p.json'}")
+  proc = run_module(
+    "launch.plan",
+    *TINY,
+    f"--config.data.root={data_root}",
+    "--config.mesh.fsdp=8",
+    "--config.mesh.data=1",
+    "--device_memory_gib=0.004",
+    f"--json={tmp_path / 'p.json'}",
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   [found] = json.loads((tmp_path / "p.json").read_text())
-  assert found["total"] <= 0.004 * 1024 ** 3
+  assert found["total"] <= 0.004 * 1024**3
   batch = int(proc.stdout.split("--config.batch_size=")[1].split()[0])
   assert batch == found["batch"] and batch % 8 == 0
   assert "searching for the largest batch" in proc.stdout and f"  batch {batch}: " in proc.stdout  # each candidate
   # One more row per device does not fit.
-  [bigger], _ = _plan(data_root, tmp_path, "--config.mesh.fsdp=8", "--config.mesh.data=1",
-                      f"--config.batch_size={batch + 8}", name="bigger")
-  assert bigger["total"] > 0.004 * 1024 ** 3
+  [bigger], _ = _plan(
+    data_root,
+    tmp_path,
+    "--config.mesh.fsdp=8",
+    "--config.mesh.data=1",
+    f"--config.batch_size={batch + 8}",
+    name="bigger",
+  )
+  assert bigger["total"] > 0.004 * 1024**3
 
 
 def test_a_plan_that_does_not_fit_names_its_biggest_consumers(data_root):
@@ -81,10 +96,13 @@ def test_a_plan_that_does_not_fit_names_its_biggest_consumers(data_root):
   assert "the biggest consumers: temporaries (activations, gradients)" in line and "--config.mesh.fsdp" in line
 
 
-@pytest.mark.parametrize("extra,message", [
+@pytest.mark.parametrize(
+  "extra,message",
+  [
     (["--config.mesh.tensor=8", "--config.mesh.data=1"], "cannot split 8 ways"),
     (["--config.mesh.data=3"], "needs 3 devices but 8 are available"),
-])
+  ],
+)
 def test_a_config_that_cannot_be_sharded_is_one_error(data_root, extra, message):
   proc = run_module("launch.plan", *TINY, f"--config.data.root={data_root}", *extra)
   assert proc.returncode == 1
@@ -95,11 +113,29 @@ def test_two_processes_of_four_devices_plan_like_one_of_eight(data_root, tmp_pat
   mesh = ["--config.mesh.data=2", "--config.mesh.fsdp=4"]
   [single], _ = _plan(data_root, tmp_path, *mesh, name="single")
   port = _free_port()
-  procs = [subprocess.Popen([sys.executable, "-m", "launch.plan", *TINY[:1], "--devices=4", "--decode_batch_size=-1",
-                             f"--config.data.root={data_root}", *mesh, f"--json={tmp_path / 'multi.json'}",
-                             f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-           for i in range(2)]
+  procs = [
+    subprocess.Popen(
+      [
+        sys.executable,
+        "-m",
+        "launch.plan",
+        *TINY[:1],
+        "--devices=4",
+        "--decode_batch_size=-1",
+        f"--config.data.root={data_root}",
+        *mesh,
+        f"--json={tmp_path / 'multi.json'}",
+        f"--coordinator_address=127.0.0.1:{port}",
+        "--num_processes=2",
+        f"--process_id={i}",
+      ],
+      cwd=REPO,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for i in range(2)
+  ]
   outs = [p.communicate(timeout=300) for p in procs]
   assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
   assert "8 x cpu (cpu), 2 process(es)" in outs[0][0]
@@ -121,7 +157,8 @@ def test_an_accelerator_run_is_planned_with_the_accelerators_program(data_root, 
   assert "planned for gpu: config.model.kernels=auto compiles as 'accelerator'" in printed_gpu
   assert gpu["params"] == cpu["params"] and gpu["optimizer"] == cpu["optimizer"]  # the same state ...
   assert gpu["temporaries"] != cpu["temporaries"]  # ... another program
-  [cudnn], printed = _plan(data_root, tmp_path, *mesh, "--platform=gpu", "--config.model.block.attention=cudnn",
-                           name="cudnn")
+  [cudnn], printed = _plan(
+    data_root, tmp_path, *mesh, "--platform=gpu", "--config.model.block.attention=cudnn", name="cudnn"
+  )
   assert "block.attention=cudnn compiles on an NVIDIA GPU only: planned with block.attention=xla" in printed
   assert cudnn["temporaries"] == gpu["temporaries"]

@@ -22,15 +22,17 @@ def _reassemble(prepared):
 
 def test_shakespeare_shards_decode_back_to_source(tmp_path, shakespeare_dir, shakespeare_text):
   out = tmp_path / "sh"
-  data.prepare(data.named_source("shakespeare"), out, PrepareOptions(tokenizer="gpt2", test_fraction=0.05),
-               progress=False)
+  data.prepare(
+    data.named_source("shakespeare"), out, PrepareOptions(tokenizer="gpt2", test_fraction=0.05), progress=False
+  )
   ds = data.load_prepared(out)
   assert _reassemble(ds) == shakespeare_text
   m = ds.manifest
   assert m["tokenizer"] == {"name": "gpt2", "vocab_size": 50257, "eot_id": 50256, "dir": "tokenizer"}
   assert m["dtype"] == "uint16"
   assert sum(m["splits"][s]["tokens"] for s in ("train", "validation", "test")) == sum(
-      len(ds.tokens(s)) for s in ("train", "validation", "test"))
+    len(ds.tokens(s)) for s in ("train", "validation", "test")
+  )
   # Each play ends with one <|endoftext|> in exactly one split.
   assert sum(int((ds.tokens(s) == 50256).sum()) for s in ("train", "validation", "test")) == 42
   assert m["request"]["files"][0]["sha256"] and len(m["request"]["files"]) == 42
@@ -55,8 +57,9 @@ def test_user_files_stream_and_decode_back(tmp_path, monkeypatch, tokenizer, voc
   monkeypatch.setattr(sources, "CHUNK_BYTES", 333)  # many chunk boundaries, mid-character too
   files = _write_corpus(tmp_path)
   out = tmp_path / "out"
-  data.prepare(data.file_source(files), out, PrepareOptions(tokenizer=tokenizer, vocab_size=vocab,
-                                                            piece_chars=500), progress=False)
+  data.prepare(
+    data.file_source(files), out, PrepareOptions(tokenizer=tokenizer, vocab_size=vocab, piece_chars=500), progress=False
+  )
   ds = data.load_prepared(out)
   assert _reassemble(ds) == "".join(f.read_text() for f in files)
   assert ds.tokenizer.vocab_size == (vocab or ds.tokenizer.vocab_size)
@@ -65,10 +68,16 @@ def test_user_files_stream_and_decode_back(tmp_path, monkeypatch, tokenizer, voc
 
 def test_split_is_deterministic_by_seed(tmp_path):
   files = _write_corpus(tmp_path)
+
   def split_rows(seed, name):
-    data.prepare(data.file_source(files), tmp_path / name, PrepareOptions(tokenizer="char", seed=seed,
-                                                                         piece_chars=300), progress=False)
+    data.prepare(
+      data.file_source(files),
+      tmp_path / name,
+      PrepareOptions(tokenizer="char", seed=seed, piece_chars=300),
+      progress=False,
+    )
     return data.load_prepared(tmp_path / name).index("validation")[:, :2].tolist()
+
   assert split_rows(0, "a") == split_rows(0, "b")
   assert split_rows(0, "a") != split_rows(1, "c")
 
@@ -97,8 +106,9 @@ def test_pairs_and_classification(tmp_path):
 
 def test_ding_pairs_are_sentences(tmp_path):
   out = tmp_path / "d"
-  data.prepare(data.named_source("ding_de_en"), out, PrepareOptions(tokenizer="gpt2", test_fraction=0.05),
-               progress=False)
+  data.prepare(
+    data.named_source("ding_de_en"), out, PrepareOptions(tokenizer="gpt2", test_fraction=0.05), progress=False
+  )
   m = json.loads((out / "manifest.json").read_text())
   total = sum(m["splits"][s]["records"] for s in ("train", "validation", "test"))
   assert 19000 < total < 20000 and m["columns"] == ["de", "en"]
@@ -109,29 +119,36 @@ def test_ding_pairs_are_sentences(tmp_path):
 
 
 DING_LINES = [  # lines of the Ding dictionary as the file has them
-    "Herzgeschwulst {f} [med.] | Herzgeschwulste {pl} :: cardiac tumour | cardiac tumours",
-    "Herzindex {m} /HI/ [med.] :: cardiac index /CI/",
-    "je; jemals {adv} | mehr als je zuvor; mehr als jemals davor [geh.] | Siehst du ihn jemals? | Man sieht sie "
-    "kaum je ohne. :: ever | more than ever; more than ever before | Do you ever see him? | You hardly ever see "
-    "her without it.",
-    "je {conj} … desto; je … umso | je eher, desto besser :: the … the | the sooner the better",
-    "# comment :: line",
+  "Herzgeschwulst {f} [med.] | Herzgeschwulste {pl} :: cardiac tumour | cardiac tumours",
+  "Herzindex {m} /HI/ [med.] :: cardiac index /CI/",
+  "je; jemals {adv} | mehr als je zuvor; mehr als jemals davor [geh.] | Siehst du ihn jemals? | Man sieht sie "
+  "kaum je ohne. :: ever | more than ever; more than ever before | Do you ever see him? | You hardly ever see "
+  "her without it.",
+  "je {conj} … desto; je … umso | je eher, desto besser :: the … the | the sooner the better",
+  "# comment :: line",
 ]
 
 
 def test_the_ding_lexicon_is_its_words_and_phrases_not_its_sentences():
   lexicon = [sources.parse_ding_lexicon_line(line, None, i) for i, line in enumerate(DING_LINES)]
   assert lexicon == [
-      [("Herzgeschwulst", "cardiac tumour"), ("Herzgeschwulste", "cardiac tumours")],
-      [("Herzindex", "cardiac index")],
-      # synonyms: position by position when both sides have as many; the sentences are left out
-      [("je", "ever"), ("jemals", "ever"), ("mehr als je zuvor", "more than ever"),
-       ("mehr als jemals davor", "more than ever before")],
-      [("je eher, desto besser", "the sooner the better")],  # "je … desto" is a pattern, not a phrase
-      None]
+    [("Herzgeschwulst", "cardiac tumour"), ("Herzgeschwulste", "cardiac tumours")],
+    [("Herzindex", "cardiac index")],
+    # synonyms: position by position when both sides have as many; the sentences are left out
+    [
+      ("je", "ever"),
+      ("jemals", "ever"),
+      ("mehr als je zuvor", "more than ever"),
+      ("mehr als jemals davor", "more than ever before"),
+    ],
+    [("je eher, desto besser", "the sooner the better")],  # "je … desto" is a pattern, not a phrase
+    None,
+  ]
   sentences = [sources.parse_ding_line(line, None, i) for i, line in enumerate(DING_LINES)]
-  assert sentences[2] == [("Siehst du ihn jemals?", "Do you ever see him?"),
-                          ("Man sieht sie kaum je ohne.", "You hardly ever see her without it.")]
+  assert sentences[2] == [
+    ("Siehst du ihn jemals?", "Do you ever see him?"),
+    ("Man sieht sie kaum je ohne.", "You hardly ever see her without it."),
+  ]
 
 
 def test_a_lexicon_is_for_training_only_once_each_and_never_repeats_a_held_out_sentence(tmp_path):
@@ -146,8 +163,9 @@ def test_a_lexicon_is_for_training_only_once_each_and_never_repeats_a_held_out_s
   # and has a pair whose one side is a held-out sentence.
   words = [("Satz", "sentence"), ("Nummer", "number"), ("Satz", "sentence"), ("ein Wort", sorted(held_out)[0])]
   lexicon_tsv = tmp_path / "lexicon.tsv"
-  lexicon_tsv.write_text("".join(f"{a}\t{b}\n" for a, b in pairs[:100] + words)
-                         + "satz  NUMMER 1.\tsentence number 1.\n")
+  lexicon_tsv.write_text(
+    "".join(f"{a}\t{b}\n" for a, b in pairs[:100] + words) + "satz  NUMMER 1.\tsentence number 1.\n"
+  )
   lexicon = data.lexicon_source(str(lexicon_tsv), source)
   out = data.default_dir(source, options, tmp_path, lexicon)
   assert out.name == "pairs-bpe300+lexicon-lexicon"
@@ -177,12 +195,15 @@ def _pair_texts(prepared, split):
     yield from (columns[0][s0:s1], columns[1][t0:t1])
 
 
-@pytest.mark.parametrize("content,message", [
+@pytest.mark.parametrize(
+  "content,message",
+  [
     (b"", r"bad\.txt: the file is empty"),
     (b"  \n\n \t\n", r"bad\.txt: the file holds only whitespace"),
     (b"hello\x00world\n", r"bad\.txt: binary data \(a NUL byte at byte 5\)"),
     ("caf\u00e9 ok\n".encode("latin-1"), r"bad\.txt: not valid UTF-8 at byte 3"),
-])
+  ],
+)
 def test_bad_text_files_are_refused_by_name(tmp_path, content, message):
   bad = tmp_path / "bad.txt"
   bad.write_bytes(content)
@@ -191,17 +212,19 @@ def test_bad_text_files_are_refused_by_name(tmp_path, content, message):
   assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("content,message", [
+@pytest.mark.parametrize(
+  "content,message",
+  [
     ("Hallo.\tHello.\nKein Tab hier\n", r"pairs\.tsv:2: expected 'source<TAB>target' but the line has no tab"),
     ("Hallo.\tHello.\n\tEmpty source.\n", r"pairs\.tsv:2: the source side is empty"),
     ("Hallo.\t   \n", r"pairs\.tsv:1: the target side is empty"),
-])
+  ],
+)
 def test_bad_pairs_name_the_line(tmp_path, content, message):
   bad = tmp_path / "pairs.tsv"
   bad.write_text(content)
   with pytest.raises(DataError, match=message):
-    data.prepare(data.file_source([bad], "pairs"), tmp_path / "out", PrepareOptions(tokenizer="gpt2"),
-                 progress=False)
+    data.prepare(data.file_source([bad], "pairs"), tmp_path / "out", PrepareOptions(tokenizer="gpt2"), progress=False)
 
 
 def test_failure_loses_nothing_and_rerun_is_reused(tmp_path):
@@ -246,8 +269,13 @@ def test_too_small_input_names_the_split(tmp_path):
 def test_cli_prepares_and_reports_errors_in_one_line(tmp_path):
   files = _write_corpus(tmp_path, n_docs=2)
   out = tmp_path / "cli"
-  proc = run_module("launch.prepare", f"--input_files={files[0]},{files[1]}", "--tokenizer=char",
-                    "--piece_chars=1000", f"--output_dir={out}")
+  proc = run_module(
+    "launch.prepare",
+    f"--input_files={files[0]},{files[1]}",
+    "--tokenizer=char",
+    "--piece_chars=1000",
+    f"--output_dir={out}",
+  )
   assert proc.returncode == 0, proc.stderr
   assert "first training tokens" in proc.stdout and (out / "manifest.json").exists()
   bad = tmp_path / "bin.txt"

@@ -29,8 +29,14 @@ def tokenizer():
 
 @pytest.fixture(scope="module", params=["dot_product", "synthesizer_dense"])
 def gpt(request, tokenizer):
-  cfg = GPTConfig().replace(vocab_size=tokenizer.vocab_size, max_len=64, num_layers=3, num_heads=2, d_model=32,
-                  attention_mechanism=request.param)
+  cfg = GPTConfig().replace(
+    vocab_size=tokenizer.vocab_size,
+    max_len=64,
+    num_layers=3,
+    num_heads=2,
+    d_model=32,
+    attention_mechanism=request.param,
+  )
   params = nn.unbox(GPT(cfg).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
   return GPT(cfg), params
 
@@ -75,8 +81,9 @@ def test_contextual_embeddings(gpt, tokenizer):
 
 
 def test_translation_alignment_rows_are_probabilities_over_the_source(tokenizer):
-  cfg = Seq2SeqConfig().replace(vocab_size=tokenizer.vocab_size, max_len=32, num_layers=3, num_decoder_layers=2, num_heads=2,
-                      d_model=16, d_mlp=32)
+  cfg = Seq2SeqConfig().replace(
+    vocab_size=tokenizer.vocab_size, max_len=32, num_layers=3, num_decoder_layers=2, num_heads=2, d_model=16, d_mlp=32
+  )
   model = Transformer(cfg)
   params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 4), jnp.int32))["params"])
   inside = probes.look_inside(model, params, tokenizer, "Ich habe keine Zeit.", target="I have no time.")
@@ -92,8 +99,14 @@ def test_translation_alignment_rows_are_probabilities_over_the_source(tokenizer)
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("lm")
-  proc = run_module("launch.train", "--config=experiments/shakespeare.py:tiny", "--config.sample.max_new_tokens=0",
-                    "--config.num_train_steps=20", f"--config.data.root={workdir / 'data'}", f"--workdir={workdir}")
+  proc = run_module(
+    "launch.train",
+    "--config=experiments/shakespeare.py:tiny",
+    "--config.sample.max_new_tokens=0",
+    "--config.num_train_steps=20",
+    f"--config.data.root={workdir / 'data'}",
+    f"--workdir={workdir}",
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   return workdir
 
@@ -106,8 +119,16 @@ def test_launch_probe_draws_pictures_and_compares_a_word(trained, tmp_path):
   numbers = json.loads((tmp_path / "p" / "inside.json").read_text())
   assert numbers["tokens"] == list("ROMEO: But soft") and len(numbers["attention"]) == 2
   assert "logit lens at the last position, by layer" in proc.stdout
-  proc = run_module("launch.probe", f"--workdir={trained}", "--compare", "--word=Harry", f"--text={TEXT}",
-                    f"--text={TEXT}", f"--text={OTHER}", f"--out={tmp_path / 'c'}")
+  proc = run_module(
+    "launch.probe",
+    f"--workdir={trained}",
+    "--compare",
+    "--word=Harry",
+    f"--text={TEXT}",
+    f"--text={TEXT}",
+    f"--text={OTHER}",
+    f"--out={tmp_path / 'c'}",
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   rows = [line.split() for line in proc.stdout.splitlines() if line.startswith(("embed", "block"))]
   assert len(rows) == 3 and all(float(r[-2]) == pytest.approx(1.0, abs=1e-4) for r in rows)
@@ -117,6 +138,7 @@ def test_launch_probe_draws_pictures_and_compares_a_word(trained, tmp_path):
 
 def test_launch_probe_reads_hugging_face_gpt2_weights(tmp_path):
   from transformer.models.hf_gpt2 import export_hf_gpt2
+
   cfg = GPTConfig().replace(max_len=32, num_layers=2, num_heads=2, d_model=16)  # GPT-2's vocabulary
   export_hf_gpt2(cfg, GPT(cfg).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"], tmp_path / "hf")
   proc = run_module("launch.probe", f"--hf={tmp_path / 'hf'}", "--text=Every effort moves you", f"--out={tmp_path}")

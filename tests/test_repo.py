@@ -11,8 +11,11 @@ from conftest import REPO
 
 
 def test_top_level_layout():
-  names = {p.name for p in REPO.iterdir() if not p.name.startswith(".") and p.name not in
-           {"data", "workdirs", "build"} and not p.name.endswith(".egg-info")}
+  names = {
+    p.name
+    for p in REPO.iterdir()
+    if not p.name.startswith(".") and p.name not in {"data", "workdirs", "build"} and not p.name.endswith(".egg-info")
+  }
   assert names == {"pyproject.toml", "README.md", "transformer", "experiments", "launch", "tests"}
 
 
@@ -27,12 +30,25 @@ def test_packaging():
   assert project["requires-python"] == ">=3.12"
   deps = " ".join(project["dependencies"])
   assert "jax>=0.11.2" in deps and "torch" not in deps
-  for needed in ("flax", "optax", "orbax-checkpoint", "tiktoken", "ml-collections", "absl-py", "grain",
-                 "safetensors", "rustbpe", "sacrebleu", "numpy"):
+  for needed in (
+    "flax",
+    "optax",
+    "orbax-checkpoint",
+    "tiktoken",
+    "ml-collections",
+    "absl-py",
+    "grain",
+    "safetensors",
+    "rustbpe",
+    "sacrebleu",
+    "numpy",
+  ):
     assert needed in deps, needed
   extras = project["optional-dependencies"]
   assert "cuda13" in extras["cuda"][0] and "tpu" in extras["tpu"][0]
-  assert {"pytest", "chex", "hypothesis", "papermill", "ipykernel"} <= {re.split(r"[<>=]", d)[0] for d in extras["test"]}
+  assert {"pytest", "chex", "hypothesis", "papermill", "ipykernel"} <= {
+    re.split(r"[<>=]", d)[0] for d in extras["test"]
+  }
 
 
 def _library_imports() -> tuple[dict[str, set[str]], list[str]]:
@@ -50,13 +66,17 @@ def _library_imports() -> tuple[dict[str, set[str]], list[str]]:
       if isinstance(node, ast.Import):
         targets |= {a.name for a in node.names}
       elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-        targets |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in files else node.module
-                    for a in node.names}
+        targets |= {
+          f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in files else node.module for a in node.names
+        }
     graph[name] = {t for t in targets if t in files and t != name}
     for function in ast.walk(tree):
       if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        local += [f"{name}.{function.name}" for node in ast.walk(function)
-                  if isinstance(node, (ast.Import, ast.ImportFrom)) and "transformer" in ast.unparse(node)]
+        local += [
+          f"{name}.{function.name}"
+          for node in ast.walk(function)
+          if isinstance(node, (ast.Import, ast.ImportFrom)) and "transformer" in ast.unparse(node)
+        ]
   return graph, local
 
 
@@ -69,7 +89,7 @@ def test_the_library_has_no_import_cycle_and_no_import_inside_a_function():
 
   def visit(module):
     if module in path:
-      raise AssertionError("import cycle: " + " -> ".join(path[path.index(module):] + [module]))
+      raise AssertionError("import cycle: " + " -> ".join(path[path.index(module) :] + [module]))
     if module not in done:
       path.append(module)
       for imported in sorted(graph[module]):
@@ -85,14 +105,24 @@ def test_the_library_has_no_import_cycle_and_no_import_inside_a_function():
 def test_no_module_of_the_library_names_a_cpu_model():
   """Measurements and the machines they were made on live in the results pages, not in the code."""
   pattern = re.compile(r"\b(Zen ?\d|EPYC|Xeon|Ryzen|Core i\d)\b")
-  named = [f"{p.relative_to(REPO)}: {m.group(0)}" for p in (REPO / "transformer").rglob("*.py")
-           for m in pattern.finditer(p.read_text())]
+  named = [
+    f"{p.relative_to(REPO)}: {m.group(0)}"
+    for p in (REPO / "transformer").rglob("*.py")
+    for m in pattern.finditer(p.read_text())
+  ]
   assert named == []
 
 
-def test_the_linter_is_clean():
-  """ruff, configured in pyproject.toml, finds nothing (CI runs it too, before the tests)."""
+def test_the_linter_and_the_formatter_are_clean():
+  """ruff's linter and formatter, configured in pyproject.toml, change nothing (CI runs them too,
+  before the tests); `ruff format` writes what the formatter wants."""
   ruff = Path(sys.executable).with_name("ruff")
-  proc = subprocess.run([str(ruff), "check", "transformer", "launch", "experiments", "tests"], cwd=REPO,
-                        capture_output=True, text=True, timeout=120)
-  assert proc.returncode == 0, proc.stdout[-3000:]
+  for command in (["check"], ["format", "--check"]):
+    proc = subprocess.run(
+      [str(ruff), *command, "transformer", "launch", "experiments", "tests"],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:]

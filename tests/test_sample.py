@@ -38,8 +38,14 @@ def test_workdir_completions_match_the_library(workdir):
   assert proc.returncode == 0, proc.stderr
   trained = inference.restore(workdir)
   assert trained.step == 30
-  want = sampler.complete(trained.model, trained.params, trained.tokenizer, ["ROMEO:", ""], max_new_tokens=30,
-                         sampling=sampler.Sampling(temperature=0))
+  want = sampler.complete(
+    trained.model,
+    trained.params,
+    trained.tokenizer,
+    ["ROMEO:", ""],
+    max_new_tokens=30,
+    sampling=sampler.Sampling(temperature=0),
+  )
   assert proc.stdout == f"ROMEO:{want[0]}\n{'-' * 40}\n{want[1]}\n"
   assert len(want[0]) > 5
 
@@ -84,23 +90,38 @@ def test_from_gpt2_safetensors(tmp_path):
   proc = _sample(f"--hf={tmp_path}", "--prompt=Every effort moves you", "--temperature=0", "--max_new_tokens=8")
   assert proc.returncode == 0, proc.stderr
   cfg2, params2 = import_hf_gpt2(tmp_path)
-  [want] = sampler.complete(GPT(cfg2), params2, tokenizers.get_tokenizer("gpt2"), ["Every effort moves you"],
-                           max_new_tokens=8, sampling=sampler.Sampling(temperature=0))
+  [want] = sampler.complete(
+    GPT(cfg2),
+    params2,
+    tokenizers.get_tokenizer("gpt2"),
+    ["Every effort moves you"],
+    max_new_tokens=8,
+    sampling=sampler.Sampling(temperature=0),
+  )
   assert proc.stdout == f"Every effort moves you{want}\n"
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--workdir=/nonexistent/run"], "/nonexistent/run is not a training workdir: looked for "
-                                     "/nonexistent/run/config.json, /nonexistent/run/tokenizer, /nonexistent/run/checkpoints"),
+@pytest.mark.parametrize(
+  "args,message",
+  [
+    (
+      ["--workdir=/nonexistent/run"],
+      "/nonexistent/run is not a training workdir: looked for "
+      "/nonexistent/run/config.json, /nonexistent/run/tokenizer, /nonexistent/run/checkpoints",
+    ),
     ([], "give exactly one of --workdir"),
     (["--hf=/nonexistent/gpt2"], "no GPT-2 safetensors at /nonexistent/gpt2"),
     (["--step=7"], "no checkpoint for step 7 in .*checkpoints; it has steps \\[10, 20, 30\\]"),
     (["--step=last"], "step must be 'latest', 'best' or a step number, got 'last'"),
-    (["--max_new_tokens=64"], "prompt 0 \\(1 token\\) \\+ max_new_tokens=64 is longer than the model's context of "
-                              "64 tokens; .*lower max_new_tokens to 63.*--sliding_window"),
+    (
+      ["--max_new_tokens=64"],
+      "prompt 0 \\(1 token\\) \\+ max_new_tokens=64 is longer than the model's context of "
+      "64 tokens; .*lower max_new_tokens to 63.*--sliding_window",
+    ),
     (["--prompts_file=/nonexistent/prompts.txt"], "--prompts_file=/nonexistent/prompts.txt: no such file"),
     (["--top_p=1.5"], "top_p must be in \\(0, 1\\]"),
-])
+  ],
+)
 def test_bad_input_is_one_clear_error(workdir, args, message):
   if not any(a.startswith(("--workdir", "--hf")) for a in args) and args:
     args = [f"--workdir={workdir}", *args]
@@ -112,11 +133,19 @@ def test_bad_input_is_one_clear_error(workdir, args, message):
 
 
 def test_sliding_window_past_the_context(workdir):
-  proc = _sample(f"--workdir={workdir}", "--prompt=ROMEO:", "--max_new_tokens=80", "--sliding_window",
-                 "--temperature=0")
+  proc = _sample(
+    f"--workdir={workdir}", "--prompt=ROMEO:", "--max_new_tokens=80", "--sliding_window", "--temperature=0"
+  )
   assert proc.returncode == 0, proc.stderr
   trained = inference.restore(workdir)
-  [want] = sampler.complete(trained.model, trained.params, trained.tokenizer, ["ROMEO:"], max_new_tokens=80,
-                           sampling=sampler.Sampling(temperature=0), sliding_window=True)
+  [want] = sampler.complete(
+    trained.model,
+    trained.params,
+    trained.tokenizer,
+    ["ROMEO:"],
+    max_new_tokens=80,
+    sampling=sampler.Sampling(temperature=0),
+    sliding_window=True,
+  )
   assert proc.stdout == f"ROMEO:{want}\n"
   assert len(trained.tokenizer.encode(want)) > 64 - 6  # char-level: past the 64-token context

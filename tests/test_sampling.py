@@ -28,7 +28,8 @@ def _params(cfg=CFG, scale=10.0, seed=0):
   greedy paths are varied (at init scale every logit is ~0 and decoding just repeats)."""
   params = nn.unbox(GPT(cfg).init(jax.random.key(seed), jnp.zeros((1, 8), jnp.int32))["params"])
   return jax.tree_util.tree_map_with_path(
-      lambda path, x: x if "ln" in jax.tree_util.keystr(path) else x * scale, params)
+    lambda path, x: x if "ln" in jax.tree_util.keystr(path) else x * scale, params
+  )
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +44,9 @@ def _greedy_by_full_forward(cfg, params, prompt, n):
   tokens = list(prompt)
   for _ in range(n):
     buffer_1xC = np.zeros((1, cfg.max_len), np.int32)
-    buffer_1xC[0, :len(tokens)] = tokens
+    buffer_1xC[0, : len(tokens)] = tokens
     tokens.append(int(jnp.argmax(forward(buffer_1xC, len(tokens) - 1))))
-  return tokens[len(prompt):]
+  return tokens[len(prompt) :]
 
 
 @pytest.mark.parametrize("changes", [{}, {"attention": "einsum"}, {"scan_layers": True}])
@@ -53,6 +54,7 @@ def test_greedy_with_cache_equals_full_reforward(changes, params):
   cfg = CFG.replace(**changes)
   if cfg.scan_layers:
     from transformer.layers import stack_layers
+
     params = {**params, "h": stack_layers(params["h"], cfg.num_layers)}
   got = sampler.generate(GPT(cfg), params, PROMPTS, max_new_tokens=20, sampling=Sampling(temperature=0))
   want = [_greedy_by_full_forward(cfg, params, p, 20) for p in PROMPTS]
@@ -76,9 +78,9 @@ def test_greedy_through_a_cache_grown_in_phases_equals_full_reforward(changes, p
   params = _params(CFG.replace(max_len=64))
   if cfg.scan_layers:
     from transformer.layers import stack_layers
+
     params = {**params, "h": stack_layers(params["h"], cfg.num_layers)}
-  got = sampler.generate(GPT(cfg), params, PROMPTS, max_new_tokens=20, sampling=Sampling(temperature=0),
-                         decode_phase=5)
+  got = sampler.generate(GPT(cfg), params, PROMPTS, max_new_tokens=20, sampling=Sampling(temperature=0), decode_phase=5)
   assert got == [_greedy_by_full_forward(cfg, params, p, 20) for p in PROMPTS]
 
 
@@ -93,15 +95,17 @@ def test_padding_does_not_change_logits(params):
   assert np.isfinite(np.asarray(padded_TxV)).all()
 
 
-@pytest.mark.parametrize("sampling", [Sampling(temperature=0), Sampling(temperature=0.8, top_p=0.9),
-                                      Sampling(temperature=1.2, top_k=5)])
+@pytest.mark.parametrize(
+  "sampling", [Sampling(temperature=0), Sampling(temperature=0.8, top_p=0.9), Sampling(temperature=1.2, top_k=5)]
+)
 def test_prompt_result_same_alone_and_in_a_padded_batch(sampling, params):
   model = GPT(CFG)
   short = [60, 2]
   alone = sampler.generate(model, params, [short], max_new_tokens=16, sampling=sampling, seed=7)
   # In row 0 of a batch whose other prompts are much longer: `short` is padded by 30+ slots.
-  batch = sampler.generate(model, params, [short, list(range(1, 33)), [9] * 20], max_new_tokens=16,
-                          sampling=sampling, seed=7)
+  batch = sampler.generate(
+    model, params, [short, list(range(1, 33)), [9] * 20], max_new_tokens=16, sampling=sampling, seed=7
+  )
   assert batch[0] == alone[0]
 
 
@@ -121,8 +125,9 @@ def test_samples_follow_softmax_of_logits_over_temperature(params):
   prompt = PROMPTS[0]
   logits_V = np.asarray(model.apply({"params": params}, jnp.array([prompt]))[0, -1], np.float64)
   n, temperature = 20000, 0.7
-  first = sampler.generate(model, params, [prompt] * n, max_new_tokens=1,
-                          sampling=Sampling(temperature=temperature), seed=0)
+  first = sampler.generate(
+    model, params, [prompt] * n, max_new_tokens=1, sampling=Sampling(temperature=temperature), seed=0
+  )
   counts_V = np.bincount([f[0] for f in first], minlength=CFG.vocab_size)
 
   def probs(t):
@@ -163,15 +168,21 @@ def test_filter_logits_matches_plain_top_k_and_top_p():
       assert set(np.flatnonzero(kept)) == _nucleus_reference(row.astype(np.float64), top_p)
 
 
-@pytest.mark.parametrize("sampling", [Sampling(temperature=1.5, top_k=3), Sampling(temperature=1.5, top_p=0.6),
-                                      Sampling(temperature=1.5, top_k=8, top_p=0.5)])
+@pytest.mark.parametrize(
+  "sampling",
+  [
+    Sampling(temperature=1.5, top_k=3),
+    Sampling(temperature=1.5, top_p=0.6),
+    Sampling(temperature=1.5, top_k=8, top_p=0.5),
+  ],
+)
 def test_top_k_and_top_p_never_emit_excluded_tokens(sampling, params):
   model = GPT(CFG)
   prompt = PROMPTS[0]
   logits_V = np.asarray(model.apply({"params": params}, jnp.array([prompt]))[0, -1], np.float64)
   allowed = set(range(CFG.vocab_size))
   if sampling.top_k:
-    allowed &= set(np.argsort(-logits_V)[:sampling.top_k].tolist())
+    allowed &= set(np.argsort(-logits_V)[: sampling.top_k].tolist())
   if sampling.top_p < 1:
     scaled = logits_V / sampling.temperature
     if sampling.top_k:
@@ -187,8 +198,7 @@ def test_top_k_and_top_p_never_emit_excluded_tokens(sampling, params):
 def test_temperature_zero_is_greedy_and_negative_is_rejected(params):
   model = GPT(CFG)
   greedy = sampler.generate(model, params, PROMPTS, max_new_tokens=5, sampling=Sampling(temperature=0), seed=1)
-  again = sampler.generate(model, params, PROMPTS, max_new_tokens=5, sampling=Sampling(temperature=0, top_k=2),
-                          seed=99)
+  again = sampler.generate(model, params, PROMPTS, max_new_tokens=5, sampling=Sampling(temperature=0, top_k=2), seed=99)
   assert greedy == again
   with pytest.raises(ConfigError, match="temperature must be >= 0"):
     sampler.generate(model, params, PROMPTS, max_new_tokens=5, sampling=Sampling(temperature=-1))
@@ -208,10 +218,9 @@ def test_each_sequence_stops_at_its_stop_token(params):
   model = GPT(CFG)
   free = sampler.generate(model, params, PROMPTS, max_new_tokens=20, sampling=Sampling(temperature=0))
   stop = free[0][5]  # a token row 0 emits at step 5
-  stopped = sampler.generate(model, params, PROMPTS, max_new_tokens=20, sampling=Sampling(temperature=0),
-                            stop_id=stop)
+  stopped = sampler.generate(model, params, PROMPTS, max_new_tokens=20, sampling=Sampling(temperature=0), stop_id=stop)
   for f, s in zip(free, stopped):
-    assert s == (f[:f.index(stop)] if stop in f else f)
+    assert s == (f[: f.index(stop)] if stop in f else f)
   assert len(stopped[0]) <= 5 and any(len(s) == 20 for s in stopped)
 
 
@@ -220,8 +229,14 @@ def test_streaming_calls_back_every_step_in_order(params, monkeypatch):
   monkeypatch.setattr(sampler, "split_parts", lambda *args: 2)
   model = GPT(CFG)
   seen = []
-  out = sampler.generate(model, params, PROMPTS[:2], max_new_tokens=6, sampling=Sampling(temperature=0),
-                        on_token=lambda step, tokens_B: seen.append((step, tokens_B.tolist())))
+  out = sampler.generate(
+    model,
+    params,
+    PROMPTS[:2],
+    max_new_tokens=6,
+    sampling=Sampling(temperature=0),
+    on_token=lambda step, tokens_B: seen.append((step, tokens_B.tolist())),
+  )
   assert [s for s, _ in seen] == list(range(6))
   assert [list(col) for col in zip(*[t for _, t in seen])] == out
 
@@ -229,14 +244,16 @@ def test_streaming_calls_back_every_step_in_order(params, monkeypatch):
 def test_bad_inputs_give_one_clear_error(params):
   model = GPT(CFG)
   cases = [
-      (dict(prompts=[[]]), "prompt 0 is empty; start it with the end-of-text id"),
-      (dict(prompts=[[1], [200]]), r"prompt 1 has token id 200 outside the model's vocabulary \[0, 96\)"),
-      (dict(prompts=[list(range(40))], max_new_tokens=9),
-       "prompt 0 \\(40 tokens\\) \\+ max_new_tokens=9 is longer than the model's context of 48 tokens.*"
-       "lower max_new_tokens to 8.*sliding_window"),
-      (dict(prompts=[[1]], max_new_tokens=0), "max_new_tokens must be >= 1"),
-      (dict(prompts=[[1]], decode_phase=0), r"decode_phase must be >= 1 \(max_new_tokens or more: one phase\)"),
-      (dict(prompts="hello"), "prompts must be a non-empty list of token-id lists"),
+    (dict(prompts=[[]]), "prompt 0 is empty; start it with the end-of-text id"),
+    (dict(prompts=[[1], [200]]), r"prompt 1 has token id 200 outside the model's vocabulary \[0, 96\)"),
+    (
+      dict(prompts=[list(range(40))], max_new_tokens=9),
+      "prompt 0 \\(40 tokens\\) \\+ max_new_tokens=9 is longer than the model's context of 48 tokens.*"
+      "lower max_new_tokens to 8.*sliding_window",
+    ),
+    (dict(prompts=[[1]], max_new_tokens=0), "max_new_tokens must be >= 1"),
+    (dict(prompts=[[1]], decode_phase=0), r"decode_phase must be >= 1 \(max_new_tokens or more: one phase\)"),
+    (dict(prompts="hello"), "prompts must be a non-empty list of token-id lists"),
   ]
   for kwargs, match in cases:
     kwargs = {"max_new_tokens": 4, **kwargs}
@@ -247,8 +264,9 @@ def test_bad_inputs_give_one_clear_error(params):
 def test_sliding_window_goes_past_the_context(params):
   model = GPT(CFG)
   long_prompt = list(range(1, 41))
-  [out] = sampler.generate(model, params, [long_prompt], max_new_tokens=20, sampling=Sampling(temperature=0),
-                          sliding_window=True)
+  [out] = sampler.generate(
+    model, params, [long_prompt], max_new_tokens=20, sampling=Sampling(temperature=0), sliding_window=True
+  )
   assert len(out) == 20
   # Its first 8 tokens still fit the context: the cache sampler gives the same ones.
   [cached] = sampler.generate(model, params, [long_prompt], max_new_tokens=8, sampling=Sampling(temperature=0))
@@ -292,12 +310,19 @@ print(json.dumps(out))
 def test_sharded_generation_on_8_devices_matches_one_device(params):
   """Params sharded like training (data 2 x fsdp 2 x tensor 2), batch and cache split: same tokens."""
   code = _SHARDED.format(repo=str(REPO), tests=str(REPO / "tests"))
-  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                        env={**__import__("os").environ, "JAX_NUM_CPU_DEVICES": "8"})
+  proc = subprocess.run(
+    [sys.executable, "-c", code],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env={**__import__("os").environ, "JAX_NUM_CPU_DEVICES": "8"},
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   sharded = json.loads(proc.stdout.strip().splitlines()[-1])
   model = GPT(CFG)
-  assert sharded["greedy"] == sampler.generate(model, params, PROMPTS, max_new_tokens=12,
-                                              sampling=Sampling(temperature=0), seed=5)
-  assert sharded["sampled"] == sampler.generate(model, params, PROMPTS, max_new_tokens=12,
-                                               sampling=Sampling(top_p=0.9), seed=5)
+  assert sharded["greedy"] == sampler.generate(
+    model, params, PROMPTS, max_new_tokens=12, sampling=Sampling(temperature=0), seed=5
+  )
+  assert sharded["sampled"] == sampler.generate(
+    model, params, PROMPTS, max_new_tokens=12, sampling=Sampling(top_p=0.9), seed=5
+  )

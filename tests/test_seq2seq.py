@@ -26,10 +26,18 @@ def params():
   return _params()
 
 
-@pytest.mark.parametrize("changes", [{}, {"pre_layer_norm": True}, {"share_embeddings": False, "tie_output": False},
-                                     {"attention": "einsum"}, {"scan_layers": True},
-                                     {"num_layers": 3, "num_decoder_layers": 1},
-                                     {"num_layers": 3, "num_decoder_layers": 1, "scan_layers": True}])
+@pytest.mark.parametrize(
+  "changes",
+  [
+    {},
+    {"pre_layer_norm": True},
+    {"share_embeddings": False, "tie_output": False},
+    {"attention": "einsum"},
+    {"scan_layers": True},
+    {"num_layers": 3, "num_decoder_layers": 1},
+    {"num_layers": 3, "num_decoder_layers": 1, "scan_layers": True},
+  ],
+)
 def test_shapes_and_variants(changes):
   cfg = CFG.replace(**changes)
   params = _params(cfg)
@@ -40,24 +48,30 @@ def test_shapes_and_variants(changes):
   assert any("target_embed" in n for n in names) == (not cfg.share_embeddings)
   assert any("head" in n for n in names) == (not cfg.tie_output)
   assert any("encoder_norm" in n for n in names) == cfg.block.pre_layer_norm
-  depth = lambda stack: (jax.tree.leaves(params[stack]["layers"])[0].shape[0] if cfg.scan_layers
-                         else sum(k.startswith("layer_") for k in params[stack]))
+  depth = lambda stack: (
+    jax.tree.leaves(params[stack]["layers"])[0].shape[0]
+    if cfg.scan_layers
+    else sum(k.startswith("layer_") for k in params[stack])
+  )
   assert (depth("encoder"), depth("decoder")) == (cfg.num_layers, cfg.decoder_layers())
 
 
 class VariantsTest(chex.TestCase):
-
   @chex.variants(with_jit=True, without_jit=True)
   def test_jit_and_no_jit_agree_and_dropout_is_a_call_argument(self):
     cfg = CFG.replace(dropout_rate=0.3)
     params = _params(cfg)
-    apply = self.variant(lambda p, rng, train: Transformer(cfg).apply(
-        {"params": p}, SRC, TGT, source_valid_BxS=VALID, deterministic=not train, rngs={"dropout": rng}),
-        static_argnums=2)
+    apply = self.variant(
+      lambda p, rng, train: Transformer(cfg).apply(
+        {"params": p}, SRC, TGT, source_valid_BxS=VALID, deterministic=not train, rngs={"dropout": rng}
+      ),
+      static_argnums=2,
+    )
     evaluated = apply(params, jax.random.key(1), False)
     chex.assert_shape(evaluated, (2, 5, 50))
-    np.testing.assert_allclose(evaluated, Transformer(cfg).apply({"params": params}, SRC, TGT, source_valid_BxS=VALID),
-                               atol=1e-5)
+    np.testing.assert_allclose(
+      evaluated, Transformer(cfg).apply({"params": params}, SRC, TGT, source_valid_BxS=VALID), atol=1e-5
+    )
     trained = apply(params, jax.random.key(1), True)  # the same module, dropout on
     chex.assert_tree_all_finite(trained)
     assert not np.allclose(trained, evaluated)
@@ -97,15 +111,22 @@ def test_changing_the_source_changes_the_output(params):
 
 def test_source_word_dropout_drops_whole_source_tokens_in_training_only(params):
   model = Transformer(CFG.replace(source_word_dropout=0.5))
-  run = lambda src, deterministic, seed=0: model.apply({"params": params}, src, TGT, source_valid_BxS=VALID,
-                                                       deterministic=deterministic, rngs={"dropout": jax.random.key(seed)})
+  run = lambda src, deterministic, seed=0: model.apply(
+    {"params": params},
+    src,
+    TGT,
+    source_valid_BxS=VALID,
+    deterministic=deterministic,
+    rngs={"dropout": jax.random.key(seed)},
+  )
   plain = Transformer(CFG).apply({"params": params}, SRC, TGT, source_valid_BxS=VALID)
   np.testing.assert_array_equal(run(SRC, True), plain)  # evaluation and decoding: no dropout
   assert not np.allclose(run(SRC, False), plain)
   # A dropped token is gone, whatever it was: with every token dropped the source's ids do not matter.
   gone = Transformer(CFG.replace(source_word_dropout=0.999999))
-  apply = lambda src: gone.apply({"params": params}, src, TGT, source_valid_BxS=VALID, deterministic=False,
-                                 rngs={"dropout": jax.random.key(1)})
+  apply = lambda src: gone.apply(
+    {"params": params}, src, TGT, source_valid_BxS=VALID, deterministic=False, rngs={"dropout": jax.random.key(1)}
+  )
   np.testing.assert_allclose(apply(SRC), apply(jnp.where(VALID, SRC + 1, 0)), atol=1e-5)
   with pytest.raises(ConfigError, match=r"source_word_dropout must be in \[0, 1\)"):
     CFG.replace(source_word_dropout=1.0).check()
@@ -125,8 +146,12 @@ def test_bad_config_and_lengths():
 
 
 def test_presets_have_the_papers_sizes():
-  count = lambda cfg: sum(x.size for x in jax.tree.leaves(nn.unbox(jax.eval_shape(
-      lambda: Transformer(cfg).init(jax.random.key(0), SRC, TGT)["params"]))))
+  count = lambda cfg: sum(
+    x.size
+    for x in jax.tree.leaves(
+      nn.unbox(jax.eval_shape(lambda: Transformer(cfg).init(jax.random.key(0), SRC, TGT)["params"]))
+    )
+  )
   # Table 3 of the paper: base 65M, big 213M (with a ~37k shared vocabulary; biases and norms vary).
   assert 62e6 < count(seq2seq.preset("transformer_base", vocab_size=37000)) < 66e6
   assert 210e6 < count(seq2seq.preset("transformer_big", vocab_size=37000)) < 216e6

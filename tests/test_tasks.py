@@ -32,7 +32,8 @@ class CopyConfig:
 
 
 class Copy(tasks.Task):
-  """"31415|31415": a GPT learns to repeat the digits before the bar. Only the copy is scored."""
+  """ "31415|31415": a GPT learns to repeat the digits before the bar. Only the copy is scored."""
+
   name = "copy"
   Config = CopyConfig
   families = ("gpt",)
@@ -58,8 +59,9 @@ class Copy(tasks.Task):
     return (jnp.zeros((1, 8), jnp.int32),)
 
   def loss(self, params, batch_BxL, rng, train: bool):
-    logits_BxTxV = self.model.apply({"params": params}, batch_BxL[:, :-1], deterministic=not train,
-                                    rngs={"dropout": rng})
+    logits_BxTxV = self.model.apply(
+      {"params": params}, batch_BxL[:, :-1], deterministic=not train, rngs={"dropout": rng}
+    )
     nll_BxT = optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV, batch_BxL[:, 1:])
     copied_T = jnp.arange(nll_BxT.shape[1]) >= self.config.length  # the copy and its end, not the random digits
     return (nll_BxT * copied_T).sum(), copied_T.sum() * jnp.float32(nll_BxT.shape[0])
@@ -131,8 +133,14 @@ def test_a_registered_task_trains_resumes_and_restores_through_the_shared_loop(t
   assert isinstance(trained.task, Copy) and trained.step == 200
   tok = trained.tokenizer
   prompts = [tok.encode("31415|"), tok.encode("27182|")]
-  out = sampling.generate(trained.model, trained.params, prompts, max_new_tokens=6,
-                          sampling=sampling.Sampling(temperature=0), stop_id=tok.eot_id)
+  out = sampling.generate(
+    trained.model,
+    trained.params,
+    prompts,
+    max_new_tokens=6,
+    sampling=sampling.Sampling(temperature=0),
+    stop_id=tok.eot_id,
+  )
   assert [tok.decode(o) for o in out] == ["31415", "27182"]
   with pytest.raises(inference.WrongTaskError, match=r"holds a 'copy' model \(config.task\), not a 'lm' one"):
     inference.restore(tmp_path / "w", task="lm")
@@ -141,6 +149,8 @@ def test_a_registered_task_trains_resumes_and_restores_through_the_shared_loop(t
 def test_the_registry_refuses_what_is_not_a_task():
   with pytest.raises(TypeError, match="not a subclass of transformer.tasks.Task"):
     tasks.register(CopyConfig)
-  with pytest.raises(ConfigError, match="--config.task='nope' is unknown; choose one of lm, translation, classification, tagging, copy"):
+  with pytest.raises(
+    ConfigError, match="--config.task='nope' is unknown; choose one of lm, translation, classification, tagging, copy"
+  ):
     tasks.get("nope")
   assert set(tasks.TASKS) >= {"lm", "translation", "copy"}

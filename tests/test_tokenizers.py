@@ -11,10 +11,12 @@ from hypothesis import strategies as st
 from transformer.errors import TokenizerError
 from transformer.tokenizers import EOT, get_tokenizer, load_tokenizer
 
-SEED_004 = ("OpenAI's large language models (sometimes referred to as GPT's) process text using tokens, "
-            "which are common sequences of characters found in a set of text. The models learn to "
-            "understand the statistical relationships between these tokens, and excel at producing the "
-            "next token in a sequence of tokens.")
+SEED_004 = (
+  "OpenAI's large language models (sometimes referred to as GPT's) process text using tokens, "
+  "which are common sequences of characters found in a set of text. The models learn to "
+  "understand the statistical relationships between these tokens, and excel at producing the "
+  "next token in a sequence of tokens."
+)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +42,9 @@ def char(shakespeare_text):
 def test_gpt2_seed_vectors(gpt2):
   assert gpt2.encode("hello my name is\n") == [31373, 616, 1438, 318, 198]
   assert gpt2.encode_batch(["Every effort moves you", "Every day holds a"]) == [
-      [6109, 3626, 6100, 345], [6109, 1110, 6622, 257]]
+    [6109, 3626, 6100, 345],
+    [6109, 1110, 6622, 257],
+  ]
   assert (gpt2.vocab_size, gpt2.eot_id) == (50257, 50256)
 
 
@@ -72,6 +76,7 @@ def test_char_round_trip_over_its_alphabet(char):
   @given(st.text(alphabet=st.sampled_from(char.chars)))
   def check(text):
     assert char.decode(char.encode(text)) == text
+
   check()
 
 
@@ -169,11 +174,18 @@ def test_tiktoken_itself_works_offline(tmp_path):
   """In a process with no network (proxies to a closed port) and an empty tiktoken cache, our
   tokenizer seeds tiktoken's cache and tiktoken's own get_encoding then loads it, hash-checked."""
   code = (
-      "import tiktoken; from transformer.tokenizers import get_tokenizer\n"
-      "assert get_tokenizer('gpt2').encode('Every effort moves you') == [6109, 3626, 6100, 345]\n"
-      "print(tiktoken.get_encoding('r50k_base').encode('hello my name is'))\n")
-  env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(tmp_path / "tiktoken"), "HTTPS_PROXY": "http://127.0.0.1:9",
-         "HTTP_PROXY": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9", "NO_PROXY": ""}
+    "import tiktoken; from transformer.tokenizers import get_tokenizer\n"
+    "assert get_tokenizer('gpt2').encode('Every effort moves you') == [6109, 3626, 6100, 345]\n"
+    "print(tiktoken.get_encoding('r50k_base').encode('hello my name is'))\n"
+  )
+  env = {
+    **os.environ,
+    "TIKTOKEN_CACHE_DIR": str(tmp_path / "tiktoken"),
+    "HTTPS_PROXY": "http://127.0.0.1:9",
+    "HTTP_PROXY": "http://127.0.0.1:9",
+    "https_proxy": "http://127.0.0.1:9",
+    "NO_PROXY": "",
+  }
   out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
   assert out.returncode == 0, out.stderr
   assert out.stdout.strip() == "[31373, 616, 1438, 318]"

@@ -33,12 +33,16 @@ def _tiny_step(batch_size: int):
   model = GPT(GPTConfig().replace(vocab_size=23, max_len=16, num_layers=1, num_heads=2, d_model=16))
   tx = optim.make_optimizer(OptimizerConfig(lr=1e-2, warmup_steps=0, schedule="constant"), 10)
   params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
-  state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                           rng=jax.random.key_data(jax.random.key(1)))
+  state = train.TrainState(
+    step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=jax.random.key_data(jax.random.key(1))
+  )
   batch = jax.random.randint(jax.random.key(2), (batch_size, 9), 0, 23)
+
   def step(loss_fn, accum=1):
-    return jax.jit(functools.partial(train.train_step, loss_fn=loss_fn, tx=tx, schedule=lambda s: 0.0,
-                                     accumulation_steps=accum))(state, batch)
+    return jax.jit(
+      functools.partial(train.train_step, loss_fn=loss_fn, tx=tx, schedule=lambda s: 0.0, accumulation_steps=accum)
+    )(state, batch)
+
   return model, state, batch, step
 
 
@@ -108,7 +112,11 @@ def test_a_workdir_written_before_the_block_was_nested_restores_and_resumes(tmp_
   assert "context_length" in json.loads((old / "config.json").read_text())["model"]
   trained = inference.restore(old)
   assert trained.step == 4 and trained.run.model.max_len == 64
-  assert (trained.run.model.block.d_model, trained.run.model.block.num_heads, trained.run.model.num_layers) == (32, 2, 1)
+  assert (trained.run.model.block.d_model, trained.run.model.block.num_heads, trained.run.model.num_layers) == (
+    32,
+    2,
+    1,
+  )
   assert trained.params["wpe"].shape == (64, 32)
   # The same run, launched today: it resumes from step 4 (nothing that may not change has changed).
   config = shakespeare.get_config("tiny")
@@ -124,16 +132,28 @@ def test_a_workdir_written_before_the_block_was_nested_restores_and_resumes(tmp_
 
 def test_kill_and_resume_gives_identical_losses(tmp_path, data_root):
   """SIGKILL mid-run, restart: the per-step losses equal those of an uninterrupted run."""
-  extra = ["--config.num_train_steps=300", "--config.log_every_steps=1", "--config.checkpoint_every_steps=10",
-           "--config.eval_every_steps=100"]
+  extra = [
+    "--config.num_train_steps=300",
+    "--config.log_every_steps=1",
+    "--config.checkpoint_every_steps=10",
+    "--config.eval_every_steps=100",
+  ]
   straight = tmp_path / "straight"
   assert run_module("launch.train", *_args(data_root, straight, *extra)).returncode == 0
   killed = tmp_path / "killed"
-  proc = subprocess.Popen([sys.executable, "-m", "launch.train", *_args(data_root, killed, *extra)],
-                          cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  proc = subprocess.Popen(
+    [sys.executable, "-m", "launch.train", *_args(data_root, killed, *extra)],
+    cwd=REPO,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+  )
   deadline = time.time() + 120
   while time.time() < deadline:  # until a checkpoint is finalised and training has gone past it
-    done = [int(p.name) for p in (killed / "checkpoints").glob("*") if p.name.isdigit()] if (killed / "checkpoints").exists() else []
+    done = (
+      [int(p.name) for p in (killed / "checkpoints").glob("*") if p.name.isdigit()]
+      if (killed / "checkpoints").exists()
+      else []
+    )
     if done and max(_losses(killed), default=0) > max(done) + 3:
       break
     time.sleep(0.02)
@@ -152,9 +172,24 @@ def test_kill_and_resume_gives_identical_losses(tmp_path, data_root):
 
 def test_sigterm_saves_then_exits_zero(tmp_path, data_root):
   workdir = tmp_path / "w"
-  proc = subprocess.Popen([sys.executable, "-m", "launch.train", *_args(
-      data_root, workdir, "--config.num_train_steps=100000", "--config.log_every_steps=1",
-      "--config.checkpoint_every_steps=100000")], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  proc = subprocess.Popen(
+    [
+      sys.executable,
+      "-m",
+      "launch.train",
+      *_args(
+        data_root,
+        workdir,
+        "--config.num_train_steps=100000",
+        "--config.log_every_steps=1",
+        "--config.checkpoint_every_steps=100000",
+      ),
+    ],
+    cwd=REPO,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   deadline = time.time() + 120
   while time.time() < deadline and max(_losses(workdir), default=0) < 5:
     time.sleep(0.05)
@@ -168,31 +203,46 @@ def test_sigterm_saves_then_exits_zero(tmp_path, data_root):
 
 @pytest.mark.parametrize("mechanism", ["dot_product", "synthesizer_dense", "synthesizer_random"])
 def test_one_and_eight_devices_give_the_same_losses(tmp_path, data_root, mechanism):
-  extra = ["--config.num_train_steps=12", "--config.log_every_steps=1", "--config.model.vocab_size=96",
-           f"--config.model.block.attention_mechanism={mechanism}"]
+  extra = [
+    "--config.num_train_steps=12",
+    "--config.log_every_steps=1",
+    "--config.model.vocab_size=96",
+    f"--config.model.block.attention_mechanism={mechanism}",
+  ]
   one = run_module("launch.train", *_args(data_root, tmp_path / "one", *extra))
   assert one.returncode == 0, one.stderr
-  eight = run_module("launch.train", *_args(data_root, tmp_path / "eight", *extra, "--config.mesh.data=2",
-                                            "--config.mesh.fsdp=2", "--config.mesh.tensor=2"),
-                     env={"JAX_NUM_CPU_DEVICES": "8"})
+  eight = run_module(
+    "launch.train",
+    *_args(
+      data_root, tmp_path / "eight", *extra, "--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2"
+    ),
+    env={"JAX_NUM_CPU_DEVICES": "8"},
+  )
   assert eight.returncode == 0, eight.stderr
   assert "8 x cpu" in eight.stdout
   a, b = _losses(tmp_path / "one"), _losses(tmp_path / "eight")
   assert len(a) == 12
   np.testing.assert_allclose([b[s] for s in sorted(b)], [a[s] for s in sorted(a)], atol=1e-5)
-  np.testing.assert_allclose(_losses(tmp_path / "eight", "val_loss")[12], _losses(tmp_path / "one", "val_loss")[12],
-                             atol=1e-5)
+  np.testing.assert_allclose(
+    _losses(tmp_path / "eight", "val_loss")[12], _losses(tmp_path / "one", "val_loss")[12], atol=1e-5
+  )
 
 
-@pytest.mark.parametrize("extra,env,message", [
-    (["--config.batch_size=6"], {"JAX_NUM_CPU_DEVICES": "8"},
-     r"batch_size=6 \(microbatch 6\) is not divisible by the data-parallel size 8"),
+@pytest.mark.parametrize(
+  "extra,env,message",
+  [
+    (
+      ["--config.batch_size=6"],
+      {"JAX_NUM_CPU_DEVICES": "8"},
+      r"batch_size=6 \(microbatch 6\) is not divisible by the data-parallel size 8",
+    ),
     (["--config.seq_len=100"], {}, "--config.seq_len=100 is longer than --config.model.max_len=64"),
     (["--config.data.dataset=wiki"], {}, "unknown data set 'wiki'"),
     (["--config.data.input_files=/no/such.txt"], {}, "/no/such.txt: no such file"),
     (["--config.mesh.data=3"], {}, r"needs 3 devices but 1 are available"),
     (["--config.mesh.tensor=2"], {"JAX_NUM_CPU_DEVICES": "2"}, "parameter 'wte/embedding' has a dimension of 85"),
-])
+  ],
+)
 def test_bad_configs_fail_in_one_line(tmp_path, data_root, extra, env, message):
   proc = run_module("launch.train", *_args(data_root, tmp_path / "w", *extra), env=env)
   assert proc.returncode == 1
@@ -220,5 +270,7 @@ def test_gpt2_recipes():
     assert c.batch_size * c.seq_len == 524_288  # ~0.5M tokens per optimizer step
     assert c.batch_size % c.optimizer.accumulation_steps == 0
     assert c.model.block.d_model == {"gpt2": 768, "gpt2-medium": 1024, "gpt2-large": 1280, "gpt2-xl": 1600}[preset]
-    assert c.optimizer.weight_decay == 0.1 and c.model.block.dtype == "bfloat16" and c.model.block.param_dtype == "float32"
+    assert (
+      c.optimizer.weight_decay == 0.1 and c.model.block.dtype == "bfloat16" and c.model.block.param_dtype == "float32"
+    )
   assert gpt2_experiment.get_config("gpt2").optimizer.lr == 6e-4

@@ -27,12 +27,12 @@ from conftest import nontrivial_png, run_module
 
 # Seed 004's example, and a few like it.
 PAIRS = [
-    ("I love purple cats", "J'adore les chats violets"),
-    ("The dog sleeps", "Le chien dort"),
-    ("We eat bread", "Nous mangeons du pain"),
-    ("She reads a book", "Elle lit un livre"),
-    ("The sun is hot", "Le soleil est chaud"),
-    ("They sing loudly", "Ils chantent fort"),
+  ("I love purple cats", "J'adore les chats violets"),
+  ("The dog sleeps", "Le chien dort"),
+  ("We eat bread", "Nous mangeons du pain"),
+  ("She reads a book", "Elle lit un livre"),
+  ("The sun is hot", "Le soleil est chaud"),
+  ("They sing loudly", "Ils chantent fort"),
 ]
 
 
@@ -47,15 +47,18 @@ def test_loss_counts_real_target_tokens_only_and_smoothing_raises_it():
     loss_sum, tokens = translation_loss(model, params, batch, jax.random.key(1), False)
     total_tokens += tokens
     # The plain negative log-likelihood of the real target tokens, computed directly.
-    logp = jax.nn.log_softmax(model.apply({"params": params}, batch["source"], batch["target_in"],
-                                          source_valid_BxS=batch["source_valid"]))
+    logp = jax.nn.log_softmax(
+      model.apply({"params": params}, batch["source"], batch["target_in"], source_valid_BxS=batch["source_valid"])
+    )
     nll = -np.take_along_axis(np.asarray(logp), batch["target_out"][..., None], -1)[..., 0]
     np.testing.assert_allclose(loss_sum, nll[batch["target_valid"]].sum(), rtol=1e-5)
     # Garbage in the padding changes nothing.
-    noisy = dict(batch, target_out=np.where(batch["target_valid"], batch["target_out"], 3),
-                 target_in=np.where(batch["target_valid"], batch["target_in"], 5))
-    np.testing.assert_allclose(translation_loss(model, params, noisy, jax.random.key(1), False)[0], loss_sum,
-                               rtol=1e-6)
+    noisy = dict(
+      batch,
+      target_out=np.where(batch["target_valid"], batch["target_out"], 3),
+      target_in=np.where(batch["target_valid"], batch["target_in"], 5),
+    )
+    np.testing.assert_allclose(translation_loss(model, params, noisy, jax.random.key(1), False)[0], loss_sum, rtol=1e-6)
     # Smoothing 0.1: the target puts 0.9 + 0.1/V on the right token and 0.1/V on every other.
     smoothed, _ = translation_loss(model, params, batch, jax.random.key(1), True, label_smoothing=0.1)
     uniform = -np.asarray(logp).mean(-1)
@@ -73,8 +76,9 @@ def test_a_tiny_model_overfits_a_handful_of_pairs_to_bleu_100():
   opt = dataclasses.replace(resolve(translation_experiment.get_config("tiny")).optimizer, lr=3e-3, warmup_steps=20)
   tx, schedule = optim.make_optimizer(opt, 300), optim.learning_rate(opt, 300)
   params = nn.unbox(model.init(jax.random.key(0), batch["source"][:1], batch["target_in"][:1])["params"])
-  state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                           rng=jax.random.key_data(jax.random.key(1)))
+  state = train.TrainState(
+    step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=jax.random.key_data(jax.random.key(1))
+  )
   loss_fn = functools.partial(translation_loss, model, label_smoothing=0.0)
   step = jax.jit(functools.partial(train.train_step, loss_fn=loss_fn, tx=tx, schedule=schedule, accumulation_steps=1))
   for i in range(150):
@@ -94,8 +98,10 @@ def test_packed_rows_give_every_pair_the_loss_it_has_alone():
   pairs = [(np.array(tok.encode(s)), np.array(tok.encode(t))) for s, t in PAIRS]
   model = seq2seq.Transformer(seq2seq.preset("cpu-tiny", vocab_size=tok.vocab_size, max_len=96))
   params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32), jnp.zeros((1, 8), jnp.int32))["params"])
-  alone = [translation_loss(model, params, b, jax.random.key(1), False)
-           for b in pipeline.translation_batches(pairs, max_tokens=10_000, max_len=32, eot_id=tok.eot_id, seed=0)]
+  alone = [
+    translation_loss(model, params, b, jax.random.key(1), False)
+    for b in pipeline.translation_batches(pairs, max_tokens=10_000, max_len=32, eot_id=tok.eot_id, seed=0)
+  ]
   packed = pipeline.packed_batches(pairs, max_tokens=128, max_len=64, eot_id=tok.eot_id, seed=0)
   assert len(packed) == 1 and packed[0]["source"].shape == (2, 64)
   assert packed[0]["source_segments"].max() >= 3  # several pairs share a row
@@ -106,15 +112,19 @@ def test_packed_rows_give_every_pair_the_loss_it_has_alone():
   longer = pipeline.packed_batches(pairs, max_tokens=128, max_len=64, eot_id=tok.eot_id, seed=0, source_len=96)
   assert longer[0]["source"].shape == longer[0]["source_valid"].shape == (2, 96)
   assert longer[0]["target_in"].shape == longer[0]["target_segments"].shape == (2, 64)
-  np.testing.assert_allclose(sum(float(translation_loss(model, params, b, jax.random.key(1), False)[0]) for b in longer),
-                             sum(float(s) for s, _ in alone), rtol=1e-5)
+  np.testing.assert_allclose(
+    sum(float(translation_loss(model, params, b, jax.random.key(1), False)[0]) for b in longer),
+    sum(float(s) for s, _ in alone),
+    rtol=1e-5,
+  )
 
 
 def test_an_epoch_of_packed_batches_compiles_the_step_once():
   rng = np.random.default_rng(0)
   pairs = [(rng.integers(1, 50, rng.integers(2, 30)), rng.integers(1, 50, rng.integers(2, 30))) for _ in range(120)]
-  make = lambda batching: pipeline.TranslationBatches(pairs, max_tokens=256, max_len=32, eot_id=0, seed=0,
-                                                      batching=batching)
+  make = lambda batching: pipeline.TranslationBatches(
+    pairs, max_tokens=256, max_len=32, eot_id=0, seed=0, batching=batching
+  )
   # Bucketed: a batch shape (a compile) per length bucket and fill size.
   bucketed, shapes = make("bucketed"), set()
   while bucketed.epoch == 0:
@@ -125,14 +135,16 @@ def test_an_epoch_of_packed_batches_compiles_the_step_once():
   opt = resolve(translation_experiment.get_config("tiny")).optimizer
   tx, schedule = optim.make_optimizer(opt, 100), optim.learning_rate(opt, 100)
   params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32), jnp.zeros((1, 8), jnp.int32))["params"])
-  state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                           rng=jax.random.key_data(jax.random.key(1)))
+  state = train.TrainState(
+    step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=jax.random.key_data(jax.random.key(1))
+  )
 
   @jax.jit
   @chex.assert_max_traces(n=1)  # a second trace (a new batch shape) fails here
   def step(state, batch):
-    return train.train_step(state, batch, loss_fn=functools.partial(translation_loss, model), tx=tx,
-                            schedule=schedule, accumulation_steps=1)
+    return train.train_step(
+      state, batch, loss_fn=functools.partial(translation_loss, model), tx=tx, schedule=schedule, accumulation_steps=1
+    )
 
   steps = 0
   while batches.epoch == 0:
@@ -166,8 +178,11 @@ def test_batches_resume_exactly(batching):
 def _pairs_tsv(path):
   words = ["eins", "zwei", "drei", "vier", "fünf", "sechs", "sieben", "acht", "neun", "zehn"]
   english = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
-  lines = [f"Ich habe {words[i % 10]} {['Katzen', 'Hunde'][i // 10 % 2]} gesehen.\t"
-           f"I saw {english[i % 10]} {['cats', 'dogs'][i // 10 % 2]}. ({i})" for i in range(240)]
+  lines = [
+    f"Ich habe {words[i % 10]} {['Katzen', 'Hunde'][i // 10 % 2]} gesehen.\t"
+    f"I saw {english[i % 10]} {['cats', 'dogs'][i // 10 % 2]}. ({i})"
+    for i in range(240)
+  ]
   path.write_text("\n".join(lines) + "\n")
   # A lexicon of the words, for training only (data.lexicon).
   lexicon = [*zip(words, english), ("Katzen", "cats"), ("Hunde", "dogs"), ("gesehen", "seen")]
@@ -177,9 +192,18 @@ def _pairs_tsv(path):
 
 # The tiny preset on a TSV, character-level. Every length bucket's batch size (batch_tokens /
 # bucket length) is a multiple of 4, so 1 and 4 data-parallel devices see the same batches.
-OVERRIDES = {"data.tokenizer": "char", "data.direction": "", "data.validation_fraction": 0.1,
-             "data.test_fraction": 0.1, "data.max_len": 48, "model.max_len": 48, "batch_tokens": 1920,
-             "lexicon_share": 0.2, "eval.average_last": 2, "eval.test_sentences": 10}
+OVERRIDES = {
+  "data.tokenizer": "char",
+  "data.direction": "",
+  "data.validation_fraction": 0.1,
+  "data.test_fraction": 0.1,
+  "data.max_len": 48,
+  "model.max_len": 48,
+  "batch_tokens": 1920,
+  "lexicon_share": 0.2,
+  "eval.average_last": 2,
+  "eval.test_sentences": 10,
+}
 
 
 def _config(tsv, data_root, **changes):
@@ -230,7 +254,8 @@ def test_a_tagged_lexicon_starts_its_sources_with_endoftext_and_only_it_does(tra
   tagged = train.build(resolve(_config(tsv, root / "data", lexicon_tag=True), num_devices=1)).task
   eot = tagged.tokenizer.eot_id
   assert plain._lexicon and [(list(s), list(t)) for s, t in tagged._lexicon] == [
-      ([eot, *s], list(t)) for s, t in plain._lexicon]
+    ([eot, *s], list(t)) for s, t in plain._lexicon
+  ]
   assert all(source[0] != eot for source, _ in tagged._pairs["train"])
   # In the packed training batches, a pair whose source starts with the tag is a lexicon pair.
   as_keys = lambda pairs: {(tuple(source), tuple(target)) for source, target in pairs}
@@ -251,8 +276,13 @@ def test_a_tagged_lexicon_starts_its_sources_with_endoftext_and_only_it_does(tra
 
 def test_launch_probe_on_a_translation_draws_the_alignment(trained, tmp_path):
   root, _, _ = trained
-  proc = run_module("launch.probe", f"--workdir={root / 'w'}", "--text=Ich habe drei Katzen gesehen.",
-                    "--target=I saw three cats.", f"--out={tmp_path}")
+  proc = run_module(
+    "launch.probe",
+    f"--workdir={root / 'w'}",
+    "--text=Ich habe drei Katzen gesehen.",
+    "--target=I saw three cats.",
+    f"--out={tmp_path}",
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   nontrivial_png(tmp_path / "alignment.png", min_colors=5)
   nontrivial_png(tmp_path / "encoder_attention.png")
@@ -285,8 +315,15 @@ def test_launch_translate_from_flags_stdin_and_file(trained, tmp_path):
   assert len(by_flag.stdout.splitlines()) == 2
   # In process, the same.
   restored = inference.restore(workdir, task="translation")
-  expected = beam_search.translate_texts(restored.model, restored.params, restored.tokenizer, sentences, beam_size=2,
-                                       mesh=restored.mesh, rules=restored.rules)
+  expected = beam_search.translate_texts(
+    restored.model,
+    restored.params,
+    restored.tokenizer,
+    sentences,
+    beam_size=2,
+    mesh=restored.mesh,
+    rules=restored.rules,
+  )
   assert by_flag.stdout.splitlines() == expected
   # The mean of the last two checkpoints' params.
   averaged = run_module("launch.translate", *common, "--average=2", *[f"--sentence={s}" for s in sentences])
@@ -294,8 +331,9 @@ def test_launch_translate_from_flags_stdin_and_file(trained, tmp_path):
   mean = inference.restore(workdir, task="translation", average=2)
   ends = [inference.restore(workdir, step, task="translation").params for step in (10, 20)]
   jax.tree.map(lambda m, a, b: np.testing.assert_allclose(m, (a + b) / 2, rtol=1e-6), mean.params, *ends)
-  expected = beam_search.translate_texts(mean.model, mean.params, mean.tokenizer, sentences, beam_size=2,
-                                         mesh=mean.mesh, rules=mean.rules)
+  expected = beam_search.translate_texts(
+    mean.model, mean.params, mean.tokenizer, sentences, beam_size=2, mesh=mean.mesh, rules=mean.rules
+  )
   assert averaged.stdout.splitlines() == expected
   # --split=test: the run's test split, as the run translated it at its end (the mean of the last two
   # checkpoints, greedy; the run scored its first 10 pairs), with sacreBLEU's scores.
@@ -308,8 +346,16 @@ def test_launch_translate_from_flags_stdin_and_file(trained, tmp_path):
   # --no_repeat_ngram decodes as translate_texts(no_repeat_ngram=...) does.
   no_repeats = run_module("launch.translate", *common, "--no_repeat_ngram=1", *[f"--sentence={s}" for s in sentences])
   assert no_repeats.returncode == 0, no_repeats.stderr
-  expected = beam_search.translate_texts(restored.model, restored.params, restored.tokenizer, sentences, beam_size=2,
-                                         no_repeat_ngram=1, mesh=restored.mesh, rules=restored.rules)
+  expected = beam_search.translate_texts(
+    restored.model,
+    restored.params,
+    restored.tokenizer,
+    sentences,
+    beam_size=2,
+    no_repeat_ngram=1,
+    mesh=restored.mesh,
+    rules=restored.rules,
+  )
   assert no_repeats.stdout.splitlines() == expected
 
 
@@ -325,8 +371,15 @@ def test_launch_translate_ensembles_runs_of_one_tokenizer(trained, tmp_path):
   assert both.returncode == 0 and "+ 1 more workdir(s), an ensemble" in both.stderr, both.stderr
   ensemble = inference.restore_ensemble([root / "w", other])
   assert [m.run.loop.seed for m in ensemble.members] == [0, 1] and set(ensemble.params) == {"member_0", "member_1"}
-  expected = beam_search.translate_texts(ensemble.model, ensemble.params, ensemble.tokenizer, sentences, beam_size=2,
-                                         mesh=ensemble.mesh, rules=ensemble.rules)
+  expected = beam_search.translate_texts(
+    ensemble.model,
+    ensemble.params,
+    ensemble.tokenizer,
+    sentences,
+    beam_size=2,
+    mesh=ensemble.mesh,
+    rules=ensemble.rules,
+  )
   assert both.stdout.splitlines() == expected
   itself = run_module("launch.translate", *common, f"--ensemble={root / 'w'}")
   alone = run_module("launch.translate", *common)
@@ -337,8 +390,9 @@ def test_launch_translate_ensembles_runs_of_one_tokenizer(trained, tmp_path):
   tokenizer["chars"] = tokenizer["chars"][::-1]
   config_file.write_text(json.dumps(tokenizer))
   refused = run_module("launch.translate", *common, f"--ensemble={other}")
-  assert refused.returncode == 1 and f"error: {other}'s tokenizer differs from {root / 'w'}'s" in refused.stderr, \
-      refused.stderr
+  assert refused.returncode == 1 and f"error: {other}'s tokenizer differs from {root / 'w'}'s" in refused.stderr, (
+    refused.stderr
+  )
 
 
 def test_fuzzy_matches_are_read_in_training_evaluation_and_launch_translate(tmp_path):
@@ -348,11 +402,25 @@ def test_fuzzy_matches_are_read_in_training_evaluation_and_launch_translate(tmp_
   english = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
   tsv = tmp_path / "pairs.tsv"
   # Each number is in four sentences (with other counts): those are a sentence's fuzzy matches.
-  tsv.write_text("".join(f"Ich habe {words[i % 7]} Katzen gesehen , Nummer {i % 60} .\t"
-                         f"I saw {english[i % 7]} cats , number {i % 60} .\n" for i in range(240)))
-  config = _config(tsv, tmp_path / "data", **{"data.tokenizer": "word", "data.vocab_size": 200, "data.lexicon": "",
-                                              "data.max_len": 24, "data.fuzzy_match_tokens": 12, "model.max_len": 36,
-                                              "eval.average_last": 1})
+  tsv.write_text(
+    "".join(
+      f"Ich habe {words[i % 7]} Katzen gesehen , Nummer {i % 60} .\tI saw {english[i % 7]} cats , number {i % 60} .\n"
+      for i in range(240)
+    )
+  )
+  config = _config(
+    tsv,
+    tmp_path / "data",
+    **{
+      "data.tokenizer": "word",
+      "data.vocab_size": 200,
+      "data.lexicon": "",
+      "data.max_len": 24,
+      "data.fuzzy_match_tokens": 12,
+      "model.max_len": 36,
+      "eval.average_last": 1,
+    },
+  )
   train.train_and_evaluate(config, tmp_path / "w")
   task = train.build(resolve(config, num_devices=1)).task
   eot = task.tokenizer.eot_id
@@ -373,8 +441,9 @@ def test_fuzzy_matches_are_read_in_training_evaluation_and_launch_translate(tmp_
   sentences = [row[0] for row in rows[1:4]]
   for got, (want, _) in zip(inference.translation_sources(restored, sentences), task._pairs["test"]):
     np.testing.assert_array_equal(got, want)
-  result = run_module("launch.translate", f"--workdir={tmp_path / 'w'}", "--beam_size=2",
-                      *[f"--sentence={s}" for s in sentences])
+  result = run_module(
+    "launch.translate", f"--workdir={tmp_path / 'w'}", "--beam_size=2", *[f"--sentence={s}" for s in sentences]
+  )
   assert result.returncode == 0, result.stderr
   assert result.stdout.splitlines() == [row[4] for row in rows[1:4]]  # the run's own beam translations
   (tmp_path / "w" / "translation_memory.npz").unlink()
@@ -390,8 +459,9 @@ def test_launch_translate_refuses_a_split_of_data_that_changed(trained, tmp_path
   for name in ("pairs.tsv", "lexicon.tsv"):
     shutil.copy(root / name, tmp_path / name)
   config = json.loads((workdir / "config.json").read_text())
-  config["data"].update(input_files=[str(tmp_path / "pairs.tsv")], lexicon=str(tmp_path / "lexicon.tsv"),
-                        root=str(tmp_path / "data"))
+  config["data"].update(
+    input_files=[str(tmp_path / "pairs.tsv")], lexicon=str(tmp_path / "lexicon.tsv"), root=str(tmp_path / "data")
+  )
   (workdir / "config.json").write_text(json.dumps(config))
   args = [f"--workdir={workdir}", "--beam_size=1", "--split=test"]
   same = run_module("launch.translate", *args)
@@ -400,8 +470,10 @@ def test_launch_translate_refuses_a_split_of_data_that_changed(trained, tmp_path
     f.write("Ich habe elf Katzen gesehen.\tI saw eleven cats.\n")
   changed = run_module("launch.translate", *args)
   assert changed.returncode == 1 and not changed.stdout, changed.stderr[-3000:]
-  assert (f"error: the training data changed since the run in {workdir} started: pairs.tsv (sha256" in changed.stderr
-          and "its test split is no longer the one the run was scored on" in changed.stderr), changed.stderr[-3000:]
+  assert (
+    f"error: the training data changed since the run in {workdir} started: pairs.tsv (sha256" in changed.stderr
+    and "its test split is no longer the one the run was scored on" in changed.stderr
+  ), changed.stderr[-3000:]
 
 
 def test_a_restored_run_names_its_direction_from_its_config(trained, tmp_path, monkeypatch):
@@ -416,12 +488,15 @@ def test_a_restored_run_names_its_direction_from_its_config(trained, tmp_path, m
   assert inference.restore(tmp_path / "w", task="translation").task.direction == "de-en"
 
 
-@pytest.mark.parametrize("args,message", [
+@pytest.mark.parametrize(
+  "args,message",
+  [
     (["--sentence=" + "Ich habe " * 20], "sentence 0 is 179 tokens, longer than the model's max_len=48"),
     ([], "nothing to translate: give --sentence or --input_file"),
     (["--sentence=Hallo", "--input_file=/no/such.txt"], "--input_file=/no/such.txt: no such file"),
     (["--sentence=Hallo", "--split=test"], "--split translates the run's data: give it without --sentence"),
-])
+  ],
+)
 def test_launch_translate_errors(trained, args, message):
   root, _, _ = trained
   result = run_module("launch.translate", f"--workdir={root / 'w'}", *args)
@@ -437,29 +512,42 @@ def test_workdirs_of_the_other_task_are_refused_by_name(trained):
     launch.restore(str(root / "w"), "latest", task="lm")
 
 
-@pytest.mark.parametrize("changes,message", [
+@pytest.mark.parametrize(
+  "changes,message",
+  [
     ({"data.max_len": 64}, "--config.data.max_len=64 is longer than --config.model.max_len=48"),
     ({"data.test_fraction": 0.0}, "set --config.data.test_fraction > 0"),
-    ({"data.direction": "de-fr"}, "unknown direction 'de-fr' for this data set; choose 'source-target' or "
-                                  "'target-source'"),
+    (
+      {"data.direction": "de-fr"},
+      "unknown direction 'de-fr' for this data set; choose 'source-target' or 'target-source'",
+    ),
     ({"label_smoothing": 1.0}, r"--config.label_smoothing must be in \[0, 1\)"),
     ({"batch_tokens": 16}, "--config.batch_tokens=16 cannot hold one pair of --config.data.max_len=48"),
-    ({"eval.average_last": 4}, "--config.eval.average_last=4 averages more checkpoints than "
-                               "--config.keep_checkpoints=3 keeps"),
+    (
+      {"eval.average_last": 4},
+      "--config.eval.average_last=4 averages more checkpoints than --config.keep_checkpoints=3 keeps",
+    ),
     ({"lexicon_share": 1.0}, r"--config.lexicon_share must be in \[0, 1\)"),
     ({"data.fuzzy_match_tokens": -1}, r"--config.data.fuzzy_match_tokens must be >= 0 \(0: off\)"),
-    ({"data.fuzzy_match_tokens": 8, "data.batching": "bucketed"}, "--config.data.fuzzy_match_tokens needs "
-                                                                  "--config.data.batching=packed"),
-    ({"data.fuzzy_match_tokens": 8}, r"--config.data.max_len=48 \+ --config.data.fuzzy_match_tokens=8 is longer than "
-                                     "--config.model.max_len=48"),
+    (
+      {"data.fuzzy_match_tokens": 8, "data.batching": "bucketed"},
+      "--config.data.fuzzy_match_tokens needs --config.data.batching=packed",
+    ),
+    (
+      {"data.fuzzy_match_tokens": 8},
+      r"--config.data.max_len=48 \+ --config.data.fuzzy_match_tokens=8 is longer than "
+      "--config.model.max_len=48",
+    ),
     ({"eval.test_sentences": -1}, r"--config.eval.test_sentences must be >= 0 \(0: the whole test split\)"),
     ({"eval.no_repeat_ngram": -1}, r"--config.eval.no_repeat_ngram must be >= 0 \(0: off\), got -1"),
     ({"data.lexicon": "dictionary"}, "has no dictionary entries of its own"),
-    ({"data.lexicon": "", "lexicon_tag": True}, "--config.lexicon_tag tags the lexicon's pairs, but there is no "
-                                                "lexicon; set --config.data.lexicon"),
-    ({"task": "parsing"}, "--config.task='parsing' is unknown; choose one of lm, translation, classification, "
-                          "tagging"),
-])
+    (
+      {"data.lexicon": "", "lexicon_tag": True},
+      "--config.lexicon_tag tags the lexicon's pairs, but there is no lexicon; set --config.data.lexicon",
+    ),
+    ({"task": "parsing"}, "--config.task='parsing' is unknown; choose one of lm, translation, classification, tagging"),
+  ],
+)
 def test_bad_translation_configs_are_named(trained, tmp_path, changes, message):
   root, tsv, _ = trained
   with pytest.raises(UserError, match=message):
@@ -471,11 +559,19 @@ def test_eight_devices_give_the_same_losses(trained, tmp_path):
   """Data, fsdp and tensor parallel (2 x 2 x 2 fake CPU devices) train like one device."""
   root, tsv, _ = trained
   flags = [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
-  proc = run_module("launch.train", "--config=experiments/translation.py:tiny", f"--workdir={tmp_path}",
-                    f"--config.data.input_files={tsv}", f"--config.data.root={root / 'data'}", *flags,
-                    f"--config.data.lexicon={tsv.parent / 'lexicon.tsv'}",
-                    "--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2",
-                    env={"JAX_NUM_CPU_DEVICES": "8"})
+  proc = run_module(
+    "launch.train",
+    "--config=experiments/translation.py:tiny",
+    f"--workdir={tmp_path}",
+    f"--config.data.input_files={tsv}",
+    f"--config.data.root={root / 'data'}",
+    *flags,
+    f"--config.data.lexicon={tsv.parent / 'lexicon.tsv'}",
+    "--config.mesh.data=2",
+    "--config.mesh.fsdp=2",
+    "--config.mesh.tensor=2",
+    env={"JAX_NUM_CPU_DEVICES": "8"},
+  )
   assert proc.returncode == 0, proc.stderr
   assert "8 x cpu" in proc.stdout
   # The test table: the final params (greedy) beside the mean of the last two checkpoints.

@@ -45,8 +45,7 @@ def test_over_long_pairs_are_dropped_and_counted_never_truncated(prepared):
 def test_batches_are_bucketed_under_a_token_budget_and_cover_every_pair_once(prepared):
   pairs, _ = pipeline.translation_pairs(prepared, "train", direction="src-tgt", max_len=32)
   eot = prepared.tokenizer.eot_id
-  batches = pipeline.translation_batches(pairs, max_tokens=200, max_len=32, eot_id=eot, seed=0,
-                                         batch_multiple=4)
+  batches = pipeline.translation_batches(pairs, max_tokens=200, max_len=32, eot_id=eot, seed=0, batch_multiple=4)
   seen = 0
   for b in batches:
     B, L = b["source"].shape
@@ -56,15 +55,15 @@ def test_batches_are_bucketed_under_a_token_budget_and_cover_every_pair_once(pre
     for row in range(B):
       n = int(b["target_valid"][row].sum())
       if n:
-        assert (b["target_in"][row, 1:n] == b["target_out"][row, :n - 1]).all() and b["target_out"][row, n - 1] == eot
+        assert (b["target_in"][row, 1:n] == b["target_out"][row, : n - 1]).all() and b["target_out"][row, n - 1] == eot
     seen += int(b["target_valid"].any(axis=1).sum())
   assert seen == len(pairs)
   again = pipeline.translation_batches(pairs, max_tokens=200, max_len=32, eot_id=eot, seed=0, batch_multiple=4)
   assert all((a["source"] == b["source"]).all() for a, b in zip(batches, again))  # deterministic
-  other = pipeline.translation_batches(pairs, max_tokens=200, max_len=32, eot_id=eot, seed=0, epoch=1,
-                                       batch_multiple=4)
-  assert any(a["source"].shape != b["source"].shape or (a["source"] != b["source"]).any()
-             for a, b in zip(batches, other))  # a new order each epoch
+  other = pipeline.translation_batches(pairs, max_tokens=200, max_len=32, eot_id=eot, seed=0, epoch=1, batch_multiple=4)
+  assert any(
+    a["source"].shape != b["source"].shape or (a["source"] != b["source"]).any() for a, b in zip(batches, other)
+  )  # a new order each epoch
 
 
 def test_packed_batches_have_one_shape_and_hold_every_pair_once(prepared):
@@ -101,8 +100,9 @@ def _packed_pairs(batch):
 def test_lexicon_pairs_join_each_epoch_in_turn_and_resume_exactly(prepared):
   pairs, _ = pipeline.translation_pairs(prepared, "train", direction="src-tgt", max_len=32)
   sentences, lexicon = pairs[:40], pairs[40:]  # 40 "sentences", the rest a stand-in lexicon
-  make = lambda: pipeline.TranslationBatches(sentences, max_tokens=256, max_len=32, eot_id=prepared.tokenizer.eot_id,
-                                             seed=3, extra=lexicon, extra_per_epoch=50)
+  make = lambda: pipeline.TranslationBatches(
+    sentences, max_tokens=256, max_len=32, eot_id=prepared.tokenizer.eot_id, seed=3, extra=lexicon, extra_per_epoch=50
+  )
   key = lambda p: (tuple(p[0]), tuple(p[1]))
   batches = make()
   epochs = {}

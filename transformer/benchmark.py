@@ -41,6 +41,7 @@ def op_profile(fn: Callable[[], object], compiled_text: str, calls: int = 3) -> 
   plain `dot` in the optimised HLO, not a library fusion) counts only until it is handed to the
   thread pool, where it runs on: the trace's `end: dot.N` event says when it finished."""
   from jax.profiler import ProfileData
+
   jax.block_until_ready(fn())  # compiled and warm before the trace
   with tempfile.TemporaryDirectory() as trace_dir:
     with jax.profiler.trace(trace_dir):
@@ -58,8 +59,9 @@ def op_profile(fn: Callable[[], object], compiled_text: str, calls: int = 3) -> 
           seconds[op] += event.duration_ns * 1e-9
   what = _per_instruction(compiled_text, r"metadata=\{op_name")  # name -> JAX operation
   total = sum(seconds.values()) or 1.0
-  return [[op, _short_op_name(what.get(op, "")), s / calls * 1000, f"{s / total:.1%}"]
-          for op, s in seconds.most_common()]
+  return [
+    [op, _short_op_name(what.get(op, "")), s / calls * 1000, f"{s / total:.1%}"] for op, s in seconds.most_common()
+  ]
 
 
 def library_calls(compiled_text: str) -> dict[str, str]:
@@ -89,5 +91,3 @@ def table(headers: list[str], rows: list[list]) -> str:
   widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
   line = lambda r: "  ".join(c.rjust(w) for c, w in zip(r, widths))
   return "\n".join([line(cells[0]), line(["-" * w for w in widths])] + [line(r) for r in cells[1:]])
-
-

@@ -56,9 +56,17 @@ class Checkpointer:
   evaluation metric and "min" or "max" (`Task.best_metric`). `read_only` (inference) reads the step
   directories without a manager and moves nothing."""
 
-  def __init__(self, directory: str | Path, *, keep: int = 3, async_save: bool = True, read_only: bool = False,
-               best: tuple[str, str] = ("val_loss", "min")):
+  def __init__(
+    self,
+    directory: str | Path,
+    *,
+    keep: int = 3,
+    async_save: bool = True,
+    read_only: bool = False,
+    best: tuple[str, str] = ("val_loss", "min"),
+  ):
     import orbax.checkpoint as ocp
+
     self._ocp = ocp
     self.directory = Path(directory).absolute()
     self.best = best
@@ -82,18 +90,29 @@ class Checkpointer:
     # without that metric ranks last.
     worst = math.inf if mode == "min" else -math.inf
     metric = lambda m: m.get(name, worst)
-    preservation = policies.AnyPreservationPolicy([
+    preservation = policies.AnyPreservationPolicy(
+      [
         policies.LatestN(n=keep),
         policies.BestN(get_metric_fn=metric, reverse=mode == "min", n=1, keep_checkpoints_without_metrics=False),
-    ])
-    options = ocp.CheckpointManagerOptions(preservation_policy=preservation, create=True,
-                                           best_fn=metric, best_mode=mode,
-                                           enable_async_checkpointing=async_save,
-                                           cleanup_tmp_directories=True)
+      ]
+    )
+    options = ocp.CheckpointManagerOptions(
+      preservation_policy=preservation,
+      create=True,
+      best_fn=metric,
+      best_mode=mode,
+      enable_async_checkpointing=async_save,
+      cleanup_tmp_directories=True,
+    )
     self.manager = ocp.CheckpointManager(
-        self.directory, options=options,
-        item_handlers={"state": ocp.StandardCheckpointHandler(), "data": ocp.JsonCheckpointHandler(),
-                       "meta": ocp.JsonCheckpointHandler()})
+      self.directory,
+      options=options,
+      item_handlers={
+        "state": ocp.StandardCheckpointHandler(),
+        "data": ocp.JsonCheckpointHandler(),
+        "meta": ocp.JsonCheckpointHandler(),
+      },
+    )
     self._saving: int | None = None  # the step of a save that may still be in flight
 
   def _step_dirs(self) -> list[int]:
@@ -107,8 +126,10 @@ class Checkpointer:
 
   def _none_intact(self):
     listed = "; ".join(f"step {s}: {why}" for s, why in sorted(self.unreadable.items()))
-    raise CheckpointError(f"no checkpoint in {self.directory} can be read ({listed}). Move them out of the way "
-                          f"to train from scratch in this workdir, or use another --workdir")
+    raise CheckpointError(
+      f"no checkpoint in {self.directory} can be read ({listed}). Move them out of the way "
+      f"to train from scratch in this workdir, or use another --workdir"
+    )
 
   def set_aside(self, step: int, reason: str) -> None:
     """Moves an unreadable step directory to <workdir>/unreadable_checkpoints/ (never deletes it)."""
@@ -139,17 +160,23 @@ class Checkpointer:
       return None
     return (min if mode == "min" else max)(values, key=values.get)
 
-  def save(self, step: int, state, data_state: dict, meta: dict, metrics: dict | None = None,
-           force: bool = False) -> None:
+  def save(
+    self, step: int, state, data_state: dict, meta: dict, metrics: dict | None = None, force: bool = False
+  ) -> None:
     """`metrics`: the evaluation of this step (those that are finite numbers are kept with it)."""
     ocp = self._ocp
-    metrics = {k: float(v) for k, v in (metrics or {}).items()
-               if isinstance(v, (int, float)) and math.isfinite(v)} or None
+    metrics = {
+      k: float(v) for k, v in (metrics or {}).items() if isinstance(v, (int, float)) and math.isfinite(v)
+    } or None
     with self._writing(step):
-      self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                      data=ocp.args.JsonSave(data_state),
-                                                      meta=ocp.args.JsonSave(meta)),
-                        metrics=metrics, force=force)
+      self.manager.save(
+        step,
+        args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state), meta=ocp.args.JsonSave(meta)
+        ),
+        metrics=metrics,
+        force=force,
+      )
     self._saving = step
 
   @contextlib.contextmanager
@@ -165,17 +192,20 @@ class Checkpointer:
       cause = str(e) if len(str(e)) < 200 else "... " + str(e).rsplit(": ", 1)[-1]  # the OS's words end it
       # Orbax's other write futures fail alike and asyncio would log each at exit: this error says it.
       logging_std.getLogger("asyncio").setLevel(logging_std.CRITICAL)
-      raise WorkdirError(f"could not write checkpoint step {failed} to {self.directory}: {cause}. Free space or "
-                         f"fix the permissions of the workdir; the checkpoints written before it ({intact or 'none'}) "
-                         f"are intact, and launching again resumes from the latest") from None
+      raise WorkdirError(
+        f"could not write checkpoint step {failed} to {self.directory}: {cause}. Free space or "
+        f"fix the permissions of the workdir; the checkpoints written before it ({intact or 'none'}) "
+        f"are intact, and launching again resumes from the latest"
+      ) from None
 
   def check_step(self, step: int) -> None:
     if step in self.unreadable:
-      raise CheckpointError(f"checkpoint step {step} in {self.directory} is unreadable ({self.unreadable[step]}); "
-                            f"the intact steps are {self.steps() or 'none'}")
+      raise CheckpointError(
+        f"checkpoint step {step} in {self.directory} is unreadable ({self.unreadable[step]}); "
+        f"the intact steps are {self.steps() or 'none'}"
+      )
     if step not in self.steps():
-      raise CheckpointError(f"no checkpoint for step {step} in {self.directory}; it has steps "
-                            f"{self.steps() or 'none'}")
+      raise CheckpointError(f"no checkpoint for step {step} in {self.directory}; it has steps {self.steps() or 'none'}")
 
   def check_shapes(self, step: int, abstract_params) -> None:
     """Compares the saved params with those the config makes; names the first mismatching one."""
@@ -184,24 +214,33 @@ class Checkpointer:
     have = flax.traverse_util.flatten_dict(_as_dict(saved["params"]), sep="/")
     for key, leaf in want.items():
       if key not in have:
-        raise CheckpointError(f"checkpoint step {step} in {self.directory} has no '{key}'; it was written by "
-                              f"a different model config (start a new workdir or restore the old config)")
+        raise CheckpointError(
+          f"checkpoint step {step} in {self.directory} has no '{key}'; it was written by "
+          f"a different model config (start a new workdir or restore the old config)"
+        )
       if tuple(have[key].shape) != tuple(leaf.shape):
-        raise CheckpointError(f"checkpoint step {step} in {self.directory}: '{key}' has shape "
-                              f"{tuple(have[key].shape)} but the config makes {tuple(leaf.shape)}; the "
-                              f"model config changed since it was saved (use another workdir or the old config)")
+        raise CheckpointError(
+          f"checkpoint step {step} in {self.directory}: '{key}' has shape "
+          f"{tuple(have[key].shape)} but the config makes {tuple(leaf.shape)}; the "
+          f"model config changed since it was saved (use another workdir or the old config)"
+        )
     extra = sorted(set(have) - set(want))
     if extra:
-      raise CheckpointError(f"checkpoint step {step} in {self.directory} has '{extra[0]}', which the config's "
-                            f"model does not; it was written by a different model config")
+      raise CheckpointError(
+        f"checkpoint step {step} in {self.directory} has '{extra[0]}', which the config's "
+        f"model does not; it was written by a different model config"
+      )
 
   def restore(self, step: int, abstract_state):
     ocp = self._ocp
     self.check_step(step)
     self.check_shapes(step, abstract_state.params)
-    restored = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore(),
-        meta=ocp.args.JsonRestore()))
+    restored = self.manager.restore(
+      step,
+      args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()
+      ),
+    )
     return restored["state"], restored["data"], restored["meta"]
 
   def restore_latest(self, abstract_state):
@@ -229,9 +268,11 @@ class Checkpointer:
     target = {"params": abstract_params}
     try:
       restored = ocp.PyTreeCheckpointer().restore(
-          self.directory / str(step) / "state",
-          args=ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-                                      partial_restore=True))
+        self.directory / str(step) / "state",
+        args=ocp.args.PyTreeRestore(
+          item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True
+        ),
+      )
     except Exception as e:  # torn array data
       self.unreadable[step] = f"{type(e).__name__}: {str(e)[:200]}"
       self.check_step(step)  # raises, naming it
@@ -253,9 +294,11 @@ class Checkpointer:
     kept when there are fewer."""
     steps = [s for s in self.steps() if s <= last][-count:]
     if len(steps) < count:
-      raise CheckpointError(f"averaging {count} checkpoints up to step {last} needs {count}, but {self.directory} "
-                            f"keeps {steps or 'none'} up to it; average fewer, or train with a larger "
-                            f"--config.keep_checkpoints")
+      raise CheckpointError(
+        f"averaging {count} checkpoints up to step {last} needs {count}, but {self.directory} "
+        f"keeps {steps or 'none'} up to it; average fewer, or train with a larger "
+        f"--config.keep_checkpoints"
+      )
     return steps
 
   def wait(self) -> None:

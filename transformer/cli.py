@@ -51,12 +51,16 @@ def read_inputs(values: list[str], path: str | None, flag: str) -> list[str]:
 def define_distributed_flags():
   """The multi-process flags of the programs that run on a cluster (launch.train, launch.plan);
   returns the function that starts jax.distributed per them (call it first in main)."""
-  coordinator = flags.DEFINE_string("coordinator_address", None, "Multi-process: host:port of process 0. "
-                                    "On TPU pods and SLURM/Kubernetes GPU clusters pass --distributed instead.")
+  coordinator = flags.DEFINE_string(
+    "coordinator_address",
+    None,
+    "Multi-process: host:port of process 0. On TPU pods and SLURM/Kubernetes GPU clusters pass --distributed instead.",
+  )
   num_processes = flags.DEFINE_integer("num_processes", None, "Multi-process: how many processes.")
   process_id = flags.DEFINE_integer("process_id", None, "Multi-process: this process's index.")
-  distributed = flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() with the "
-                                  "cluster's auto-detected settings.")
+  distributed = flags.DEFINE_bool(
+    "distributed", False, "Call jax.distributed.initialize() with the cluster's auto-detected settings."
+  )
 
   def initialize() -> None:
     if coordinator.value:

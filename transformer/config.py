@@ -48,6 +48,7 @@ def at(key: str, default: Any) -> Any:
 @dataclasses.dataclass(frozen=True)
 class LoopConfig:
   """What the training loop reads (top-level fields)."""
+
   seed: int = 0
   num_train_steps: int = 1000
   log_every_steps: int = 10
@@ -61,16 +62,33 @@ class LoopConfig:
   on_nonfinite: str = "stop"
   max_consecutive_skips: int = 5
 
-  may_change: ClassVar[tuple[str, ...]] = ("num_train_steps", "log_every_steps", "eval_every_steps",
-                                           "checkpoint_every_steps", "keep_checkpoints", "async_checkpointing",
-                                           "on_nonfinite", "max_consecutive_skips")
+  may_change: ClassVar[tuple[str, ...]] = (
+    "num_train_steps",
+    "log_every_steps",
+    "eval_every_steps",
+    "checkpoint_every_steps",
+    "keep_checkpoints",
+    "async_checkpointing",
+    "on_nonfinite",
+    "max_consecutive_skips",
+  )
 
   def check(self) -> None:
-    check_positive(self, ("num_train_steps", "eval_every_steps", "checkpoint_every_steps", "log_every_steps",
-                     "keep_checkpoints", "max_consecutive_skips"))
+    check_positive(
+      self,
+      (
+        "num_train_steps",
+        "eval_every_steps",
+        "checkpoint_every_steps",
+        "log_every_steps",
+        "keep_checkpoints",
+        "max_consecutive_skips",
+      ),
+    )
     if self.on_nonfinite not in NONFINITE_POLICIES:
-      raise ConfigError(f"--config.on_nonfinite={self.on_nonfinite!r} is unknown; choose one of "
-                        f"{', '.join(NONFINITE_POLICIES)}")
+      raise ConfigError(
+        f"--config.on_nonfinite={self.on_nonfinite!r} is unknown; choose one of {', '.join(NONFINITE_POLICIES)}"
+      )
 
 
 NONFINITE_POLICIES = ("stop", "skip")
@@ -82,6 +100,7 @@ SCHEDULES = ("cosine", "constant", "inverse_sqrt")
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
   """config.optimizer: AdamW, its schedule, clipping and gradient accumulation (transformer.optim)."""
+
   name: str = "adamw"
   lr: float = 1e-3
   schedule: str = "cosine"  # warmup, then "cosine" decay to lr*min_lr_ratio | "constant" | "inverse_sqrt"
@@ -102,8 +121,9 @@ class OptimizerConfig:
     if self.name != "adamw":
       raise ConfigError(f"--config.optimizer.name={self.name!r} is unknown; 'adamw' is implemented")
     if self.schedule not in SCHEDULES:
-      raise ConfigError(f"--config.optimizer.schedule={self.schedule!r} is unknown; choose one of "
-                        f"{', '.join(SCHEDULES)}")
+      raise ConfigError(
+        f"--config.optimizer.schedule={self.schedule!r} is unknown; choose one of {', '.join(SCHEDULES)}"
+      )
     check_positive(self, ("lr", "accumulation_steps", "eps"), "optimizer.")
     for name in ("warmup_steps", "weight_decay", "grad_clip_norm", "min_lr_ratio"):
       if getattr(self, name) < 0:
@@ -117,6 +137,7 @@ class OptimizerConfig:
 class MeshConfig:
   """config.mesh: the device mesh (data, fsdp, tensor; -1 takes the remaining devices) and the
   logical axis rules that map the model's axis names onto it (transformer.sharding)."""
+
   data: int = -1
   fsdp: int = 1
   tensor: int = 1
@@ -145,6 +166,7 @@ class MeshConfig:
 class DataConfig:
   """config.data: which text, and how it is tokenized and split (transformer.data). The data set is
   prepared on first use into `<root>/<dataset>-<tokenizer>` (or `dir`) and reused after."""
+
   dataset: str = "shakespeare"  # a named data set (transformer.data.NAMED) ...
   input_files: tuple[str, ...] = ()  # ... or your own files, which override `dataset`
   tokenizer: str = "gpt2"  # gpt2 | cl100k_base | char | bpe | word | a saved tokenizer's directory
@@ -164,10 +186,15 @@ class DataConfig:
   may_change: ClassVar[tuple[str, ...]] = ("root", "dir")  # where it is prepared; its content is checked
 
   def options(self) -> data.PrepareOptions:
-    return data.PrepareOptions(tokenizer=self.tokenizer, vocab_size=self.vocab_size or None,
-                               lowercase=self.lowercase, seed=self.split_seed,
-                               validation_fraction=self.validation_fraction, test_fraction=self.test_fraction,
-                               piece_chars=self.piece_chars)
+    return data.PrepareOptions(
+      tokenizer=self.tokenizer,
+      vocab_size=self.vocab_size or None,
+      lowercase=self.lowercase,
+      seed=self.split_seed,
+      validation_fraction=self.validation_fraction,
+      test_fraction=self.test_fraction,
+      piece_chars=self.piece_chars,
+    )
 
   def check(self) -> None:
     try:
@@ -194,6 +221,7 @@ class DataConfig:
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
   """Everything a run is made from, typed and checked (see the module docstring)."""
+
   task: str
   loop: LoopConfig
   optimizer: OptimizerConfig
@@ -208,8 +236,10 @@ class RunConfig:
     if not self.model.vocab_size:
       return self.model.replace(vocab_size=vocab_size)
     if self.model.vocab_size < vocab_size:
-      raise ConfigError(f"--config.model.vocab_size={self.model.vocab_size} is smaller than the tokenizer's "
-                        f"{vocab_size}; set it to 0 (take the tokenizer's) or at least {vocab_size}")
+      raise ConfigError(
+        f"--config.model.vocab_size={self.model.vocab_size} is smaller than the tokenizer's "
+        f"{vocab_size}; set it to 0 (take the tokenizer's) or at least {vocab_size}"
+      )
     return self.model
 
 
@@ -279,9 +309,14 @@ def defaults_for(task_cls) -> ml_collections.ConfigDict:
   """The ConfigDict of every field's default for the task class `task_cls` (`tasks.defaults` looks it
   up by name): what experiments start from."""
   c = ml_collections.ConfigDict({"task": task_cls.name})
-  for piece, prefix in ((LoopConfig(), ""), (OptimizerConfig(), "optimizer."), (MeshConfig(), "mesh."),
-                        (DataConfig(), "data."), (task_cls.model_config_class(None)(vocab_size=0), "model."),
-                        (task_cls.Config(), "")):
+  for piece, prefix in (
+    (LoopConfig(), ""),
+    (OptimizerConfig(), "optimizer."),
+    (MeshConfig(), "mesh."),
+    (DataConfig(), "data."),
+    (task_cls.model_config_class(None)(vocab_size=0), "model."),
+    (task_cls.Config(), ""),
+  ):
     _write(piece, c, prefix)
   return c
 
@@ -412,12 +447,18 @@ def _check_all_read(config, used: set[str]) -> None:
     known = sorted(k.rpartition(".")[2] for k in used if k.rpartition(".")[0] == section)
     hint = ""
     if section.split(".")[0] == "model":  # e.g. --config.model.family=lstm on a preset of another family
-      hint = (f" (config.model.family={config.model.get('family')!r}: config.model must hold that family's fields; "
-              f"start from a preset of that family, or experiments.base.family_fields)")
-    where = (f"the fields {'of config.' + section if section else 'at the top level'} are {', '.join(known)}"
-             if known else f"config.{section} is not a section of it")
-    raise ConfigError(f"--config.{unread[0]} is not a field of this task's config (it would be ignored); {where}"
-                      + hint)
+      hint = (
+        f" (config.model.family={config.model.get('family')!r}: config.model must hold that family's fields; "
+        f"start from a preset of that family, or experiments.base.family_fields)"
+      )
+    where = (
+      f"the fields {'of config.' + section if section else 'at the top level'} are {', '.join(known)}"
+      if known
+      else f"config.{section} is not a section of it"
+    )
+    raise ConfigError(
+      f"--config.{unread[0]} is not a field of this task's config (it would be ignored); {where}" + hint
+    )
 
 
 def check_positive(piece, names, prefix: str = "") -> None:

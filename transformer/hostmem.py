@@ -45,5 +45,6 @@ def keep_freed_blocks() -> bool:
   mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
   # The trim threshold is a size_t inside glibc: -1 is its largest value, never trim. A list, not a
   # generator: every setting is tried even when one is refused.
-  return all([mallopt(param, value) == 1 for param, value in
-              ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1))])
+  return all(
+    [mallopt(param, value) == 1 for param, value in ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1))]
+  )

@@ -46,6 +46,7 @@ class WrongTaskError(CheckpointError):
 @dataclasses.dataclass
 class Trained:
   """What a workdir's checkpoint gives for inference."""
+
   task: tasks.Task  # task.model, task.model_config
   params: Any
   tokenizer: Any
@@ -80,8 +81,9 @@ def _on_this_machine(run: RunConfig, tokenizer, labels=None):
         raise
       logging.info("the run's mesh does not fit this machine (%s); using data parallelism", e)
       continue
-    abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), nn.unbox(boxed),
-                            param_sh)
+    abstract = jax.tree.map(
+      lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), nn.unbox(boxed), param_sh
+    )
     return fitted, task, mesh, abstract
 
 
@@ -95,8 +97,9 @@ def saved_run(workdir: Path) -> RunConfig | None:
   except UserError as e:  # a field this version does not know
     raise ConfigError(f"{workdir / workdir_files.CONFIG} is not a config this version can resume: {e}") from None
   except ValueError as e:  # a value of the wrong type
-    raise WorkdirError(f"{workdir / workdir_files.CONFIG} is unreadable ({e}); restore it, or use another "
-                       f"--workdir") from None
+    raise WorkdirError(
+      f"{workdir / workdir_files.CONFIG} is unreadable ({e}); restore it, or use another --workdir"
+    ) from None
 
 
 def restore(workdir: str | Path, step: str | int = "latest", task: str | None = None, average: int = 1) -> Trained:
@@ -107,25 +110,32 @@ def restore(workdir: str | Path, step: str | int = "latest", task: str | None = 
   many checkpoints, up to and including `step`. `task` (a config.task name), when given, is what
   the caller can use: another one is a `WrongTaskError`."""
   workdir = Path(workdir)
-  files = {"config": workdir / workdir_files.CONFIG, "tokenizer": workdir / workdir_files.TOKENIZER,
-           "checkpoints": workdir / workdir_files.CHECKPOINTS}
+  files = {
+    "config": workdir / workdir_files.CONFIG,
+    "tokenizer": workdir / workdir_files.TOKENIZER,
+    "checkpoints": workdir / workdir_files.CHECKPOINTS,
+  }
   missing = [str(p) for p in files.values() if not p.exists()]
   if missing:
-    raise CheckpointError(f"{workdir} is not a training workdir: looked for {', '.join(missing)} "
-                          f"(launch.train writes them); check the --workdir path")
+    raise CheckpointError(
+      f"{workdir} is not a training workdir: looked for {', '.join(missing)} "
+      f"(launch.train writes them); check the --workdir path"
+    )
   run = saved_run(workdir)
   if task is not None and run.task != task:
     raise WrongTaskError(workdir, run.task, task)
-  run, trained_task, mesh, abstract = _on_this_machine(run, load_tokenizer(files["tokenizer"]),
-                                                       workdir_files.saved_labels(workdir))
+  run, trained_task, mesh, abstract = _on_this_machine(
+    run, load_tokenizer(files["tokenizer"]), workdir_files.saved_labels(workdir)
+  )
   trained_task.load_files(workdir)
   ckpt = checkpoints.Checkpointer(files["checkpoints"], read_only=True, best=tasks.get(run.task).best_metric)
   chosen, params = _restore_params(ckpt, step, abstract)
   if average <= 1:
     return Trained(trained_task, params, trained_task.tokenizer, mesh, chosen, run)
   steps = ckpt.steps_to_average(chosen, average)
-  return Trained(trained_task, ckpt.average_params(steps, abstract), trained_task.tokenizer, mesh, chosen, run,
-                 averaged=tuple(steps))
+  return Trained(
+    trained_task, ckpt.average_params(steps, abstract), trained_task.tokenizer, mesh, chosen, run, averaged=tuple(steps)
+  )
 
 
 def mean_of_last(workdir: str | Path, count: int, like) -> tuple[list[int], Any]:
@@ -148,9 +158,11 @@ def _restore_params(ckpt: checkpoints.Checkpointer, step: str | int, abstract) -
         if chosen not in ckpt.unreadable:
           raise
         logging.warning("%s; trying the step before it", e)
-    raise CheckpointError(f"no readable checkpoint in {ckpt.directory}"
-                          + (f" (unreadable: {sorted(ckpt.unreadable)})" if ckpt.unreadable else "")
-                          + "; train longer or pass --step")
+    raise CheckpointError(
+      f"no readable checkpoint in {ckpt.directory}"
+      + (f" (unreadable: {sorted(ckpt.unreadable)})" if ckpt.unreadable else "")
+      + "; train longer or pass --step"
+    )
   if step == "best":
     chosen = ckpt.best_step()
     if chosen is None:
@@ -177,21 +189,29 @@ def restore_ensemble(workdirs, step: str | int = "latest", average: int = 1) -> 
   first, path = members[0], workdirs[0]
   for trained, other in zip(members[1:], workdirs[1:]):
     if (other / workdir_files.TOKENIZER / CONFIG_FILE).read_text() != (
-        path / workdir_files.TOKENIZER / CONFIG_FILE).read_text():
-      raise ConfigError(f"{other}'s tokenizer differs from {path}'s: an ensemble averages the members' "
-                        f"probabilities over one vocabulary; ensemble runs trained with the same data and "
-                        f"data.tokenizer/data.vocab_size settings")
+      path / workdir_files.TOKENIZER / CONFIG_FILE
+    ).read_text():
+      raise ConfigError(
+        f"{other}'s tokenizer differs from {path}'s: an ensemble averages the members' "
+        f"probabilities over one vocabulary; ensemble runs trained with the same data and "
+        f"data.tokenizer/data.vocab_size settings"
+      )
     memory = first.task.MEMORY_FILE
     if trained.task.config.fuzzy_match_tokens != first.task.config.fuzzy_match_tokens or (
-        first.task.config.fuzzy_match_tokens and (other / memory).read_bytes() != (path / memory).read_bytes()):
-      raise ConfigError(f"{other} and {path} read different sources (data.fuzzy_match_tokens "
-                        f"{trained.task.config.fuzzy_match_tokens} and {first.task.config.fuzzy_match_tokens}, "
-                        f"or different translation memories): ensemble runs trained on the same sources")
+      first.task.config.fuzzy_match_tokens and (other / memory).read_bytes() != (path / memory).read_bytes()
+    ):
+      raise ConfigError(
+        f"{other} and {path} read different sources (data.fuzzy_match_tokens "
+        f"{trained.task.config.fuzzy_match_tokens} and {first.task.config.fuzzy_match_tokens}, "
+        f"or different translation memories): ensemble runs trained on the same sources"
+      )
   # Every member's params on the first one's mesh, each leaf keeping its own partitioning.
-  on_first = lambda x: jax.device_put(x, jax.sharding.NamedSharding(first.mesh, getattr(x.sharding, "spec", None)
-                                                                     or jax.sharding.PartitionSpec()))
-  params = {f"member_{i}": m.params if m.mesh == first.mesh else jax.tree.map(on_first, m.params)
-            for i, m in enumerate(members)}
+  on_first = lambda x: jax.device_put(
+    x, jax.sharding.NamedSharding(first.mesh, getattr(x.sharding, "spec", None) or jax.sharding.PartitionSpec())
+  )
+  params = {
+    f"member_{i}": m.params if m.mesh == first.mesh else jax.tree.map(on_first, m.params) for i, m in enumerate(members)
+  }
   task = copy.copy(first.task)  # the first member's task (its tokenizer, sources, scoring), decoding the ensemble
   task.model = seq2seq.Ensemble(tuple(m.task.model_config for m in members))
   return Trained(task, params, first.tokenizer, first.mesh, first.step, first.run, first.averaged, members)
@@ -206,7 +226,7 @@ def classify(trained: Trained, texts: list[str]) -> np.ndarray:
   task, max_len = trained.task, trained.task.config.max_len
   examples = [(ids[:max_len], 0) for ids in task.encode_texts(texts)]
   batches = labelled.fixed_batches(examples, max_len, False, task.config.eval_batch_size)
-  return task.probabilities(trained.params, batches)[:len(texts)]
+  return task.probabilities(trained.params, batches)[: len(texts)]
 
 
 def tag(trained: Trained, texts: list[str]) -> list[list[tuple[str, str]]]:
@@ -220,8 +240,9 @@ def tag(trained: Trained, texts: list[str]) -> list[list[tuple[str, str]]]:
       raise DataError(f"text {i + 1} is empty; give some words to tag")
     ids, firsts = tokenizers.word_pieces(task.tokenizer, words)
     spans.append((words, firsts, len(rows)))
-    rows += [(np.asarray(ids[s:s + L], np.int32), np.zeros(min(L, len(ids) - s), np.int32))
-             for s in range(0, len(ids), L)]
+    rows += [
+      (np.asarray(ids[s : s + L], np.int32), np.zeros(min(L, len(ids) - s), np.int32)) for s in range(0, len(ids), L)
+    ]
   probs = task.probabilities(trained.params, labelled.fixed_batches(rows, L, True, task.config.eval_batch_size))
   out = []
   for words, firsts, row in spans:
@@ -248,7 +269,10 @@ def split_pairs(trained: Trained, workdir: str | Path, split: str) -> list:
   task_class = tasks.get(trained.run.task)
   with contextlib.redirect_stdout(sys.stderr):  # what preparing and the task print; stdout is for results
     task_data = task_class.load_data(trained.run)
-    workdir_files.check_data(Path(workdir), task_data.fingerprint,
-                             f"its {split} split is no longer the one the run was scored on, and may be in another "
-                             "tokenizer's ids. Restore the files, or translate the sentences with --input_file")
+    workdir_files.check_data(
+      Path(workdir),
+      task_data.fingerprint,
+      f"its {split} split is no longer the one the run was scored on, and may be in another "
+      "tokenizer's ids. Restore the files, or translate the sentences with --input_file",
+    )
     return task_class(trained.run, trained.tokenizer, trained.mesh, task_data).pairs(split)

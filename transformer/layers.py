@@ -45,6 +45,7 @@ class BlockConfig:
   """One transformer block: what every model with blocks nests as `config.model.block` (its width
   is also the embeddings'). The defaults are GPT-2's; each model family's config sets its own (the
   2017 paper's blocks are post-LN, ReLU, Glorot-initialised)."""
+
   d_model: int = 768
   num_heads: int = 12
   d_mlp: int = 0  # 0: 4 * d_model, GPT-2's ratio (`mlp_width`)
@@ -104,25 +105,35 @@ def replace_model(model_config, changes: dict):
 def check_block_config(cfg: BlockConfig) -> None:
   """Raises ConfigError naming the field (config.model.block.*) for values that cannot work."""
   if cfg.d_model <= 0 or cfg.num_heads <= 0 or cfg.d_mlp < 0:
-    raise ConfigError(f"block.d_model and block.num_heads must be positive and block.d_mlp >= 0 (0: 4 * d_model), "
-                      f"got {cfg.d_model}, {cfg.num_heads}, {cfg.d_mlp}")
+    raise ConfigError(
+      f"block.d_model and block.num_heads must be positive and block.d_mlp >= 0 (0: 4 * d_model), "
+      f"got {cfg.d_model}, {cfg.num_heads}, {cfg.d_mlp}"
+    )
   if cfg.d_model % cfg.num_heads:
-    raise ConfigError(f"block.d_model={cfg.d_model} is not divisible by block.num_heads={cfg.num_heads}; every "
-                      f"head gets d_model/num_heads channels, so pick e.g. num_heads="
-                      f"{math.gcd(cfg.d_model, cfg.num_heads) or 1} or d_model="
-                      f"{cfg.num_heads * max(1, round(cfg.d_model / cfg.num_heads))}")
+    raise ConfigError(
+      f"block.d_model={cfg.d_model} is not divisible by block.num_heads={cfg.num_heads}; every "
+      f"head gets d_model/num_heads channels, so pick e.g. num_heads="
+      f"{math.gcd(cfg.d_model, cfg.num_heads) or 1} or d_model="
+      f"{cfg.num_heads * max(1, round(cfg.d_model / cfg.num_heads))}"
+    )
   if cfg.attention not in ATTENTION_IMPLEMENTATIONS:
-    raise ConfigError(f"unknown block.attention implementation {cfg.attention!r}; choose one of "
-                      f"{', '.join(ATTENTION_IMPLEMENTATIONS)}")
+    raise ConfigError(
+      f"unknown block.attention implementation {cfg.attention!r}; choose one of {', '.join(ATTENTION_IMPLEMENTATIONS)}"
+    )
   if cfg.attention_mechanism not in ATTENTION_MECHANISMS:
-    raise ConfigError(f"unknown block.attention_mechanism {cfg.attention_mechanism!r}; choose one of "
-                      f"{', '.join(ATTENTION_MECHANISMS)}")
+    raise ConfigError(
+      f"unknown block.attention_mechanism {cfg.attention_mechanism!r}; choose one of {', '.join(ATTENTION_MECHANISMS)}"
+    )
   if cfg.attention_mechanism != "dot_product" and cfg.max_len <= 0:
-    raise ConfigError(f"block.attention_mechanism={cfg.attention_mechanism!r} makes scores for a fixed number of "
-                      f"positions; the model must give its longest sequence (max_len), got {cfg.max_len}")
+    raise ConfigError(
+      f"block.attention_mechanism={cfg.attention_mechanism!r} makes scores for a fixed number of "
+      f"positions; the model must give its longest sequence (max_len), got {cfg.max_len}"
+    )
   if cfg.attention_dropout_rate > 0 and cfg.attention != "einsum":
-    raise ConfigError(f"block.attention_dropout_rate={cfg.attention_dropout_rate} needs block.attention='einsum' "
-                      f"(jax.nn.dot_product_attention has no dropout); set one or the other")
+    raise ConfigError(
+      f"block.attention_dropout_rate={cfg.attention_dropout_rate} needs block.attention='einsum' "
+      f"(jax.nn.dot_product_attention has no dropout); set one or the other"
+    )
   for name in ("dropout_rate", "attention_dropout_rate"):
     if not 0.0 <= getattr(cfg, name) < 1.0:
       raise ConfigError(f"block.{name} must be in [0, 1), got {getattr(cfg, name)}")
@@ -136,8 +147,7 @@ def check_block_config(cfg: BlockConfig) -> None:
   _dtype(cfg.dtype), _dtype(cfg.param_dtype)
 
 
-ACTIVATIONS = {"gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True), "gelu": jax.nn.gelu,
-               "relu": jax.nn.relu}
+ACTIVATIONS = {"gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True), "gelu": jax.nn.gelu, "relu": jax.nn.relu}
 
 
 KERNEL_INITS = ("gpt2", "xavier")
@@ -150,9 +160,13 @@ def _kernel_init(kind: str, std: float, names: tuple[str | None, ...], contract:
   # batch axis, so q, k and v each get the scale of a separate projection.
   features = range(contract, len(names))
   init = nn.initializers.variance_scaling(
-      1.0, "fan_avg", "uniform", in_axis=tuple(range(contract)),
-      out_axis=tuple(i for i in features if names[i] is not None),
-      batch_axis=tuple(i for i in features if names[i] is None))
+    1.0,
+    "fan_avg",
+    "uniform",
+    in_axis=tuple(range(contract)),
+    out_axis=tuple(i for i in features if names[i] is not None),
+    batch_axis=tuple(i for i in features if names[i] is None),
+  )
   return nn.with_logical_partitioning(init, names)
 
 
@@ -162,10 +176,15 @@ def _zeros(names):
 
 def layer_norm(cfg: BlockConfig, name: str | None = None) -> nn.LayerNorm:
   # epsilon explicitly: GPT-2 uses 1e-5, Flax's default is 1e-6.
-  return nn.LayerNorm(epsilon=cfg.layer_norm_epsilon, dtype=_dtype(cfg.dtype), use_bias=cfg.use_bias,
-                      param_dtype=_dtype(cfg.param_dtype), name=name,
-                      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
-                      bias_init=_zeros(("embed",)))
+  return nn.LayerNorm(
+    epsilon=cfg.layer_norm_epsilon,
+    dtype=_dtype(cfg.dtype),
+    use_bias=cfg.use_bias,
+    param_dtype=_dtype(cfg.param_dtype),
+    name=name,
+    scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
+    bias_init=_zeros(("embed",)),
+  )
 
 
 def sinusoidal_positions(length: int, d_model: int) -> np.ndarray:
@@ -193,8 +212,9 @@ def segment_positions(valid_BxT: jax.Array | None, segments_BxT: jax.Array | Non
   seen_BxT = jnp.cumsum(real_BxT, axis=1)  # real tokens up to and including this one
   if segments_BxT is None:
     return jnp.maximum(seen_BxT - 1, 0)
-  starts_BxT = jnp.concatenate([jnp.ones_like(segments_BxT[:, :1], bool),
-                                segments_BxT[:, 1:] != segments_BxT[:, :-1]], axis=1)
+  starts_BxT = jnp.concatenate(
+    [jnp.ones_like(segments_BxT[:, :1], bool), segments_BxT[:, 1:] != segments_BxT[:, :-1]], axis=1
+  )
   # Real tokens before the current segment began: carried forward from each segment's first token.
   before_BxT = jax.lax.cummax(jnp.where(starts_BxT, seen_BxT - real_BxT, 0), axis=1)
   return jnp.maximum(seen_BxT - before_BxT - 1, 0)
@@ -235,8 +255,9 @@ class CachePositions(nn.Module):
     slots_T = index.value + jnp.arange(T)
     if not initialising:
       valid.value = jax.lax.dynamic_update_slice_in_dim(valid.value, valid_BxT, index.value, axis=1)
-      slot_positions.value = jax.lax.dynamic_update_slice_in_dim(slot_positions.value, positions_BxT, index.value,
-                                                                 axis=1)
+      slot_positions.value = jax.lax.dynamic_update_slice_in_dim(
+        slot_positions.value, positions_BxT, index.value, axis=1
+      )
       count.value = count.value + valid_BxT.sum(axis=1, dtype=jnp.int32)
       index.value = index.value + T
     slots_S = jnp.arange(valid.value.shape[1])
@@ -246,8 +267,15 @@ class CachePositions(nn.Module):
     return positions_BxT, mask_BxTxS, slot_positions.value if not initialising else positions_BxT
 
 
-def mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, dropout: nn.Dropout | None = None,
-        deterministic: bool = True, sow=None, values: str = "bshk") -> jax.Array:
+def mix(
+  scores_BxHxTxS,
+  v_BxSxHxK,
+  mask_BxTxS,
+  dropout: nn.Dropout | None = None,
+  deterministic: bool = True,
+  sow=None,
+  values: str = "bshk",
+) -> jax.Array:
   """softmax(scores) V over the keys that `mask` allows (True = attend; None: causal), however the
   scores were made. Scores in float32; masking by jnp.where, never by adding a large negative number
   (which overflows in half precision). `sow(probs_BxHxTxS)`, when given, receives the attention
@@ -263,9 +291,17 @@ def mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, dropout: nn.Dropout | None = None
   return jnp.einsum(f"bhts,{values}->bthk", probs_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK)
 
 
-def attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, implementation: str,
-           dropout: nn.Dropout | None = None, deterministic: bool = True, sow=None,
-           kernels: str = "auto") -> jax.Array:
+def attend(
+  q_BxTxHxK,
+  k_BxSxHxK,
+  v_BxSxHxK,
+  mask_BxTxS,
+  implementation: str,
+  dropout: nn.Dropout | None = None,
+  deterministic: bool = True,
+  sow=None,
+  kernels: str = "auto",
+) -> jax.Array:
   """softmax(Q Kᵀ / √K) V over the keys that `mask` allows (True = attend). `mask` None means causal
   and nothing else (query t sees keys 0..t), which cuDNN takes as `is_causal`: it skips the masked
   half of the scores instead of reading a mask. `sow` (see `mix`) needs the probabilities, so it
@@ -273,13 +309,11 @@ def attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, implementation: str,
   self-attention to a faster form of the same computation (transformer.kernels.attention)."""
   if implementation == "einsum" or sow is not None:  # the reference: every step visible (mix: None = causal)
     scale = 1.0 / math.sqrt(q_BxTxHxK.shape[-1])
-    scores_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK,
-                                preferred_element_type=jnp.float32) * scale
+    scores_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK, preferred_element_type=jnp.float32) * scale
     return mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, dropout, deterministic, sow)
   # Fused kernels: XLA's on any backend, cuDNN flash attention on NVIDIA GPUs (bf16/fp16 only).
   if mask_BxTxS is None and implementation == "cudnn":
-    return jax.nn.dot_product_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, is_causal=True,
-                                        implementation=implementation)
+    return jax.nn.dot_product_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, is_causal=True, implementation=implementation)
   if mask_BxTxS is None and q_BxTxHxK.shape[1] == k_BxSxHxK.shape[1]:  # causal self-attention
     forms = kernel_forms(kernels)
     if forms == "cpu":
@@ -288,16 +322,25 @@ def attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, implementation: str,
       return fast_attention.causal_by_blocks(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, implementation)
   if mask_BxTxS is None:
     mask_BxTxS = causal_mask(q_BxTxHxK.shape[1], k_BxSxHxK.shape[1])
-  return jax.nn.dot_product_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask=mask_BxTxS[:, None],
-                                      implementation=implementation)
+  return jax.nn.dot_product_attention(
+    q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask=mask_BxTxS[:, None], implementation=implementation
+  )
 
 
-def attend_cached(q_BxTxHxK, k_BxHxKxS, v_BxHxSxK, mask_BxTxS, dropout: nn.Dropout | None = None,
-                  deterministic: bool = True, sow=None, kernels: str = "auto") -> jax.Array:
+def attend_cached(
+  q_BxTxHxK,
+  k_BxHxKxS,
+  v_BxHxSxK,
+  mask_BxTxS,
+  dropout: nn.Dropout | None = None,
+  deterministic: bool = True,
+  sow=None,
+  kernels: str = "auto",
+) -> jax.Array:
   """`attend` over a KV cache (keys B x H x K x S, values B x H x S x K: see
   `MultiHeadAttention._cached`). On a CPU, one new token per sequence (every step after the prompt)
   takes matrix-vector products (transformer.kernels.attention.one_token_cpu)."""
-  if (q_BxTxHxK.shape[1] == 1 and sow is None and dropout is None and kernel_forms(kernels) == "cpu"):
+  if q_BxTxHxK.shape[1] == 1 and sow is None and dropout is None and kernel_forms(kernels) == "cpu":
     return fast_attention.one_token_cpu(q_BxTxHxK, k_BxHxKxS, v_BxHxSxK, mask_BxTxS)
   scale = 1.0 / math.sqrt(q_BxTxHxK.shape[-1])
   scores_BxHxTxS = jnp.einsum("bthk,bhks->bhts", q_BxTxHxK, k_BxHxKxS, preferred_element_type=jnp.float32) * scale
@@ -309,6 +352,7 @@ class Projection(nn.Module):
 
   Flax's DenseGeneral initialises a flattened kernel and reshapes it, which breaks logical sharding
   of multi-dimensional kernels; this creates the kernel in its real shape with its axis names."""
+
   features: tuple[int, ...]
   names: tuple[str | None, ...]  # logical names of the kernel: contracted dims, then features
   contract: int = 1
@@ -321,16 +365,17 @@ class Projection(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    shape = (*x.shape[x.ndim - self.contract:], *self.features)
-    kernel = self.param("kernel", _kernel_init(self.kernel_init, self.std, self.names, self.contract), shape,
-                        _dtype(self.param_dtype))
+    shape = (*x.shape[x.ndim - self.contract :], *self.features)
+    kernel = self.param(
+      "kernel", _kernel_init(self.kernel_init, self.std, self.names, self.contract), shape, _dtype(self.param_dtype)
+    )
     x, kernel = x.astype(self.dtype), kernel.astype(self.dtype)
     if kernel_forms(self.kernels) == "cpu":
       y = fast_projection.project(x, kernel, self.contract)
     else:
       y = jnp.tensordot(x, kernel, self.contract)
     if self.use_bias:
-      bias = self.param("bias", _zeros(self.names[self.contract:]), self.features, _dtype(self.param_dtype))
+      bias = self.param("bias", _zeros(self.names[self.contract :]), self.features, _dtype(self.param_dtype))
       y = y + bias.astype(self.dtype)
     return y
 
@@ -344,6 +389,7 @@ class MultiHeadAttention(nn.Module):
   slots are real; see `CachePositions`). The cache's length is that of the input `init` sees.
   Cross-attention in decode mode computes the context's keys/values once, on the call that passes
   `context_BxSxD`, and reuses them from the cache on calls that pass None."""
+
   cfg: BlockConfig
   # GPT-2 scales the init of projections into the residual stream by 1/sqrt(2 * layers).
   residual_std: float = 0.02
@@ -356,13 +402,16 @@ class MultiHeadAttention(nn.Module):
     cfg = self.cfg
     H, K, D = cfg.num_heads, cfg.head_dim, cfg.d_model
     dense = lambda features, contract, names, std, name: Projection(
-        features, names, contract, std, cfg.use_bias, cfg.dtype, cfg.param_dtype, cfg.kernel_init, cfg.kernels,
-        name=name)
+      features, names, contract, std, cfg.use_bias, cfg.dtype, cfg.param_dtype, cfg.kernel_init, cfg.kernels, name=name
+    )
     dropout = nn.Dropout(cfg.attention_dropout_rate) if cfg.attention_dropout_rate else None
     # Probing (apply(..., mutable=["intermediates"]), transformer.probes) records the attention
     # probabilities; otherwise nothing is recorded and no probability is materialised for it.
-    sow = (lambda probs: self.sow("intermediates", "attention", probs)) \
-        if self.is_mutable_collection("intermediates") else None
+    sow = (
+      (lambda probs: self.sow("intermediates", "attention", probs))
+      if self.is_mutable_collection("intermediates")
+      else None
+    )
     if not self.cross and cfg.attention_mechanism != "dot_product":
       v_BxTxHxK = dense((H, K), 1, ("embed", "heads", "kv"), 0.02, "v")(x_BxTxD)
       # Only values are cached: a synthesized score depends on the query token and positions alone.
@@ -378,8 +427,9 @@ class MultiHeadAttention(nn.Module):
       q_BxTxHxK, k_BxSxHxK, v_BxSxHxK = (qkv_BxTx3xHxK[:, :, i] for i in range(3))
       if self.decode:
         cached = self._cached(key=k_BxSxHxK, value=v_BxSxHxK)
-        out_BxTxHxK = attend_cached(q_BxTxHxK, cached["key"], cached["value"], mask_BxTxS, dropout, deterministic, sow,
-                                    cfg.kernels)
+        out_BxTxHxK = attend_cached(
+          q_BxTxHxK, cached["key"], cached["value"], mask_BxTxS, dropout, deterministic, sow, cfg.kernels
+        )
         return dense((D,), 2, ("heads", "kv", "embed"), self.residual_std, "out")(out_BxTxHxK)
     else:
       q_BxTxHxK = dense((H, K), 1, ("embed", "heads", "kv"), 0.02, "q")(x_BxTxD)
@@ -393,8 +443,9 @@ class MultiHeadAttention(nn.Module):
         kv_BxSx2xHxK = cached.value
       k_BxSxHxK, v_BxSxHxK = kv_BxSx2xHxK[:, :, 0], kv_BxSx2xHxK[:, :, 1]
     q_BxTxHxK = nn.with_logical_constraint(q_BxTxHxK, ("batch", "length", "heads", "kv"))
-    out_BxTxHxK = attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, cfg.attention, dropout, deterministic, sow,
-                         cfg.kernels)
+    out_BxTxHxK = attend(
+      q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, cfg.attention, dropout, deterministic, sow, cfg.kernels
+    )
     return dense((D,), 2, ("heads", "kv", "embed"), self.residual_std, "out")(out_BxTxHxK)
 
   def _synthesized_scores(self, x_BxTxD, q_positions_BxT, k_positions_BxS):
@@ -406,24 +457,44 @@ class MultiHeadAttention(nn.Module):
     B, T, S = x_BxTxD.shape[0], q_positions_BxT.shape[1], k_positions_BxS.shape[1]
     param_dtype = _dtype(cfg.param_dtype)
     if cfg.attention_mechanism == "synthesizer_dense":
-      hidden_BxTxHxK = jax.nn.relu(Projection((H, K), ("embed", "heads", "kv"), 1, 0.02, cfg.use_bias, cfg.dtype,
-                                              cfg.param_dtype, cfg.kernel_init, cfg.kernels,
-                                              name="synth_hidden")(x_BxTxD))
-      init = (nn.initializers.normal(0.02) if cfg.kernel_init == "gpt2" else nn.initializers.variance_scaling(
-          1.0, "fan_avg", "uniform", in_axis=1, out_axis=2, batch_axis=0))
-      kernel_HxKxL = self.param("synth_kernel", nn.with_logical_partitioning(init, ("heads", "kv", "position")),
-                                (H, K, L), param_dtype)
+      hidden_BxTxHxK = jax.nn.relu(
+        Projection(
+          (H, K),
+          ("embed", "heads", "kv"),
+          1,
+          0.02,
+          cfg.use_bias,
+          cfg.dtype,
+          cfg.param_dtype,
+          cfg.kernel_init,
+          cfg.kernels,
+          name="synth_hidden",
+        )(x_BxTxD)
+      )
+      init = (
+        nn.initializers.normal(0.02)
+        if cfg.kernel_init == "gpt2"
+        else nn.initializers.variance_scaling(1.0, "fan_avg", "uniform", in_axis=1, out_axis=2, batch_axis=0)
+      )
+      kernel_HxKxL = self.param(
+        "synth_kernel", nn.with_logical_partitioning(init, ("heads", "kv", "position")), (H, K, L), param_dtype
+      )
       bias_HxL = self.param("synth_bias", _zeros(("heads", "position")), (H, L), param_dtype)
-      scores_BxHxTxL = jnp.einsum("bthk,hkl->bhtl", hidden_BxTxHxK, kernel_HxKxL.astype(cfg.dtype),
-                                  preferred_element_type=jnp.float32) + bias_HxL[None, :, None, :]
+      scores_BxHxTxL = (
+        jnp.einsum("bthk,hkl->bhtl", hidden_BxTxHxK, kernel_HxKxL.astype(cfg.dtype), preferred_element_type=jnp.float32)
+        + bias_HxL[None, :, None, :]
+      )
       index_BxHxTxS = jnp.broadcast_to(k_positions_BxS[:, None, None, :], (B, H, T, S))
       return jnp.take_along_axis(scores_BxHxTxL, index_BxHxTxS, axis=-1)
     # Random: a table per head. "fixed_random" is a parameter too (checkpoints and shardings need
     # nothing new) that gets no gradient; it is not weight-decayed unless optimizer.decay_norms_and_biases.
     # (A logical name may appear once per array: the key-position axis is named None, replicated.)
-    table_HxLxL = self.param("synth_table", nn.with_logical_partitioning(nn.initializers.normal(1.0),
-                                                                         ("heads", "position", None)),
-                             (H, L, L), param_dtype)
+    table_HxLxL = self.param(
+      "synth_table",
+      nn.with_logical_partitioning(nn.initializers.normal(1.0), ("heads", "position", None)),
+      (H, L, L),
+      param_dtype,
+    )
     if cfg.attention_mechanism == "synthesizer_fixed_random":
       table_HxLxL = jax.lax.stop_gradient(table_HxLxL)
     scores_HxBxTxS = table_HxLxL[:, q_positions_BxT[:, :, None], k_positions_BxS[:, None, :]]
@@ -437,8 +508,10 @@ class MultiHeadAttention(nn.Module):
     rows. Values: positions third, so that a step writes K contiguous numbers per head instead of K
     numbers S apart. (What each layout gained: launch/BENCHMARKS.md.)"""
     initialising = not self.has_variable("cache", "index")
-    arrays = {name: x.transpose([_WRITTEN_AXES.index(axis) for axis in CACHE_LAYOUTS[name]])
-              for name, x in arrays_BxTxHxK.items()}
+    arrays = {
+      name: x.transpose([_WRITTEN_AXES.index(axis) for axis in CACHE_LAYOUTS[name]])
+      for name, x in arrays_BxTxHxK.items()
+    }
     cache = {name: self.variable("cache", name, jnp.zeros, x.shape, x.dtype) for name, x in arrays.items()}
     index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
     if initialising:  # `init` only sizes the cache
@@ -446,8 +519,12 @@ class MultiHeadAttention(nn.Module):
     i = index.value
     for name, x in arrays.items():
       names = CACHE_LAYOUTS[name]
-      cache[name].value = nn.with_logical_constraint(jax.lax.dynamic_update_slice_in_dim(
-          cache[name].value, x.astype(cache[name].value.dtype), i, axis=names.index("length")), names)
+      cache[name].value = nn.with_logical_constraint(
+        jax.lax.dynamic_update_slice_in_dim(
+          cache[name].value, x.astype(cache[name].value.dtype), i, axis=names.index("length")
+        ),
+        names,
+      )
     index.value = i + next(iter(arrays_BxTxHxK.values())).shape[1]
     return {name: variable.value for name, variable in cache.items()}
 
@@ -465,8 +542,13 @@ class MLP(nn.Module):
   @nn.compact
   def __call__(self, x_BxTxD):
     cfg = self.cfg
-    kw = dict(use_bias=cfg.use_bias, dtype=cfg.dtype, param_dtype=cfg.param_dtype, kernel_init=cfg.kernel_init,
-              kernels=cfg.kernels)
+    kw = dict(
+      use_bias=cfg.use_bias,
+      dtype=cfg.dtype,
+      param_dtype=cfg.param_dtype,
+      kernel_init=cfg.kernel_init,
+      kernels=cfg.kernels,
+    )
     h_BxTxF = Projection((cfg.mlp_width,), ("embed", "mlp"), name="fc", **kw)(x_BxTxD)
     # The activation's backward pass recomputes it from its saved input (jax.checkpoint). Autodiff
     # saves the tanh GELU's tanh instead and rebuilds the input from the product's output and the bias,
@@ -480,6 +562,7 @@ class MLP(nn.Module):
 class Block(nn.Module):
   """Self-attention, optional cross-attention, MLP; each a residual branch with LayerNorm before
   it (pre-LN, GPT-2) or after the sum (post-LN, the 2017 paper)."""
+
   cfg: BlockConfig
   cross_attention: bool = False
   residual_std: float = 0.02
@@ -496,22 +579,30 @@ class Block(nn.Module):
         return x + drop(branch(norm(x)), deterministic=deterministic)
       return norm(x + drop(branch(x), deterministic=deterministic))
 
-    x_BxTxD = residual(x_BxTxD, lambda h: MultiHeadAttention(cfg, self.residual_std, self.decode, name="attn")(
-        h, mask_BxTxT, positions=positions, deterministic=deterministic), layer_norm(cfg, "ln_1"))
+    x_BxTxD = residual(
+      x_BxTxD,
+      lambda h: MultiHeadAttention(cfg, self.residual_std, self.decode, name="attn")(
+        h, mask_BxTxT, positions=positions, deterministic=deterministic
+      ),
+      layer_norm(cfg, "ln_1"),
+    )
     if self.cross_attention:
-      x_BxTxD = residual(x_BxTxD, lambda h: MultiHeadAttention(cfg, self.residual_std, self.decode, cross=True,
-                                                               name="cross_attn")(
-          h, context_mask_BxTxS, context_BxSxD=context_BxSxD, deterministic=deterministic),
-          layer_norm(cfg, "ln_cross"))
+      x_BxTxD = residual(
+        x_BxTxD,
+        lambda h: MultiHeadAttention(cfg, self.residual_std, self.decode, cross=True, name="cross_attn")(
+          h, context_mask_BxTxS, context_BxSxD=context_BxSxD, deterministic=deterministic
+        ),
+        layer_norm(cfg, "ln_cross"),
+      )
     x_BxTxD = residual(x_BxTxD, MLP(cfg, self.residual_std, name="mlp"), layer_norm(cfg, "ln_2"))
     self.sow("intermediates", "residual", x_BxTxD)  # the residual stream after this block, when probing
     return nn.with_logical_constraint(x_BxTxD, ("batch", "length", "embed"))
 
 
 REMAT_POLICIES = {
-    "none": None,  # keep every activation (fastest, most memory)
-    "full": jax.checkpoint_policies.nothing_saveable,  # recompute the whole block in the backward pass
-    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep matmul outputs only
+  "none": None,  # keep every activation (fastest, most memory)
+  "full": jax.checkpoint_policies.nothing_saveable,  # recompute the whole block in the backward pass
+  "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep matmul outputs only
 }
 
 
@@ -533,6 +624,7 @@ class Stack(nn.Module):
   """`num_layers` blocks, unrolled (`layer_0`, `layer_1`, ...) or scanned (`layers`, with a leading
   `layers` axis on every parameter: one compiled block, faster compiles for deep models).
   `deterministic` and `decode` are call arguments, as for every model (see transformer.models)."""
+
   cfg: BlockConfig
   num_layers: int
   scan: bool = False
@@ -540,8 +632,17 @@ class Stack(nn.Module):
   cross_attention: bool = False
 
   @nn.compact
-  def __call__(self, x_BxTxD, mask_BxTxT, context_BxSxD=None, context_mask_BxTxS=None, *, positions=None,
-               deterministic: bool = True, decode: bool = False):
+  def __call__(
+    self,
+    x_BxTxD,
+    mask_BxTxT,
+    context_BxSxD=None,
+    context_mask_BxTxS=None,
+    *,
+    positions=None,
+    deterministic: bool = True,
+    decode: bool = False,
+  ):
     """`positions`: (of the queries, of the keys) of self-attention, for a synthesizer."""
     check_remat_policy(self.remat_policy)
     block = Block
@@ -549,16 +650,27 @@ class Stack(nn.Module):
       block = nn.remat(Block, policy=REMAT_POLICIES[self.remat_policy], prevent_cse=not self.scan)
     residual_std = 0.02 / math.sqrt(2 * self.num_layers)
     if self.scan:
-      scanned = nn.scan(lambda mdl, x, *args: (mdl(x, *args), None),
-                        variable_axes={"params": 0, "cache": 0, "intermediates": 0},
-                        split_rngs={"params": True, "dropout": True}, length=self.num_layers,
-                        in_axes=(nn.broadcast,) * 4, metadata_params={nn.PARTITION_NAME: "layers"})
-      x_BxTxD, _ = scanned(block(self.cfg, self.cross_attention, residual_std, deterministic, decode, name="layers"),
-                           x_BxTxD, mask_BxTxT, context_BxSxD, context_mask_BxTxS, positions)
+      scanned = nn.scan(
+        lambda mdl, x, *args: (mdl(x, *args), None),
+        variable_axes={"params": 0, "cache": 0, "intermediates": 0},
+        split_rngs={"params": True, "dropout": True},
+        length=self.num_layers,
+        in_axes=(nn.broadcast,) * 4,
+        metadata_params={nn.PARTITION_NAME: "layers"},
+      )
+      x_BxTxD, _ = scanned(
+        block(self.cfg, self.cross_attention, residual_std, deterministic, decode, name="layers"),
+        x_BxTxD,
+        mask_BxTxT,
+        context_BxSxD,
+        context_mask_BxTxS,
+        positions,
+      )
       return x_BxTxD
     for i in range(self.num_layers):
       x_BxTxD = block(self.cfg, self.cross_attention, residual_std, deterministic, decode, name=f"layer_{i}")(
-          x_BxTxD, mask_BxTxT, context_BxSxD, context_mask_BxTxS, positions)
+        x_BxTxD, mask_BxTxT, context_BxSxD, context_mask_BxTxS, positions
+      )
     return x_BxTxD
 
 

@@ -13,22 +13,42 @@ import jax
 # Dense bf16 peak FLOP/s per chip, by `device.device_kind` (vendor data sheets, no sparsity).
 # MFU is reported against these whatever the compute dtype; CPUs have no entry ("n/a").
 PEAK_BF16_FLOPS = {
-    "NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100 PCIe": 756e12, "NVIDIA H100 NVL": 835e12,
-    "NVIDIA H200": 989e12, "NVIDIA GH200 480GB": 989e12, "NVIDIA B200": 2250e12,
-    "NVIDIA A100-SXM4-80GB": 312e12, "NVIDIA A100-SXM4-40GB": 312e12, "NVIDIA A100 80GB PCIe": 312e12,
-    "NVIDIA L4": 121e12, "NVIDIA A10G": 125e12,
-    "TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12, "TPU v5": 459e12,
-    "TPU v6 lite": 918e12, "TPU v6e": 918e12,
+  "NVIDIA H100 80GB HBM3": 989e12,
+  "NVIDIA H100 PCIe": 756e12,
+  "NVIDIA H100 NVL": 835e12,
+  "NVIDIA H200": 989e12,
+  "NVIDIA GH200 480GB": 989e12,
+  "NVIDIA B200": 2250e12,
+  "NVIDIA A100-SXM4-80GB": 312e12,
+  "NVIDIA A100-SXM4-40GB": 312e12,
+  "NVIDIA A100 80GB PCIe": 312e12,
+  "NVIDIA L4": 121e12,
+  "NVIDIA A10G": 125e12,
+  "TPU v4": 275e12,
+  "TPU v5 lite": 197e12,
+  "TPU v5e": 197e12,
+  "TPU v5p": 459e12,
+  "TPU v5": 459e12,
+  "TPU v6 lite": 918e12,
+  "TPU v6e": 918e12,
 }
 
 
 # Peak memory bandwidth (bytes/s) per chip, by `device.device_kind` (data sheets): the roofline
 # of memory-bound work such as batch-1 decoding, which reads every weight once per token.
 PEAK_HBM_BYTES_PER_S = {
-    "NVIDIA H100 80GB HBM3": 3.35e12, "NVIDIA H100 PCIe": 2.0e12, "NVIDIA H100 NVL": 3.9e12,
-    "NVIDIA H200": 4.8e12, "NVIDIA A100-SXM4-80GB": 2.039e12, "NVIDIA A100-SXM4-40GB": 1.555e12,
-    "TPU v4": 1.2e12, "TPU v5 lite": 0.819e12, "TPU v5e": 0.819e12, "TPU v5p": 2.765e12,
-    "TPU v6 lite": 1.64e12, "TPU v6e": 1.64e12,
+  "NVIDIA H100 80GB HBM3": 3.35e12,
+  "NVIDIA H100 PCIe": 2.0e12,
+  "NVIDIA H100 NVL": 3.9e12,
+  "NVIDIA H200": 4.8e12,
+  "NVIDIA A100-SXM4-80GB": 2.039e12,
+  "NVIDIA A100-SXM4-40GB": 1.555e12,
+  "TPU v4": 1.2e12,
+  "TPU v5 lite": 0.819e12,
+  "TPU v5e": 0.819e12,
+  "TPU v5p": 2.765e12,
+  "TPU v6 lite": 1.64e12,
+  "TPU v6e": 1.64e12,
 }
 
 
@@ -68,12 +88,15 @@ def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
   """sacreBLEU's corpus BLEU (13a tokenization) and chrF, one reference per sentence, and the BLEU
   signature (what to quote next to the number)."""
   from sacrebleu.metrics import BLEU, CHRF
+
   if len(hypotheses) != len(references):
     raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
   bleu, chrf = BLEU(), CHRF()
-  return {"bleu": float(bleu.corpus_score(list(hypotheses), [list(references)]).score),
-          "chrf": float(chrf.corpus_score(list(hypotheses), [list(references)]).score),
-          "bleu_signature": str(bleu.get_signature())}
+  return {
+    "bleu": float(bleu.corpus_score(list(hypotheses), [list(references)]).score),
+    "chrf": float(chrf.corpus_score(list(hypotheses), [list(references)]).score),
+    "bleu_signature": str(bleu.get_signature()),
+  }
 
 
 class MetricsWriter:
@@ -85,6 +108,7 @@ class MetricsWriter:
     self._tb = None
     if enabled:
       from tensorboardX import SummaryWriter
+
       self._tb = SummaryWriter(str(Path(workdir) / "tensorboard"))
 
   def write(self, step: int, metrics: dict) -> None:
@@ -122,8 +146,10 @@ def plot_losses(jsonl: Path, png: Path, title: str = "", curves: tuple[str, ...]
   """Train and validation loss by step; beside them, each evaluation metric in `curves` (e.g. dev
   BLEU) by minutes of training (`train_time_s`: steps and compiles, not evaluations)."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   records = read_jsonl(jsonl)
   train = sorted(last_per_step(records, "loss").items())
   val = sorted(last_per_step(records, "val_loss").items())

@@ -44,20 +44,29 @@ def decay_mask(params, opt_config: OptimizerConfig):
     if name in ("embedding",) or path[-1] in ("wpe",):
       return bool(opt_config.decay_embeddings)
     return bool(opt_config.decay_norms_and_biases)
+
   return flax.traverse_util.unflatten_dict({k: decays(k) for k in flat})
 
 
-def make_optimizer(opt_config: OptimizerConfig, num_train_steps: int, update_scale=None
-                   ) -> optax.GradientTransformation:
+def make_optimizer(
+  opt_config: OptimizerConfig, num_train_steps: int, update_scale=None
+) -> optax.GradientTransformation:
   """AdamW per `opt_config`. `update_scale(params)`, when given, is a tree of multipliers of each
   parameter's update (weight decay included): e.g. 0.1 for a pretrained body, 0 to freeze it."""
   schedule = learning_rate(opt_config, num_train_steps)
   parts = []
   if opt_config.grad_clip_norm:
     parts.append(optax.clip_by_global_norm(float(opt_config.grad_clip_norm)))
-  parts.append(optax.adamw(schedule, b1=float(opt_config.b1), b2=float(opt_config.b2), eps=float(opt_config.eps),
-                           weight_decay=float(opt_config.weight_decay),
-                           mask=lambda p: decay_mask(p, opt_config)))
+  parts.append(
+    optax.adamw(
+      schedule,
+      b1=float(opt_config.b1),
+      b2=float(opt_config.b2),
+      eps=float(opt_config.eps),
+      weight_decay=float(opt_config.weight_decay),
+      mask=lambda p: decay_mask(p, opt_config),
+    )
+  )
   if update_scale is not None:
     parts.append(optax.stateless(lambda updates, params: jax.tree.map(jnp.multiply, updates, update_scale(params))))
   return optax.chain(*parts)

@@ -44,12 +44,13 @@ from transformer.errors import ConfigError
 from transformer.generation import sampling
 from transformer.models.gpt import GPT
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
   """One compiled program's per-device memory (bytes) and its FLOPs per call."""
+
   program: str  # "train step" | "decode"
   mesh: dict  # {"data": .., "fsdp": .., "tensor": ..}
   batch: int  # global rows (sequences) per call
@@ -70,10 +71,13 @@ class Plan:
 
   def consumers(self) -> list[tuple[str, int]]:
     """What the total is made of, largest first."""
-    parts = [("temporaries (activations, gradients)", self.temporaries), ("parameters", self.params),
-             ("optimizer state", self.optimizer),
-             ("batch and other arguments", self.arguments - self.params - self.optimizer),
-             ("outputs not written in place", self.outputs - self.aliased)]
+    parts = [
+      ("temporaries (activations, gradients)", self.temporaries),
+      ("parameters", self.params),
+      ("optimizer state", self.optimizer),
+      ("batch and other arguments", self.arguments - self.params - self.optimizer),
+      ("outputs not written in place", self.outputs - self.aliased),
+    ]
     return sorted(((name, b) for name, b in parts if b > 0), key=lambda p: -p[1])
 
 
@@ -84,8 +88,12 @@ def per_device_bytes(tree) -> int:
 
 def _memory(compiled) -> dict:
   m = compiled.memory_analysis()
-  return {"arguments": m.argument_size_in_bytes, "outputs": m.output_size_in_bytes,
-          "aliased": m.alias_size_in_bytes, "temporaries": m.temp_size_in_bytes}
+  return {
+    "arguments": m.argument_size_in_bytes,
+    "outputs": m.output_size_in_bytes,
+    "aliased": m.alias_size_in_bytes,
+    "temporaries": m.temp_size_in_bytes,
+  }
 
 
 def _flops(stage) -> float | None:
@@ -111,8 +119,9 @@ def plan_train(run: train.Run) -> Plan:
   """Compiles `run`'s train step ahead of time; see the module docstring for what is measured."""
   task, rules = run.task, run.config.mesh.rules
   state = train.abstract_state(run)
-  batch = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=task.batch_sharding),
-                       task.batch_shapes())
+  batch = jax.tree.map(
+    lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=task.batch_sharding), task.batch_shapes()
+  )
   step_fn, _ = train.jit_steps(run)
   start = time.perf_counter()
   with jax.set_mesh(run.mesh), nn.logical_axis_rules(rules):
@@ -127,11 +136,17 @@ def plan_train(run: train.Run) -> Plan:
       flops = None if micro is None else flops + (accumulation - 1) * micro
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   tokens = task.tokens_per_step()
-  return Plan("train step", dict(run.mesh.shape), jax.tree.leaves(batch)[0].shape[0], **_memory(compiled),
-              params=per_device_bytes(state.params), optimizer=per_device_bytes(state.opt_state),
-              flops=flops,
-              analytic_flops=None if tokens is None else task.flops_per_token(num_params) * tokens,
-              compile_s=seconds)
+  return Plan(
+    "train step",
+    dict(run.mesh.shape),
+    jax.tree.leaves(batch)[0].shape[0],
+    **_memory(compiled),
+    params=per_device_bytes(state.params),
+    optimizer=per_device_bytes(state.opt_state),
+    flops=flops,
+    analytic_flops=None if tokens is None else task.flops_per_token(num_params) * tokens,
+    compile_s=seconds,
+  )
 
 
 def has_sampler(run: train.Run) -> bool:
@@ -145,8 +160,9 @@ def plan_decode(run: train.Run, batch_size: int) -> Plan:
   of one prompt bucket, generating up to the full context: the params and the cache it fills."""
   task, rules = run.task, run.config.mesh.rules
   if not has_sampler(run):
-    raise ConfigError(f"the decode plan is of a GPT language model's sampler; this run's model is a "
-                      f"{type(task.model).__name__}")
+    raise ConfigError(
+      f"the decode plan is of a GPT language model's sampler; this run's model is a {type(task.model).__name__}"
+    )
   context = task.model_config.max_len
   dp = run.config.mesh.data_parallel
   if batch_size % dp:
@@ -157,13 +173,34 @@ def plan_decode(run: train.Run, batch_size: int) -> Plan:
   valid = jax.ShapeDtypeStruct((batch_size, prompt), jnp.bool_, sharding=task.batch_sharding)
   start = time.perf_counter()
   with jax.set_mesh(run.mesh), nn.logical_axis_rules(rules):
-    compiled = sampling.jitted_sampler(task.model).lower(
-        params, tokens, valid, jax.random.key(0), model=task.model, max_new_tokens=context - prompt,
-        sampling=sampling.Sampling(), stop_id=None, rules=rules).compile()
+    compiled = (
+      sampling.jitted_sampler(task.model)
+      .lower(
+        params,
+        tokens,
+        valid,
+        jax.random.key(0),
+        model=task.model,
+        max_new_tokens=context - prompt,
+        sampling=sampling.Sampling(),
+        stop_id=None,
+        rules=rules,
+      )
+      .compile()
+    )
   seconds = time.perf_counter() - start
   # XLA counts the generation loop's body once: its FLOPs say nothing about a whole generation.
-  return Plan("decode", dict(run.mesh.shape), batch_size, **_memory(compiled), params=per_device_bytes(params),
-              optimizer=0, flops=None, analytic_flops=None, compile_s=seconds)
+  return Plan(
+    "decode",
+    dict(run.mesh.shape),
+    batch_size,
+    **_memory(compiled),
+    params=per_device_bytes(params),
+    optimizer=0,
+    flops=None,
+    analytic_flops=None,
+    compile_s=seconds,
+  )
 
 
 def for_platform(run: RunConfig, platform: str) -> tuple[RunConfig, list[str]]:
@@ -179,8 +216,10 @@ def for_platform(run: RunConfig, platform: str) -> tuple[RunConfig, list[str]]:
     notes.append(f"planned for {platform}: config.model.kernels=auto compiles as {model.kernels!r}")
   if model.family != "lstm" and model.block.attention == "cudnn" and jax.default_backend() != "gpu":
     model = model.replace(attention="xla")
-    notes.append("block.attention=cudnn compiles on an NVIDIA GPU only: planned with block.attention=xla, whose "
-                 "memory is an upper bound (cuDNN keeps no T x T scores)")
+    notes.append(
+      "block.attention=cudnn compiles on an NVIDIA GPU only: planned with block.attention=xla, whose "
+      "memory is an upper bound (cuDNN keeps no T x T scores)"
+    )
   return dataclasses.replace(run, model=model), notes
 
 
@@ -220,12 +259,11 @@ def largest_batch(build_run, batch_multiple: int, budget_bytes: int, limit: int 
 def candidate(plan: Plan, budget_bytes: int) -> str:
   """One line for a candidate of the batch search."""
   verdict = "fits" if plan.total <= budget_bytes else "does not fit"
-  return (f"  batch {plan.batch}: {human_bytes(plan.total)} per device, {verdict} "
-          f"(compiled in {plan.compile_s:.1f} s)")
+  return f"  batch {plan.batch}: {human_bytes(plan.total)} per device, {verdict} (compiled in {plan.compile_s:.1f} s)"
 
 
 def human_bytes(n: float) -> str:
-  for unit, size in (("GiB", GIB), ("MiB", 1024 ** 2), ("KiB", 1024)):
+  for unit, size in (("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
     if n >= size:
       return f"{n / size:.2f} {unit}"
   return f"{n:.0f} B"
@@ -235,12 +273,20 @@ def describe(plan: Plan, budget_bytes: int | None = None) -> str:
   """A plan as a table: per-device memory, then FLOPs."""
   mesh = " × ".join(f"{axis} {size}" for axis, size in plan.mesh.items())
   share = (plan.params + plan.optimizer) / plan.total if plan.total else 0.0
-  rows = [("arguments", plan.arguments), ("  parameters", plan.params), ("  optimizer state", plan.optimizer),
-          ("outputs", plan.outputs), ("  written in place", plan.aliased), ("temporaries", plan.temporaries),
-          ("total", plan.total)]
-  lines = [f"{plan.program}: batch {plan.batch} on {math.prod(plan.mesh.values())} devices ({mesh}), "
-           f"compiled in {plan.compile_s:.1f} s",
-           f"  {'per device':<22}{'bytes':>10}"]
+  rows = [
+    ("arguments", plan.arguments),
+    ("  parameters", plan.params),
+    ("  optimizer state", plan.optimizer),
+    ("outputs", plan.outputs),
+    ("  written in place", plan.aliased),
+    ("temporaries", plan.temporaries),
+    ("total", plan.total),
+  ]
+  lines = [
+    f"{plan.program}: batch {plan.batch} on {math.prod(plan.mesh.values())} devices ({mesh}), "
+    f"compiled in {plan.compile_s:.1f} s",
+    f"  {'per device':<22}{'bytes':>10}",
+  ]
   lines += [f"  {name:<22}{human_bytes(b):>10}" for name, b in rows]
   lines[-1] += f"   (parameters + optimizer state: {share:.0%})"
   if budget_bytes is not None:
@@ -248,26 +294,29 @@ def describe(plan: Plan, budget_bytes: int | None = None) -> str:
     lines.append(f"  {verdict} in {human_bytes(budget_bytes)}")
   if plan.flops is not None or plan.analytic_flops is not None:
     fmt = lambda f: "n/a" if f is None else f"{f:.3e}"
-    ratio = (f" (XLA / analytic = {plan.flops / plan.analytic_flops:.3f})"
-             if plan.flops and plan.analytic_flops else "")
-    lines.append(f"  FLOPs per step, all devices: XLA {fmt(plan.flops)}, analytic 6·N+12·L·d·T "
-                 f"{fmt(plan.analytic_flops)}{ratio}")
+    ratio = f" (XLA / analytic = {plan.flops / plan.analytic_flops:.3f})" if plan.flops and plan.analytic_flops else ""
+    lines.append(
+      f"  FLOPs per step, all devices: XLA {fmt(plan.flops)}, analytic 6·N+12·L·d·T {fmt(plan.analytic_flops)}{ratio}"
+    )
   return "\n".join(lines)
 
 
 def does_not_fit(plan: Plan, budget_bytes: int) -> str:
   """Why the smallest batch does not fit, and what to change."""
   parts = ", ".join(f"{name} {human_bytes(b)}" for name, b in plan.consumers())
-  return (f"does not fit: batch {plan.batch} needs {human_bytes(plan.total)} per device, more than "
-          f"{human_bytes(budget_bytes)}; the biggest consumers: {parts}. Shard the parameters and optimizer "
-          f"state over more devices (--config.mesh.fsdp), recompute activations "
-          f"(--config.model.remat_policy=dots or full), or use a smaller model")
+  return (
+    f"does not fit: batch {plan.batch} needs {human_bytes(plan.total)} per device, more than "
+    f"{human_bytes(budget_bytes)}; the biggest consumers: {parts}. Shard the parameters and optimizer "
+    f"state over more devices (--config.mesh.fsdp), recompute activations "
+    f"(--config.model.remat_policy=dots or full), or use a smaller model"
+  )
 
 
 def check_batch_rows(run: RunConfig) -> int:
   """The multiple a searched batch_size must be: data-parallel size times accumulation steps."""
   if not hasattr(run.task_config, "batch_size"):
-    raise ConfigError(f"the batch search varies config.batch_size, which config.task={run.task!r} does not have; "
-                      f"plan without --device_memory_gib")
+    raise ConfigError(
+      f"the batch search varies config.batch_size, which config.task={run.task!r} does not have; "
+      f"plan without --device_memory_gib"
+    )
   return run.mesh.data_parallel * run.optimizer.accumulation_steps
-

@@ -33,6 +33,7 @@ from transformer.models.seq2seq import Transformer
 @dataclasses.dataclass
 class Inside:
   """What one forward pass shows, for one sequence (numpy arrays; L layers, H heads, T tokens)."""
+
   tokens: list[str]  # each token as text
   attention_LxHxTxT: np.ndarray  # (self-)attention probabilities, rows sum to 1
   residual_LxTxD: np.ndarray  # L + 1 rows: after the embeddings, then after each block
@@ -48,8 +49,10 @@ class Inside:
     """Per layer, per position: the k most likely next tokens of the logit lens, with probabilities."""
     top = np.argsort(-self.lens_LxTxV, axis=-1)[..., :k]
     decode = (lambda i: tokenizer.decode([int(i)])) if tokenizer is not None else str
-    return [[[(decode(i), float(np.exp(self.lens_LxTxV[l, t, i]))) for i in top[l, t]]
-             for t in range(top.shape[1])] for l in range(top.shape[0])]
+    return [
+      [[(decode(i), float(np.exp(self.lens_LxTxV[l, t, i]))) for i in top[l, t]] for t in range(top.shape[1])]
+      for l in range(top.shape[0])
+    ]
 
 
 def token_texts(tokenizer, ids) -> list[str]:
@@ -59,10 +62,12 @@ def token_texts(tokenizer, ids) -> list[str]:
 def _per_layer(stack, num_layers: int, *path: str) -> np.ndarray:
   """A value sown at `path` inside each layer of a Stack (unrolled `layer_i/...` or scanned `layers/...`,
   already stacked) -> one array, layers first, for the first sequence."""
+
   def at(tree):
     for key in path:
       tree = tree[key]
     return np.asarray(tree[0])
+
   if "layers" in stack:
     return at(stack["layers"])[:, 0]
   return np.stack([at(stack[f"layer_{i}"])[0] for i in range(num_layers)])
@@ -84,50 +89,69 @@ def look_inside(model, params, tokenizer, text: str, *, target: str | None = Non
   residual stream, logit lens, output."""
   params = nn.unbox(params)
   if not isinstance(model, (GPT, Transformer)):
-    raise UserError(f"probes read the attention and residual stream of a GPT or an encoder-decoder; this is a "
-                    f"{type(model).__name__}")
+    raise UserError(
+      f"probes read the attention and residual stream of a GPT or an encoder-decoder; this is a {type(model).__name__}"
+    )
   if isinstance(model, Transformer):
     if target is not None:
       return _look_inside_seq2seq(model, params, tokenizer, text, target)
     [translation] = beam_search.translate_texts(model, params, tokenizer, [text], beam_size=1)
-    return dataclasses.replace(_look_inside_seq2seq(model, params, tokenizer, text, translation),
-                               translation=translation)
+    return dataclasses.replace(
+      _look_inside_seq2seq(model, params, tokenizer, text, translation), translation=translation
+    )
   ids = tokenizer.encode(text) or [tokenizer.eot_id]
   _check_vocabulary(ids, model.config.vocab_size)
   if len(ids) > model.config.max_len:
-    raise UserError(f"the text is {len(ids)} tokens, longer than the model's context of "
-                    f"{model.config.max_len}; probe a shorter one")
+    raise UserError(
+      f"the text is {len(ids)} tokens, longer than the model's context of {model.config.max_len}; probe a shorter one"
+    )
   # Eager, not jit: one pass per text, and a new jit here would compile for every call (--compare).
   logits, state = model.apply({"params": params}, jnp.asarray([ids], jnp.int32), mutable=["intermediates"])
   sown = state["intermediates"]
   n = model.config.num_layers
   residual = np.concatenate([np.asarray(sown["embeddings"][0]), _per_layer(sown["h"], n, "residual")])
   lens = jax.nn.log_softmax(gpt_output_logits(model, params, jnp.asarray(residual)), axis=-1)
-  return Inside(token_texts(tokenizer, ids), _per_layer(sown["h"], n, "attn", "attention"), residual,
-                np.asarray(lens), np.asarray(logits[0]))
+  return Inside(
+    token_texts(tokenizer, ids),
+    _per_layer(sown["h"], n, "attn", "attention"),
+    residual,
+    np.asarray(lens),
+    np.asarray(logits[0]),
+  )
 
 
 def _look_inside_seq2seq(model: Transformer, params, tokenizer, source: str, target: str) -> Inside:
   source_ids = tokenizer.encode(source.strip())  # as training and translation feed it: no <eot>
   target_ids = [tokenizer.eot_id] + tokenizer.encode(target.strip())  # the decoder's input: <eot> starts it
   _check_vocabulary(source_ids + target_ids, model.config.vocab_size)
-  logits, state = model.apply({"params": params}, jnp.asarray([source_ids], jnp.int32),
-                              jnp.asarray([target_ids], jnp.int32), mutable=["intermediates"])
+  logits, state = model.apply(
+    {"params": params},
+    jnp.asarray([source_ids], jnp.int32),
+    jnp.asarray([target_ids], jnp.int32),
+    mutable=["intermediates"],
+  )
   sown = state["intermediates"]
   n = model.config.decoder_layers()
-  residual = np.concatenate([np.asarray(sown["decoder_embeddings"][0]),
-                             _per_layer(sown["decoder"], n, "residual")])
+  residual = np.concatenate([np.asarray(sown["decoder_embeddings"][0]), _per_layer(sown["decoder"], n, "residual")])
   lens = jax.nn.log_softmax(model.apply({"params": params}, jnp.asarray(residual), method="output_logits"), axis=-1)
-  return Inside(token_texts(tokenizer, target_ids), _per_layer(sown["decoder"], n, "attn", "attention"), residual,
-                np.asarray(lens), np.asarray(logits[0]), token_texts(tokenizer, source_ids),
-                _per_layer(sown["decoder"], n, "cross_attn", "attention"),
-                _per_layer(sown["encoder"], model.config.num_layers, "attn", "attention"))
+  return Inside(
+    token_texts(tokenizer, target_ids),
+    _per_layer(sown["decoder"], n, "attn", "attention"),
+    residual,
+    np.asarray(lens),
+    np.asarray(logits[0]),
+    token_texts(tokenizer, source_ids),
+    _per_layer(sown["decoder"], n, "cross_attn", "attention"),
+    _per_layer(sown["encoder"], model.config.num_layers, "attn", "attention"),
+  )
 
 
 def _check_vocabulary(ids: list[int], vocab_size: int) -> None:
   if max(ids) >= vocab_size:
-    raise UserError(f"the text has token id {max(ids)}, beyond the model's vocabulary of {vocab_size}: the "
-                    f"tokenizer is not the model's (with --hf, pass its --tokenizer)")
+    raise UserError(
+      f"the text has token id {max(ids)}, beyond the model's vocabulary of {vocab_size}: the "
+      f"tokenizer is not the model's (with --hf, pass its --tokenizer)"
+    )
 
 
 def word_position(tokenizer, text: str, word: str) -> int:
@@ -139,7 +163,7 @@ def word_position(tokenizer, text: str, word: str) -> int:
   end = start + len(word)
   ids, chars = tokenizer.encode(text), 0
   for i in range(len(ids)):
-    chars = len(tokenizer.decode(ids[:i + 1]))
+    chars = len(tokenizer.decode(ids[: i + 1]))
     if chars >= end:
       return i
   return len(ids) - 1
@@ -169,9 +193,12 @@ def similarity_by_layer(model: GPT, params, tokenizer, texts: list[str], word: s
 
 def as_json(inside: Inside, tokenizer, k: int = 5) -> dict[str, Any]:
   """The numbers of `inside` as plain JSON."""
-  out = {"tokens": inside.tokens, "attention": inside.attention_LxHxTxT.round(5).tolist(),
-         "residual_norms": np.linalg.norm(inside.residual_LxTxD, axis=-1).round(4).tolist(),
-         "logit_lens_top": inside.lens_top(k, tokenizer)}
+  out = {
+    "tokens": inside.tokens,
+    "attention": inside.attention_LxHxTxT.round(5).tolist(),
+    "residual_norms": np.linalg.norm(inside.residual_LxTxD, axis=-1).round(4).tolist(),
+    "logit_lens_top": inside.lens_top(k, tokenizer),
+  }
   if inside.cross_attention_LxHxTxS is not None:
     out.update(source_tokens=inside.source_tokens, cross_attention=inside.cross_attention_LxHxTxS.round(5).tolist())
   return out
@@ -183,8 +210,10 @@ def as_json(inside: Inside, tokenizer, k: int = 5) -> dict[str, Any]:
 
 def _pyplot():
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   return plt
 
 
@@ -245,8 +274,15 @@ def draw_logit_lens(inside: Inside, tokenizer, path, max_positions: int = 24) ->
   ax.imshow(probs_LxT, cmap="Blues", vmin=0.0, vmax=1.0, aspect="auto")
   for l, row in enumerate(top):
     for t in range(T):
-      ax.text(t, l, _label([row[first + t][0][0]])[0], ha="center", va="center", fontsize=7,
-              color="white" if probs_LxT[l, t] > 0.6 else "black")
+      ax.text(
+        t,
+        l,
+        _label([row[first + t][0][0]])[0],
+        ha="center",
+        va="center",
+        fontsize=7,
+        color="white" if probs_LxT[l, t] > 0.6 else "black",
+      )
   ax.set_xticks(range(T))
   ax.set_xticklabels(_label(inside.tokens[first:]), rotation=90, fontsize=7)
   ax.set_yticks(range(len(top)))
@@ -281,6 +317,7 @@ def write_pictures(inside: Inside, tokenizer, out_dir) -> list:
   """All pictures of `inside` and its numbers (inside.json) into `out_dir`; returns the paths."""
   import json
   from pathlib import Path
+
   out = Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
   paths = [out / "attention.png", out / "residual_norms.png", out / "logit_lens.png", out / "inside.json"]
@@ -293,6 +330,11 @@ def write_pictures(inside: Inside, tokenizer, out_dir) -> list:
     paths.append(out / "alignment.png")
     draw_alignment(inside, paths[-1])
     paths.append(out / "encoder_attention.png")
-    draw_attention(inside.encoder_attention_LxHxSxS, inside.source_tokens, inside.source_tokens, paths[-1],
-                   "encoder self-attention: rows are queries")
+    draw_attention(
+      inside.encoder_attention_LxHxSxS,
+      inside.source_tokens,
+      inside.source_tokens,
+      paths[-1],
+      "encoder self-attention: rows are queries",
+    )
   return paths

@@ -23,15 +23,15 @@ from transformer.errors import ConfigError
 MESH_AXES = ("data", "fsdp", "tensor")
 
 DEFAULT_RULES = (
-    ("batch", ("data", "fsdp")),
-    ("vocab", "tensor"),
-    ("embed", "fsdp"),
-    ("heads", "tensor"),
-    ("mlp", "tensor"),
-    ("kv", None),
-    ("length", None),
-    ("position", None),
-    ("layers", None),
+  ("batch", ("data", "fsdp")),
+  ("vocab", "tensor"),
+  ("embed", "fsdp"),
+  ("heads", "tensor"),
+  ("mlp", "tensor"),
+  ("kv", None),
+  ("length", None),
+  ("position", None),
+  ("layers", None),
 )
 
 
@@ -39,18 +39,24 @@ def mesh_shape(mesh_config, num_devices: int) -> tuple[int, int, int]:
   """(data, fsdp, tensor) with at most one -1 ('the rest of the devices'), checked against the devices."""
   shape = [int(mesh_config[a]) for a in MESH_AXES]
   if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
-    raise ConfigError(f"mesh {dict(zip(MESH_AXES, shape))}: each axis must be a positive size, and at most "
-                      f"one may be -1 (all remaining devices)")
+    raise ConfigError(
+      f"mesh {dict(zip(MESH_AXES, shape))}: each axis must be a positive size, and at most "
+      f"one may be -1 (all remaining devices)"
+    )
   if -1 in shape:
     known = math.prod(s for s in shape if s != -1)
     if num_devices % known:
-      raise ConfigError(f"mesh {dict(zip(MESH_AXES, shape))} cannot fill {num_devices} devices: "
-                        f"{num_devices} is not divisible by {known}")
+      raise ConfigError(
+        f"mesh {dict(zip(MESH_AXES, shape))} cannot fill {num_devices} devices: "
+        f"{num_devices} is not divisible by {known}"
+      )
     shape[shape.index(-1)] = num_devices // known
   if math.prod(shape) != num_devices:
-    raise ConfigError(f"mesh {dict(zip(MESH_AXES, shape))} needs {math.prod(shape)} devices but "
-                      f"{num_devices} are available ({jax.devices()[0].platform}); make data*fsdp*tensor "
-                      f"= {num_devices}, e.g. --config.mesh.data=-1")
+    raise ConfigError(
+      f"mesh {dict(zip(MESH_AXES, shape))} needs {math.prod(shape)} devices but "
+      f"{num_devices} are available ({jax.devices()[0].platform}); make data*fsdp*tensor "
+      f"= {num_devices}, e.g. --config.mesh.data=-1"
+    )
   return tuple(shape)
 
 
@@ -79,8 +85,10 @@ def check_divisible(shapes_tree, shardings_tree) -> None:
         name = "/".join(str(getattr(k, "key", k)) for k in path)
         is_vocab = name.startswith(("wte/", "lm_head/"))
         hint = " (pad it: set model.vocab_size to a multiple, e.g. 50304 for GPT-2)" if is_vocab else ""
-        raise ConfigError(f"parameter '{name}' has a dimension of {dim}, which mesh axes {axes} "
-                          f"cannot split {ways} ways{hint}; change the mesh or the model size")
+        raise ConfigError(
+          f"parameter '{name}' has a dimension of {dim}, which mesh axes {axes} "
+          f"cannot split {ways} ways{hint}; change the mesh or the model size"
+        )
 
 
 def batch_sharding(mesh: Mesh, axis_rules, ndim: int = 2) -> NamedSharding:
@@ -92,9 +100,11 @@ def batch_sharding(mesh: Mesh, axis_rules, ndim: int = 2) -> NamedSharding:
 def global_array(tree, sharding: NamedSharding):
   """Host arrays (a pytree of them) that every process holds in full -> global arrays (each process
   puts in its own shards)."""
+
   def put(x):
     x_np = np.asarray(x)
     return jax.make_array_from_callback(x_np.shape, sharding, lambda idx: x_np[idx])
+
   return jax.tree.map(put, tree)
 
 

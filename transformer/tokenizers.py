@@ -50,8 +50,11 @@ CONFIG_FILE = "tokenizer.json"
 
 # Our name -> (tiktoken encoding name, asset holding its ranks). "gpt2" is r50k_base: the same
 # ranks, pattern and <|endoftext|>=50256, stored as one .tiktoken file.
-_TIKTOKEN = {"gpt2": ("r50k_base", "gpt2_ranks"), "r50k_base": ("r50k_base", "gpt2_ranks"),
-             "cl100k_base": ("cl100k_base", "cl100k_ranks")}
+_TIKTOKEN = {
+  "gpt2": ("r50k_base", "gpt2_ranks"),
+  "r50k_base": ("r50k_base", "gpt2_ranks"),
+  "cl100k_base": ("cl100k_base", "cl100k_ranks"),
+}
 
 
 class Tokenizer:
@@ -66,8 +69,7 @@ class Tokenizer:
     """Token ids of `text`. Special tokens in the text are an error unless allowed by name (or all)."""
     return self._encode(text, self._allowed(text, allow_special))
 
-  def encode_batch(self, texts: Sequence[str], *, allow_special: bool | Iterable[str] = False
-                   ) -> list[list[int]]:
+  def encode_batch(self, texts: Sequence[str], *, allow_special: bool | Iterable[str] = False) -> list[list[int]]:
     return [self.encode(t, allow_special=allow_special) for t in texts]
 
   def decode(self, ids: Sequence[int] | np.ndarray) -> str:
@@ -93,14 +95,17 @@ class Tokenizer:
       allowed = set(allow_special)
       unknown = allowed - set(self.special_tokens)
       if unknown:
-        raise TokenizerError(f"unknown special token(s) {sorted(unknown)} for {self.name}; "
-                             f"its special tokens are {sorted(self.special_tokens)}")
+        raise TokenizerError(
+          f"unknown special token(s) {sorted(unknown)} for {self.name}; "
+          f"its special tokens are {sorted(self.special_tokens)}"
+        )
     for token in self.special_tokens:
       if token not in allowed and token in text:
         raise TokenizerError(
-            f"text contains the special token {token!r} at character {text.index(token)}; pass "
-            f"allow_special=True (or a set naming it; --allow_special in launch.sample) to encode it as "
-            f"id {self.special_tokens[token]}, or remove it from the text")
+          f"text contains the special token {token!r} at character {text.index(token)}; pass "
+          f"allow_special=True (or a set naming it; --allow_special in launch.sample) to encode it as "
+          f"id {self.special_tokens[token]}, or remove it from the text"
+        )
     return allowed
 
   def __repr__(self) -> str:
@@ -138,9 +143,14 @@ class TiktokenTokenizer(Tokenizer):
       return {"kind": "tiktoken", "name": self.name}
     target = directory / "ranks.tiktoken"
     _dump_ranks(self.encoding._mergeable_ranks, target)
-    return {"kind": "bpe", "name": self.name, "pattern": self.encoding._pat_str,
-            "special_tokens": self.special_tokens, "ranks_file": target.name,
-            "ranks_sha256": hashlib.sha256(target.read_bytes()).hexdigest()}
+    return {
+      "kind": "bpe",
+      "name": self.name,
+      "pattern": self.encoding._pat_str,
+      "special_tokens": self.special_tokens,
+      "ranks_file": target.name,
+      "ranks_sha256": hashlib.sha256(target.read_bytes()).hexdigest(),
+    }
 
 
 class CharTokenizer(Tokenizer):
@@ -172,9 +182,11 @@ class CharTokenizer(Tokenizer):
         ids.extend(self._id[c] for c in part)
       except KeyError as e:
         c = e.args[0]
-        raise TokenizerError(f"character {c!r} (U+{ord(c):04X}) is not in this character tokenizer's "
-                             f"vocabulary of {len(self.chars)} characters; build it from a corpus that "
-                             f"contains it") from None
+        raise TokenizerError(
+          f"character {c!r} (U+{ord(c):04X}) is not in this character tokenizer's "
+          f"vocabulary of {len(self.chars)} characters; build it from a corpus that "
+          f"contains it"
+        ) from None
     return ids
 
   def _decode(self, ids: list[int]) -> str:
@@ -326,10 +338,12 @@ def seed_tiktoken_cache(encoding_name: str) -> None:
       tiktoken_ext.openai_public.ENCODING_CONSTRUCTORS[encoding_name]()
     except captured:
       pass
-  (url, expected_hash), = calls
+  ((url, expected_hash),) = calls
   if expected_hash != assets.ASSETS[asset].sha256:
-    raise TokenizerError(f"tiktoken expects sha256 {expected_hash} for {encoding_name}, but the pinned "
-                         f"asset {asset} has {assets.ASSETS[asset].sha256}")
+    raise TokenizerError(
+      f"tiktoken expects sha256 {expected_hash} for {encoding_name}, but the pinned "
+      f"asset {asset} has {assets.ASSETS[asset].sha256}"
+    )
   cache = _tiktoken_cache_dir()
   target = cache / hashlib.sha1(url.encode()).hexdigest()
   if target.exists() and hashlib.sha256(target.read_bytes()).hexdigest() == expected_hash:
@@ -345,19 +359,21 @@ def seed_tiktoken_cache(encoding_name: str) -> None:
 # Trained byte-level BPE.
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int, *, pattern: str | None = None,
-              name: str | None = None) -> TiktokenTokenizer:
+def train_bpe(
+  texts: Iterable[str], vocab_size: int, *, pattern: str | None = None, name: str | None = None
+) -> TiktokenTokenizer:
   """Byte-level BPE: start from the 256 bytes, merge the most frequent pair until the vocabulary
   (plus <|endoftext|>) has `vocab_size` entries. rustbpe trains; tiktoken encodes."""
   if vocab_size < 258:
-    raise TokenizerError(f"bpe vocab_size must be at least 258 (256 bytes, one merge, <|endoftext|>), "
-                         f"got {vocab_size}")
+    raise TokenizerError(f"bpe vocab_size must be at least 258 (256 bytes, one merge, <|endoftext|>), got {vocab_size}")
   trainer = rustbpe.Tokenizer()
   trainer.train_from_iterator(iter(texts), vocab_size - 1, pattern=pattern)
   ranks = {bytes(token): rank for token, rank in trainer.get_mergeable_ranks()}
   if len(ranks) != vocab_size - 1:
-    raise TokenizerError(f"the corpus only supports {len(ranks) + 1} BPE tokens, fewer than the "
-                         f"requested vocab_size {vocab_size}; use a larger corpus or a smaller vocab_size")
+    raise TokenizerError(
+      f"the corpus only supports {len(ranks) + 1} BPE tokens, fewer than the "
+      f"requested vocab_size {vocab_size}; use a larger corpus or a smaller vocab_size"
+    )
   return _bpe_from_ranks(ranks, trainer.get_pattern(), {EOT: len(ranks)}, name or f"bpe{vocab_size}")
 
 
@@ -369,8 +385,7 @@ def _dump_ranks(ranks: dict[bytes, int], path: Path) -> None:
 
 
 def _bpe_from_ranks(ranks, pattern, special_tokens, name) -> TiktokenTokenizer:
-  encoding = tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks,
-                               special_tokens=special_tokens)
+  encoding = tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=special_tokens)
   return TiktokenTokenizer(encoding, name, trained=True)
 
 
@@ -396,8 +411,10 @@ def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
     ranks_file = directory / config["ranks_file"]
     got = hashlib.sha256(ranks_file.read_bytes()).hexdigest()
     if got != config["ranks_sha256"]:
-      raise TokenizerError(f"{ranks_file} has sha256 {got} but {config_path} records "
-                           f"{config['ranks_sha256']}: the saved tokenizer was modified")
+      raise TokenizerError(
+        f"{ranks_file} has sha256 {got} but {config_path} records "
+        f"{config['ranks_sha256']}: the saved tokenizer was modified"
+      )
     # tiktoken caches a ranks file by its path, not its contents: without the hash, a tokenizer saved
     # again at the same path (data prepared anew) would load as the old one.
     ranks = tiktoken.load.load_tiktoken_bpe(str(ranks_file), expected_hash=config["ranks_sha256"])
@@ -411,15 +428,19 @@ NAMES = ("gpt2", "r50k_base", "cl100k_base", "char", "bpe", "word")  # what get_
 def get_tokenizer(name: str, **options) -> Tokenizer:
   """`gpt2` | `r50k_base` | `cl100k_base` | `char` (corpus= or path=) | `bpe` (corpus= and vocab_size=, or
   path=) | `word` (corpus=, vocab_size= and optionally lowercase=, or path=)."""
-  allowed = {"char": {"corpus", "path"}, "bpe": {"corpus", "vocab_size", "path", "pattern"},
-             "word": {"corpus", "vocab_size", "lowercase", "path"}}
+  allowed = {
+    "char": {"corpus", "path"},
+    "bpe": {"corpus", "vocab_size", "path", "pattern"},
+    "word": {"corpus", "vocab_size", "lowercase", "path"},
+  }
   allowed.update({n: set() for n in _TIKTOKEN})
   if name not in allowed:
     raise TokenizerError(f"unknown tokenizer {name!r}; choose one of {', '.join(allowed)}")
   extra = set(options) - allowed[name]
   if extra:
-    raise TokenizerError(f"tokenizer {name!r} takes no option(s) {sorted(extra)}; "
-                         f"it takes {sorted(allowed[name]) or 'none'}")
+    raise TokenizerError(
+      f"tokenizer {name!r} takes no option(s) {sorted(extra)}; it takes {sorted(allowed[name]) or 'none'}"
+    )
   if name in _TIKTOKEN:
     encoding_name, _ = _TIKTOKEN[name]
     seed_tiktoken_cache(encoding_name)
@@ -432,8 +453,10 @@ def get_tokenizer(name: str, **options) -> Tokenizer:
       raise TokenizerError(f"{options['path']} holds a {tok.name!r} tokenizer, not {name!r}")
     return tok
   if options.get("corpus") is None:
-    raise TokenizerError(f"tokenizer {name!r} is built from text: pass corpus= (an iterable of strings) "
-                         f"or path= (a directory it was saved to)")
+    raise TokenizerError(
+      f"tokenizer {name!r} is built from text: pass corpus= (an iterable of strings) "
+      f"or path= (a directory it was saved to)"
+    )
   corpus = options["corpus"]
   corpus = [corpus] if isinstance(corpus, str) else corpus
   if name == "char":

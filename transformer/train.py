@@ -74,8 +74,9 @@ def train_step(state: TrainState, batch, *, loss_fn, tx, schedule, accumulation_
       return (loss_sum + loss, tokens + n, jax.tree.map(jnp.add, grad_sum, grads)), None
 
     zeros = jax.tree.map(jnp.zeros_like, state.params)
-    (loss_sum, tokens, grads), _ = jax.lax.scan(accumulate, (jnp.zeros(()), jnp.zeros(()), zeros),
-                                                (micro, jnp.arange(accumulation_steps)))
+    (loss_sum, tokens, grads), _ = jax.lax.scan(
+      accumulate, (jnp.zeros(()), jnp.zeros(()), zeros), (micro, jnp.arange(accumulation_steps))
+    )
   tokens = jnp.maximum(tokens, 1.0)
   grads = jax.tree.map(lambda g: g / tokens, grads)
   loss, grad_norm = loss_sum / tokens, optax.tree.norm(grads)
@@ -89,10 +90,10 @@ def train_step(state: TrainState, batch, *, loss_fn, tx, schedule, accumulation_
   # moments; checking the new params took two more passes over them (GPT-2 124M on an H100, batch
   # 64: the step 131.0 -> 128.9 ms; cpu-small on 2 CPU cores: ~8% faster).
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-  params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), (params, opt_state),
-                                   (state.params, state.opt_state))
-  new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                            rng=jax.random.key_data(rng))
+  params, opt_state = jax.tree.map(
+    lambda new, old: jnp.where(finite, new, old), (params, opt_state), (state.params, state.opt_state)
+  )
+  new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, rng=jax.random.key_data(rng))
   return new_state, {"loss": loss, "grad_norm": grad_norm, "lr": schedule(state.step), "finite": finite}
 
 
@@ -108,6 +109,7 @@ def eval_step(params, batch, *, loss_fn):
 @dataclasses.dataclass
 class Run:
   """Everything built from the resolved config that the loop and evaluation share."""
+
   config: RunConfig
   task: tasks.Task
   mesh: jax.sharding.Mesh
@@ -131,9 +133,14 @@ def build(run_config: RunConfig, task_data=None) -> Run:
   opt_shapes = jax.eval_shape(tx.init, nn.unbox(boxed))
   repl = sharding.replicated(mesh)
   # Optimizer state is sharded like the params it tracks (Adam's mu/nu), scalars replicated.
-  opt_sh = optax.tree_map_params(tx, lambda _, s: s, opt_shapes, param_sh,
-                                 transform_non_params=lambda _: repl,
-                                 is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+  opt_sh = optax.tree_map_params(
+    tx,
+    lambda _, s: s,
+    opt_shapes,
+    param_sh,
+    transform_non_params=lambda _: repl,
+    is_leaf=lambda x: isinstance(x, jax.sharding.Sharding),
+  )
   state_sh = TrainState(step=repl, params=param_sh, opt_state=opt_sh, rng=repl)
   return Run(run_config, task, mesh, tx, schedule, state_sh)
 
@@ -143,12 +150,21 @@ def jit_steps(run: Run):
   transformer.plan compiles ahead of time. The train step donates the state it is given."""
   task = run.task
   # Batches are arrays or dicts of arrays: one sharding is a prefix of either.
-  step_fn = jax.jit(functools.partial(train_step, loss_fn=task.loss, tx=run.tx, schedule=run.schedule,
-                                      accumulation_steps=run.config.optimizer.accumulation_steps),
-                    in_shardings=(run.state_shardings, task.batch_sharding),
-                    out_shardings=(run.state_shardings, None), donate_argnums=0)
-  eval_fn = jax.jit(functools.partial(eval_step, loss_fn=task.loss),
-                    in_shardings=(run.state_shardings.params, task.batch_sharding))
+  step_fn = jax.jit(
+    functools.partial(
+      train_step,
+      loss_fn=task.loss,
+      tx=run.tx,
+      schedule=run.schedule,
+      accumulation_steps=run.config.optimizer.accumulation_steps,
+    ),
+    in_shardings=(run.state_shardings, task.batch_sharding),
+    out_shardings=(run.state_shardings, None),
+    donate_argnums=0,
+  )
+  eval_fn = jax.jit(
+    functools.partial(eval_step, loss_fn=task.loss), in_shardings=(run.state_shardings.params, task.batch_sharding)
+  )
   return step_fn, eval_fn
 
 
@@ -156,8 +172,10 @@ def _init_fn(run: Run):
   def init(seed):
     init_rng, train_rng = jax.random.split(jax.random.key(seed))
     params = nn.unbox(run.task.model.init(init_rng, *run.task.init_inputs())["params"])
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=run.tx.init(params),
-                      rng=jax.random.key_data(train_rng))
+    return TrainState(
+      step=jnp.zeros((), jnp.int32), params=params, opt_state=run.tx.init(params), rng=jax.random.key_data(train_rng)
+    )
+
   return init
 
 
@@ -169,8 +187,7 @@ def init_state(run: Run) -> TrainState:
 def abstract_state(run: Run) -> TrainState:
   """The state's shapes, dtypes and shardings: the target Orbax restores into."""
   shapes = jax.eval_shape(_init_fn(run), run.config.loop.seed)
-  return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes,
-                      run.state_shardings)
+  return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, run.state_shardings)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,25 +253,40 @@ class _NonFiniteGuard:
         self.in_a_row = 0
         continue
       self.in_a_row += 1
-      what = (f"step {step} was not finite (loss {float(loss)}, gradient norm {float(grad_norm)}, or the new "
-              f"params); its update was not applied")
+      what = (
+        f"step {step} was not finite (loss {float(loss)}, gradient norm {float(grad_norm)}, or the new "
+        f"params); its update was not applied"
+      )
       batch = f"its batch was training batch {step} of the run (data position {position})"
       if self.loop.on_nonfinite == "skip" and self.in_a_row <= self.loop.max_consecutive_skips:
-        self.writer.write(step, {"event": "nonfinite step skipped", "loss": float(loss),
-                                 "grad_norm": float(grad_norm), "data_position": position})
+        self.writer.write(
+          step,
+          {
+            "event": "nonfinite step skipped",
+            "loss": float(loss),
+            "grad_norm": float(grad_norm),
+            "data_position": position,
+          },
+        )
         logging.warning("%s (skipped, %d in a row); %s", what, self.in_a_row, batch)
         continue
-      self.writer.write(step, {"event": "stopped: nonfinite", "loss": float(loss), "grad_norm": float(grad_norm),
-                               "data_position": position})
+      self.writer.write(
+        step,
+        {"event": "stopped: nonfinite", "loss": float(loss), "grad_norm": float(grad_norm), "data_position": position},
+      )
       self.ckpt.wait()  # a save in flight is of a good state: let it commit, then name it
       latest = self.ckpt.latest_step()
       kept = f"the latest checkpoint, step {latest}, is the last good state" if latest else "no checkpoint was saved"
       if self.loop.on_nonfinite == "skip":
-        raise TrainingError(f"{self.in_a_row} steps in a row were not finite, more than --config.max_consecutive_skips="
-                            f"{self.loop.max_consecutive_skips}; the last: {what}; {batch}. Stopped: {kept}. Lower "
-                            f"--config.optimizer.lr or clip gradients (--config.optimizer.grad_clip_norm)")
-      raise TrainingError(f"{what}; {batch}. Stopped: {kept}. Lower --config.optimizer.lr or clip gradients "
-                          f"(--config.optimizer.grad_clip_norm), or skip such steps with --config.on_nonfinite=skip")
+        raise TrainingError(
+          f"{self.in_a_row} steps in a row were not finite, more than --config.max_consecutive_skips="
+          f"{self.loop.max_consecutive_skips}; the last: {what}; {batch}. Stopped: {kept}. Lower "
+          f"--config.optimizer.lr or clip gradients (--config.optimizer.grad_clip_norm)"
+        )
+      raise TrainingError(
+        f"{what}; {batch}. Stopped: {kept}. Lower --config.optimizer.lr or clip gradients "
+        f"(--config.optimizer.grad_clip_norm), or skip such steps with --config.on_nonfinite=skip"
+      )
     self.pending.clear()
 
 
@@ -307,8 +339,12 @@ def _train(config: RunConfig, workdir: Path, lead: bool) -> dict:
     if changes:
       print(f"resuming with changes: {'; '.join(changes)}")
 
-  ckpt = checkpoints.Checkpointer(workdir / workdir_files.CHECKPOINTS, keep=loop.keep_checkpoints,
-                                  async_save=loop.async_checkpointing, best=task.best_metric)
+  ckpt = checkpoints.Checkpointer(
+    workdir / workdir_files.CHECKPOINTS,
+    keep=loop.keep_checkpoints,
+    async_save=loop.async_checkpointing,
+    best=task.best_metric,
+  )
   train_batches = task.train_batches()
   start_step, tokens_seen, evaluated = 0, 0, True
   train_seconds = 0.0  # training time so far, all launches: steps and compiles, not evaluations
@@ -383,12 +419,18 @@ def _train(config: RunConfig, workdir: Path, lead: bool) -> dict:
           train_seconds += elapsed
           tps = tokens_since / elapsed
           util = metrics.mfu(tps, flops_token, jax.devices())
-          record = {**{k: float(v) for k, v in step_metrics.items() if k != "finite"}, "tokens_per_s": tps,
-                    "step_time_s": elapsed / steps_since, "mfu": util, "train_step_compiles": len(batch_shapes),
-                    "train_time_s": train_seconds}
+          record = {
+            **{k: float(v) for k, v in step_metrics.items() if k != "finite"},
+            "tokens_per_s": tps,
+            "step_time_s": elapsed / steps_since,
+            "mfu": util,
+            "train_step_compiles": len(batch_shapes),
+            "train_time_s": train_seconds,
+          }
           writer.write(done, record)
-          bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{tps:,.0f}",
-                          mfu="n/a" if util is None else f"{util:.1%}")
+          bar.set_postfix(
+            loss=f"{record['loss']:.3f}", tok_s=f"{tps:,.0f}", mfu="n/a" if util is None else f"{util:.1%}"
+          )
           t_last, steps_since, tokens_since = time.perf_counter(), 0, 0
         bar.update(1)
         is_eval = done % loop.eval_every_steps == 0 or done == steps
@@ -399,21 +441,29 @@ def _train(config: RunConfig, workdir: Path, lead: bool) -> dict:
           t_last = time.perf_counter()  # evaluation time is not training time
         if done % loop.checkpoint_every_steps == 0 or done == steps or preemption.requested:
           guard.check()  # never save after a step whose flag was not read
-          ckpt.save(done, state, train_batches.get_state(),
-                    {"tokens_seen": tokens_seen, "task": task.name, "evaluated": evaluated,
-                     "train_seconds": train_seconds},
-                    metrics=last_eval if is_eval and evaluated else None, force=preemption.requested)
+          ckpt.save(
+            done,
+            state,
+            train_batches.get_state(),
+            {"tokens_seen": tokens_seen, "task": task.name, "evaluated": evaluated, "train_seconds": train_seconds},
+            metrics=last_eval if is_eval and evaluated else None,
+            force=preemption.requested,
+          )
         if preemption.requested:
           ckpt.wait()
           logging.warning("stopped at step %d after SIGTERM; checkpoint saved", done)
           return {"step": done, "preempted": True, **last_eval}
       bar.close()
       if lead:
-        metrics.plot_losses(workdir / "metrics.jsonl", workdir / "loss.png", title=f"{workdir.name} ({task.name})",
-                            curves=task.curves)
+        metrics.plot_losses(
+          workdir / "metrics.jsonl", workdir / "loss.png", title=f"{workdir.name} ({task.name})", curves=task.curves
+        )
       ckpt.wait()  # the final checkpoint is on disk: a task may read it (checkpoint averaging)
-      final = task.finish(state.params, workdir,  # e.g. a sample; test BLEU
-                          lambda count: inference.mean_of_last(workdir, count, state.params))
+      final = task.finish(
+        state.params,
+        workdir,  # e.g. a sample; test BLEU
+        lambda count: inference.mean_of_last(workdir, count, state.params),
+      )
       if final:
         writer.write(steps, {k: v for k, v in final.items() if not isinstance(v, str)})
   finally:

@@ -48,8 +48,10 @@ def writable(workdir: Path, action: str = "write to"):
   try:
     yield
   except OSError as e:
-    raise WorkdirError(f"cannot {action} {e.filename or workdir}: {e.strerror or e}; free space or fix the "
-                       f"permissions of --workdir={workdir}, or choose another") from None
+    raise WorkdirError(
+      f"cannot {action} {e.filename or workdir}: {e.strerror or e}; free space or fix the "
+      f"permissions of --workdir={workdir}, or choose another"
+    ) from None
 
 
 class Lock:
@@ -67,13 +69,16 @@ class Lock:
       except FileExistsError:
         holder = self._holder()
         if holder is None or (holder.get("host") == self.mine["host"] and not _alive(holder.get("pid"))):
-          logging.warning("%s was left by process %s, which is gone; taking it over", self.path,
-                          (holder or {}).get("pid", "?"))
+          logging.warning(
+            "%s was left by process %s, which is gone; taking it over", self.path, (holder or {}).get("pid", "?")
+          )
           self.path.unlink(missing_ok=True)
           continue
-        raise WorkdirError(f"{self.path.parent} is in use: process {holder.get('pid')} on {holder.get('host')} has "
-                           f"trained in it since {holder.get('since')} ({self.path}); wait for it to finish, "
-                           f"use another --workdir, or delete {self.path} if that process is gone") from None
+        raise WorkdirError(
+          f"{self.path.parent} is in use: process {holder.get('pid')} on {holder.get('host')} has "
+          f"trained in it since {holder.get('since')} ({self.path}); wait for it to finish, "
+          f"use another --workdir, or delete {self.path} if that process is gone"
+        ) from None
       with os.fdopen(fd, "w") as f:
         json.dump(self.mine, f)
       return
@@ -139,9 +144,11 @@ def check_config(workdir: Path, run: RunConfig, saved: RunConfig | None) -> list
     return []
   fixed, allowed = resume_changes(saved, run)
   if fixed:
-    raise ConfigError(f"--workdir={workdir} holds a run with another config, and these values cannot change when "
-                      f"it resumes: {'; '.join(fixed)}. Use a new --workdir, or launch with the run's values "
-                      f"({workdir / CONFIG})")
+    raise ConfigError(
+      f"--workdir={workdir} holds a run with another config, and these values cannot change when "
+      f"it resumes: {'; '.join(fixed)}. Use a new --workdir, or launch with the run's values "
+      f"({workdir / CONFIG})"
+    )
   return allowed
 
 
@@ -164,8 +171,9 @@ def check_data(workdir: Path, fingerprint: dict | None, refusal: str = RESUMING)
   if not detail and saved.get("lexicon") != fingerprint.get("lexicon"):
     lexicon = lambda f: (f or {}).get("source", "none")
     detail = f"the lexicon ({lexicon(saved.get('lexicon'))} then, {lexicon(fingerprint.get('lexicon'))} now)"
-  raise DataError(f"the training data changed since the run in {workdir} started: {detail or saved.get('source')}; "
-                  + refusal)
+  raise DataError(
+    f"the training data changed since the run in {workdir} started: {detail or saved.get('source')}; " + refusal
+  )
 
 
 def write_text(path: Path, text: str) -> None:
@@ -181,8 +189,9 @@ def saved_labels(workdir: Path) -> tuple[str, ...] | None:
   return tuple(json.loads(path.read_text())) if path.exists() else None
 
 
-def record_run(workdir: Path, run: RunConfig, tokenizer, fingerprint: dict, labels: tuple[str, ...] | None = None
-               ) -> None:
+def record_run(
+  workdir: Path, run: RunConfig, tokenizer, fingerprint: dict, labels: tuple[str, ...] | None = None
+) -> None:
   """Writes what the workdir keeps of its run (after every check has passed): the config (with
   the changes that were allowed), the data's fingerprint, the tokenizer (once) and the label names."""
   with writable(workdir):

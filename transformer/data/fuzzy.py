@@ -63,7 +63,7 @@ class TranslationMemory:
     """The index of each source's fuzzy match (None when it shares no rare feature with any pair)."""
     out: list[int | None] = []
     for start in range(0, len(sources), _QUERY_CHUNK):
-      chunk = [np.asarray(s, np.int32) for s in sources[start:start + _QUERY_CHUNK]]
+      chunk = [np.asarray(s, np.int32) for s in sources[start : start + _QUERY_CHUNK]]
       rows = [sorted({self._columns[f] for f in _features(s) if f in self._columns}) for s in chunk]
       weighted_QxF = self._binary(rows).multiply(self._idf[None]).tocsr()
       scores_QxN = (weighted_QxF @ self._memory_NxF).tocsr()
@@ -84,16 +84,23 @@ class TranslationMemory:
   def augment(self, sources: Sequence[np.ndarray], hint_tokens: int, separator: int) -> list[np.ndarray]:
     """Each source followed by `separator` and the first `hint_tokens` tokens of its match's target
     (only the separator when it has no match)."""
-    return [np.concatenate([s, [separator], self.targets[m][:hint_tokens] if m is not None else []]).astype(np.int32)
-            for s, m in zip(sources, self.match(sources))]
+    return [
+      np.concatenate([s, [separator], self.targets[m][:hint_tokens] if m is not None else []]).astype(np.int32)
+      for s, m in zip(sources, self.match(sources))
+    ]
 
   def save(self, path: Path) -> None:
     """The pairs as one .npz (the index is rebuilt on load: it is a function of the pairs)."""
     lengths = lambda xs: np.asarray([len(x) for x in xs], np.int64)
     with open(path, "wb") as f:
-      np.savez(f, sources=np.concatenate(self.sources), source_lengths=lengths(self.sources),
-               targets=np.concatenate(self.targets), target_lengths=lengths(self.targets),
-               max_df=np.asarray(self.max_df))
+      np.savez(
+        f,
+        sources=np.concatenate(self.sources),
+        source_lengths=lengths(self.sources),
+        targets=np.concatenate(self.targets),
+        target_lengths=lengths(self.targets),
+        max_df=np.asarray(self.max_df),
+      )
 
   @classmethod
   def load(cls, path: Path) -> TranslationMemory:
@@ -102,5 +109,7 @@ class TranslationMemory:
         split = lambda key: np.split(z[key], np.cumsum(z[f"{key[:-1]}_lengths"])[:-1])
         return cls(list(zip(split("sources"), split("targets"))), float(z["max_df"]))
     except (OSError, KeyError, ValueError) as e:
-      raise DataError(f"{path}: not a readable translation memory ({e}); translate with the workdir that "
-                      f"training wrote, or train again") from None
+      raise DataError(
+        f"{path}: not a readable translation memory ({e}); translate with the workdir that "
+        f"training wrote, or train again"
+      ) from None

@@ -28,9 +28,17 @@ def _window_start(seed: int, index: int, high: int) -> int:
   return int(np.random.default_rng([seed, index]).integers(0, high))
 
 
-def lm_train_dataset(prepared: Prepared, *, seq_len: int, global_batch: int, seed: int,
-                     sampling: str = "windows", process_index: int = 0, process_count: int = 1,
-                     split: str = "train") -> grain.MapDataset:
+def lm_train_dataset(
+  prepared: Prepared,
+  *,
+  seq_len: int,
+  global_batch: int,
+  seed: int,
+  sampling: str = "windows",
+  process_index: int = 0,
+  process_count: int = 1,
+  split: str = "train",
+) -> grain.MapDataset:
   """Batches (B/P, seq_len + 1) of int32 token ids for this process, indexable by step (infinite)."""
   if sampling not in SAMPLING:
     raise DataError(f"unknown data.sampling {sampling!r}; choose one of {', '.join(SAMPLING)}")
@@ -39,8 +47,10 @@ def lm_train_dataset(prepared: Prepared, *, seq_len: int, global_batch: int, see
   tokens = prepared.tokens(split)
   example_len = seq_len + 1
   if len(tokens) < example_len + 1:
-    raise DataError(f"the {split} split of {prepared.directory} has {len(tokens)} tokens, fewer than one "
-                    f"example of seq_len+1={example_len}; use a shorter seq_len or more data")
+    raise DataError(
+      f"the {split} split of {prepared.directory} has {len(tokens)} tokens, fewer than one "
+      f"example of seq_len+1={example_len}; use a shorter seq_len or more data"
+    )
   local = global_batch // process_count
   if sampling == "windows":
     high = len(tokens) - example_len + 1
@@ -57,27 +67,31 @@ def lm_train_dataset(prepared: Prepared, *, seq_len: int, global_batch: int, see
     # Local example j of this process -> its global example index.
     g = (j // local) * global_batch + process_index * local + j % local
     start = start_of(g)
-    return np.asarray(tokens[start:start + example_len], dtype=np.int32)
+    return np.asarray(tokens[start : start + example_len], dtype=np.int32)
 
   return base.map(example).batch(local, drop_remainder=True)
 
 
-def lm_eval_batches(prepared: Prepared, *, seq_len: int, batch_size: int, num_batches: int,
-                    split: str = "validation") -> np.ndarray:
+def lm_eval_batches(
+  prepared: Prepared, *, seq_len: int, batch_size: int, num_batches: int, split: str = "validation"
+) -> np.ndarray:
   """Fixed, evenly spaced windows (num_batches, batch_size, seq_len + 1): the same every evaluation."""
   tokens = prepared.tokens(split)
   example_len = seq_len + 1
   if len(tokens) < example_len:
-    raise DataError(f"the {split} split of {prepared.directory} has {len(tokens)} tokens, fewer than one "
-                    f"example of seq_len+1={example_len}; use a shorter seq_len or a larger validation_fraction")
+    raise DataError(
+      f"the {split} split of {prepared.directory} has {len(tokens)} tokens, fewer than one "
+      f"example of seq_len+1={example_len}; use a shorter seq_len or a larger validation_fraction"
+    )
   n = num_batches * batch_size
   starts = np.linspace(0, len(tokens) - example_len, n).astype(np.int64)
-  windows = np.stack([np.asarray(tokens[s:s + example_len], dtype=np.int32) for s in starts])
+  windows = np.stack([np.asarray(tokens[s : s + example_len], dtype=np.int32) for s in starts])
   return windows.reshape(num_batches, batch_size, example_len)
 
 
 # ---------------------------------------------------------------------------------------------
 # Translation: sentence pairs, bucketed by length under a token budget.
+
 
 def pair_columns(direction: str, languages: tuple[str, str] = ("src", "tgt")) -> tuple[str, str]:
   """("src", "tgt") or ("tgt", "src"): which stored column is the source for `direction` "a-b"."""
@@ -89,8 +103,9 @@ def pair_columns(direction: str, languages: tuple[str, str] = ("src", "tgt")) ->
   raise DataError(f"unknown direction {direction!r} for this data set; choose {forward!r} or {backward!r}")
 
 
-def translation_pairs(prepared: Prepared, split: str, *, direction: str, max_len: int,
-                      languages: tuple[str, str] = ("src", "tgt")) -> tuple[list[tuple[np.ndarray, np.ndarray]], dict]:
+def translation_pairs(
+  prepared: Prepared, split: str, *, direction: str, max_len: int, languages: tuple[str, str] = ("src", "tgt")
+) -> tuple[list[tuple[np.ndarray, np.ndarray]], dict]:
   """The split's (source ids, target ids) pairs, and counts of those dropped (never truncated):
   `too_long` (a side longer than max_len - 1, leaving room for <|endoftext|>) and `empty`."""
   src_col, tgt_col = pair_columns(direction, languages)
@@ -119,8 +134,17 @@ def bucket_rows(length: int, max_tokens: int, batch_multiple: int) -> int:
   return max(batch_multiple, (max_tokens // length) // batch_multiple * batch_multiple)
 
 
-def translation_batches(pairs, *, max_tokens: int, max_len: int, eot_id: int, seed: int, epoch: int = 0,
-                        batch_multiple: int = 1, shuffle: bool = True) -> list[dict]:
+def translation_batches(
+  pairs,
+  *,
+  max_tokens: int,
+  max_len: int,
+  eot_id: int,
+  seed: int,
+  epoch: int = 0,
+  batch_multiple: int = 1,
+  shuffle: bool = True,
+) -> list[dict]:
   """One epoch of padded batches, each pair once. Pairs are grouped by padded length (a multiple of
   8, so few shapes compile) and each batch holds at most `max_tokens` padded tokens per side (its
   size rounded down to `batch_multiple`, the data-parallel size); a bucket's last batch is filled
@@ -139,7 +163,7 @@ def translation_batches(pairs, *, max_tokens: int, max_len: int, eot_id: int, se
   for length, members in sorted(buckets.items()):
     size = bucket_rows(length, max_tokens, batch_multiple)
     for start in range(0, len(members), size):
-      chunk = members[start:start + size]
+      chunk = members[start : start + size]
       real = len(chunk)
       # Fill a bucket's last batch with repeats of its first pair, which weigh nothing (target_valid
       # False), up to batch_multiple times a power of two (at most the full size): few shapes compile.
@@ -152,11 +176,11 @@ def translation_batches(pairs, *, max_tokens: int, max_len: int, eot_id: int, se
       batch.update(source_valid=np.zeros((B, length), bool), target_valid=np.zeros((B, length), bool))
       for row, i in enumerate(chunk):
         src, tgt = pairs[i]
-        batch["source"][row, :len(src)] = src
-        batch["source_valid"][row, :len(src)] = True
-        batch["target_in"][row, :len(tgt) + 1] = np.concatenate([[eot_id], tgt])
-        batch["target_out"][row, :len(tgt) + 1] = np.concatenate([tgt, [eot_id]])
-        batch["target_valid"][row, :len(tgt) + 1] = row < real
+        batch["source"][row, : len(src)] = src
+        batch["source_valid"][row, : len(src)] = True
+        batch["target_in"][row, : len(tgt) + 1] = np.concatenate([[eot_id], tgt])
+        batch["target_out"][row, : len(tgt) + 1] = np.concatenate([tgt, [eot_id]])
+        batch["target_valid"][row, : len(tgt) + 1] = row < real
       batches.append(batch)
   if shuffle:
     batches = [batches[i] for i in rng.permutation(len(batches))]
@@ -166,8 +190,18 @@ def translation_batches(pairs, *, max_tokens: int, max_len: int, eot_id: int, se
 BATCHING = ("packed", "bucketed")
 
 
-def packed_batches(pairs, *, max_tokens: int, max_len: int, eot_id: int, seed: int, epoch: int = 0,
-                   batch_multiple: int = 1, shuffle: bool = True, source_len: int | None = None) -> list[dict]:
+def packed_batches(
+  pairs,
+  *,
+  max_tokens: int,
+  max_len: int,
+  eot_id: int,
+  seed: int,
+  epoch: int = 0,
+  batch_multiple: int = 1,
+  shuffle: bool = True,
+  source_len: int | None = None,
+) -> list[dict]:
   """One epoch of batches of one shape, each pair once: pairs are packed back to back into rows of
   `max_len` tokens per side (in order, a new row when the next pair does not fit: the flax WMT
   example's packing), `bucket_rows(max_len, max_tokens, batch_multiple)` rows a batch. The keys of
@@ -193,17 +227,19 @@ def packed_batches(pairs, *, max_tokens: int, max_len: int, eot_id: int, seed: i
   rows += [[]] * (-len(rows) % size)  # the last batch's empty rows weigh nothing
   batches = []
   for start in range(0, len(rows), size):
-    batch = {k: np.zeros((size, source_len if k.startswith("source") else max_len), np.int32)
-             for k in ("source", "source_segments", "target_in", "target_out", "target_segments")}
-    for r, members in enumerate(rows[start:start + size]):
+    batch = {
+      k: np.zeros((size, source_len if k.startswith("source") else max_len), np.int32)
+      for k in ("source", "source_segments", "target_in", "target_out", "target_segments")
+    }
+    for r, members in enumerate(rows[start : start + size]):
       s = t = 0
       for segment, i in enumerate(members, start=1):
         src, tgt = pairs[i]
-        batch["source"][r, s:s + len(src)] = src
-        batch["source_segments"][r, s:s + len(src)] = segment
-        batch["target_in"][r, t:t + len(tgt) + 1] = np.concatenate([[eot_id], tgt])
-        batch["target_out"][r, t:t + len(tgt) + 1] = np.concatenate([tgt, [eot_id]])
-        batch["target_segments"][r, t:t + len(tgt) + 1] = segment
+        batch["source"][r, s : s + len(src)] = src
+        batch["source_segments"][r, s : s + len(src)] = segment
+        batch["target_in"][r, t : t + len(tgt) + 1] = np.concatenate([[eot_id], tgt])
+        batch["target_out"][r, t : t + len(tgt) + 1] = np.concatenate([tgt, [eot_id]])
+        batch["target_segments"][r, t : t + len(tgt) + 1] = segment
         s, t = s + len(src), t + len(tgt) + 1
     batch["source_valid"] = batch["source_segments"] > 0
     batch["target_valid"] = batch["target_segments"] > 0
@@ -220,10 +256,21 @@ class TranslationBatches:
   `extra` pairs (a lexicon) join each epoch `extra_per_epoch` at a time: the next ones of a fixed
   shuffled order of them, going round, so that every extra pair is seen before any is seen again."""
 
-  def __init__(self, pairs, *, max_tokens: int, max_len: int, eot_id: int, seed: int, batch_multiple: int = 1,
-               batching: str = "packed", extra=(), extra_per_epoch: int = 0, source_len: int | None = None):
-    make = (functools.partial(packed_batches, source_len=source_len) if batching == "packed"
-            else translation_batches)
+  def __init__(
+    self,
+    pairs,
+    *,
+    max_tokens: int,
+    max_len: int,
+    eot_id: int,
+    seed: int,
+    batch_multiple: int = 1,
+    batching: str = "packed",
+    extra=(),
+    extra_per_epoch: int = 0,
+    source_len: int | None = None,
+  ):
+    make = functools.partial(packed_batches, source_len=source_len) if batching == "packed" else translation_batches
     extra_order = np.random.default_rng([seed, 1 << 30]).permutation(len(extra)) if len(extra) else None
 
     def epoch_pairs(epoch: int) -> list:
@@ -232,8 +279,15 @@ class TranslationBatches:
       taken = extra_order[(epoch * extra_per_epoch + np.arange(extra_per_epoch)) % len(extra)]
       return list(pairs) + [extra[i] for i in taken]
 
-    self._make = lambda epoch: make(epoch_pairs(epoch), max_tokens=max_tokens, max_len=max_len, eot_id=eot_id,
-                                    seed=seed, epoch=epoch, batch_multiple=batch_multiple)
+    self._make = lambda epoch: make(
+      epoch_pairs(epoch),
+      max_tokens=max_tokens,
+      max_len=max_len,
+      eot_id=eot_id,
+      seed=seed,
+      epoch=epoch,
+      batch_multiple=batch_multiple,
+    )
     self.epoch, self.index, self._batches = 0, 0, None
 
   def __iter__(self):

@@ -68,15 +68,19 @@ class PrepareOptions:
       if not 0.0 <= v < 1.0:
         raise DataError(f"{name} must be in [0, 1), got {v}")
     if self.validation_fraction + self.test_fraction >= 1.0:
-      raise DataError(f"validation_fraction + test_fraction must leave data for training, got "
-                      f"{self.validation_fraction} + {self.test_fraction}")
+      raise DataError(
+        f"validation_fraction + test_fraction must leave data for training, got "
+        f"{self.validation_fraction} + {self.test_fraction}"
+      )
     if self.piece_chars < 1:
       raise DataError(f"piece_chars must be positive, got {self.piece_chars}")
     if self.tokenizer in ("bpe", "word") and not self.vocab_size:
       raise DataError(f"tokenizer {self.tokenizer!r} needs a vocab_size (for example 8192)")
     if self.saved_tokenizer is None and self.tokenizer not in tokenizers.NAMES:
-      raise DataError(f"tokenizer {self.tokenizer!r} is neither one of {', '.join(tokenizers.NAMES)} nor a "
-                      f"directory holding a saved tokenizer ({tokenizers.CONFIG_FILE})")
+      raise DataError(
+        f"tokenizer {self.tokenizer!r} is neither one of {', '.join(tokenizers.NAMES)} nor a "
+        f"directory holding a saved tokenizer ({tokenizers.CONFIG_FILE})"
+      )
 
   @property
   def saved_tokenizer(self) -> Path | None:
@@ -85,8 +89,9 @@ class PrepareOptions:
     return path if (path / tokenizers.CONFIG_FILE).is_file() else None
 
 
-def default_dir(source: Source, options: PrepareOptions, root: str | os.PathLike = "data",
-                lexicon: Source | None = None) -> Path:
+def default_dir(
+  source: Source, options: PrepareOptions, root: str | os.PathLike = "data", lexicon: Source | None = None
+) -> Path:
   """data/<source>-<tokenizer>[<vocab_size>], e.g. data/shakespeare-gpt2 or data/ding_de_en-bpe8000; a
   saved tokenizer is named by its content (data/vader-saved1a2b3c4d); a lexicon is added to the
   name (data/ding_de_en-bpe2000+ding_de_en-dictionary)."""
@@ -205,8 +210,7 @@ def _fractions(options: PrepareOptions) -> tuple[float, float]:
   return options.validation_fraction, options.test_fraction
 
 
-def _assigned_records(source: Source, options: PrepareOptions, counts: dict | None
-                      ) -> Iterator[tuple[int, int, tuple]]:
+def _assigned_records(source: Source, options: PrepareOptions, counts: dict | None) -> Iterator[tuple[int, int, tuple]]:
   """(split, line number, record) of a record source, without exact duplicates (the Ding dictionary
   repeats entries, which would leak between splits); `counts["dropped"]` counts them."""
   seen: set[bytes] = set()
@@ -232,15 +236,27 @@ def _files(source: Source) -> list[dict]:
 
 
 def _request(source: Source, options: PrepareOptions, lexicon: Source | None) -> dict:
-  request = {"source": source.name, "kind": source.kind, "columns": list(source.columns), "files": _files(source),
-             "options": dataclasses.asdict(options)}
+  request = {
+    "source": source.name,
+    "kind": source.kind,
+    "columns": list(source.columns),
+    "files": _files(source),
+    "options": dataclasses.asdict(options),
+  }
   if lexicon is not None:
     request["lexicon"] = {"source": lexicon.name, "files": _files(lexicon)}
   return request
 
 
-def prepare(source: Source, out_dir: str | os.PathLike, options: PrepareOptions = PrepareOptions(),
-            *, lexicon: Source | None = None, overwrite: bool = False, progress: bool = True) -> Path:
+def prepare(
+  source: Source,
+  out_dir: str | os.PathLike,
+  options: PrepareOptions = PrepareOptions(),
+  *,
+  lexicon: Source | None = None,
+  overwrite: bool = False,
+  progress: bool = True,
+) -> Path:
   """Tokenizes `source` (and a lexicon of training-only pairs beside it: `sources.lexicon_source`)
   into `out_dir`; returns the manifest's path. Reuses an identical preparation."""
   options.check()
@@ -257,12 +273,16 @@ def prepare(source: Source, out_dir: str | os.PathLike, options: PrepareOptions 
       logging.info("%s already holds this preparation; reusing it", out_dir)
       return manifest_path
     if not overwrite:
-      raise DataError(f"{out_dir} already holds a different preparation ({old.get('request', {}).get('source')}"
-                      f", tokenizer {old.get('tokenizer', {}).get('name')}); choose another output "
-                      f"directory or pass overwrite=True (--overwrite)")
+      raise DataError(
+        f"{out_dir} already holds a different preparation ({old.get('request', {}).get('source')}"
+        f", tokenizer {old.get('tokenizer', {}).get('name')}); choose another output "
+        f"directory or pass overwrite=True (--overwrite)"
+      )
   elif out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
-    raise DataError(f"{out_dir} exists, is not empty and holds no {MANIFEST}; choose another output "
-                    f"directory or pass overwrite=True (--overwrite)")
+    raise DataError(
+      f"{out_dir} exists, is not empty and holds no {MANIFEST}; choose another output "
+      f"directory or pass overwrite=True (--overwrite)"
+    )
 
   out_dir.parent.mkdir(parents=True, exist_ok=True)
   staging = out_dir.parent / f".{out_dir.name}.staging-{os.getpid()}"
@@ -276,20 +296,34 @@ def prepare(source: Source, out_dir: str | os.PathLike, options: PrepareOptions 
     counts, dropped, tags = _write_splits(source, options, tokenizer, dtype, staging, progress, lexicon)
     for split in SPLITS:
       if split != "test" and counts[split]["records"] == 0 and (split == "train" or options.validation_fraction > 0):
-        raise DataError(f"the {split} split of {source.name} came out empty: the input is too small "
-                        f"for the split (piece_chars={options.piece_chars}); give more text, or lower "
-                        f"piece_chars (--piece_chars; config.data.piece_chars when training)")
+        raise DataError(
+          f"the {split} split of {source.name} came out empty: the input is too small "
+          f"for the split (piece_chars={options.piece_chars}); give more text, or lower "
+          f"piece_chars (--piece_chars; config.data.piece_chars when training)"
+        )
     if lexicon is not None and counts[LEXICON]["records"] == 0:
       c = counts[LEXICON]
-      raise DataError(f"the lexicon {lexicon.name} has no pairs left ({c['duplicates']} repeat a sentence pair or "
-                      f"each other, {c['held_out']} share a side with a validation or test pair); give another "
-                      f"lexicon or none")
+      raise DataError(
+        f"the lexicon {lexicon.name} has no pairs left ({c['duplicates']} repeat a sentence pair or "
+        f"each other, {c['held_out']} share a side with a validation or test pair); give another "
+        f"lexicon or none"
+      )
     manifest = {
-        "format": FORMAT_VERSION, "kind": source.kind, "source": source.name,
-        "columns": list(source.columns), "dtype": np.dtype(dtype).name,
-        "tokenizer": {"name": tokenizer.name, "vocab_size": tokenizer.vocab_size,
-                      "eot_id": tokenizer.eot_id, "dir": "tokenizer"},
-        "splits": counts, "dropped_duplicates": dropped, "seconds": round(time.time() - start, 2), "request": request,
+      "format": FORMAT_VERSION,
+      "kind": source.kind,
+      "source": source.name,
+      "columns": list(source.columns),
+      "dtype": np.dtype(dtype).name,
+      "tokenizer": {
+        "name": tokenizer.name,
+        "vocab_size": tokenizer.vocab_size,
+        "eot_id": tokenizer.eot_id,
+        "dir": "tokenizer",
+      },
+      "splits": counts,
+      "dropped_duplicates": dropped,
+      "seconds": round(time.time() - start, 2),
+      "request": request,
     }
     if source.kind == "tagged":
       manifest["tags"] = tags  # in order of first appearance: a tag's index is its id in labels.npy
@@ -306,8 +340,9 @@ def prepare(source: Source, out_dir: str | os.PathLike, options: PrepareOptions 
   return manifest_path
 
 
-def ensure_prepared(source: Source, out_dir: str | os.PathLike, options: PrepareOptions,
-                    lexicon: Source | None = None) -> Prepared:
+def ensure_prepared(
+  source: Source, out_dir: str | os.PathLike, options: PrepareOptions, lexicon: Source | None = None
+) -> Prepared:
   """`source` prepared into `out_dir`, now if it is not already (`prepare` reuses an identical
   preparation and redoes a different one), then loaded. In a multi-process run process 0 writes and
   the others wait for it."""
@@ -319,8 +354,15 @@ def ensure_prepared(source: Source, out_dir: str | os.PathLike, options: Prepare
   return load_prepared(out_dir)
 
 
-def _write_splits(source: Source, options: PrepareOptions, tokenizer, dtype, directory: Path,
-                  progress: bool, lexicon: Source | None = None) -> tuple[dict, int, list[str]]:
+def _write_splits(
+  source: Source,
+  options: PrepareOptions,
+  tokenizer,
+  dtype,
+  directory: Path,
+  progress: bool,
+  lexicon: Source | None = None,
+) -> tuple[dict, int, list[str]]:
   fractions = _fractions(options)
   writers = [_Writer(directory, s, source.kind, dtype) for s in SPLITS]
   total = sum(p.stat().st_size for p in source.files)
@@ -370,8 +412,11 @@ def _write_splits(source: Source, options: PrepareOptions, tokenizer, dtype, dir
     for split, w in zip(SPLITS, writers):
       w.close(directory, split)
   for split, w in zip(SPLITS, writers):
-    counts[split].update(records=len(w.rows), documents=len(w.documents) if source.kind == "text"
-                         else len(w.rows), tokens=int(sum(w.lengths)))
+    counts[split].update(
+      records=len(w.rows),
+      documents=len(w.documents) if source.kind == "text" else len(w.rows),
+      tokens=int(sum(w.lengths)),
+    )
   if lexicon is not None:
     counts[LEXICON] = _write_lexicon(lexicon, tokenizer, dtype, directory, held_out, sentence_pairs)
   if len(tags) > np.iinfo(np.int16).max:
@@ -387,8 +432,9 @@ def _pair_key(rec: tuple) -> bytes:
   return hashlib.blake2b(repr(tuple(map(_side_key, rec))).encode(), digest_size=12).digest()
 
 
-def _write_lexicon(lexicon: Source, tokenizer, dtype, directory: Path, held_out: set[str],
-                   sentence_pairs: set[bytes]) -> dict:
+def _write_lexicon(
+  lexicon: Source, tokenizer, dtype, directory: Path, held_out: set[str], sentence_pairs: set[bytes]
+) -> dict:
   """The lexicon's pairs into the `lexicon` split: once each, none that repeats a sentence pair or
   has a side of a validation or test pair (compared case- and space-insensitively)."""
   w = _Writer(directory, LEXICON, "pairs", dtype)
@@ -464,10 +510,13 @@ def load_prepared(directory: str | os.PathLike) -> Prepared:
   directory = Path(directory)
   path = directory / MANIFEST
   if not path.exists():
-    raise DataError(f"no prepared data set at {directory} (no {MANIFEST}); prepare it with "
-                    f"`python -m launch.prepare --dataset=... --output_dir={directory}`")
+    raise DataError(
+      f"no prepared data set at {directory} (no {MANIFEST}); prepare it with "
+      f"`python -m launch.prepare --dataset=... --output_dir={directory}`"
+    )
   manifest = json.loads(path.read_text())
   if manifest.get("format") != FORMAT_VERSION:
-    raise DataError(f"{path} has format {manifest.get('format')}, this code reads format "
-                    f"{FORMAT_VERSION}; prepare the data again")
+    raise DataError(
+      f"{path} has format {manifest.get('format')}, this code reads format {FORMAT_VERSION}; prepare the data again"
+    )
   return Prepared(directory, manifest, tokenizers.load_tokenizer(directory / manifest["tokenizer"]["dir"]))

@@ -15,10 +15,12 @@ def tokenization(prepared: Prepared, split: str = "train", n_tokens: int = 32) -
 def summary(prepared: Prepared) -> str:
   m = prepared.manifest
   tok = m["tokenizer"]
-  lines = [f"{m['source']} ({m['kind']}) -> {prepared.directory}",
-           f"tokenizer {tok['name']}: vocab_size {tok['vocab_size']}, end-of-text id {tok['eot_id']}, "
-           f"stored as {m['dtype']}; prepared in {m['seconds']} s",
-           f"{'split':<12}{'records':>10}{'documents':>11}{'tokens':>12}{'chars':>12}{'chars/token':>13}"]
+  lines = [
+    f"{m['source']} ({m['kind']}) -> {prepared.directory}",
+    f"tokenizer {tok['name']}: vocab_size {tok['vocab_size']}, end-of-text id {tok['eot_id']}, "
+    f"stored as {m['dtype']}; prepared in {m['seconds']} s",
+    f"{'split':<12}{'records':>10}{'documents':>11}{'tokens':>12}{'chars':>12}{'chars/token':>13}",
+  ]
   for split in SPLITS + ((LEXICON,) if LEXICON in m["splits"] else ()):
     c = m["splits"][split]
     ratio = f"{c['chars'] / c['tokens']:.2f}" if c["tokens"] else "-"
@@ -27,8 +29,10 @@ def summary(prepared: Prepared) -> str:
     lines.append(f"dropped {m['dropped_duplicates']} exact duplicate records")
   if LEXICON in m["splits"]:
     c = m["splits"][LEXICON]
-    lines.append(f"lexicon {m['request']['lexicon']['source']}, for training only: left out {c['duplicates']} "
-                 f"repeats and {c['held_out']} pairs sharing a side with a validation or test pair")
+    lines.append(
+      f"lexicon {m['request']['lexicon']['source']}, for training only: left out {c['duplicates']} "
+      f"repeats and {c['held_out']} pairs sharing a side with a validation or test pair"
+    )
   if m["kind"] == "text":
     lines += ["first training tokens:", tokenization(prepared)]
   return "\n".join(lines)

@@ -66,8 +66,10 @@ def read_text(path: Path, chunk_bytes: int | None = None) -> Iterator[str]:
       try:
         text = carry + decoder.decode(block)
       except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not valid UTF-8 at byte {offset + e.start} ({e.reason}); convert it "
-                        f"with e.g. `iconv -f latin1 -t utf-8`") from None
+        raise DataError(
+          f"{path}: not valid UTF-8 at byte {offset + e.start} ({e.reason}); convert it "
+          f"with e.g. `iconv -f latin1 -t utf-8`"
+        ) from None
       offset += len(block)
       cut = text.rfind("\n") + 1
       carry = text[cut:]
@@ -199,8 +201,7 @@ def parse_label_line(line: str, path: Path, lineno: int) -> list[tuple[str, str]
     return None
   parts = line.split("\t")
   if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
-    raise DataError(f"{path}:{lineno}: expected 'label<TAB>text' (a class name, a tab, the text), found "
-                    f"{line[:80]!r}")
+    raise DataError(f"{path}:{lineno}: expected 'label<TAB>text' (a class name, a tab, the text), found {line[:80]!r}")
   return [(parts[0].strip(), parts[1].strip())]
 
 
@@ -213,8 +214,10 @@ def parse_tagged_line(line: str, path: Path, lineno: int) -> list[tuple[tuple[st
   for token in tokens:
     word, slash, tag = token.rpartition("/")
     if not slash or not word or not tag:
-      raise DataError(f"{path}:{lineno}: token {token!r} is not 'word/TAG'; a tagged file has one sentence a line "
-                      f"of word/TAG tokens separated by spaces")
+      raise DataError(
+        f"{path}:{lineno}: token {token!r} is not 'word/TAG'; a tagged file has one sentence a line "
+        f"of word/TAG tokens separated by spaces"
+      )
     sentence.append((word, tag))
   return [tuple(sentence)]
 
@@ -252,14 +255,14 @@ def named_source(name: str) -> Source:
     return Source("text", name, tuple(sorted(root.iterdir())))
   columns = NAMED_COLUMNS.get(name, ())
   if name == "ding_de_en":
-    return Source("pairs", name, (assets.fetch("ding_de_en"),), columns, parse_ding_line,
-                  lexicon_line=parse_ding_lexicon_line)
+    return Source(
+      "pairs", name, (assets.fetch("ding_de_en"),), columns, parse_ding_line, lexicon_line=parse_ding_lexicon_line
+    )
   if name == "vader":
     return Source("classification", name, (assets.fetch("vader_movie_reviews"),), columns, parse_vader_line)
   if name == "brown":
     return Source("tagged", name, _brown_files(), columns, parse_tagged_line, split_by="file")
-  raise DataError(f"unknown data set {name!r}; named data sets are {', '.join(NAMED)}, or give your "
-                  f"own files")
+  raise DataError(f"unknown data set {name!r}; named data sets are {', '.join(NAMED)}, or give your own files")
 
 
 NAMED = ("shakespeare", "ding_de_en", "vader", "brown")
@@ -300,12 +303,16 @@ def lexicon_source(lexicon: str, source: Source) -> Source | None:
   if not lexicon:
     return None
   if source.kind != "pairs":
-    raise DataError(f"a lexicon adds training pairs for translation; {source.name} holds {source.kind} records, "
-                    f"so leave --config.data.lexicon empty")
+    raise DataError(
+      f"a lexicon adds training pairs for translation; {source.name} holds {source.kind} records, "
+      f"so leave --config.data.lexicon empty"
+    )
   if lexicon == LEXICON_DICTIONARY:
     if source.lexicon_line is None:
-      raise DataError(f"{source.name} has no dictionary entries of its own; give --config.data.lexicon a TSV "
-                      f"file of training pairs (source<TAB>target) instead")
+      raise DataError(
+        f"{source.name} has no dictionary entries of its own; give --config.data.lexicon a TSV "
+        f"file of training pairs (source<TAB>target) instead"
+      )
     return Source("pairs", f"{source.name}-{LEXICON_DICTIONARY}", source.files, source.columns, source.lexicon_line)
   extra = file_source([lexicon], "pairs", source.columns)
   return dataclasses.replace(extra, name=f"lexicon-{extra.name}")

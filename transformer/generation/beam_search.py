@@ -59,9 +59,15 @@ def init_cache(model: Transformer, batch: int, source_len: int, target_len: int)
 def decode_step(model: Transformer, params, cache, encoded_BxSxD, tokens_B, source_valid_BxS):
   """(logits_BxV of the next token, the updated cache) for one new token per sequence. Pass
   `encoded_BxSxD` on the first step (its keys/values are cached) and None after."""
-  logits_Bx1xV, variables = model.apply({"params": params, "cache": cache}, encoded_BxSxD, tokens_B[:, None],
-                                        source_valid_BxS=source_valid_BxS, decode=True, mutable=["cache"],
-                                        method="decode_logits")
+  logits_Bx1xV, variables = model.apply(
+    {"params": params, "cache": cache},
+    encoded_BxSxD,
+    tokens_B[:, None],
+    source_valid_BxS=source_valid_BxS,
+    decode=True,
+    mutable=["cache"],
+    method="decode_logits",
+  )
   return logits_Bx1xV[:, 0], variables["cache"]
 
 
@@ -97,17 +103,29 @@ def _gather_beams(cache, beam_BxK, old_beams: int):
       continue
     axis = 1 if "layers" in path else 0  # scanned layers carry a leading layer axis
     B, K = beam_BxK.shape
-    x_BxOx = x.reshape(x.shape[:axis] + (B, old_beams) + x.shape[axis + 1:])
+    x_BxOx = x.reshape(x.shape[:axis] + (B, old_beams) + x.shape[axis + 1 :])
     idx = beam_BxK.reshape((1,) * axis + (B, K) + (1,) * (x.ndim - axis - 1))
     x = jnp.take_along_axis(x_BxOx, idx, axis=axis + 1)
-    out[path] = x.reshape(x.shape[:axis] + (B * K,) + x.shape[axis + 2:])
+    out[path] = x.reshape(x.shape[:axis] + (B * K,) + x.shape[axis + 2 :])
   return flax.traverse_util.unflatten_dict(out)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "beam_size", "max_len", "alpha", "bos_id", "eos_id",
-                                             "no_repeat_ngram"))
-def beam_search(params, source_BxS, source_valid_BxS, *, model: Transformer, beam_size: int, max_len: int,
-                alpha: float, bos_id: int, eos_id: int, no_repeat_ngram: int = 0):
+@functools.partial(
+  jax.jit, static_argnames=("model", "beam_size", "max_len", "alpha", "bos_id", "eos_id", "no_repeat_ngram")
+)
+def beam_search(
+  params,
+  source_BxS,
+  source_valid_BxS,
+  *,
+  model: Transformer,
+  beam_size: int,
+  max_len: int,
+  alpha: float,
+  bos_id: int,
+  eos_id: int,
+  no_repeat_ngram: int = 0,
+):
   """(tokens_BxKxL, scores_BxK): the beam_size best translations of each source, best first.
 
   tokens exclude <bos> and are padded with <eos> after the first one; scores are
@@ -158,16 +176,31 @@ def beam_search(params, source_BxS, source_valid_BxS, *, model: Transformer, bea
     return (i < L) & ~jnp.all(fin_score_BxK[:, -1] >= best_alive_B)
 
   alive_lp_BxK = jnp.tile(jnp.array([0.0] + [NEG_INF] * (K - 1)), (B, 1))  # one live beam at first
-  state = (jnp.int32(0), cache, jnp.full((B, K, L), eos_id, jnp.int32), alive_lp_BxK,
-           jnp.full((B, K, L), eos_id, jnp.int32), jnp.full((B, K), NEG_INF))
+  state = (
+    jnp.int32(0),
+    cache,
+    jnp.full((B, K, L), eos_id, jnp.int32),
+    alive_lp_BxK,
+    jnp.full((B, K, L), eos_id, jnp.int32),
+    jnp.full((B, K), NEG_INF),
+  )
   state = step(state, encoded_NxSxD)  # the first step passes the encoder output (cached from then on)
   _, _, _, _, fin_BxKxL, fin_score_BxK = jax.lax.while_loop(keep_going, step, state)
   return fin_BxKxL, fin_score_BxK
 
 
 @functools.partial(jax.jit, static_argnames=("model", "max_len", "bos_id", "eos_id", "no_repeat_ngram"))
-def greedy(params, source_BxS, source_valid_BxS, *, model: Transformer, max_len: int, bos_id: int, eos_id: int,
-           no_repeat_ngram: int = 0):
+def greedy(
+  params,
+  source_BxS,
+  source_valid_BxS,
+  *,
+  model: Transformer,
+  max_len: int,
+  bos_id: int,
+  eos_id: int,
+  no_repeat_ngram: int = 0,
+):
   """tokens_BxL: the argmax token at every step, <eos>-padded after the first <eos>."""
   B, S = source_BxS.shape
   encoded_BxSxD = model.apply({"params": params}, source_BxS, source_valid_BxS=source_valid_BxS, method="encode")
@@ -181,8 +214,13 @@ def greedy(params, source_BxS, source_valid_BxS, *, model: Transformer, max_len:
     token_B = jnp.where(done_B, eos_id, jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32))
     return i + 1, cache, token_B, done_B | (token_B == eos_id), out_BxL.at[:, i].set(token_B)
 
-  state = (jnp.int32(0), cache, jnp.full((B,), bos_id, jnp.int32), jnp.zeros((B,), bool),
-           jnp.full((B, max_len), eos_id, jnp.int32))
+  state = (
+    jnp.int32(0),
+    cache,
+    jnp.full((B,), bos_id, jnp.int32),
+    jnp.zeros((B,), bool),
+    jnp.full((B, max_len), eos_id, jnp.int32),
+  )
   state = step(state, encoded_BxSxD)
   *_, out_BxL = jax.lax.while_loop(lambda s: (s[0] < max_len) & ~jnp.all(s[3]), step, state)
   return out_BxL
@@ -198,14 +236,26 @@ def check_sources(sources: Sequence[Sequence[int]], max_len: int, vocab_size: in
   sources = check_token_lists(sources, vocab_size, "sentence", "there is nothing to translate")
   for i, ids in enumerate(sources):
     if len(ids) > max_len:
-      raise ConfigError(f"sentence {i} is {len(ids)} tokens, longer than the model's max_len={max_len}; "
-                        f"split it into shorter sentences")
+      raise ConfigError(
+        f"sentence {i} is {len(ids)} tokens, longer than the model's max_len={max_len}; split it into shorter sentences"
+      )
   return sources
 
 
-def translate_ids(model: Transformer, params, sources: Sequence[Sequence[int]], *, eos_id: int,
-                  beam_size: int = 1, alpha: float = 0.6, max_len: int | None = None, no_repeat_ngram: int = 0,
-                  batch_size: int = 32, mesh=None, rules: tuple = ()) -> list[list[int]]:
+def translate_ids(
+  model: Transformer,
+  params,
+  sources: Sequence[Sequence[int]],
+  *,
+  eos_id: int,
+  beam_size: int = 1,
+  alpha: float = 0.6,
+  max_len: int | None = None,
+  no_repeat_ngram: int = 0,
+  batch_size: int = 32,
+  mesh=None,
+  rules: tuple = (),
+) -> list[list[int]]:
   """The best translation of each source (token ids, without <eos>), in order: greedy for
   beam_size 1, else beam search. <eos> (<|endoftext|>) is also the decoder's start token.
 
@@ -224,13 +274,22 @@ def translate_ids(model: Transformer, params, sources: Sequence[Sequence[int]], 
   order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
   out: list[list[int]] = [[] for _ in sources]
   if beam_size == 1:
-    search = functools.partial(greedy, model=model, max_len=max_len, bos_id=eos_id, eos_id=eos_id,
-                               no_repeat_ngram=no_repeat_ngram)
+    search = functools.partial(
+      greedy, model=model, max_len=max_len, bos_id=eos_id, eos_id=eos_id, no_repeat_ngram=no_repeat_ngram
+    )
   else:
-    beams = functools.partial(beam_search, model=model, beam_size=beam_size, alpha=float(alpha), max_len=max_len,
-                              bos_id=eos_id, eos_id=eos_id, no_repeat_ngram=no_repeat_ngram)
+    beams = functools.partial(
+      beam_search,
+      model=model,
+      beam_size=beam_size,
+      alpha=float(alpha),
+      max_len=max_len,
+      bos_id=eos_id,
+      eos_id=eos_id,
+      no_repeat_ngram=no_repeat_ngram,
+    )
     search = lambda *args: beams(*args)[0][:, 0]  # the best of each sentence's beams
-  batches = [order[start:start + B] for start in range(0, len(order), B)]
+  batches = [order[start : start + B] for start in range(0, len(order), B)]
 
   def decode(rows: list[int]) -> np.ndarray:  # the best hypotheses of these sources, B x L on the host
     S = min(round_up(len(sources[rows[-1]]), SOURCE_BUCKET), cfg.max_len)

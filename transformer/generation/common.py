@@ -26,8 +26,10 @@ def check_token_lists(lists: Sequence[Sequence[int]], vocab_size: int, what: str
       raise ConfigError(f"{what} {i} is empty; {if_empty}")
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
-      raise ConfigError(f"{what} {i} has token id {bad[0]} outside the model's vocabulary [0, {vocab_size}); "
-                        f"was it encoded with another tokenizer?")
+      raise ConfigError(
+        f"{what} {i} has token id {bad[0]} outside the model's vocabulary [0, {vocab_size}); "
+        f"was it encoded with another tokenizer?"
+      )
     out.append(ids)
   return out
 
@@ -80,4 +82,4 @@ def grow_cache(cache, shapes):
 def until_stop(tokens, stop_id: int | None) -> list[int]:
   """The tokens before the first `stop_id` (all of them if there is none)."""
   tokens = np.asarray(tokens).tolist()
-  return tokens[:tokens.index(stop_id)] if stop_id in tokens else tokens
+  return tokens[: tokens.index(stop_id)] if stop_id in tokens else tokens

@@ -91,8 +91,14 @@ def filter_logits(logits_BxV: jax.Array, sampling: Sampling) -> jax.Array:
   return logits_BxV
 
 
-def sample_logits(logits_BxV: jax.Array, rng: jax.Array, sampling: Sampling, forms: str = "reference",
-                  vocab_major: bool = False, first_row: jax.Array | int = 0) -> jax.Array:
+def sample_logits(
+  logits_BxV: jax.Array,
+  rng: jax.Array,
+  sampling: Sampling,
+  forms: str = "reference",
+  vocab_major: bool = False,
+  first_row: jax.Array | int = 0,
+) -> jax.Array:
   """One token per row; row b draws with the key fold_in(rng, first_row + b) (`first_row`: where
   these rows start in the whole batch). `forms` (kernels.forms of config.model.kernels) picks the
   argmax's and the draw's faster forms (transformer.kernels.argmax, .draw); `vocab_major`: the logits
@@ -144,9 +150,21 @@ def _stream(step, tokens_B):
   _stream_target[0](int(step), np.asarray(tokens_B))
 
 
-def sample_padded(params, prompt_BxP, valid_BxP, rng, first_row=0, *, model, max_new_tokens: int,
-                  sampling: Sampling, stop_id: int | None = None, rules: tuple = (), stream: bool = False,
-                  decode_phase: int = DECODE_PHASE):
+def sample_padded(
+  params,
+  prompt_BxP,
+  valid_BxP,
+  rng,
+  first_row=0,
+  *,
+  model,
+  max_new_tokens: int,
+  sampling: Sampling,
+  stop_id: int | None = None,
+  rules: tuple = (),
+  stream: bool = False,
+  decode_phase: int = DECODE_PHASE,
+):
   """The sampler (`jitted_sampler` compiles it): left-padded prompts (B, P) -> new tokens
   (B, max_new_tokens). `first_row`: the index of these prompts' first row in the whole batch, which
   a part of a split batch draws its random numbers by (`sample_logits`). `decode_phase`: see
@@ -157,9 +175,11 @@ def sample_padded(params, prompt_BxP, valid_BxP, rng, first_row=0, *, model, max
   B, P = prompt_BxP.shape
   N = max_new_tokens
   with nn.logical_axis_rules(rules):
+
     def forward(cache, tokens_BxT, valid_BxT):
-      logits_BxTxV, variables = model.apply({"params": params, "cache": cache}, tokens_BxT, valid_BxT=valid_BxT,
-                                            decode=True, mutable=["cache"])
+      logits_BxTxV, variables = model.apply(
+        {"params": params, "cache": cache}, tokens_BxT, valid_BxT=valid_BxT, decode=True, mutable=["cache"]
+      )
       return logits_BxTxV[:, -1], variables["cache"]
 
     forms = _forms(model)
@@ -231,15 +251,29 @@ def split_parts(model, batch_size: int, mesh) -> int:
 
 
 def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int) -> list[list[int]]:
-  return check_token_lists(prompts, vocab_size, "prompt", "start it with the end-of-text id (tokenizer.eot_id), "
-                           "which is how GPT-2 begins a document")
+  return check_token_lists(
+    prompts,
+    vocab_size,
+    "prompt",
+    "start it with the end-of-text id (tokenizer.eot_id), which is how GPT-2 begins a document",
+  )
 
 
-def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
-             sampling: Sampling = Sampling(), seed: int | jax.Array = 0, stop_id: int | None = None,
-             mesh=None, rules: tuple = (), sliding_window: bool = False,
-             on_token: Callable[[int, np.ndarray], None] | None = None,
-             decode_phase: int = DECODE_PHASE) -> list[list[int]]:
+def generate(
+  model,
+  params,
+  prompts: Sequence[Sequence[int]],
+  *,
+  max_new_tokens: int,
+  sampling: Sampling = Sampling(),
+  seed: int | jax.Array = 0,
+  stop_id: int | None = None,
+  mesh=None,
+  rules: tuple = (),
+  sliding_window: bool = False,
+  on_token: Callable[[int, np.ndarray], None] | None = None,
+  decode_phase: int = DECODE_PHASE,
+) -> list[list[int]]:
   """New token ids for each prompt (at most `max_new_tokens`, without `stop_id` and what follows).
 
   With `mesh` (and the logical axis `rules` training used), the batch and the KV cache are sharded
@@ -262,14 +296,26 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
   longest = max(len(p) for p in prompts)
   if longest + max_new_tokens > cfg.max_len:
     if sliding_window:
-      return [generate_sliding(model, params, p, max_new_tokens=max_new_tokens, sampling=sampling,
-                               rng=jax.random.fold_in(rng, b), stop_id=stop_id) for b, p in enumerate(prompts)]
+      return [
+        generate_sliding(
+          model,
+          params,
+          p,
+          max_new_tokens=max_new_tokens,
+          sampling=sampling,
+          rng=jax.random.fold_in(rng, b),
+          stop_id=stop_id,
+        )
+        for b, p in enumerate(prompts)
+      ]
     which = max(range(len(prompts)), key=lambda b: len(prompts[b]))
     tokens = f"{longest} token{'s' * (longest > 1)}"
-    raise ConfigError(f"prompt {which} ({tokens}) + max_new_tokens={max_new_tokens} is longer than the "
-                      f"model's context of {cfg.max_len} tokens; shorten the prompt, lower max_new_tokens "
-                      f"to {max(cfg.max_len - longest, 0)}, or use the sliding window "
-                      f"(sliding_window=True / --sliding_window), which is much slower")
+    raise ConfigError(
+      f"prompt {which} ({tokens}) + max_new_tokens={max_new_tokens} is longer than the "
+      f"model's context of {cfg.max_len} tokens; shorten the prompt, lower max_new_tokens "
+      f"to {max(cfg.max_len - longest, 0)}, or use the sliding window "
+      f"(sliding_window=True / --sliding_window), which is much slower"
+    )
 
   # On a CPU device, its cores may each decode a part of the batch (streaming keeps one part).
   parts = split_parts(model, len(prompts), mesh) if on_token is None else 1
@@ -277,15 +323,21 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
   # data-parallel size and of the parts.
   P = min(round_up(longest, PROMPT_BUCKET), cfg.max_len - max_new_tokens)
   prompt_BxP, valid_BxP = pad_rows(prompts, round_up(batch_rows(len(prompts), mesh, rules), parts), P, left=True)
-  kwargs = dict(model=model, max_new_tokens=max_new_tokens, sampling=sampling, stop_id=stop_id,
-                rules=tuple(rules) if mesh is not None else (), stream=on_token is not None,
-                decode_phase=min(decode_phase, max_new_tokens))  # one compiled program for any one-phase value
+  kwargs = dict(
+    model=model,
+    max_new_tokens=max_new_tokens,
+    sampling=sampling,
+    stop_id=stop_id,
+    rules=tuple(rules) if mesh is not None else (),
+    stream=on_token is not None,
+    decode_phase=min(decode_phase, max_new_tokens),
+  )  # one compiled program for any one-phase value
   rows = len(prompt_BxP) // parts
   sampler = jitted_sampler(model)
 
   def decode(part: int) -> np.ndarray:
     first = part * rows
-    part_BxP, part_valid_BxP = prompt_BxP[first:first + rows], valid_BxP[first:first + rows]
+    part_BxP, part_valid_BxP = prompt_BxP[first : first + rows], valid_BxP[first : first + rows]
     if mesh is None:
       tokens_BxN = sampler(params, part_BxP, part_valid_BxP, rng, first, **kwargs)
     else:
@@ -294,16 +346,24 @@ def generate(model, params, prompts: Sequence[Sequence[int]], *, max_new_tokens:
     return np.asarray(tokens_BxN)  # waits for the last callback too
 
   if on_token is not None:
-    _stream_target[:] = [lambda i, tokens_B: on_token(i, tokens_B[:len(prompts)])]
+    _stream_target[:] = [lambda i, tokens_B: on_token(i, tokens_B[: len(prompts)])]
   try:
     tokens_BxN = np.concatenate(decode_threads.on_threads(decode, range(parts), parts))
   finally:
     _stream_target.clear()
-  return [until_stop(row, stop_id) for row in tokens_BxN[:len(prompts)]]
+  return [until_stop(row, stop_id) for row in tokens_BxN[: len(prompts)]]
 
 
-def generate_sliding(model, params, prompt: list[int], *, max_new_tokens: int, sampling: Sampling = Sampling(),
-                     rng=None, stop_id: int | None = None) -> list[int]:
+def generate_sliding(
+  model,
+  params,
+  prompt: list[int],
+  *,
+  max_new_tokens: int,
+  sampling: Sampling = Sampling(),
+  rng=None,
+  stop_id: int | None = None,
+) -> list[int]:
   """One prompt, any length: a full forward pass over the last `max_len` tokens per new token
   (one compiled function over a fixed-size buffer, no cache). Slow; for text longer than the context."""
   context = model.config.max_len
@@ -320,12 +380,12 @@ def generate_sliding(model, params, prompt: list[int], *, max_new_tokens: int, s
   for i in range(max_new_tokens):
     window = tokens[-context:]
     buffer = np.zeros((1, context), np.int32)
-    buffer[0, :len(window)] = window
+    buffer[0, : len(window)] = window
     token = int(next_token(jnp.asarray(buffer), len(window), jax.random.fold_in(rng, i)))
     if token == stop_id:
       break
     tokens.append(token)
-  return tokens[len(prompt):]
+  return tokens[len(prompt) :]
 
 
 class _TextStream:
@@ -346,14 +406,25 @@ class _TextStream:
     self.ids.append(token)
     text = self.tokenizer.decode(self.ids)
     if not text.endswith("\ufffd"):
-      self.out.write(text[self.written:])
+      self.out.write(text[self.written :])
       self.out.flush()
       self.written = len(text)
 
 
-def complete(model, params, tokenizer, texts: Sequence[str], *, max_new_tokens: int,
-             sampling: Sampling = Sampling(), seed: int = 0, num_samples: int = 1, stream=None,
-             allow_special: bool | Iterable[str] = False, **generate_options) -> list[str]:
+def complete(
+  model,
+  params,
+  tokenizer,
+  texts: Sequence[str],
+  *,
+  max_new_tokens: int,
+  sampling: Sampling = Sampling(),
+  seed: int = 0,
+  num_samples: int = 1,
+  stream=None,
+  allow_special: bool | Iterable[str] = False,
+  **generate_options,
+) -> list[str]:
   """Text continuations: `num_samples` per prompt, prompt-major. Generation stops at end-of-text;
   an empty prompt starts from end-of-text (a fresh document, as GPT-2 was trained). A special token
   written in a prompt (e.g. "<|endoftext|>") is refused unless `allow_special` (True, or a set of
@@ -380,6 +451,6 @@ def complete(model, params, tokenizer, texts: Sequence[str], *, max_new_tokens: 
       streamer = _TextStream(tokenizer, stream, tokenizer.eot_id)
       [ids] = generate(model, params, [prompt], seed=seed + j, on_token=streamer, **options)
       completions.append(tokenizer.decode(ids))
-      stream.write(completions[-1][streamer.written:] + "\n")  # what was held back (or not streamed)
+      stream.write(completions[-1][streamer.written :] + "\n")  # what was held back (or not streamed)
       stream.flush()
   return completions

@@ -42,8 +42,10 @@ PLATFORMS = ("cpu", "gpu", "tpu")  # what `for_platform` maps
 
 def check(kernels: str) -> None:
   if kernels not in KERNELS:
-    raise ConfigError(f"unknown kernels {kernels!r}; choose one of {', '.join(KERNELS)} (auto: the fast forms of "
-                      f"the platform a program runs on; reference: plain JAX)")
+    raise ConfigError(
+      f"unknown kernels {kernels!r}; choose one of {', '.join(KERNELS)} (auto: the fast forms of "
+      f"the platform a program runs on; reference: plain JAX)"
+    )
 
 
 def for_platform(platform: str) -> str:
@@ -52,7 +54,7 @@ def for_platform(platform: str) -> str:
 
 
 def forms(kernels: str) -> str:
-  """"reference", "cpu" or "accelerator": the forms `kernels` (config.model.kernels) picks for a
+  """ "reference", "cpu" or "accelerator": the forms `kernels` (config.model.kernels) picks for a
   program traced now ("auto": by jax's default backend, the platform of the devices it runs on)."""
   check(kernels)
   return for_platform(jax.default_backend()) if kernels == "auto" else kernels

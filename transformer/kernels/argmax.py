@@ -43,7 +43,7 @@ def first_max_index(x: jax.Array, axis: int) -> jax.Array:
   if C is None:
     return _first_index(x == jnp.max(x, axis=axis, keepdims=True), axis, dtype).reshape(-1)
   blocks, entries = axis, axis + 1  # V x B -> N x C x B; B x V -> B x N x C
-  x = x.reshape(x.shape[:axis] + (V // C, C) + x.shape[axis + 1:])
+  x = x.reshape(x.shape[:axis] + (V // C, C) + x.shape[axis + 1 :])
   max_blocks = jnp.max(x, axis=entries, keepdims=True)
   max_all = jnp.max(max_blocks, axis=blocks, keepdims=True)
   block = _first_index(max_blocks == max_all, blocks, dtype)

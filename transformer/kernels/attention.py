@@ -44,10 +44,19 @@ def causal_by_blocks(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, implementation: str) -> ja
   kernel takes the mask: its is_causal measured no faster)."""
   T = q_BxTxHxK.shape[1]
   spans = blocks(T) if T >= 2 * BLOCK else [(0, T)]
-  return jnp.concatenate([
-      jax.nn.dot_product_attention(q_BxTxHxK[:, start:end], k_BxTxHxK[:, :end], v_BxTxHxK[:, :end],
-                                   mask=causal_mask(end, end)[:, start:][:, None], implementation=implementation)
-      for start, end in spans], axis=1)
+  return jnp.concatenate(
+    [
+      jax.nn.dot_product_attention(
+        q_BxTxHxK[:, start:end],
+        k_BxTxHxK[:, :end],
+        v_BxTxHxK[:, :end],
+        mask=causal_mask(end, end)[:, start:][:, None],
+        implementation=implementation,
+      )
+      for start, end in spans
+    ],
+    axis=1,
+  )
 
 
 @jax.custom_vjp
@@ -60,10 +69,11 @@ def _causal_cpu_fwd(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK):
   T, scale = q_BxTxHxK.shape[1], 1.0 / math.sqrt(q_BxTxHxK.shape[-1])
   out_blocks, probs_blocks = [], []
   for start, end in blocks(T):
-    scores_BxHxtxs = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK[:, start:end], k_BxTxHxK[:, :end],
-                                preferred_element_type=jnp.float32) * scale
-    scores_BxHxtxs = jnp.where(causal_mask(end, end)[:, start:][:, None], scores_BxHxtxs,
-                               jnp.finfo(jnp.float32).min)
+    scores_BxHxtxs = (
+      jnp.einsum("bthk,bshk->bhts", q_BxTxHxK[:, start:end], k_BxTxHxK[:, :end], preferred_element_type=jnp.float32)
+      * scale
+    )
+    scores_BxHxtxs = jnp.where(causal_mask(end, end)[:, start:][:, None], scores_BxHxtxs, jnp.finfo(jnp.float32).min)
     probs_BxHxtxs = jax.nn.softmax(scores_BxHxtxs, axis=-1).astype(v_BxTxHxK.dtype)
     out_blocks.append(jnp.einsum("bhts,bshk->bthk", probs_BxHxtxs, v_BxTxHxK[:, :end]))
     probs_blocks.append(probs_BxHxtxs)
@@ -85,8 +95,11 @@ def _causal_cpu_bwd(residuals, dout_BxTxHxK):
     keys_after = ((0, 0), (0, T - end), (0, 0), (0, 0))  # this block saw keys 0..end-1
     dk_BxTxHxK += jnp.pad(f32("bhts,bthk->bshk", dscores_BxHxtxs, q_BxTxHxK[:, start:end]) * scale, keys_after)
     dv_BxTxHxK += jnp.pad(f32("bhts,bthk->bshk", probs_BxHxtxs, dout_BxtxHxK), keys_after)
-  return (jnp.concatenate(dq_blocks, axis=1).astype(q_BxTxHxK.dtype), dk_BxTxHxK.astype(k_BxTxHxK.dtype),
-          dv_BxTxHxK.astype(v_BxTxHxK.dtype))
+  return (
+    jnp.concatenate(dq_blocks, axis=1).astype(q_BxTxHxK.dtype),
+    dk_BxTxHxK.astype(k_BxTxHxK.dtype),
+    dv_BxTxHxK.astype(v_BxTxHxK.dtype),
+  )
 
 
 causal_cpu.defvjp(_causal_cpu_fwd, _causal_cpu_bwd)

@@ -22,7 +22,6 @@ decoding:
   - the result is float32 logits `(B, T, V)` whatever the compute dtype.
 """
 
-
 from transformer.models.encoder import EncoderConfig
 from transformer.models.gpt import GPTConfig
 from transformer.models.lstm import LSTMConfig

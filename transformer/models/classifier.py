@@ -54,13 +54,19 @@ def _hidden(config, tokens_BxT, valid_BxT, deterministic: bool):
 
 def _head(num_outputs: int, config, x_BxD):
   fields = models.body_fields(config)
-  return nn.Dense(num_outputs, dtype=jnp.dtype(fields.dtype), param_dtype=jnp.dtype(fields.param_dtype),
-                  kernel_init=nn.initializers.normal(0.02), name="head")(x_BxD).astype(jnp.float32)
+  return nn.Dense(
+    num_outputs,
+    dtype=jnp.dtype(fields.dtype),
+    param_dtype=jnp.dtype(fields.param_dtype),
+    kernel_init=nn.initializers.normal(0.02),
+    name="head",
+  )(x_BxD).astype(jnp.float32)
 
 
 class SequenceClassifier(nn.Module):
   """Float32 logits `BxC` of right-padded texts: the body, its states pooled over the real tokens
   (`valid_BxT`), dropout, a linear head."""
+
   config: Any  # a body's model config (EncoderConfig, GPTConfig, LSTMConfig)
   num_classes: int
   pooling: str = "mean"
@@ -88,6 +94,7 @@ class SequenceClassifier(nn.Module):
 
 class TokenClassifier(nn.Module):
   """Float32 logits `BxTxC`: a label for every position (a tagger), from the body's state there."""
+
   config: Any
   num_classes: int
   dropout_rate: float = 0.0
@@ -103,9 +110,11 @@ class TokenClassifier(nn.Module):
 
 def body_hidden(config, body_params, tokens_BxT, valid_BxT=None) -> jax.Array:
   """The body's hidden states alone (e.g. to check that a loaded body is the pretrained one)."""
+
   class _Body(nn.Module):
     @nn.compact
     def __call__(self, tokens, valid):
       return _hidden(config, tokens, valid, True)
+
   valid_BxT = jnp.ones(tokens_BxT.shape, bool) if valid_BxT is None else valid_BxT
   return _Body().apply({"params": {"body": body_params}}, tokens_BxT, valid_BxT)

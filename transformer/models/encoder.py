@@ -54,6 +54,7 @@ class EncoderConfig:
 class Encoder(nn.Module):
   """Hidden states `BxTxD` of a token sequence; `valid_BxT` False marks padding, which no token
   attends to, so a text's states do not depend on how much padding follows it."""
+
   config: EncoderConfig
 
   def setup(self):
@@ -66,8 +67,10 @@ class Encoder(nn.Module):
   def __call__(self, tokens_BxT, *, valid_BxT=None, deterministic: bool = True):
     B, T = tokens_BxT.shape
     if T > self.config.max_len:
-      raise ConfigError(f"a sequence of {T} tokens is longer than the encoder's max_len={self.config.max_len}; "
-                        f"raise --config.model.max_len or lower --config.max_len")
+      raise ConfigError(
+        f"a sequence of {T} tokens is longer than the encoder's max_len={self.config.max_len}; "
+        f"raise --config.model.max_len or lower --config.max_len"
+      )
     valid_BxT = jnp.ones((B, T), bool) if valid_BxT is None else valid_BxT
     positions_1xT = jnp.arange(T)[None]
     x_BxTxD = self.source_embed(tokens_BxT, positions_1xT, deterministic)

@@ -57,18 +57,19 @@ class GPTConfig:
 
 
 def _gpt2(num_layers: int, num_heads: int, d_model: int, max_len: int = 1024) -> GPTConfig:
-  return GPTConfig(max_len=max_len, num_layers=num_layers, block=layers.BlockConfig(d_model=d_model,
-                                                                                    num_heads=num_heads))
+  return GPTConfig(
+    max_len=max_len, num_layers=num_layers, block=layers.BlockConfig(d_model=d_model, num_heads=num_heads)
+  )
 
 
 PRESETS: dict[str, GPTConfig] = {
-    "gpt2": _gpt2(num_layers=12, num_heads=12, d_model=768),
-    "gpt2-medium": _gpt2(num_layers=24, num_heads=16, d_model=1024),
-    "gpt2-large": _gpt2(num_layers=36, num_heads=20, d_model=1280),
-    "gpt2-xl": _gpt2(num_layers=48, num_heads=25, d_model=1600),
-    # Small enough to train on a 2-core CPU in minutes (vocab_size is set from the tokenizer).
-    "cpu-small": _gpt2(max_len=256, num_layers=4, num_heads=4, d_model=256),
-    "cpu-tiny": _gpt2(max_len=64, num_layers=2, num_heads=2, d_model=64),
+  "gpt2": _gpt2(num_layers=12, num_heads=12, d_model=768),
+  "gpt2-medium": _gpt2(num_layers=24, num_heads=16, d_model=1024),
+  "gpt2-large": _gpt2(num_layers=36, num_heads=20, d_model=1280),
+  "gpt2-xl": _gpt2(num_layers=48, num_heads=25, d_model=1600),
+  # Small enough to train on a 2-core CPU in minutes (vocab_size is set from the tokenizer).
+  "cpu-small": _gpt2(max_len=256, num_layers=4, num_heads=4, d_model=256),
+  "cpu-tiny": _gpt2(max_len=64, num_layers=2, num_heads=2, d_model=64),
 }
 
 
@@ -82,9 +83,16 @@ class GPT(nn.Module):
   config: GPTConfig
 
   @nn.compact
-  def __call__(self, tokens_BxT: jax.Array, *, valid_BxT: jax.Array | None = None,
-               segments_BxT: jax.Array | None = None, deterministic: bool = True, decode: bool = False,
-               features: bool = False) -> jax.Array:
+  def __call__(
+    self,
+    tokens_BxT: jax.Array,
+    *,
+    valid_BxT: jax.Array | None = None,
+    segments_BxT: jax.Array | None = None,
+    deterministic: bool = True,
+    decode: bool = False,
+    features: bool = False,
+  ) -> jax.Array:
     """Float32 logits for every position (or, with `features`, the final LayerNorm's output
     `BxTxD`: what a classification head reads; the parameters are the same).
 
@@ -103,10 +111,13 @@ class GPT(nn.Module):
       raise ValueError("decoding continues one document: segments_BxT is for packed training rows")
     if decode:
       positions_BxT, mask_BxTxS, key_positions_BxS = layers.CachePositions(name="positions")(
-          valid_BxT if valid_BxT is not None else jnp.ones((B, T), bool))
+        valid_BxT if valid_BxT is not None else jnp.ones((B, T), bool)
+      )
     elif T > cfg.max_len:
-      raise ConfigError(f"a sequence of {T} tokens is longer than max_len={cfg.max_len} "
-                        f"(the position table); use at most {cfg.max_len} tokens")
+      raise ConfigError(
+        f"a sequence of {T} tokens is longer than max_len={cfg.max_len} "
+        f"(the position table); use at most {cfg.max_len} tokens"
+      )
     elif valid_BxT is None and segments_BxT is None:
       positions_BxT, mask_BxTxS = jnp.arange(T)[None], None  # causal (layers.attend)
     else:
@@ -117,18 +128,28 @@ class GPT(nn.Module):
 
     block = cfg.block
     dtype, param_dtype = jnp.dtype(block.dtype), jnp.dtype(block.param_dtype)
-    wte = nn.Embed(cfg.vocab_size, block.d_model, dtype=dtype, param_dtype=param_dtype, name="wte",
-                   embedding_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ("vocab", "embed")))
-    wpe_LxD = self.param("wpe", nn.with_logical_partitioning(nn.initializers.normal(0.01), ("position", "embed")),
-                         (cfg.max_len, block.d_model), param_dtype)
+    wte = nn.Embed(
+      cfg.vocab_size,
+      block.d_model,
+      dtype=dtype,
+      param_dtype=param_dtype,
+      name="wte",
+      embedding_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ("vocab", "embed")),
+    )
+    wpe_LxD = self.param(
+      "wpe",
+      nn.with_logical_partitioning(nn.initializers.normal(0.01), ("position", "embed")),
+      (cfg.max_len, block.d_model),
+      param_dtype,
+    )
     x_BxTxD = wte(tokens_BxT) + wpe_LxD.astype(dtype)[positions_BxT]
     x_BxTxD = nn.Dropout(block.dropout_rate)(x_BxTxD, deterministic=deterministic)
     x_BxTxD = nn.with_logical_constraint(x_BxTxD, ("batch", "length", "embed"))
     self.sow("intermediates", "embeddings", x_BxTxD)  # the residual stream's start, when probing
 
-    x_BxTxD = layers.Stack(block, cfg.num_layers, scan=cfg.scan_layers, remat_policy=cfg.remat_policy,
-                           name="h")(x_BxTxD, mask_BxTxS, positions=(positions_BxT, key_positions_BxS),
-                                     deterministic=deterministic, decode=decode)
+    x_BxTxD = layers.Stack(block, cfg.num_layers, scan=cfg.scan_layers, remat_policy=cfg.remat_policy, name="h")(
+      x_BxTxD, mask_BxTxS, positions=(positions_BxT, key_positions_BxS), deterministic=deterministic, decode=decode
+    )
     x_BxTxD = layers.layer_norm(block, "ln_f")(x_BxTxD)
     if features:
       return x_BxTxD
@@ -140,10 +161,14 @@ class GPT(nn.Module):
     elif cfg.tie_embeddings:
       logits_BxTxV = wte.attend(x_BxTxD)
     else:
-      logits_BxTxV = nn.Dense(cfg.vocab_size, use_bias=False, dtype=dtype, param_dtype=param_dtype,
-                              kernel_init=nn.with_logical_partitioning(nn.initializers.normal(0.02),
-                                                                       ("embed", "vocab")),
-                              name="lm_head")(x_BxTxD)
+      logits_BxTxV = nn.Dense(
+        cfg.vocab_size,
+        use_bias=False,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        kernel_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ("embed", "vocab")),
+        name="lm_head",
+      )(x_BxTxD)
     # Softmax/cross-entropy in float32 whatever the compute dtype.
     return nn.with_logical_constraint(logits_BxTxV.astype(jnp.float32), ("batch", "length", "vocab"))
 

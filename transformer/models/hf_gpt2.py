@@ -101,19 +101,27 @@ def import_hf_gpt2(path: str | Path, **overrides) -> tuple[GPTConfig, dict]:
   num_layers = 1 + max(int(m.group(1)) for k in tensors if (m := re.match(r"h\.(\d+)\.", k)))
   heads = hf.get("n_head") or _GPT2_HEADS.get(D)
   if heads is None:
-    raise CheckpointError(f"cannot tell the number of heads of {file} (d_model={D}): put its config.json "
-                          f"(with n_head) beside it, or pass num_heads=")
+    raise CheckpointError(
+      f"cannot tell the number of heads of {file} (d_model={D}): put its config.json "
+      f"(with n_head) beside it, or pass num_heads="
+    )
   tied = "lm_head.weight" not in tensors or np.array_equal(tensors["lm_head.weight"], tensors["wte.weight"])
   if tied:
     tensors.pop("lm_head.weight", None)
-  block = layers.BlockConfig(d_model=D, num_heads=heads, d_mlp=tensors["h.0.mlp.c_fc.weight"].shape[1],
-                             layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-5))
+  block = layers.BlockConfig(
+    d_model=D,
+    num_heads=heads,
+    d_mlp=tensors["h.0.mlp.c_fc.weight"].shape[1],
+    layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-5),
+  )
   cfg = GPTConfig(vocab_size=V, max_len=table_length, num_layers=num_layers, block=block, tie_embeddings=tied)
   scan = overrides.pop("scan_layers", False)
   cfg = cfg.replace(**overrides)
   if cfg.max_len > table_length:
-    raise CheckpointError(f"max_len={cfg.max_len} is longer than the position table of "
-                          f"{file} ({table_length} rows); use max_len <= {table_length}")
+    raise CheckpointError(
+      f"max_len={cfg.max_len} is longer than the position table of "
+      f"{file} ({table_length} rows); use max_len <= {table_length}"
+    )
   if cfg.max_len < table_length:  # keep the first rows: positions beyond are never used
     tensors["wpe.weight"] = tensors["wpe.weight"][: cfg.max_len]
   cfg.check()
@@ -127,8 +135,10 @@ def import_hf_gpt2(path: str | Path, **overrides) -> tuple[GPTConfig, dict]:
       raise CheckpointError(f"{file} is missing tensor {key!r} (expected shape {hf_shape})")
     value = tensors[key]
     if value.shape != hf_shape:
-      raise CheckpointError(f"tensor {key!r} in {file} has shape {value.shape}, expected {hf_shape} "
-                            f"for a GPT-2 with {cfg.num_layers} layers, d_model={D}, vocab={V}")
+      raise CheckpointError(
+        f"tensor {key!r} in {file} has shape {value.shape}, expected {hf_shape} "
+        f"for a GPT-2 with {cfg.num_layers} layers, d_model={D}, vocab={V}"
+      )
     value = value.T if _is_lm_head(ours) else value
     target = _get(shapes, ours)
     _set(params, ours, jnp.asarray(value.reshape(target.shape), dtype=target.dtype))
@@ -145,8 +155,10 @@ def export_hf_gpt2(config: GPTConfig, params: dict, out_dir: str | Path) -> Path
   """Writes `model.safetensors` + `config.json` that `GPT2LMHeadModel.from_pretrained` loads."""
   block = config.block
   if block.attention_mechanism != "dot_product":
-    raise ConfigError(f"GPT-2 has dot-product attention; a model with block.attention_mechanism="
-                      f"{block.attention_mechanism!r} has no Hugging Face GPT-2 form")
+    raise ConfigError(
+      f"GPT-2 has dot-product attention; a model with block.attention_mechanism="
+      f"{block.attention_mechanism!r} has no Hugging Face GPT-2 form"
+    )
   params = nn.unbox(params)
   if config.scan_layers:
     params = {**params, "h": layers.unstack_layers(params["h"], config.num_layers)}
@@ -162,14 +174,23 @@ def export_hf_gpt2(config: GPTConfig, params: dict, out_dir: str | Path) -> Path
   out_dir.mkdir(parents=True, exist_ok=True)
   save_file(tensors, out_dir / "model.safetensors", metadata={"format": "pt"})
   hf_config = {
-      "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "activation_function": "gelu_new",
-      "vocab_size": config.vocab_size, "n_positions": config.max_len, "n_embd": block.d_model,
-      "n_layer": config.num_layers, "n_head": block.num_heads,
-      "n_inner": None if block.mlp_width == 4 * block.d_model else block.mlp_width,
-      "layer_norm_epsilon": block.layer_norm_epsilon, "tie_word_embeddings": config.tie_embeddings,
-      "resid_pdrop": block.dropout_rate, "embd_pdrop": block.dropout_rate,
-      "attn_pdrop": block.attention_dropout_rate, "bos_token_id": config.vocab_size - 1,
-      "eos_token_id": config.vocab_size - 1, "scale_attn_weights": True,
+    "architectures": ["GPT2LMHeadModel"],
+    "model_type": "gpt2",
+    "activation_function": "gelu_new",
+    "vocab_size": config.vocab_size,
+    "n_positions": config.max_len,
+    "n_embd": block.d_model,
+    "n_layer": config.num_layers,
+    "n_head": block.num_heads,
+    "n_inner": None if block.mlp_width == 4 * block.d_model else block.mlp_width,
+    "layer_norm_epsilon": block.layer_norm_epsilon,
+    "tie_word_embeddings": config.tie_embeddings,
+    "resid_pdrop": block.dropout_rate,
+    "embd_pdrop": block.dropout_rate,
+    "attn_pdrop": block.attention_dropout_rate,
+    "bos_token_id": config.vocab_size - 1,
+    "eos_token_id": config.vocab_size - 1,
+    "scale_attn_weights": True,
   }
   (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
   return out_dir

@@ -69,6 +69,7 @@ class LSTM(nn.Module):
   """Hidden states `BxTxD'` of right-padded token sequences (`valid_BxT` False marks the padding,
   which the sequence lengths keep out of every state at a real token: the backward direction starts
   at each sequence's last real token, not at the padding)."""
+
   config: LSTMConfig
 
   @nn.compact
@@ -76,13 +77,20 @@ class LSTM(nn.Module):
     cfg = self.config
     B, T = tokens_BxT.shape
     dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
-    embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=param_dtype,
-                     embedding_init=nn.initializers.normal(0.1), name="embed")
+    embed = nn.Embed(
+      cfg.vocab_size,
+      cfg.d_model,
+      dtype=dtype,
+      param_dtype=param_dtype,
+      embedding_init=nn.initializers.normal(0.1),
+      name="embed",
+    )
     lengths_B = None if valid_BxT is None else valid_BxT.sum(axis=1).astype(jnp.int32)
     if decode:
       if cfg.bidirectional:
-        raise ConfigError("a bidirectional LSTM reads the text's end first: it cannot generate; set "
-                          "--config.model.bidirectional=False")
+        raise ConfigError(
+          "a bidirectional LSTM reads the text's end first: it cannot generate; set --config.model.bidirectional=False"
+        )
       tokens_BxT, lengths_B = _valid_first(tokens_BxT, valid_BxT)
     x_BxTxD = nn.Dropout(cfg.dropout_rate)(embed(tokens_BxT), deterministic=deterministic)
 
@@ -94,8 +102,9 @@ class LSTM(nn.Module):
       elif decode:  # continue from the state after the earlier calls' tokens
         rnn = nn.RNN(cell(f"cell_{i}"), name=f"layer_{i}")
         state = self.variable("cache", f"state_{i}", lambda: (jnp.zeros((B, cfg.d_model), dtype),) * 2)  # (c, h)
-        carry, x_BxTxD = rnn(x_BxTxD, initial_carry=state.value, seq_lengths=jnp.maximum(lengths_B, 1),
-                             return_carry=True)
+        carry, x_BxTxD = rnn(
+          x_BxTxD, initial_carry=state.value, seq_lengths=jnp.maximum(lengths_B, 1), return_carry=True
+        )
         state.value = jax.tree.map(lambda new, old: jnp.where((lengths_B > 0)[:, None], new, old), carry, state.value)
       else:
         x_BxTxD = nn.RNN(cell(f"cell_{i}"), name=f"layer_{i}")(x_BxTxD, seq_lengths=lengths_B)
@@ -122,23 +131,29 @@ def _valid_first(tokens_BxT, valid_BxT):
 class LSTMLanguageModel(nn.Module):
   """A one-way LSTM with a head over the vocabulary: float32 next-token logits `BxTxV` (with
   `decode=True`, `Bx1xV` of each sequence's last real token, as GPT gives the sampler)."""
+
   config: LSTMConfig
 
   @nn.compact
   def __call__(self, tokens_BxT, *, valid_BxT=None, deterministic: bool = True, decode: bool = False):
     cfg = self.config
     if cfg.bidirectional:
-      raise ConfigError("a language model predicts the next token from the ones before it: a bidirectional "
-                        "LSTM would read the answer; set --config.model.bidirectional=False")
+      raise ConfigError(
+        "a language model predicts the next token from the ones before it: a bidirectional "
+        "LSTM would read the answer; set --config.model.bidirectional=False"
+      )
     if not decode and tokens_BxT.shape[1] > cfg.max_len:
-      raise ConfigError(f"a sequence of {tokens_BxT.shape[1]} tokens is longer than max_len="
-                        f"{cfg.max_len}; use at most {cfg.max_len} tokens")
+      raise ConfigError(
+        f"a sequence of {tokens_BxT.shape[1]} tokens is longer than max_len="
+        f"{cfg.max_len}; use at most {cfg.max_len} tokens"
+      )
     lstm = LSTM(cfg, name="lstm")
     hidden_BxTxD = lstm(tokens_BxT, valid_BxT=valid_BxT, deterministic=deterministic, decode=decode)
     if cfg.tie_embeddings:
       logits_BxTxV = lstm.variables["params"]["embed"]["embedding"].astype(hidden_BxTxD.dtype)
       logits_BxTxV = hidden_BxTxD @ logits_BxTxV.T
     else:
-      logits_BxTxV = nn.Dense(cfg.vocab_size, dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype),
-                              name="head")(hidden_BxTxD)
+      logits_BxTxV = nn.Dense(
+        cfg.vocab_size, dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype), name="head"
+      )(hidden_BxTxD)
     return logits_BxTxV.astype(jnp.float32)

@@ -30,8 +30,16 @@ from transformer import layers
 from transformer.errors import ConfigError
 
 # The paper's blocks: post-LayerNorm, ReLU, Glorot-initialised (its tensor2tensor code), base's sizes.
-PAPER_BLOCK = layers.BlockConfig(d_model=512, num_heads=8, d_mlp=2048, dropout_rate=0.1, layer_norm_epsilon=1e-6,
-                                 pre_layer_norm=False, activation="relu", kernel_init="xavier")
+PAPER_BLOCK = layers.BlockConfig(
+  d_model=512,
+  num_heads=8,
+  d_mlp=2048,
+  dropout_rate=0.1,
+  layer_norm_epsilon=1e-6,
+  pre_layer_norm=False,
+  activation="relu",
+  kernel_init="xavier",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,15 +85,16 @@ class Seq2SeqConfig:
 
 
 PRESETS: dict[str, Seq2SeqConfig] = {
-    # The paper's Table 3: base (65M params at 37k vocab) and big (213M).
-    "transformer_base": Seq2SeqConfig(num_layers=6, block=PAPER_BLOCK),
-    "transformer_big": Seq2SeqConfig(num_layers=6, block=PAPER_BLOCK.replace(num_heads=16, d_model=1024, d_mlp=4096,
-                                                                             dropout_rate=0.3)),
-    # Trains on a 2-core CPU in minutes.
-    "cpu-small": Seq2SeqConfig(max_len=64, num_layers=3, block=PAPER_BLOCK.replace(num_heads=4, d_model=256,
-                                                                                   d_mlp=1024)),
-    "cpu-tiny": Seq2SeqConfig(max_len=32, num_layers=2, block=PAPER_BLOCK.replace(num_heads=2, d_model=64, d_mlp=128,
-                                                                                  dropout_rate=0.0)),
+  # The paper's Table 3: base (65M params at 37k vocab) and big (213M).
+  "transformer_base": Seq2SeqConfig(num_layers=6, block=PAPER_BLOCK),
+  "transformer_big": Seq2SeqConfig(
+    num_layers=6, block=PAPER_BLOCK.replace(num_heads=16, d_model=1024, d_mlp=4096, dropout_rate=0.3)
+  ),
+  # Trains on a 2-core CPU in minutes.
+  "cpu-small": Seq2SeqConfig(max_len=64, num_layers=3, block=PAPER_BLOCK.replace(num_heads=4, d_model=256, d_mlp=1024)),
+  "cpu-tiny": Seq2SeqConfig(
+    max_len=32, num_layers=2, block=PAPER_BLOCK.replace(num_heads=2, d_model=64, d_mlp=128, dropout_rate=0.0)
+  ),
 }
 
 
@@ -98,14 +107,18 @@ def preset(name: str, **overrides) -> Seq2SeqConfig:
 class Embed(nn.Module):
   """Token embedding * sqrt(d_model) + sinusoidal position, then dropout (the paper's section 3.4).
   `config`: a model config with vocab_size, max_len and a block (the encoder's too)."""
+
   config: Seq2SeqConfig
 
   def setup(self):
     block = self.config.block
-    self.table = nn.Embed(self.config.vocab_size, block.d_model, dtype=jnp.dtype(block.dtype),
-                          param_dtype=jnp.dtype(block.param_dtype),
-                          embedding_init=nn.with_logical_partitioning(
-                              nn.initializers.normal(block.d_model ** -0.5), ("vocab", "embed")))
+    self.table = nn.Embed(
+      self.config.vocab_size,
+      block.d_model,
+      dtype=jnp.dtype(block.dtype),
+      param_dtype=jnp.dtype(block.param_dtype),
+      embedding_init=nn.with_logical_partitioning(nn.initializers.normal(block.d_model**-0.5), ("vocab", "embed")),
+    )
     self.dropout = nn.Dropout(block.dropout_rate)
 
   def __call__(self, tokens_BxT, positions_BxT, deterministic: bool, word_dropout: float = 0.0):
@@ -126,12 +139,14 @@ class Transformer(nn.Module):
   """The call convention of every model here (transformer.models): `deterministic=False` for
   training (dropout on), `decode=True` for step-by-step decoding with the KV cache; one module, one
   set of parameters for all three."""
+
   config: Seq2SeqConfig
 
   def setup(self):
     cfg = self.config
-    stack = lambda depth, cross: layers.Stack(cfg.block, depth, scan=cfg.scan_layers,
-                                              remat_policy=cfg.remat_policy, cross_attention=cross)
+    stack = lambda depth, cross: layers.Stack(
+      cfg.block, depth, scan=cfg.scan_layers, remat_policy=cfg.remat_policy, cross_attention=cross
+    )
     self.encoder, self.decoder = stack(cfg.num_layers, False), stack(cfg.decoder_layers(), True)
     self.cache_positions = layers.CachePositions()  # decode mode only; it has no parameters
     self.source_embed = Embed(cfg)
@@ -140,9 +155,15 @@ class Transformer(nn.Module):
       self.encoder_norm = layers.layer_norm(cfg.block)
       self.decoder_norm = layers.layer_norm(cfg.block)
     if not cfg.tie_output:
-      self.head = layers.Projection((cfg.vocab_size,), ("embed", "vocab"), std=cfg.block.d_model ** -0.5,
-                                    use_bias=False, dtype=cfg.block.dtype, param_dtype=cfg.block.param_dtype,
-                                    kernels=cfg.kernels)
+      self.head = layers.Projection(
+        (cfg.vocab_size,),
+        ("embed", "vocab"),
+        std=cfg.block.d_model**-0.5,
+        use_bias=False,
+        dtype=cfg.block.dtype,
+        param_dtype=cfg.block.param_dtype,
+        kernels=cfg.kernels,
+      )
 
   def encode(self, source_BxS, *, source_valid_BxS=None, source_segments_BxS=None, deterministic: bool = True):
     """encoded_BxSxD. Padding (source_valid False) is never attended to; with `source_segments_BxS`
@@ -152,16 +173,26 @@ class Transformer(nn.Module):
     self._check_length(S, "source")
     valid_BxS = jnp.ones((B, S), bool) if source_valid_BxS is None else source_valid_BxS
     # Right padding: without segments a sentence's positions are its indices.
-    positions_BxS = (jnp.arange(S)[None] if source_segments_BxS is None
-                     else layers.segment_positions(None, source_segments_BxS))
+    positions_BxS = (
+      jnp.arange(S)[None] if source_segments_BxS is None else layers.segment_positions(None, source_segments_BxS)
+    )
     x_BxSxD = self.source_embed(source_BxS, positions_BxS, deterministic, self.config.source_word_dropout)
     self.sow("intermediates", "encoder_embeddings", x_BxSxD)  # the residual stream's start, when probing
     mask_BxSxS = layers.self_attention_mask(valid_BxS, source_segments_BxS, causal=False)
     x_BxSxD = self.encoder(x_BxSxD, mask_BxSxS, positions=(positions_BxS, positions_BxS), deterministic=deterministic)
     return self.encoder_norm(x_BxSxD) if self.config.block.pre_layer_norm else x_BxSxD
 
-  def decode_logits(self, encoded_BxSxD, target_in_BxT, *, source_valid_BxS=None, source_segments_BxS=None,
-                    target_segments_BxT=None, deterministic: bool = True, decode: bool = False):
+  def decode_logits(
+    self,
+    encoded_BxSxD,
+    target_in_BxT,
+    *,
+    source_valid_BxS=None,
+    source_segments_BxS=None,
+    target_segments_BxT=None,
+    deterministic: bool = True,
+    decode: bool = False,
+  ):
     """Logits (float32) for the next target token at every position of `target_in_BxT`.
 
     With `decode=True` this continues earlier calls through the KV cache ("cache" collection,
@@ -191,8 +222,15 @@ class Transformer(nn.Module):
       cross_mask_BxTxS = cross_mask_BxTxS | (target_segments_BxT == 0)[:, :, None]
     y_BxTxD = self.target_embed(target_in_BxT, positions_BxT, deterministic)
     self.sow("intermediates", "decoder_embeddings", y_BxTxD)
-    y_BxTxD = self.decoder(y_BxTxD, mask_BxTxS, encoded_BxSxD, cross_mask_BxTxS,
-                           positions=(positions_BxT, key_positions_BxS), deterministic=deterministic, decode=decode)
+    y_BxTxD = self.decoder(
+      y_BxTxD,
+      mask_BxTxS,
+      encoded_BxSxD,
+      cross_mask_BxTxS,
+      positions=(positions_BxT, key_positions_BxS),
+      deterministic=deterministic,
+      decode=decode,
+    )
     return self.output_logits(y_BxTxD)
 
   def output_logits(self, y_BxTxD):
@@ -203,20 +241,41 @@ class Transformer(nn.Module):
     logits_BxTxV = self.target_embed.attend(y_BxTxD) if self.config.tie_output else self.head(y_BxTxD)
     return nn.with_logical_constraint(logits_BxTxV.astype(jnp.float32), ("batch", "length", "vocab"))
 
-  def __call__(self, source_BxS, target_in_BxT, *, source_valid_BxS=None, source_segments_BxS=None,
-               target_segments_BxT=None, deterministic: bool = True, decode: bool = False):
+  def __call__(
+    self,
+    source_BxS,
+    target_in_BxT,
+    *,
+    source_valid_BxS=None,
+    source_segments_BxS=None,
+    target_segments_BxT=None,
+    deterministic: bool = True,
+    decode: bool = False,
+  ):
     if (source_segments_BxS is None) != (target_segments_BxT is None):
       raise ValueError("packed rows need both source_segments_BxS and target_segments_BxT")
-    encoded_BxSxD = self.encode(source_BxS, source_valid_BxS=source_valid_BxS, source_segments_BxS=source_segments_BxS,
-                                deterministic=deterministic)
-    return self.decode_logits(encoded_BxSxD, target_in_BxT, source_valid_BxS=source_valid_BxS,
-                              source_segments_BxS=source_segments_BxS, target_segments_BxT=target_segments_BxT,
-                              deterministic=deterministic, decode=decode)
+    encoded_BxSxD = self.encode(
+      source_BxS,
+      source_valid_BxS=source_valid_BxS,
+      source_segments_BxS=source_segments_BxS,
+      deterministic=deterministic,
+    )
+    return self.decode_logits(
+      encoded_BxSxD,
+      target_in_BxT,
+      source_valid_BxS=source_valid_BxS,
+      source_segments_BxS=source_segments_BxS,
+      target_segments_BxT=target_segments_BxT,
+      deterministic=deterministic,
+      decode=decode,
+    )
 
   def _check_length(self, length: int, what: str) -> None:
     if length > self.config.max_len:
-      raise ConfigError(f"a {what} of {length} tokens is longer than max_len={self.config.max_len}; "
-                        f"raise model.max_len or drop longer pairs (data.max_len)")
+      raise ConfigError(
+        f"a {what} of {length} tokens is longer than max_len={self.config.max_len}; "
+        f"raise model.max_len or drop longer pairs (data.max_len)"
+      )
 
 
 class Ensemble(nn.Module):
@@ -235,12 +294,14 @@ class Ensemble(nn.Module):
     >>> ensemble = Ensemble((config_a, config_b))
     >>> beam_search.translate_ids(ensemble, {"member_0": params_a, "member_1": params_b}, sources, ...)
   """
+
   members: tuple[Seq2SeqConfig, ...]
 
   def setup(self):
     if len({c.vocab_size for c in self.members}) != 1:
-      raise ConfigError(f"an ensemble's members must share one vocabulary, got vocab_size "
-                        f"{[c.vocab_size for c in self.members]}")
+      raise ConfigError(
+        f"an ensemble's members must share one vocabulary, got vocab_size {[c.vocab_size for c in self.members]}"
+      )
     self.models = [Transformer(c, name=f"member_{i}") for i, c in enumerate(self.members)]
 
   @property
@@ -258,8 +319,10 @@ class Ensemble(nn.Module):
     normalised per member, so log_softmax of it is their normalised geometric mean). `encoded`:
     `encode`'s tuple, or None on cached decoding steps."""
     encoded = encoded if encoded is not None else (None,) * len(self.models)
-    log_probs = [jax.nn.log_softmax(m.decode_logits(e, target_in_BxT, source_valid_BxS=source_valid_BxS, decode=decode))
-                 for m, e in zip(self.models, encoded)]
+    log_probs = [
+      jax.nn.log_softmax(m.decode_logits(e, target_in_BxT, source_valid_BxS=source_valid_BxS, decode=decode))
+      for m, e in zip(self.models, encoded)
+    ]
     return sum(log_probs) / len(log_probs)
 
   def __call__(self, source_BxS, target_in_BxT, *, source_valid_BxS=None, decode: bool = False):

@@ -26,10 +26,10 @@ from transformer.tasks.tagging import Tagging
 from transformer.tasks.translation import Translation
 
 TASKS: dict[str, type[Task]] = {
-    LanguageModel.name: LanguageModel,
-    Translation.name: Translation,
-    Classification.name: Classification,
-    Tagging.name: Tagging,
+  LanguageModel.name: LanguageModel,
+  Translation.name: Translation,
+  Classification.name: Classification,
+  Tagging.name: Tagging,
 }
 
 
@@ -58,5 +58,15 @@ def defaults(task: str) -> ml_collections.ConfigDict:
   return defaults_for(get(task))
 
 
-__all__ = ["Classification", "LanguageModel", "TASKS", "Tagging", "Task", "Translation", "defaults", "get",
-           "register", "resolve"]
+__all__ = [
+  "Classification",
+  "LanguageModel",
+  "TASKS",
+  "Tagging",
+  "Task",
+  "Translation",
+  "defaults",
+  "get",
+  "register",
+  "resolve",
+]

@@ -42,6 +42,7 @@ class Task(abc.ABC):
 
   Built with the resolved run, the tokenizer, the device mesh, and the task's data (`load_data`'s
   result), or `data=None` when only the model is needed (restoring a trained model)."""
+
   name: ClassVar[str]  # the value of config.task
   Config: ClassVar[type]  # the task's own config fields: a frozen dataclass with `check(run, data_parallel)`
   # The model families (config.model.family: transformer.models.families()) it trains; the first is
@@ -54,8 +55,9 @@ class Task(abc.ABC):
   # Evaluation metrics drawn by minutes of training beside the losses (loss.png), e.g. ("dev_bleu",).
   curves: ClassVar[tuple[str, ...]] = ()
 
-  def __init__(self, run: RunConfig, tokenizer, mesh: jax.sharding.Mesh, data=None,
-               labels: tuple[str, ...] | None = None):
+  def __init__(
+    self, run: RunConfig, tokenizer, mesh: jax.sharding.Mesh, data=None, labels: tuple[str, ...] | None = None
+  ):
     """`labels`: the names of the classes or tags a trained model predicts, as `labels` gave them
     when it was trained (the workdir keeps them); a task without labels ignores them."""
     self.run, self.config, self.tokenizer, self.mesh, self.data = run, run.task_config, tokenizer, mesh, data
@@ -69,8 +71,10 @@ class Task(abc.ABC):
     """The model config class of config.model.family=`family` (None: the task's default)."""
     family = family or cls.families[0]
     if family not in cls.families:
-      raise ConfigError(f"--config.model.family={family!r} cannot be trained by config.task={cls.name!r}; choose "
-                        f"one of {', '.join(cls.families)}")
+      raise ConfigError(
+        f"--config.model.family={family!r} cannot be trained by config.task={cls.name!r}; choose "
+        f"one of {', '.join(cls.families)}"
+      )
     return models.families()[family]
 
   @abc.abstractmethod
@@ -109,9 +113,11 @@ class Task(abc.ABC):
     cls.check_source(run, source)
     prepared = run.data.prepared(source)
     if prepared.kind != cls.data_kind:
-      raise DataError(f"config.task={cls.name!r} trains on {cls.data_kind} data, but {prepared.directory} holds "
-                      f"{prepared.kind}; choose a {cls.data_kind} data set (--config.data.dataset or "
-                      f"--config.data.input_files)")
+      raise DataError(
+        f"config.task={cls.name!r} trains on {cls.data_kind} data, but {prepared.directory} holds "
+        f"{prepared.kind}; choose a {cls.data_kind} data set (--config.data.dataset or "
+        f"--config.data.input_files)"
+      )
     return prepared
 
   @classmethod

@@ -37,8 +37,9 @@ class ClassificationConfig(labelled.LabelledConfig):  # + max_len (a longer text
     if self.classes not in SCHEMES:
       raise ConfigError(f"--config.classes={self.classes!r} is unknown; choose one of {', '.join(SCHEMES)}")
     if self.pooling not in ("auto", *classifier.POOLINGS):
-      raise ConfigError(f"--config.pooling={self.pooling!r} is unknown; choose one of auto, "
-                        f"{', '.join(classifier.POOLINGS)}")
+      raise ConfigError(
+        f"--config.pooling={self.pooling!r} is unknown; choose one of auto, {', '.join(classifier.POOLINGS)}"
+      )
 
 
 def classes_of(labels: np.ndarray, scheme: str, names: tuple[str, ...], where: str) -> np.ndarray:
@@ -47,8 +48,9 @@ def classes_of(labels: np.ndarray, scheme: str, names: tuple[str, ...], where: s
     index = {n: i for i, n in enumerate(names)}
     unknown = sorted(set(labels) - set(index))
     if unknown:
-      raise DataError(f"{where}: label {str(unknown[0])!r} does not occur in the training split (its classes: "
-                      f"{', '.join(names)})")
+      raise DataError(
+        f"{where}: label {str(unknown[0])!r} does not occur in the training split (its classes: {', '.join(names)})"
+      )
     return np.array([index[label] for label in labels], np.int32)
   try:
     scores = labels.astype(np.float64)
@@ -82,6 +84,7 @@ def scores(predicted: np.ndarray, gold: np.ndarray, num_classes: int) -> dict:
 
 class Classification(labelled.LabelledTask):
   """A label per text of config.data (a `classification` data set: vader, or `label<TAB>text` files)."""
+
   name = "classification"
   Config = ClassificationConfig
   data_kind = "classification"
@@ -98,8 +101,9 @@ class Classification(labelled.LabelledTask):
     else:
       raise ConfigError("config.classes='names' takes its classes from the data; give the data or the labels")
     if len(self._names) < 2:
-      raise DataError(f"the training split has {len(self._names)} class(es): {', '.join(self._names)}; a classifier "
-                      f"needs at least 2")
+      raise DataError(
+        f"the training split has {len(self._names)} class(es): {', '.join(self._names)}; a classifier needs at least 2"
+      )
     super().__init__(run, tokenizer, mesh, data)
     if data is not None:
       self.examples = {split: self._examples(split) for split in ("train", "validation", "test")}
@@ -112,8 +116,9 @@ class Classification(labelled.LabelledTask):
     pooling = self.config.pooling
     if pooling == "auto":
       pooling = classifier.natural_pooling(model_config)
-    return classifier.SequenceClassifier(model_config, len(self._names), pooling,
-                                         models.body_fields(model_config).dropout_rate)
+    return classifier.SequenceClassifier(
+      model_config, len(self._names), pooling, models.body_fields(model_config).dropout_rate
+    )
 
   def _examples(self, split: str) -> list:
     d, max_len = self.data, self.config.max_len
@@ -127,11 +132,13 @@ class Classification(labelled.LabelledTask):
         empty += 1
       else:
         cut += end - start > max_len
-        examples.append((np.asarray(tokens[start:min(end, start + max_len)], np.int32), int(label)))
+        examples.append((np.asarray(tokens[start : min(end, start + max_len)], np.int32), int(label)))
     if jax.process_index() == 0:
       counts = np.bincount([label for _, label in examples], minlength=len(self._names))
-      print(f"{split}: {len(examples)} texts ({', '.join(f'{n} {c}' for n, c in zip(self._names, counts))}); "
-            f"{cut} cut to max_len={max_len} tokens, {unlabelled} in no class ({self.config.classes}), {empty} empty")
+      print(
+        f"{split}: {len(examples)} texts ({', '.join(f'{n} {c}' for n, c in zip(self._names, counts))}); "
+        f"{cut} cut to max_len={max_len} tokens, {unlabelled} in no class ({self.config.classes}), {empty} empty"
+      )
     if not examples and split != "test":
       raise DataError(f"the {split} split of {d.directory} has no labelled text; give more data or a larger fraction")
     return examples
@@ -139,7 +146,7 @@ class Classification(labelled.LabelledTask):
   def predictions(self, params, split: str) -> tuple[np.ndarray, np.ndarray]:
     """(predicted class, gold class) of every text of `split`."""
     examples = self.examples[split]
-    probs = self.probabilities(params, self.batches(split))[:len(examples)]
+    probs = self.probabilities(params, self.batches(split))[: len(examples)]
     return probs.argmax(-1), np.array([label for _, label in examples])
 
   def evaluate(self, params, eval_fn, batches) -> dict:
@@ -149,8 +156,10 @@ class Classification(labelled.LabelledTask):
     return {"val_loss": loss, "dev_accuracy": result["accuracy"], "dev_macro_f1": result["macro_f1"]}
 
   def describe(self, result: dict) -> str:
-    return (f"validation loss {result['val_loss']:.4f}, dev accuracy {result['dev_accuracy']:.2%}, "
-            f"macro-F1 {result['dev_macro_f1']:.4f}")
+    return (
+      f"validation loss {result['val_loss']:.4f}, dev accuracy {result['dev_accuracy']:.2%}, "
+      f"macro-F1 {result['dev_macro_f1']:.4f}"
+    )
 
   def finish(self, params, workdir: Path, mean_of_last) -> dict:
     """Accuracy and macro-F1 on dev and test, printed as a table; the test confusion matrix as a PNG."""
@@ -160,22 +169,32 @@ class Classification(labelled.LabelledTask):
         table[short] = scores(*self.predictions(params, split), len(self._names))
         out.update({f"{short}_accuracy": table[short]["accuracy"], f"{short}_macro_f1": table[short]["macro_f1"]})
     if jax.process_index() == 0:
-      lines = [f"  {s:<5} {len(self.examples['validation' if s == 'dev' else s]):>6} {r['accuracy']:9.2%} "
-               f"{r['macro_f1']:9.4f}" for s, r in table.items()]
-      print(f"\n{len(self._names)} classes ({', '.join(self._names)}):\n  split  texts  accuracy  macro-F1\n"
-            + "\n".join(lines))
+      lines = [
+        f"  {s:<5} {len(self.examples['validation' if s == 'dev' else s]):>6} {r['accuracy']:9.2%} {r['macro_f1']:9.4f}"
+        for s, r in table.items()
+      ]
+      print(
+        f"\n{len(self._names)} classes ({', '.join(self._names)}):\n  split  texts  accuracy  macro-F1\n"
+        + "\n".join(lines)
+      )
       final = table.get("test") or table.get("dev")
       if final is not None:
-        draw_confusion(final["confusion"], self._names, workdir / "confusion_matrix.png",
-                       f"{workdir.name}: {'test' if 'test' in table else 'dev'} split")
+        draw_confusion(
+          final["confusion"],
+          self._names,
+          workdir / "confusion_matrix.png",
+          f"{workdir.name}: {'test' if 'test' in table else 'dev'} split",
+        )
         print(f"confusion matrix: {workdir / 'confusion_matrix.png'}")
     return out
 
 
 def draw_confusion(confusion: np.ndarray, names, path: Path, title: str) -> None:
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   n = len(names)
   fig, ax = plt.subplots(figsize=(2 + 0.6 * n, 1.6 + 0.6 * n))
   share = confusion / np.maximum(confusion.sum(1, keepdims=True), 1)

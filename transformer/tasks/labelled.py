@@ -35,6 +35,7 @@ from transformer.tasks.base import Task
 @dataclasses.dataclass(frozen=True)
 class LabelledConfig:
   """The fields both labelled tasks have (their configs add their own)."""
+
   max_len: int = 128  # tokens per row (classification cuts a longer text; tagging splits it into rows)
   batch_size: int = 32
   eval_batch_size: int = 64
@@ -51,33 +52,41 @@ def check_common(c, run: RunConfig, data_parallel: int | None) -> None:
   """The checks of a labelled task's config `c` (batch_size, eval_batch_size, max_len, body_lr_scale)."""
   check_positive(c, ("batch_size", "eval_batch_size", "max_len"))
   if c.max_len > run.model.max_len:
-    raise ConfigError(f"--config.max_len={c.max_len} is longer than the model's longest sequence "
-                      f"({run.model.max_len}: --config.model.max_len); lower the one or "
-                      f"raise the other")
+    raise ConfigError(
+      f"--config.max_len={c.max_len} is longer than the model's longest sequence "
+      f"({run.model.max_len}: --config.model.max_len); lower the one or "
+      f"raise the other"
+    )
   if not c.body_lr_scale >= 0:
     raise ConfigError(f"--config.body_lr_scale must be >= 0 (0 freezes the body), got {c.body_lr_scale}")
   if c.body_lr_scale != 1 and not c.init_from:
     raise ConfigError("--config.body_lr_scale scales a pretrained body's updates; give --config.init_from too")
   accum = run.optimizer.accumulation_steps
   if c.batch_size % accum:
-    raise ConfigError(f"--config.batch_size={c.batch_size} is not divisible by --config.optimizer.accumulation_steps="
-                      f"{accum}")
+    raise ConfigError(
+      f"--config.batch_size={c.batch_size} is not divisible by --config.optimizer.accumulation_steps={accum}"
+    )
   if data_parallel is not None:
     for name, size in (("batch_size", c.batch_size // accum), ("eval_batch_size", c.eval_batch_size)):
       if size % data_parallel:
-        raise ConfigError(f"--config.{name}={getattr(c, name)} is not divisible by the data-parallel size "
-                          f"{data_parallel} (mesh data*fsdp); use a multiple of {data_parallel}")
+        raise ConfigError(
+          f"--config.{name}={getattr(c, name)} is not divisible by the data-parallel size "
+          f"{data_parallel} (mesh data*fsdp); use a multiple of {data_parallel}"
+        )
 
 
 def pad_batch(examples: list, max_len: int, per_token: bool, rows: int) -> dict:
   """(ids, label) examples -> one padded batch of `rows` rows (filler rows score nothing)."""
-  batch = {"tokens": np.zeros((rows, max_len), np.int32), "valid": np.zeros((rows, max_len), bool),
-           "labels": np.full((rows, max_len if per_token else 1), -1, np.int32)}  # batch-major, rank 2
+  batch = {
+    "tokens": np.zeros((rows, max_len), np.int32),
+    "valid": np.zeros((rows, max_len), bool),
+    "labels": np.full((rows, max_len if per_token else 1), -1, np.int32),
+  }  # batch-major, rank 2
   for r, (ids, label) in enumerate(examples):
-    batch["tokens"][r, :len(ids)] = ids
-    batch["valid"][r, :len(ids)] = True
+    batch["tokens"][r, : len(ids)] = ids
+    batch["valid"][r, : len(ids)] = True
     if per_token:
-      batch["labels"][r, :len(ids)] = label
+      batch["labels"][r, : len(ids)] = label
     else:
       batch["labels"][r, 0] = label
   return batch
@@ -85,8 +94,9 @@ def pad_batch(examples: list, max_len: int, per_token: bool, rows: int) -> dict:
 
 def fixed_batches(examples: list, max_len: int, per_token: bool, batch_size: int) -> list[dict]:
   """Every example once, in order: evaluation's batches."""
-  return [pad_batch(examples[i:i + batch_size], max_len, per_token, batch_size)
-          for i in range(0, len(examples), batch_size)]
+  return [
+    pad_batch(examples[i : i + batch_size], max_len, per_token, batch_size) for i in range(0, len(examples), batch_size)
+  ]
 
 
 class ShuffledBatches:
@@ -95,10 +105,17 @@ class ShuffledBatches:
 
   def __init__(self, examples: list, *, batch_size: int, max_len: int, per_token: bool, seed: int):
     if len(examples) < batch_size:
-      raise DataError(f"the training split has {len(examples)} examples, fewer than one batch of {batch_size}; "
-                      f"lower --config.batch_size or give more data")
-    self.examples, self.batch_size, self.max_len, self.per_token, self.seed = (examples, batch_size, max_len,
-                                                                               per_token, seed)
+      raise DataError(
+        f"the training split has {len(examples)} examples, fewer than one batch of {batch_size}; "
+        f"lower --config.batch_size or give more data"
+      )
+    self.examples, self.batch_size, self.max_len, self.per_token, self.seed = (
+      examples,
+      batch_size,
+      max_len,
+      per_token,
+      seed,
+    )
     self.epoch, self.index = 0, 0
     self.per_epoch = len(examples) // batch_size
 
@@ -109,7 +126,7 @@ class ShuffledBatches:
     if self.index == self.per_epoch:
       self.epoch, self.index = self.epoch + 1, 0
     order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.examples))
-    chosen = order[self.index * self.batch_size:(self.index + 1) * self.batch_size]
+    chosen = order[self.index * self.batch_size : (self.index + 1) * self.batch_size]
     self.index += 1
     return pad_batch([self.examples[i] for i in chosen], self.max_len, self.per_token, self.batch_size)
 
@@ -122,8 +139,9 @@ class ShuffledBatches:
 
 def labelled_loss(model, params, batch: dict, rng, train: bool):
   """(summed cross-entropy over the labelled positions, their number)."""
-  logits = model.apply({"params": params}, batch["tokens"], valid_BxT=batch["valid"], deterministic=not train,
-                       rngs={"dropout": rng})
+  logits = model.apply(
+    {"params": params}, batch["tokens"], valid_BxT=batch["valid"], deterministic=not train, rngs={"dropout": rng}
+  )
   labels = batch["labels"].reshape(logits.shape[:-1])  # (B, 1) -> (B,) for a label per text
   scored = labels >= 0
   ce = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.maximum(labels, 0))
@@ -133,6 +151,7 @@ def labelled_loss(model, params, batch: dict, rng, train: bool):
 class LabelledTask(Task):
   """The shared part of classification and tagging; subclasses set `per_token`, make `examples`
   and `labels`, and report their metrics."""
+
   families = ("encoder", "gpt", "lstm")
   per_token: bool
 
@@ -144,8 +163,13 @@ class LabelledTask(Task):
 
   def train_batches(self):
     c = self.config
-    return ShuffledBatches(self.examples["train"], batch_size=c.batch_size, max_len=c.max_len,
-                           per_token=self.per_token, seed=self.run.loop.seed)
+    return ShuffledBatches(
+      self.examples["train"],
+      batch_size=c.batch_size,
+      max_len=c.max_len,
+      per_token=self.per_token,
+      seed=self.run.loop.seed,
+    )
 
   def eval_batches(self) -> list:
     return self.batches("validation")
@@ -167,8 +191,11 @@ class LabelledTask(Task):
 
   @functools.cached_property
   def _predict(self):
-    return jax.jit(lambda params, tokens, valid: jax.nn.softmax(self.model.apply({"params": params}, tokens,
-                                                                                  valid_BxT=valid), axis=-1))
+    return jax.jit(
+      lambda params, tokens, valid: jax.nn.softmax(
+        self.model.apply({"params": params}, tokens, valid_BxT=valid), axis=-1
+      )
+    )
 
   def probabilities(self, params, batches: list[dict]) -> np.ndarray:
     """Class probabilities of every real row of `batches` (B, C) or (B, L, C), concatenated."""
@@ -214,29 +241,38 @@ def load_pretrained_body(path: str, model_config, tokenizer, restore) -> dict:
     _check_same_tokenizer(theirs, tokenizer, path)
     trained = restore(directory)
     if trained.run.model.family != model_config.family:
-      raise ConfigError(f"--config.init_from={path} holds a {trained.run.model.family} model, but "
-                        f"--config.model.family={model_config.family}; use the same family")
+      raise ConfigError(
+        f"--config.init_from={path} holds a {trained.run.model.family} model, but "
+        f"--config.model.family={model_config.family}; use the same family"
+      )
     params = jax.device_get(trained.params)
     if "body" in params:  # a classifier or tagger
       return params["body"]
     return params["lstm"] if model_config.family == "lstm" else params
   if model_config.family != "gpt":
-    raise ConfigError(f"--config.init_from={path} is not a training workdir (no {workdir_files.CHECKPOINTS}/); a "
-                      f"Hugging Face directory holds GPT-2 weights, for --config.model.family=gpt")
+    raise ConfigError(
+      f"--config.init_from={path} is not a training workdir (no {workdir_files.CHECKPOINTS}/); a "
+      f"Hugging Face directory holds GPT-2 weights, for --config.model.family=gpt"
+    )
   if tokenizer.name != "gpt2":
-    raise ConfigError(f"--config.init_from={path} is GPT-2, which reads gpt2 tokens; set --config.data.tokenizer=gpt2 "
-                      f"(this run's data is tokenized with {tokenizer.name})")
+    raise ConfigError(
+      f"--config.init_from={path} is GPT-2, which reads gpt2 tokens; set --config.data.tokenizer=gpt2 "
+      f"(this run's data is tokenized with {tokenizer.name})"
+    )
   _, params = import_hf_gpt2(str(directory))
   return jax.device_get(params)
 
 
 def _check_same_tokenizer(theirs, ours, path: str) -> None:
   with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
-    same = (json.loads((theirs.save(a) / "tokenizer.json").read_text())
-            == json.loads((ours.save(b) / "tokenizer.json").read_text()))
+    same = json.loads((theirs.save(a) / "tokenizer.json").read_text()) == json.loads(
+      (ours.save(b) / "tokenizer.json").read_text()
+    )
   if not same:
-    raise ConfigError(f"--config.init_from={path} was trained on other tokens ({theirs}) than this run's data "
-                      f"({ours}); tokenize the data with its tokenizer: --config.data.tokenizer={path}/tokenizer")
+    raise ConfigError(
+      f"--config.init_from={path} was trained on other tokens ({theirs}) than this run's data "
+      f"({ours}); tokenize the data with its tokenizer: --config.data.tokenizer={path}/tokenizer"
+    )
 
 
 def fit_body(pretrained: dict, body: dict, path: str) -> dict:
@@ -247,11 +283,15 @@ def fit_body(pretrained: dict, body: dict, path: str) -> dict:
   out = {}
   for name, mine in ours.items():
     if name not in theirs:
-      raise ConfigError(f"--config.init_from={path} has no tensor {name} that the body needs (it has "
-                        f"{', '.join(sorted(theirs)[:6])}, ...); set --config.model.* like the pretrained model's")
+      raise ConfigError(
+        f"--config.init_from={path} has no tensor {name} that the body needs (it has "
+        f"{', '.join(sorted(theirs)[:6])}, ...); set --config.model.* like the pretrained model's"
+      )
     if tuple(theirs[name].shape) != tuple(mine.shape):
-      raise ConfigError(f"--config.init_from={path}: tensor {name} is {tuple(theirs[name].shape)} there but "
-                        f"{tuple(mine.shape)} in this body; set --config.model.* (block.d_model, num_layers, "
-                        f"block.num_heads, max_len, ...) like the pretrained model's")
+      raise ConfigError(
+        f"--config.init_from={path}: tensor {name} is {tuple(theirs[name].shape)} there but "
+        f"{tuple(mine.shape)} in this body; set --config.model.* (block.d_model, num_layers, "
+        f"block.num_heads, max_len, ...) like the pretrained model's"
+      )
     out[name] = jnp.asarray(theirs[name], mine.dtype)
   return flax.traverse_util.unflatten_dict(out, sep="/")

@@ -27,6 +27,7 @@ from transformer.tasks.base import Task
 @dataclasses.dataclass(frozen=True)
 class SampleConfig:
   """config.sample: what the end of a run generates (samples.txt)."""
+
   prompt: str = ""  # empty: start from <|endoftext|>
   max_new_tokens: int = 200  # 0: no sample
   temperature: float = 0.8
@@ -52,31 +53,41 @@ class LMConfig:
   def check(self, run: RunConfig, data_parallel: int | None) -> None:
     check_positive(self, ("seq_len", "batch_size", "eval_batch_size", "eval_batches"))
     if self.sampling not in pipeline.SAMPLING:
-      raise ConfigError(f"--config.data.sampling={self.sampling!r} is unknown; choose one of "
-                        f"{', '.join(pipeline.SAMPLING)}")
+      raise ConfigError(
+        f"--config.data.sampling={self.sampling!r} is unknown; choose one of {', '.join(pipeline.SAMPLING)}"
+      )
     if self.seq_len > run.model.max_len:
-      raise ConfigError(f"--config.seq_len={self.seq_len} is longer than --config.model.max_len="
-                        f"{run.model.max_len}; lower the one or raise the other")
+      raise ConfigError(
+        f"--config.seq_len={self.seq_len} is longer than --config.model.max_len="
+        f"{run.model.max_len}; lower the one or raise the other"
+      )
     if self.sample.max_new_tokens < 0:
       raise ConfigError(f"--config.sample.max_new_tokens must be >= 0 (0: no sample), got {self.sample.max_new_tokens}")
     self.sample_options().check()
     if self.segmented and run.model.family != "gpt":
-      raise ConfigError(f"--config.data.separate_documents is for GPTs (attention within a document); an "
-                        f"{run.model.family} reads a packed row as one text: set "
-                        f"--config.data.separate_documents=False")
+      raise ConfigError(
+        f"--config.data.separate_documents is for GPTs (attention within a document); an "
+        f"{run.model.family} reads a packed row as one text: set "
+        f"--config.data.separate_documents=False"
+      )
     accum = run.optimizer.accumulation_steps
     if self.batch_size % accum:
-      raise ConfigError(f"--config.batch_size={self.batch_size} is not divisible by "
-                        f"--config.optimizer.accumulation_steps={accum}")
+      raise ConfigError(
+        f"--config.batch_size={self.batch_size} is not divisible by --config.optimizer.accumulation_steps={accum}"
+      )
     if data_parallel is None:
       return
     if (self.batch_size // accum) % data_parallel:
-      raise ConfigError(f"--config.batch_size={self.batch_size} (microbatch {self.batch_size // accum}) is not "
-                        f"divisible by the data-parallel size {data_parallel} (mesh data*fsdp); use a multiple "
-                        f"of {data_parallel}")
+      raise ConfigError(
+        f"--config.batch_size={self.batch_size} (microbatch {self.batch_size // accum}) is not "
+        f"divisible by the data-parallel size {data_parallel} (mesh data*fsdp); use a multiple "
+        f"of {data_parallel}"
+      )
     if self.eval_batch_size % data_parallel:
-      raise ConfigError(f"--config.eval_batch_size={self.eval_batch_size} is not divisible by the data-parallel "
-                        f"size {data_parallel}; use a multiple of {data_parallel}")
+      raise ConfigError(
+        f"--config.eval_batch_size={self.eval_batch_size} is not divisible by the data-parallel "
+        f"size {data_parallel}; use a multiple of {data_parallel}"
+      )
 
   @property
   def segmented(self) -> bool:
@@ -105,8 +116,7 @@ def lm_loss(model: GPT | LSTMLanguageModel, params, batch_BxL1, rng, train: bool
   With `eot_id`, each row is read as the documents that <|endoftext|> separates (a GPT only)."""
   inputs_BxL, targets_BxL = batch_BxL1[:, :-1], batch_BxL1[:, 1:]
   segments = {} if eot_id is None else {"segments_BxT": document_ids(inputs_BxL, eot_id)}
-  logits_BxLxV = model.apply({"params": params}, inputs_BxL, deterministic=not train, rngs={"dropout": rng},
-                             **segments)
+  logits_BxLxV = model.apply({"params": params}, inputs_BxL, deterministic=not train, rngs={"dropout": rng}, **segments)
   nll_BxL = next_token_nll(logits_BxLxV, targets_BxL, model.config.kernels)
   return nll_BxL.sum(), jnp.float32(nll_BxL.size)
 
@@ -114,6 +124,7 @@ def lm_loss(model: GPT | LSTMLanguageModel, params, batch_BxL1, rng, train: bool
 class LanguageModel(Task):
   """A GPT (config.model: GPTConfig fields) or a one-way LSTM (LSTMConfig fields) on windows of a text
   corpus (config.data)."""
+
   name = "lm"
   Config = LMConfig
   families = ("gpt", "lstm")
@@ -139,9 +150,15 @@ class LanguageModel(Task):
   def train_batches(self):
     """Process-local batches (B/P, seq_len + 1); a grain iterator, so `get_state` is the data position."""
     c = self.config
-    ds = pipeline.lm_train_dataset(self.data, seq_len=c.seq_len, global_batch=c.batch_size, seed=self.run.loop.seed,
-                                   sampling=c.sampling, process_index=jax.process_index(),
-                                   process_count=jax.process_count())
+    ds = pipeline.lm_train_dataset(
+      self.data,
+      seq_len=c.seq_len,
+      global_batch=c.batch_size,
+      seed=self.run.loop.seed,
+      sampling=c.sampling,
+      process_index=jax.process_index(),
+      process_count=jax.process_count(),
+    )
     return iter(ds.to_iter_dataset())
 
   def put(self, local_batch):
@@ -165,8 +182,9 @@ class LanguageModel(Task):
 
   def eval_batches(self) -> list:
     c = self.config
-    return list(pipeline.lm_eval_batches(self.data, seq_len=c.seq_len, batch_size=c.eval_batch_size,
-                                         num_batches=c.eval_batches))
+    return list(
+      pipeline.lm_eval_batches(self.data, seq_len=c.seq_len, batch_size=c.eval_batch_size, num_batches=c.eval_batches)
+    )
 
   def finish(self, params, workdir: Path, mean_of_last) -> dict:
     """A sample from the trained model (config.sample), printed and written to samples.txt."""
@@ -174,9 +192,18 @@ class LanguageModel(Task):
     if s.max_new_tokens <= 0:
       return {}
     tok = self.tokenizer
-    [ids] = sampling.generate(self.model, params, [self._sample_prompt], max_new_tokens=s.max_new_tokens,
-                              sampling=self.config.sample_options(), seed=s.seed, stop_id=tok.eot_id, mesh=self.mesh,
-                              rules=self.rules, sliding_window=True)
+    [ids] = sampling.generate(
+      self.model,
+      params,
+      [self._sample_prompt],
+      max_new_tokens=s.max_new_tokens,
+      sampling=self.config.sample_options(),
+      seed=s.seed,
+      stop_id=tok.eot_id,
+      mesh=self.mesh,
+      rules=self.rules,
+      sliding_window=True,
+    )
     text = s.prompt + tok.decode(ids)
     if jax.process_index() == 0:
       (workdir / "samples.txt").write_text(text + "\n")

@@ -33,18 +33,18 @@ TAGSETS = ("brown", "universal")
 
 # Brown base tags -> universal tags (Petrov et al. 2012, their en-brown mapping).
 _UNIVERSAL = {
-    "ADJ": "jj jj$ jjr jjs jjt ap",
-    "ADP": "in cs",
-    "ADV": "rb rb$ rbr rbt rn ql qlp wql wrb *",
-    "CONJ": "cc",
-    "DET": "at dt dt$ dti dts dtx abx ex wdt",
-    "NOUN": "nn nn$ nns nns$ np np$ nps nps$ nr nr$ nrs pn pn$",
-    "NUM": "cd cd$ od",
-    "PRON": "pp$ pp$$ ppl ppls ppo pps ppss prp prp$ wp$ wpo wps",
-    "PRT": "abl abn ap$ rp to",
-    "VERB": "vb vbd vbg vbn vbz md be bed bedz beg bem ben ber bez do dod doz hv hvd hvg hvn hvz",
-    "X": "fw uh nil",
-    ".": ". , : ; ( ) -- ' '' `` !",
+  "ADJ": "jj jj$ jjr jjs jjt ap",
+  "ADP": "in cs",
+  "ADV": "rb rb$ rbr rbt rn ql qlp wql wrb *",
+  "CONJ": "cc",
+  "DET": "at dt dt$ dti dts dtx abx ex wdt",
+  "NOUN": "nn nn$ nns nns$ np np$ nps nps$ nr nr$ nrs pn pn$",
+  "NUM": "cd cd$ od",
+  "PRON": "pp$ pp$$ ppl ppls ppo pps ppss prp prp$ wp$ wpo wps",
+  "PRT": "abl abn ap$ rp to",
+  "VERB": "vb vbd vbg vbn vbz md be bed bedz beg bem ben ber bez do dod doz hv hvd hvg hvn hvz",
+  "X": "fw uh nil",
+  ".": ". , : ; ( ) -- ' '' `` !",
 }
 BROWN_TO_UNIVERSAL = {brown: universal for universal, tags in _UNIVERSAL.items() for brown in tags.split()}
 
@@ -80,6 +80,7 @@ class TaggingConfig(labelled.LabelledConfig):  # + max_len (a longer sentence: r
 
 class Tagging(labelled.LabelledTask):
   """A tag per word of config.data (a `tagged` data set: brown, or files of word/TAG sentences)."""
+
   name = "tagging"
   Config = TaggingConfig
   families = ("encoder", "lstm", "gpt")
@@ -99,8 +100,9 @@ class Tagging(labelled.LabelledTask):
     super().__init__(run, tokenizer, mesh, data)
     if data is not None:
       index = {t: i for i, t in enumerate(self._tags)}
-      self._to_tag = np.array([index[map_tag(t, self.config.tagset)] for t in self._data_tags] + [-1],
-                              np.int32)  # the last entry: -1 (a label of -1, no tag) stays -1
+      self._to_tag = np.array(
+        [index[map_tag(t, self.config.tagset)] for t in self._data_tags] + [-1], np.int32
+      )  # the last entry: -1 (a label of -1, no tag) stays -1
       self.examples = {split: self._examples(split) for split in ("train", "validation", "test")}
 
   @property
@@ -108,8 +110,7 @@ class Tagging(labelled.LabelledTask):
     return self._tags
 
   def build_model(self, model_config):
-    return classifier.TokenClassifier(model_config, len(self._tags),
-                                      models.body_fields(model_config).dropout_rate)
+    return classifier.TokenClassifier(model_config, len(self._tags), models.body_fields(model_config).dropout_rate)
 
   def _examples(self, split: str) -> list:
     d, L = self.data, self.config.max_len
@@ -118,11 +119,13 @@ class Tagging(labelled.LabelledTask):
     for _, start, end in rows:
       cut += end - start > L
       for s in range(start, end, L):  # every token is scored, in rows of at most max_len
-        examples.append((np.asarray(tokens[s:min(s + L, end)], np.int32), tags[s:min(s + L, end)]))
+        examples.append((np.asarray(tokens[s : min(s + L, end)], np.int32), tags[s : min(s + L, end)]))
     if jax.process_index() == 0:
       words = sum(int((t >= 0).sum()) for _, t in examples)
-      print(f"{split}: {len(rows)} sentences, {words} words ({self.config.tagset} tags: {len(self._tags)}); "
-            f"{cut} longer than max_len={L} tokens, split into rows")
+      print(
+        f"{split}: {len(rows)} sentences, {words} words ({self.config.tagset} tags: {len(self._tags)}); "
+        f"{cut} longer than max_len={L} tokens, split into rows"
+      )
     if not examples and split != "test":
       raise DataError(f"the {split} split of {d.directory} has no sentence; give more data or a larger fraction")
     return examples
@@ -134,7 +137,7 @@ class Tagging(labelled.LabelledTask):
     predicted, gold, first = [], [], []
     for (ids, tags), p in zip(examples, probs):
       scored = tags >= 0
-      predicted.append(p[:len(ids)].argmax(-1)[scored])
+      predicted.append(p[: len(ids)].argmax(-1)[scored])
       gold.append(tags[scored])
       first.append(ids[scored])
     return np.concatenate(predicted), np.concatenate(gold), np.concatenate(first)
@@ -177,9 +180,16 @@ class Tagging(labelled.LabelledTask):
     if jax.process_index() == 0 and per_tag is not None:
       short, predicted, gold = per_tag
       common = np.bincount(gold, minlength=len(self._tags)).argsort()[::-1][:10]
-      tag_lines = [f"  {self._tags[t]:<8} {(gold == t).sum():>7} {(predicted[gold == t] == t).mean():9.2%}"
-                   for t in common if (gold == t).any()]
-      print(f"\n{self.config.tagset} tags ({len(self._tags)}); token accuracy (the baseline: each word's most "
-            f"frequent training tag):\n  split    words     model  baseline\n" + "\n".join(lines)
-            + f"\nper tag, the 10 most frequent ({short}):\n  tag        words  accuracy\n" + "\n".join(tag_lines))
+      tag_lines = [
+        f"  {self._tags[t]:<8} {(gold == t).sum():>7} {(predicted[gold == t] == t).mean():9.2%}"
+        for t in common
+        if (gold == t).any()
+      ]
+      print(
+        f"\n{self.config.tagset} tags ({len(self._tags)}); token accuracy (the baseline: each word's most "
+        f"frequent training tag):\n  split    words     model  baseline\n"
+        + "\n".join(lines)
+        + f"\nper tag, the 10 most frequent ({short}):\n  tag        words  accuracy\n"
+        + "\n".join(tag_lines)
+      )
     return out

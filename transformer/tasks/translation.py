@@ -26,6 +26,7 @@ from transformer.tasks.base import Task
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
   """config.eval: BLEU during training and on the test split at the end."""
+
   bleu_sentences: int = 400  # dev sentences translated (greedy) at each evaluation; 0: all
   beam_size: int = 4  # the paper's beam and length penalty for the final test score
   alpha: float = 0.6
@@ -69,41 +70,53 @@ class TranslationConfig:
   def check(self, run: RunConfig, data_parallel: int | None) -> None:
     check_positive(self, ("batch_tokens",))
     if self.batching not in pipeline.BATCHING:
-      raise ConfigError(f"--config.data.batching={self.batching!r} is unknown; choose one of "
-                        f"{', '.join(pipeline.BATCHING)}")
+      raise ConfigError(
+        f"--config.data.batching={self.batching!r} is unknown; choose one of {', '.join(pipeline.BATCHING)}"
+      )
     check_positive(self.eval, ("decode_batch_size", "beam_size", "average_last"), prefix="eval.")
     if self.eval.no_repeat_ngram < 0:
       raise ConfigError(f"--config.eval.no_repeat_ngram must be >= 0 (0: off), got {self.eval.no_repeat_ngram}")
     if self.eval.test_sentences < 0:
-      raise ConfigError(f"--config.eval.test_sentences must be >= 0 (0: the whole test split), got "
-                        f"{self.eval.test_sentences}")
+      raise ConfigError(
+        f"--config.eval.test_sentences must be >= 0 (0: the whole test split), got {self.eval.test_sentences}"
+      )
     if self.eval.average_last > run.loop.keep_checkpoints:
-      raise ConfigError(f"--config.eval.average_last={self.eval.average_last} averages more checkpoints than "
-                        f"--config.keep_checkpoints={run.loop.keep_checkpoints} keeps; raise keep_checkpoints")
+      raise ConfigError(
+        f"--config.eval.average_last={self.eval.average_last} averages more checkpoints than "
+        f"--config.keep_checkpoints={run.loop.keep_checkpoints} keeps; raise keep_checkpoints"
+      )
     if self.fuzzy_match_tokens < 0:
       raise ConfigError(f"--config.data.fuzzy_match_tokens must be >= 0 (0: off), got {self.fuzzy_match_tokens}")
     if self.fuzzy_match_tokens and self.batching != "packed":
-      raise ConfigError("--config.data.fuzzy_match_tokens needs --config.data.batching=packed (its sources are "
-                        "longer than its targets)")
+      raise ConfigError(
+        "--config.data.fuzzy_match_tokens needs --config.data.batching=packed (its sources are longer than its targets)"
+      )
     if self.source_len > run.model.max_len:
       with_match = f" + --config.data.fuzzy_match_tokens={self.fuzzy_match_tokens}" if self.fuzzy_match_tokens else ""
-      raise ConfigError(f"--config.data.max_len={self.max_len}{with_match} is longer than --config.model.max_len="
-                        f"{run.model.max_len}; lower the one or raise the other")
+      raise ConfigError(
+        f"--config.data.max_len={self.max_len}{with_match} is longer than --config.model.max_len="
+        f"{run.model.max_len}; lower the one or raise the other"
+      )
     if self.max_len < 2:
       raise ConfigError(f"--config.data.max_len must be at least 2 (a token and <|endoftext|>), got {self.max_len}")
     if self.batch_tokens < self.max_len:
-      raise ConfigError(f"--config.batch_tokens={self.batch_tokens} cannot hold one pair of --config.data.max_len="
-                        f"{self.max_len} tokens; raise batch_tokens")
+      raise ConfigError(
+        f"--config.batch_tokens={self.batch_tokens} cannot hold one pair of --config.data.max_len="
+        f"{self.max_len} tokens; raise batch_tokens"
+      )
     if not 0.0 <= self.label_smoothing < 1.0:
       raise ConfigError(f"--config.label_smoothing must be in [0, 1), got {self.label_smoothing}")
     if not 0.0 <= self.lexicon_share < 1.0:
       raise ConfigError(f"--config.lexicon_share must be in [0, 1), got {self.lexicon_share}")
     if self.lexicon_tag and not run.data.lexicon:
-      raise ConfigError("--config.lexicon_tag tags the lexicon's pairs, but there is no lexicon; set "
-                        "--config.data.lexicon (e.g. dictionary) or drop lexicon_tag")
+      raise ConfigError(
+        "--config.lexicon_tag tags the lexicon's pairs, but there is no lexicon; set "
+        "--config.data.lexicon (e.g. dictionary) or drop lexicon_tag"
+      )
     if run.data.test_fraction <= 0:
-      raise ConfigError("translation is scored on a held-out test split; set --config.data.test_fraction > 0 "
-                        "(e.g. 0.05)")
+      raise ConfigError(
+        "translation is scored on a held-out test split; set --config.data.test_fraction > 0 (e.g. 0.05)"
+      )
 
 
 def translation_loss(model: seq2seq.Transformer, params, batch: dict, rng, train: bool, label_smoothing: float = 0.0):
@@ -111,11 +124,20 @@ def translation_loss(model: seq2seq.Transformer, params, batch: dict, rng, train
   the labels by `label_smoothing` (the paper's 0.1: the target puts 1 - s on the right token and s
   spread over the vocabulary); evaluation (train=False) scores the plain negative log-likelihood."""
   # Packed batches (pipeline.packed_batches) say which pair of its row each token is of.
-  segments = ({"source_segments_BxS": batch["source_segments"], "target_segments_BxT": batch["target_segments"]}
-              if "source_segments" in batch else {})
-  logits_BxTxV = model.apply({"params": params}, batch["source"], batch["target_in"],
-                             source_valid_BxS=batch["source_valid"], deterministic=not train, rngs={"dropout": rng},
-                             **segments)
+  segments = (
+    {"source_segments_BxS": batch["source_segments"], "target_segments_BxT": batch["target_segments"]}
+    if "source_segments" in batch
+    else {}
+  )
+  logits_BxTxV = model.apply(
+    {"params": params},
+    batch["source"],
+    batch["target_in"],
+    source_valid_BxS=batch["source_valid"],
+    deterministic=not train,
+    rngs={"dropout": rng},
+    **segments,
+  )
   smoothing = label_smoothing if train else 0.0
   labels_BxTxV = optax.smooth_labels(jax.nn.one_hot(batch["target_out"], logits_BxTxV.shape[-1]), smoothing)
   ce_BxT = optax.softmax_cross_entropy(logits_BxTxV, labels_BxTxV)
@@ -126,6 +148,7 @@ def translation_loss(model: seq2seq.Transformer, params, batch: dict, rng, train
 class Translation(Task):
   """The encoder-decoder Transformer (config.model: Seq2SeqConfig fields) on the sentence pairs of
   config.data, in config.data.direction."""
+
   name = "translation"
   Config = TranslationConfig
   families = ("transformer",)
@@ -140,8 +163,9 @@ class Translation(Task):
     try:
       pipeline.pair_columns(run.task_config.direction or "-".join(source.columns), source.columns)
     except DataError as e:
-      raise ConfigError(f"--config.data.direction: {e} (the columns of {source.name}, in order; leave it empty "
-                        f"for that order)") from None
+      raise ConfigError(
+        f"--config.data.direction: {e} (the columns of {source.name}, in order; leave it empty for that order)"
+      ) from None
 
   def __init__(self, run: RunConfig, tokenizer, mesh, data=None, labels=None):
     super().__init__(run, tokenizer, mesh, data)
@@ -154,12 +178,16 @@ class Translation(Task):
       self._pairs = {split: self._split_pairs(split) for split in ("train", "validation", "test")}
       self._lexicon = self._split_pairs(LEXICON) if LEXICON in data.manifest["splits"] else []
       if self.config.lexicon_tag:
-        self._lexicon = [(np.concatenate([[self.tokenizer.eot_id], source]).astype(source.dtype), target)
-                         for source, target in self._lexicon]
+        self._lexicon = [
+          (np.concatenate([[self.tokenizer.eot_id], source]).astype(source.dtype), target)
+          for source, target in self._lexicon
+        ]
       if self.config.fuzzy_match_tokens:
         self.memory = fuzzy.TranslationMemory(self._pairs["train"])
-        self._pairs = {split: list(zip(self.with_matches([s for s, _ in pairs]), [t for _, t in pairs]))
-                       for split, pairs in self._pairs.items()}
+        self._pairs = {
+          split: list(zip(self.with_matches([s for s, _ in pairs]), [t for _, t in pairs]))
+          for split, pairs in self._pairs.items()
+        }
 
   # --- Fuzzy matches (config.data.fuzzy_match_tokens): the memory goes into the workdir, so that a
   # restored model reads its sources as it was trained to. ---
@@ -176,8 +204,10 @@ class Translation(Task):
     if self.config.fuzzy_match_tokens:
       path = workdir / self.MEMORY_FILE
       if not path.exists():
-        raise DataError(f"{workdir} was trained with fuzzy matches (data.fuzzy_match_tokens) but holds no {path.name}; "
-                        f"it is written when training starts: train again")
+        raise DataError(
+          f"{workdir} was trained with fuzzy matches (data.fuzzy_match_tokens) but holds no {path.name}; "
+          f"it is written when training starts: train again"
+        )
       self.memory = fuzzy.TranslationMemory.load(path)
 
   def _split_source(self, source: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -185,7 +215,7 @@ class Translation(Task):
     ends = np.flatnonzero(source == self.tokenizer.eot_id)
     if self.memory is None or not len(ends):
       return source, source[:0]
-    return source[:ends[0]], source[ends[0] + 1:]
+    return source[: ends[0]], source[ends[0] + 1 :]
 
   def build_model(self, model_config):
     return seq2seq.Transformer(model_config)
@@ -199,14 +229,19 @@ class Translation(Task):
 
   def _split_pairs(self, split: str) -> list:
     max_len = self.config.max_len
-    pairs, dropped = pipeline.translation_pairs(self.data, split, direction=self.direction, max_len=max_len,
-                                                languages=self.languages)
+    pairs, dropped = pipeline.translation_pairs(
+      self.data, split, direction=self.direction, max_len=max_len, languages=self.languages
+    )
     if jax.process_index() == 0:
-      print(f"{split}: {len(pairs)} pairs ({self.direction}); dropped {dropped['too_long']} longer than "
-            f"data.max_len-1={max_len - 1} tokens and {dropped['empty']} with an empty side")
+      print(
+        f"{split}: {len(pairs)} pairs ({self.direction}); dropped {dropped['too_long']} longer than "
+        f"data.max_len-1={max_len - 1} tokens and {dropped['empty']} with an empty side"
+      )
     if not pairs and split in ("train", "validation"):
-      raise DataError(f"the {split} split of {self.data.directory} has no pairs left; raise --config.data.max_len "
-                      f"or the split's fraction")
+      raise DataError(
+        f"the {split} split of {self.data.directory} has no pairs left; raise --config.data.max_len "
+        f"or the split's fraction"
+      )
     return pairs
 
   def loss(self, params, batch, rng, train: bool):
@@ -216,10 +251,18 @@ class Translation(Task):
     c = self.config
     # Batches split evenly over the data-parallel devices and the accumulation microbatches.
     multiple = self.run.mesh.data_parallel * self.run.optimizer.accumulation_steps
-    return pipeline.TranslationBatches(self._pairs["train"], max_tokens=c.batch_tokens, max_len=c.max_len,
-                                       eot_id=self.tokenizer.eot_id, seed=self.run.loop.seed, batch_multiple=multiple,
-                                       batching=c.batching, extra=self._lexicon,
-                                       extra_per_epoch=self.lexicon_per_epoch(), source_len=c.source_len)
+    return pipeline.TranslationBatches(
+      self._pairs["train"],
+      max_tokens=c.batch_tokens,
+      max_len=c.max_len,
+      eot_id=self.tokenizer.eot_id,
+      seed=self.run.loop.seed,
+      batch_multiple=multiple,
+      batching=c.batching,
+      extra=self._lexicon,
+      extra_per_epoch=self.lexicon_per_epoch(),
+      source_len=c.source_len,
+    )
 
   def lexicon_per_epoch(self) -> int:
     """Lexicon pairs per epoch: config.lexicon_share of the epoch's target tokens (<|endoftext|> counted)."""
@@ -232,8 +275,14 @@ class Translation(Task):
 
   def eval_batches(self) -> list:
     c = self.config
-    kwargs = dict(max_tokens=c.batch_tokens, max_len=c.max_len, eot_id=self.tokenizer.eot_id, seed=0, shuffle=False,
-                  batch_multiple=self.run.mesh.data_parallel)
+    kwargs = dict(
+      max_tokens=c.batch_tokens,
+      max_len=c.max_len,
+      eot_id=self.tokenizer.eot_id,
+      seed=0,
+      shuffle=False,
+      batch_multiple=self.run.mesh.data_parallel,
+    )
     if c.batching == "packed":
       return pipeline.packed_batches(self._pairs["validation"], source_len=c.source_len, **kwargs)
     return pipeline.translation_batches(self._pairs["validation"], **kwargs)
@@ -241,8 +290,9 @@ class Translation(Task):
   def _full_rows(self) -> int:
     """Rows of a packed batch, or of one of the longest bucket (the fewest rows, the most padded tokens)."""
     c = self.config
-    return pipeline.bucket_rows(c.max_len, c.batch_tokens,
-                                self.run.mesh.data_parallel * self.run.optimizer.accumulation_steps)
+    return pipeline.bucket_rows(
+      c.max_len, c.batch_tokens, self.run.mesh.data_parallel * self.run.optimizer.accumulation_steps
+    )
 
   def batch_shapes(self):
     # Packed: the one shape. Bucketed: the longest bucket's (the others hold at most batch_tokens
@@ -251,8 +301,12 @@ class Translation(Task):
     keys = ["source", "source_valid", "target_in", "target_out", "target_valid"]
     if c.batching == "packed":
       keys += ["source_segments", "target_segments"]
-    return {k: jax.ShapeDtypeStruct((rows, c.source_len if k.startswith("source") else c.max_len),
-                                    jnp.bool_ if k.endswith("valid") else jnp.int32) for k in keys}
+    return {
+      k: jax.ShapeDtypeStruct(
+        (rows, c.source_len if k.startswith("source") else c.max_len), jnp.bool_ if k.endswith("valid") else jnp.int32
+      )
+      for k in keys
+    }
 
   def tokens_per_step(self) -> int:
     return self._full_rows() * self.config.max_len
@@ -275,17 +329,25 @@ class Translation(Task):
     return {**result, "dev_bleu": scores["bleu"], "dev_chrf": scores["chrf"]}
 
   def describe(self, result: dict) -> str:
-    return (f"{super().describe(result)}, dev BLEU {result['dev_bleu']:.2f}, chrF {result['dev_chrf']:.2f} "
-            f"(greedy)")
+    return f"{super().describe(result)}, dev BLEU {result['dev_bleu']:.2f}, chrF {result['dev_chrf']:.2f} (greedy)"
 
   def score(self, params, pairs, beam_size: int) -> dict:
     """sacreBLEU corpus BLEU and chrF of translating `pairs`' sources, against their targets; also
     the hypotheses and references."""
     ev = self.config.eval
-    hyps = beam_search.translate_ids(self.model, params, [s for s, _ in pairs], eos_id=self.tokenizer.eot_id,
-                                     beam_size=beam_size, alpha=ev.alpha, max_len=self.config.max_len,
-                                     no_repeat_ngram=ev.no_repeat_ngram,
-                                     batch_size=ev.decode_batch_size, mesh=self.mesh, rules=self.rules)
+    hyps = beam_search.translate_ids(
+      self.model,
+      params,
+      [s for s, _ in pairs],
+      eos_id=self.tokenizer.eot_id,
+      beam_size=beam_size,
+      alpha=ev.alpha,
+      max_len=self.config.max_len,
+      no_repeat_ngram=ev.no_repeat_ngram,
+      batch_size=ev.decode_batch_size,
+      mesh=self.mesh,
+      rules=self.rules,
+    )
     hyp_text = [self.tokenizer.decode(h) for h in hyps]
     ref_text = [self.tokenizer.decode(t) for _, t in pairs]
     return {**metrics.corpus_scores(hyp_text, ref_text), "hypotheses": hyp_text, "references": ref_text}
@@ -298,7 +360,7 @@ class Translation(Task):
     split = self._pairs["test"]
     if not split:
       return {}
-    pairs = split[:self.config.eval.test_sentences or None]
+    pairs = split[: self.config.eval.test_sentences or None]
     beam, average = self.config.eval.beam_size, self.config.eval.average_last
     result, scores = {}, []
     if average > 1:
@@ -310,8 +372,14 @@ class Translation(Task):
       print(f"test scores of the mean of the params of steps {steps}")
     greedy = self.score(params, pairs, beam_size=1)
     searched = self.score(params, pairs, beam_size=beam)
-    result.update({"test_bleu_greedy": greedy["bleu"], "test_chrf_greedy": greedy["chrf"],
-                   f"test_bleu_beam{beam}": searched["bleu"], f"test_chrf_beam{beam}": searched["chrf"]})
+    result.update(
+      {
+        "test_bleu_greedy": greedy["bleu"],
+        "test_chrf_greedy": greedy["chrf"],
+        f"test_bleu_beam{beam}": searched["bleu"],
+        f"test_chrf_beam{beam}": searched["chrf"],
+      }
+    )
     alpha = self.config.eval.alpha
     averaged = f", mean of {average}" if average > 1 else ""
     scores += [(f"greedy{averaged}", greedy), (f"beam {beam}, alpha {alpha:g}{averaged}", searched)]
@@ -320,13 +388,21 @@ class Translation(Task):
       columns = [("source", [self.tokenizer.decode(sentence) for sentence, _ in split_sources])]
       if self.memory is not None:  # what the model read after the sentence
         columns.append(("fuzzy_match", [self.tokenizer.decode(match) for _, match in split_sources]))
-      columns += [("reference", greedy["references"]), ("greedy", greedy["hypotheses"]),
-                  ("beam", searched["hypotheses"])]
+      columns += [
+        ("reference", greedy["references"]),
+        ("greedy", greedy["hypotheses"]),
+        ("beam", searched["hypotheses"]),
+      ]
       one_line = lambda text: " ".join(text.split())  # a tab or newline in a translation would break the TSV
-      (workdir / "test_translations.tsv").write_text("\t".join(name for name, _ in columns) + "\n" + "".join(
-          "\t".join(map(one_line, row)) + "\n" for row in zip(*(texts for _, texts in columns))))
+      (workdir / "test_translations.tsv").write_text(
+        "\t".join(name for name, _ in columns)
+        + "\n"
+        + "".join("\t".join(map(one_line, row)) + "\n" for row in zip(*(texts for _, texts in columns)))
+      )
       table = "".join(f"  {name:<28}{r['bleu']:6.2f}  {r['chrf']:6.2f}\n" for name, r in scores)
       which = f"the first {len(pairs)} of {len(split)}" if len(pairs) < len(split) else f"{len(pairs)}"
-      print(f"\ntest split, {which} pairs ({self.direction}), sacreBLEU {greedy['bleu_signature']}:\n"
-            f"  {'decoding':<28}  BLEU    chrF\n{table}translations: {workdir / 'test_translations.tsv'}")
+      print(
+        f"\ntest split, {which} pairs ({self.direction}), sacreBLEU {greedy['bleu_signature']}:\n"
+        f"  {'decoding':<28}  BLEU    chrF\n{table}translations: {workdir / 'test_translations.tsv'}"
+      )
     return result
