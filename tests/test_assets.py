@@ -36,6 +36,7 @@ def test_every_asset_verifies(private_cache):
     assert assets.digest(path) == asset.sha256
 
 
+@pytest.mark.slow
 def test_tampered_asset_is_fetched_again(private_cache):
   path = _seed_from_user_cache(private_cache, "gpt2_ranks")
   good = path.read_bytes()
@@ -74,6 +75,7 @@ def test_unknown_asset():
     assets.fetch("nope")
 
 
+@pytest.mark.slow
 def test_two_processes_fetch_at_once(private_cache):
   """Both real processes fetch into an empty cache concurrently; both get the verified file."""
   code = "from transformer import assets; print(assets.fetch('vader_movie_reviews'))"

@@ -26,6 +26,7 @@ def params():
   return _params()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_decoder_layers", [0, 1])  # 1: a shallower decoder than the encoder (2)
 def test_cached_decoding_equals_full_forward(params, num_decoder_layers):
   cfg = CFG.replace(num_decoder_layers=num_decoder_layers)
@@ -62,6 +63,7 @@ def _sequence_log_prob(params, source, valid, tokens, eos):
   return float(sum(lp[t, n] for t, n in enumerate(tokens + [eos])))
 
 
+@pytest.mark.slow
 def test_beam_size_one_equals_greedy_and_beams_are_sorted_by_their_scores():
   p = _scaled(_params(DEC_CFG))
   model = Transformer(DEC_CFG)
@@ -93,6 +95,7 @@ def test_beam_size_one_equals_greedy_and_beams_are_sorted_by_their_scores():
   assert scores[0, 0] >= g_score - 1e-4
 
 
+@pytest.mark.slow
 def test_an_ensemble_decodes_with_the_mean_of_its_members_log_probs():
   """seq2seq.Ensemble: one member decodes exactly as that model; two (of different depths) give the
   mean of their log-softmaxes, the same through the KV cache as in one forward pass."""
@@ -132,6 +135,7 @@ def test_an_ensemble_decodes_with_the_mean_of_its_members_log_probs():
     seq2seq.Ensemble((DEC_CFG, DEC_CFG.replace(vocab_size=60))).init(jax.random.key(0), SRC, TGT)
 
 
+@pytest.mark.slow
 def test_repeated_ngram_mask_names_the_tokens_that_would_repeat():
   tokens = jnp.array(
     [
@@ -154,6 +158,7 @@ def test_repeated_ngram_mask_names_the_tokens_that_would_repeat():
   assert [set(np.flatnonzero(np.isinf(row)).tolist()) for row in scores] == [{5, 6}, {3}]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_no_repeat_ngram_decodes_no_repeated_ngram(beam_size):
   p = _params(CFG)  # a tied head at random init repeats its input token: every step a repeat
@@ -185,6 +190,7 @@ def test_translate_refuses_bad_sentences():
     beam_search.translate_texts(model, params, tok, ["abc"], no_repeat_ngram=-1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_one_length_bucket_compiles_once(params, monkeypatch, beam_size):
   """Sources of 3 to 15 tokens, in batches of 2 with a filler row: one shape, so one trace."""
@@ -200,6 +206,7 @@ def test_one_length_bucket_compiles_once(params, monkeypatch, beam_size):
   assert len(out) == 5 and all(len(o) <= 8 for o in out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_batches_decode_on_threads_at_once_into_the_translations_of_each_sentence_alone(monkeypatch, beam_size):
   """With the CPU's kernels on a CPU device, `translate_ids` decodes its batches on one thread per core

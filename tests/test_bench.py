@@ -8,6 +8,7 @@ import pytest
 from conftest import run_module
 
 
+@pytest.mark.slow
 def test_benchmark_programs_print_their_tables():
   """launch.bench runs (smoke: the tiny preset, one repeat); speed itself is never asserted."""
   proc = run_module(

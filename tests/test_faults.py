@@ -98,6 +98,7 @@ def straight(data_root, tmp_path_factory):
 # --- 1. Non-finite losses --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_diverging_run_stops_naming_the_step_and_saves_nothing_nonfinite(tmp_path, data_root):
   proc = train(data_root, tmp_path, "--config.optimizer.lr=1e6", "--config.optimizer.grad_clip_norm=0")
   line = error_line(proc)
@@ -107,6 +108,7 @@ def test_a_diverging_run_stops_naming_the_step_and_saves_nothing_nonfinite(tmp_p
   assert events(tmp_path)[-1]["event"] == "stopped: nonfinite"
 
 
+@pytest.mark.slow
 def test_a_nan_step_stops_and_the_last_good_checkpoint_resumes(tmp_path, data_root, straight):
   proc = train(data_root, tmp_path, inject=["--nan_at_steps=23"])
   line = error_line(proc)
@@ -118,6 +120,7 @@ def test_a_nan_step_stops_and_the_last_good_checkpoint_resumes(tmp_path, data_ro
   assert_same_losses(tmp_path, straight)
 
 
+@pytest.mark.slow
 def test_skip_policy_skips_logs_and_goes_on_then_stops_after_too_many(tmp_path, data_root):
   proc = train(data_root, tmp_path / "skip", "--config.on_nonfinite=skip", inject=["--nan_at_steps=12,13"])
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -144,6 +147,7 @@ def _tear(step_dir):
       path.write_bytes(b"")
 
 
+@pytest.mark.slow
 def test_a_torn_latest_checkpoint_is_moved_aside_and_training_goes_on_from_the_one_before(
   tmp_path, data_root, straight
 ):
@@ -159,6 +163,7 @@ def test_a_torn_latest_checkpoint_is_moved_aside_and_training_goes_on_from_the_o
   assert_same_losses(tmp_path, straight)
 
 
+@pytest.mark.slow
 def test_sampling_falls_back_past_a_torn_checkpoint_and_names_it(tmp_path, data_root, straight):
   workdir = tmp_path / "w"
   subprocess.run(["cp", "-r", str(straight), str(workdir)], check=True)
@@ -176,6 +181,7 @@ def test_sampling_falls_back_past_a_torn_checkpoint_and_names_it(tmp_path, data_
 # --- 3. A refused launch writes nothing ------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_refused_launch_leaves_the_run_as_it_was(tmp_path, data_root, straight):
   workdir = tmp_path / "w"
   subprocess.run(["cp", "-r", str(straight), str(workdir)], check=True)
@@ -202,6 +208,7 @@ def test_a_refused_launch_leaves_the_run_as_it_was(tmp_path, data_root, straight
   assert json.loads((workdir / "config.json").read_text())["num_train_steps"] == 70
 
 
+@pytest.mark.slow
 def test_without_a_saved_config_the_checkpoint_names_the_parameter(tmp_path, data_root, straight):
   workdir = tmp_path / "w"
   subprocess.run(["cp", "-r", str(straight), str(workdir)], check=True)
@@ -217,6 +224,7 @@ MESH1 = ["--config.mesh.data=-1", "--config.mesh.fsdp=1", "--config.mesh.tensor=
 SHARDABLE = ["--config.model.vocab_size=96", "--config.num_train_steps=24"]  # 96: splits over the tensor axis
 
 
+@pytest.mark.slow
 def test_a_run_resumes_from_one_device_onto_eight_and_from_eight_onto_one(tmp_path, data_root):
   eight = {"JAX_NUM_CPU_DEVICES": "8"}
   one = train(data_root, tmp_path / "one", *SHARDABLE)
@@ -244,6 +252,7 @@ def test_a_run_resumes_from_one_device_onto_eight_and_from_eight_onto_one(tmp_pa
 # --- 5. Kills during saves, full disks, changed data, SIGTERM in evaluation, two launches ----
 
 
+@pytest.mark.slow
 def test_a_kill_during_a_save_then_a_full_disk_then_a_clean_resume(tmp_path, data_root, straight):
   killed = train(data_root, tmp_path, inject=["--kill_at_commit=30"])
   assert killed.returncode == -signal.SIGKILL
@@ -290,12 +299,14 @@ def test_an_unwritable_workdir_is_one_error(tmp_path, data_root):
   assert "cannot create the lock in" in line and "Permission denied" in line
 
 
+@pytest.mark.slow
 def test_a_workdir_that_cannot_be_a_directory_is_one_error(tmp_path, data_root):
   (tmp_path / "file").write_text("")
   line = error_line(train(data_root, tmp_path / "file" / "w"))
   assert "cannot create the lock in" in line and "Not a directory" in line
 
 
+@pytest.mark.slow
 def test_changed_data_is_prepared_again_and_never_mixed_into_a_run(tmp_path):
   text = tmp_path / "mine.txt"
   text.write_text("the quick brown fox jumps over the lazy dog.\n" * 400)
@@ -337,6 +348,7 @@ def _wait_for(predicate, proc, seconds=120):
   assert proc.poll() is None, proc.communicate()[1][-3000:]
 
 
+@pytest.mark.slow
 def test_sigterm_during_evaluation_abandons_it_saves_and_the_next_launch_evaluates_first(tmp_path, data_root, straight):
   long_eval = ["--config.eval_batches=16000"]  # an evaluation of many seconds: SIGTERM must land inside it
   proc = subprocess.Popen(
@@ -387,6 +399,7 @@ def test_sigterm_abandons_an_evaluation_even_inside_a_library_that_catches_excep
     preemption.restore()
 
 
+@pytest.mark.slow
 def test_a_second_launch_on_a_running_workdir_refuses_and_a_dead_holder_is_detected(tmp_path, data_root):
   forever = ["--config.num_train_steps=100000", "--config.checkpoint_every_steps=100000"]
   proc = subprocess.Popen(
@@ -411,6 +424,7 @@ def test_a_second_launch_on_a_running_workdir_refuses_and_a_dead_holder_is_detec
 # --- 6, 7. Special tokens from the command line; your own translation pairs -----------------
 
 
+@pytest.mark.slow
 def test_special_tokens_in_a_prompt_are_refused_unless_allowed(straight):
   line = error_line(
     run_module("launch.sample", f"--workdir={straight}", "--prompt=ROMEO<|endoftext|>", "--max_new_tokens=5")
@@ -423,6 +437,7 @@ def test_special_tokens_in_a_prompt_are_refused_unless_allowed(straight):
   assert allowed.returncode == 0, allowed.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_own_translation_pairs_default_to_their_column_order(tmp_path):
   pairs = tmp_path / "pairs.tsv"
   pairs.write_text("".join(f"das haus {i}\tthe house {i}\n" for i in range(300)))

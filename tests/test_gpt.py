@@ -24,6 +24,7 @@ def _tokens(cfg, B=2, T=8, seed=1):
   "name,expected",
   [("gpt2", 124_439_808), ("gpt2-medium", 354_823_168), ("gpt2-large", 774_030_080), ("gpt2-xl", 1_557_611_200)],
 )
+@pytest.mark.slow
 def test_preset_parameter_counts(name, expected):
   assert count_params(preset(name)) == expected  # jax.eval_shape: nothing allocated
   assert count_params(preset(name, scan_layers=True)) == expected
@@ -31,6 +32,7 @@ def test_preset_parameter_counts(name, expected):
   assert untied == expected + 50257 * preset(name).block.d_model
 
 
+@pytest.mark.slow
 def test_gpt2_124m_seed_batch():
   cfg = preset("gpt2")
   model = GPT(cfg)
@@ -41,6 +43,7 @@ def test_gpt2_124m_seed_batch():
   chex.assert_tree_all_finite(logits_BxTxV)
 
 
+@pytest.mark.slow
 def test_every_parameter_has_logical_axes():
   for cfg in (TINY, TINY.replace(scan_layers=True), TINY.replace(tie_embeddings=False)):
     boxed = GPT(cfg).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"]
@@ -65,6 +68,7 @@ class TestVariants(chex.TestCase):
     np.testing.assert_allclose(logits, reference, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", ["einsum", "xla"])
 def test_causality(attention):
   cfg = TINY.replace(attention=attention)
@@ -97,6 +101,7 @@ def test_attention_implementations_agree():
   np.testing.assert_allclose(xla, ref, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("remat", ["none", "dots", "full"])
 def test_scan_and_unrolled_agree(remat):
   params = _init(TINY)
@@ -121,6 +126,7 @@ def test_scan_and_unrolled_agree(remat):
   )
 
 
+@pytest.mark.slow
 def test_dropout_only_in_training():
   cfg = TINY.replace(dropout_rate=0.3, attention_dropout_rate=0.2, attention="einsum")
   params = _init(cfg)
@@ -142,6 +148,7 @@ def test_dropout_only_in_training():
   )
 
 
+@pytest.mark.slow
 def test_bfloat16_compute_keeps_float32_params_and_logits():
   cfg = TINY.replace(dtype="bfloat16")
   params = _init(cfg)
@@ -196,6 +203,7 @@ def test_segment_positions_restart_and_skip_padding():
   "attention,mechanism",
   [("einsum", "dot_product"), ("xla", "dot_product"), ("xla", "synthesizer_dense"), ("xla", "synthesizer_random")],
 )
+@pytest.mark.slow
 def test_a_documents_logits_do_not_depend_on_the_documents_before_it(attention, mechanism):
   """Packed rows (tasks.lm document_ids): a document sees only itself, from position 0, whatever
   came before it in the row, exactly as if it began the row."""

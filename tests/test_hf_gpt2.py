@@ -24,6 +24,7 @@ def _logits(cfg, params, ids):
   return np.asarray(GPT(cfg).apply({"params": params}, ids))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("attention", ["einsum", "xla"])
 def test_logits_match_reference(name, attention):
@@ -102,6 +103,7 @@ def test_untied_head_round_trip(tmp_path):
   chex.assert_trees_all_equal(params2, params)
 
 
+@pytest.mark.slow
 def test_shorter_context_keeps_first_positions():
   cfg, params = import_hf_gpt2(FIXTURES / "gpt2_tiny_a", max_len=16)
   full_cfg, full = import_hf_gpt2(FIXTURES / "gpt2_tiny_a")

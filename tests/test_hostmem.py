@@ -43,6 +43,7 @@ def _faulting_calls(keep: str) -> int:
   return sum(faults > _TEMP_PAGES * 0.8 for faults in json.loads(out.splitlines()[-1]))
 
 
+@pytest.mark.slow
 def test_the_temporary_block_is_reused_not_faulted_in_again():
   # glibc's defaults, for contrast: the block is mmapped and unmapped at every call, all its pages
   # faulted in again (what the settings are for; if this stops holding, they may be obsolete).
@@ -52,6 +53,7 @@ def test_the_temporary_block_is_reused_not_faulted_in_again():
   assert _faulting_calls("1") <= 20
 
 
+@pytest.mark.slow
 def test_importing_the_library_leaves_the_allocator_alone():
   """Only the explicit call (cli.run, or a notebook's) changes glibc's settings: a process that imports
   the library's modules faults the block in at every call, as with glibc's defaults."""

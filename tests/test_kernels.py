@@ -93,6 +93,7 @@ def _qkv(B=2, T=5, S=7, H=3, K=8, seed=0):
   return (jax.random.normal(kq, (B, T, H, K)), jax.random.normal(kk, (B, S, H, K)), jax.random.normal(kv, (B, S, H, K)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("T", [attention.BLOCK // 2, 2 * attention.BLOCK + 37])
 @pytest.mark.parametrize("form", ["cpu", "accelerator"])
 def test_causal_attention_by_blocks_is_causal_attention(T, form):
@@ -128,6 +129,7 @@ def test_causal_attention_by_blocks_is_causal_attention(T, form):
     np.testing.assert_allclose(grad_bf16.astype(jnp.float32), grad_full, atol=1e-1)
 
 
+@pytest.mark.slow
 def test_attend_dispatches_causal_self_attention_by_kernels():
   """layers.attend with no mask: kernels="cpu" runs kernels.attention.causal_cpu (its gradients to the
   bit), "accelerator" causal_by_blocks, "reference" jax.nn.dot_product_attention with the mask; all
@@ -148,6 +150,7 @@ def test_attend_dispatches_causal_self_attention_by_kernels():
   assert any(not np.array_equal(a, b) for a, b in zip(by_form["cpu"], by_form["reference"]))  # other paths
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("B", [1, 3])
 def test_one_token_over_a_kv_cache_equals_the_reference(B):
   """kernels.attention.one_token_cpu (multiply-and-sum for one sequence, einsums for several) =
@@ -207,6 +210,7 @@ def test_tied_head_forms_equal_the_embeddings_attend(B, V):
   ],
   ids=["batch", "one", "vocab_major", "vocab_major_large", "one_streamed_head", "vocab_major_streamed_head"],
 )
+@pytest.mark.slow
 def test_greedy_decoding_with_the_cpu_kernels_makes_the_reference_tokens(prompts, vocab):
   """The whole sampler with the CPU's forms (the tied head in each form, the blocked and
   vocabulary-major argmax, the matrix-vector attention, XLA:CPU's options) makes the reference's tokens."""
@@ -296,6 +300,7 @@ def test_two_level_inverse_cdf_draws_the_reference_token(block):
   assert len(set(got_MxB[:, 2].tolist())) > 20  # draws spread over the row's tokens
 
 
+@pytest.mark.slow
 class SampleLogitsTest(chex.TestCase):
   @chex.variants(with_jit=True, without_jit=True)
   def test_every_form_draws_the_reference_tokens(self):
@@ -343,6 +348,7 @@ def test_decoders_run_on_one_thread_per_core_of_a_cpu_device(monkeypatch):
   assert sampler.jitted_sampler(GPT(CFG.replace(kernels="cpu"))) is not reference  # XLA:CPU's options
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampling", [Sampling(temperature=0), Sampling(temperature=0.9, top_k=20)])
 def test_a_batch_split_over_cpu_cores_makes_the_tokens_of_the_whole_batch(sampling, monkeypatch):
   """`generate` with the CPU's kernels decodes parts of a batch on threads of their own
@@ -377,6 +383,7 @@ def test_a_batch_split_over_cpu_cores_makes_the_tokens_of_the_whole_batch(sampli
 # --- the LM loss -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("form", FORMS)
 def test_next_token_nll_and_its_gradient_equal_optax(dtype, form):
@@ -402,6 +409,7 @@ def test_next_token_nll_and_its_gradient_equal_optax(dtype, form):
 # --- whole models ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 class WholeModelTest(chex.TestCase):
   @chex.variants(with_jit=True, without_jit=True)
   def test_gpt_logits_and_gradients_are_the_references_in_every_form(self):

@@ -236,6 +236,7 @@ def _fit(model, tokens, valid, labels, steps: int = 150):
   return params
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", BODIES)
 def test_each_model_overfits_a_tiny_labelled_set(family):
   tokens, valid = _texts()
@@ -253,6 +254,7 @@ def test_each_model_overfits_a_tiny_labelled_set(family):
   np.testing.assert_array_equal(predicted[valid], tags[valid])  # 100% of the words
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", BODIES)
 def test_padding_changes_no_prediction(family):
   tokens, valid = _texts(num=4)
@@ -272,6 +274,7 @@ def test_padding_changes_no_prediction(family):
       np.testing.assert_allclose(long, short, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_the_lstm_language_model_samples_through_its_recurrent_state():
   from transformer.generation import sampling
 
@@ -339,6 +342,7 @@ def classified(reviews):
   return reviews / "w", result
 
 
+@pytest.mark.slow
 def test_classification_trains_and_scores_dev_and_test(classified):
   workdir, result = classified
   assert result["test_accuracy"] > 0.9 and result["dev_macro_f1"] > 0.9
@@ -346,6 +350,7 @@ def test_classification_trains_and_scores_dev_and_test(classified):
   assert (workdir / "confusion_matrix.png").stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_launch_classify_from_flags_and_stdin(classified):
   workdir, _ = classified
   proc = run_module(
@@ -422,6 +427,7 @@ def _finetune_config(reviews, lm, **changes):
   )
 
 
+@pytest.mark.slow
 def test_init_from_loads_the_pretrained_body_exactly_and_can_freeze_it(reviews, pretrained, tmp_path):
   lm = inference.restore(pretrained)
   c = _finetune_config(reviews, pretrained, body_lr_scale=0.0)
@@ -441,6 +447,7 @@ def test_init_from_loads_the_pretrained_body_exactly_and_can_freeze_it(reviews, 
   assert not np.allclose(after.params["head"]["kernel"], fresh["head"]["kernel"])
 
 
+@pytest.mark.slow
 def test_init_from_refuses_other_shapes_and_other_tokens(reviews, pretrained, tmp_path):
   with pytest.raises(
     ConfigError,
@@ -456,6 +463,7 @@ def test_init_from_refuses_other_shapes_and_other_tokens(reviews, pretrained, tm
     )
 
 
+@pytest.mark.slow
 def test_init_from_a_hugging_face_gpt2_directory(reviews, tmp_path):
   """init_from a Hugging Face GPT-2 directory (model.safetensors + config.json, here a small
   random-weight one written by export_hf_gpt2): the body starts from exactly those weights, read
@@ -476,7 +484,8 @@ def test_init_from_a_hugging_face_gpt2_directory(reviews, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def tagged(tmp_path_factory):
+def tagged_text(tmp_path_factory):
+  """A `word/tag` file a small tagger learns; the directory that holds it."""
   root = tmp_path_factory.mktemp("tagged")
   rng = np.random.default_rng(0)
   lexicon = {
@@ -496,6 +505,12 @@ def tagged(tmp_path_factory):
     words = [rng.choice(["the", "a"]), rng.choice(nouns), rng.choice(verbs), "it", "quietly", "."]
     lines.append(" ".join(f"{w}/{lexicon[w]}" for w in words) + f" {i}/cd")
   (root / "tagged.txt").write_text("\n".join(lines) + "\n")
+  return root
+
+
+@pytest.fixture(scope="module")
+def tagged(tagged_text):
+  root = tagged_text
   c = _set(
     pos.get_config("tiny"),
     data__input_files=(str(root / "tagged.txt"),),
@@ -509,6 +524,7 @@ def tagged(tmp_path_factory):
   return root, result
 
 
+@pytest.mark.slow
 def test_tagging_trains_beats_the_baseline_and_tags_text(tagged):
   root, result = tagged
   assert result["test_accuracy"] > 0.95 and result["dev_baseline_accuracy"] > 0.8
@@ -517,8 +533,8 @@ def test_tagging_trains_beats_the_baseline_and_tags_text(tagged):
   assert proc.stdout.split() == ["the/at", "city/nn", "saw/vbd", "it/pps", "quietly/rb", "./."]
 
 
-def test_bad_tagging_configs_are_named(tagged, tmp_path):
-  root, _ = tagged
+def test_bad_tagging_configs_are_named(tagged_text, tmp_path):
+  root = tagged_text
   c = _set(pos.get_config("tiny"), data__input_files=(str(root / "tagged.txt"),), data__root=str(root / "data"))
   with pytest.raises(ConfigError, match="--config.data.tagset='penn' is unknown; choose one of brown, universal"):
     train.train_and_evaluate(_set(c, data__tagset="penn"), tmp_path / "w")

@@ -145,6 +145,7 @@ def test_synthesizer_parameters_shapes_and_axis_names(mechanism):
   assert all("heads" in n for k, n in names.items() if "synth" in k)  # split over the tensor axis with the heads
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mechanism", SYNTHESIZERS)
 def test_synthesizer_is_causal_padding_invariant_and_cached_decoding_equals_the_full_forward(mechanism):
   cfg, model, params = _gpt(mechanism)
@@ -174,6 +175,7 @@ def test_synthesizer_is_causal_padding_invariant_and_cached_decoding_equals_the_
   np.testing.assert_allclose(jnp.stack(step_logits, 1)[:, 3:], logits, atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mechanism", SYNTHESIZERS)
 def test_synthesizer_gradients_are_finite_and_fixed_random_gets_none(mechanism):
   cfg, model, params = _gpt(mechanism, scan_layers=True, remat_policy="full")
@@ -191,6 +193,7 @@ def test_synthesizer_gradients_are_finite_and_fixed_random_gets_none(mechanism):
     assert all(np.abs(np.asarray(g)).max() > 0 for g in jax.tree.leaves(attn))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mechanism", ["synthesizer_dense", "synthesizer_random"])
 def test_synthesizer_in_the_encoder_decoder(mechanism):
   from transformer.models.seq2seq import Seq2SeqConfig, Transformer

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from transformer import metrics
 
@@ -28,6 +29,7 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_match_one(tmp_path):
   data_root = tmp_path / "data"
   one = run_module("launch.train", *ARGS, f"--config.data.root={data_root}", f"--workdir={tmp_path / 'one'}")
@@ -63,6 +65,7 @@ def test_two_processes_match_one(tmp_path):
   assert sorted(p.name for p in (tmp_path / "two" / "checkpoints").iterdir() if p.name.isdigit()) == ["4", "8"]
 
 
+@pytest.mark.slow
 def test_two_processes_of_four_devices_match_one_of_eight_and_one_process_resumes_them(tmp_path):
   """2 processes x 4 devices (data 2 x fsdp 4 over both) train like 1 process x 8; the checkpoint the
   two wrote (each process its shards) is resumed by one process on one device."""

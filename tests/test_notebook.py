@@ -6,6 +6,7 @@ import platform
 
 import nbformat
 import papermill
+import pytest
 
 from conftest import REPO
 
@@ -25,6 +26,7 @@ def test_the_notebook_is_stored_without_outputs():
   assert nb.metadata.kernelspec.name == "python3"
 
 
+@pytest.mark.slow
 def test_the_notebook_runs_on_cpu(tmp_path, monkeypatch):
   # This venv's own python3 kernel (ipykernel's), even where a user-wide kernelspec of that name exists.
   monkeypatch.setenv("JUPYTER_PREFER_ENV_PATH", "1")

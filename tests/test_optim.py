@@ -28,6 +28,7 @@ def test_schedule_warmup_then_cosine():
     optim.learning_rate(_opt(schedule="linear"), 10)
 
 
+@pytest.mark.slow
 def test_weight_decay_mask():
   params = nn.unbox(
     GPT(GPTConfig().replace(vocab_size=11, max_len=8, num_layers=1, num_heads=1, d_model=8)).init(

@@ -6,7 +6,11 @@ import json
 import subprocess
 import sys
 
+import jax
 import pytest
+
+from experiments import shakespeare
+from transformer import plan, tasks, train
 
 from conftest import REPO, run_module
 from test_multiprocess import _free_port
@@ -19,6 +23,26 @@ def data_root(tmp_path_factory):
   return tmp_path_factory.mktemp("data")
 
 
+def test_the_tiny_preset_planned_in_process_on_one_device(data_root):
+  """The inner loop's check of the planner: the train step and the sampler compiled against
+  abstract arrays, in this process (the launch program and 8 devices are the slow tests')."""
+  config = shakespeare.get_config("tiny")
+  config.data.root = str(data_root)
+  run_config = tasks.resolve(config, num_devices=1)
+  run = train.build(run_config, tasks.get(run_config.task).load_data(run_config))
+  step = plan.plan_train(run)
+  assert step.params * 3 == pytest.approx(step.params + step.optimizer, rel=0.01)  # AdamW: params, mu, nu
+  assert step.params == 4 * sum(x.size for x in jax.tree.leaves(train.abstract_state(run).params))
+  assert step.flops == pytest.approx(step.analytic_flops, rel=0.05)
+  assert step.total == step.arguments + step.outputs - step.aliased + step.temporaries
+  assert step.aliased > 0  # the donated state is written in place
+  assert "train step: batch" in plan.describe(step) and "fits in" in plan.describe(step, step.total)
+  assert plan.has_sampler(run)
+  decode = plan.plan_decode(run, batch_size=2)
+  assert decode.params == step.params and decode.flops is None and decode.temporaries > 0
+  assert "does not fit: batch 2" in plan.does_not_fit(decode, decode.total // 2)
+
+
 def _plan(data_root, tmp_path, *extra, name="plan"):
   out = tmp_path / f"{name}.json"
   proc = run_module("launch.plan", *TINY, f"--config.data.root={data_root}", f"--json={out}", *extra)
@@ -26,6 +50,7 @@ def _plan(data_root, tmp_path, *extra, name="plan"):
   return json.loads(out.read_text()), proc.stdout
 
 
+@pytest.mark.slow
 def test_fsdp_divides_params_and_optimizer_state_remat_trades_memory_for_flops(data_root, tmp_path):
   [replicated], _ = _plan(data_root, tmp_path, "--config.mesh.data=8", name="data8")
   [fsdp], printed = _plan(data_root, tmp_path, "--config.mesh.data=1", "--config.mesh.fsdp=8", name="fsdp8")
@@ -51,6 +76,7 @@ def test_fsdp_divides_params_and_optimizer_state_remat_trades_memory_for_flops(d
   assert remat["temporaries"] < 0.8 * fsdp["temporaries"]
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_counts_every_microbatch(data_root, tmp_path):
   [one], _ = _plan(data_root, tmp_path, "--config.batch_size=32", name="one")
   [four], _ = _plan(
@@ -60,6 +86,7 @@ def test_gradient_accumulation_counts_every_microbatch(data_root, tmp_path):
   assert four["temporaries"] < one["temporaries"]  # one microbatch's activations at a time
 
 
+@pytest.mark.slow
 def test_the_batch_search_finds_the_largest_batch_that_fits(data_root, tmp_path):
   proc = run_module(
     "launch.plan",
@@ -88,6 +115,7 @@ def test_the_batch_search_finds_the_largest_batch_that_fits(data_root, tmp_path)
   assert bigger["total"] > 0.004 * 1024**3
 
 
+@pytest.mark.slow
 def test_a_plan_that_does_not_fit_names_its_biggest_consumers(data_root):
   proc = run_module("launch.plan", *TINY, f"--config.data.root={data_root}", "--device_memory_gib=0.0001")
   assert proc.returncode == 1
@@ -103,12 +131,14 @@ def test_a_plan_that_does_not_fit_names_its_biggest_consumers(data_root):
     (["--config.mesh.data=3"], "needs 3 devices but 8 are available"),
   ],
 )
+@pytest.mark.slow
 def test_a_config_that_cannot_be_sharded_is_one_error(data_root, extra, message):
   proc = run_module("launch.plan", *TINY, f"--config.data.root={data_root}", *extra)
   assert proc.returncode == 1
   assert proc.stderr.strip().splitlines()[-1].startswith("error: ") and message in proc.stderr
 
 
+@pytest.mark.slow
 def test_two_processes_of_four_devices_plan_like_one_of_eight(data_root, tmp_path):
   mesh = ["--config.mesh.data=2", "--config.mesh.fsdp=4"]
   [single], _ = _plan(data_root, tmp_path, *mesh, name="single")
@@ -146,6 +176,7 @@ def test_two_processes_of_four_devices_plan_like_one_of_eight(data_root, tmp_pat
   assert multi["flops"] == pytest.approx(single["flops"], rel=0.01)
 
 
+@pytest.mark.slow
 def test_an_accelerator_run_is_planned_with_the_accelerators_program(data_root, tmp_path):
   """--platform=gpu on fake CPU devices compiles what a GPU runs (the accelerators' forms of the ops,
   transformer.kernels), not the CPU's: another program, whose memory and FLOPs differ. cuDNN

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from transformer import data
-from transformer.data import PrepareOptions, sources
+from transformer.data import PrepareOptions, show, sources
 from transformer.errors import DataError
 
 from conftest import run_module
@@ -63,6 +63,12 @@ def test_user_files_stream_and_decode_back(tmp_path, monkeypatch, tokenizer, voc
   ds = data.load_prepared(out)
   assert _reassemble(ds) == "".join(f.read_text() for f in files)
   assert ds.tokenizer.vocab_size == (vocab or ds.tokenizer.vocab_size)
+  # What launch.prepare prints: the counts per split, and the first tokens of a split, each as its text.
+  table = show.summary(ds).splitlines()
+  assert table[2].split()[:4] == ["split", "records", "documents", "tokens"]
+  assert [row.split()[0] for row in table[3:6]] == ["train", "validation", "test"]
+  bars, ids = show.tokenization(ds, n_tokens=8).splitlines()
+  assert json.loads(ids) == ds.tokens("train")[:8].tolist() and bars.count("|") == 9
   assert ds.manifest["dtype"] == ("uint32" if tokenizer == "cl100k_base" else "uint16")
 
 
@@ -104,6 +110,7 @@ def test_pairs_and_classification(tmp_path):
   assert ds.manifest["splits"]["train"]["records"] + ds.manifest["splits"]["validation"]["records"] > 10500
 
 
+@pytest.mark.slow
 def test_ding_pairs_are_sentences(tmp_path):
   out = tmp_path / "d"
   data.prepare(
@@ -266,6 +273,7 @@ def test_too_small_input_names_the_split(tmp_path):
     data.prepare(data.file_source([small]), tmp_path / "o", PrepareOptions(tokenizer="char"), progress=False)
 
 
+@pytest.mark.slow
 def test_cli_prepares_and_reports_errors_in_one_line(tmp_path):
   files = _write_corpus(tmp_path, n_docs=2)
   out = tmp_path / "cli"

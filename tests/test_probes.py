@@ -41,6 +41,7 @@ def gpt(request, tokenizer):
   return GPT(cfg), params
 
 
+@pytest.mark.slow
 def test_attention_rows_are_causal_probabilities_and_the_lens_ends_at_the_logits(gpt, tokenizer):
   model, params = gpt
   inside = probes.look_inside(model, params, tokenizer, TEXT)
@@ -69,6 +70,7 @@ def test_scanned_layers_give_the_same_insides(tokenizer):
   np.testing.assert_allclose(scanned.residual_LxTxD, unrolled.residual_LxTxD, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_contextual_embeddings(gpt, tokenizer):
   model, params = gpt
   same = probes.similarity_by_layer(model, params, tokenizer, [TEXT, TEXT], "Harry")
@@ -80,6 +82,7 @@ def test_contextual_embeddings(gpt, tokenizer):
     probes.word_position(tokenizer, TEXT, "Ron")
 
 
+@pytest.mark.slow
 def test_translation_alignment_rows_are_probabilities_over_the_source(tokenizer):
   cfg = Seq2SeqConfig().replace(
     vocab_size=tokenizer.vocab_size, max_len=32, num_layers=3, num_decoder_layers=2, num_heads=2, d_model=16, d_mlp=32
@@ -111,6 +114,7 @@ def trained(tmp_path_factory):
   return workdir
 
 
+@pytest.mark.slow
 def test_launch_probe_draws_pictures_and_compares_a_word(trained, tmp_path):
   proc = run_module("launch.probe", f"--workdir={trained}", "--text=ROMEO: But soft", f"--out={tmp_path / 'p'}")
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -136,6 +140,7 @@ def test_launch_probe_draws_pictures_and_compares_a_word(trained, tmp_path):
   assert bad.returncode == 1 and "error: --compare needs --word and at least two --text" in bad.stderr
 
 
+@pytest.mark.slow
 def test_launch_probe_reads_hugging_face_gpt2_weights(tmp_path):
   from transformer.models.hf_gpt2 import export_hf_gpt2
 

@@ -33,6 +33,7 @@ def _sample(*args, stdin=None):
   return run_module("launch.sample", *args, stdin=stdin)
 
 
+@pytest.mark.slow
 def test_workdir_completions_match_the_library(workdir):
   proc = _sample(f"--workdir={workdir}", "--prompt=ROMEO:", "--prompt=", "--temperature=0", "--max_new_tokens=30")
   assert proc.returncode == 0, proc.stderr
@@ -50,6 +51,7 @@ def test_workdir_completions_match_the_library(workdir):
   assert len(want[0]) > 5
 
 
+@pytest.mark.slow
 def test_best_and_numbered_steps(workdir):
   for step in ("best", "10"):
     proc = _sample(f"--workdir={workdir}", f"--step={step}", "--prompt=KING:", "--max_new_tokens=5")
@@ -59,6 +61,7 @@ def test_best_and_numbered_steps(workdir):
   assert trained.step in (10, 20, 30)
 
 
+@pytest.mark.slow
 def test_prompts_file_stdin_and_streaming_agree(workdir, tmp_path):
   common = [f"--workdir={workdir}", "--temperature=0", "--max_new_tokens=25"]
   by_flag = _sample(*common, "--prompt=To be", "--prompt=Alas,\npoor")
@@ -73,6 +76,7 @@ def test_prompts_file_stdin_and_streaming_agree(workdir, tmp_path):
   assert streamed.stdout == by_flag.stdout.replace("-" * 40 + "\n", "")
 
 
+@pytest.mark.slow
 def test_sampling_flags_and_seeds(workdir):
   common = [f"--workdir={workdir}", "--prompt=ROMEO:", "--max_new_tokens=30", "--num_samples=3"]
   a = _sample(*common, "--seed=1", "--top_p=0.9", "--top_k=20").stdout
@@ -82,6 +86,7 @@ def test_sampling_flags_and_seeds(workdir):
   assert len(set(a.split("-" * 40))) == 3  # three different samples
 
 
+@pytest.mark.slow
 def test_from_gpt2_safetensors(tmp_path):
   """A GPT-2-shaped model with the real vocabulary, exported to HF safetensors, sampled via --hf."""
   cfg = GPTConfig().replace(vocab_size=50257, max_len=64, num_layers=2, num_heads=2, d_model=32)
@@ -122,6 +127,7 @@ def test_from_gpt2_safetensors(tmp_path):
     (["--top_p=1.5"], "top_p must be in \\(0, 1\\]"),
   ],
 )
+@pytest.mark.slow
 def test_bad_input_is_one_clear_error(workdir, args, message):
   if not any(a.startswith(("--workdir", "--hf")) for a in args) and args:
     args = [f"--workdir={workdir}", *args]
@@ -132,6 +138,7 @@ def test_bad_input_is_one_clear_error(workdir, args, message):
   assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_sliding_window_past_the_context(workdir):
   proc = _sample(
     f"--workdir={workdir}", "--prompt=ROMEO:", "--max_new_tokens=80", "--sliding_window", "--temperature=0"

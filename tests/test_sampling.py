@@ -49,6 +49,7 @@ def _greedy_by_full_forward(cfg, params, prompt, n):
   return tokens[len(prompt) :]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("changes", [{}, {"attention": "einsum"}, {"scan_layers": True}])
 def test_greedy_with_cache_equals_full_reforward(changes, params):
   cfg = CFG.replace(**changes)
@@ -70,6 +71,7 @@ def test_decode_grows_its_cache_in_phases_that_end_at_prompt_plus_new_tokens():
   assert sampler.decode_lengths(32, 20, phase_tokens=6) == [39, 46, 52]  # ceil(20 j / 3) new tokens
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("changes", [{}, {"scan_layers": True}])
 def test_greedy_through_a_cache_grown_in_phases_equals_full_reforward(changes, params):
   """Four phases of 5 new tokens (cache of 37, 42, 47, 52 slots) give the tokens of the reference, for
@@ -84,6 +86,7 @@ def test_greedy_through_a_cache_grown_in_phases_equals_full_reforward(changes, p
   assert got == [_greedy_by_full_forward(cfg, params, p, 20) for p in PROMPTS]
 
 
+@pytest.mark.slow
 def test_padding_does_not_change_logits(params):
   model = GPT(CFG)
   prompt = [5, 17, 3, 80, 41]
@@ -98,6 +101,7 @@ def test_padding_does_not_change_logits(params):
 @pytest.mark.parametrize(
   "sampling", [Sampling(temperature=0), Sampling(temperature=0.8, top_p=0.9), Sampling(temperature=1.2, top_k=5)]
 )
+@pytest.mark.slow
 def test_prompt_result_same_alone_and_in_a_padded_batch(sampling, params):
   model = GPT(CFG)
   short = [60, 2]
@@ -120,6 +124,7 @@ def _chi_square(counts_V, probs_V):
   return float(((observed[keep] - expected[keep]) ** 2 / expected[keep]).sum()), int(keep.sum()) - 1
 
 
+@pytest.mark.slow
 def test_samples_follow_softmax_of_logits_over_temperature(params):
   model = GPT(CFG)
   prompt = PROMPTS[0]
@@ -176,6 +181,7 @@ def test_filter_logits_matches_plain_top_k_and_top_p():
     Sampling(temperature=1.5, top_k=8, top_p=0.5),
   ],
 )
+@pytest.mark.slow
 def test_top_k_and_top_p_never_emit_excluded_tokens(sampling, params):
   model = GPT(CFG)
   prompt = PROMPTS[0]
@@ -195,6 +201,7 @@ def test_top_k_and_top_p_never_emit_excluded_tokens(sampling, params):
   assert len(seen) > 1
 
 
+@pytest.mark.slow
 def test_temperature_zero_is_greedy_and_negative_is_rejected(params):
   model = GPT(CFG)
   greedy = sampler.generate(model, params, PROMPTS, max_new_tokens=5, sampling=Sampling(temperature=0), seed=1)
@@ -207,6 +214,7 @@ def test_temperature_zero_is_greedy_and_negative_is_rejected(params):
       sampler.generate(model, params, PROMPTS, max_new_tokens=5, sampling=bad)
 
 
+@pytest.mark.slow
 def test_seeded_sampling_is_reproducible_and_seed_dependent(params):
   model = GPT(CFG)
   run = lambda seed: sampler.generate(model, params, PROMPTS, max_new_tokens=12, sampling=Sampling(), seed=seed)
@@ -214,6 +222,7 @@ def test_seeded_sampling_is_reproducible_and_seed_dependent(params):
   assert run(3) != run(4)
 
 
+@pytest.mark.slow
 def test_each_sequence_stops_at_its_stop_token(params):
   model = GPT(CFG)
   free = sampler.generate(model, params, PROMPTS, max_new_tokens=20, sampling=Sampling(temperature=0))
@@ -261,6 +270,7 @@ def test_bad_inputs_give_one_clear_error(params):
       sampler.generate(model, params, kwargs.pop("prompts"), **kwargs)
 
 
+@pytest.mark.slow
 def test_sliding_window_goes_past_the_context(params):
   model = GPT(CFG)
   long_prompt = list(range(1, 41))
@@ -273,6 +283,7 @@ def test_sliding_window_goes_past_the_context(params):
   assert out[:8] == cached
 
 
+@pytest.mark.slow
 def test_prompts_of_one_length_bucket_compile_once(params, monkeypatch):
   """Prompt lengths are padded to a bucket: batches of 1 to 16 tokens share one compiled sampler."""
   traced = jax.jit(chex.assert_max_traces(sampler.sample_padded, n=1), static_argnames=sampler.STATIC_ARGNAMES)
@@ -307,6 +318,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_sharded_generation_on_8_devices_matches_one_device(params):
   """Params sharded like training (data 2 x fsdp 2 x tensor 2), batch and cache split: same tokens."""
   code = _SHARDED.format(repo=str(REPO), tests=str(REPO / "tests"))

@@ -38,6 +38,7 @@ def params():
     {"num_layers": 3, "num_decoder_layers": 1, "scan_layers": True},
   ],
 )
+@pytest.mark.slow
 def test_shapes_and_variants(changes):
   cfg = CFG.replace(**changes)
   params = _params(cfg)
@@ -83,6 +84,7 @@ def test_every_parameter_has_logical_axis_names():
   assert leaves and all(isinstance(x, nn.Partitioned) for x in leaves)
 
 
+@pytest.mark.slow
 def test_source_padding_does_not_change_outputs(params):
   model = Transformer(CFG)
   padded = model.apply({"params": params}, SRC, TGT, source_valid_BxS=VALID)[0]

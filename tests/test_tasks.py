@@ -116,6 +116,7 @@ def _copy_config(steps: int):
   return c
 
 
+@pytest.mark.slow
 def test_a_registered_task_trains_resumes_and_restores_through_the_shared_loop(tmp_path):
   result = train.train_and_evaluate(_copy_config(200), tmp_path / "w")
   records = metrics.read_jsonl(tmp_path / "w" / "metrics.jsonl")

@@ -55,6 +55,7 @@ def test_cl100k_seed_vector(cl100k):
   assert cl100k.decode(ids) == SEED_004
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(st.text())
 def test_tiktoken_round_trip_any_unicode(gpt2, cl100k, text):

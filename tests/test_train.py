@@ -46,6 +46,7 @@ def _tiny_step(batch_size: int):
   return model, state, batch, step
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_equals_one_big_batch():
   model, state, batch, step = _tiny_step(8)
   loss_fn = functools.partial(lm_loss, model)
@@ -56,6 +57,7 @@ def test_gradient_accumulation_equals_one_big_batch():
   np.testing.assert_allclose(s4.params["wte"]["embedding"], s1.params["wte"]["embedding"], atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_nonfinite_step_is_not_applied():
   model, state, batch, step = _tiny_step(4)
 
@@ -84,6 +86,7 @@ def _losses(workdir, key="loss"):
   return metrics.last_per_step(metrics.read_jsonl(workdir / "metrics.jsonl"), key)
 
 
+@pytest.mark.slow
 def test_end_to_end_in_process(tmp_path, data_root):
   config = shakespeare.get_config("tiny")
   config.data.root = str(data_root)
@@ -104,6 +107,7 @@ def test_end_to_end_in_process(tmp_path, data_root):
   assert len(result["sample"]) > 0 and (tmp_path / "samples.txt").exists()
 
 
+@pytest.mark.slow
 def test_a_workdir_written_before_the_block_was_nested_restores_and_resumes(tmp_path, data_root):
   """tests/fixtures/workdir_before_block: 4 steps of the tiny preset (d_model 32, 1 layer) trained by
   the version of 2026-11-25, whose config.json holds the block's fields flat and `context_length`."""
@@ -130,6 +134,7 @@ def test_a_workdir_written_before_the_block_was_nested_restores_and_resumes(tmp_
   assert sorted(s for s in _losses(old) if s > 4) == [5, 6]
 
 
+@pytest.mark.slow
 def test_kill_and_resume_gives_identical_losses(tmp_path, data_root):
   """SIGKILL mid-run, restart: the per-step losses equal those of an uninterrupted run."""
   extra = [
@@ -170,6 +175,7 @@ def test_kill_and_resume_gives_identical_losses(tmp_path, data_root):
   assert any(r.get("event") == "resumed" for r in metrics.read_jsonl(killed / "metrics.jsonl"))
 
 
+@pytest.mark.slow
 def test_sigterm_saves_then_exits_zero(tmp_path, data_root):
   workdir = tmp_path / "w"
   proc = subprocess.Popen(
@@ -201,6 +207,7 @@ def test_sigterm_saves_then_exits_zero(tmp_path, data_root):
   assert steps[0] >= max(_losses(workdir))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mechanism", ["dot_product", "synthesizer_dense", "synthesizer_random"])
 def test_one_and_eight_devices_give_the_same_losses(tmp_path, data_root, mechanism):
   extra = [
@@ -243,6 +250,7 @@ def test_one_and_eight_devices_give_the_same_losses(tmp_path, data_root, mechani
     (["--config.mesh.tensor=2"], {"JAX_NUM_CPU_DEVICES": "2"}, "parameter 'wte/embedding' has a dimension of 85"),
   ],
 )
+@pytest.mark.slow
 def test_bad_configs_fail_in_one_line(tmp_path, data_root, extra, env, message):
   proc = run_module("launch.train", *_args(data_root, tmp_path / "w", *extra), env=env)
   assert proc.returncode == 1
@@ -250,6 +258,7 @@ def test_bad_configs_fail_in_one_line(tmp_path, data_root, extra, env, message):
   assert last.startswith("error: ") and re.search(message, last), last
 
 
+@pytest.mark.slow
 def test_own_text_files_are_one_override_away(tmp_path):
   text = tmp_path / "mine.txt"
   text.write_text("the quick brown fox jumps over the lazy dog.\n" * 400)

@@ -36,6 +36,7 @@ PAIRS = [
 ]
 
 
+@pytest.mark.slow
 def test_loss_counts_real_target_tokens_only_and_smoothing_raises_it():
   tok = tokenizers.CharTokenizer.from_corpus([s + t for s, t in PAIRS])
   pairs = [(np.array(tok.encode(s)), np.array(tok.encode(t))) for s, t in PAIRS]
@@ -66,6 +67,7 @@ def test_loss_counts_real_target_tokens_only_and_smoothing_raises_it():
   assert total_tokens == sum(len(t) + 1 for _, t in pairs)  # each target and its <|endoftext|>, once
 
 
+@pytest.mark.slow
 def test_a_tiny_model_overfits_a_handful_of_pairs_to_bleu_100():
   tok = tokenizers.CharTokenizer.from_corpus([s + t for s, t in PAIRS])
   pairs = [(np.array(tok.encode(s)), np.array(tok.encode(t))) for s, t in PAIRS]
@@ -91,6 +93,7 @@ def test_a_tiny_model_overfits_a_handful_of_pairs_to_bleu_100():
     assert scores["bleu"] > 99.9 and scores["chrf"] > 99.9, (beam_size, hypotheses)
 
 
+@pytest.mark.slow
 def test_packed_rows_give_every_pair_the_loss_it_has_alone():
   """Packing (several pairs a row, segment ids) changes no pair's loss: each reads its own source and
   its own earlier target tokens only, from position 0."""
@@ -119,6 +122,7 @@ def test_packed_rows_give_every_pair_the_loss_it_has_alone():
   )
 
 
+@pytest.mark.slow
 def test_an_epoch_of_packed_batches_compiles_the_step_once():
   rng = np.random.default_rng(0)
   pairs = [(rng.integers(1, 50, rng.integers(2, 30)), rng.integers(1, 50, rng.integers(2, 30))) for _ in range(120)]
@@ -225,6 +229,7 @@ def trained(tmp_path_factory):
   return root, tsv, result
 
 
+@pytest.mark.slow
 def test_training_writes_dev_and_test_scores(trained):
   root, _, result = trained
   records = metrics.read_jsonl(root / "w" / "metrics.jsonl")
@@ -248,6 +253,7 @@ def test_training_writes_dev_and_test_scores(trained):
   assert losses[20] < losses[5]
 
 
+@pytest.mark.slow
 def test_a_tagged_lexicon_starts_its_sources_with_endoftext_and_only_it_does(trained):
   root, tsv, _ = trained
   plain = train.build(resolve(_config(tsv, root / "data"), num_devices=1)).task
@@ -274,6 +280,7 @@ def test_a_tagged_lexicon_starts_its_sources_with_endoftext_and_only_it_does(tra
   assert tagged_pairs > 0
 
 
+@pytest.mark.slow
 def test_launch_probe_on_a_translation_draws_the_alignment(trained, tmp_path):
   root, _, _ = trained
   proc = run_module(
@@ -290,6 +297,7 @@ def test_launch_probe_on_a_translation_draws_the_alignment(trained, tmp_path):
   assert numbers["source_tokens"][:3] == ["I", "c", "h"] and len(numbers["cross_attention"]) == 2
 
 
+@pytest.mark.slow
 def test_resume_continues_the_same_run(trained, tmp_path):
   root, tsv, _ = trained
   config = _config(tsv, root / "data", num_train_steps=10)
@@ -301,6 +309,7 @@ def test_resume_continues_the_same_run(trained, tmp_path):
   np.testing.assert_allclose([resumed[15], resumed[20]], [straight[15], straight[20]], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_launch_translate_from_flags_stdin_and_file(trained, tmp_path):
   root, _, _ = trained
   workdir = root / "w"
@@ -359,6 +368,7 @@ def test_launch_translate_from_flags_stdin_and_file(trained, tmp_path):
   assert no_repeats.stdout.splitlines() == expected
 
 
+@pytest.mark.slow
 def test_launch_translate_ensembles_runs_of_one_tokenizer(trained, tmp_path):
   """--ensemble: another seed's run decodes with the first (as restore_ensemble gives it in process),
   a run with itself decodes as it alone, and a run of another tokenizer is refused by name."""
@@ -395,6 +405,7 @@ def test_launch_translate_ensembles_runs_of_one_tokenizer(trained, tmp_path):
   )
 
 
+@pytest.mark.slow
 def test_fuzzy_matches_are_read_in_training_evaluation_and_launch_translate(tmp_path):
   """data.fuzzy_match_tokens: every source is followed by <eot> and its fuzzy match; the memory goes
   into the workdir, and a restored model (launch.translate) reads new sentences the same way."""
@@ -451,6 +462,7 @@ def test_fuzzy_matches_are_read_in_training_evaluation_and_launch_translate(tmp_
     inference.restore(tmp_path / "w", task="translation")
 
 
+@pytest.mark.slow
 def test_launch_translate_refuses_a_split_of_data_that_changed(trained, tmp_path):
   root, _, _ = trained
   # A copy of the run that reads a copy of its data: the module's run keeps its files.
@@ -476,6 +488,7 @@ def test_launch_translate_refuses_a_split_of_data_that_changed(trained, tmp_path
   ), changed.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_a_restored_run_names_its_direction_from_its_config(trained, tmp_path, monkeypatch):
   root, _, _ = trained
   assert inference.restore(root / "w", task="translation").task.direction == "source-target"  # a TSV's
@@ -497,12 +510,14 @@ def test_a_restored_run_names_its_direction_from_its_config(trained, tmp_path, m
     (["--sentence=Hallo", "--split=test"], "--split translates the run's data: give it without --sentence"),
   ],
 )
+@pytest.mark.slow
 def test_launch_translate_errors(trained, args, message):
   root, _, _ = trained
   result = run_module("launch.translate", f"--workdir={root / 'w'}", *args)
   assert result.returncode == 1 and f"error: {message}" in result.stderr, result.stderr
 
 
+@pytest.mark.slow
 def test_workdirs_of_the_other_task_are_refused_by_name(trained):
   root, _, _ = trained
   with pytest.raises(inference.WrongTaskError, match=r"holds a 'translation' model \(config.task\), not a 'lm' one"):
@@ -548,13 +563,14 @@ def test_workdirs_of_the_other_task_are_refused_by_name(trained):
     ({"task": "parsing"}, "--config.task='parsing' is unknown; choose one of lm, translation, classification, tagging"),
   ],
 )
-def test_bad_translation_configs_are_named(trained, tmp_path, changes, message):
-  root, tsv, _ = trained
+def test_bad_translation_configs_are_named(tmp_path, changes, message):
+  tsv = _pairs_tsv(tmp_path / "pairs.tsv")
   with pytest.raises(UserError, match=message):
-    train.train_and_evaluate(_config(tsv, root / "data", **changes), tmp_path)
+    train.train_and_evaluate(_config(tsv, tmp_path / "data", **changes), tmp_path)
   assert not (tmp_path / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_eight_devices_give_the_same_losses(trained, tmp_path):
   """Data, fsdp and tensor parallel (2 x 2 x 2 fake CPU devices) train like one device."""
   root, tsv, _ = trained
