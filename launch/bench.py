@@ -11,6 +11,7 @@ r"""Benchmarks that print tables (medians of several runs). Speed is measured he
   python -m launch.bench --what=profile_generate --batch_sizes=8              # a generate call by XLA op
   python -m launch.bench --what=mechanisms --d_model=128 --max_len=128 --vocab_size=85 \
       --train_batch=32 --seq_len=128                                          # shakespeare.py:char's model
+  python -m launch.bench --what=generate --what=train --preset=gpt2           # several tables, one process
 
 --what=vs_hf runs, on one random-weight config (default: cpu-small with GPT-2's vocabulary):
 KV-cache generation (greedy, --prompt_len prompt tokens + --new_tokens new ones, batch sizes
@@ -40,11 +41,11 @@ from transformer.generation import sampling
 from transformer.models import gpt
 from transformer.tasks.lm import lm_loss
 
-_WHAT = flags.DEFINE_enum(
+_WHAT = flags.DEFINE_multi_enum(
   "what",
-  "vs_hf",
+  ["vs_hf"],
   ["forward", "generate", "train", "profile", "profile_generate", "vs_hf", "vs_torch", "mechanisms", "ceilings"],
-  "Which benchmark.",
+  "Which benchmark; repeat the flag for several in one process (tables in the order given, a blank line apart).",
 )
 _PRESET = flags.DEFINE_string("preset", "cpu-small", "GPT preset (random weights).")
 _VOCAB = flags.DEFINE_integer("vocab_size", 50257, "Vocabulary size (GPT-2's by default).")
@@ -511,19 +512,19 @@ def ceilings_table() -> str:
 
 def main(argv):
   del argv
-  print(
-    {
-      "forward": forward_table,
-      "generate": generate_table,
-      "train": train_table,
-      "profile": profile_table,
-      "profile_generate": profile_generate_table,
-      "vs_hf": vs_hf_table,
-      "vs_torch": vs_torch_table,
-      "mechanisms": mechanisms_table,
-      "ceilings": ceilings_table,
-    }[_WHAT.value]()
-  )
+  tables = {
+    "forward": forward_table,
+    "generate": generate_table,
+    "train": train_table,
+    "profile": profile_table,
+    "profile_generate": profile_generate_table,
+    "vs_hf": vs_hf_table,
+    "vs_torch": vs_torch_table,
+    "mechanisms": mechanisms_table,
+    "ceilings": ceilings_table,
+  }
+  for i, what in enumerate(_WHAT.value):
+    print(("\n" if i else "") + tables[what](), flush=True)
 
 
 if __name__ == "__main__":

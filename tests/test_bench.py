@@ -10,21 +10,30 @@ from conftest import run_module
 
 @pytest.mark.slow
 def test_benchmark_programs_print_their_tables():
-  """launch.bench runs (smoke: the tiny preset, one repeat); speed itself is never asserted."""
+  """launch.bench runs (smoke: the tiny preset, one repeat), several benchmarks in one process, each
+  table after a blank line; speed itself is never asserted."""
   proc = run_module(
     "launch.bench",
-    "--what=generate",
+    *("--what=generate", "--what=train", "--what=profile", "--what=mechanisms", "--what=ceilings"),
     "--preset=cpu-tiny",
     "--vocab_size=97",
     "--batch_sizes=1,2",
     "--new_tokens=4",
     "--prompt_len=3",
+    "--seq_len=16",
+    "--train_batch=2",
+    "--remat_policies=dots",
+    "--scan_layers=false,true",
+    "--top_ops=1000",  # every op: a tiny step's times are noise
     "--repeats=1",
+    "--train_warmup_s=0",
   )
   assert proc.returncode == 0, proc.stderr
-  lines = proc.stdout.splitlines()
-  assert "KV-cache generation" in lines[0] and lines[1].startswith("weights")
-  assert lines[2].split() == [
+  tables = [chunk.splitlines() for chunk in proc.stdout.strip().split("\n\n")]
+  table = lambda title: next(t for t in tables if t[0].startswith(title))
+  generate = table("KV-cache generation")
+  assert generate[1].startswith("weights")
+  assert generate[2].split() == [
     "batch",
     "prompt",
     "new",
@@ -33,55 +42,19 @@ def test_benchmark_programs_print_their_tables():
     "new",
     "tokens/s",
   ]  # no roofline on a CPU
-  assert [line.split()[0] for line in lines[4:]] == ["1", "2"]
-  proc = run_module(
-    "launch.bench",
-    "--what=train",
-    "--preset=cpu-tiny",
-    "--vocab_size=97",
-    "--batch_sizes=2",
-    "--seq_len=16",
-    "--remat_policies=dots",
-    "--scan_layers=false,true",
-    "--repeats=1",
-    "--train_warmup_s=0",
-  )
-  assert proc.returncode == 0, proc.stderr
-  rows = [line.split()[:3] for line in proc.stdout.splitlines()[3:]]
-  assert rows == [["False", "dots", "2"], ["True", "dots", "2"]]
-  assert all(line.split()[-1] == "n/a" for line in proc.stdout.splitlines()[3:])  # no MFU without a known peak
-  proc = run_module(
-    "launch.bench",
-    "--what=profile",
-    "--preset=cpu-tiny",
-    "--vocab_size=97",
-    "--train_batch=2",
-    "--seq_len=16",
-    "--repeats=1",
-    "--top_ops=1000",
-  )  # every op: a tiny step's times are noise
-  assert proc.returncode == 0, proc.stderr
-  assert "layer_0/attn/qkv/dot_general" in proc.stdout  # ops named by what they compute, in which layer
-  proc = run_module(
-    "launch.bench",
-    "--what=mechanisms",
-    "--preset=cpu-tiny",
-    "--vocab_size=97",
-    "--train_batch=2",
-    "--seq_len=16",
-    "--repeats=1",
-    "--train_warmup_s=0",
-  )
-  assert proc.returncode == 0, proc.stderr
-  assert [line.split()[0] for line in proc.stdout.splitlines()[3:]] == [
+  assert [line.split()[0] for line in generate[4:]] == ["1", "2"]
+  train = table("training step, seq 16")
+  rows = [line.split()[:3] for line in train[3:]]
+  assert rows == [["False", "dots", "1"], ["False", "dots", "2"], ["True", "dots", "1"], ["True", "dots", "2"]]
+  assert all(line.split()[-1] == "n/a" for line in train[3:])  # no MFU without a known peak
+  assert "layer_0/attn/qkv/dot_general" in "\n".join(table("training step by XLA op"))  # ops named by what they compute
+  assert [line.split()[0] for line in table("attention mechanisms")[3:]] == [
     "dot_product",
     "synthesizer_dense",
     "synthesizer_random",
     "synthesizer_fixed_random",
   ]
-  proc = run_module("launch.bench", "--what=ceilings", "--repeats=1")
-  assert proc.returncode == 0, proc.stderr
-  rows = proc.stdout.splitlines()[3:]
+  rows = table("ceilings of")[3:]
   assert [row.split()[:2] for row in rows] == [["bf16", "product"], ["float32", "x"]]
   assert all(float(row.split()[-2]) > 0 and row.split()[-1] == "n/a" for row in rows)  # no data sheet for a CPU
 
