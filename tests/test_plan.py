@@ -1,6 +1,6 @@
-"""The ahead-of-time planner (launch.plan, transformer.plan) on 8 fake CPU devices, in real processes:
-sharding divides the state, remat trades temporaries for FLOPs, XLA's FLOPs match the analytic
-count, the batch search, and the errors."""
+"""The ahead-of-time planner (transformer.plan in process on one device; launch.plan on 8 fake CPU
+devices, in real processes): sharding divides the state, remat trades temporaries for FLOPs,
+accumulation keeps the FLOPs, XLA's FLOPs match the analytic count, the batch search, and the errors."""
 
 import json
 import subprocess
@@ -23,13 +23,19 @@ def data_root(tmp_path_factory):
   return tmp_path_factory.mktemp("data")
 
 
+def _tiny_run(data_root, batch_size: int | None = None, accumulation_steps: int | None = None) -> train.Run:
+  config = shakespeare.get_config("tiny")
+  config.data.root = str(data_root)
+  if batch_size is not None:
+    config.batch_size, config.optimizer.accumulation_steps = batch_size, accumulation_steps
+  run_config = tasks.resolve(config, num_devices=1)
+  return train.build(run_config, tasks.get(run_config.task).load_data(run_config))
+
+
 def test_the_tiny_preset_planned_in_process_on_one_device(data_root):
   """The inner loop's check of the planner: the train step and the sampler compiled against
   abstract arrays, in this process (the launch program and 8 devices are the slow tests')."""
-  config = shakespeare.get_config("tiny")
-  config.data.root = str(data_root)
-  run_config = tasks.resolve(config, num_devices=1)
-  run = train.build(run_config, tasks.get(run_config.task).load_data(run_config))
+  run = _tiny_run(data_root)
   step = plan.plan_train(run)
   assert step.params * 3 == pytest.approx(step.params + step.optimizer, rel=0.01)  # AdamW: params, mu, nu
   assert step.params == 4 * sum(x.size for x in jax.tree.leaves(train.abstract_state(run).params))
@@ -41,6 +47,14 @@ def test_the_tiny_preset_planned_in_process_on_one_device(data_root):
   decode = plan.plan_decode(run, batch_size=2)
   assert decode.params == step.params and decode.flops is None and decode.temporaries > 0
   assert "does not fit: batch 2" in plan.does_not_fit(decode, decode.total // 2)
+
+
+@pytest.mark.slow
+def test_gradient_accumulation_counts_every_microbatch(data_root):
+  one = plan.plan_train(_tiny_run(data_root, batch_size=32, accumulation_steps=1))
+  four = plan.plan_train(_tiny_run(data_root, batch_size=32, accumulation_steps=4))
+  assert four.flops == pytest.approx(one.flops, rel=0.02)
+  assert four.temporaries < one.temporaries  # one microbatch's activations at a time
 
 
 def _plan(data_root, tmp_path, *extra, name="plan"):
@@ -74,16 +88,6 @@ def test_fsdp_divides_params_and_optimizer_state_remat_trades_memory_for_flops(d
   assert fsdp["flops"] < replicated["flops"] < 1.1 * fsdp["flops"]
   assert remat["flops"] > 1.15 * fsdp["flops"]
   assert remat["temporaries"] < 0.8 * fsdp["temporaries"]
-
-
-@pytest.mark.slow
-def test_gradient_accumulation_counts_every_microbatch(data_root, tmp_path):
-  [one], _ = _plan(data_root, tmp_path, "--config.batch_size=32", name="one")
-  [four], _ = _plan(
-    data_root, tmp_path, "--config.batch_size=32", "--config.optimizer.accumulation_steps=4", name="four"
-  )
-  assert four["flops"] == pytest.approx(one["flops"], rel=0.02)
-  assert four["temporaries"] < one["temporaries"]  # one microbatch's activations at a time
 
 
 @pytest.mark.slow
