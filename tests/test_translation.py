@@ -597,4 +597,7 @@ def test_eight_devices_give_the_same_losses(trained, tmp_path):
   for key in ("loss", "val_loss"):
     a, b = metrics.last_per_step(one, key), metrics.last_per_step(eight, key)
     assert sorted(a) == sorted(b) and len(a) >= 2
-    np.testing.assert_allclose([b[s] for s in sorted(b)], [a[s] for s in sorted(a)], rtol=1e-4)
+    # Float rounding of reductions split 8 ways, grown over 20 steps of Adam: up to 4e-4 of the loss
+    # when compiled at -O0 as the suite does (within 1e-4 at XLA's default). A sharding mistake (a shard's
+    # tokens dropped or counted twice, a wrong normaliser) moves the losses by percents.
+    np.testing.assert_allclose([b[s] for s in sorted(b)], [a[s] for s in sorted(a)], rtol=1e-3)
