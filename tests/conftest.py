@@ -31,10 +31,8 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 # the suite compiles hundreds of tiny programs (each eager op is one) whose run time is nothing beside
 # their compile time, and -O0 compiles them a third faster (model tests ~37% less time, launch programs
 # ~16%). XLA's own optimisations of the program (fusion, layouts, simplification) are unchanged.
-# The notebook's test runs with XLA's defaults, so one end-to-end run compiles as users' runs do.
-USER_XLA_FLAGS = os.environ.get("XLA_FLAGS")
-if "xla_backend_optimization_level" not in (USER_XLA_FLAGS or ""):
-  os.environ["XLA_FLAGS"] = f"{USER_XLA_FLAGS or ''} --xla_backend_optimization_level=0".strip()
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
 
 
 def pytest_unconfigure(config):

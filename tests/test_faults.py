@@ -225,26 +225,36 @@ SHARDABLE = ["--config.model.vocab_size=96", "--config.num_train_steps=24"]  # 9
 
 
 @pytest.mark.slow
-def test_a_run_resumes_from_one_device_onto_eight_and_from_eight_onto_one(tmp_path, data_root):
+def test_a_run_moves_from_eight_devices_to_one_and_back_and_keeps_the_one_device_losses(tmp_path, data_root):
+  """Started on 8 devices (data, fsdp and tensor parallel: the params initialised sharded), resumed on
+  1 device, then on 8 again, each leg killed while saving: every loss and validation loss is the
+  uninterrupted one-device run's. The params saved sharded 8 ways then sample on 1 and on 12 devices."""
   eight = {"JAX_NUM_CPU_DEVICES": "8"}
   one = train(data_root, tmp_path / "one", *SHARDABLE)
   assert one.returncode == 0, one.stderr[-3000:]
-  runs = {"up": (MESH1, {}, MESH8, eight), "down": (MESH8, eight, MESH1, {})}
-  for name, (mesh_a, env_a, mesh_b, env_b) in runs.items():
-    workdir = tmp_path / name
-    first = train(data_root, workdir, *SHARDABLE, *mesh_a, inject=["--kill_at_commit=20"], env=env_a)
-    assert first.returncode == -signal.SIGKILL and steps(workdir) == [10]
-    second = train(data_root, workdir, *SHARDABLE, *mesh_b, env=env_b)
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert "at step 10" in second.stdout and ("8 x cpu" in second.stdout) == (name == "up")
-    a, b = losses(tmp_path / "one"), losses(workdir)
-    np.testing.assert_allclose([b[s] for s in range(11, 25)], [a[s] for s in range(11, 25)], atol=2e-5)
+  workdir = tmp_path / "moved"
+
+  def assert_one_device_losses(last):
+    for key, first in (("loss", 1), ("val_loss", 20)):
+      a, b = losses(tmp_path / "one", key), losses(workdir, key)
+      got = [s for s in range(first, last + 1) if s in a]
+      np.testing.assert_allclose([b[s] for s in got], [a[s] for s in got], atol=2e-5, err_msg=key)
+
+  first = train(data_root, workdir, *SHARDABLE, *MESH8, inject=["--kill_at_commit=20"], env=eight)
+  assert first.returncode == -signal.SIGKILL and steps(workdir) == [10], first.stderr[-3000:]
+  assert_one_device_losses(20)  # steps 1-20 and the evaluation at 20, on 8 devices
+  second = train(data_root, workdir, *SHARDABLE, *MESH1, inject=["--kill_at_commit=24"])
+  assert second.returncode == -signal.SIGKILL and steps(workdir) == [10, 20], second.stderr[-3000:]
+  third = train(data_root, workdir, *SHARDABLE, *MESH8, env=eight)
+  assert third.returncode == 0, third.stderr[-3000:]
+  assert "at step 20" in third.stdout and "8 x cpu" in third.stdout
+  assert_one_device_losses(24)  # 11-20 from the one-device leg, 21-24 from the last
   # Params alone, from the run that ended sharded 8 ways, onto 1 device and onto 12 (whose mesh,
   # tensor=-1 -> 3, cannot split d_model 64: data parallelism instead of a JAX error).
   reference = sample(tmp_path / "one")
   assert reference.returncode == 0, reference.stderr[-3000:]
   for env in ({}, {"JAX_NUM_CPU_DEVICES": "12"}):
-    sampled = sample(tmp_path / "up", env=env)
+    sampled = sample(workdir, env=env)
     assert sampled.returncode == 0, sampled.stderr[-3000:]
     assert sampled.stdout == reference.stdout
 

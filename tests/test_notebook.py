@@ -8,7 +8,7 @@ import nbformat
 import papermill
 import pytest
 
-from conftest import REPO, USER_XLA_FLAGS
+from conftest import REPO
 
 NOTEBOOK = REPO / "launch" / "colab.ipynb"
 
@@ -30,11 +30,6 @@ def test_the_notebook_is_stored_without_outputs():
 def test_the_notebook_runs_on_cpu(tmp_path, monkeypatch):
   # This venv's own python3 kernel (ipykernel's), even where a user-wide kernelspec of that name exists.
   monkeypatch.setenv("JUPYTER_PREFER_ENV_PATH", "1")
-  # XLA as users run it (the rest of the suite compiles at -O0: conftest.py).
-  if USER_XLA_FLAGS is None:
-    monkeypatch.delenv("XLA_FLAGS")
-  else:
-    monkeypatch.setenv("XLA_FLAGS", USER_XLA_FLAGS)
   out = tmp_path / "colab.ipynb"
   workdir = tmp_path / "w"
   parameters = dict(

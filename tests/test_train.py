@@ -168,7 +168,8 @@ def test_sigterm_saves_then_exits_zero(tmp_path, data_root):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mechanism", ["dot_product", "synthesizer_dense", "synthesizer_random"])
+# Dot products: test_faults.py's run that moves between 8 devices and 1 compares every step from the first.
+@pytest.mark.parametrize("mechanism", ["synthesizer_dense", "synthesizer_random"])
 def test_one_and_eight_devices_give_the_same_losses(tmp_path, data_root, mechanism):
   extra = [
     "--config.num_train_steps=12",

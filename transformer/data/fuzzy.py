@@ -20,11 +20,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import scipy.sparse
 
 from transformer.errors import DataError
+
+if TYPE_CHECKING:
+  import scipy.sparse
 
 _QUERY_CHUNK = 2048  # sources scored at once: a chunk's score matrix is chunk x memory, sparse
 
@@ -55,6 +58,8 @@ class TranslationMemory:
     self._memory_NxF = self._binary(rows).T.tocsr()  # F x N after the transpose: one column per pair
 
   def _binary(self, rows: list[list[int]]) -> scipy.sparse.csr_matrix:
+    import scipy.sparse  # here, not at the top: every launch program imports this module, few match
+
     indptr = np.cumsum([0] + [len(r) for r in rows])
     indices = np.asarray([c for r in rows for c in r], np.int64)
     return scipy.sparse.csr_matrix((np.ones(len(indices)), indices, indptr), shape=(len(rows), len(self._columns)))

@@ -14,12 +14,15 @@ so its iterator's `get_state()` is the exact data position to save with a checkp
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
-import grain
 import numpy as np
 
 from transformer.data.prepare import Prepared
 from transformer.errors import DataError
+
+if TYPE_CHECKING:
+  import grain
 
 SAMPLING = ("windows", "packed")
 
@@ -40,6 +43,8 @@ def lm_train_dataset(
   split: str = "train",
 ) -> grain.MapDataset:
   """Batches (B/P, seq_len + 1) of int32 token ids for this process, indexable by step (infinite)."""
+  import grain  # here: a third of a second that the programs which only restore a model need not pay
+
   if sampling not in SAMPLING:
     raise DataError(f"unknown data.sampling {sampling!r}; choose one of {', '.join(SAMPLING)}")
   if global_batch % process_count:
