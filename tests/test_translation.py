@@ -311,20 +311,14 @@ def test_resume_continues_the_same_run(trained, tmp_path):
 
 @pytest.mark.slow
 def test_launch_translate_from_flags_stdin_and_file(trained, tmp_path):
+  """Each way of giving sentences, each with one of the decoding flags, against the library."""
   root, _, _ = trained
   workdir = root / "w"
   sentences = ["Ich habe drei Katzen gesehen.", "Ich habe zehn Hunde gesehen."]
   (tmp_path / "in.txt").write_text("\n".join(sentences) + "\n")
   common = [f"--workdir={workdir}", "--beam_size=2"]
-  by_flag = run_module("launch.translate", *common, *[f"--sentence={s}" for s in sentences])
-  assert by_flag.returncode == 0, by_flag.stderr
-  by_file = run_module("launch.translate", *common, f"--input_file={tmp_path / 'in.txt'}")
-  by_stdin = run_module("launch.translate", *common, "--input_file=-", stdin="\n".join(sentences))
-  assert by_flag.stdout == by_file.stdout == by_stdin.stdout
-  assert len(by_flag.stdout.splitlines()) == 2
-  # In process, the same.
   restored = inference.restore(workdir, task="translation")
-  expected = beam_search.translate_texts(
+  translate = lambda restored, **kwargs: beam_search.translate_texts(
     restored.model,
     restored.params,
     restored.tokenizer,
@@ -332,18 +326,24 @@ def test_launch_translate_from_flags_stdin_and_file(trained, tmp_path):
     beam_size=2,
     mesh=restored.mesh,
     rules=restored.rules,
+    **kwargs,
   )
-  assert by_flag.stdout.splitlines() == expected
-  # The mean of the last two checkpoints' params.
-  averaged = run_module("launch.translate", *common, "--average=2", *[f"--sentence={s}" for s in sentences])
+  by_flag = run_module("launch.translate", *common, *[f"--sentence={s}" for s in sentences])
+  assert by_flag.returncode == 0, by_flag.stderr
+  assert by_flag.stdout.splitlines() == translate(restored)
+  # From stdin; --no_repeat_ngram decodes as translate_texts(no_repeat_ngram=...) does.
+  by_stdin = run_module(
+    "launch.translate", *common, "--input_file=-", "--no_repeat_ngram=1", stdin="\n".join(sentences)
+  )
+  assert by_stdin.returncode == 0, by_stdin.stderr
+  assert by_stdin.stdout.splitlines() == translate(restored, no_repeat_ngram=1)
+  # From a file, with the mean of the last two checkpoints' params.
+  averaged = run_module("launch.translate", *common, "--average=2", f"--input_file={tmp_path / 'in.txt'}")
   assert averaged.returncode == 0 and "steps [10, 20] averaged" in averaged.stderr, averaged.stderr
   mean = inference.restore(workdir, task="translation", average=2)
   ends = [inference.restore(workdir, step, task="translation").params for step in (10, 20)]
   jax.tree.map(lambda m, a, b: np.testing.assert_allclose(m, (a + b) / 2, rtol=1e-6), mean.params, *ends)
-  expected = beam_search.translate_texts(
-    mean.model, mean.params, mean.tokenizer, sentences, beam_size=2, mesh=mean.mesh, rules=mean.rules
-  )
-  assert averaged.stdout.splitlines() == expected
+  assert averaged.stdout.splitlines() == translate(mean)
   # --split=test: the run's test split, as the run translated it at its end (the mean of the last two
   # checkpoints, greedy; the run scored its first 10 pairs), with sacreBLEU's scores.
   split = run_module("launch.translate", f"--workdir={workdir}", "--average=2", "--beam_size=1", "--split=test")
@@ -352,20 +352,6 @@ def test_launch_translate_from_flags_stdin_and_file(trained, tmp_path):
   one_line = lambda text: " ".join(text.split())  # as the TSV writes a translation
   assert [one_line(t) for t in split.stdout.splitlines()[:10]] == [r[2] for r in rows]
   assert len(split.stdout.splitlines()) == 16
-  # --no_repeat_ngram decodes as translate_texts(no_repeat_ngram=...) does.
-  no_repeats = run_module("launch.translate", *common, "--no_repeat_ngram=1", *[f"--sentence={s}" for s in sentences])
-  assert no_repeats.returncode == 0, no_repeats.stderr
-  expected = beam_search.translate_texts(
-    restored.model,
-    restored.params,
-    restored.tokenizer,
-    sentences,
-    beam_size=2,
-    no_repeat_ngram=1,
-    mesh=restored.mesh,
-    rules=restored.rules,
-  )
-  assert no_repeats.stdout.splitlines() == expected
 
 
 @pytest.mark.slow
@@ -392,8 +378,11 @@ def test_launch_translate_ensembles_runs_of_one_tokenizer(trained, tmp_path):
   )
   assert both.stdout.splitlines() == expected
   itself = run_module("launch.translate", *common, f"--ensemble={root / 'w'}")
-  alone = run_module("launch.translate", *common)
-  assert itself.returncode == alone.returncode == 0 and itself.stdout == alone.stdout
+  alone = inference.restore(root / "w", task="translation")
+  expected = beam_search.translate_texts(
+    alone.model, alone.params, alone.tokenizer, sentences, beam_size=2, mesh=alone.mesh, rules=alone.rules
+  )
+  assert itself.returncode == 0 and itself.stdout.splitlines() == expected
   # The same vocabulary size but other characters: the ids would mean other things.
   config_file = other / "tokenizer" / "tokenizer.json"
   tokenizer = json.loads(config_file.read_text())
