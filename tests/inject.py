@@ -7,6 +7,8 @@
   --nan_at_steps=7,8   the loss of those steps (counted from 1) is NaN, as a bad batch would make it.
   --max_file_bytes=N   no file may grow beyond N bytes (RLIMIT_FSIZE): writes fail with EFBIG, as on
                        a full disk.
+  --sigterm_in_evaluation=N   SIGTERM this process as its N-th evaluation (counted from 1) begins: the
+                       signal lands inside the evaluation however short it is.
 
 The faults are real (a real SIGKILL, a real NaN through the compiled step, real failed writes); only
 their timing is chosen, which a test cannot do from outside the process.
@@ -57,7 +59,26 @@ def max_file_bytes(limit: str) -> None:
   resource.setrlimit(resource.RLIMIT_FSIZE, (int(limit), int(limit)))  # Python ignores SIGXFSZ: EFBIG
 
 
-FAULTS = {"--kill_at_commit": kill_at_commit, "--nan_at_steps": nan_at_steps, "--max_file_bytes": max_file_bytes}
+def sigterm_in_evaluation(n: str) -> None:
+  from transformer.tasks import base
+
+  evaluate, calls = base.Task.evaluate, []
+
+  def evaluate_after_sigterm(self, *args, **kwargs):
+    calls.append(None)
+    if len(calls) == int(n):
+      os.kill(os.getpid(), signal.SIGTERM)
+    return evaluate(self, *args, **kwargs)
+
+  base.Task.evaluate = evaluate_after_sigterm
+
+
+FAULTS = {
+  "--kill_at_commit": kill_at_commit,
+  "--nan_at_steps": nan_at_steps,
+  "--max_file_bytes": max_file_bytes,
+  "--sigterm_in_evaluation": sigterm_in_evaluation,
+}
 
 if __name__ == "__main__":
   split = sys.argv.index("--")

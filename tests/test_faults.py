@@ -344,13 +344,6 @@ def test_changed_data_is_prepared_again_and_never_mixed_into_a_run(tmp_path):
   )
 
 
-def _logged(workdir, step) -> bool:
-  try:  # the file may end in a half-written line while the run writes it
-    return step in losses(workdir)
-  except ValueError:
-    return False
-
-
 def _wait_for(predicate, proc, seconds=120):
   deadline = time.time() + seconds
   while time.time() < deadline and proc.poll() is None and not predicate():
@@ -360,18 +353,8 @@ def _wait_for(predicate, proc, seconds=120):
 
 @pytest.mark.slow
 def test_sigterm_during_evaluation_abandons_it_saves_and_the_next_launch_evaluates_first(tmp_path, data_root, straight):
-  long_eval = ["--config.eval_batches=16000"]  # an evaluation of many seconds: SIGTERM must land inside it
-  proc = subprocess.Popen(
-    [sys.executable, "-m", "launch.train", *_args(data_root, tmp_path, *long_eval)],
-    cwd=REPO,
-    stdout=subprocess.PIPE,
-    stderr=subprocess.PIPE,
-    text=True,
-  )
-  _wait_for(lambda: _logged(tmp_path, 20), proc)
-  proc.send_signal(signal.SIGTERM)
-  _, err = proc.communicate(timeout=120)
-  assert proc.returncode == 0, err[-3000:]
+  proc = train(data_root, tmp_path, inject=["--sigterm_in_evaluation=1"])  # step 20's
+  assert proc.returncode == 0, proc.stderr[-3000:]
   assert steps(tmp_path) == [10, 20] and 20 not in losses(tmp_path, "val_loss")
   assert {"step": 20, "event": "evaluation interrupted by SIGTERM"} in events(tmp_path)
   resumed = train(data_root, tmp_path)
@@ -448,7 +431,7 @@ def test_special_tokens_in_a_prompt_are_refused_unless_allowed(straight):
 
 
 @pytest.mark.slow
-def test_own_translation_pairs_default_to_their_column_order(tmp_path):
+def test_own_translation_pairs_refuse_a_data_sets_direction_before_preparing(tmp_path):
   pairs = tmp_path / "pairs.tsv"
   pairs.write_text("".join(f"das haus {i}\tthe house {i}\n" for i in range(300)))
   common = [
@@ -456,17 +439,10 @@ def test_own_translation_pairs_default_to_their_column_order(tmp_path):
     f"--config.data.input_files={pairs}",
     f"--config.data.root={tmp_path / 'data'}",
     "--config.data.tokenizer=char",
-    "--config.num_train_steps=4",
-    "--config.eval_every_steps=4",
-    "--config.checkpoint_every_steps=4",
-    "--config.eval.bleu_sentences=4",
-    "--config.eval.beam_size=1",
   ]
   line = error_line(
     run_module("launch.train", *common, "--config.data.direction=de-en", f"--workdir={tmp_path / 'bad'}")
   )
   assert "--config.data.direction: unknown direction 'de-en'" in line and "'source-target'" in line, line
   assert not (tmp_path / "data").exists()  # refused before the data was prepared
-  proc = run_module("launch.train", *common, f"--workdir={tmp_path / 'w'}")
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  assert "(source-target)" in proc.stdout
+  # Without --config.data.direction the pairs train source-target: test_translation.py's 8-device run.

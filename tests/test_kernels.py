@@ -119,6 +119,7 @@ def test_causal_attention_by_blocks_is_causal_attention(T, form):
   assert not np.allclose(changed[:, -1], out_blocked[:, -1])
   if form != "cpu":
     return
+  np.testing.assert_allclose(attention.causal_cpu(q, k, v), out_blocked, atol=1e-6)  # and op by op, uncompiled
   # bfloat16 in, bfloat16 out and gradients (the backward pass written here), close to float32's.
   bf16 = lambda x: x.astype(jnp.bfloat16)
   out_bf16, vjp_bf16 = jax.vjp(blocked, bf16(q), bf16(k), bf16(v))
@@ -411,7 +412,9 @@ def test_next_token_nll_and_its_gradient_equal_optax(dtype, form):
 
 @pytest.mark.slow
 class WholeModelTest(chex.TestCase):
-  @chex.variants(with_jit=True, without_jit=True)
+  # Compiled only: each kernel runs eagerly in its own test above (ProjectionTest, SampleLogitsTest); a
+  # whole GPT's forward and backward, op by op in three forms, is hundreds of compiles and ~15 s.
+  @chex.variants(with_jit=True)
   def test_gpt_logits_and_gradients_are_the_references_in_every_form(self):
     """A GPT with T = 2 blocks + 5 tokens (every dispatch point: projections, causal attention by
     blocks, the loss): the same logits and parameter gradients whatever config.model.kernels says."""

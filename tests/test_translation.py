@@ -579,6 +579,7 @@ def test_eight_devices_give_the_same_losses(trained, tmp_path):
   )
   assert proc.returncode == 0, proc.stderr
   assert "8 x cpu" in proc.stdout
+  assert "(source-target)" in proc.stdout  # own pairs without --config.data.direction: their column order
   # The test table: the final params (greedy) beside the mean of the last two checkpoints.
   assert "greedy, final params" in proc.stdout and "beam 2, alpha 0.6, mean of 2" in proc.stdout
   one = metrics.read_jsonl(root / "w" / "metrics.jsonl")
