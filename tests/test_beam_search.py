@@ -2,6 +2,7 @@
 full forward pass, beam size 1 is greedy, beams are sorted by their true scores, bad input is
 named, and a batch of sentences of one length bucket compiles once."""
 
+import functools
 import threading
 
 import chex
@@ -54,12 +55,16 @@ def _scaled(params, scale=2.0):
   )
 
 
+@functools.partial(jax.jit, static_argnums=0)  # one program per length, not a compile per op
+def _log_probs(cfg, params, source_BxS, target_BxT, valid_BxS):
+  return jax.nn.log_softmax(
+    Transformer(cfg).apply({"params": params}, source_BxS, target_BxT, source_valid_BxS=valid_BxS)
+  )
+
+
 def _sequence_log_prob(params, source, valid, tokens, eos):
   """log p(tokens + <eos>) by one full forward pass (the reference for beam scores)."""
-  logits = Transformer(DEC_CFG).apply(
-    {"params": params}, source[None], jnp.array([[BOS] + tokens]), source_valid_BxS=valid[None]
-  )[0]
-  lp = jax.nn.log_softmax(logits)
+  lp = np.asarray(_log_probs(DEC_CFG, params, source[None], jnp.array([[BOS] + tokens]), valid[None])[0])
   return float(sum(lp[t, n] for t, n in enumerate(tokens + [eos])))
 
 
