@@ -109,18 +109,6 @@ def test_a_diverging_run_stops_naming_the_step_and_saves_nothing_nonfinite(tmp_p
 
 
 @pytest.mark.slow
-def test_a_nan_step_stops_and_the_last_good_checkpoint_resumes(tmp_path, data_root, straight):
-  proc = train(data_root, tmp_path, inject=["--nan_at_steps=23"])
-  line = error_line(proc)
-  assert "step 23 was not finite (loss nan" in line and "training batch 23" in line, line
-  assert "the latest checkpoint, step 20, is the last good state" in line
-  assert steps(tmp_path) == [10, 20]  # nothing after the bad step was saved
-  resumed = train(data_root, tmp_path)  # the same command without the fault: the workdir is usable
-  assert resumed.returncode == 0, resumed.stderr[-3000:]
-  assert_same_losses(tmp_path, straight)
-
-
-@pytest.mark.slow
 def test_skip_policy_skips_logs_and_goes_on_then_stops_after_too_many(tmp_path, data_root):
   proc = train(data_root, tmp_path / "skip", "--config.on_nonfinite=skip", inject=["--nan_at_steps=12,13"])
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -138,7 +126,7 @@ def test_skip_policy_skips_logs_and_goes_on_then_stops_after_too_many(tmp_path, 
   assert steps(tmp_path / "stop") == [10]
 
 
-# --- 2. Torn checkpoints ---------------------------------------------------------------------
+# --- 2. One run through every interruption, then a clean resume -------------------------------
 
 
 def _tear(step_dir):
@@ -148,19 +136,49 @@ def _tear(step_dir):
 
 
 @pytest.mark.slow
-def test_a_torn_latest_checkpoint_is_moved_aside_and_training_goes_on_from_the_one_before(
+def test_one_run_survives_a_nan_a_kill_in_a_save_a_full_disk_a_sigterm_in_evaluation_and_a_torn_checkpoint(
   tmp_path, data_root, straight
 ):
-  proc = train(data_root, tmp_path, inject=["--kill_at_commit=40"])
-  assert proc.returncode == -signal.SIGKILL
-  _tear(tmp_path / "checkpoints" / "30")
+  """Each launch on the same workdir meets one fault and leaves it usable; the last launch has none.
+  Every loss and validation loss is then the uninterrupted run's: nothing a fault left was used."""
+  # A NaN at step 13: stops naming the step and its batch; nothing after the bad step is saved.
+  line = error_line(train(data_root, tmp_path, inject=["--nan_at_steps=13"]))
+  assert "step 13 was not finite (loss nan" in line and "training batch 13" in line, line
+  assert "the latest checkpoint, step 10, is the last good state" in line
+  assert steps(tmp_path) == [10]
+  # Resumed at 10, SIGKILLed while committing step 30: its files stay in a temporary directory.
+  killed = train(data_root, tmp_path, inject=["--kill_at_commit=30"])
+  assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+  assert steps(tmp_path) == [10, 20] and list((tmp_path / "checkpoints").glob("30.orbax-checkpoint-tmp*"))
+  # Resumed at 20 on a full disk: step 30 cannot be written, and the error says what is intact.
+  line = error_line(train(data_root, tmp_path, inject=["--max_file_bytes=65536"]))
+  assert "could not write checkpoint step 30" in line and "File too large" in line, line
+  assert "the checkpoints written before it ([10, 20]) are intact" in line
+  # SIGTERM as step 40's evaluation begins: abandoned, not recorded; the state is saved, exit 0.
+  evaluations = lambda: [r for r in metrics.read_jsonl(tmp_path / "metrics.jsonl") if "val_loss" in r]
+  before = evaluations()  # the full disk's launch evaluated step 40 before its save of 30 failed
+  stopped = train(data_root, tmp_path, inject=["--sigterm_in_evaluation=1"])
+  assert stopped.returncode == 0, stopped.stderr[-3000:]
+  assert steps(tmp_path)[-2:] == [30, 40] and evaluations() == before
+  assert {"step": 40, "event": "evaluation interrupted by SIGTERM"} in events(tmp_path)
+  # The next launch evaluates step 40 first, then is killed committing 60; step 50 is then torn.
+  killed = train(data_root, tmp_path, inject=["--kill_at_commit=60"])
+  assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+  assert len(evaluations()) == len(before) + 2 and steps(tmp_path)[-2:] == [40, 50]  # 40's, then 60's
+  _tear(tmp_path / "checkpoints" / "50")
+  # The clean launch: the torn step is moved aside (kept for a person), training goes on from 40.
   resumed = train(data_root, tmp_path)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
-  assert re.search(r"checkpoint step 30 in \S+ is unreadable \(_CHECKPOINT_METADATA is unreadable", resumed.stderr)
-  assert "resumed from" in resumed.stdout and "at step 20" in resumed.stdout
+  assert re.search(r"checkpoint step 50 in \S+ is unreadable \(_CHECKPOINT_METADATA is unreadable", resumed.stderr)
+  assert "resumed from" in resumed.stdout and "at step 40" in resumed.stdout
   [aside] = (tmp_path / "unreadable_checkpoints").iterdir()
-  assert aside.name.startswith("30-") and (aside / "_CHECKPOINT_METADATA").exists()  # kept for a person
+  assert aside.name.startswith("50-") and (aside / "_CHECKPOINT_METADATA").exists()
+  assert not list((tmp_path / "checkpoints").glob("*tmp*"))
+  assert sorted(losses(tmp_path, "val_loss")) == [20, 40, 60]
   assert_same_losses(tmp_path, straight)
+
+
+# --- 3. Torn checkpoints when sampling --------------------------------------------------------
 
 
 @pytest.mark.slow
@@ -178,7 +196,7 @@ def test_sampling_falls_back_past_a_torn_checkpoint_and_names_it(tmp_path, data_
   assert "no checkpoint in" in error_line(train(data_root, workdir))
 
 
-# --- 3. A refused launch writes nothing ------------------------------------------------------
+# --- 4. A refused launch writes nothing ------------------------------------------------------
 
 
 @pytest.mark.slow
@@ -217,7 +235,7 @@ def test_without_a_saved_config_the_checkpoint_names_the_parameter(tmp_path, dat
   assert "'h/layer_0/mlp/fc/bias' has shape (256,) but the config makes (128,)" in line
 
 
-# --- 4. Another mesh, another device count ---------------------------------------------------
+# --- 5. Another mesh, another device count ---------------------------------------------------
 
 MESH8 = ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=-1"]
 MESH1 = ["--config.mesh.data=-1", "--config.mesh.fsdp=1", "--config.mesh.tensor=1"]
@@ -259,22 +277,7 @@ def test_a_run_moves_from_eight_devices_to_one_and_back_and_keeps_the_one_device
     assert sampled.stdout == reference.stdout
 
 
-# --- 5. Kills during saves, full disks, changed data, SIGTERM in evaluation, two launches ----
-
-
-@pytest.mark.slow
-def test_a_kill_during_a_save_then_a_full_disk_then_a_clean_resume(tmp_path, data_root, straight):
-  killed = train(data_root, tmp_path, inject=["--kill_at_commit=30"])
-  assert killed.returncode == -signal.SIGKILL
-  assert steps(tmp_path) == [10, 20] and list((tmp_path / "checkpoints").glob("30.orbax-checkpoint-tmp*"))
-  full = train(data_root, tmp_path, inject=["--max_file_bytes=65536"])  # resumes at 20, cannot write 30
-  line = error_line(full)
-  assert "could not write checkpoint step 30" in line and "File too large" in line, line
-  assert "the checkpoints written before it ([10, 20]) are intact" in line
-  resumed = train(data_root, tmp_path)
-  assert resumed.returncode == 0, resumed.stderr[-3000:]
-  assert "at step 20" in resumed.stdout and not list((tmp_path / "checkpoints").glob("*tmp*"))
-  assert_same_losses(tmp_path, straight)
+# --- 6. Errors writing, changed data, SIGTERM inside libraries, two launches -----------------
 
 
 _ERROR_WITH_AN_UNAWAITED_WRITE = """
@@ -351,18 +354,6 @@ def _wait_for(predicate, proc, seconds=120):
   assert proc.poll() is None, proc.communicate()[1][-3000:]
 
 
-@pytest.mark.slow
-def test_sigterm_during_evaluation_abandons_it_saves_and_the_next_launch_evaluates_first(tmp_path, data_root, straight):
-  proc = train(data_root, tmp_path, inject=["--sigterm_in_evaluation=1"])  # step 20's
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  assert steps(tmp_path) == [10, 20] and 20 not in losses(tmp_path, "val_loss")
-  assert {"step": 20, "event": "evaluation interrupted by SIGTERM"} in events(tmp_path)
-  resumed = train(data_root, tmp_path)
-  assert resumed.returncode == 0, resumed.stderr[-3000:]
-  assert sorted(losses(tmp_path, "val_loss")) == [20, 40, 60]  # step 20's evaluation was done first
-  assert_same_losses(tmp_path, straight)
-
-
 def _swallowing(catch):
   """What a library does around its own work: the SIGTERM handler runs inside its `try`."""
   try:
@@ -414,7 +405,7 @@ def test_a_second_launch_on_a_running_workdir_refuses_and_a_dead_holder_is_detec
   assert "which is gone; taking it over" in after.stderr and not (tmp_path / "train.lock").exists()
 
 
-# --- 6, 7. Special tokens from the command line; your own translation pairs -----------------
+# --- 7, 8. Special tokens from the command line; your own translation pairs -----------------
 
 
 @pytest.mark.slow
