@@ -99,7 +99,7 @@ def _set(c, key, value):
   [
     ("num_train_steps", 0, "--config.num_train_steps must be positive, got 0"),
     ("keep_checkpoints", 0, "--config.keep_checkpoints must be positive"),
-    ("optimizer.schedule", "linear", "--config.optimizer.schedule='linear' is unknown; choose one of cosine"),
+    ("optimizer.schedule", "step", "--config.optimizer.schedule='step' is unknown; choose one of cosine"),
     ("optimizer.lr", -1.0, "--config.optimizer.lr must be positive"),
     ("optimizer.b2", 1.0, r"--config.optimizer.b2 must be in \[0, 1\)"),
     ("optimizer.accumulation_steps", 0, "--config.optimizer.accumulation_steps must be positive"),

@@ -72,10 +72,40 @@ class TestVariants(chex.TestCase):
     np.testing.assert_allclose(logits, reference, atol=1e-5)
 
 
+# Today's options together (each one config value: transformer.models.gpt's docstring).
+MODERN = {"positions": "rope", "norm": "rms_norm", "activation": "swiglu", "qk_norm": True, "logits_softcap": 5.0}
+
+
+def _axis_names(cfg) -> dict:
+  """Every parameter's path ("h/layer_0/attn/qkv/kernel") -> its logical axis names, allocating nothing."""
+  boxed = jax.eval_shape(GPT(cfg).init, jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"]
+  leaves = jax.tree_util.tree_flatten_with_path(boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))[0]
+  return {"/".join(k.key for k in path): x.names for path, x in leaves}
+
+
+def test_each_option_makes_the_parameters_it_names_with_logical_axes():
+  names = _axis_names
+  gpt2, modern = names(TINY), names(TINY.replace(**MODERN, tie_embeddings=False))
+  assert "wpe" in gpt2 and "wpe" not in modern  # rotary: no position table
+  assert "wpe" not in names(TINY.replace(positions="sinusoidal")) and "wpe" not in names(TINY.replace(positions="none"))
+  assert "h/layer_0/ln_1/bias" in gpt2 and "h/layer_0/ln_1/bias" not in modern  # RMSNorm: a scale only
+  assert modern["h/layer_0/mlp/gate/kernel"] == ("embed", "mlp")  # SwiGLU's third projection
+  assert modern["h/layer_0/attn/q_norm/scale"] == modern["h/layer_0/attn/k_norm/scale"] == ("kv",)
+  assert modern["lm_head/kernel"] == ("embed", "vocab")
+  assert all(len(n) for n in modern.values())
+
+
+def test_softcapped_logits_stay_within_the_cap():
+  cfg = TINY.replace(logits_softcap=0.5)
+  params = jax.tree.map(lambda x: x * 50, _init(cfg))  # logits far beyond the cap without it
+  logits = jax.jit(GPT(cfg).apply)({"params": params}, _tokens(cfg))
+  assert float(jnp.abs(logits).max()) <= 0.5 and float(jnp.abs(logits).max()) > 0.4
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("attention", ["einsum", "xla"])
+@pytest.mark.parametrize("attention", ["einsum", "xla", "modern"])
 def test_causality(attention):
-  cfg = TINY.replace(attention=attention)
+  cfg = TINY.replace(**MODERN) if attention == "modern" else TINY.replace(attention=attention)
   params = _init(cfg)
   tokens = _tokens(cfg, B=1, T=10)
   logits = GPT(cfg).apply({"params": params}, tokens)
@@ -84,6 +114,9 @@ def test_causality(attention):
     other = GPT(cfg).apply({"params": params}, changed)
     np.testing.assert_allclose(other[0, : t + 1], logits[0, : t + 1], atol=1e-6)
     assert not np.allclose(other[0, t + 1], logits[0, t + 1])  # and the future does change
+
+  if cfg.positions != "learned":
+    return  # the gradients below flow through the position table
 
   # Gradients: logit at position t does not depend on the input at positions > t (through the
   # position embedding added there).
@@ -174,6 +207,12 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
     (dict(dtype="float12"), "unknown dtype 'float12'"),
     (dict(vocab_size=0), "vocab_size must be positive"),
     (dict(layer_norm_epsilon=0.0), "layer_norm_epsilon must be positive"),
+    (dict(positions="alibi"), "unknown positions 'alibi'; choose one of learned, sinusoidal, rope, none"),
+    (dict(norm="batch_norm"), "unknown block.norm 'batch_norm'; choose one of layer_norm, rms_norm"),
+    (dict(activation="geglu"), "unknown block.activation 'geglu'; choose one of gelu_tanh, gelu, relu, relu2, swiglu"),
+    (dict(positions="rope", d_model=36, num_heads=4), "the head width d_model/num_heads=9 must be even"),
+    (dict(positions="rope", attention_mechanism="synthesizer_dense"), "need dot_product attention"),
+    (dict(logits_softcap=-1.0), "logits_softcap must be >= 0"),
   ],
 )
 def test_bad_configs(changes, message):

@@ -6,12 +6,14 @@ import shutil
 import subprocess
 
 import chex
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from transformer.errors import CheckpointError
-from transformer.models.gpt import GPT
+from transformer.errors import CheckpointError, ConfigError
+from transformer.models.gpt import GPT, GPTConfig
 from transformer.models.hf_gpt2 import export_hf_gpt2, import_hf_gpt2
 
 from conftest import REPO
@@ -143,6 +145,21 @@ def test_errors_name_the_tensor(tmp_path):
   save_file(load_file(FIXTURES / "gpt2_tiny_a" / "model.safetensors"), tmp_path / "d" / "model.safetensors")
   with pytest.raises(CheckpointError, match="cannot tell the number of heads"):
     import_hf_gpt2(tmp_path / "d")  # d_model 64 is no OpenAI size and there is no config.json
+
+
+def test_export_refuses_what_the_gpt2_format_cannot_hold(tmp_path):
+  """Today's options have no place in a GPT-2 file: one error naming each, and no file written."""
+  cfg = GPTConfig().replace(vocab_size=50, max_len=16, num_layers=1, num_heads=2, d_model=16)
+  modern = cfg.replace(positions="rope", norm="rms_norm", activation="swiglu", qk_norm=True, logits_softcap=30.0)
+  params = jax.eval_shape(GPT(modern).init, jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"]
+  with pytest.raises(ConfigError) as refused:
+    export_hf_gpt2(modern, params, tmp_path / "out")
+  assert str(refused.value) == (
+    "the Hugging Face GPT-2 format cannot hold this model: positions='rope' (GPT-2: 'learned'); "
+    "logits_softcap=30.0 (GPT-2: 0.0); block.norm='rms_norm' (GPT-2: 'layer_norm'); "
+    "block.activation='swiglu' (GPT-2: 'gelu_tanh'); block.qk_norm=True (GPT-2: False)"
+  )
+  assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.skipif(

@@ -24,8 +24,50 @@ def test_schedule_warmup_then_cosine():
   assert np.isclose(float(lr(60)), 0.55, atol=1e-3) and np.isclose(float(lr(110)), 0.1, atol=1e-6)
   inv = optim.learning_rate(_opt(lr=1.0, warmup_steps=100, schedule="inverse_sqrt"), 1000)
   assert np.isclose(float(inv(99)), 1.0) and np.isclose(float(inv(399)), 0.5)
-  with pytest.raises(ConfigError, match="--config.optimizer.schedule='linear' is unknown"):
-    optim.learning_rate(_opt(schedule="linear"), 10)
+  with pytest.raises(ConfigError, match="--config.optimizer.schedule='step' is unknown"):
+    optim.learning_rate(_opt(schedule="step"), 10)
+
+
+def test_linear_decay_and_warmup_stable_decay_reach_their_floor_at_the_last_step():
+  linear = optim.learning_rate(_opt(lr=1.0, warmup_steps=10, schedule="linear", min_lr_ratio=0.0), 110)
+  assert np.isclose(float(linear(10)), 1.0) and np.isclose(float(linear(60)), 0.5) and float(linear(110)) == 0.0
+  # WSD: warmup 10, stable to step 88, then linear to 0 over the last 20% of the steps (22).
+  wsd = optim.learning_rate(_opt(lr=1.0, warmup_steps=10, schedule="wsd", decay_fraction=0.2, min_lr_ratio=0.0), 110)
+  assert [float(wsd(s)) for s in (5, 10, 50, 88)] == [0.5, 1.0, 1.0, 1.0]
+  assert np.isclose(float(wsd(99)), 0.5) and float(wsd(110)) == 0.0
+  with pytest.raises(ConfigError, match="decay_fraction must be in"):
+    optim.learning_rate(_opt(schedule="wsd", decay_fraction=0.0), 10)
+
+
+def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
+  cfg = GPTConfig().replace(vocab_size=11, max_len=8, num_layers=2, num_heads=2, d_model=8, tie_embeddings=False)
+  for scan in (False, True):
+    boxed = GPT(cfg.replace(scan_layers=scan, activation="swiglu")).init(
+      jax.random.key(0), jnp.zeros((1, 4), jnp.int32)
+    )
+    names = jax.tree.map(lambda x: x.names, boxed["params"], is_leaf=lambda x: isinstance(x, nn.Partitioned))
+    dims = jax.tree.map(optim.muon_dimensions, names, is_leaf=lambda x: isinstance(x, tuple))
+    block = dims["h"]["layers"] if scan else dims["h"]["layer_0"]
+    shift = int(scan)  # a scanned stack's leading layers axis is a batch of matrices
+    assert block["attn"]["qkv"]["kernel"] == (shift, (2 + shift, 3 + shift))  # embed -> heads x kv; q/k/v apart
+    assert block["attn"]["out"]["kernel"] == ((shift, 1 + shift), 2 + shift)  # heads x kv -> embed
+    assert block["mlp"]["fc"]["kernel"] == block["mlp"]["gate"]["kernel"] == (shift, 1 + shift)
+    assert block["mlp"]["proj"]["kernel"] == (shift, 1 + shift)
+    for adamw in (dims["wte"]["embedding"], dims["wpe"], dims["lm_head"]["kernel"], block["ln_1"]["scale"]):
+      assert adamw is None
+    assert block["attn"]["qkv"]["bias"] is None and block["mlp"]["fc"]["bias"] is None
+  # A step moves every parameter; the matrices' updates are orthogonalised (equal singular values).
+  params = nn.unbox(boxed["params"])
+  tx = optim.make_optimizer(
+    _opt(name="muon", lr=0.1, muon_lr=0.1, warmup_steps=0, schedule="constant"), 10, None, names
+  )
+  grads = jax.tree.map(lambda x: jax.random.normal(jax.random.key(1), x.shape), params)
+  updates, _ = tx.update(grads, tx.init(params), params)
+  assert all(np.any(u != 0) for u in jax.tree.leaves(updates))
+  singular = np.linalg.svd(np.asarray(updates["h"]["layers"]["mlp"]["fc"]["kernel"][0]), compute_uv=False)
+  assert singular.max() / singular.min() < 2.0, singular  # Newton-Schulz: roughly orthogonal
+  with pytest.raises(ConfigError, match="optimizer.name='lion' is unknown; choose one of adamw, muon"):
+    optim.make_optimizer(_opt(name="lion"), 10)
 
 
 @pytest.mark.slow

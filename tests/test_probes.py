@@ -27,15 +27,17 @@ def tokenizer():
   return get_tokenizer("char", corpus=[TEXT + OTHER + " Ich habe keine Zeit. I have no time."])
 
 
-@pytest.fixture(scope="module", params=["dot_product", "synthesizer_dense"])
+# Synthesizer attention; today's options together (rotary, RMSNorm, SwiGLU, QK-norm, untied, capped).
+MODERN = dict(
+  positions="rope", norm="rms_norm", activation="swiglu", qk_norm=True, tie_embeddings=False, logits_softcap=5.0
+)
+
+
+@pytest.fixture(scope="module", params=["dot_product", "synthesizer_dense", "modern"])
 def gpt(request, tokenizer):
+  changes = MODERN if request.param == "modern" else {"attention_mechanism": request.param}
   cfg = GPTConfig().replace(
-    vocab_size=tokenizer.vocab_size,
-    max_len=64,
-    num_layers=3,
-    num_heads=2,
-    d_model=32,
-    attention_mechanism=request.param,
+    vocab_size=tokenizer.vocab_size, max_len=64, num_layers=3, num_heads=2, d_model=32, **changes
   )
   params = nn.unbox(GPT(cfg).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
   return GPT(cfg), params
@@ -76,7 +78,11 @@ def test_contextual_embeddings(gpt, tokenizer):
   same = probes.similarity_by_layer(model, params, tokenizer, [TEXT, TEXT], "Harry")
   np.testing.assert_allclose(same, 1.0, atol=1e-5)  # a token compared with itself in identical texts
   other = probes.similarity_by_layer(model, params, tokenizer, [TEXT, OTHER], "Harry")
-  assert other.shape == (4, 2, 2) and np.all(other[:, 0, 1] < 0.9999)  # another context, another vector
+  assert other.shape == (4, 2, 2) and np.all(other[1:, 0, 1] < 0.9999)  # another context, another vector
+  if model.config.positions == "rope":  # no position added to the embeddings: there, the token alone
+    np.testing.assert_allclose(other[0, 0, 1], 1.0, atol=1e-5)
+  else:  # and its position
+    assert other[0, 0, 1] < 0.9999
   assert probes.word_position(tokenizer, OTHER, "Harry") == OTHER.index("Harry") + 4  # its last character
   with pytest.raises(UserError, match="'Ron' does not occur"):
     probes.word_position(tokenizer, TEXT, "Ron")

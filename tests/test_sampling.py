@@ -49,10 +49,28 @@ def _greedy_by_full_forward(cfg, params, prompt, n):
   return tokens[len(prompt) :]
 
 
+# Today's options (transformer.models.gpt), together: what the KV cache must also carry exactly.
+MODERN = {"positions": "rope", "norm": "rms_norm", "activation": "swiglu", "qk_norm": True, "logits_softcap": 50.0}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("changes", [{}, {"attention": "einsum"}, {"scan_layers": True}])
+@pytest.mark.parametrize(
+  "changes",
+  [
+    {},
+    {"attention": "einsum"},
+    {"scan_layers": True},
+    MODERN,
+    {"positions": "none", "activation": "relu2", "norm": "rms_norm"},
+    {"positions": "sinusoidal", "scan_layers": True, "qk_norm": True},
+  ],
+)
 def test_greedy_with_cache_equals_full_reforward(changes, params):
+  """Prompts of different lengths in one left-padded batch, through the KV cache: each gets the
+  tokens that re-reading its whole sequence for every new token gives."""
   cfg = CFG.replace(**changes)
+  if {"positions", "norm", "activation", "qk_norm"} & set(changes):  # other parameters
+    params = _params(cfg.replace(scan_layers=False))
   if cfg.scan_layers:
     from transformer.layers import stack_layers
 
@@ -87,8 +105,10 @@ def test_greedy_through_a_cache_grown_in_phases_equals_full_reforward(changes, p
 
 
 @pytest.mark.slow
-def test_padding_does_not_change_logits(params):
-  model = GPT(CFG)
+@pytest.mark.parametrize("changes", [{}, MODERN])
+def test_padding_does_not_change_logits(params, changes):
+  model = GPT(CFG.replace(**changes))
+  params = _params(model.config) if changes else params
   prompt = [5, 17, 3, 80, 41]
   alone_TxV = model.apply({"params": params}, jnp.array([prompt]))[0]
   padded_1xT = jnp.array([[0, 0, 0] + prompt])

@@ -3,6 +3,7 @@ during saves, then the identical resumed losses: test_faults.py)."""
 
 import functools
 import json
+import os
 import re
 import shutil
 import signal
@@ -194,6 +195,51 @@ def test_one_and_eight_devices_give_the_same_losses(tmp_path, data_root, mechani
   np.testing.assert_allclose(
     _losses(tmp_path / "eight", "val_loss")[12], _losses(tmp_path / "one", "val_loss")[12], atol=1e-5
   )
+
+
+# Today's recipe pieces: rotary positions, RMSNorm, SwiGLU, QK-norm, an untied capped head, Muon, WSD.
+MODERN = [
+  "--config.model.positions=rope",
+  "--config.model.block.norm=rms_norm",
+  "--config.model.block.activation=swiglu",
+  "--config.model.block.qk_norm=true",
+  "--config.model.tie_embeddings=false",
+  "--config.model.logits_softcap=30",
+  "--config.model.vocab_size=96",  # 96: splits over the tensor axis
+  "--config.optimizer.name=muon",
+  "--config.optimizer.schedule=wsd",
+  "--config.num_train_steps=20",
+  "--config.log_every_steps=1",
+  "--config.checkpoint_every_steps=10",
+  "--config.eval_every_steps=10",
+]
+
+
+@pytest.mark.slow
+def test_todays_options_learn_on_eight_devices_and_resume_on_one_with_the_same_losses(tmp_path, data_root):
+  """Started on 8 devices (data, fsdp and tensor parallel: Muon's state sharded), killed while saving
+  step 20, resumed from step 10 on 1 device: every loss is the uninterrupted one-device run's."""
+  one = run_module("launch.train", *_args(data_root, tmp_path / "one", *MODERN))
+  assert one.returncode == 0, one.stderr[-3000:]
+  a = _losses(tmp_path / "one")
+  assert a[20] < a[1] - 0.5, a  # it learns
+  workdir = tmp_path / "moved"
+  eight = subprocess.run(
+    [sys.executable, "tests/inject.py", "--kill_at_commit=20", "--", *_args(data_root, workdir, *MODERN)]
+    + ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2"],
+    cwd=REPO,
+    env={**os.environ, "JAX_NUM_CPU_DEVICES": "8"},
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert eight.returncode == -signal.SIGKILL and "8 x cpu" in eight.stdout, eight.stderr[-3000:]
+  resumed = run_module("launch.train", *_args(data_root, workdir, *MODERN))
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert "at step 10" in resumed.stdout
+  b = _losses(workdir)
+  np.testing.assert_allclose([b[s] for s in range(1, 21)], [a[s] for s in range(1, 21)], atol=2e-5)
+  np.testing.assert_allclose(_losses(workdir, "val_loss")[20], _losses(tmp_path / "one", "val_loss")[20], atol=2e-5)
 
 
 @pytest.mark.parametrize(

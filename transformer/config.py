@@ -94,18 +94,27 @@ class LoopConfig:
 NONFINITE_POLICIES = ("stop", "skip")
 
 
-SCHEDULES = ("cosine", "constant", "inverse_sqrt")
+SCHEDULES = ("cosine", "linear", "wsd", "constant", "inverse_sqrt")
+OPTIMIZERS = ("adamw", "muon")
 
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
-  """config.optimizer: AdamW, its schedule, clipping and gradient accumulation (transformer.optim)."""
+  """config.optimizer: AdamW or Muon, the schedule, clipping and gradient accumulation (transformer.optim)."""
 
+  # "adamw"; "muon" (Jordan et al. 2024): the blocks' matrices by orthogonalised momentum at muon_lr,
+  # everything else (embeddings, head, norms, biases) by AdamW at lr.
   name: str = "adamw"
   lr: float = 1e-3
-  schedule: str = "cosine"  # warmup, then "cosine" decay to lr*min_lr_ratio | "constant" | "inverse_sqrt"
+  # After warmup: "cosine" or "linear" decay to lr*min_lr_ratio at the last step; "wsd" (warmup-stable-
+  # decay) constant, then linear to lr*min_lr_ratio over the last decay_fraction of the steps;
+  # "constant"; "inverse_sqrt" (the 2017 Transformer's).
+  schedule: str = "cosine"
   warmup_steps: int = 100
   min_lr_ratio: float = 0.1
+  decay_fraction: float = 0.2  # schedule "wsd"
+  muon_lr: float = 0.02  # name "muon": the matrices' learning rate (the schedule scales it as it scales lr)
+  muon_momentum: float = 0.95  # name "muon": Nesterov momentum of the matrices' updates
   b1: float = 0.9
   b2: float = 0.95
   eps: float = 1e-8
@@ -118,17 +127,19 @@ class OptimizerConfig:
   may_change: ClassVar = ALL  # hyperparameters; the optimizer state's structure is the same
 
   def check(self) -> None:
-    if self.name != "adamw":
-      raise ConfigError(f"--config.optimizer.name={self.name!r} is unknown; 'adamw' is implemented")
+    if self.name not in OPTIMIZERS:
+      raise ConfigError(f"--config.optimizer.name={self.name!r} is unknown; choose one of {', '.join(OPTIMIZERS)}")
     if self.schedule not in SCHEDULES:
       raise ConfigError(
         f"--config.optimizer.schedule={self.schedule!r} is unknown; choose one of {', '.join(SCHEDULES)}"
       )
-    check_positive(self, ("lr", "accumulation_steps", "eps"), "optimizer.")
+    check_positive(self, ("lr", "accumulation_steps", "eps", "muon_lr"), "optimizer.")
+    if not 0 < self.decay_fraction <= 1:
+      raise ConfigError(f"--config.optimizer.decay_fraction must be in (0, 1], got {self.decay_fraction}")
     for name in ("warmup_steps", "weight_decay", "grad_clip_norm", "min_lr_ratio"):
       if getattr(self, name) < 0:
         raise ConfigError(f"--config.optimizer.{name} must be >= 0, got {getattr(self, name)}")
-    for name in ("b1", "b2"):
+    for name in ("b1", "b2", "muon_momentum"):
       if not 0 <= getattr(self, name) < 1:
         raise ConfigError(f"--config.optimizer.{name} must be in [0, 1), got {getattr(self, name)}")
 

@@ -59,7 +59,11 @@ class BlockConfig:
   # Of self-attention (ATTENTION_MECHANISMS); cross-attention is dot-product.
   attention_mechanism: str = "dot_product"
   pre_layer_norm: bool = True  # GPT-2; the 2017 paper normalises after the residual instead
-  activation: str = "gelu_tanh"  # GPT-2's approximate GELU; the 2017 paper uses relu
+  norm: str = "layer_norm"  # GPT-2's; "rms_norm" (Zhang & Sennrich 2019) scales only: no mean, no bias
+  # The MLP's: GPT-2's approximate GELU; the 2017 paper's relu; "relu2" (ReLU squared, So et al. 2021,
+  # modded-nanogpt); "swiglu" (Shazeer 2020: silu(x W_gate) * x W_fc, a third projection).
+  activation: str = "gelu_tanh"
+  qk_norm: bool = False  # RMS-normalise each head's queries and keys before their product (OLMo 2, Gemma 3)
   # "gpt2": kernels ~ normal(0.02), projections into the residual stream 0.02/sqrt(2 * layers);
   # "xavier": Glorot uniform (the 2017 paper's tensor2tensor, flax's wmt example), whose larger
   # scale at small widths lets attention learn from the first steps.
@@ -67,6 +71,7 @@ class BlockConfig:
   # The model's own fields, which its config copies in (`with_model`); not config keys of the block.
   max_len: int = dataclasses.field(default=0, metadata={"derived": True})  # a synthesizer's positions
   kernels: str = dataclasses.field(default="auto", metadata={"derived": True})  # transformer.kernels
+  rope: bool = dataclasses.field(default=False, metadata={"derived": True})  # the model's positions == "rope"
 
   @property
   def head_dim(self) -> int:
@@ -80,8 +85,9 @@ class BlockConfig:
     return dataclasses.replace(self, **changes)
 
   def with_model(self, model_config) -> BlockConfig:
-    """This block in a model of `model_config` (its max_len and kernels)."""
-    return dataclasses.replace(self, max_len=model_config.max_len, kernels=model_config.kernels)
+    """This block in a model of `model_config` (its max_len, kernels and whether positions rotate)."""
+    rope = getattr(model_config, "positions", "learned") == "rope"
+    return dataclasses.replace(self, max_len=model_config.max_len, kernels=model_config.kernels, rope=rope)
 
 
 def nest_block(model_config) -> None:
@@ -143,11 +149,29 @@ def check_block_config(cfg: BlockConfig) -> None:
     raise ConfigError(f"unknown block.kernel_init {cfg.kernel_init!r}; choose one of {', '.join(KERNEL_INITS)}")
   if cfg.activation not in ACTIVATIONS:
     raise ConfigError(f"unknown block.activation {cfg.activation!r}; choose one of {', '.join(ACTIVATIONS)}")
+  if cfg.norm not in NORMS:
+    raise ConfigError(f"unknown block.norm {cfg.norm!r}; choose one of {', '.join(NORMS)}")
+  if cfg.attention_mechanism != "dot_product" and (cfg.rope or cfg.qk_norm):
+    raise ConfigError(
+      f"block.attention_mechanism={cfg.attention_mechanism!r} has no keys to rotate or normalise: "
+      f"rotary positions and block.qk_norm need dot_product attention"
+    )
+  if cfg.rope and cfg.head_dim % 2:
+    raise ConfigError(
+      f"rotary positions rotate pairs of channels: the head width d_model/num_heads={cfg.head_dim} must be even"
+    )
   check_kernels(cfg.kernels)
   _dtype(cfg.dtype), _dtype(cfg.param_dtype)
 
 
-ACTIVATIONS = {"gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True), "gelu": jax.nn.gelu, "relu": jax.nn.relu}
+ACTIVATIONS = {
+  "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+  "gelu": jax.nn.gelu,
+  "relu": jax.nn.relu,
+  "relu2": lambda x: jnp.square(jax.nn.relu(x)),
+  "swiglu": jax.nn.silu,  # of the gate, which multiplies the MLP's hidden layer (MLP)
+}
+NORMS = ("layer_norm", "rms_norm")
 
 
 KERNEL_INITS = ("gpt2", "xavier")
@@ -174,7 +198,16 @@ def _zeros(names):
   return nn.with_logical_partitioning(nn.initializers.zeros_init(), names)
 
 
-def layer_norm(cfg: BlockConfig, name: str | None = None) -> nn.LayerNorm:
+def norm(cfg: BlockConfig, name: str | None = None) -> nn.Module:
+  """The block's normalisation (`cfg.norm`) over the model width: LayerNorm or RMSNorm."""
+  if cfg.norm == "rms_norm":
+    return nn.RMSNorm(
+      epsilon=cfg.layer_norm_epsilon,
+      dtype=_dtype(cfg.dtype),
+      param_dtype=_dtype(cfg.param_dtype),
+      name=name,
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
+    )
   # epsilon explicitly: GPT-2 uses 1e-5, Flax's default is 1e-6.
   return nn.LayerNorm(
     epsilon=cfg.layer_norm_epsilon,
@@ -195,6 +228,18 @@ def sinusoidal_positions(length: int, d_model: int) -> np.ndarray:
   pe_LxD[:, 0::2] = np.sin(pos_Lx1 * freq)
   pe_LxD[:, 1::2] = np.cos(pos_Lx1 * freq)[:, : d_model // 2]
   return pe_LxD
+
+
+def rotary(x_BxTxHxK: jax.Array, positions_BxT: jax.Array, base: float = 10000.0) -> jax.Array:
+  """Rotary position embedding (Su et al. 2021, "RoFormer"): channels i and i + K/2 of every head
+  rotated by the angle position * base^(-2i/K), so that a query-key product depends on the two
+  positions only through their distance. Computed in float32; the result in x's dtype."""
+  K = x_BxTxHxK.shape[-1]
+  inv_freq = base ** (-jnp.arange(0, K, 2, dtype=jnp.float32) / K)
+  angles_BxTx1xK2 = (positions_BxT.astype(jnp.float32)[..., None] * inv_freq)[:, :, None]
+  sin, cos = jnp.sin(angles_BxTx1xK2), jnp.cos(angles_BxTx1xK2)
+  x1, x2 = jnp.split(x_BxTxHxK.astype(jnp.float32), 2, axis=-1)
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x_BxTxHxK.dtype)
 
 
 def causal_mask(length_q: int, length_k: int | None = None) -> jax.Array:
@@ -425,6 +470,9 @@ class MultiHeadAttention(nn.Module):
     if not self.cross:
       qkv_BxTx3xHxK = dense((3, H, K), 1, ("embed", None, "heads", "kv"), 0.02, "qkv")(x_BxTxD)
       q_BxTxHxK, k_BxSxHxK, v_BxSxHxK = (qkv_BxTx3xHxK[:, :, i] for i in range(3))
+      q_BxTxHxK, k_BxSxHxK = self._normalised(q_BxTxHxK, k_BxSxHxK)
+      if cfg.rope:  # this call's keys are its queries' tokens: both at the queries' positions
+        q_BxTxHxK, k_BxSxHxK = rotary(q_BxTxHxK, positions[0]), rotary(k_BxSxHxK, positions[0])
       if self.decode:
         cached = self._cached(key=k_BxSxHxK, value=v_BxSxHxK)
         out_BxTxHxK = attend_cached(
@@ -442,11 +490,26 @@ class MultiHeadAttention(nn.Module):
           cached.value = kv_BxSx2xHxK
         kv_BxSx2xHxK = cached.value
       k_BxSxHxK, v_BxSxHxK = kv_BxSx2xHxK[:, :, 0], kv_BxSx2xHxK[:, :, 1]
+      q_BxTxHxK, k_BxSxHxK = self._normalised(q_BxTxHxK, k_BxSxHxK)
     q_BxTxHxK = nn.with_logical_constraint(q_BxTxHxK, ("batch", "length", "heads", "kv"))
     out_BxTxHxK = attend(
       q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, cfg.attention, dropout, deterministic, sow, cfg.kernels
     )
     return dense((D,), 2, ("heads", "kv", "embed"), self.residual_std, "out")(out_BxTxHxK)
+
+  def _normalised(self, q_BxTxHxK, k_BxSxHxK):
+    """With `qk_norm`, each head's queries and keys RMS-normalised (a learned scale per channel):
+    the scores stay bounded whatever the projections' scale, which allows larger learning rates."""
+    if not self.cfg.qk_norm:
+      return q_BxTxHxK, k_BxSxHxK
+    head_norm = lambda name: nn.RMSNorm(
+      epsilon=self.cfg.layer_norm_epsilon,
+      dtype=_dtype(self.cfg.dtype),
+      param_dtype=_dtype(self.cfg.param_dtype),
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("kv",)),
+      name=name,
+    )
+    return head_norm("q_norm")(q_BxTxHxK), head_norm("k_norm")(k_BxSxHxK)
 
   def _synthesized_scores(self, x_BxTxD, q_positions_BxT, k_positions_BxS):
     """Scores B x H x T x S without keys. Dense: for head h, ReLU(x A_h + b_1) B_h + b_2 gives the
@@ -550,11 +613,15 @@ class MLP(nn.Module):
       kernels=cfg.kernels,
     )
     h_BxTxF = Projection((cfg.mlp_width,), ("embed", "mlp"), name="fc", **kw)(x_BxTxD)
-    # The activation's backward pass recomputes it from its saved input (jax.checkpoint). Autodiff
-    # saves the tanh GELU's tanh instead and rebuilds the input from the product's output and the bias,
-    # so that pass reads three B x T x F tensors, not two (a little faster on accelerators; the same
-    # losses and gradients). Without a gradient it is the plain activation.
-    h_BxTxF = jax.checkpoint(ACTIVATIONS[cfg.activation])(h_BxTxF)
+    if cfg.activation == "swiglu":  # gated: silu of a second projection of x scales each hidden unit
+      gate_BxTxF = Projection((cfg.mlp_width,), ("embed", "mlp"), name="gate", **kw)(x_BxTxD)
+      h_BxTxF = jax.nn.silu(gate_BxTxF) * h_BxTxF
+    else:
+      # The activation's backward pass recomputes it from its saved input (jax.checkpoint). Autodiff
+      # saves the tanh GELU's tanh instead and rebuilds the input from the product's output and the
+      # bias, so that pass reads three B x T x F tensors, not two (a little faster on accelerators;
+      # the same losses and gradients). Without a gradient it is the plain activation.
+      h_BxTxF = jax.checkpoint(ACTIVATIONS[cfg.activation])(h_BxTxF)
     h_BxTxF = nn.with_logical_constraint(h_BxTxF, ("batch", "length", "mlp"))
     return Projection((cfg.d_model,), ("mlp", "embed"), std=self.residual_std, name="proj", **kw)(h_BxTxF)
 
@@ -584,7 +651,7 @@ class Block(nn.Module):
       lambda h: MultiHeadAttention(cfg, self.residual_std, self.decode, name="attn")(
         h, mask_BxTxT, positions=positions, deterministic=deterministic
       ),
-      layer_norm(cfg, "ln_1"),
+      norm(cfg, "ln_1"),
     )
     if self.cross_attention:
       x_BxTxD = residual(
@@ -592,9 +659,9 @@ class Block(nn.Module):
         lambda h: MultiHeadAttention(cfg, self.residual_std, self.decode, cross=True, name="cross_attn")(
           h, context_mask_BxTxS, context_BxSxD=context_BxSxD, deterministic=deterministic
         ),
-        layer_norm(cfg, "ln_cross"),
+        norm(cfg, "ln_cross"),
       )
-    x_BxTxD = residual(x_BxTxD, MLP(cfg, self.residual_std, name="mlp"), layer_norm(cfg, "ln_2"))
+    x_BxTxD = residual(x_BxTxD, MLP(cfg, self.residual_std, name="mlp"), norm(cfg, "ln_2"))
     self.sow("intermediates", "residual", x_BxTxD)  # the residual stream after this block, when probing
     return nn.with_logical_constraint(x_BxTxD, ("batch", "length", "embed"))
 

@@ -26,7 +26,7 @@ import numpy as np
 from transformer import layers
 from transformer.errors import UserError
 from transformer.generation import beam_search
-from transformer.models.gpt import GPT
+from transformer.models.gpt import GPT, softcap
 from transformer.models.seq2seq import Transformer
 
 
@@ -74,13 +74,12 @@ def _per_layer(stack, num_layers: int, *path: str) -> np.ndarray:
 
 
 def gpt_output_logits(model: GPT, params, x_BxTxD) -> jax.Array:
-  """The GPT's final LayerNorm and head applied to a residual stream (what GPT.__call__ does last)."""
+  """The GPT's final norm and head applied to a residual stream (what GPT.__call__ does last)."""
   cfg = model.config
-  x_BxTxD = layers.layer_norm(cfg.block).apply({"params": params["ln_f"]}, x_BxTxD)
+  x_BxTxD = layers.norm(cfg.block).apply({"params": params["ln_f"]}, x_BxTxD)
   dtype = jnp.dtype(cfg.block.dtype)
-  if cfg.tie_embeddings:
-    return (x_BxTxD.astype(dtype) @ params["wte"]["embedding"].astype(dtype).T).astype(jnp.float32)
-  return (x_BxTxD.astype(dtype) @ params["lm_head"]["kernel"].astype(dtype)).astype(jnp.float32)
+  head_DxV = params["wte"]["embedding"].T if cfg.tie_embeddings else params["lm_head"]["kernel"]
+  return softcap((x_BxTxD.astype(dtype) @ head_DxV.astype(dtype)).astype(jnp.float32), cfg.logits_softcap)
 
 
 def look_inside(model, params, tokenizer, text: str, *, target: str | None = None) -> Inside:

@@ -115,6 +115,27 @@ def param_shardings(model: nn.Module, init_inputs: tuple, mesh: Mesh, axis_rules
   return boxed, logical_shardings(mesh, boxed, axis_rules)
 
 
+def optimizer_state_shardings(state_shapes, param_shapes, param_shardings, mesh: Mesh):
+  """Shardings of an optimizer state: each tree of moments sharded like the params it tracks, every
+  other leaf (step counts) replicated. A state leaf tracks the param whose path ends its own path
+  (`...mu['h']['layer_0']['mlp']['fc']['kernel']`) with the same shape. (optax.tree_map_params
+  cannot see through the masked and partitioned states of Muon's optax.contrib.muon.)"""
+  params = {
+    tuple(k.key for k in path): (x.shape, sh)
+    for (path, x), sh in zip(jax.tree_util.tree_flatten_with_path(param_shapes)[0], jax.tree.leaves(param_shardings))
+  }
+
+  def sharding(path, leaf):
+    keys = tuple(k.key for k in path if isinstance(k, jax.tree_util.DictKey))
+    for start in range(len(keys)):
+      shape, sh = params.get(keys[start:], (None, None))
+      if shape == leaf.shape:
+        return sh
+    return replicated(mesh)
+
+  return jax.tree_util.tree_map_with_path(sharding, state_shapes)
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 

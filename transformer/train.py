@@ -126,21 +126,15 @@ def build(run_config: RunConfig, task_data=None) -> Run:
   mesh = sharding.make_mesh(run_config.mesh.shape)
   task = task_cls(run_config, task_data.tokenizer, mesh, task_data)
   rules, steps = run_config.mesh.rules, run_config.loop.num_train_steps
-  tx = optim.make_optimizer(run_config.optimizer, steps, update_scale=task.update_scale())
-  schedule = optim.learning_rate(run_config.optimizer, steps)
   boxed, param_sh = sharding.param_shardings(task.model, task.init_inputs(), mesh, rules)
+  axis_names = jax.tree.map(lambda x: getattr(x, "names", ()), boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+  tx = optim.make_optimizer(run_config.optimizer, steps, update_scale=task.update_scale(), axis_names=axis_names)
+  schedule = optim.learning_rate(run_config.optimizer, steps)
   sharding.check_divisible(nn.unbox(boxed), param_sh)  # outside the rules: no constraints on shapes
   opt_shapes = jax.eval_shape(tx.init, nn.unbox(boxed))
   repl = sharding.replicated(mesh)
-  # Optimizer state is sharded like the params it tracks (Adam's mu/nu), scalars replicated.
-  opt_sh = optax.tree_map_params(
-    tx,
-    lambda _, s: s,
-    opt_shapes,
-    param_sh,
-    transform_non_params=lambda _: repl,
-    is_leaf=lambda x: isinstance(x, jax.sharding.Sharding),
-  )
+  # Optimizer state is sharded like the params it tracks (Adam's mu/nu, Muon's momentum), scalars replicated.
+  opt_sh = sharding.optimizer_state_shardings(opt_shapes, nn.unbox(boxed), param_sh, mesh)
   state_sh = TrainState(step=repl, params=param_sh, opt_state=opt_sh, rng=repl)
   return Run(run_config, task, mesh, tx, schedule, state_sh)
 

@@ -62,7 +62,7 @@ class Encoder(nn.Module):
     self.source_embed = seq2seq.Embed(cfg)
     self.encoder = layers.Stack(cfg.block, cfg.num_layers, scan=cfg.scan_layers, remat_policy=cfg.remat_policy)
     if cfg.block.pre_layer_norm:
-      self.encoder_norm = layers.layer_norm(cfg.block)
+      self.encoder_norm = layers.norm(cfg.block)
 
   def __call__(self, tokens_BxT, *, valid_BxT=None, deterministic: bool = True):
     B, T = tokens_BxT.shape

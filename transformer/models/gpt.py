@@ -4,6 +4,11 @@
              -> N pre-LayerNorm blocks (causal self-attention, GELU-tanh MLP, each residual)
              -> final LayerNorm -> logits over the vocabulary (head tied to the token embedding)
 
+That is GPT-2, the defaults. Each of today's changes is one config value away (and GPT-2's
+checkpoint format holds none of them): `positions` ("rope", "sinusoidal", "none"),
+`block.norm="rms_norm"`, `block.activation` ("relu2", "swiglu"), `block.qk_norm`, an untied head
+(`tie_embeddings=False`), `logits_softcap`.
+
 Presets `gpt2`, `gpt2-medium`, `gpt2-large`, `gpt2-xl` have the exact shapes of OpenAI's GPT-2
 (124,439,808 / 354,823,168 / 774,030,080 / 1,557,611,200 parameters with the tied head), so real
 weights load into them (`transformer.models.hf_gpt2.import_hf_gpt2`); `cpu-small` and `cpu-tiny`
@@ -38,7 +43,12 @@ class GPTConfig:
   num_layers: int = 12
   # Width, heads, dropout, dtypes, attention: GPT-2's pre-LayerNorm, GELU-tanh blocks (the defaults).
   block: layers.BlockConfig = layers.BlockConfig()
+  # How a token's position enters: GPT-2's "learned" table added to the embeddings, the 2017 paper's
+  # fixed "sinusoidal" one, "rope" (queries and keys rotated in every attention, no table), or
+  # "none" (causal attention alone tells positions apart; Haviv et al. 2022).
+  positions: str = "learned"
   tie_embeddings: bool = True  # the output head is the token embedding, transposed
+  logits_softcap: float = 0.0  # > 0: logits = cap * tanh(logits / cap) (Gemma 2, modded-nanogpt); 0: none
   scan_layers: bool = False  # one scanned block instead of N unrolled ones (faster compiles)
   remat_policy: str = "none"  # "none" | "dots" | "full": what the backward pass recomputes
   kernels: str = "auto"  # "auto" | "reference" | "cpu" | "accelerator": faster forms of ops (transformer.kernels)
@@ -52,8 +62,20 @@ class GPTConfig:
 
   def check(self) -> GPTConfig:
     """Raises ConfigError naming the field for values that cannot work; returns self."""
+    if self.positions not in POSITIONS:
+      raise ConfigError(f"unknown positions {self.positions!r}; choose one of {', '.join(POSITIONS)}")
+    if self.logits_softcap < 0:
+      raise ConfigError(f"logits_softcap must be >= 0 (0: no capping), got {self.logits_softcap}")
     layers.check_model_config(self, positive=("vocab_size", "max_len", "num_layers"))
     return self
+
+
+POSITIONS = ("learned", "sinusoidal", "rope", "none")
+
+
+def softcap(logits, cap: float):
+  """cap * tanh(logits / cap): logits bounded by ±cap, unchanged near 0 (no capping for cap 0)."""
+  return cap * jnp.tanh(logits / cap) if cap else logits
 
 
 def _gpt2(num_layers: int, num_heads: int, d_model: int, max_len: int = 1024) -> GPTConfig:
@@ -136,13 +158,18 @@ class GPT(nn.Module):
       name="wte",
       embedding_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ("vocab", "embed")),
     )
-    wpe_LxD = self.param(
-      "wpe",
-      nn.with_logical_partitioning(nn.initializers.normal(0.01), ("position", "embed")),
-      (cfg.max_len, block.d_model),
-      param_dtype,
-    )
-    x_BxTxD = wte(tokens_BxT) + wpe_LxD.astype(dtype)[positions_BxT]
+    x_BxTxD = wte(tokens_BxT)
+    if cfg.positions == "learned":
+      wpe_LxD = self.param(
+        "wpe",
+        nn.with_logical_partitioning(nn.initializers.normal(0.01), ("position", "embed")),
+        (cfg.max_len, block.d_model),
+        param_dtype,
+      )
+      x_BxTxD = x_BxTxD + wpe_LxD.astype(dtype)[positions_BxT]
+    elif cfg.positions == "sinusoidal":
+      pe_LxD = jnp.asarray(layers.sinusoidal_positions(cfg.max_len, block.d_model), dtype)
+      x_BxTxD = x_BxTxD + pe_LxD[positions_BxT]
     x_BxTxD = nn.Dropout(block.dropout_rate)(x_BxTxD, deterministic=deterministic)
     x_BxTxD = nn.with_logical_constraint(x_BxTxD, ("batch", "length", "embed"))
     self.sow("intermediates", "embeddings", x_BxTxD)  # the residual stream's start, when probing
@@ -150,7 +177,7 @@ class GPT(nn.Module):
     x_BxTxD = layers.Stack(block, cfg.num_layers, scan=cfg.scan_layers, remat_policy=cfg.remat_policy, name="h")(
       x_BxTxD, mask_BxTxS, positions=(positions_BxT, key_positions_BxS), deterministic=deterministic, decode=decode
     )
-    x_BxTxD = layers.layer_norm(block, "ln_f")(x_BxTxD)
+    x_BxTxD = layers.norm(block, "ln_f")(x_BxTxD)
     if features:
       return x_BxTxD
     if decode:  # only the next token's logits are needed
@@ -170,7 +197,8 @@ class GPT(nn.Module):
         name="lm_head",
       )(x_BxTxD)
     # Softmax/cross-entropy in float32 whatever the compute dtype.
-    return nn.with_logical_constraint(logits_BxTxV.astype(jnp.float32), ("batch", "length", "vocab"))
+    logits_BxTxV = softcap(logits_BxTxV.astype(jnp.float32), cfg.logits_softcap)
+    return nn.with_logical_constraint(logits_BxTxV, ("batch", "length", "vocab"))
 
 
 def param_shapes(config: GPTConfig):

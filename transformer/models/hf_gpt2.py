@@ -154,11 +154,18 @@ def import_hf_gpt2(path: str | Path, **overrides) -> tuple[GPTConfig, dict]:
 def export_hf_gpt2(config: GPTConfig, params: dict, out_dir: str | Path) -> Path:
   """Writes `model.safetensors` + `config.json` that `GPT2LMHeadModel.from_pretrained` loads."""
   block = config.block
-  if block.attention_mechanism != "dot_product":
-    raise ConfigError(
-      f"GPT-2 has dot-product attention; a model with block.attention_mechanism="
-      f"{block.attention_mechanism!r} has no Hugging Face GPT-2 form"
-    )
+  gpt2 = {  # what GPT-2's format holds: each field's one value there
+    "positions": (config.positions, "learned"),
+    "logits_softcap": (config.logits_softcap, 0.0),
+    "block.attention_mechanism": (block.attention_mechanism, "dot_product"),
+    "block.norm": (block.norm, "layer_norm"),
+    "block.pre_layer_norm": (block.pre_layer_norm, True),
+    "block.activation": (block.activation, "gelu_tanh"),
+    "block.qk_norm": (block.qk_norm, False),
+  }
+  other = [f"{name}={ours!r} (GPT-2: {theirs!r})" for name, (ours, theirs) in gpt2.items() if ours != theirs]
+  if other:
+    raise ConfigError(f"the Hugging Face GPT-2 format cannot hold this model: {'; '.join(other)}")
   params = nn.unbox(params)
   if config.scan_layers:
     params = {**params, "h": layers.unstack_layers(params["h"], config.num_layers)}

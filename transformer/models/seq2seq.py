@@ -152,8 +152,8 @@ class Transformer(nn.Module):
     self.source_embed = Embed(cfg)
     self.target_embed = self.source_embed if cfg.share_embeddings else Embed(cfg)
     if cfg.block.pre_layer_norm:
-      self.encoder_norm = layers.layer_norm(cfg.block)
-      self.decoder_norm = layers.layer_norm(cfg.block)
+      self.encoder_norm = layers.norm(cfg.block)
+      self.decoder_norm = layers.norm(cfg.block)
     if not cfg.tie_output:
       self.head = layers.Projection(
         (cfg.vocab_size,),
