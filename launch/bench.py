@@ -10,7 +10,7 @@ r"""Benchmarks that print tables (medians of several runs). Speed is measured he
   python -m launch.bench --what=profile --train_batch=16 --seq_len=256        # the training step by XLA op
   python -m launch.bench --what=profile_generate --batch_sizes=8              # a generate call by XLA op
   python -m launch.bench --what=mechanisms --d_model=128 --max_len=128 --vocab_size=85 \
-      --train_batch=32 --seq_len=128                                          # shakespeare.py:char's model
+      --train_batch=32 --seq_len=128                                          # shakespeare.py:char_gpt2's model
   python -m launch.bench --what=generate --what=train --preset=gpt2           # several tables, one process
 
 --what=vs_hf runs, on one random-weight config (default: cpu-small with GPT-2's vocabulary):
@@ -361,7 +361,7 @@ def profile_generate_table() -> str:
   )
 
 
-# --what=vs_torch's two shapes: the README main job's (shakespeare.py:char, its batch in the config's
+# --what=vs_torch's two shapes: the README main job's (shakespeare.py:char_gpt2, its batch in the config's
 # microbatches) and cpu-small with GPT-2's vocabulary. (name, preset, overrides, train batch, train
 # seq, microbatches, new tokens after a 32-token prompt)
 VS_TORCH_SHAPES = (

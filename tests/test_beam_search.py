@@ -28,10 +28,17 @@ def params():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("num_decoder_layers", [0, 1])  # 1: a shallower decoder than the encoder (2)
-def test_cached_decoding_equals_full_forward(params, num_decoder_layers):
-  cfg = CFG.replace(num_decoder_layers=num_decoder_layers)
-  params = _params(cfg) if num_decoder_layers else params
+@pytest.mark.parametrize(
+  "changes",
+  [
+    {},
+    {"num_decoder_layers": 1},  # a shallower decoder than the encoder (2)
+    {"pre_layer_norm": True, "norm": "rms_norm", "activation": "swiglu", "qk_norm": True},  # the block's options
+  ],
+)
+def test_cached_decoding_equals_full_forward(params, changes):
+  cfg = CFG.replace(**changes)
+  params = _params(cfg) if changes else params
   model = Transformer(cfg)
   full = model.apply({"params": params}, SRC, TGT, source_valid_BxS=VALID)
   encoded = model.apply({"params": params}, SRC, source_valid_BxS=VALID, method="encode")

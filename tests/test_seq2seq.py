@@ -36,6 +36,7 @@ def params():
     {"scan_layers": True},
     {"num_layers": 3, "num_decoder_layers": 1},
     {"num_layers": 3, "num_decoder_layers": 1, "scan_layers": True},
+    {"pre_layer_norm": True, "norm": "rms_norm", "activation": "swiglu", "qk_norm": True},  # the block's options
   ],
 )
 @pytest.mark.slow
@@ -49,6 +50,10 @@ def test_shapes_and_variants(changes):
   assert any("target_embed" in n for n in names) == (not cfg.share_embeddings)
   assert any("head" in n for n in names) == (not cfg.tie_output)
   assert any("encoder_norm" in n for n in names) == cfg.block.pre_layer_norm
+  assert (
+    any("q_norm" in n for n in names) == any("cross_attn" in n and "k_norm" in n for n in names) == cfg.block.qk_norm
+  )
+  assert any("gate" in n for n in names) == (cfg.block.activation == "swiglu")
   depth = lambda stack: (
     jax.tree.leaves(params[stack]["layers"])[0].shape[0]
     if cfg.scan_layers
