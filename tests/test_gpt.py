@@ -84,10 +84,11 @@ def _axis_names(cfg) -> dict:
 
 
 def test_each_option_makes_the_parameters_it_names_with_logical_axes():
-  names = _axis_names
-  gpt2, modern = names(TINY), names(TINY.replace(**MODERN, tie_embeddings=False))
+  gpt2, modern = _axis_names(TINY), _axis_names(TINY.replace(**MODERN, tie_embeddings=False))
   assert "wpe" in gpt2 and "wpe" not in modern  # rotary: no position table
-  assert "wpe" not in names(TINY.replace(positions="sinusoidal")) and "wpe" not in names(TINY.replace(positions="none"))
+  assert "wpe" not in _axis_names(TINY.replace(positions="sinusoidal")) and "wpe" not in _axis_names(
+    TINY.replace(positions="none")
+  )
   assert "h/layer_0/ln_1/bias" in gpt2 and "h/layer_0/ln_1/bias" not in modern  # RMSNorm: a scale only
   assert modern["h/layer_0/mlp/gate/kernel"] == ("embed", "mlp")  # SwiGLU's third projection
   assert modern["h/layer_0/attn/q_norm/scale"] == modern["h/layer_0/attn/k_norm/scale"] == ("kv",)
