@@ -86,9 +86,8 @@ def _axis_names(cfg) -> dict:
 def test_each_option_makes_the_parameters_it_names_with_logical_axes():
   gpt2, modern = _axis_names(TINY), _axis_names(TINY.replace(**MODERN, tie_embeddings=False))
   assert "wpe" in gpt2 and "wpe" not in modern  # rotary: no position table
-  assert "wpe" not in _axis_names(TINY.replace(positions="sinusoidal")) and "wpe" not in _axis_names(
-    TINY.replace(positions="none")
-  )
+  for positions in ("sinusoidal", "none"):  # a fixed table, or none: no parameter either
+    assert "wpe" not in _axis_names(TINY.replace(positions=positions))
   assert "h/layer_0/ln_1/bias" in gpt2 and "h/layer_0/ln_1/bias" not in modern  # RMSNorm: a scale only
   assert modern["h/layer_0/mlp/gate/kernel"] == ("embed", "mlp")  # SwiGLU's third projection
   assert modern["h/layer_0/attn/q_norm/scale"] == modern["h/layer_0/attn/k_norm/scale"] == ("kv",)
