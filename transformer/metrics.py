@@ -3,6 +3,7 @@ writers, the loss-curve plot."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Sequence
@@ -10,53 +11,20 @@ from pathlib import Path
 
 import jax
 
-# Dense bf16 peak FLOP/s per chip, by `device.device_kind` (vendor data sheets, no sparsity).
-# MFU is reported against these whatever the compute dtype; CPUs have no entry ("n/a").
-PEAK_BF16_FLOPS = {
-  "NVIDIA H100 80GB HBM3": 989e12,
-  "NVIDIA H100 PCIe": 756e12,
-  "NVIDIA H100 NVL": 835e12,
-  "NVIDIA H200": 989e12,
-  "NVIDIA GH200 480GB": 989e12,
-  "NVIDIA B200": 2250e12,
-  "NVIDIA A100-SXM4-80GB": 312e12,
-  "NVIDIA A100-SXM4-40GB": 312e12,
-  "NVIDIA A100 80GB PCIe": 312e12,
-  "NVIDIA L4": 121e12,
-  "NVIDIA A10G": 125e12,
-  "TPU v4": 275e12,
-  "TPU v5 lite": 197e12,
-  "TPU v5e": 197e12,
-  "TPU v5p": 459e12,
-  "TPU v5": 459e12,
-  "TPU v6 lite": 918e12,
-  "TPU v6e": 918e12,
-}
 
-
-# Peak memory bandwidth (bytes/s) per chip, by `device.device_kind` (data sheets): the roofline
-# of memory-bound work such as batch-1 decoding, which reads every weight once per token.
-PEAK_HBM_BYTES_PER_S = {
-  "NVIDIA H100 80GB HBM3": 3.35e12,
-  "NVIDIA H100 PCIe": 2.0e12,
-  "NVIDIA H100 NVL": 3.9e12,
-  "NVIDIA H200": 4.8e12,
-  "NVIDIA A100-SXM4-80GB": 2.039e12,
-  "NVIDIA A100-SXM4-40GB": 1.555e12,
-  "TPU v4": 1.2e12,
-  "TPU v5 lite": 0.819e12,
-  "TPU v5e": 0.819e12,
-  "TPU v5p": 2.765e12,
-  "TPU v6 lite": 1.64e12,
-  "TPU v6e": 1.64e12,
-}
+# Peaks per chip from vendor data sheets (device_peaks.json, by `device.device_kind`): dense bf16
+# FLOP/s, against which MFU is reported whatever the compute dtype, and memory bytes/s, the roofline
+# of memory-bound work such as batch-1 decoding. CPUs have no entry ("n/a").
+@functools.cache
+def _peaks() -> dict:
+  return json.loads((Path(__file__).parent / "device_peaks.json").read_text())
 
 
 def _by_kind(table: dict[str, float], device) -> float | None:
   kind = device.device_kind
   if kind in table:
     return table[kind]
-  # Names vary by driver ("NVIDIA H100 80GB HBM3" vs "H100 SXM5 ..."): match on the model number.
+  # Names vary by driver and form factor: match on the table name's last word, the model number.
   for name, value in table.items():
     if name.split()[-1] in kind and device.platform != "cpu":
       return value
@@ -64,11 +32,11 @@ def _by_kind(table: dict[str, float], device) -> float | None:
 
 
 def peak_flops(device) -> float | None:
-  return _by_kind(PEAK_BF16_FLOPS, device)
+  return _by_kind(_peaks()["bf16_flops_per_s"], device)
 
 
 def peak_bandwidth(device) -> float | None:
-  return _by_kind(PEAK_HBM_BYTES_PER_S, device)
+  return _by_kind(_peaks()["memory_bytes_per_s"], device)
 
 
 def flops_per_token(num_params: int, num_layers: int, d_model: int, seq_len: int) -> float:

@@ -87,8 +87,8 @@ def train_step(state: TrainState, batch, *, loss_fn, tx, schedule, accumulation_
   # `finite` (see _NonFiniteGuard). The norm is finite only if every gradient is, and an update of
   # finite gradients is bounded (AdamW: about lr per coordinate), so the new params are finite too.
   # Known before the update, `finite` selects inside the update's one fused pass over params and
-  # moments; checking the new params took two more passes over them (GPT-2 124M on an H100, batch
-  # 64: the step 131.0 -> 128.9 ms; cpu-small on 2 CPU cores: ~8% faster).
+  # moments; checking the new params took two more passes over them (a faster step on a GPU and on
+  # CPUs: launch/BENCHMARKS.md).
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
   params, opt_state = jax.tree.map(
     lambda new, old: jnp.where(finite, new, old), (params, opt_state), (state.params, state.opt_state)
