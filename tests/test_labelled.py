@@ -358,11 +358,17 @@ def test_launch_classify_from_flags_and_stdin(classified):
     f"--workdir={workdir}",
     "--text=the film was wonderful",
     "--input_file=-",
-    stdin="quite an awful film\n",
+    stdin="quite an awful film\n" + "the film was quite " * 20 + "\n",  # 80 words: past max_len=32
   )
   assert proc.returncode == 0, proc.stderr
   lines = proc.stdout.splitlines()
-  assert [line.split("\t")[0] for line in lines] == ["pos", "neg"]
+  assert [line.split("\t")[0] for line in lines[:2]] == ["pos", "neg"] and len(lines) == 3
+  # The long text is classified from its first 32 tokens, and the run says so once.
+  warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: ")]
+  assert warnings == [
+    "warning: 1 of 3 text(s) longer than the classifier's max_len=32 tokens: each is classified from its "
+    "first 32 tokens, as training cut them"
+  ], proc.stderr
   probs = [float(part.split("=")[1]) for part in lines[0].split("\t")[1].split()]
   assert abs(sum(probs) - 1) < 1e-3
   proc = run_module("launch.classify", f"--workdir={workdir}", "--text=  ")
@@ -528,9 +534,16 @@ def tagged(tagged_text):
 def test_tagging_trains_beats_the_baseline_and_tags_text(tagged):
   root, result = tagged
   assert result["test_accuracy"] > 0.95 and result["dev_baseline_accuracy"] > 0.8
-  proc = run_module("launch.tag", f"--workdir={root / 'w'}", "--text=the city saw it quietly .")
+  long = "the city saw it quietly . " * 12  # 72 words: past max_len
+  proc = run_module("launch.tag", f"--workdir={root / 'w'}", "--text=the city saw it quietly .", f"--text={long}")
   assert proc.returncode == 0, proc.stderr
-  assert proc.stdout.split() == ["the/at", "city/nn", "saw/vbd", "it/pps", "quietly/rb", "./."]
+  short, tagged_long = proc.stdout.splitlines()
+  assert short.split() == ["the/at", "city/nn", "saw/vbd", "it/pps", "quietly/rb", "./."]
+  assert len(tagged_long.split()) == 72  # every word tagged, in rows of max_len
+  assert [line for line in proc.stderr.splitlines() if line.startswith("warning: ")] == [
+    "warning: 1 of 2 text(s) longer than the tagger's max_len=32 tokens: tagged in rows of 32, as training "
+    "cut sentences (a word's context ends at its row)"
+  ], proc.stderr
 
 
 def test_bad_tagging_configs_are_named(tagged_text, tmp_path):

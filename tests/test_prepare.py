@@ -207,8 +207,11 @@ def _pair_texts(prepared, split):
   [
     (b"", r"bad\.txt: the file is empty"),
     (b"  \n\n \t\n", r"bad\.txt: the file holds only whitespace"),
-    (b"hello\x00world\n", r"bad\.txt: binary data \(a NUL byte at byte 5\)"),
-    ("caf\u00e9 ok\n".encode("latin-1"), r"bad\.txt: not valid UTF-8 at byte 3"),
+    (b"hello\x00world\n", r"bad\.txt, line 1, column 6: a NUL byte \(binary data\)"),
+    (
+      "caf\u00e9 ok\n".encode("latin-1"),
+      r"bad\.txt, line 1, column 4: byte 0xe9 is not UTF-8 .*convert the text to UTF-8",
+    ),
   ],
 )
 def test_bad_text_files_are_refused_by_name(tmp_path, content, message):
@@ -217,6 +220,18 @@ def test_bad_text_files_are_refused_by_name(tmp_path, content, message):
   with pytest.raises(DataError, match=message):
     data.prepare(data.file_source([bad]), tmp_path / "out", PrepareOptions(tokenizer="gpt2"), progress=False)
   assert not (tmp_path / "out").exists()
+
+
+def test_a_bad_byte_is_named_by_its_line_whatever_block_it_is_read_in(tmp_path):
+  """read_text streams a file in blocks: the line and column it names are the file's, not the block's."""
+  bad = tmp_path / "bad.txt"
+  bad.write_bytes("first line\nsecond\nthe caf\u00e9 line\n".encode("latin-1"))
+  for chunk_bytes in (4, 7, 1 << 20):
+    with pytest.raises(DataError, match=r"bad\.txt, line 3, column 8: byte 0xe9 is not UTF-8"):
+      list(data.sources.read_text(bad, chunk_bytes))
+  (tmp_path / "dir").mkdir()
+  with pytest.raises(DataError, match=r"dir is a directory; give the text files in it"):
+    data.file_source([tmp_path / "dir"])
 
 
 @pytest.mark.parametrize(
@@ -247,7 +262,7 @@ def test_failure_loses_nothing_and_rerun_is_reused(tmp_path):
     data.prepare(data.file_source(files), out, PrepareOptions(tokenizer="gpt2"), progress=False)
   bad = tmp_path / "bad.txt"
   bad.write_bytes(b"\xff\xfe")
-  with pytest.raises(DataError, match="not valid UTF-8"):
+  with pytest.raises(DataError, match="is not UTF-8"):
     data.prepare(data.file_source([bad]), out, opts, overwrite=True, progress=False)
   assert {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
   assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
@@ -290,5 +305,5 @@ def test_cli_prepares_and_reports_errors_in_one_line(tmp_path):
   bad.write_bytes(b"\x00\x01")
   proc = run_module("launch.prepare", f"--input_files={bad}", f"--output_dir={tmp_path / 'x'}")
   assert proc.returncode == 1
-  assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {bad}: binary data")
+  assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {bad}, line 1, column 1: a NUL byte (binary data)")
   assert "Traceback" not in proc.stderr

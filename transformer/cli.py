@@ -8,14 +8,32 @@ import jax
 from absl import app, flags, logging
 
 from transformer import hostmem
-from transformer.errors import UserError
+from transformer.data import sources
+from transformer.errors import InputWarning, UserError
 
 
 def run(main) -> None:
   """absl's app.run(main), with this codebase's process settings and clean errors: a UserError is
-  one `error:` line on stderr and exit status 1."""
+  one `error:` line on stderr and exit status 1, an InputWarning one `warning:` line."""
   # First, before any of XLA's threads allocates (hostmem.py says why and how to turn it off).
   hostmem.keep_freed_blocks()
+
+  show_warning = warnings.showwarning
+
+  def show_input_warnings_as_one_line(message, category, *args, **kwargs):
+    if issubclass(category, InputWarning):
+      print(f"warning: {message}", file=sys.stderr)
+    else:
+      show_warning(message, category, *args, **kwargs)
+
+  warnings.showwarning = show_input_warnings_as_one_line
+
+  app.run(clean_errors(main))
+
+
+def clean_errors(main):
+  """`main(argv)` with this codebase's clean errors: a UserError is one `error:` line on stderr and
+  exit status 1 (`run` runs it under absl; tests/surface.py calls it once for each bad input)."""
 
   def main_with_clean_errors(argv):
     # Libraries (Orbax above all) log a lot at INFO; keep warnings unless --verbosity is given.
@@ -30,21 +48,26 @@ def run(main) -> None:
       warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited", category=RuntimeWarning)
       sys.exit(1)
 
-  app.run(main_with_clean_errors)
+  return main_with_clean_errors
 
 
 def read_inputs(values: list[str], path: str | None, flag: str) -> list[str]:
   """What a launch program works on: the values of a repeatable flag, then the lines of `path`
-  (given as --`flag`; "-" reads stdin)."""
+  (given as --`flag`; "-" reads stdin). A file that cannot be a list of texts is one error naming
+  it and, for bytes that are not UTF-8 text, the line, the byte and the fix."""
   lines = list(values)
   if path:
+    name = f"--{flag}={path}"
     if path == "-":
-      text = sys.stdin.read()
+      data = sys.stdin.buffer.read()
+      name += " (stdin)"
+    elif Path(path).is_dir():
+      raise UserError(f"{name} is a directory; give a text file, one input a line")
     elif Path(path).is_file():
-      text = Path(path).read_text()
+      data = Path(path).read_bytes()
     else:
-      raise UserError(f"--{flag}={path}: no such file")
-    lines += text.splitlines()
+      raise UserError(f"{name}: no such file")
+    lines += sources.text_lines(data, name)
   return lines
 
 

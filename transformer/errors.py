@@ -37,3 +37,8 @@ class WorkdirError(UserError, RuntimeError):
 
 class TrainingError(UserError, RuntimeError):
   """Training that cannot go on (a non-finite loss); the message names the step and the fix."""
+
+
+class InputWarning(UserWarning):
+  """Input used, but not all of it as given (a text cut to the model's length); launch programs print
+  it as one `warning:` line on stderr."""

@@ -17,6 +17,7 @@ import contextlib
 import copy
 import dataclasses
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from absl import logging
 from transformer import checkpoints, sharding, tasks, tokenizers
 from transformer import workdir as workdir_files
 from transformer.config import MeshConfig, RunConfig
-from transformer.errors import CheckpointError, ConfigError, DataError, UserError, WorkdirError
+from transformer.errors import CheckpointError, ConfigError, DataError, InputWarning, UserError, WorkdirError
 from transformer.generation import beam_search
 from transformer.models import seq2seq
 from transformer.tasks import labelled
@@ -224,7 +225,15 @@ def classify(trained: Trained, texts: list[str]) -> np.ndarray:
   """Class probabilities (N, C) of `texts` by a classifier (cut to max_len tokens, as in training);
   the classes are `trained.task.labels`."""
   task, max_len = trained.task, trained.task.config.max_len
-  examples = [(ids[:max_len], 0) for ids in task.encode_texts(texts)]
+  ids = task.encode_texts(texts)
+  if longer := sum(len(i) > max_len for i in ids):
+    warnings.warn(
+      f"{longer} of {len(texts)} text(s) longer than the classifier's max_len={max_len} tokens: each is "
+      f"classified from its first {max_len} tokens, as training cut them",
+      InputWarning,
+      stacklevel=2,
+    )
+  examples = [(i[:max_len], 0) for i in ids]
   batches = labelled.fixed_batches(examples, max_len, False, task.config.eval_batch_size)
   return task.probabilities(trained.params, batches)[: len(texts)]
 
@@ -233,16 +242,24 @@ def tag(trained: Trained, texts: list[str]) -> list[list[tuple[str, str]]]:
   """(word, tag) for every word of each text by a tagger (words as tokenizers.split_words cuts them);
   a text longer than max_len tokens is tagged in rows of max_len, as training cut sentences."""
   task, L = trained.task, trained.task.config.max_len
-  rows, spans = [], []
+  rows, spans, longer = [], [], 0
   for i, text in enumerate(texts):
     words = tokenizers.split_words(text)
     if not words:
       raise DataError(f"text {i + 1} is empty; give some words to tag")
     ids, firsts = tokenizers.word_pieces(task.tokenizer, words)
     spans.append((words, firsts, len(rows)))
+    longer += len(ids) > L
     rows += [
       (np.asarray(ids[s : s + L], np.int32), np.zeros(min(L, len(ids) - s), np.int32)) for s in range(0, len(ids), L)
     ]
+  if longer:
+    warnings.warn(
+      f"{longer} of {len(texts)} text(s) longer than the tagger's max_len={L} tokens: tagged in rows of {L}, "
+      "as training cut sentences (a word's context ends at its row)",
+      InputWarning,
+      stacklevel=2,
+    )
   probs = task.probabilities(trained.params, labelled.fixed_batches(rows, L, True, task.config.eval_batch_size))
   out = []
   for words, firsts, row in spans:

@@ -284,59 +284,65 @@ def prepare(
       f"directory or pass overwrite=True (--overwrite)"
     )
 
-  out_dir.parent.mkdir(parents=True, exist_ok=True)
-  staging = out_dir.parent / f".{out_dir.name}.staging-{os.getpid()}"
-  shutil.rmtree(staging, ignore_errors=True)
-  staging.mkdir()
-  try:
-    start = time.time()
-    tokenizer = _build_tokenizer(source, options)
-    tokenizer.save(staging / "tokenizer")
-    dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
-    counts, dropped, tags = _write_splits(source, options, tokenizer, dtype, staging, progress, lexicon)
-    for split in SPLITS:
-      if split != "test" and counts[split]["records"] == 0 and (split == "train" or options.validation_fraction > 0):
-        raise DataError(
-          f"the {split} split of {source.name} came out empty: the input is too small "
-          f"for the split (piece_chars={options.piece_chars}); give more text, or lower "
-          f"piece_chars (--piece_chars; config.data.piece_chars when training)"
-        )
-    if lexicon is not None and counts[LEXICON]["records"] == 0:
-      c = counts[LEXICON]
-      raise DataError(
-        f"the lexicon {lexicon.name} has no pairs left ({c['duplicates']} repeat a sentence pair or "
-        f"each other, {c['held_out']} share a side with a validation or test pair); give another "
-        f"lexicon or none"
-      )
-    manifest = {
-      "format": FORMAT_VERSION,
-      "kind": source.kind,
-      "source": source.name,
-      "columns": list(source.columns),
-      "dtype": np.dtype(dtype).name,
-      "tokenizer": {
-        "name": tokenizer.name,
-        "vocab_size": tokenizer.vocab_size,
-        "eot_id": tokenizer.eot_id,
-        "dir": "tokenizer",
-      },
-      "splits": counts,
-      "dropped_duplicates": dropped,
-      "seconds": round(time.time() - start, 2),
-      "request": request,
-    }
-    if source.kind == "tagged":
-      manifest["tags"] = tags  # in order of first appearance: a tag's index is its id in labels.npy
-    (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    if out_dir.exists():
-      old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
-      os.rename(out_dir, old)
-      os.rename(staging, out_dir)
-      shutil.rmtree(old)
-    else:
-      os.rename(staging, out_dir)
-  finally:
+  from transformer.workdir import (
+    removed_if_left_empty,
+  )  # here: transformer.workdir imports the config, which imports this
+
+  # A refused preparation (bad bytes in a file, say) leaves no new directory behind.
+  with removed_if_left_empty(out_dir.parent):
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = out_dir.parent / f".{out_dir.name}.staging-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+      start = time.time()
+      tokenizer = _build_tokenizer(source, options)
+      tokenizer.save(staging / "tokenizer")
+      dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
+      counts, dropped, tags = _write_splits(source, options, tokenizer, dtype, staging, progress, lexicon)
+      for split in SPLITS:
+        if split != "test" and counts[split]["records"] == 0 and (split == "train" or options.validation_fraction > 0):
+          raise DataError(
+            f"the {split} split of {source.name} came out empty: the input is too small "
+            f"for the split (piece_chars={options.piece_chars}); give more text, or lower "
+            f"piece_chars (--piece_chars; config.data.piece_chars when training)"
+          )
+      if lexicon is not None and counts[LEXICON]["records"] == 0:
+        c = counts[LEXICON]
+        raise DataError(
+          f"the lexicon {lexicon.name} has no pairs left ({c['duplicates']} repeat a sentence pair or "
+          f"each other, {c['held_out']} share a side with a validation or test pair); give another "
+          f"lexicon or none"
+        )
+      manifest = {
+        "format": FORMAT_VERSION,
+        "kind": source.kind,
+        "source": source.name,
+        "columns": list(source.columns),
+        "dtype": np.dtype(dtype).name,
+        "tokenizer": {
+          "name": tokenizer.name,
+          "vocab_size": tokenizer.vocab_size,
+          "eot_id": tokenizer.eot_id,
+          "dir": "tokenizer",
+        },
+        "splits": counts,
+        "dropped_duplicates": dropped,
+        "seconds": round(time.time() - start, 2),
+        "request": request,
+      }
+      if source.kind == "tagged":
+        manifest["tags"] = tags  # in order of first appearance: a tag's index is its id in labels.npy
+      (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+      if out_dir.exists():
+        old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
+        os.rename(out_dir, old)
+        os.rename(staging, out_dir)
+        shutil.rmtree(old)
+      else:
+        os.rename(staging, out_dir)
+    finally:
+      shutil.rmtree(staging, ignore_errors=True)
   return manifest_path
 
 

@@ -48,29 +48,71 @@ class Source:
   lexicon_line: Callable[[str, Path, int], list[tuple] | None] | None = None
 
 
+def _position(block: bytes, at: int, lines_before: int = 0, column_before: int = 0) -> str:
+  """'line L, column C' (bytes, from 1) of byte `at` of `block`, a block of a file that starts after
+  `lines_before` whole lines and `column_before` bytes of the next."""
+  newline = block.rfind(b"\n", 0, at)
+  column = at - newline if newline >= 0 else column_before + at + 1
+  return f"line {lines_before + block.count(b'\n', 0, at) + 1}, column {column}"
+
+
+def _binary(name, where: str) -> DataError:
+  return DataError(f"{name}, {where}: a NUL byte (binary data); give a UTF-8 text file")
+
+
+def _not_utf8(name, where: str, byte: int, reason: str) -> DataError:
+  return DataError(
+    f"{name}, {where}: byte 0x{byte:02x} is not UTF-8 ({reason}); convert the text to UTF-8, "
+    "e.g. `iconv -f latin1 -t utf-8 FILE > FILE.utf8`"
+  )
+
+
+def text_lines(data: bytes, name: str) -> list[str]:
+  """The lines of `data`, UTF-8 text from `name` (a flag and its file, for the message): what the
+  launch programs read from --input_file or stdin. The same refusals as `read_text`, each naming
+  the line and the byte at fault: no bytes, only blank lines, a NUL byte, bytes that are not UTF-8."""
+  if not data:
+    raise DataError(f"{name} is empty; give one input a line")
+  nul = data.find(b"\0")
+  if nul >= 0:
+    raise _binary(name, _position(data, nul))
+  try:
+    text = data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise _not_utf8(name, _position(data, e.start), data[e.start], e.reason) from None
+  lines = text.splitlines()
+  if all(not line.strip() for line in lines):
+    raise DataError(f"{name} holds only blank lines; give one input a line")
+  return lines
+
+
 def read_text(path: Path, chunk_bytes: int | None = None) -> Iterator[str]:
-  """Yields a file's text in pieces that end at line ends, refusing empty/binary/non-UTF-8 files."""
+  """Yields a file's text in pieces that end at line ends, refusing empty/binary/non-UTF-8 files
+  (naming the line and the byte at fault)."""
   path = Path(path)
   chunk_bytes = chunk_bytes or CHUNK_BYTES
+  if path.is_dir():
+    raise DataError(f"{path} is a directory; give the text files in it (e.g. {path}/*.txt)")
   if not path.is_file():
     raise DataError(f"{path}: no such file")
   if path.stat().st_size == 0:
     raise DataError(f"{path}: the file is empty; give a file with text in it")
+  # Incremental: a character cut by a block's end is completed by the next block.
   decoder = codecs.getincrementaldecoder("utf-8")("strict")
-  offset, carry, seen_text = 0, "", False
+  lines_before, column_before, carry, seen_text = 0, 0, "", False
   with open(path, "rb") as f:
     while block := f.read(chunk_bytes):
       nul = block.find(b"\0")
       if nul >= 0:
-        raise DataError(f"{path}: binary data (a NUL byte at byte {offset + nul}); give a UTF-8 text file")
+        raise _binary(path, _position(block, nul, lines_before, column_before))
       try:
         text = carry + decoder.decode(block)
       except UnicodeDecodeError as e:
-        raise DataError(
-          f"{path}: not valid UTF-8 at byte {offset + e.start} ({e.reason}); convert it "
-          f"with e.g. `iconv -f latin1 -t utf-8`"
-        ) from None
-      offset += len(block)
+        at = max(e.start, 0)  # within this block (a cut character from the last block: its first byte here)
+        raise _not_utf8(path, _position(block, at, lines_before, column_before), block[at], e.reason) from None
+      newline = block.rfind(b"\n")
+      lines_before += block.count(b"\n")
+      column_before = len(block) - newline - 1 if newline >= 0 else column_before + len(block)
       cut = text.rfind("\n") + 1
       carry = text[cut:]
       if cut:
@@ -278,6 +320,8 @@ def file_source(files: list[str | os.PathLike], kind: str = "text", columns=PAIR
     raise DataError("no input files given")
   paths = tuple(Path(f).expanduser() for f in files)
   for p in paths:
+    if p.is_dir():
+      raise DataError(f"{p} is a directory; give the text files in it (e.g. {p}/*.txt)")
     if not p.is_file():
       raise DataError(f"{p}: no such file")
   name = paths[0].stem if len(paths) == 1 else f"{paths[0].stem}+{len(paths) - 1}"

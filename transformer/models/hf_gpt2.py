@@ -20,6 +20,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from transformer import layers
@@ -89,7 +90,13 @@ def import_hf_gpt2(path: str | Path, **overrides) -> tuple[GPTConfig, dict]:
   file = path / "model.safetensors" if path.is_dir() else path
   if not file.is_file():
     raise CheckpointError(f"no GPT-2 safetensors at {path} (looked for {file})")
-  tensors = {k.removeprefix("transformer."): v for k, v in load_file(file).items()}
+  try:
+    tensors = load_file(file)
+  except SafetensorError as e:  # random bytes, an empty or cut file: its header cannot be read
+    raise CheckpointError(
+      f"{file} is not a safetensors file ({e}); give a Hugging Face GPT-2 model.safetensors or its directory"
+    ) from None
+  tensors = {k.removeprefix("transformer."): v for k, v in tensors.items()}
   tensors = {k: v for k, v in tensors.items() if not _IGNORED.match(k)}
   hf = _read_config_json(file.parent)
 
