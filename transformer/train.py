@@ -312,7 +312,7 @@ def train_and_evaluate(config_dict: ml_collections.ConfigDict, workdir: str | Pa
   config = tasks.resolve(config_dict, num_devices=jax.device_count())  # every check, before anything is built
   workdir = Path(workdir)
   lead = jax.process_index() == 0
-  with workdir_files.removed_if_left_empty(workdir):  # a launch refused (bad data, say) leaves no new directory
+  with data.removed_if_left_empty(workdir):  # a launch refused (bad data, say) leaves no new directory
     lock = _lock(workdir, lead)
     try:
       return _train(config, workdir, lead)

@@ -54,25 +54,6 @@ def writable(workdir: Path, action: str = "write to"):
     ) from None
 
 
-@contextlib.contextmanager
-def removed_if_left_empty(path: Path):
-  """For a block that may create `path` (and parents of it): the directories it made are removed
-  again if it fails and leaves them empty, so a refused launch leaves no trace (a workdir, a data
-  root). Directories with anything in them stay."""
-  made = []
-  path = Path(path)
-  while not path.exists() and path != path.parent:
-    made.append(path)  # deepest first
-    path = path.parent
-  try:
-    yield
-  except BaseException:
-    for directory in made:
-      with contextlib.suppress(OSError):  # not empty, or never made
-        directory.rmdir()
-    raise
-
-
 class Lock:
   """One launch.train per workdir: `train.lock` holds the holder's pid, host and start time. A lock
   whose process is gone (same host, no such pid: it was killed) is stale and taken over."""

@@ -1,6 +1,14 @@
 """Data: sources (named data sets and user files), preparation into token shards, and loading."""
 
-from transformer.data.prepare import Prepared, PrepareOptions, default_dir, ensure_prepared, load_prepared, prepare
+from transformer.data.prepare import (
+  Prepared,
+  PrepareOptions,
+  default_dir,
+  ensure_prepared,
+  load_prepared,
+  prepare,
+  removed_if_left_empty,
+)
 from transformer.data.sources import (
   NAMED,
   NAMED_COLUMNS,
@@ -25,4 +33,5 @@ __all__ = [
   "load_prepared",
   "named_source",
   "prepare",
+  "removed_if_left_empty",
 ]

@@ -25,6 +25,7 @@ loses nothing already there.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -248,6 +249,25 @@ def _request(source: Source, options: PrepareOptions, lexicon: Source | None) ->
   return request
 
 
+@contextlib.contextmanager
+def removed_if_left_empty(path: Path):
+  """For a block that may create `path` (and parents of it): the directories it made are removed
+  again if it fails and leaves them empty, so a refused launch leaves no trace (a workdir, a data
+  root). Directories with anything in them stay."""
+  made = []
+  path = Path(path)
+  while not path.exists() and path != path.parent:
+    made.append(path)  # deepest first
+    path = path.parent
+  try:
+    yield
+  except BaseException:
+    for directory in made:
+      with contextlib.suppress(OSError):  # not empty, or never made
+        directory.rmdir()
+    raise
+
+
 def prepare(
   source: Source,
   out_dir: str | os.PathLike,
@@ -283,10 +303,6 @@ def prepare(
       f"{out_dir} exists, is not empty and holds no {MANIFEST}; choose another output "
       f"directory or pass overwrite=True (--overwrite)"
     )
-
-  from transformer.workdir import (
-    removed_if_left_empty,
-  )  # here: transformer.workdir imports the config, which imports this
 
   # A refused preparation (bad bytes in a file, say) leaves no new directory behind.
   with removed_if_left_empty(out_dir.parent):
