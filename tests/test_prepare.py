@@ -225,8 +225,9 @@ def test_bad_text_files_are_refused_by_name(tmp_path, content, message):
 def test_a_bad_byte_is_named_by_its_line_whatever_block_it_is_read_in(tmp_path):
   """read_text streams a file in blocks: the line and column it names are the file's, not the block's."""
   bad = tmp_path / "bad.txt"
-  bad.write_bytes("first line\nsecond\nthe caf\u00e9 line\n".encode("latin-1"))
-  for chunk_bytes in (4, 7, 1 << 20):
+  # "ü" (2 bytes of UTF-8) on line 2 is cut by some of the block sizes; the Latin-1 "é" is the bad byte.
+  bad.write_bytes("first line\nsecond \u00fc\n".encode() + "the caf\u00e9 line\n".encode("latin-1"))
+  for chunk_bytes in (3, 4, 7, 9, 1 << 20):
     with pytest.raises(DataError, match=r"bad\.txt, line 3, column 8: byte 0xe9 is not UTF-8"):
       list(data.sources.read_text(bad, chunk_bytes))
   (tmp_path / "dir").mkdir()

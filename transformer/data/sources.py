@@ -105,10 +105,11 @@ def read_text(path: Path, chunk_bytes: int | None = None) -> Iterator[str]:
       nul = block.find(b"\0")
       if nul >= 0:
         raise _binary(path, _position(block, nul, lines_before, column_before))
+      pending = len(decoder.getstate()[0])  # the start of a character the last block cut
       try:
         text = carry + decoder.decode(block)
       except UnicodeDecodeError as e:
-        at = max(e.start, 0)  # within this block (a cut character from the last block: its first byte here)
+        at = max(e.start - pending, 0)  # e.start counts the pending bytes; in them: this block's first
         raise _not_utf8(path, _position(block, at, lines_before, column_before), block[at], e.reason) from None
       newline = block.rfind(b"\n")
       lines_before += block.count(b"\n")
