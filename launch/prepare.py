@@ -46,6 +46,11 @@ _LEXICON = flags.DEFINE_string(
   "(the data set's own word and phrase entries: ding_de_en) or a TSV file.",
 )
 _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace a different preparation in --output_dir.")
+_NUM_WORKERS = flags.DEFINE_integer(
+  "num_workers",
+  0,
+  "Threads that tokenize text (tiktoken encodings and trained BPE); 0: every core. The output is the same.",
+)
 
 
 def main(argv):
@@ -62,6 +67,7 @@ def main(argv):
     validation_fraction=_VALIDATION.value,
     test_fraction=_TEST.value,
     piece_chars=_PIECE_CHARS.value,
+    num_workers=_NUM_WORKERS.value,
   )
   lexicon = data.lexicon_source(_LEXICON.value, source)
   out_dir = _OUTPUT_DIR.value or data.default_dir(source, options, lexicon=lexicon)

@@ -1,3 +1,4 @@
+import importlib
 import json
 
 import numpy as np
@@ -248,6 +249,31 @@ def test_bad_pairs_name_the_line(tmp_path, content, message):
   bad.write_text(content)
   with pytest.raises(DataError, match=message):
     data.prepare(data.file_source([bad], "pairs"), tmp_path / "out", PrepareOptions(tokenizer="gpt2"), progress=False)
+
+
+def test_the_worker_count_changes_nothing_written(tmp_path, monkeypatch):
+  """Text is tokenized a batch of pieces at a time on threads: 1 thread and 3 write the same bytes,
+  with batches that end mid-document (BATCH_CHARS small), and the other count reuses the preparation."""
+  monkeypatch.setattr(importlib.import_module("transformer.data.prepare"), "BATCH_CHARS", 2000)
+  files = _write_corpus(tmp_path)
+  written = []
+  for workers in (1, 3):
+    out = tmp_path / f"out{workers}"
+    opts = PrepareOptions(tokenizer="gpt2", piece_chars=300, test_fraction=0.1, num_workers=workers)
+    data.prepare(data.file_source(files), out, opts, progress=False)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest.pop("seconds")
+    files_written = {
+      p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != "manifest.json"
+    }
+    written.append((manifest, files_written))
+  assert written[0] == written[1] and len(written[0][1]) > 5
+  opts = PrepareOptions(tokenizer="gpt2", piece_chars=300, test_fraction=0.1, num_workers=2)
+  with pytest.raises(DataError, match="num_workers must be >= 0"):
+    PrepareOptions(num_workers=-1).check()
+  before = (tmp_path / "out1" / "manifest.json").read_bytes()
+  data.prepare(data.file_source(files), tmp_path / "out1", opts, progress=False)  # reused, not redone
+  assert (tmp_path / "out1" / "manifest.json").read_bytes() == before
 
 
 def test_failure_loses_nothing_and_rerun_is_reused(tmp_path):

@@ -46,6 +46,7 @@ from transformer.data.sources import Source, read_text, records
 from transformer.errors import DataError
 
 SPLITS = ("train", "validation", "test")
+BATCH_CHARS = 1 << 22  # text tokenized at a time (on threads): ~4 MB
 LEXICON = "lexicon"  # the training-only pairs of a lexicon source, when one was prepared
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -62,6 +63,9 @@ class PrepareOptions:
   validation_fraction: float = 0.1
   test_fraction: float = 0.0
   piece_chars: int = 16384  # text documents are cut at the first line end past this many characters
+  # Threads that tokenize (tiktoken encodings and trained BPE; 0: every core). The output is the same
+  # for any count, so it is not part of what a preparation is (its request).
+  num_workers: int = 0
 
   def check(self) -> None:
     for name in ("validation_fraction", "test_fraction"):
@@ -75,6 +79,8 @@ class PrepareOptions:
       )
     if self.piece_chars < 1:
       raise DataError(f"piece_chars must be positive, got {self.piece_chars}")
+    if self.num_workers < 0:
+      raise DataError(f"num_workers must be >= 0 (0: every core), got {self.num_workers}")
     if self.tokenizer in ("bpe", "word") and not self.vocab_size:
       raise DataError(f"tokenizer {self.tokenizer!r} needs a vocab_size (for example 8192)")
     if self.saved_tokenizer is None and self.tokenizer not in tokenizers.NAMES:
@@ -242,7 +248,7 @@ def _request(source: Source, options: PrepareOptions, lexicon: Source | None) ->
     "kind": source.kind,
     "columns": list(source.columns),
     "files": _files(source),
-    "options": dataclasses.asdict(options),
+    "options": {k: v for k, v in dataclasses.asdict(options).items() if k != "num_workers"},  # same output
   }
   if lexicon is not None:
     request["lexicon"] = {"source": lexicon.name, "files": _files(lexicon)}
@@ -396,17 +402,31 @@ def _write_splits(
   sentence_pairs: set[bytes] = set()
   try:
     if source.kind == "text":
+      # Pieces are tokenized a batch at a time on `num_workers` threads, then written in order: the
+      # output is the one-thread output, and memory holds one batch (BATCH_CHARS), whatever the corpus.
+      threads = options.num_workers or os.cpu_count() or 1
+      batch, batch_chars = [], 0
+
+      def write(batch):
+        ids_of = tokenizer.encode_batch([text for *_, text, _ in batch], num_threads=threads)
+        for (doc, piece, text, last), ids in zip(batch, ids_of):
+          s = _split_of(options.seed, doc, piece, fractions=fractions)
+          w = writers[s]
+          start, end = w.append(0, ids + ([tokenizer.eot_id] if last else []))
+          w.rows.append((doc, piece, start, start + len(ids)))
+          w.documents.add(doc)
+          counts[SPLITS[s]]["chars"] += len(text)
+
       for doc, piece, text, last, nbytes in _text_pieces(source, options.piece_chars):
         bar.update(nbytes)
         if piece < 0 or (not text and not last):
           continue
-        s = _split_of(options.seed, doc, piece, fractions=fractions)
-        w = writers[s]
-        ids = tokenizer.encode(text, allow_special=False) if text else []
-        start, end = w.append(0, ids + ([tokenizer.eot_id] if last else []))
-        w.rows.append((doc, piece, start, start + len(ids)))
-        w.documents.add(doc)
-        counts[SPLITS[s]]["chars"] += len(text)
+        batch.append((doc, piece, text, last))
+        batch_chars += len(text)
+        if batch_chars >= BATCH_CHARS:
+          write(batch)
+          batch, batch_chars = [], 0
+      write(batch)
     else:
       for s, lineno, rec in _assigned_records(source, options, dropped):
         w = writers[s]
