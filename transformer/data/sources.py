@@ -86,15 +86,19 @@ def text_lines(data: bytes, name: str) -> list[str]:
   return lines
 
 
+def _require_file(path: Path) -> None:
+  if path.is_dir():
+    raise DataError(f"{path} is a directory; give the text files in it (e.g. {path}/*.txt)")
+  if not path.is_file():
+    raise DataError(f"{path}: no such file")
+
+
 def read_text(path: Path, chunk_bytes: int | None = None) -> Iterator[str]:
   """Yields a file's text in pieces that end at line ends, refusing empty/binary/non-UTF-8 files
   (naming the line and the byte at fault)."""
   path = Path(path)
   chunk_bytes = chunk_bytes or CHUNK_BYTES
-  if path.is_dir():
-    raise DataError(f"{path} is a directory; give the text files in it (e.g. {path}/*.txt)")
-  if not path.is_file():
-    raise DataError(f"{path}: no such file")
+  _require_file(path)
   if path.stat().st_size == 0:
     raise DataError(f"{path}: the file is empty; give a file with text in it")
   # Incremental: a character cut by a block's end is completed by the next block.
@@ -321,10 +325,7 @@ def file_source(files: list[str | os.PathLike], kind: str = "text", columns=PAIR
     raise DataError("no input files given")
   paths = tuple(Path(f).expanduser() for f in files)
   for p in paths:
-    if p.is_dir():
-      raise DataError(f"{p} is a directory; give the text files in it (e.g. {p}/*.txt)")
-    if not p.is_file():
-      raise DataError(f"{p}: no such file")
+    _require_file(p)  # all of them, before any is read
   name = paths[0].stem if len(paths) == 1 else f"{paths[0].stem}+{len(paths) - 1}"
   if kind == "text":
     return Source("text", name, paths)
