@@ -23,7 +23,6 @@ from absl import flags
 import launch
 from transformer import cli, inference, metrics
 from transformer.errors import UserError
-from transformer.generation import beam_search
 
 _WORKDIR = flags.DEFINE_string(
   "workdir", None, "A translation training workdir (launch.train's --workdir).", required=True
@@ -85,21 +84,15 @@ def main(argv):
     f"{len(sources)} sentence(s), beam {_BEAM_SIZE.value}, alpha {_ALPHA.value}",
     file=sys.stderr,
   )
-  no_repeat_ngram = trained.task.config.eval.no_repeat_ngram if _NO_REPEAT_NGRAM.value < 0 else _NO_REPEAT_NGRAM.value
-  translations = beam_search.translate_ids(
-    trained.model,
-    trained.params,
+  texts = inference.translate(
+    trained,
     sources,
-    eos_id=trained.tokenizer.eot_id,
     beam_size=_BEAM_SIZE.value,
     alpha=_ALPHA.value,
-    max_len=_MAX_LEN.value or trained.task.config.max_len,
-    no_repeat_ngram=no_repeat_ngram,
+    max_len=_MAX_LEN.value or None,
+    no_repeat_ngram=None if _NO_REPEAT_NGRAM.value < 0 else _NO_REPEAT_NGRAM.value,
     batch_size=_BATCH_SIZE.value,
-    mesh=trained.mesh,
-    rules=trained.rules,
   )
-  texts = [trained.tokenizer.decode(ids) for ids in translations]
   print("\n".join(texts))
   if references is not None:
     scores = metrics.corpus_scores(texts, references)

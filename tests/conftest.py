@@ -70,6 +70,24 @@ def run_module(module: str, *args: str, env: dict | None = None, timeout: float 
   )
 
 
+def run_cases(program: str, cases: list[dict], directory) -> list[dict]:
+  """Runs a launch program's `main` on each case ({"args": [...], "stdin_hex": ...}) in one process
+  (tests/surface.py: as `cli.run` would, the flags parsed anew per case); returns each case's
+  {"status", "stdout", "stderr"}."""
+  import json
+  import subprocess
+
+  path = Path(directory) / f"cases-{program}.json"
+  path.write_text(json.dumps(cases))
+  proc = subprocess.run(
+    [sys.executable, "tests/surface.py", program, str(path)], cwd=REPO, capture_output=True, text=True, timeout=300
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+  assert len(results) == len(cases), proc.stderr[-3000:]
+  return results
+
+
 def nontrivial_png(path, min_colors: int = 20) -> None:
   """A picture was drawn: big enough, and not blank (at least `min_colors` distinct colours)."""
   import numpy as np

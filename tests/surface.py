@@ -1,7 +1,8 @@
 """Runs one launch program's `main` on each case of a JSON file, in this one process, as `cli.run`
 runs it (the flags parsed anew, a UserError one `error:` line and exit status 1), and prints a JSON
-line a case: {"status": exit status or "traceback", "stderr": ...}. test_surface.py walks every
-program's input surface with it: one process a program instead of one a bad input.
+line a case: {"status": exit status or "traceback", "stdout": ..., "stderr": ...}. test_surface.py
+walks every program's input surface with it: one process a program instead of one a bad input
+(`conftest.run_cases`).
 
   python tests/surface.py launch.classify cases.json   # [{"args": [...], "stdin_hex": "..."}, ...]
 """
@@ -32,8 +33,8 @@ def main() -> None:
     sys.argv = [program, *case["args"]]
     flags.FLAGS(sys.argv)
     sys.stdin = io.TextIOWrapper(io.BytesIO(bytes.fromhex(case.get("stdin_hex", ""))))
-    stderr = io.StringIO()
-    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(stdout):
       try:
         run([program])
         status = 0
@@ -42,7 +43,7 @@ def main() -> None:
       except BaseException:  # what a process would end with: a traceback
         traceback.print_exc()
         status = "traceback"
-    print(json.dumps({"status": status, "stderr": stderr.getvalue()}), flush=True)
+    print(json.dumps({"status": status, "stdout": stdout.getvalue(), "stderr": stderr.getvalue()}), flush=True)
 
 
 if __name__ == "__main__":

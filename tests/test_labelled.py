@@ -24,7 +24,7 @@ from transformer.models.hf_gpt2 import export_hf_gpt2
 from transformer.models.lstm import LSTMConfig, LSTMLanguageModel
 from transformer.tasks import labelled, tagging
 
-from conftest import run_module
+from conftest import run_cases, run_module
 
 BODIES = {
   "encoder": EncoderConfig().replace(
@@ -557,3 +557,52 @@ def test_bad_tagging_configs_are_named(tagged_text, tmp_path):
     DataError, match="tag 'NNP' is not a Brown tag that maps to a universal one; use --config.data.tagset=brown"
   ):
     train.train_and_evaluate(c, tmp_path / "w2")
+
+
+def _metric(result: dict, name: str) -> str:
+  """The value of launch.evaluate's `name value` line."""
+  assert result["status"] == 0, result["stderr"][-3000:]
+  return next(line.split()[-1] for line in result["stdout"].splitlines() if line.startswith(name + " "))
+
+
+@pytest.mark.slow
+def test_evaluate_a_classifier_and_a_tagger_on_files_and_splits(classified, tagged, tmp_path):
+  """launch.evaluate's accuracy on a user's labelled file is the one counted here from
+  inference.classify / inference.tag_words; on the test split it is training's own test score; a
+  label or tag the model does not know is one error naming it."""
+  (classifier, result), (root, tag_result) = classified, tagged
+  rows = ["pos\tthe film was wonderful", "neg\tquite a dull film", "pos\ta moving film", "neg\tthe film was great"]
+  (tmp_path / "rows.tsv").write_text("\n".join(rows) + "\n")
+  (tmp_path / "unknown.tsv").write_text("pos\ta great film\nmeh\tthe film\n")
+  sentences = [
+    [("the", "at"), ("jury", "nn"), ("said", "vbd"), ("it", "pps"), ("quietly", "rb"), (".", ".")],
+    [("a", "at"), ("city", "nn"), ("saw", "nn"), ("it", "pps")],  # "saw" is a verb: one wrong gold tag
+  ]
+  (tmp_path / "tagged.txt").write_text("\n".join(" ".join(f"{w}/{t}" for w, t in s) for s in sentences) + "\n")
+  (tmp_path / "badtag.txt").write_text("the/at jury/zz\n")
+  runs = {
+    "classifier file": [f"--workdir={classifier}", f"--input_file={tmp_path / 'rows.tsv'}"],
+    "classifier test split": [f"--workdir={classifier}", "--split=test"],
+    "unknown label": [f"--workdir={classifier}", f"--input_file={tmp_path / 'unknown.tsv'}"],
+    "tagger file": [f"--workdir={root / 'w'}", f"--input_file={tmp_path / 'tagged.txt'}"],
+    "tagger test split": [f"--workdir={root / 'w'}", "--split=test"],
+    "unknown tag": [f"--workdir={root / 'w'}", f"--input_file={tmp_path / 'badtag.txt'}"],
+  }
+  out = dict(zip(runs, run_cases("launch.evaluate", [{"args": a} for a in runs.values()], tmp_path)))
+
+  trained = inference.restore(classifier)
+  predicted = [trained.task.labels[p.argmax()] for p in inference.classify(trained, [r.split("\t")[1] for r in rows])]
+  accuracy = np.mean([p == r.split("\t")[0] for p, r in zip(predicted, rows)])
+  assert _metric(out["classifier file"], "accuracy") == f"{accuracy:.2%}"
+  assert "gold \\ predicted" in out["classifier file"]["stdout"]
+  assert _metric(out["classifier test split"], "accuracy") == f"{result['test_accuracy']:.2%}"
+  assert out["unknown label"]["status"] == 1
+  assert "label 'meh' does not occur in the training split (its classes: neg, pos)" in out["unknown label"]["stderr"]
+
+  trained = inference.restore(root / "w")
+  tags = inference.tag_words(trained, [[w for w, _ in s] for s in sentences])
+  accuracy = np.mean([p == g for s, t in zip(sentences, tags) for (_, g), p in zip(s, t)])
+  assert accuracy < 1 and _metric(out["tagger file"], "accuracy") == f"{accuracy:.2%}"
+  assert _metric(out["tagger test split"], "accuracy") == f"{tag_result['test_accuracy']:.2%}"
+  assert out["unknown tag"]["status"] == 1
+  assert "badtag.txt: tag 'zz' is not one the model knows (brown tags: " in out["unknown tag"]["stderr"]

@@ -6,10 +6,6 @@ data or output directory it was given. A new program or input flag joins PROGRAM
 Each program meets every bad input in one process (tests/surface.py calls its `main` as cli.run
 does, once a case); one real process a program checks the headline case (a Latin-1 line) end to end."""
 
-import json
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 from hypothesis import given
@@ -18,7 +14,7 @@ from hypothesis import strategies as st
 from transformer.data import sources
 from transformer.errors import DataError
 
-from conftest import REPO, run_module
+from conftest import REPO, run_cases, run_module
 
 _RANDOM = np.random.default_rng(0).bytes(4096)
 BAD = {
@@ -40,6 +36,10 @@ PROGRAMS = {
     lambda f, w, d: [f"--hf={f}"],  # GPT-2 safetensors
   ],
   "launch.translate": [lambda f, w, d: [f"--workdir={w}", f"--input_file={f}"]],
+  "launch.evaluate": [
+    lambda f, w, d: [f"--workdir={w}", f"--input_file={f}"],
+    lambda f, w, d: [f"--hf={f}", f"--input_file={REPO / 'README.md'}"],  # GPT-2 safetensors
+  ],
   "launch.classify": [lambda f, w, d: [f"--workdir={w}", f"--input_file={f}"]],
   "launch.tag": [lambda f, w, d: [f"--workdir={w}", f"--input_file={f}"]],
   "launch.probe": [lambda f, w, d: [f"--hf={f}", "--text=hello", f"--out={d}"]],
@@ -93,17 +93,7 @@ def test_every_bad_input_is_one_error_line_naming_it_and_writes_nothing(program,
       if isinstance(content, bytes):
         cases.append({"args": [f"--workdir={workdir}", STDIN[program]], "stdin_hex": content.hex()})
         expected.append((f"{name} on stdin", f"{STDIN[program]} (stdin)"))
-  (tmp_path / "cases.json").write_text(json.dumps(cases))
-  proc = subprocess.run(
-    [sys.executable, "tests/surface.py", program, str(tmp_path / "cases.json")],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-  assert len(results) == len(cases)
+  results = run_cases(program, cases, tmp_path)
   for result, (what, names) in zip(results, expected):
     assert result["status"] == 1, f"{what}: exit status {result['status']}\n{result['stderr'][-3000:]}"
     line = _assert_one_error_line(result["stderr"], names, what)

@@ -23,7 +23,7 @@ from transformer.models import seq2seq
 from transformer.tasks import resolve
 from transformer.tasks.translation import translation_loss
 
-from conftest import nontrivial_png, run_module
+from conftest import nontrivial_png, run_cases, run_module
 
 # Seed 004's example, and a few like it.
 PAIRS = [
@@ -473,7 +473,7 @@ def test_launch_translate_refuses_a_split_of_data_that_changed(trained, tmp_path
   assert changed.returncode == 1 and not changed.stdout, changed.stderr[-3000:]
   assert (
     f"error: the training data changed since the run in {workdir} started: pairs.tsv (sha256" in changed.stderr
-    and "its test split is no longer the one the run was scored on" in changed.stderr
+    and "its splits are no longer the ones the run was scored on" in changed.stderr
   ), changed.stderr[-3000:]
 
 
@@ -591,3 +591,25 @@ def test_eight_devices_give_the_same_losses(trained, tmp_path):
     # when compiled at -O0 as the suite does (within 1e-4 at XLA's default). A sharding mistake (a shard's
     # tokens dropped or counted twice, a wrong normaliser) moves the losses by percents.
     np.testing.assert_allclose([b[s] for s in sorted(b)], [a[s] for s in sorted(a)], rtol=1e-3)
+
+
+@pytest.mark.slow
+def test_launch_evaluate_scores_a_pairs_file_and_a_split(trained, tmp_path):
+  """launch.evaluate on a user's source<TAB>reference file: sacreBLEU's scores of the translations
+  inference.translate makes; on the test split, the run's 16 test pairs."""
+  root, tsv, _ = trained
+  pairs = [line.split("\t") for line in tsv.read_text().splitlines()[:6]]
+  (tmp_path / "pairs.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in pairs))
+  workdir = root / "w"
+  runs = [
+    [f"--workdir={workdir}", f"--input_file={tmp_path / 'pairs.tsv'}", "--beam_size=1"],
+    [f"--workdir={workdir}", "--split=test", "--beam_size=2"],
+  ]
+  by_file, by_split = run_cases("launch.evaluate", [{"args": a} for a in runs], tmp_path)
+  assert by_file["status"] == 0 and by_split["status"] == 0, by_file["stderr"][-2000:] + by_split["stderr"][-2000:]
+  restored = inference.restore(workdir)
+  texts = inference.translate(restored, inference.translation_sources(restored, [s for s, _ in pairs]), beam_size=1)
+  want = metrics.corpus_scores(texts, [t for _, t in pairs])
+  lines = by_file["stdout"].splitlines()
+  assert f"BLEU      {want['bleu']:.2f}" in lines and f"chrF      {want['chrf']:.2f}" in lines
+  assert "pairs     16" in by_split["stdout"].splitlines()

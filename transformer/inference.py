@@ -239,33 +239,55 @@ def classify(trained: Trained, texts: list[str]) -> np.ndarray:
 
 
 def tag(trained: Trained, texts: list[str]) -> list[list[tuple[str, str]]]:
-  """(word, tag) for every word of each text by a tagger (words as tokenizers.split_words cuts them);
-  a text longer than max_len tokens is tagged in rows of max_len, as training cut sentences."""
+  """(word, tag) for every word of each text by a tagger (words as tokenizers.split_words cuts them)."""
+  sentences = []
+  for i, text in enumerate(texts):
+    sentences.append(tokenizers.split_words(text))
+    if not sentences[-1]:
+      raise DataError(f"text {i + 1} is empty; give some words to tag")
+  return [list(zip(words, tags)) for words, tags in zip(sentences, tag_words(trained, sentences))]
+
+
+def tag_words(trained: Trained, sentences: list[list[str]]) -> list[list[str]]:
+  """The tag of every word of each sentence (a list of words) by a tagger; a sentence longer than
+  max_len tokens is tagged in rows of max_len, as training cut sentences."""
   task, L = trained.task, trained.task.config.max_len
   rows, spans, longer = [], [], 0
-  for i, text in enumerate(texts):
-    words = tokenizers.split_words(text)
-    if not words:
-      raise DataError(f"text {i + 1} is empty; give some words to tag")
+  for words in sentences:
     ids, firsts = tokenizers.word_pieces(task.tokenizer, words)
-    spans.append((words, firsts, len(rows)))
+    spans.append((firsts, len(rows)))
     longer += len(ids) > L
     rows += [
       (np.asarray(ids[s : s + L], np.int32), np.zeros(min(L, len(ids) - s), np.int32)) for s in range(0, len(ids), L)
     ]
   if longer:
     warnings.warn(
-      f"{longer} of {len(texts)} text(s) longer than the tagger's max_len={L} tokens: tagged in rows of {L}, "
+      f"{longer} of {len(sentences)} text(s) longer than the tagger's max_len={L} tokens: tagged in rows of {L}, "
       "as training cut sentences (a word's context ends at its row)",
       InputWarning,
       stacklevel=2,
     )
   probs = task.probabilities(trained.params, labelled.fixed_batches(rows, L, True, task.config.eval_batch_size))
-  out = []
-  for words, firsts, row in spans:
-    best = [int(probs[row + f // L][f % L].argmax()) for f in firsts]
-    out.append([(w, task.labels[b]) for w, b in zip(words, best)])
-  return out
+  return [[task.labels[int(probs[row + f // L][f % L].argmax())] for f in firsts] for firsts, row in spans]
+
+
+def translate(trained: Trained, sources: list[np.ndarray], **decoding) -> list[str]:
+  """The translations of `sources` (token ids, as `translation_sources` or `split_pairs` give them)
+  by beam search (`beam_search.translate_ids`'s beam_size, alpha, max_len, no_repeat_ngram,
+  batch_size; max_len and no_repeat_ngram default to the run's: the model's and config.eval's)."""
+  decoding = {"max_len": trained.task.config.max_len, "no_repeat_ngram": trained.task.config.eval.no_repeat_ngram} | {
+    k: v for k, v in decoding.items() if v is not None
+  }
+  ids = beam_search.translate_ids(
+    trained.model,
+    trained.params,
+    sources,
+    eos_id=trained.tokenizer.eot_id,
+    mesh=trained.mesh,
+    rules=trained.rules,
+    **decoding,
+  )
+  return [trained.tokenizer.decode(i) for i in ids]
 
 
 def translation_sources(trained: Trained, texts: list[str]) -> list[np.ndarray]:
@@ -279,17 +301,28 @@ def translation_sources(trained: Trained, texts: list[str]) -> list[np.ndarray]:
   return task.with_matches([np.asarray(s, np.int32) for s in ids])
 
 
-def split_pairs(trained: Trained, workdir: str | Path, split: str) -> list:
-  """(source ids, target ids) of a split of a translation run's data, prepared now if it is not on
-  this machine. Data whose files changed since the run was trained is refused, as resuming it is:
-  its splits are other sentences, and a data set prepared again may hold another tokenizer's ids."""
+def split_task(trained: Trained, workdir: str | Path) -> tasks.Task:
+  """The run's task with the run's data, prepared now if it is not on this machine: what scores a
+  split. Data whose files changed since the run was trained is refused, as resuming it is (its
+  splits are other texts), and so is data prepared with another tokenizer than the run's."""
   task_class = tasks.get(trained.run.task)
   with contextlib.redirect_stdout(sys.stderr):  # what preparing and the task print; stdout is for results
     task_data = task_class.load_data(trained.run)
     workdir_files.check_data(
       Path(workdir),
       task_data.fingerprint,
-      f"its {split} split is no longer the one the run was scored on, and may be in another "
-      "tokenizer's ids. Restore the files, or translate the sentences with --input_file",
+      "its splits are no longer the ones the run was scored on, and may be in another tokenizer's ids. "
+      "Restore the files, or score the texts as a file (--input_file)",
     )
-    return task_class(trained.run, trained.tokenizer, trained.mesh, task_data).pairs(split)
+    if not tokenizers.identical(task_data.tokenizer, trained.tokenizer):
+      raise DataError(
+        f"{task_data.directory} holds ids of another tokenizer ({task_data.tokenizer}) than the run in {workdir} "
+        f"reads ({trained.tokenizer}); prepare the data again with the run's tokenizer: "
+        f"python -m launch.prepare --tokenizer={Path(workdir) / workdir_files.TOKENIZER} ..."
+      )
+    return task_class(trained.run, trained.tokenizer, trained.mesh, task_data)
+
+
+def split_pairs(trained: Trained, workdir: str | Path, split: str) -> list:
+  """(source ids, target ids) of a split of a translation run's data (`split_task`)."""
+  return split_task(trained, workdir).pairs(split)

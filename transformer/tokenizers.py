@@ -274,6 +274,13 @@ class WordTokenizer(Tokenizer):
     return {"kind": "word", "name": self.name, "lowercase": self.lowercase, "words": self.words}
 
 
+def identical(a: Tokenizer, b: Tokenizer) -> bool:
+  """Whether two tokenizers give the same ids to every text: their saved configs are equal (a
+  trained BPE's names its ranks by sha256)."""
+  with tempfile.TemporaryDirectory() as da, tempfile.TemporaryDirectory() as db:
+    return json.loads((a.save(da) / CONFIG_FILE).read_text()) == json.loads((b.save(db) / CONFIG_FILE).read_text())
+
+
 def fit_text(tokenizer: Tokenizer, text: str) -> str:
   """`text` made encodable by `tokenizer`: a character tokenizer folds characters it lacks
   (`CharTokenizer.fold`); every other tokenizer encodes any text (bytes, or <|unk|>) as it is."""

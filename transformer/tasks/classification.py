@@ -71,15 +71,21 @@ def _is_number(text: str) -> bool:
 
 
 def scores(predicted: np.ndarray, gold: np.ndarray, num_classes: int) -> dict:
-  """Accuracy, macro-F1 (the mean over classes of each class's F1) and the confusion matrix
-  (rows: gold, columns: predicted)."""
+  """Accuracy, macro-F1 (the mean of each class's F1 over the classes that are gold or predicted at
+  least once, as scikit-learn's f1_score(average="macro")) and the confusion matrix (rows: gold,
+  columns: predicted)."""
   confusion = np.zeros((num_classes, num_classes), np.int64)
   np.add.at(confusion, (gold, predicted), 1)
   tp = np.diag(confusion).astype(float)
   precision = tp / np.maximum(confusion.sum(0), 1)
   recall = tp / np.maximum(confusion.sum(1), 1)
   f1 = np.where(precision + recall > 0, 2 * precision * recall / np.maximum(precision + recall, 1e-12), 0.0)
-  return {"accuracy": float(tp.sum() / max(len(gold), 1)), "macro_f1": float(f1.mean()), "confusion": confusion}
+  seen = (confusion.sum(0) + confusion.sum(1)) > 0
+  return {
+    "accuracy": float(tp.sum() / max(len(gold), 1)),
+    "macro_f1": float(f1[seen].mean()) if seen.any() else 0.0,
+    "confusion": confusion,
+  }
 
 
 class Classification(labelled.LabelledTask):

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
-import tempfile
 from pathlib import Path
 from typing import ClassVar
 
@@ -264,11 +262,7 @@ def load_pretrained_body(path: str, model_config, tokenizer, restore) -> dict:
 
 
 def _check_same_tokenizer(theirs, ours, path: str) -> None:
-  with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
-    same = json.loads((theirs.save(a) / "tokenizer.json").read_text()) == json.loads(
-      (ours.save(b) / "tokenizer.json").read_text()
-    )
-  if not same:
+  if not tokenizers.identical(theirs, ours):
     raise ConfigError(
       f"--config.init_from={path} was trained on other tokens ({theirs}) than this run's data "
       f"({ours}); tokenize the data with its tokenizer: --config.data.tokenizer={path}/tokenizer"

@@ -111,13 +111,18 @@ def next_token_nll(logits_BxTxV: jax.Array, targets_BxT: jax.Array, kernels: str
   return optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV.astype(jnp.float32), targets_BxT)
 
 
-def lm_loss(model: GPT | LSTMLanguageModel, params, batch_BxL1, rng, train: bool, eot_id: int | None = None):
-  """(summed next-token cross-entropy, number of predicted tokens) of (seq_len + 1)-token examples.
+def lm_nll(model: GPT | LSTMLanguageModel, params, batch_BxL1, rng, train: bool, eot_id: int | None = None):
+  """The next-token cross-entropy at every position of (seq_len + 1)-token examples, (B, seq_len).
   With `eot_id`, each row is read as the documents that <|endoftext|> separates (a GPT only)."""
   inputs_BxL, targets_BxL = batch_BxL1[:, :-1], batch_BxL1[:, 1:]
   segments = {} if eot_id is None else {"segments_BxT": document_ids(inputs_BxL, eot_id)}
   logits_BxLxV = model.apply({"params": params}, inputs_BxL, deterministic=not train, rngs={"dropout": rng}, **segments)
-  nll_BxL = next_token_nll(logits_BxLxV, targets_BxL, model.config.kernels)
+  return next_token_nll(logits_BxLxV, targets_BxL, model.config.kernels)
+
+
+def lm_loss(model: GPT | LSTMLanguageModel, params, batch_BxL1, rng, train: bool, eot_id: int | None = None):
+  """(summed next-token cross-entropy, number of predicted tokens) of (seq_len + 1)-token examples."""
+  nll_BxL = lm_nll(model, params, batch_BxL1, rng, train, eot_id)
   return nll_BxL.sum(), jnp.float32(nll_BxL.size)
 
 
