@@ -1,5 +1,6 @@
 """Two real JAX processes (jax.distributed over loopback, gloo CPU collectives) train like one."""
 
+import json
 import os
 import shutil
 import socket
@@ -57,7 +58,7 @@ def test_two_processes_of_four_devices_match_one_of_eight_and_one_process_resume
         *ARGS,
         *mesh,
         *longer,
-        f"--config.data.root={data_root}",
+        f"--config.data.root={tmp_path / 'data2'}",  # prepared anew: by process 0, process 1 waiting
         f"--workdir={tmp_path / 'two'}",
         f"--coordinator_address=127.0.0.1:{port}",
         "--num_processes=2",
@@ -74,6 +75,14 @@ def test_two_processes_of_four_devices_match_one_of_eight_and_one_process_resume
   outs = [p.communicate(timeout=300) for p in procs]
   assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
   assert "8 x cpu (cpu), 2 process(es)" in outs[0][0]
+  # The two processes' data is one preparation, the one a single process wrote, and nothing else.
+  [one_dir], [two_dir] = [list(root.iterdir()) for root in (data_root, tmp_path / "data2")]
+  written = lambda d: {
+    p.relative_to(d): p.read_bytes() for p in d.rglob("*") if p.is_file() and p.name != "manifest.json"
+  }
+  assert written(two_dir) == written(one_dir) and len(written(one_dir)) > 5
+  manifests = [json.loads((d / "manifest.json").read_text()) for d in (one_dir, two_dir)]
+  assert manifests[0]["request"] == manifests[1]["request"] and manifests[0]["splits"] == manifests[1]["splits"]
   assert sorted(int(p.name) for p in (tmp_path / "two" / "checkpoints").iterdir() if p.name.isdigit()) == [4, 8, 12]
   # One process, one device, the data-parallel mesh: steps 9..12 again, from the two processes'
   # checkpoint of step 8 (the later one removed).

@@ -1,8 +1,10 @@
+import gzip
 import importlib
 import json
 
 import numpy as np
 import pytest
+import zstandard
 
 from transformer import data
 from transformer.data import PrepareOptions, show, sources
@@ -233,7 +235,35 @@ def test_a_bad_byte_is_named_by_its_line_whatever_block_it_is_read_in(tmp_path):
       list(data.sources.read_text(bad, chunk_bytes))
   (tmp_path / "dir").mkdir()
   with pytest.raises(DataError, match=r"dir is a directory; give the text files in it"):
+    list(data.sources.read_text(tmp_path / "dir"))
+  with pytest.raises(DataError, match=r"dir is a directory with no files in it"):
     data.file_source([tmp_path / "dir"])
+
+
+def test_directories_globs_and_compressed_files_read_as_their_text(tmp_path):
+  """--input_files entries may be directories (every file under them, hidden ones left out) and glob
+  patterns; .gz and .zst files stream decompressed. The documents are the files, in sorted order."""
+  texts = [p.read_text() for p in _write_corpus(tmp_path, lines=50)]
+  corpus = tmp_path / "corpus"
+  (corpus / "sub").mkdir(parents=True)
+  (corpus / "a.txt").write_text(texts[0])
+  (corpus / "b.txt.zst").write_bytes(zstandard.ZstdCompressor().compress(texts[1].encode()))
+  (corpus / "sub" / "c.txt.gz").write_bytes(gzip.compress(texts[2].encode()))
+  (corpus / ".hidden.txt").write_text("not a document\n")
+  for entry in (corpus, f"{corpus}/**/*.txt*"):
+    source = data.file_source([entry])
+    assert [p.name for p in source.files] == ["a.txt", "b.txt.zst", "c.txt.gz"] and source.name == "a+2"
+    out = tmp_path / "out"
+    data.prepare(source, out, PrepareOptions(tokenizer="char", piece_chars=200), overwrite=True, progress=False)
+    assert _reassemble(data.load_prepared(out)) == "".join(texts)
+  with pytest.raises(DataError, match=r"\*\.md matches no file; check the pattern"):
+    data.file_source([f"{corpus}/*.md"])
+  (tmp_path / "bad.txt.gz").write_bytes(b"not gzip at all\n")
+  with pytest.raises(DataError, match=r"bad\.txt\.gz: not a readable \.gz file"):
+    list(data.sources.read_text(tmp_path / "bad.txt.gz"))
+  (tmp_path / "latin.txt.zst").write_bytes(zstandard.ZstdCompressor().compress("ok\ncaf\u00e9\n".encode("latin-1")))
+  with pytest.raises(DataError, match=r"latin\.txt\.zst, line 2, column 4: byte 0xe9 is not UTF-8"):
+    list(data.sources.read_text(tmp_path / "latin.txt.zst"))
 
 
 @pytest.mark.parametrize(

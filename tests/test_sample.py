@@ -1,6 +1,7 @@
 """launch.sample as a real process: from a training workdir (latest/best) and from GPT-2
 safetensors; prompts from flags, a file and stdin; streaming; bad input."""
 
+import dataclasses
 import re
 
 import jax
@@ -9,6 +10,7 @@ import pytest
 
 from experiments import shakespeare
 from transformer import evaluation, inference, tokenizers, train
+from transformer.errors import DataError
 from transformer.generation import sampling as sampler
 from transformer.models.gpt import GPT, GPTConfig
 from transformer.models.hf_gpt2 import export_hf_gpt2, import_hf_gpt2
@@ -193,3 +195,14 @@ def test_evaluate_scores_a_file_a_split_and_gpt2_weights(workdir, tmp_path):
   cfg, params = import_hf_gpt2(tmp_path / "gpt2")
   want = evaluation.score_text(GPT(cfg), params, tokenizers.get_tokenizer("gpt2"), text, context=64)
   assert float(got["bits per byte"]) == pytest.approx(want.bits_per_byte, abs=1e-4)
+
+
+@pytest.mark.slow
+def test_a_split_in_another_tokenizers_ids_is_refused(workdir):
+  """Scoring a split reads the run's data as prepared now: ids of a tokenizer other than the run's
+  (here the run's own, one character short) are one error naming both and the fix."""
+  trained = inference.restore(workdir)
+  assert inference.split_task(trained, workdir).data.tokens("validation").size > 0
+  other = tokenizers.CharTokenizer(trained.tokenizer.chars[:-1])
+  with pytest.raises(DataError, match=r"holds ids of another tokenizer .* than the run in .* reads .*launch.prepare"):
+    inference.split_task(dataclasses.replace(trained, tokenizer=other), workdir)

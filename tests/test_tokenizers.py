@@ -41,10 +41,10 @@ def char(shakespeare_text):
 
 def test_gpt2_seed_vectors(gpt2):
   assert gpt2.encode("hello my name is\n") == [31373, 616, 1438, 318, 198]
-  assert gpt2.encode_batch(["Every effort moves you", "Every day holds a"]) == [
-    [6109, 3626, 6100, 345],
-    [6109, 1110, 6622, 257],
-  ]
+  for threads in (1, 2):  # threads write the ids into arrays, in order
+    arrays = gpt2.encode_arrays(["Every effort moves you", "Every day holds a", ""], num_threads=threads)
+    assert [a.tolist() for a in arrays] == [[6109, 3626, 6100, 345], [6109, 1110, 6622, 257], []]
+    assert all(a.dtype == np.uint32 for a in arrays)
   assert (gpt2.vocab_size, gpt2.eot_id) == (50257, 50256)
 
 

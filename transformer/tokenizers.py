@@ -1,7 +1,7 @@
 """Tokenizers: tiktoken encodings (gpt2, cl100k_base), character level, word level, and BPE trained
 with rustbpe.
 
-Every tokenizer has the same small interface (`encode`, `encode_batch`, `decode`, `vocab_size`,
+Every tokenizer has the same small interface (`encode`, `encode_arrays`, `decode`, `vocab_size`,
 `eot_id`, `save`), and special tokens are explicit: text that contains `<|endoftext|>` is refused
 unless the caller allows it, because silently encoding a document separator that came from user
 text is how training data gets corrupted.
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import concurrent.futures
 import contextlib
 import hashlib
 import json
@@ -69,11 +70,13 @@ class Tokenizer:
     """Token ids of `text`. Special tokens in the text are an error unless allowed by name (or all)."""
     return self._encode(text, self._allowed(text, allow_special))
 
-  def encode_batch(
+  def encode_arrays(
     self, texts: Sequence[str], *, allow_special: bool | Iterable[str] = False, num_threads: int = 1
-  ) -> list[list[int]]:
-    """`encode` of each text; a tokenizer that can (tiktoken's) encodes them on `num_threads` threads."""
-    return [self.encode(t, allow_special=allow_special) for t in texts]
+  ) -> list[np.ndarray]:
+    """`encode` of each text as a uint32 array. A tokenizer that can (tiktoken's) encodes them on
+    `num_threads` threads and writes the ids straight into the arrays, never making Python ints of
+    them: what preparing a large corpus needs."""
+    return [np.asarray(self.encode(t, allow_special=allow_special), np.uint32) for t in texts]
 
   def decode(self, ids: Sequence[int] | np.ndarray) -> str:
     ids = [int(i) for i in np.asarray(ids, dtype=np.int64).reshape(-1)]
@@ -129,13 +132,16 @@ class TiktokenTokenizer(Tokenizer):
   def _encode(self, text: str, allowed: set[str]) -> list[int]:
     return self.encoding.encode(text, allowed_special=allowed, disallowed_special=())
 
-  def encode_batch(self, texts, *, allow_special=False, num_threads=8):
+  def encode_arrays(self, texts, *, allow_special=False, num_threads=1):
     allowed = set()
-    for t in texts:  # validates every text before the (threaded) batch encode
+    for t in texts:  # validates every text before the (threaded) encoding
       allowed = self._allowed(t, allow_special)
-    return self.encoding.encode_batch(
-      list(texts), num_threads=num_threads, allowed_special=allowed, disallowed_special=()
-    )
+    # tiktoken releases the GIL while it encodes into the buffer an array is then a view of.
+    encode = lambda t: self.encoding.encode_to_numpy(t, allowed_special=allowed, disallowed_special=())
+    if num_threads <= 1:
+      return [encode(t) for t in texts]
+    with concurrent.futures.ThreadPoolExecutor(num_threads) as pool:
+      return list(pool.map(encode, texts))
 
   def _decode(self, ids: list[int]) -> str:
     try:

@@ -18,9 +18,10 @@ The split is deterministic for a seed: each record (a piece of a document cut at
 pair, a row) goes to a split by a hash of (seed, its position), or each file whole when the source
 says so (`Source.split_by`), so it does not depend on chunking or on the order of processing. A
 lexicon's pairs are for training only: a pair that repeats a sentence pair, or one of whose sides
-is a side of a validation or test pair, is left out (and counted). Preparation streams and writes
-into a temporary directory that replaces the output only when everything succeeded, so a failure
-loses nothing already there.
+is a side of a validation or test pair, is left out (and counted). Preparation streams (memory
+does not grow with the corpus), tokenizes text on every core, and writes into a temporary directory
+that replaces the output only when everything succeeded, so a failure loses nothing already there.
+In a multi-process run process 0 prepares and the others wait (`ensure_prepared`).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from transformer import tokenizers
-from transformer.data.sources import Source, read_text, records
+from transformer.data.sources import COMPRESSED, Source, read_text, records
 from transformer.errors import DataError
 
 SPLITS = ("train", "validation", "test")
@@ -142,8 +143,8 @@ class _Writer:
     self.labels: list[float] = []
     self.documents: set[int] = set()
 
-  def append(self, column: int, ids: list[int]) -> tuple[int, int]:
-    np.fromiter(ids, self.dtype, count=len(ids)).tofile(self.files[column])  # twice np.asarray's speed
+  def append(self, column: int, ids: list[int] | np.ndarray) -> tuple[int, int]:
+    np.asarray(ids, self.dtype).tofile(self.files[column])
     start = self.lengths[column]
     self.lengths[column] += len(ids)
     return start, start + len(ids)
@@ -177,10 +178,14 @@ def _text_pieces(source: Source, piece_chars: int) -> Iterator[tuple[int, int, s
     yield doc, piece, buf, True, 0
 
 
-def _tokenized_batches(source: Source, options: PrepareOptions, tokenizer, bar) -> Iterator[tuple[list, list]]:
-  """(pieces, their token ids) of a text source, in order, a batch of ~BATCH_CHARS at a time. A batch is
-  tokenized on `num_workers` threads (tiktoken releases the GIL) while the caller writes the one
-  before it, so the cores tokenize without pause; memory holds two batches, whatever the corpus."""
+def _tokenized_batches(
+  source: Source, options: PrepareOptions, tokenizer, bar
+) -> Iterator[tuple[list, list[np.ndarray]]]:
+  """(pieces, their token ids as arrays) of a text source, in order, a batch of ~BATCH_CHARS at a
+  time. A batch is tokenized on `num_workers` threads (`Tokenizer.encode_arrays`: tiktoken releases
+  the GIL and writes ids straight into arrays) while the caller writes the one before it, so the
+  cores tokenize without pause; memory holds two batches, whatever the corpus. On 2 cores this runs
+  at ~0.9x tiktoken's bare `encode_ordinary_batch` (launch/BENCHMARKS.md, `--what=prepare`)."""
   threads = options.num_workers or os.cpu_count() or 1
 
   def batches():
@@ -195,7 +200,7 @@ def _tokenized_batches(source: Source, options: PrepareOptions, tokenizer, bar) 
         batch, chars = [], 0
     yield batch
 
-  encode = lambda batch: tokenizer.encode_batch([text for _, _, text, _ in batch], num_threads=threads)
+  encode = lambda batch: tokenizer.encode_arrays([text for _, _, text, _ in batch], num_threads=threads)
   with concurrent.futures.ThreadPoolExecutor(1) as tokenizing:
     pending = None
     for batch in batches():
@@ -423,7 +428,8 @@ def _write_splits(
 ) -> tuple[dict, int, list[str]]:
   fractions = _fractions(options)
   writers = [_Writer(directory, s, source.kind, dtype) for s in SPLITS]
-  total = sum(p.stat().st_size for p in source.files)
+  compressed = any(p.suffix in COMPRESSED for p in source.files)  # their text's size is known once read
+  total = None if compressed else sum(p.stat().st_size for p in source.files)
   bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"tokenizing {source.name}", disable=not progress)
   counts = {s: {"records": 0, "documents": 0, "tokens": 0, "chars": 0} for s in SPLITS}
   dropped = {"dropped": 0}
@@ -436,8 +442,10 @@ def _write_splits(
         for (doc, piece, text, last), ids in zip(batch, ids_of):
           s = _split_of(options.seed, doc, piece, fractions=fractions)
           w = writers[s]
-          start, end = w.append(0, ids + ([tokenizer.eot_id] if last else []))
-          w.rows.append((doc, piece, start, start + len(ids)))
+          start, end = w.append(0, ids)
+          if last:
+            w.append(0, [tokenizer.eot_id])
+          w.rows.append((doc, piece, start, end))
           w.documents.add(doc)
           counts[SPLITS[s]]["chars"] += len(text)
     else:
@@ -461,7 +469,7 @@ def _write_splits(
           w.rows.append((lineno, *w.append(0, ids)))
           w.labels.extend(labels.tolist())
         counts[SPLITS[s]]["chars"] += sum(map(len, _texts(source, rec)))
-      bar.update(total - bar.n)
+      bar.update((total or bar.n) - bar.n)
   finally:
     bar.close()
     for split, w in zip(SPLITS, writers):

@@ -15,12 +15,17 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
+import glob
+import gzip
 import os
 import re
 import shutil
 import tarfile
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+import zstandard
 
 from transformer import assets
 from transformer.errors import DataError
@@ -93,9 +98,34 @@ def _require_file(path: Path) -> None:
     raise DataError(f"{path}: no such file")
 
 
+COMPRESSED = (".gz", ".zst")  # read through gzip / zstandard as they stream
+
+
+def _open_bytes(path: Path):
+  """A file's bytes as a binary stream: a .gz or .zst file decompressed as it is read."""
+  if path.suffix == ".gz":
+    return gzip.open(path, "rb")
+  if path.suffix == ".zst":
+    return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
+  return open(path, "rb")
+
+
+def _blocks(path: Path, chunk_bytes: int) -> Iterator[bytes]:
+  """The (decompressed) bytes of a file, a block at a time; a damaged compressed file is one error."""
+  with _open_bytes(path) as f:
+    while True:
+      try:
+        block = f.read(chunk_bytes)
+      except (OSError, EOFError, zlib.error, zstandard.ZstdError) as e:
+        raise DataError(f"{path}: not a readable {path.suffix} file ({e}); check or re-create the file") from None
+      if not block:
+        return
+      yield block
+
+
 def read_text(path: Path, chunk_bytes: int | None = None) -> Iterator[str]:
   """Yields a file's text in pieces that end at line ends, refusing empty/binary/non-UTF-8 files
-  (naming the line and the byte at fault)."""
+  (naming the line and the byte at fault). A .gz or .zst file is decompressed as it streams."""
   path = Path(path)
   chunk_bytes = chunk_bytes or CHUNK_BYTES
   _require_file(path)
@@ -104,29 +134,28 @@ def read_text(path: Path, chunk_bytes: int | None = None) -> Iterator[str]:
   # Incremental: a character cut by a block's end is completed by the next block.
   decoder = codecs.getincrementaldecoder("utf-8")("strict")
   lines_before, column_before, carry, seen_text = 0, 0, "", False
-  with open(path, "rb") as f:
-    while block := f.read(chunk_bytes):
-      nul = block.find(b"\0")
-      if nul >= 0:
-        raise _binary(path, _position(block, nul, lines_before, column_before))
-      pending = len(decoder.getstate()[0])  # the start of a character the last block cut
-      try:
-        text = carry + decoder.decode(block)
-      except UnicodeDecodeError as e:
-        at = max(e.start - pending, 0)  # e.start counts the pending bytes; in them: this block's first
-        raise _not_utf8(path, _position(block, at, lines_before, column_before), block[at], e.reason) from None
-      newline = block.rfind(b"\n")
-      lines_before += block.count(b"\n")
-      column_before = len(block) - newline - 1 if newline >= 0 else column_before + len(block)
-      cut = text.rfind("\n") + 1
-      carry = text[cut:]
-      if cut:
-        seen_text = seen_text or not text[:cut].isspace()
-        yield text[:cut]
+  for block in _blocks(path, chunk_bytes):
+    nul = block.find(b"\0")
+    if nul >= 0:
+      raise _binary(path, _position(block, nul, lines_before, column_before))
+    pending = len(decoder.getstate()[0])  # the start of a character the last block cut
     try:
-      carry += decoder.decode(b"", final=True)
-    except UnicodeDecodeError:
-      raise DataError(f"{path}: not valid UTF-8 at its end (a truncated character)") from None
+      text = carry + decoder.decode(block)
+    except UnicodeDecodeError as e:
+      at = max(e.start - pending, 0)  # e.start counts the pending bytes; in them: this block's first
+      raise _not_utf8(path, _position(block, at, lines_before, column_before), block[at], e.reason) from None
+    newline = block.rfind(b"\n")
+    lines_before += block.count(b"\n")
+    column_before = len(block) - newline - 1 if newline >= 0 else column_before + len(block)
+    cut = text.rfind("\n") + 1
+    carry = text[cut:]
+    if cut:
+      seen_text = seen_text or not text[:cut].isspace()
+      yield text[:cut]
+  try:
+    carry += decoder.decode(b"", final=True)
+  except UnicodeDecodeError:
+    raise DataError(f"{path}: not valid UTF-8 at its end (a truncated character)") from None
   if carry:
     seen_text = seen_text or not carry.isspace()
     yield carry
@@ -318,15 +347,37 @@ NAMED_COLUMNS = {"shakespeare": (), "ding_de_en": ("de", "en"), "vader": ("label
 PAIR_COLUMNS = ("source", "target")  # a TSV of pairs: its columns have no names
 
 
+def expand_files(entry: str | os.PathLike) -> list[Path]:
+  """The files one input entry names: a file itself; every file under a directory (sorted, hidden
+  ones left out); the files a glob pattern matches (sorted; `**` matches any depth)."""
+  path = Path(entry).expanduser()
+  if glob.has_magic(str(path)):
+    found = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+    if not found:
+      raise DataError(f"{entry} matches no file; check the pattern (quote it so the shell leaves it to us)")
+    return found
+  if path.is_dir():
+    hidden = lambda p: any(part.startswith(".") for part in p.relative_to(path).parts)
+    found = sorted(p for p in path.rglob("*") if p.is_file() and not hidden(p))
+    if not found:
+      raise DataError(f"{path} is a directory with no files in it; give the text files, or a directory of them")
+    return found
+  return [path]
+
+
 def file_source(files: list[str | os.PathLike], kind: str = "text", columns=PAIR_COLUMNS) -> Source:
   """The user's own files: text documents (one per file), a TSV of sentence pairs or of labelled texts
-  (`label<TAB>text`), or tagged sentences (`word/TAG` tokens, a sentence a line)."""
+  (`label<TAB>text`), or tagged sentences (`word/TAG` tokens, a sentence a line). Each entry is a
+  file, a directory (every file under it) or a glob pattern (`expand_files`); .gz and .zst files
+  are decompressed as they are read."""
   if not files:
     raise DataError("no input files given")
-  paths = tuple(Path(f).expanduser() for f in files)
+  paths = tuple(p for f in files for p in expand_files(f))
   for p in paths:
     _require_file(p)  # all of them, before any is read
-  name = paths[0].stem if len(paths) == 1 else f"{paths[0].stem}+{len(paths) - 1}"
+  stem = paths[0].name.removesuffix(paths[0].suffix if paths[0].suffix in COMPRESSED else "")
+  stem = Path(stem).stem
+  name = stem if len(paths) == 1 else f"{stem}+{len(paths) - 1}"
   if kind == "text":
     return Source("text", name, paths)
   if kind == "pairs":
