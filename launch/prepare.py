@@ -3,6 +3,7 @@ r"""Tokenizes a data set into train/validation/test shards.
 python -m launch.prepare                                   # Shakespeare, GPT-2 BPE, into data/
 python -m launch.prepare --dataset=ding_de_en --tokenizer=bpe --vocab_size=8000
 python -m launch.prepare --input_files=a.txt,b.txt --tokenizer=char --output_dir=data/mine
+python -m launch.prepare --input_files='corpus/**/*.txt.gz'       # a directory, a glob; .gz/.zst stream
 python -m launch.prepare --input_files=pairs.tsv --input_format=pairs
 python -m launch.prepare --dataset=ding_de_en --tokenizer=bpe --vocab_size=2000 --lexicon=dictionary
 python -m launch.prepare --dataset=brown --tokenizer=word --vocab_size=20000 --test_fraction=0.1
@@ -49,7 +50,8 @@ _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace a different preparat
 _NUM_WORKERS = flags.DEFINE_integer(
   "num_workers",
   0,
-  "Threads that tokenize text (tiktoken encodings and trained BPE); 0: every core. The output is the same.",
+  "Threads (gpt2, cl100k_base, bpe) or processes (char, word; inputs of 32 MB or more) that tokenize text; "
+  "0: every core. The output is the same for any count.",
 )
 
 

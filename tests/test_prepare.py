@@ -281,15 +281,18 @@ def test_bad_pairs_name_the_line(tmp_path, content, message):
     data.prepare(data.file_source([bad], "pairs"), tmp_path / "out", PrepareOptions(tokenizer="gpt2"), progress=False)
 
 
-def test_the_worker_count_changes_nothing_written(tmp_path, monkeypatch):
-  """Text is tokenized a batch of pieces at a time on threads: 1 thread and 3 write the same bytes,
-  with batches that end mid-document (BATCH_CHARS small), and the other count reuses the preparation."""
+@pytest.mark.parametrize("tokenizer", ["gpt2", "char"])
+def test_the_worker_count_changes_nothing_written(tmp_path, monkeypatch, tokenizer):
+  """Text is tokenized a batch of pieces at a time, on threads (tiktoken) or worker processes (the
+  Python tokenizers): 1 worker and 3 write the same bytes, with batches that end mid-document
+  (BATCH_CHARS small), and the other count reuses the preparation."""
   monkeypatch.setattr(importlib.import_module("transformer.data.prepare"), "BATCH_CHARS", 2000)
+  monkeypatch.setattr(importlib.import_module("transformer.data.prepare"), "PROCESSES_FROM_BYTES", 0)
   files = _write_corpus(tmp_path)
   written = []
   for workers in (1, 3):
     out = tmp_path / f"out{workers}"
-    opts = PrepareOptions(tokenizer="gpt2", piece_chars=300, test_fraction=0.1, num_workers=workers)
+    opts = PrepareOptions(tokenizer=tokenizer, piece_chars=300, test_fraction=0.1, num_workers=workers)
     data.prepare(data.file_source(files), out, opts, progress=False)
     manifest = json.loads((out / "manifest.json").read_text())
     manifest.pop("seconds")
@@ -298,7 +301,7 @@ def test_the_worker_count_changes_nothing_written(tmp_path, monkeypatch):
     }
     written.append((manifest, files_written))
   assert written[0] == written[1] and len(written[0][1]) > 5
-  opts = PrepareOptions(tokenizer="gpt2", piece_chars=300, test_fraction=0.1, num_workers=2)
+  opts = PrepareOptions(tokenizer=tokenizer, piece_chars=300, test_fraction=0.1, num_workers=2)
   with pytest.raises(DataError, match="num_workers must be >= 0"):
     PrepareOptions(num_workers=-1).check()
   before = (tmp_path / "out1" / "manifest.json").read_bytes()

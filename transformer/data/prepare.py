@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import multiprocessing
 import os
 import shutil
 import time
@@ -49,6 +50,9 @@ from transformer.errors import DataError
 
 SPLITS = ("train", "validation", "test")
 BATCH_CHARS = 1 << 22  # text tokenized at a time (on threads): ~4 MB
+# A Python tokenizer (char, word) tokenizes in worker processes from this much input on: starting
+# them takes about a second, which less text does not repay (it tokenizes at ~7-13 MB/s a core).
+PROCESSES_FROM_BYTES = 1 << 25
 LEXICON = "lexicon"  # the training-only pairs of a lexicon source, when one was prepared
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -65,8 +69,9 @@ class PrepareOptions:
   validation_fraction: float = 0.1
   test_fraction: float = 0.0
   piece_chars: int = 16384  # text documents are cut at the first line end past this many characters
-  # Threads that tokenize (tiktoken encodings and trained BPE; 0: every core). The output is the same
-  # for any count, so it is not part of what a preparation is (its request).
+  # Threads that tokenize text (tiktoken encodings and trained BPE), or processes (char and word, from
+  # PROCESSES_FROM_BYTES of input on); 0: every core. The output is the same for any count, so it is
+  # not part of what a preparation is (its request).
   num_workers: int = 0
 
   def check(self) -> None:
@@ -200,8 +205,26 @@ def _tokenized_batches(
         batch, chars = [], 0
     yield batch
 
-  encode = lambda batch: tokenizer.encode_arrays([text for _, _, text, _ in batch], num_threads=threads)
-  with concurrent.futures.ThreadPoolExecutor(1) as tokenizing:
+  # tiktoken's encodings (ours included) tokenize on threads; the Python ones (char, word), given a
+  # large input, in worker processes, each a share of the batch (started by spawn: forking a process
+  # that holds JAX's threads is unsafe).
+  pool = None
+  big = sum(p.stat().st_size for p in source.files) >= PROCESSES_FROM_BYTES
+  if threads > 1 and big and not isinstance(tokenizer, tokenizers.TiktokenTokenizer):
+    spawn = multiprocessing.get_context("spawn")
+    pool = concurrent.futures.ProcessPoolExecutor(threads, spawn, initializer=_set_worker, initargs=(tokenizer,))
+
+  def encode(batch):
+    texts = [text for _, _, text, _ in batch]
+    if pool is None:
+      return tokenizer.encode_arrays(texts, num_threads=threads)
+    shares = [texts[i::threads] for i in range(threads)]  # worker i: texts i, i + threads, ...
+    encoded = list(pool.map(_worker_encode, shares))
+    return [encoded[i % threads][i // threads] for i in range(len(texts))]
+
+  with contextlib.ExitStack() as stack, concurrent.futures.ThreadPoolExecutor(1) as tokenizing:
+    if pool is not None:
+      stack.enter_context(pool)
     pending = None
     for batch in batches():
       future = tokenizing.submit(lambda batch=batch: (batch, encode(batch)))
@@ -209,6 +232,18 @@ def _tokenized_batches(
         yield pending.result()
       pending = future
     yield pending.result()
+
+
+_worker_tokenizer = None  # a worker process's tokenizer (_tokenized_batches)
+
+
+def _set_worker(tokenizer) -> None:
+  global _worker_tokenizer
+  _worker_tokenizer = tokenizer
+
+
+def _worker_encode(texts: list[str]) -> list[np.ndarray]:
+  return _worker_tokenizer.encode_arrays(texts)
 
 
 def _texts(source: Source, rec: tuple) -> list[str]:
