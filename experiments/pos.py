@@ -5,6 +5,7 @@ most-frequent-tag baseline every run prints. Each preset trains in a few minutes
   python -m launch.train --config=experiments/pos.py:bilstm  --workdir=workdirs/pos-bilstm
   python -m launch.train --config=experiments/pos.py:encoder --workdir=workdirs/pos-encoder
   python -m launch.train --config=experiments/pos.py:lstm    --workdir=workdirs/pos-lstm   # left to right only
+  python -m launch.train --config=experiments/pos.py:gpt_english --workdir=workdirs/pos-ge   # also _scratch, _frozen
   python -m launch.tag --workdir=workdirs/pos-bilstm --text="The jury said it did not find any evidence ."
 
   --config.data.tagset=universal          NOUN, VERB, ADJ, ... (Petrov et al. 2012)
@@ -12,10 +13,10 @@ most-frequent-tag baseline every run prints. Each preset trains in a few minutes
   --config.data.tokenizer=gpt2            subwords: a word's tag at its first token
 """
 
-from experiments import base
+from experiments import base, english
 from transformer import tasks
 
-PRESETS = ("bilstm", "lstm", "encoder", "tiny")
+PRESETS = ("bilstm", "lstm", "encoder", *english.LABELLED_PRESETS, "tiny")
 
 
 def get_config(preset: str = "bilstm"):
@@ -41,6 +42,10 @@ def get_config(preset: str = "bilstm"):
     c.model = base.family_fields(
       "encoder", max_len=64, num_layers=2, num_heads=4, d_model=128, d_mlp=512, dropout_rate=0.1
     )
+  elif preset in english.LABELLED_PRESETS:  # left to right: each word's tag from the words before it
+    english.labelled_body(c, preset)
+    c.num_train_steps = 2000
+    c.optimizer.lr = 5e-4
   else:  # tiny: for tests and smoke runs
     c.model = base.family_fields("lstm", num_layers=1, d_model=32, bidirectional=True)
     c.data.vocab_size = 2000

@@ -8,6 +8,11 @@ minutes on 2 CPU cores.
   python -m launch.train --config=experiments/sentiment.py:gpt     --workdir=workdirs/sentiment-gpt
   # the main job's Shakespeare GPT (workdirs/shakespeare-char), fine-tuned with a classification head:
   python -m launch.train --config=experiments/sentiment.py:gpt_finetune --workdir=workdirs/sentiment-gpt-finetune
+  # the general-English GPT (experiments/english.py, workdirs/english-gpt): from scratch with its
+  # tokenizer, its body frozen under a trained head (a linear probe), or fine-tuned:
+  python -m launch.train --config=experiments/sentiment.py:gpt_english_scratch --workdir=workdirs/sentiment-ge-scratch
+  python -m launch.train --config=experiments/sentiment.py:gpt_english_frozen --workdir=workdirs/sentiment-ge-frozen
+  python -m launch.train --config=experiments/sentiment.py:gpt_english --workdir=workdirs/sentiment-ge
   python -m launch.classify --workdir=workdirs/sentiment-encoder --text="A gorgeous, witty, seductive movie."
 
   --config.classes=three                       negative / neutral / positive
@@ -15,10 +20,10 @@ minutes on 2 CPU cores.
   --config.init_from=path/to/gpt2              Hugging Face GPT-2 weights (with --config.data.tokenizer=gpt2)
 """
 
-from experiments import base
+from experiments import base, english
 from transformer import tasks
 
-PRESETS = ("lstm", "bilstm", "encoder", "gpt", "gpt_finetune", "tiny")
+PRESETS = ("lstm", "bilstm", "encoder", "gpt", "gpt_finetune", *english.LABELLED_PRESETS, "tiny")
 # The README main job's run: its GPT is the body `gpt_finetune` starts from.
 SHAKESPEARE_RUN = "workdirs/shakespeare-char"
 
@@ -59,6 +64,11 @@ def get_config(preset: str = "encoder"):
     else:
       c.init_from = SHAKESPEARE_RUN
       c.data.tokenizer = f"{SHAKESPEARE_RUN}/tokenizer"  # its characters (others fold or drop)
+  elif preset in english.LABELLED_PRESETS:
+    english.labelled_body(c, preset)
+    c.max_len = 64  # BPE tokens; 99% of the snippets are shorter
+    c.num_train_steps = 1000
+    c.optimizer.lr = 5e-4
   else:  # tiny: for tests and smoke runs
     c.model = base.family_fields("encoder", max_len=32, num_layers=1, num_heads=2, d_model=32, d_mlp=64)
     c.data.vocab_size = 2000

@@ -15,7 +15,9 @@ from transformer import cli, inference
 from transformer.errors import UserError
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A classification training workdir.", required=True)
-_STEP = flags.DEFINE_string("step", "latest", "'latest', 'best' (lowest validation loss) or a step number.")
+_STEP = flags.DEFINE_string(
+  "step", "best", "'best' (the highest dev accuracy: what the run's test scores are of), 'latest' or a step number."
+)
 _TEXT = flags.DEFINE_multi_string("text", [], "A text to classify; repeat the flag for several.")
 _INPUT_FILE = flags.DEFINE_string("input_file", None, "One text a line; '-' reads stdin.")
 

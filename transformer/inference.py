@@ -139,6 +139,13 @@ def restore(workdir: str | Path, step: str | int = "latest", task: str | None = 
   )
 
 
+def default_step(workdir: str | Path) -> str:
+  """The checkpoint a program uses unless told: "best" for a task that scores its best checkpoint at
+  the end (early stopping: classification, tagging), else "latest"."""
+  run = saved_run(Path(workdir)) if Path(workdir).is_dir() else None
+  return "best" if run is not None and tasks.get(run.task).finish_with_best else "latest"
+
+
 def mean_of_last(workdir: str | Path, count: int, like) -> tuple[list[int], Any]:
   """(steps, the mean of their params) of the last `count` checkpoints in `workdir` (fewer when fewer
   were saved), each leaf shaped and sharded as in `like` (a params tree of arrays). Averaging the

@@ -454,11 +454,19 @@ def _train(config: RunConfig, workdir: Path, lead: bool) -> dict:
           workdir / "metrics.jsonl", workdir / "loss.png", title=f"{workdir.name} ({task.name})", curves=task.curves
         )
       ckpt.wait()  # the final checkpoint is on disk: a task may read it (checkpoint averaging)
+      params, best = state.params, ckpt.best_step() if task.finish_with_best else None
+      if best is not None and best != steps:  # early stopping: the best checkpoint is the one scored
+        like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state.params)
+        params = ckpt.restore_params(best, like)
+        if lead:
+          print(f"final scores: the best checkpoint by {task.best_metric[0]}, step {best} of {steps}")
       final = task.finish(
-        state.params,
+        params,
         workdir,  # e.g. a sample; test BLEU
         lambda count: inference.mean_of_last(workdir, count, state.params),
       )
+      if best is not None:
+        final = {"best_step": best, **final}
       if final:
         writer.write(steps, {k: v for k, v in final.items() if not isinstance(v, str)})
   finally:

@@ -45,7 +45,7 @@ from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from transformer import tokenizers
-from transformer.data.sources import COMPRESSED, Source, read_text, records
+from transformer.data.sources import COMPRESSED, Source, read_text, records, split_of
 from transformer.errors import DataError
 
 SPLITS = ("train", "validation", "test")
@@ -116,14 +116,6 @@ def default_dir(
   vocab = options.vocab_size if options.tokenizer in ("bpe", "word") else ""
   lower = "lower" if options.tokenizer == "word" and options.lowercase else ""
   return Path(root) / f"{source.name}-{options.tokenizer}{vocab}{lower}{plus}"
-
-
-def _split_of(seed: int, *key: int, fractions: tuple[float, float]) -> int:
-  """0 train, 1 validation, 2 test: a hash of (seed, key) mapped to [0, 1)."""
-  h = hashlib.blake2b(repr((seed, *key)).encode(), digest_size=8).digest()
-  u = int.from_bytes(h, "little") / 2**64
-  val, test = fractions
-  return 1 if u < val else 2 if u < val + test else 0
 
 
 def _file_sha256(path: Path) -> str:
@@ -263,7 +255,7 @@ def _corpus(source: Source, options: PrepareOptions) -> Iterator[str]:
   train_only = options.tokenizer == "word"
   if source.kind == "text":
     for doc, piece, text, _, _ in _text_pieces(source, options.piece_chars):
-      if text and (not train_only or _split_of(options.seed, doc, piece, fractions=_fractions(options)) == 0):
+      if text and (not train_only or split_of(options.seed, doc, piece, fractions=_fractions(options)) == 0):
         yield text
   else:
     for split, _, rec in _assigned_records(source, options, counts=None):
@@ -301,11 +293,11 @@ def _assigned_records(source: Source, options: PrepareOptions, counts: dict | No
     seen.add(key)
     fileno = source.files.index(path)
     if source.split_by == "file":
-      yield _split_of(options.seed, fileno, fractions=_fractions(options)), lineno, rec
+      yield split_of(options.seed, fileno, fractions=_fractions(options)), lineno, rec
       continue
     ordinal = last_line.get((fileno, lineno), 0)
     last_line[(fileno, lineno)] = ordinal + 1
-    yield _split_of(options.seed, fileno, lineno, ordinal, fractions=_fractions(options)), lineno, rec
+    yield split_of(options.seed, fileno, lineno, ordinal, fractions=_fractions(options)), lineno, rec
 
 
 def _files(source: Source) -> list[dict]:
@@ -475,7 +467,7 @@ def _write_splits(
     if source.kind == "text":
       for batch, ids_of in _tokenized_batches(source, options, tokenizer, bar):
         for (doc, piece, text, last), ids in zip(batch, ids_of):
-          s = _split_of(options.seed, doc, piece, fractions=fractions)
+          s = split_of(options.seed, doc, piece, fractions=fractions)
           w = writers[s]
           start, end = w.append(0, ids)
           if last:

