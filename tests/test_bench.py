@@ -9,12 +9,14 @@ from conftest import run_module
 
 
 @pytest.mark.slow
-def test_benchmark_programs_print_their_tables():
+def test_benchmark_programs_print_their_tables(tmp_path):
   """launch.bench runs (smoke: the tiny preset, one repeat), several benchmarks in one process, each
   table after a blank line; speed itself is never asserted."""
   proc = run_module(
     "launch.bench",
-    *("--what=generate", "--what=train", "--what=profile", "--what=mechanisms", "--what=ceilings"),
+    *("--what=generate", "--what=train", "--what=profile", "--what=mechanisms", "--what=ceilings", "--what=prepare"),
+    "--prepare_mb=0.3",
+    f"--prepare_dir={tmp_path}",
     "--preset=cpu-tiny",
     "--vocab_size=97",
     "--batch_sizes=1,2",
@@ -57,6 +59,12 @@ def test_benchmark_programs_print_their_tables():
   rows = table("ceilings of")[3:]
   assert [row.split()[:2] for row in rows] == [["bf16", "product"], ["float32", "x"]]
   assert all(float(row.split()[-2]) > 0 and row.split()[-1] == "n/a" for row in rows)  # no data sheet for a CPU
+  prepare = table("prepare: launch.prepare --tokenizer=gpt2")
+  assert prepare[1].split()[:3] == ["MB", "tokens", "tiktoken"] and prepare[3].split()[0] == "0"  # 0.3 MB
+  assert (
+    prepare[-1].startswith("training loader (windows, 64 x 1024 tokens a batch") and "x what a GPT-2" in prepare[-1]
+  )
+  assert (tmp_path / "prepared" / "manifest.json").exists()
 
 
 def test_a_profile_names_library_calls_by_their_routine():
