@@ -13,7 +13,7 @@ import optax
 import pytest
 
 from experiments import base, pos, sentiment, shakespeare
-from transformer import data, inference, tasks, tokenizers, train
+from transformer import data, inference, metrics, tasks, tokenizers, train
 from transformer import workdir as workdir_files
 from transformer.data.sources import split_of
 from transformer.errors import ConfigError, DataError, TokenizerError, UserError
@@ -485,6 +485,15 @@ def test_init_from_a_hugging_face_gpt2_directory(reviews, tmp_path):
   fresh = train.init_state(run).params
   loaded = run.task.init_params(fresh, inference.restore)
   chex.assert_trees_all_close(loaded["body"], jax.device_get(weights), atol=0)
+  # The body computes what the source model computes: its hidden states, token for token.
+  tokens = jnp.asarray([tokenizers.get_tokenizer("gpt2").encode("Every effort moves you, and the film too.")])
+  source_hidden = GPT(gpt2_like).apply({"params": weights}, tokens, features=True)
+  body_hidden = GPT(run.task.model_config).apply({"params": loaded["body"]}, tokens, features=True)
+  np.testing.assert_allclose(body_hidden, source_hidden, rtol=1e-5, atol=1e-5)
+  # And a classification run from it trains.
+  result = train.train_and_evaluate(_set(c, num_train_steps=30, eval_every_steps=30), tmp_path / "from-hf")
+  losses = metrics.last_per_step(metrics.read_jsonl(tmp_path / "from-hf" / "metrics.jsonl"), "loss")
+  assert losses[max(losses)] < losses[min(losses)] and result["dev_accuracy"] > 0.5
   with pytest.raises(ConfigError, match="is GPT-2, which reads gpt2 tokens; set --config.data.tokenizer=gpt2"):
     train.train_and_evaluate(_set(c, data__tokenizer="word", data__vocab_size=500), tmp_path / "w")
 
