@@ -15,7 +15,7 @@ from transformer.generation import sampling as sampler
 from transformer.models.gpt import GPT, GPTConfig
 from transformer.models.hf_gpt2 import export_hf_gpt2, import_hf_gpt2
 
-from conftest import run_module
+from conftest import run_cases, run_module
 
 
 @pytest.fixture(scope="module")
@@ -160,41 +160,56 @@ def test_sliding_window_past_the_context(workdir):
   assert len(trained.tokenizer.encode(want)) > 64 - 6  # char-level: past the 64-token context
 
 
-def _evaluated(proc) -> dict:
-  """launch.evaluate's `name value` lines (comments left out) as {name: value}."""
-  assert proc.returncode == 0, proc.stderr
-  return dict(line.rsplit(None, 1) for line in proc.stdout.splitlines() if not line.startswith("#"))
+def _evaluated(result: dict) -> dict:
+  """launch.evaluate's `name value` lines (comments left out) as {name: value}, from `run_cases`."""
+  assert result["status"] == 0, result["stderr"][-3000:]
+  return dict(line.rsplit(None, 1) for line in result["stdout"].splitlines() if not line.startswith("#"))
 
 
 @pytest.mark.slow
 def test_evaluate_scores_a_file_a_split_and_gpt2_weights(workdir, tmp_path):
   """launch.evaluate's numbers are transformer.evaluation's on the same text (its bits per byte are
   computed by hand in test_evaluation.py), for a workdir on a file and on its validation split, and
-  for GPT-2 safetensors; a character the model lacks is folded, and the run says so."""
+  for GPT-2 safetensors; a character the model lacks is folded, and the run says so; bad window
+  sizes are one error each."""
   text = "ROMEO: But soft, what light through yonder window breaks?\nJULIET: Ay me, café!\n" * 3
   (tmp_path / "text.txt").write_text(text)
-  proc = run_module("launch.evaluate", f"--workdir={workdir}", f"--input_file={tmp_path / 'text.txt'}", "--stride=16")
-  got = _evaluated(proc)
-  assert "warning: 3 character(s) of" in proc.stderr  # the é of café, not in Shakespeare's characters
+  cfg = GPTConfig().replace(vocab_size=50257, max_len=64, num_layers=2, num_heads=2, d_model=32)
+  params = jax.jit(GPT(cfg).init)(jax.random.key(1), np.zeros((1, 8), np.int32))["params"]
+  export_hf_gpt2(cfg, params, tmp_path / "gpt2")
+  runs = [
+    [f"--workdir={workdir}", f"--input_file={tmp_path / 'text.txt'}", "--stride=16"],
+    [f"--workdir={workdir}", "--split=validation"],
+    [f"--hf={tmp_path / 'gpt2'}", f"--input_file={tmp_path / 'text.txt'}"],
+    [f"--workdir={workdir}", "--split=validation", "--context=-3"],
+    [f"--workdir={workdir}", "--split=validation", "--context=65"],
+    [f"--workdir={workdir}", "--split=validation", "--stride=99"],
+  ]
+  by_file, by_split, by_hf, *bad = run_cases("launch.evaluate", [{"args": a} for a in runs], tmp_path)
+
+  assert "warning: 3 character(s) of" in by_file["stderr"]  # the é of café, not in Shakespeare's characters
   trained = inference.restore(workdir)
   want = evaluation.score_text(
     trained.model, trained.params, trained.tokenizer, text.replace("é", "e"), context=64, stride=16
   )
+  got = _evaluated(by_file)
   assert got["tokens"] == f"{want.tokens:,}" and float(got["bits per byte"]) == pytest.approx(
     want.bits_per_byte, abs=1e-4
   )
-
-  got = _evaluated(run_module("launch.evaluate", f"--workdir={workdir}", "--split=validation"))
+  got = _evaluated(by_split)
   validation = inference.split_task(trained, workdir).data.tokens("validation")
   assert got["tokens"] == f"{len(validation):,}" and 2.0 < float(got["bits per byte"]) < 8.0
-
-  cfg = GPTConfig().replace(vocab_size=50257, max_len=64, num_layers=2, num_heads=2, d_model=32)
-  params = jax.jit(GPT(cfg).init)(jax.random.key(1), np.zeros((1, 8), np.int32))["params"]
-  export_hf_gpt2(cfg, params, tmp_path / "gpt2")
-  got = _evaluated(run_module("launch.evaluate", f"--hf={tmp_path / 'gpt2'}", f"--input_file={tmp_path / 'text.txt'}"))
   cfg, params = import_hf_gpt2(tmp_path / "gpt2")
   want = evaluation.score_text(GPT(cfg), params, tokenizers.get_tokenizer("gpt2"), text, context=64)
-  assert float(got["bits per byte"]) == pytest.approx(want.bits_per_byte, abs=1e-4)
+  assert float(_evaluated(by_hf)["bits per byte"]) == pytest.approx(want.bits_per_byte, abs=1e-4)
+  messages = [
+    "--context must be positive (0: the run's seq_len), got -3",
+    "--context=65 is longer than the model reads (64 tokens)",
+    "stride must be in 1..context=64, got 99",
+  ]
+  for result, message in zip(bad, messages):
+    errors = [line for line in result["stderr"].splitlines() if line.startswith("error: ")]
+    assert result["status"] == 1 and len(errors) == 1 and message in errors[0], result["stderr"][-2000:]
 
 
 @pytest.mark.slow

@@ -17,28 +17,27 @@ def run(main) -> None:
   one `error:` line on stderr and exit status 1, an InputWarning one `warning:` line."""
   # First, before any of XLA's threads allocates (hostmem.py says why and how to turn it off).
   hostmem.keep_freed_blocks()
-
-  show_warning = warnings.showwarning
-
-  def show_input_warnings_as_one_line(message, category, *args, **kwargs):
-    if issubclass(category, InputWarning):
-      print(f"warning: {message}", file=sys.stderr)
-    else:
-      show_warning(message, category, *args, **kwargs)
-
-  warnings.showwarning = show_input_warnings_as_one_line
-
   app.run(clean_errors(main))
 
 
 def clean_errors(main):
   """`main(argv)` with this codebase's clean errors: a UserError is one `error:` line on stderr and
-  exit status 1 (`run` runs it under absl; tests/surface.py calls it once for each bad input)."""
+  exit status 1, an InputWarning one `warning:` line (`run` runs it under absl; tests/surface.py
+  calls it once for each bad input)."""
 
   def main_with_clean_errors(argv):
     # Libraries (Orbax above all) log a lot at INFO; keep warnings unless --verbosity is given.
     if not flags.FLAGS["verbosity"].present:
       logging.set_verbosity(logging.WARNING)
+    show_warning = warnings.showwarning
+
+    def show_input_warnings_as_one_line(message, category, *args, **kwargs):
+      if issubclass(category, InputWarning):
+        print(f"warning: {message}", file=sys.stderr)
+      else:
+        show_warning(message, category, *args, **kwargs)
+
+    warnings.showwarning = show_input_warnings_as_one_line
     try:
       return main(argv)
     except UserError as e:
@@ -47,6 +46,8 @@ def clean_errors(main):
       # were never awaited; Python warns of each as it exits, after the error, which must stay last.
       warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited", category=RuntimeWarning)
       sys.exit(1)
+    finally:
+      warnings.showwarning = show_warning
 
   return main_with_clean_errors
 
