@@ -27,8 +27,8 @@ def get_config(preset: str = "gpt"):
   c.data.dataset = "english"
   c.data.tokenizer = "bpe"
   c.data.vocab_size = VOCAB_SIZE
-  c.num_train_steps = 2400
-  c.eval_every_steps = c.checkpoint_every_steps = 600
+  c.num_train_steps = 1000  # ~1.2 epochs, ~14 minutes on 2 cores (0.85 s a step: the 8,192-way head)
+  c.eval_every_steps = c.checkpoint_every_steps = 250
   if preset == "tiny":  # the same model, a few steps on a smaller vocabulary: for tests and smoke runs
     c.data.vocab_size = 512
     c.batch_size, c.eval_batch_size, c.eval_batches = 8, 8, 2
