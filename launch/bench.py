@@ -45,7 +45,7 @@ from experiments import shakespeare
 from launch import peer_env
 from transformer import benchmark, cli, data, layers, metrics, optim, tokenizers, train
 from transformer.config import OptimizerConfig
-from transformer.data import pipeline
+from transformer.data import pipeline, prepare
 from transformer.generation import sampling
 from transformer.models import gpt
 from transformer.tasks.lm import lm_loss
@@ -556,10 +556,10 @@ def _raw_tiktoken_seconds(path: Path, threads: int) -> tuple[float, int]:
   encoding = tokenizers.get_tokenizer("gpt2").encoding
   seconds, tokens = 0.0, 0
   with open(path, encoding="utf-8") as f:
-    while text := f.read(4 << 20) + f.readline():
+    while text := f.read(prepare.BATCH_CHARS) + f.readline():
       pieces, at = [], 0
       while at < len(text):
-        end = text.find("\n", at + 16384) + 1 or len(text)
+        end = text.find("\n", at + data.PrepareOptions().piece_chars) + 1 or len(text)
         pieces.append(text[at:end])
         at = end
       start = time.perf_counter()

@@ -76,13 +76,12 @@ def _print_label_scores(result: dict, names, unit: str) -> None:
   print(evaluation.confusion_text(result["confusion"], names))
 
 
-def _score_lm(model, params, tokenizer, text: str | None, *, context: int, max_context: int, **options):
+def _score_lm(model, params, tokenizer, text: str | None, *, context: int, max_context: int, split=None, **options):
   """A language model's `TextScore` on the text, or on the run's --split (`options["split"]`: its tokens)."""
   if context < 1:
     raise ConfigError(f"--context must be positive (0: the run's seq_len), got {context}")
   if context > max_context:
     raise ConfigError(f"--context={context} is longer than the model reads ({max_context} tokens); give at most that")
-  split = options.pop("split", None)
   options.update(context=context, stride=_STRIDE.value, batch_size=_BATCH_SIZE.value)
   if split is not None:
     return evaluation.score_stream(model, params, tokenizer, split, **options)
