@@ -45,7 +45,8 @@ from experiments import shakespeare
 from launch import peer_env
 from transformer import benchmark, cli, data, layers, metrics, optim, tokenizers, train
 from transformer.config import OptimizerConfig
-from transformer.data import pipeline, prepare
+from transformer.data import pipeline
+from transformer.data.prepare import BATCH_CHARS
 from transformer.generation import sampling
 from transformer.models import gpt
 from transformer.tasks.lm import lm_loss
@@ -556,7 +557,7 @@ def _raw_tiktoken_seconds(path: Path, threads: int) -> tuple[float, int]:
   encoding = tokenizers.get_tokenizer("gpt2").encoding
   seconds, tokens = 0.0, 0
   with open(path, encoding="utf-8") as f:
-    while text := f.read(prepare.BATCH_CHARS) + f.readline():
+    while text := f.read(BATCH_CHARS) + f.readline():
       pieces, at = [], 0
       while at < len(text):
         end = text.find("\n", at + data.PrepareOptions().piece_chars) + 1 or len(text)
