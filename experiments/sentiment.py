@@ -20,7 +20,7 @@ minutes on 2 CPU cores.
   --config.init_from=path/to/gpt2              Hugging Face GPT-2 weights (with --config.data.tokenizer=gpt2)
 """
 
-from experiments import base, english
+from experiments import base, english, shakespeare
 from transformer import tasks
 
 PRESETS = ("lstm", "bilstm", "encoder", "gpt", "gpt_finetune", *english.LABELLED_PRESETS, "tiny")
@@ -53,9 +53,10 @@ def get_config(preset: str = "encoder"):
       "encoder", max_len=64, num_layers=2, num_heads=4, d_model=128, d_mlp=512, dropout_rate=0.3
     )
   elif preset in ("gpt", "gpt_finetune"):
-    # Characters and the main job's GPT shape (4 layers, d 128, 128 positions), from scratch or
+    # Characters and the main job's GPT (its model config exactly, with dropout), from scratch or
     # from that run: the comparison is pretraining alone. Reviews are cut to their first 128 characters.
-    c.model = base.model_fields("cpu-small", d_model=128, max_len=128, dropout_rate=0.1)
+    c.model = shakespeare.get_config("char").model
+    c.model.block.dropout_rate = 0.1
     c.max_len = 128
     c.num_train_steps = 1000
     c.optimizer.lr = 5e-4

@@ -47,6 +47,21 @@ def test_a_preset_whose_pretrained_run_is_missing_says_so(tmp_path, monkeypatch)
     resolve(sentiment.get_config("gpt_finetune"))
 
 
+@pytest.mark.parametrize(
+  "labelled,pretraining",
+  [
+    (sentiment.get_config("gpt_finetune"), shakespeare.get_config("char")),
+    *[(m.get_config(p), english.get_config("gpt")) for m in (sentiment, pos) for p in english.LABELLED_PRESETS],
+  ],
+)
+def test_a_fine_tuning_preset_has_its_pretraining_runs_model(labelled, pretraining):
+  """init_from loads the body tensor by tensor: a preset whose model drifted from the run it starts
+  from (as `gpt_finetune` once did when the main job changed) would be refused when it is run."""
+  body = labelled.model.to_dict()
+  body["block"]["dropout_rate"] = pretraining.model.block.dropout_rate  # fine-tuning's own regulariser
+  assert body == pretraining.model.to_dict()
+
+
 def test_the_model_family_picks_the_model_config():
   assert resolve(sentiment.get_config("lstm")).model.bidirectional is False
   assert type(resolve(pos.get_config("encoder")).model).__name__ == "EncoderConfig"
