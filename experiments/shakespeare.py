@@ -23,8 +23,7 @@ SYNTHESIZERS = {
 PRESETS = ("char", "char_gpt2", "bpe", "tiny", "lstm", *SYNTHESIZERS)
 # The GPT presets' batch of 32 windows is computed in two microbatches of 16 (gradient accumulation:
 # the same update, the summed gradients divided by the batch's tokens; the losses equal to float
-# rounding: no dropout here). On a CPU the two halves run faster than the whole, 1.03-1.30x a step on
-# 2 cores (README: "The main job's batch in two microbatches"); four were ~1.1x, eight 0.9x.
+# rounding: no dropout here). On a CPU the two halves run faster than the whole (experiments/README.md).
 GPT_MICROBATCHES = 2
 LSTM_STEPS = 1500  # as many as fit in ~5 minutes of training on 2 CPU cores (experiments/README.md)
 

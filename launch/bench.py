@@ -465,9 +465,9 @@ def vs_torch_table() -> str:
 
 
 def mechanisms_table() -> str:
-  """The training step and the forward pass with each self-attention mechanism (layers.ATTENTION_MECHANISMS)."""
+  """The training step and the forward pass with each self-attention mechanism (layers.MECHANISMS)."""
   rows, base = [], None
-  for mechanism in layers.ATTENTION_MECHANISMS:
+  for mechanism in layers.MECHANISMS:
     cfg = model_config().replace(attention_mechanism=mechanism)
     params = _params(cfg)
     forward_s = forward_seconds(cfg, params, _TRAIN_BATCH.value)

@@ -8,26 +8,15 @@ Texts come from --text (repeatable), then --input_file (one text a line; "-" is 
 one line: the label, a tab, and every class's probability.
 """
 
-from absl import flags
-
 import launch
 from transformer import cli, inference
-from transformer.errors import UserError
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "A classification training workdir.", required=True)
-_STEP = flags.DEFINE_string(
-  "step", "best", "'best' (the highest dev accuracy: what the run's test scores are of), 'latest' or a step number."
-)
-_TEXT = flags.DEFINE_multi_string("text", [], "A text to classify; repeat the flag for several.")
-_INPUT_FILE = flags.DEFINE_string("input_file", None, "One text a line; '-' reads stdin.")
+_FLAGS = launch.define_text_labelling_flags("classification", "classify")
 
 
 def main(argv):
   del argv
-  texts = cli.read_inputs(_TEXT.value, _INPUT_FILE.value, "input_file")
-  if not texts:
-    raise UserError("nothing to classify: give --text or --input_file")
-  trained = launch.restore(_WORKDIR.value, _STEP.value, task="classification")
+  texts, trained = launch.texts_and_run(_FLAGS, "classification", "classify")
   probs = inference.classify(trained, texts)
   names = trained.task.labels
   for p in probs:

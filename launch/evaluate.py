@@ -23,6 +23,7 @@ import warnings
 import numpy as np
 from absl import flags
 
+import launch
 from transformer import cli, evaluation, inference, metrics, sharding, tokenizers
 from transformer.data import sources
 from transformer.errors import ConfigError, InputWarning, UserError
@@ -159,12 +160,13 @@ def main(argv):
   text = "".join(sources.read_text(_INPUT_FILE.value)) if _INPUT_FILE.value else None
   if _HF.value:
     config, params = import_hf_gpt2(_HF.value)
+    launch.say_kernels(config)
     print(f"# {_HF.value} on {_INPUT_FILE.value}")
     tokenizer = tokenizers.get_tokenizer(_TOKENIZER.value)
     context = _CONTEXT.value or config.max_len
     _print_text_score(_score_lm(GPT(config), params, tokenizer, text, context=context, max_context=config.max_len))
     return
-  trained = inference.restore(_WORKDIR.value, _STEP.value or inference.default_step(_WORKDIR.value))
+  trained = launch.restore(_WORKDIR.value, _STEP.value or inference.default_step(_WORKDIR.value))
   kind = trained.run.task
   print(f"# {_WORKDIR.value} step {trained.step} ({kind}) on {_INPUT_FILE.value or f'its {_SPLIT.value} split'}")
   if kind == "lm":

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from absl import flags
 
-from transformer import cli, inference, probes, tokenizers
+import launch
+from transformer import cli, probes, tokenizers
 from transformer.errors import UserError
 from transformer.models.gpt import GPT
 from transformer.models.hf_gpt2 import import_hf_gpt2
@@ -47,9 +48,10 @@ def load():
   if (_WORKDIR.value is None) == (_HF.value is None):
     raise UserError("give exactly one of --workdir (a training run) or --hf (GPT-2 safetensors)")
   if _WORKDIR.value:
-    trained = inference.restore(_WORKDIR.value, _STEP.value)
+    trained = launch.restore(_WORKDIR.value, _STEP.value)
     return trained.model, trained.params, trained.tokenizer, f"{_WORKDIR.value} step {trained.step}"
   config, params = import_hf_gpt2(_HF.value)
+  launch.say_kernels(config)
   return GPT(config), params, tokenizers.get_tokenizer(_TOKENIZER.value), _HF.value
 
 

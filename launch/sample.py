@@ -76,6 +76,7 @@ def load():
       f"{_WORKDIR.value} step {trained.step}",
     )
   config, params = import_hf_gpt2(_HF.value)
+  launch.say_kernels(config)
   return GPT(config), params, tokenizers.get_tokenizer(_TOKENIZER.value), None, (), _HF.value
 
 

@@ -7,26 +7,15 @@ Texts come from --text (repeatable), then --input_file (one text a line; "-" is 
 one line of `word/TAG` (words and punctuation as the word tokenizer splits them).
 """
 
-from absl import flags
-
 import launch
 from transformer import cli, inference
-from transformer.errors import UserError
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "A tagging training workdir.", required=True)
-_STEP = flags.DEFINE_string(
-  "step", "best", "'best' (the highest dev accuracy: what the run's test scores are of), 'latest' or a step number."
-)
-_TEXT = flags.DEFINE_multi_string("text", [], "A text to tag; repeat the flag for several.")
-_INPUT_FILE = flags.DEFINE_string("input_file", None, "One text a line; '-' reads stdin.")
+_FLAGS = launch.define_text_labelling_flags("tagging", "tag")
 
 
 def main(argv):
   del argv
-  texts = cli.read_inputs(_TEXT.value, _INPUT_FILE.value, "input_file")
-  if not texts:
-    raise UserError("nothing to tag: give --text or --input_file")
-  trained = launch.restore(_WORKDIR.value, _STEP.value, task="tagging")
+  texts, trained = launch.texts_and_run(_FLAGS, "tagging", "tag")
   for tagged in inference.tag(trained, texts):
     print(" ".join(f"{word}/{tag}" for word, tag in tagged))
 

@@ -68,6 +68,7 @@ def main(argv):
     )
   if _ENSEMBLE.value:
     trained = inference.restore_ensemble([_WORKDIR.value, *_ENSEMBLE.value], _STEP.value, average=_AVERAGE.value)
+    launch.say_kernels(trained.run.model)
     which = f"+ {len(_ENSEMBLE.value)} more workdir(s), an ensemble"
   else:
     trained = launch.restore(_WORKDIR.value, _STEP.value, task="translation", average=_AVERAGE.value)

@@ -240,11 +240,10 @@ BEFORE_BLOCK = Path(__file__).parent / "fixtures" / "configs_before_block"
 def test_configs_written_before_the_block_was_nested_resolve_to_the_same_model(name, model, block):
   saved = json.loads((BEFORE_BLOCK / f"{name}.json").read_text())
   assert "block" not in saved["model"]  # the old layout, flat
-  run = resolve(ml_collections.ConfigDict(workdir.upgrade_config(saved)))
+  run = resolve(ml_collections.ConfigDict(workdir.upgrade_config_from_v1(saved)))
   assert {k: getattr(run.model, k) for k in model} == model
   if block is not None:
     assert {k: getattr(run.model.block, k) for k in block} == block
-    assert run.model.block.max_len == run.model.max_len  # the block takes the model's
   # Written again, it is the new layout, which resolves to the same run.
   assert resolve(ml_collections.ConfigDict(config.to_config_dict(run).to_dict())) == run
   # Only what config.json holds is upgraded: the old names on a command line are refused, named.

@@ -202,6 +202,7 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
   [
     (dict(d_model=30, num_heads=4), "block.d_model=30 is not divisible by block.num_heads=4"),
     (dict(attention="flash"), "unknown block.attention implementation 'flash'; choose one of einsum, xla, cudnn"),
+    (dict(attention_mechanism="alibi"), "unknown block.attention_mechanism 'alibi'; choose one of dot_product, synth"),
     (dict(attention_dropout_rate=0.1), "attention_dropout_rate=0.1 needs block.attention='einsum'"),
     (dict(remat_policy="some"), "unknown remat_policy 'some'"),
     (dict(dtype="float12"), "unknown dtype 'float12'"),
@@ -211,7 +212,8 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
     (dict(norm="batch_norm"), "unknown block.norm 'batch_norm'; choose one of layer_norm, rms_norm"),
     (dict(activation="geglu"), "unknown block.activation 'geglu'; choose one of gelu_tanh, gelu, relu, relu2, swiglu"),
     (dict(positions="rope", d_model=36, num_heads=4), "the head width d_model/num_heads=9 must be even"),
-    (dict(positions="rope", attention_mechanism="synthesizer_dense"), "need dot_product attention"),
+    (dict(positions="rope", attention_mechanism="synthesizer_dense"), "has no keys to rotate: rotary positions need"),
+    (dict(qk_norm=True, attention_mechanism="synthesizer_random"), "has no keys to normalise: block.qk_norm needs"),
     (dict(logits_softcap=-1.0), "logits_softcap must be >= 0"),
   ],
 )

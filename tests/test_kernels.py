@@ -27,13 +27,48 @@ FORMS = ("reference", "cpu", "accelerator")
 
 
 def test_kernels_values_and_what_auto_means_here():
-  assert kernels.forms("auto") == "cpu" == kernels.for_platform("cpu")  # the suite runs on a CPU
-  assert kernels.for_platform("gpu") == kernels.for_platform("tpu") == "accelerator"
-  assert [kernels.forms(k) for k in FORMS] == list(FORMS)
+  assert kernels.resolve("auto") == "cpu" == kernels.for_platform("cpu")  # the suite runs on a CPU
+  assert kernels.resolve("auto", "gpu") == kernels.for_platform("tpu") == "accelerator"
+  assert [kernels.resolve(k) for k in FORMS] == list(FORMS)
   with pytest.raises(ConfigError, match="unknown kernels 'fast'; choose one of auto, reference, cpu, accelerator"):
-    kernels.forms("fast")
+    kernels.resolve("fast")
   with pytest.raises(ConfigError, match="unknown kernels"):
     GPTConfig().replace(vocab_size=10, kernels="fast").check()
+
+
+def test_the_start_up_line_names_the_forms_and_how_to_run_the_reference():
+  line = kernels.describe("auto", "cpu")
+  assert line.startswith("kernels: cpu (auto on cpu: causal attention by blocks") and "\n" not in line
+  assert line.endswith("--config.model.kernels=reference runs transformer/layers.py as written")
+  assert kernels.describe("auto", "gpu").startswith("kernels: accelerator (auto on gpu: ")
+  assert kernels.describe("reference") == f"kernels: reference (config.model.kernels: {kernels.FORMS['reference']})"
+
+
+def test_the_forms_are_decided_once_per_model(monkeypatch):
+  """A model resolves config.model.kernels once, where it is built, and hands the decided forms to
+  its layers: no op asks again (jax.default_backend() is read once)."""
+  calls = []
+  resolve = kernels.resolve
+  monkeypatch.setattr(kernels, "resolve", lambda *args: calls.append(args) or resolve(*args))
+  cfg = CFG.replace(num_layers=3, positions="rope", qk_norm=True)
+  params = GPT(cfg).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
+  GPT(cfg).apply(params, jnp.zeros((2, 8), jnp.int32))
+  assert calls == [("auto",), ("auto",)]  # one for init, one for apply; none per layer or op
+
+
+def test_an_edit_of_the_reference_runs_with_kernels_reference(monkeypatch):
+  """What a researcher who edits layers.py sees: with kernels=reference the edited attention runs
+  (here `mix` made to return zeros), with the CPU's forms causal self-attention takes
+  kernels.attention instead, which the edit does not touch."""
+  cfg = CFG.replace(num_layers=1)
+  tokens = jax.random.randint(jax.random.key(1), (1, 8), 0, cfg.vocab_size)
+  params = GPT(cfg).init(jax.random.key(0), tokens)
+  logits = {form: GPT(cfg.replace(kernels=form)).apply(params, tokens) for form in ("reference", "cpu")}
+  mix = layers.mix
+  monkeypatch.setattr(layers, "mix", lambda *args, **kw: jnp.zeros_like(mix(*args, **kw)))
+  edited = {form: GPT(cfg.replace(kernels=form)).apply(params, tokens) for form in ("reference", "cpu")}
+  assert not np.array_equal(edited["reference"], logits["reference"])
+  np.testing.assert_array_equal(edited["cpu"], logits["cpu"])
 
 
 # --- projection --------------------------------------------------------------------------------
@@ -132,15 +167,16 @@ def test_causal_attention_by_blocks_is_causal_attention(T, form):
 
 @pytest.mark.slow
 def test_attend_dispatches_causal_self_attention_by_kernels():
-  """layers.attend with no mask: kernels="cpu" runs kernels.attention.causal_cpu (its gradients to the
-  bit), "accelerator" causal_by_blocks, "reference" jax.nn.dot_product_attention with the mask; all
-  agree to rounding."""
+  """layers.attend with no mask: the "cpu" forms run kernels.attention.causal_cpu (its gradients to
+  the bit), "accelerator" causal_by_blocks, "reference" the einsum of layers.py whatever the
+  implementation; all agree to rounding."""
   q, k, v = _qkv(B=2, T=2 * attention.BLOCK, S=2 * attention.BLOCK, H=2, K=8)
   cotangent = jax.random.normal(jax.random.key(3), q.shape)
   grads = lambda f: jax.jit(jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) * cotangent), argnums=(0, 1, 2)))(q, k, v)
-  by_form = {
-    form: grads(lambda q, k, v, form=form: layers.attend(q, k, v, None, "xla", kernels=form)) for form in FORMS
-  }
+  by_form = {form: grads(lambda q, k, v, form=form: layers.attend(q, k, v, None, "xla", form)) for form in FORMS}
+  reference = grads(lambda q, k, v: layers.mix(layers.dot_product_scores(None, None, q, k, None), v, None))
+  for got, want in zip(by_form["reference"], reference):
+    np.testing.assert_array_equal(got, want)
   for got, want in zip(by_form["cpu"], grads(attention.causal_cpu)):
     np.testing.assert_array_equal(got, want)
   for got, want in zip(by_form["accelerator"], grads(lambda q, k, v: attention.causal_by_blocks(q, k, v, "xla"))):
@@ -160,11 +196,11 @@ def test_one_token_over_a_kv_cache_equals_the_reference(B):
   q, k, v = _qkv(B=B, T=1, S=S, H=H, K=K, seed=4)
   k_BxHxKxS, v_BxHxSxK = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
   mask_Bx1xS = jnp.broadcast_to(jnp.arange(S) < 6, (B, 1, S))
-  want = layers.attend_cached(q, k_BxHxKxS, v_BxHxSxK, mask_Bx1xS, kernels="reference")
+  want = layers.attend_cached(q, k_BxHxKxS, v_BxHxSxK, mask_Bx1xS, "reference")
   got = jax.jit(attention.one_token_cpu)(q, k_BxHxKxS, v_BxHxSxK, mask_Bx1xS)
   chex.assert_shape(got, (B, 1, H, K))
   np.testing.assert_allclose(got, want, atol=1e-6)
-  np.testing.assert_allclose(layers.attend_cached(q, k_BxHxKxS, v_BxHxSxK, mask_Bx1xS, kernels="cpu"), got, atol=1e-6)
+  np.testing.assert_allclose(layers.attend_cached(q, k_BxHxKxS, v_BxHxSxK, mask_Bx1xS, "cpu"), got, atol=1e-6)
 
 
 # --- the decoding step's tied head, argmax and draw --------------------------------------------

@@ -38,8 +38,8 @@ class AttendTest(chex.TestCase):
   def test_implementations_agree_and_masked_keys_do_not_count(self):
     q, k, v = _qkv()
     mask_BxTxS = jnp.ones((2, 5, 7), bool).at[:, :, 4:].set(False)
-    out = {
-      impl: self.variant(lambda q, k, v, m, impl=impl: layers.attend(q, k, v, m, impl))(q, k, v, mask_BxTxS)
+    out = {  # the fast forms' XLA kernel against the reference's einsum
+      impl: self.variant(lambda q, k, v, m, impl=impl: layers.attend(q, k, v, m, impl, "cpu"))(q, k, v, mask_BxTxS)
       for impl in ("einsum", "xla")
     }
     chex.assert_shape(out["einsum"], (2, 5, 3, 8))
@@ -56,7 +56,8 @@ def test_no_mask_means_causal(implementation):
   implementation (the fused ones take it as is_causal and skip the masked half)."""
   q, k, v = _qkv(T=7, S=7)
   explicit = layers.attend(q, k, v, layers.causal_mask(7), "einsum")
-  np.testing.assert_allclose(layers.attend(q, k, v, None, implementation), explicit, atol=1e-5)
+  for forms in ("reference", "cpu", "accelerator"):
+    np.testing.assert_allclose(layers.attend(q, k, v, None, implementation, forms), explicit, atol=1e-5)
   scores_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q, k)
   np.testing.assert_allclose(layers.mix(scores_BxHxTxS, v, None), layers.mix(scores_BxHxTxS, v, layers.causal_mask(7)))
 

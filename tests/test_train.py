@@ -89,11 +89,15 @@ def _losses(workdir, key="loss"):
 
 
 @pytest.mark.slow
-def test_end_to_end_in_process(tmp_path, data_root):
+def test_end_to_end_in_process(tmp_path, data_root, capsys):
   config = shakespeare.get_config("tiny")
   config.data.root = str(data_root)
   config.num_train_steps = 40
   result = train.train_and_evaluate(config, tmp_path)
+  # The start-up line says which fast forms run, and metrics.jsonl records them.
+  assert "\nkernels: cpu (auto on cpu: causal attention by blocks" in capsys.readouterr().out
+  started = metrics.read_jsonl(tmp_path / "metrics.jsonl")[0]
+  assert started == {"step": 0, "event": "started", "kernels": "cpu", "config_kernels": "auto"}
   losses = _losses(tmp_path)
   first, last = losses[5], losses[40]
   assert last < first - 0.5, losses  # it learns

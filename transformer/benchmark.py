@@ -68,7 +68,7 @@ def library_calls(compiled_text: str) -> dict[str, str]:
   """HLO op -> the library routine it calls (`custom_call_target`: cuBLAS products, cuDNN attention).
   A profile grouped by JAX operation alone misnames some: XLA folds the transpose that autodiff puts
   after a kernel's gradient product into the product, which then carries the transpose's name (GPT-2's
-  MLP kernel-gradient products read as "transpose": launch/BENCHMARKS.md)."""
+  MLP kernel-gradient products read as "transpose")."""
   return _per_instruction(compiled_text, "custom_call_target")
 
 

@@ -210,24 +210,22 @@ class Checkpointer:
   def check_shapes(self, step: int, abstract_params) -> None:
     """Compares the saved params with those the config makes; names the first mismatching one."""
     saved = self._ocp.StandardCheckpointHandler().metadata(self.directory / str(step) / "state")
-    want = flax.traverse_util.flatten_dict(_as_dict(abstract_params), sep="/")
-    have = flax.traverse_util.flatten_dict(_as_dict(saved["params"]), sep="/")
-    for key, leaf in want.items():
-      if key not in have:
-        raise CheckpointError(
-          f"checkpoint step {step} in {self.directory} has no '{key}'; it was written by "
-          f"a different model config (start a new workdir or restore the old config)"
-        )
-      if tuple(have[key].shape) != tuple(leaf.shape):
-        raise CheckpointError(
-          f"checkpoint step {step} in {self.directory}: '{key}' has shape "
-          f"{tuple(have[key].shape)} but the config makes {tuple(leaf.shape)}; the "
-          f"model config changed since it was saved (use another workdir or the old config)"
-        )
-    extra = sorted(set(have) - set(want))
-    if extra:
+    want, have = flat_params(abstract_params), flat_params(saved["params"])
+    kind, key = first_mismatch(want, have) or (None, None)
+    if kind == "missing":
       raise CheckpointError(
-        f"checkpoint step {step} in {self.directory} has '{extra[0]}', which the config's "
+        f"checkpoint step {step} in {self.directory} has no '{key}'; it was written by "
+        f"a different model config (start a new workdir or restore the old config)"
+      )
+    if kind == "shape":
+      raise CheckpointError(
+        f"checkpoint step {step} in {self.directory}: '{key}' has shape "
+        f"{tuple(have[key].shape)} but the config makes {tuple(want[key].shape)}; the "
+        f"model config changed since it was saved (use another workdir or the old config)"
+      )
+    if kind == "extra":
+      raise CheckpointError(
+        f"checkpoint step {step} in {self.directory} has '{key}', which the config's "
         f"model does not; it was written by a different model config"
       )
 
@@ -317,3 +315,21 @@ def _as_dict(tree) -> dict:
   flat, _ = jax.tree_util.tree_flatten_with_path(tree)
   keys = lambda path: tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
   return flax.traverse_util.unflatten_dict({keys(path): leaf for path, leaf in flat})
+
+
+def flat_params(tree) -> dict:
+  """A parameter tree as {"a/b/kernel": leaf}: the names the shape checks report."""
+  return flax.traverse_util.flatten_dict(_as_dict(tree), sep="/")
+
+
+def first_mismatch(want: dict, have: dict, extra: bool = True) -> tuple[str, str] | None:
+  """How two flat parameter trees (`flat_params`; leaves with a shape) first differ, in `want`'s
+  order: ("missing", name) for a tensor `have` lacks, ("shape", name) for one shaped otherwise, then,
+  with `extra`, ("extra", name) for one only `have` has. None where every name and shape agree."""
+  for name, leaf in want.items():
+    if name not in have:
+      return "missing", name
+    if tuple(have[name].shape) != tuple(leaf.shape):
+      return "shape", name
+  extras = sorted(set(have) - set(want)) if extra else []
+  return ("extra", extras[0]) if extras else None

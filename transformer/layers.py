@@ -13,24 +13,23 @@ activations carry logical constraints, so that sharding is a matter of rules and
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from collections.abc import Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer import kernels
 from transformer.errors import ConfigError
 from transformer.kernels import attention as fast_attention
-from transformer.kernels import check as check_kernels
-from transformer.kernels import forms as kernel_forms
 from transformer.kernels import projection as fast_projection
 
+# Who computes dot-product attention once the fast forms are on (config.model.kernels != "reference"):
+# our einsum, XLA's fused kernel, or cuDNN's flash attention (NVIDIA GPUs).
 ATTENTION_IMPLEMENTATIONS = ("einsum", "xla", "cudnn")
-# How self-attention scores are made (Tay et al. 2020, "Synthesizer"): query-key dot products, or
-# synthesized without keys, from each token alone ("dense") or as learned position-by-position
-# scores ("random"; "fixed_random" keeps them at their random initialisation).
-ATTENTION_MECHANISMS = ("dot_product", "synthesizer_dense", "synthesizer_random", "synthesizer_fixed_random")
 
 
 def _dtype(name: str):
@@ -55,9 +54,8 @@ class BlockConfig:
   use_bias: bool = True
   dtype: str = "float32"  # compute ("bfloat16" on accelerators)
   param_dtype: str = "float32"
-  attention: str = "xla"  # the implementation of dot-product attention: "einsum" | "xla" | "cudnn" (NVIDIA GPUs)
-  # Of self-attention (ATTENTION_MECHANISMS); cross-attention is dot-product.
-  attention_mechanism: str = "dot_product"
+  attention: str = "xla"  # the implementation of dot-product attention (ATTENTION_IMPLEMENTATIONS)
+  attention_mechanism: str = "dot_product"  # how self-attention's scores are made (MECHANISMS)
   pre_layer_norm: bool = True  # GPT-2; the 2017 paper normalises after the residual instead
   norm: str = "layer_norm"  # GPT-2's; "rms_norm" (Zhang & Sennrich 2019) scales only: no mean, no bias
   # The MLP's: GPT-2's approximate GELU; the 2017 paper's relu; "relu2" (ReLU squared, So et al. 2021,
@@ -68,10 +66,6 @@ class BlockConfig:
   # "xavier": Glorot uniform (the 2017 paper's tensor2tensor, flax's wmt example), whose larger
   # scale at small widths lets attention learn from the first steps.
   kernel_init: str = "gpt2"
-  # The model's own fields, which its config copies in (`with_model`); not config keys of the block.
-  max_len: int = dataclasses.field(default=0, metadata={"derived": True})  # a synthesizer's positions
-  kernels: str = dataclasses.field(default="auto", metadata={"derived": True})  # transformer.kernels
-  rope: bool = dataclasses.field(default=False, metadata={"derived": True})  # the model's positions == "rope"
 
   @property
   def head_dim(self) -> int:
@@ -84,24 +78,13 @@ class BlockConfig:
   def replace(self, **changes) -> BlockConfig:
     return dataclasses.replace(self, **changes)
 
-  def with_model(self, model_config) -> BlockConfig:
-    """This block in a model of `model_config` (its max_len, kernels and whether positions rotate)."""
-    rope = getattr(model_config, "positions", "learned") == "rope"
-    return dataclasses.replace(self, max_len=model_config.max_len, kernels=model_config.kernels, rope=rope)
-
-
-def nest_block(model_config) -> None:
-  """For a model config's `__post_init__`: its `block` takes the model's max_len and kernels, so
-  that `config.block` is what the layers build (the config is frozen, hence `object.__setattr__`)."""
-  object.__setattr__(model_config, "block", model_config.block.with_model(model_config))
-
 
 def replace_model(model_config, changes: dict):
   """`dataclasses.replace` of a model config, where the block's own fields (d_model=..., ...) change
   its nested block: a shorthand for Python callers (the config keys are model.block.*)."""
   changes = dict(changes)
   model_names = {f.name for f in dataclasses.fields(model_config)}
-  block_names = {f.name for f in dataclasses.fields(BlockConfig) if not f.metadata.get("derived")} - model_names
+  block_names = {f.name for f in dataclasses.fields(BlockConfig)} - model_names
   block_changes = {name: changes.pop(name) for name in list(changes) if name in block_names}
   if block_changes:
     changes["block"] = dataclasses.replace(changes.get("block", model_config.block), **block_changes)
@@ -122,19 +105,16 @@ def check_block_config(cfg: BlockConfig) -> None:
       f"{math.gcd(cfg.d_model, cfg.num_heads) or 1} or d_model="
       f"{cfg.num_heads * max(1, round(cfg.d_model / cfg.num_heads))}"
     )
-  if cfg.attention not in ATTENTION_IMPLEMENTATIONS:
-    raise ConfigError(
-      f"unknown block.attention implementation {cfg.attention!r}; choose one of {', '.join(ATTENTION_IMPLEMENTATIONS)}"
-    )
-  if cfg.attention_mechanism not in ATTENTION_MECHANISMS:
-    raise ConfigError(
-      f"unknown block.attention_mechanism {cfg.attention_mechanism!r}; choose one of {', '.join(ATTENTION_MECHANISMS)}"
-    )
-  if cfg.attention_mechanism != "dot_product" and cfg.max_len <= 0:
-    raise ConfigError(
-      f"block.attention_mechanism={cfg.attention_mechanism!r} makes scores for a fixed number of "
-      f"positions; the model must give its longest sequence (max_len), got {cfg.max_len}"
-    )
+  for name, allowed in (
+    ("attention implementation", ATTENTION_IMPLEMENTATIONS),
+    ("attention_mechanism", MECHANISMS),
+    ("kernel_init", KERNEL_INITS),
+    ("activation", ACTIVATIONS),
+    ("norm", NORMS),
+  ):
+    value = getattr(cfg, name.split()[0])
+    if value not in allowed:
+      raise ConfigError(f"unknown block.{name} {value!r}; choose one of {', '.join(allowed)}")
   if cfg.attention_dropout_rate > 0 and cfg.attention != "einsum":
     raise ConfigError(
       f"block.attention_dropout_rate={cfg.attention_dropout_rate} needs block.attention='einsum' "
@@ -145,22 +125,11 @@ def check_block_config(cfg: BlockConfig) -> None:
       raise ConfigError(f"block.{name} must be in [0, 1), got {getattr(cfg, name)}")
   if cfg.layer_norm_epsilon <= 0:
     raise ConfigError(f"block.layer_norm_epsilon must be positive, got {cfg.layer_norm_epsilon}")
-  if cfg.kernel_init not in KERNEL_INITS:
-    raise ConfigError(f"unknown block.kernel_init {cfg.kernel_init!r}; choose one of {', '.join(KERNEL_INITS)}")
-  if cfg.activation not in ACTIVATIONS:
-    raise ConfigError(f"unknown block.activation {cfg.activation!r}; choose one of {', '.join(ACTIVATIONS)}")
-  if cfg.norm not in NORMS:
-    raise ConfigError(f"unknown block.norm {cfg.norm!r}; choose one of {', '.join(NORMS)}")
-  if cfg.attention_mechanism != "dot_product" and (cfg.rope or cfg.qk_norm):
+  if cfg.qk_norm and not MECHANISMS[cfg.attention_mechanism].keys:
     raise ConfigError(
-      f"block.attention_mechanism={cfg.attention_mechanism!r} has no keys to rotate or normalise: "
-      f"rotary positions and block.qk_norm need dot_product attention"
+      f"block.attention_mechanism={cfg.attention_mechanism!r} has no keys to normalise: block.qk_norm "
+      f"needs a mechanism with queries and keys (dot_product)"
     )
-  if cfg.rope and cfg.head_dim % 2:
-    raise ConfigError(
-      f"rotary positions rotate pairs of channels: the head width d_model/num_heads={cfg.head_dim} must be even"
-    )
-  check_kernels(cfg.kernels)
   _dtype(cfg.dtype), _dtype(cfg.param_dtype)
 
 
@@ -280,7 +249,7 @@ def self_attention_mask(valid_BxT: jax.Array | None, segments_BxT: jax.Array | N
 
 
 class CachePositions(nn.Module):
-  """Decode mode (a KV cache, `MultiHeadAttention(decode=True)`): the positions of the T new tokens,
+  """Decode mode (a KV cache, `SelfAttention(decode=True)`): the positions of the T new tokens,
   which of the cache's S slots each may attend to (those written so far that hold real tokens, and
   itself), and the position of the token in every slot (a synthesizer's scores are by position).
 
@@ -312,6 +281,57 @@ class CachePositions(nn.Module):
     return positions_BxT, mask_BxTxS, slot_positions.value if not initialising else positions_BxT
 
 
+class Projection(nn.Module):
+  """x @ kernel over the last `contract` dims of x, into `features` dims: Dense for any rank.
+
+  Flax's DenseGeneral initialises a flattened kernel and reshapes it, which breaks logical sharding
+  of multi-dimensional kernels; this creates the kernel in its real shape with its axis names."""
+
+  features: tuple[int, ...]
+  names: tuple[str | None, ...]  # logical names of the kernel: contracted dims, then features
+  contract: int = 1
+  std: float = 0.02  # kernel_init "gpt2"
+  use_bias: bool = True
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+  kernel_init: str = "gpt2"  # or "xavier" (see BlockConfig)
+  forms: str = "reference"  # the model's (transformer.kernels.resolve): "cpu" takes kernels.projection
+
+  @nn.compact
+  def __call__(self, x):
+    shape = (*x.shape[x.ndim - self.contract :], *self.features)
+    kernel = self.param(
+      "kernel", _kernel_init(self.kernel_init, self.std, self.names, self.contract), shape, _dtype(self.param_dtype)
+    )
+    x, kernel = x.astype(self.dtype), kernel.astype(self.dtype)
+    if self.forms == "cpu":
+      y = fast_projection.project(x, kernel, self.contract)
+    else:
+      y = jnp.tensordot(x, kernel, self.contract)
+    if self.use_bias:
+      bias = self.param("bias", _zeros(self.names[self.contract :]), self.features, _dtype(self.param_dtype))
+      y = y + bias.astype(self.dtype)
+    return y
+
+
+def projections(cfg: BlockConfig, forms: str):
+  """`Projection` with the block's bias, dtypes and initialisation and the model's forms: what every
+  projection of a block is, given its features, logical names and name."""
+  return functools.partial(
+    Projection,
+    use_bias=cfg.use_bias,
+    dtype=cfg.dtype,
+    param_dtype=cfg.param_dtype,
+    kernel_init=cfg.kernel_init,
+    forms=forms,
+  )
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention: softmax(scores) V over the keys a mask allows. Self-attention's scores are made by an
+# attention mechanism (MECHANISMS); cross-attention's are dot products.
+
+
 def mix(
   scores_BxHxTxS,
   v_BxSxHxK,
@@ -336,40 +356,31 @@ def mix(
   return jnp.einsum(f"bhts,{values}->bthk", probs_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK)
 
 
+def dot_product_scores(attn, x_BxTxD, q_BxTxHxK, k_BxSxHxK, positions) -> jax.Array:
+  """Q Kᵀ / √K, in float32: the 2017 paper's scores (a `Mechanism`'s scores; attn, x and positions unused)."""
+  scale = 1.0 / math.sqrt(q_BxTxHxK.shape[-1])
+  return jnp.einsum("bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK, preferred_element_type=jnp.float32) * scale
+
+
 def attend(
   q_BxTxHxK,
   k_BxSxHxK,
   v_BxSxHxK,
   mask_BxTxS,
-  implementation: str,
+  implementation: str = "einsum",
+  forms: str = "reference",
   dropout: nn.Dropout | None = None,
   deterministic: bool = True,
   sow=None,
-  kernels: str = "auto",
 ) -> jax.Array:
-  """softmax(Q Kᵀ / √K) V over the keys that `mask` allows (True = attend). `mask` None means causal
-  and nothing else (query t sees keys 0..t), which cuDNN takes as `is_causal`: it skips the masked
-  half of the scores instead of reading a mask. `sow` (see `mix`) needs the probabilities, so it
-  takes the einsum path whatever the implementation. `kernels` (config.model.kernels) may send causal
-  self-attention to a faster form of the same computation (transformer.kernels.attention)."""
-  if implementation == "einsum" or sow is not None:  # the reference: every step visible (mix: None = causal)
-    scale = 1.0 / math.sqrt(q_BxTxHxK.shape[-1])
-    scores_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK, preferred_element_type=jnp.float32) * scale
+  """softmax(Q Kᵀ / √K) V over the keys that `mask` allows (True = attend; None: causal, query t sees
+  keys 0..t). The reference is the einsum below (`forms="reference"`, `implementation="einsum"`, and
+  always when probing or with attention dropout, which need the probabilities); otherwise the fused
+  forms of transformer.kernels.attention compute the same (XLA's or cuDNN's kernel, causal blocks)."""
+  if forms == "reference" or implementation == "einsum" or sow is not None or dropout is not None:
+    scores_BxHxTxS = dot_product_scores(None, None, q_BxTxHxK, k_BxSxHxK, None)
     return mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, dropout, deterministic, sow)
-  # Fused kernels: XLA's on any backend, cuDNN flash attention on NVIDIA GPUs (bf16/fp16 only).
-  if mask_BxTxS is None and implementation == "cudnn":
-    return jax.nn.dot_product_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, is_causal=True, implementation=implementation)
-  if mask_BxTxS is None and q_BxTxHxK.shape[1] == k_BxSxHxK.shape[1]:  # causal self-attention
-    forms = kernel_forms(kernels)
-    if forms == "cpu":
-      return fast_attention.causal_cpu(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK)
-    if forms == "accelerator":
-      return fast_attention.causal_by_blocks(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, implementation)
-  if mask_BxTxS is None:
-    mask_BxTxS = causal_mask(q_BxTxHxK.shape[1], k_BxSxHxK.shape[1])
-  return jax.nn.dot_product_attention(
-    q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask=mask_BxTxS[:, None], implementation=implementation
-  )
+  return fast_attention.attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, implementation, forms)
 
 
 def attend_cached(
@@ -377,199 +388,185 @@ def attend_cached(
   k_BxHxKxS,
   v_BxHxSxK,
   mask_BxTxS,
+  forms: str = "reference",
   dropout: nn.Dropout | None = None,
   deterministic: bool = True,
   sow=None,
-  kernels: str = "auto",
 ) -> jax.Array:
-  """`attend` over a KV cache (keys B x H x K x S, values B x H x S x K: see
-  `MultiHeadAttention._cached`). On a CPU, one new token per sequence (every step after the prompt)
-  takes matrix-vector products (transformer.kernels.attention.one_token_cpu)."""
-  if q_BxTxHxK.shape[1] == 1 and sow is None and dropout is None and kernel_forms(kernels) == "cpu":
+  """`attend` over a KV cache (keys B x H x K x S, values B x H x S x K: CACHE_LAYOUTS). With the
+  CPU's forms one new token per sequence (every step after the prompt) takes matrix-vector products
+  (transformer.kernels.attention.one_token_cpu)."""
+  if q_BxTxHxK.shape[1] == 1 and sow is None and dropout is None and forms == "cpu":
     return fast_attention.one_token_cpu(q_BxTxHxK, k_BxHxKxS, v_BxHxSxK, mask_BxTxS)
   scale = 1.0 / math.sqrt(q_BxTxHxK.shape[-1])
   scores_BxHxTxS = jnp.einsum("bthk,bhks->bhts", q_BxTxHxK, k_BxHxKxS, preferred_element_type=jnp.float32) * scale
   return mix(scores_BxHxTxS, v_BxHxSxK, mask_BxTxS, dropout, deterministic, sow, values="bhsk")
 
 
-class Projection(nn.Module):
-  """x @ kernel over the last `contract` dims of x, into `features` dims: Dense for any rank.
+@dataclasses.dataclass(frozen=True)
+class Mechanism:
+  """An attention mechanism: how self-attention makes its scores, and so what the KV cache keeps.
 
-  Flax's DenseGeneral initialises a flattened kernel and reshapes it, which breaks logical sharding
-  of multi-dimensional kernels; this creates the kernel in its real shape with its axis names."""
+  `scores(attn, x_BxTxD, q_BxTxHxK, k_BxSxHxK, positions) -> scores_BxHxTxS`: query t's score for
+  key s, before the mask and the softmax (`mix`). `attn` is the calling `SelfAttention`: parameters
+  a mechanism needs are made through it (`attn.param`, `attn.projection`), so they live in the
+  block's "attn" parameters. `positions` = (of the queries B x T, of the keys B x S): each token's
+  position in its own sequence (a packed document's start from 0, padding takes none).
+  `keys`: the scores read queries and keys (the fused q/k/v projection; rotary positions and qk_norm
+  act on them), and the KV cache keeps the keys with the values; without, q and k are None and the
+  cache keeps values alone. `by_position`: scores exist for positions < the model's max_len only.
+  Register one with `register_mechanism`; config.model.block.attention_mechanism then takes its name."""
 
-  features: tuple[int, ...]
-  names: tuple[str | None, ...]  # logical names of the kernel: contracted dims, then features
-  contract: int = 1
-  std: float = 0.02  # kernel_init "gpt2"
-  use_bias: bool = True
-  dtype: str = "float32"
-  param_dtype: str = "float32"
-  kernel_init: str = "gpt2"  # or "xavier" (see BlockConfig)
-  kernels: str = "auto"  # config.model.kernels: the CPU's forms take transformer.kernels.projection
-
-  @nn.compact
-  def __call__(self, x):
-    shape = (*x.shape[x.ndim - self.contract :], *self.features)
-    kernel = self.param(
-      "kernel", _kernel_init(self.kernel_init, self.std, self.names, self.contract), shape, _dtype(self.param_dtype)
-    )
-    x, kernel = x.astype(self.dtype), kernel.astype(self.dtype)
-    if kernel_forms(self.kernels) == "cpu":
-      y = fast_projection.project(x, kernel, self.contract)
-    else:
-      y = jnp.tensordot(x, kernel, self.contract)
-    if self.use_bias:
-      bias = self.param("bias", _zeros(self.names[self.contract :]), self.features, _dtype(self.param_dtype))
-      y = y + bias.astype(self.dtype)
-    return y
+  scores: Callable[..., jax.Array]
+  keys: bool = True
+  by_position: bool = False
 
 
-class MultiHeadAttention(nn.Module):
-  """Self-attention (one fused Q/K/V projection) or, with `cross`, attention from x to `context`
-  (Q from x, K/V from the context: the decoder looking at the encoder).
+def synthesizer_dense_scores(attn, x_BxTxD, q_BxTxHxK, k_BxSxHxK, positions) -> jax.Array:
+  """Dense Synthesizer (Tay et al. 2020): for head h, ReLU(x A_h + b_1) B_h + b_2 gives the query
+  token's scores for all max_len positions, of which each key's position is taken. No keys."""
+  cfg, (q_positions_BxT, k_positions_BxS) = attn.cfg, positions
+  H, K, L = cfg.num_heads, cfg.head_dim, attn.max_len
+  hidden_BxTxHxK = jax.nn.relu(attn.projection((H, K), ("embed", "heads", "kv"), name="synth_hidden")(x_BxTxD))
+  init = (
+    nn.initializers.normal(0.02)
+    if cfg.kernel_init == "gpt2"
+    else nn.initializers.variance_scaling(1.0, "fan_avg", "uniform", in_axis=1, out_axis=2, batch_axis=0)
+  )
+  partitioned = nn.with_logical_partitioning(init, ("heads", "kv", "position"))
+  kernel_HxKxL = attn.param("synth_kernel", partitioned, (H, K, L), _dtype(cfg.param_dtype))
+  bias_HxL = attn.param("synth_bias", _zeros(("heads", "position")), (H, L), _dtype(cfg.param_dtype))
+  scores_BxHxTxL = (
+    jnp.einsum("bthk,hkl->bhtl", hidden_BxTxHxK, kernel_HxKxL.astype(cfg.dtype), preferred_element_type=jnp.float32)
+    + bias_HxL[None, :, None, :]
+  )
+  B, T, S = x_BxTxD.shape[0], q_positions_BxT.shape[1], k_positions_BxS.shape[1]
+  index_BxHxTxS = jnp.broadcast_to(k_positions_BxS[:, None, None, :], (B, cfg.num_heads, T, S))
+  return jnp.take_along_axis(scores_BxHxTxL, index_BxHxTxS, axis=-1)
 
-  With `decode=True` self-attention keeps a KV cache in the "cache" collection: each call writes
-  its keys/values at the cache index and attends over the whole cache (the caller's mask says which
-  slots are real; see `CachePositions`). The cache's length is that of the input `init` sees.
-  Cross-attention in decode mode computes the context's keys/values once, on the call that passes
-  `context_BxSxD`, and reuses them from the cache on calls that pass None."""
+
+def synthesizer_random_scores(attn, x_BxTxD, q_BxTxHxK, k_BxSxHxK, positions, fixed: bool = False) -> jax.Array:
+  """Random Synthesizer: a learned max_len x max_len table of scores per head, indexed by (query
+  position, key position); `fixed` keeps it at its random initialisation (a parameter that gets no
+  gradient, so checkpoints and shardings need nothing new; it is not weight-decayed unless
+  optimizer.decay_norms_and_biases). A logical name may appear once per array: the key-position axis
+  is named None (replicated)."""
+  cfg, (q_positions_BxT, k_positions_BxS) = attn.cfg, positions
+  partitioned = nn.with_logical_partitioning(nn.initializers.normal(1.0), ("heads", "position", None))
+  shape = (cfg.num_heads, attn.max_len, attn.max_len)
+  table_HxLxL = attn.param("synth_table", partitioned, shape, _dtype(cfg.param_dtype))
+  if fixed:
+    table_HxLxL = jax.lax.stop_gradient(table_HxLxL)
+  scores_HxBxTxS = table_HxLxL[:, q_positions_BxT[:, :, None], k_positions_BxS[:, None, :]]
+  return jnp.moveaxis(scores_HxBxTxS, 0, 1)
+
+
+# The attention mechanisms config.model.block.attention_mechanism names: query-key dot products, or
+# (Tay et al. 2020, "Synthesizer") scores synthesized without keys, from each token alone ("dense") or
+# learned position by position ("random"; "fixed_random" keeps them at their random initialisation).
+MECHANISMS: dict[str, Mechanism] = {
+  "dot_product": Mechanism(dot_product_scores),
+  "synthesizer_dense": Mechanism(synthesizer_dense_scores, keys=False, by_position=True),
+  "synthesizer_random": Mechanism(synthesizer_random_scores, keys=False, by_position=True),
+  "synthesizer_fixed_random": Mechanism(
+    functools.partial(synthesizer_random_scores, fixed=True), keys=False, by_position=True
+  ),
+}
+
+
+def register_mechanism(name: str, mechanism: Mechanism) -> None:
+  """Adds an attention mechanism under `name` (config.model.block.attention_mechanism=name): it then
+  trains, decodes with the KV cache, probes and shards like the built-in ones."""
+  if not isinstance(mechanism, Mechanism):
+    raise TypeError(f"register_mechanism({name!r}, ...) takes a layers.Mechanism, got {type(mechanism).__name__}")
+  MECHANISMS[name] = mechanism
+
+
+def _attention_dropout(cfg: BlockConfig) -> nn.Dropout | None:
+  return nn.Dropout(cfg.attention_dropout_rate) if cfg.attention_dropout_rate else None
+
+
+def _probabilities_recorder(module: nn.Module):
+  """When probing (apply(..., mutable=["intermediates"]), transformer.probes): a function that sows the
+  attention probabilities. Otherwise None, and no probability is materialised for it."""
+  if not module.is_mutable_collection("intermediates"):
+    return None
+  return lambda probs_BxHxTxS: module.sow("intermediates", "attention", probs_BxHxTxS)
+
+
+def _normalised(cfg: BlockConfig, q_BxTxHxK, k_BxSxHxK):
+  """With `qk_norm`, each head's queries and keys RMS-normalised (a learned scale per channel, made in
+  the calling module as q_norm and k_norm): the scores stay bounded whatever the projections' scale,
+  which allows larger learning rates."""
+  if not cfg.qk_norm:
+    return q_BxTxHxK, k_BxSxHxK
+  head_norm = functools.partial(
+    nn.RMSNorm,
+    epsilon=cfg.layer_norm_epsilon,
+    dtype=_dtype(cfg.dtype),
+    param_dtype=_dtype(cfg.param_dtype),
+    scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("kv",)),
+  )
+  return head_norm(name="q_norm")(q_BxTxHxK), head_norm(name="k_norm")(k_BxSxHxK)
+
+
+class SelfAttention(nn.Module):
+  """Multi-head self-attention, its scores made by the block's mechanism (MECHANISMS).
+
+  With `decode=True` it keeps a KV cache in the "cache" collection: each call writes its keys and
+  values (or values alone, for a mechanism without keys) at the cache index and attends over the
+  whole cache (the caller's mask says which slots are real; see `CachePositions`). The cache's
+  length is that of the input `init` sees."""
 
   cfg: BlockConfig
-  # GPT-2 scales the init of projections into the residual stream by 1/sqrt(2 * layers).
-  residual_std: float = 0.02
+  forms: str = "reference"  # the model's fast forms (transformer.kernels.resolve)
+  max_len: int = 0  # the model's longest sequence: a by-position mechanism's number of positions
+  rope: bool = False  # queries and keys rotated by their positions (the model's positions == "rope")
+  residual_std: float = 0.02  # of the output projection: GPT-2 scales it by 1/sqrt(2 * layers)
   decode: bool = False
-  cross: bool = False
+
+  def projection(self, features, names, *, name: str, contract: int = 1, std: float = 0.02) -> Projection:
+    """A projection of this block's kind (`projections`), created in this module."""
+    return projections(self.cfg, self.forms)(features, names, contract=contract, std=std, name=name)
 
   @nn.compact
-  def __call__(self, x_BxTxD, mask_BxTxS, *, context_BxSxD=None, positions=None, deterministic=True):
-    """`positions`: (of the queries B x T, of the keys B x S), which a synthesizer's scores are by."""
-    cfg = self.cfg
-    H, K, D = cfg.num_heads, cfg.head_dim, cfg.d_model
-    dense = lambda features, contract, names, std, name: Projection(
-      features, names, contract, std, cfg.use_bias, cfg.dtype, cfg.param_dtype, cfg.kernel_init, cfg.kernels, name=name
-    )
-    dropout = nn.Dropout(cfg.attention_dropout_rate) if cfg.attention_dropout_rate else None
-    # Probing (apply(..., mutable=["intermediates"]), transformer.probes) records the attention
-    # probabilities; otherwise nothing is recorded and no probability is materialised for it.
-    sow = (
-      (lambda probs: self.sow("intermediates", "attention", probs))
-      if self.is_mutable_collection("intermediates")
-      else None
-    )
-    if not self.cross and cfg.attention_mechanism != "dot_product":
-      v_BxTxHxK = dense((H, K), 1, ("embed", "heads", "kv"), 0.02, "v")(x_BxTxD)
-      # Only values are cached: a synthesized score depends on the query token and positions alone.
-      scores_BxHxTxS = self._synthesized_scores(x_BxTxD, *positions)
-      if self.decode:
-        v_BxHxSxK = self._cached(value=v_BxTxHxK)["value"]
-        out_BxTxHxK = mix(scores_BxHxTxS, v_BxHxSxK, mask_BxTxS, dropout, deterministic, sow, values="bhsk")
-      else:
-        out_BxTxHxK = mix(scores_BxHxTxS, v_BxTxHxK, mask_BxTxS, dropout, deterministic, sow)
-      return dense((D,), 2, ("heads", "kv", "embed"), self.residual_std, "out")(out_BxTxHxK)
-    if not self.cross:
-      qkv_BxTx3xHxK = dense((3, H, K), 1, ("embed", None, "heads", "kv"), 0.02, "qkv")(x_BxTxD)
+  def __call__(self, x_BxTxD, mask_BxTxS, *, positions, deterministic: bool = True):
+    """`positions`: (of the queries B x T, of the keys B x S), as `Mechanism.scores` takes them."""
+    cfg, mechanism = self.cfg, MECHANISMS[self.cfg.attention_mechanism]
+    H, K = cfg.num_heads, cfg.head_dim
+    q_BxTxHxK = k_BxSxHxK = None
+    if mechanism.keys:
+      qkv_BxTx3xHxK = self.projection((3, H, K), ("embed", None, "heads", "kv"), name="qkv")(x_BxTxD)
       q_BxTxHxK, k_BxSxHxK, v_BxSxHxK = (qkv_BxTx3xHxK[:, :, i] for i in range(3))
-      q_BxTxHxK, k_BxSxHxK = self._normalised(q_BxTxHxK, k_BxSxHxK)
-      if cfg.rope:  # this call's keys are its queries' tokens: both at the queries' positions
+      q_BxTxHxK, k_BxSxHxK = _normalised(cfg, q_BxTxHxK, k_BxSxHxK)
+      if self.rope:  # this call's keys are its queries' tokens: both at the queries' positions
         q_BxTxHxK, k_BxSxHxK = rotary(q_BxTxHxK, positions[0]), rotary(k_BxSxHxK, positions[0])
-      if self.decode:
-        cached = self._cached(key=k_BxSxHxK, value=v_BxSxHxK)
-        out_BxTxHxK = attend_cached(
-          q_BxTxHxK, cached["key"], cached["value"], mask_BxTxS, dropout, deterministic, sow, cfg.kernels
-        )
-        return dense((D,), 2, ("heads", "kv", "embed"), self.residual_std, "out")(out_BxTxHxK)
+      q_BxTxHxK = nn.with_logical_constraint(q_BxTxHxK, ("batch", "length", "heads", "kv"))
     else:
-      q_BxTxHxK = dense((H, K), 1, ("embed", "heads", "kv"), 0.02, "q")(x_BxTxD)
-      kv_proj = dense((2, H, K), 1, ("embed", None, "heads", "kv"), 0.02, "kv")
-      if context_BxSxD is not None:
-        kv_BxSx2xHxK = kv_proj(context_BxSxD)
-      if self.decode:
-        cached = self.variable("cache", "context_kv", lambda: kv_BxSx2xHxK)
-        if context_BxSxD is not None:
-          cached.value = kv_BxSx2xHxK
-        kv_BxSx2xHxK = cached.value
-      k_BxSxHxK, v_BxSxHxK = kv_BxSx2xHxK[:, :, 0], kv_BxSx2xHxK[:, :, 1]
-      q_BxTxHxK, k_BxSxHxK = self._normalised(q_BxTxHxK, k_BxSxHxK)
-    q_BxTxHxK = nn.with_logical_constraint(q_BxTxHxK, ("batch", "length", "heads", "kv"))
-    out_BxTxHxK = attend(
-      q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, cfg.attention, dropout, deterministic, sow, cfg.kernels
+      v_BxSxHxK = self.projection((H, K), ("embed", "heads", "kv"), name="v")(x_BxTxD)
+    dropout, sow, values = _attention_dropout(cfg), _probabilities_recorder(self), "bshk"
+    if self.decode:  # from here on, keys and values are the whole cache's, in its layouts
+      cached = self.cached(key=k_BxSxHxK, value=v_BxSxHxK) if mechanism.keys else self.cached(value=v_BxSxHxK)
+      k_BxHxKxS, v_BxSxHxK, values = cached.get("key"), cached["value"], "bhsk"
+    if mechanism.scores is dot_product_scores and self.decode:  # dot products have their own forms
+      out_BxTxHxK = attend_cached(q_BxTxHxK, k_BxHxKxS, v_BxSxHxK, mask_BxTxS, self.forms, dropout, deterministic, sow)
+    elif mechanism.scores is dot_product_scores:
+      out_BxTxHxK = attend(
+        q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, cfg.attention, self.forms, dropout, deterministic, sow
+      )
+    else:
+      if self.decode and mechanism.keys:
+        k_BxSxHxK = k_BxHxKxS.transpose(0, 3, 1, 2)
+      scores_BxHxTxS = mechanism.scores(self, x_BxTxD, q_BxTxHxK, k_BxSxHxK, positions)
+      out_BxTxHxK = mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, dropout, deterministic, sow, values)
+    return self.projection((cfg.d_model,), ("heads", "kv", "embed"), contract=2, std=self.residual_std, name="out")(
+      out_BxTxHxK
     )
-    return dense((D,), 2, ("heads", "kv", "embed"), self.residual_std, "out")(out_BxTxHxK)
 
-  def _normalised(self, q_BxTxHxK, k_BxSxHxK):
-    """With `qk_norm`, each head's queries and keys RMS-normalised (a learned scale per channel):
-    the scores stay bounded whatever the projections' scale, which allows larger learning rates."""
-    if not self.cfg.qk_norm:
-      return q_BxTxHxK, k_BxSxHxK
-    head_norm = lambda name: nn.RMSNorm(
-      epsilon=self.cfg.layer_norm_epsilon,
-      dtype=_dtype(self.cfg.dtype),
-      param_dtype=_dtype(self.cfg.param_dtype),
-      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("kv",)),
-      name=name,
-    )
-    return head_norm("q_norm")(q_BxTxHxK), head_norm("k_norm")(k_BxSxHxK)
-
-  def _synthesized_scores(self, x_BxTxD, q_positions_BxT, k_positions_BxS):
-    """Scores B x H x T x S without keys. Dense: for head h, ReLU(x A_h + b_1) B_h + b_2 gives the
-    query's scores for all max_len positions, of which each key's position is taken. Random: a
-    learned max_len x max_len table per head, indexed by (query position, key position)."""
-    cfg = self.cfg
-    H, K, L = cfg.num_heads, cfg.head_dim, cfg.max_len
-    B, T, S = x_BxTxD.shape[0], q_positions_BxT.shape[1], k_positions_BxS.shape[1]
-    param_dtype = _dtype(cfg.param_dtype)
-    if cfg.attention_mechanism == "synthesizer_dense":
-      hidden_BxTxHxK = jax.nn.relu(
-        Projection(
-          (H, K),
-          ("embed", "heads", "kv"),
-          1,
-          0.02,
-          cfg.use_bias,
-          cfg.dtype,
-          cfg.param_dtype,
-          cfg.kernel_init,
-          cfg.kernels,
-          name="synth_hidden",
-        )(x_BxTxD)
-      )
-      init = (
-        nn.initializers.normal(0.02)
-        if cfg.kernel_init == "gpt2"
-        else nn.initializers.variance_scaling(1.0, "fan_avg", "uniform", in_axis=1, out_axis=2, batch_axis=0)
-      )
-      kernel_HxKxL = self.param(
-        "synth_kernel", nn.with_logical_partitioning(init, ("heads", "kv", "position")), (H, K, L), param_dtype
-      )
-      bias_HxL = self.param("synth_bias", _zeros(("heads", "position")), (H, L), param_dtype)
-      scores_BxHxTxL = (
-        jnp.einsum("bthk,hkl->bhtl", hidden_BxTxHxK, kernel_HxKxL.astype(cfg.dtype), preferred_element_type=jnp.float32)
-        + bias_HxL[None, :, None, :]
-      )
-      index_BxHxTxS = jnp.broadcast_to(k_positions_BxS[:, None, None, :], (B, H, T, S))
-      return jnp.take_along_axis(scores_BxHxTxL, index_BxHxTxS, axis=-1)
-    # Random: a table per head. "fixed_random" is a parameter too (checkpoints and shardings need
-    # nothing new) that gets no gradient; it is not weight-decayed unless optimizer.decay_norms_and_biases.
-    # (A logical name may appear once per array: the key-position axis is named None, replicated.)
-    table_HxLxL = self.param(
-      "synth_table",
-      nn.with_logical_partitioning(nn.initializers.normal(1.0), ("heads", "position", None)),
-      (H, L, L),
-      param_dtype,
-    )
-    if cfg.attention_mechanism == "synthesizer_fixed_random":
-      table_HxLxL = jax.lax.stop_gradient(table_HxLxL)
-    scores_HxBxTxS = table_HxLxL[:, q_positions_BxT[:, :, None], k_positions_BxS[:, None, :]]
-    return jnp.moveaxis(scores_HxBxTxS, 0, 1)
-
-  def _cached(self, **arrays_BxTxHxK):
-    """Writes this call's T keys and/or values at the cache index; returns the whole cache by name:
-    keys B x H x K x S, values B x H x S x K (CACHE_LAYOUTS). The layouts the products read, so that
-    writing a step's keys and values is the only copy (with B x S x H x K, XLA:CPU copied the whole
-    cache at every step). Keys: positions last, so that a new token's scores run along contiguous
-    rows. Values: positions third, so that a step writes K contiguous numbers per head instead of K
-    numbers S apart. (What each layout gained: launch/BENCHMARKS.md.)"""
+  def cached(self, **arrays_BxTxHxK):
+    """Writes this call's T keys and/or values at the cache index; returns the whole cache by name, in
+    the layouts CACHE_LAYOUTS gives (those the products read, so that a step's write is its only copy
+    of the cache)."""
     initialising = not self.has_variable("cache", "index")
     arrays = {
       name: x.transpose([_WRITTEN_AXES.index(axis) for axis in CACHE_LAYOUTS[name]])
@@ -582,18 +579,58 @@ class MultiHeadAttention(nn.Module):
     i = index.value
     for name, x in arrays.items():
       names = CACHE_LAYOUTS[name]
-      cache[name].value = nn.with_logical_constraint(
-        jax.lax.dynamic_update_slice_in_dim(
-          cache[name].value, x.astype(cache[name].value.dtype), i, axis=names.index("length")
-        ),
-        names,
+      written = jax.lax.dynamic_update_slice_in_dim(
+        cache[name].value, x.astype(cache[name].value.dtype), i, axis=names.index("length")
       )
+      cache[name].value = nn.with_logical_constraint(written, names)
     index.value = i + next(iter(arrays_BxTxHxK.values())).shape[1]
     return {name: variable.value for name, variable in cache.items()}
 
 
-# A KV cache's layouts, as logical axis names (sharded like the activations that fill it; see
-# MultiHeadAttention._cached). A call writes B x T x H x K arrays, transposed into them.
+class CrossAttention(nn.Module):
+  """Attention from x (queries: the decoder's tokens) to `context_BxSxD` (keys and values: the
+  encoder's output), by dot products. With `decode=True` the context's keys and values are made once,
+  on the call that passes `context_BxSxD`, and read from the cache on the calls that pass None."""
+
+  cfg: BlockConfig
+  forms: str = "reference"
+  residual_std: float = 0.02
+  decode: bool = False
+
+  @nn.compact
+  def __call__(self, x_BxTxD, mask_BxTxS, *, context_BxSxD=None, deterministic: bool = True):
+    cfg, projection = self.cfg, projections(self.cfg, self.forms)
+    H, K = cfg.num_heads, cfg.head_dim
+    q_BxTxHxK = projection((H, K), ("embed", "heads", "kv"), name="q")(x_BxTxD)
+    kv = projection((2, H, K), ("embed", None, "heads", "kv"), name="kv")
+    kv_BxSx2xHxK = kv(context_BxSxD) if context_BxSxD is not None else None
+    if self.decode:
+      cached = self.variable("cache", "context_kv", lambda: kv_BxSx2xHxK)
+      if context_BxSxD is not None:
+        cached.value = kv_BxSx2xHxK
+      kv_BxSx2xHxK = cached.value
+    q_BxTxHxK, k_BxSxHxK = _normalised(cfg, q_BxTxHxK, kv_BxSx2xHxK[:, :, 0])
+    q_BxTxHxK = nn.with_logical_constraint(q_BxTxHxK, ("batch", "length", "heads", "kv"))
+    out_BxTxHxK = attend(
+      q_BxTxHxK,
+      k_BxSxHxK,
+      kv_BxSx2xHxK[:, :, 1],
+      mask_BxTxS,
+      cfg.attention,
+      self.forms,
+      _attention_dropout(cfg),
+      deterministic,
+      _probabilities_recorder(self),
+    )
+    return projection((cfg.d_model,), ("heads", "kv", "embed"), contract=2, std=self.residual_std, name="out")(
+      out_BxTxHxK
+    )
+
+
+# A KV cache's layouts, as logical axis names (sharded like the activations that fill it). A call
+# writes B x T x H x K arrays, transposed into them. Keys: positions last, so that a new token's scores
+# run along contiguous rows; values: positions third, so that a step writes K contiguous numbers per
+# head instead of K numbers S apart. (With B x S x H x K, XLA:CPU copied the whole cache every step.)
 CACHE_LAYOUTS = {"key": ("batch", "heads", "kv", "length"), "value": ("batch", "heads", "length", "kv")}
 _WRITTEN_AXES = ("batch", "length", "heads", "kv")
 
@@ -601,40 +638,38 @@ _WRITTEN_AXES = ("batch", "length", "heads", "kv")
 class MLP(nn.Module):
   cfg: BlockConfig
   residual_std: float = 0.02
+  forms: str = "reference"
 
   @nn.compact
   def __call__(self, x_BxTxD):
-    cfg = self.cfg
-    kw = dict(
-      use_bias=cfg.use_bias,
-      dtype=cfg.dtype,
-      param_dtype=cfg.param_dtype,
-      kernel_init=cfg.kernel_init,
-      kernels=cfg.kernels,
-    )
-    h_BxTxF = Projection((cfg.mlp_width,), ("embed", "mlp"), name="fc", **kw)(x_BxTxD)
+    cfg, projection = self.cfg, projections(self.cfg, self.forms)
+    h_BxTxF = projection((cfg.mlp_width,), ("embed", "mlp"), name="fc")(x_BxTxD)
     if cfg.activation == "swiglu":  # gated: silu of a second projection of x scales each hidden unit
-      gate_BxTxF = Projection((cfg.mlp_width,), ("embed", "mlp"), name="gate", **kw)(x_BxTxD)
+      gate_BxTxF = projection((cfg.mlp_width,), ("embed", "mlp"), name="gate")(x_BxTxD)
       h_BxTxF = jax.nn.silu(gate_BxTxF) * h_BxTxF
     else:
       # The activation's backward pass recomputes it from its saved input (jax.checkpoint). Autodiff
-      # saves the tanh GELU's tanh instead and rebuilds the input from the product's output and the
-      # bias, so that pass reads three B x T x F tensors, not two (a little faster on accelerators;
-      # the same losses and gradients). Without a gradient it is the plain activation.
+      # would save the tanh GELU's tanh instead and rebuild the input from the product's output and
+      # the bias, so that its backward pass would read three B x T x F tensors, not two. The same
+      # losses and gradients; without a gradient it is the plain activation.
       h_BxTxF = jax.checkpoint(ACTIVATIONS[cfg.activation])(h_BxTxF)
     h_BxTxF = nn.with_logical_constraint(h_BxTxF, ("batch", "length", "mlp"))
-    return Projection((cfg.d_model,), ("mlp", "embed"), std=self.residual_std, name="proj", **kw)(h_BxTxF)
+    return projection((cfg.d_model,), ("mlp", "embed"), std=self.residual_std, name="proj")(h_BxTxF)
 
 
 class Block(nn.Module):
   """Self-attention, optional cross-attention, MLP; each a residual branch with LayerNorm before
-  it (pre-LN, GPT-2) or after the sum (post-LN, the 2017 paper)."""
+  it (pre-LN, GPT-2) or after the sum (post-LN, the 2017 paper). `forms`, `max_len` and `rope` are
+  the model's (see SelfAttention)."""
 
   cfg: BlockConfig
   cross_attention: bool = False
   residual_std: float = 0.02
   deterministic: bool = True  # no dropout; an attribute, not an argument, so scan/remat see no bool
-  decode: bool = False  # self-attention through a KV cache (MultiHeadAttention)
+  decode: bool = False  # self-attention through a KV cache
+  forms: str = "reference"
+  max_len: int = 0
+  rope: bool = False
 
   @nn.compact
   def __call__(self, x_BxTxD, mask_BxTxT, context_BxSxD=None, context_mask_BxTxS=None, positions=None):
@@ -646,22 +681,19 @@ class Block(nn.Module):
         return x + drop(branch(norm(x)), deterministic=deterministic)
       return norm(x + drop(branch(x), deterministic=deterministic))
 
+    common = dict(forms=self.forms, residual_std=self.residual_std, decode=self.decode)
+    attn = SelfAttention(cfg, max_len=self.max_len, rope=self.rope, name="attn", **common)
     x_BxTxD = residual(
-      x_BxTxD,
-      lambda h: MultiHeadAttention(cfg, self.residual_std, self.decode, name="attn")(
-        h, mask_BxTxT, positions=positions, deterministic=deterministic
-      ),
-      norm(cfg, "ln_1"),
+      x_BxTxD, lambda h: attn(h, mask_BxTxT, positions=positions, deterministic=deterministic), norm(cfg, "ln_1")
     )
     if self.cross_attention:
+      cross = CrossAttention(cfg, name="cross_attn", **common)
       x_BxTxD = residual(
         x_BxTxD,
-        lambda h: MultiHeadAttention(cfg, self.residual_std, self.decode, cross=True, name="cross_attn")(
-          h, context_mask_BxTxS, context_BxSxD=context_BxSxD, deterministic=deterministic
-        ),
+        lambda h: cross(h, context_mask_BxTxS, context_BxSxD=context_BxSxD, deterministic=deterministic),
         norm(cfg, "ln_cross"),
       )
-    x_BxTxD = residual(x_BxTxD, MLP(cfg, self.residual_std, name="mlp"), norm(cfg, "ln_2"))
+    x_BxTxD = residual(x_BxTxD, MLP(cfg, self.residual_std, self.forms, name="mlp"), norm(cfg, "ln_2"))
     self.sow("intermediates", "residual", x_BxTxD)  # the residual stream after this block, when probing
     return nn.with_logical_constraint(x_BxTxD, ("batch", "length", "embed"))
 
@@ -679,24 +711,40 @@ def check_remat_policy(name: str) -> None:
 
 
 def check_model_config(cfg, positive: tuple[str, ...]) -> None:
-  """What every model config checks: the `positive` fields, the block, the remat policy."""
+  """What every model config with blocks checks: the `positive` fields, the block, the remat policy,
+  the kernels, and what the block asks of the model (rotary positions need keys of even width)."""
   for name in positive:
     if getattr(cfg, name) <= 0:
       raise ConfigError(f"{name} must be positive, got {getattr(cfg, name)}")
   check_block_config(cfg.block)
   check_remat_policy(cfg.remat_policy)
+  kernels.check(cfg.kernels)
+  if getattr(cfg, "positions", None) == "rope":
+    if not MECHANISMS[cfg.block.attention_mechanism].keys:
+      raise ConfigError(
+        f"block.attention_mechanism={cfg.block.attention_mechanism!r} has no keys to rotate: rotary "
+        f"positions need a mechanism with queries and keys (dot_product); set positions or the mechanism"
+      )
+    if cfg.block.head_dim % 2:
+      raise ConfigError(
+        f"rotary positions rotate pairs of channels: the head width d_model/num_heads={cfg.block.head_dim} must be even"
+      )
 
 
 class Stack(nn.Module):
   """`num_layers` blocks, unrolled (`layer_0`, `layer_1`, ...) or scanned (`layers`, with a leading
   `layers` axis on every parameter: one compiled block, faster compiles for deep models).
-  `deterministic` and `decode` are call arguments, as for every model (see transformer.models)."""
+  `deterministic` and `decode` are call arguments, as for every model (see transformer.models);
+  `forms`, `max_len` and `rope` are the model's (see SelfAttention)."""
 
   cfg: BlockConfig
   num_layers: int
   scan: bool = False
   remat_policy: str = "none"
   cross_attention: bool = False
+  forms: str = "reference"
+  max_len: int = 0
+  rope: bool = False
 
   @nn.compact
   def __call__(
@@ -710,35 +758,36 @@ class Stack(nn.Module):
     deterministic: bool = True,
     decode: bool = False,
   ):
-    """`positions`: (of the queries, of the keys) of self-attention, for a synthesizer."""
+    """`positions`: (of the queries, of the keys) of self-attention (SelfAttention)."""
     check_remat_policy(self.remat_policy)
     block = Block
     if self.remat_policy != "none" and not decode:  # no backward pass when decoding
       block = nn.remat(Block, policy=REMAT_POLICIES[self.remat_policy], prevent_cse=not self.scan)
-    residual_std = 0.02 / math.sqrt(2 * self.num_layers)
-    if self.scan:
-      scanned = nn.scan(
-        lambda mdl, x, *args: (mdl(x, *args), None),
-        variable_axes={"params": 0, "cache": 0, "intermediates": 0},
-        split_rngs={"params": True, "dropout": True},
-        length=self.num_layers,
-        in_axes=(nn.broadcast,) * 4,
-        metadata_params={nn.PARTITION_NAME: "layers"},
-      )
-      x_BxTxD, _ = scanned(
-        block(self.cfg, self.cross_attention, residual_std, deterministic, decode, name="layers"),
-        x_BxTxD,
-        mask_BxTxT,
-        context_BxSxD,
-        context_mask_BxTxS,
-        positions,
-      )
+    block = functools.partial(
+      block,
+      self.cfg,
+      self.cross_attention,
+      0.02 / math.sqrt(2 * self.num_layers),  # GPT-2's init of the projections into the residual stream
+      deterministic,
+      decode,
+      forms=self.forms,
+      max_len=self.max_len,
+      rope=self.rope,
+    )
+    inputs = (x_BxTxD, mask_BxTxT, context_BxSxD, context_mask_BxTxS, positions)
+    if not self.scan:
+      for i in range(self.num_layers):
+        x_BxTxD = block(name=f"layer_{i}")(x_BxTxD, *inputs[1:])
       return x_BxTxD
-    for i in range(self.num_layers):
-      x_BxTxD = block(self.cfg, self.cross_attention, residual_std, deterministic, decode, name=f"layer_{i}")(
-        x_BxTxD, mask_BxTxT, context_BxSxD, context_mask_BxTxS, positions
-      )
-    return x_BxTxD
+    scanned = nn.scan(
+      lambda mdl, x, *args: (mdl(x, *args), None),
+      variable_axes={"params": 0, "cache": 0, "intermediates": 0},
+      split_rngs={"params": True, "dropout": True},
+      length=self.num_layers,
+      in_axes=(nn.broadcast,) * 4,
+      metadata_params={nn.PARTITION_NAME: "layers"},
+    )
+    return scanned(block(name="layers"), *inputs)[0]
 
 
 def stack_layers(params: dict, num_layers: int) -> dict:

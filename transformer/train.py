@@ -36,7 +36,7 @@ from absl import logging
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
-from transformer import checkpoints, data, inference, metrics, optim, sharding, tasks
+from transformer import checkpoints, data, inference, kernels, metrics, optim, sharding, tasks
 from transformer import workdir as workdir_files
 from transformer.config import LoopConfig, RunConfig
 from transformer.errors import TrainingError, WorkdirError
@@ -87,8 +87,7 @@ def train_step(state: TrainState, batch, *, loss_fn, tx, schedule, accumulation_
   # `finite` (see _NonFiniteGuard). The norm is finite only if every gradient is, and an update of
   # finite gradients is bounded (AdamW: about lr per coordinate), so the new params are finite too.
   # Known before the update, `finite` selects inside the update's one fused pass over params and
-  # moments; checking the new params took two more passes over them (a faster step on a GPU and on
-  # CPUs: launch/BENCHMARKS.md).
+  # moments; checking the new params would take two more passes over them.
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
   params, opt_state = jax.tree.map(
     lambda new, old: jnp.where(finite, new, old), (params, opt_state), (state.params, state.opt_state)
@@ -322,7 +321,6 @@ def train_and_evaluate(config_dict: ml_collections.ConfigDict, workdir: str | Pa
 
 
 def _train(config: RunConfig, workdir: Path, lead: bool) -> dict:
-  loop = config.loop
   changes = workdir_files.check_config(workdir, config, inference.saved_run(workdir))
   task_data = tasks.get(config.task).load_data(config)  # prepared again if its files changed (sha256)
   fingerprint = task_data.fingerprint if isinstance(task_data, data.Prepared) else None
@@ -330,148 +328,194 @@ def _train(config: RunConfig, workdir: Path, lead: bool) -> dict:
   run = build(config, task_data)
   task = run.task
   if lead:
-    print(f"devices: {metrics.device_summary()}\nmodel: {task.model_config}")
+    print(f"devices: {metrics.device_summary()}\nmodel: {task.model_config}\n{kernels.describe(config.model.kernels)}")
     if changes:
       print(f"resuming with changes: {'; '.join(changes)}")
-
   ckpt = checkpoints.Checkpointer(
     workdir / workdir_files.CHECKPOINTS,
-    keep=loop.keep_checkpoints,
-    async_save=loop.async_checkpointing,
+    keep=config.loop.keep_checkpoints,
+    async_save=config.loop.async_checkpointing,
     best=task.best_metric,
   )
   train_batches = task.train_batches()
-  start_step, tokens_seen, evaluated = 0, 0, True
-  train_seconds = 0.0  # training time so far, all launches: steps and compiles, not evaluations
-  restored = ckpt.restore_latest(abstract_state(run))
-  if restored is not None:
-    _, state, data_state, meta = restored
-    train_batches.set_state(data_state)
-    tokens_seen, evaluated = int(meta.get("tokens_seen", 0)), meta.get("evaluated", True)
-    train_seconds = float(meta.get("train_seconds", 0.0))
-    start_step = int(state.step)
-    print(f"resumed from {ckpt.directory} at step {start_step}")
-  else:
-    state = init_state(run)
-    params = task.init_params(state.params, inference.restore)  # e.g. a pretrained body (config.init_from)
-    if params is not state.params:
-      state = state.replace(params=jax.device_put(params, run.state_shardings.params))
+  state, progress = _restore_or_init(run, ckpt, train_batches)
   if lead:  # the launch fits the workdir: now it may write
     workdir_files.record_run(workdir, config, task.tokenizer, fingerprint, task.labels)
     with workdir_files.writable(workdir):
       task.save_files(workdir)
-  eval_batches = task.eval_batches()
-
-  step_fn, eval_fn = jit_steps(run)
-
-  num_params = sum(x.size for x in jax.tree.leaves(state.params))
-  flops_token = task.flops_per_token(num_params)
-  writer = metrics.MetricsWriter(workdir, enabled=lead)
-  guard = _NonFiniteGuard(loop, writer, ckpt)
-  if start_step:
-    writer.write(start_step, {"event": "resumed"})
-  preemption = _Preemption()
-  last_eval: dict = {}
-  final: dict = {}
-  steps = loop.num_train_steps
-  bar = tqdm(total=steps, initial=start_step, disable=not lead, desc="train", dynamic_ncols=True)
-
-  def evaluate(step: int) -> bool:
-    """Evaluates the state after `step` into `last_eval`; False if SIGTERM interrupted it."""
-    nonlocal last_eval
-    try:
-      with preemption.interruptible():
-        last_eval = task.evaluate(state.params, eval_fn, eval_batches)
-    except _Preemption.Interrupted:
-      writer.write(step, {"event": "evaluation interrupted by SIGTERM"})
-      logging.warning("SIGTERM during the evaluation of step %d: abandoned it (the next launch redoes it)", step)
-      return False
-    writer.write(step, {**last_eval, "train_time_s": train_seconds})
-    bar.write(f"step {step}: {task.describe(last_eval)}")
-    return True
-
-  t_last, steps_since, tokens_since = time.perf_counter(), 0, 0
-  # The train step compiles once per batch shape (this launch): bucketed batches make several.
-  batch_shapes: set = set()
+  loop = _Loop(run, workdir, lead, ckpt, train_batches, state, progress)
   try:
     with jax.set_mesh(run.mesh), nn.logical_axis_rules(config.mesh.rules):
-      if not evaluated and not evaluate(start_step):  # the last launch was stopped during this evaluation
-        return {"step": start_step, "preempted": True}  # stopped again: its checkpoint still says so
-      for step in range(start_step, steps):
-        position = train_batches.get_state()
-        host_batch = next(train_batches)
-        state, step_metrics = step_fn(state, task.put(host_batch))
-        batch_shapes.add(tuple(np.shape(x) for x in jax.tree.leaves(host_batch)))
-        done = step + 1
-        guard.add(done, step_metrics, position)
-        steps_since += 1
-        tokens = task.count_tokens(host_batch)
-        tokens_since, tokens_seen = tokens_since + tokens, tokens_seen + tokens
-        if done % loop.log_every_steps == 0 or done == steps:
-          guard.check()  # waits for the step: timings are real
-          step_metrics = jax.device_get(step_metrics)
-          elapsed = time.perf_counter() - t_last
-          train_seconds += elapsed
-          tps = tokens_since / elapsed
-          util = metrics.mfu(tps, flops_token, jax.devices())
-          record = {
-            **{k: float(v) for k, v in step_metrics.items() if k != "finite"},
-            "tokens_per_s": tps,
-            "step_time_s": elapsed / steps_since,
-            "mfu": util,
-            "train_step_compiles": len(batch_shapes),
-            "train_time_s": train_seconds,
-          }
-          writer.write(done, record)
-          bar.set_postfix(
-            loss=f"{record['loss']:.3f}", tok_s=f"{tps:,.0f}", mfu="n/a" if util is None else f"{util:.1%}"
-          )
-          t_last, steps_since, tokens_since = time.perf_counter(), 0, 0
-        bar.update(1)
-        is_eval = done % loop.eval_every_steps == 0 or done == steps
-        evaluated = True
-        if is_eval:
-          guard.check()
-          evaluated = evaluate(done)
-          t_last = time.perf_counter()  # evaluation time is not training time
-        if done % loop.checkpoint_every_steps == 0 or done == steps or preemption.requested:
-          guard.check()  # never save after a step whose flag was not read
-          ckpt.save(
-            done,
-            state,
-            train_batches.get_state(),
-            {"tokens_seen": tokens_seen, "task": task.name, "evaluated": evaluated, "train_seconds": train_seconds},
-            metrics=last_eval if is_eval and evaluated else None,
-            force=preemption.requested,
-          )
-        if preemption.requested:
-          ckpt.wait()
-          logging.warning("stopped at step %d after SIGTERM; checkpoint saved", done)
-          return {"step": done, "preempted": True, **last_eval}
-      bar.close()
-      if lead:
-        metrics.plot_losses(
-          workdir / "metrics.jsonl", workdir / "loss.png", title=f"{workdir.name} ({task.name})", curves=task.curves
-        )
-      ckpt.wait()  # the final checkpoint is on disk: a task may read it (checkpoint averaging)
-      params, best = state.params, ckpt.best_step() if task.finish_with_best else None
-      if best is not None and best != steps:  # early stopping: the best checkpoint is the one scored
-        like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state.params)
-        params = ckpt.restore_params(best, like)
-        if lead:
-          print(f"final scores: the best checkpoint by {task.best_metric[0]}, step {best} of {steps}")
-      final = task.finish(
-        params,
-        workdir,  # e.g. a sample; test BLEU
-        lambda count: inference.mean_of_last(workdir, count, state.params),
-      )
-      if best is not None:
-        final = {"best_step": best, **final}
-      if final:
-        writer.write(steps, {k: v for k, v in final.items() if not isinstance(v, str)})
+      if not progress.evaluated and not loop.evaluate(progress.step):  # the last launch was stopped during it
+        return {"step": progress.step, "preempted": True}  # stopped again: its checkpoint still says so
+      if loop.train():
+        return {"step": loop.progress.step, "preempted": True, **loop.last_eval}
+      return {"step": config.loop.num_train_steps, **loop.last_eval, **loop.finish()}
   finally:
-    bar.close()
-    preemption.restore()
-    ckpt.close()
-    writer.close()
-  return {"step": steps, **last_eval, **final}
+    loop.close()
+
+
+@dataclasses.dataclass
+class _Progress:
+  """Where a run stands: saved with each checkpoint (as its metadata), restored on resume."""
+
+  step: int = 0
+  tokens_seen: int = 0
+  evaluated: bool = True  # the state at `step` was evaluated (SIGTERM may have stopped its evaluation)
+  train_seconds: float = 0.0  # training time so far, all launches: steps and compiles, not evaluations
+
+
+def _restore_or_init(run: Run, ckpt: checkpoints.Checkpointer, train_batches) -> tuple[TrainState, _Progress]:
+  """The workdir's latest checkpoint (the state, the data position, the progress), or a new state
+  (with the task's pretrained params, e.g. config.init_from)."""
+  restored = ckpt.restore_latest(abstract_state(run))
+  if restored is None:
+    state = init_state(run)
+    params = run.task.init_params(state.params, inference.restore)
+    if params is not state.params:
+      state = state.replace(params=jax.device_put(params, run.state_shardings.params))
+    return state, _Progress()
+  _, state, data_state, meta = restored
+  train_batches.set_state(data_state)
+  print(f"resumed from {ckpt.directory} at step {int(state.step)}")
+  return state, _Progress(
+    step=int(state.step),
+    tokens_seen=int(meta.get("tokens_seen", 0)),
+    evaluated=meta.get("evaluated", True),
+    train_seconds=float(meta.get("train_seconds", 0.0)),
+  )
+
+
+class _Loop:
+  """One launch's steps from `progress.step` on: logging, evaluation, checkpoints, SIGTERM, the end.
+  Runs inside the run's mesh and logical axis rules."""
+
+  def __init__(self, run: Run, workdir: Path, lead: bool, ckpt, train_batches, state, progress: _Progress):
+    self.run, self.task, self.workdir, self.lead, self.ckpt = run, run.task, workdir, lead, ckpt
+    self.train_batches, self.state, self.progress = train_batches, state, progress
+    self.eval_batches = self.task.eval_batches()
+    self.step_fn, self.eval_fn = jit_steps(run)
+    self.flops_token = self.task.flops_per_token(sum(x.size for x in jax.tree.leaves(state.params)))
+    self.writer = metrics.MetricsWriter(workdir, enabled=lead)
+    self.guard = _NonFiniteGuard(run.config.loop, self.writer, ckpt)
+    self.writer.write(progress.step, {"event": "resumed" if progress.step else "started", **_launch_record(run.config)})
+    self.preemption = _Preemption()
+    self.last_eval: dict = {}
+    steps = run.config.loop.num_train_steps
+    self.bar = tqdm(total=steps, initial=progress.step, disable=not lead, desc="train", dynamic_ncols=True)
+    # Since the last log line: (its time, steps, tokens); the batch shapes compiled (bucketed batches make several).
+    self.since, self.batch_shapes = (time.perf_counter(), 0, 0), set()
+
+  def train(self) -> bool:
+    """The steps to config.num_train_steps; True if SIGTERM stopped them (a checkpoint is saved)."""
+    loop, progress = self.run.config.loop, self.progress
+    for step in range(progress.step, loop.num_train_steps):
+      position = self.train_batches.get_state()
+      host_batch = next(self.train_batches)
+      self.state, step_metrics = self.step_fn(self.state, self.task.put(host_batch))
+      self.batch_shapes.add(tuple(np.shape(x) for x in jax.tree.leaves(host_batch)))
+      progress.step = done = step + 1
+      self.guard.add(done, step_metrics, position)
+      tokens = self.task.count_tokens(host_batch)
+      progress.tokens_seen += tokens
+      self.since = (self.since[0], self.since[1] + 1, self.since[2] + tokens)
+      if done % loop.log_every_steps == 0 or done == loop.num_train_steps:
+        self.log(done, step_metrics)
+      self.bar.update(1)
+      is_eval = done % loop.eval_every_steps == 0 or done == loop.num_train_steps
+      progress.evaluated = True
+      if is_eval:
+        self.guard.check()
+        progress.evaluated = self.evaluate(done)
+        self.since = (time.perf_counter(), *self.since[1:])  # evaluation time is not training time
+      if done % loop.checkpoint_every_steps == 0 or done == loop.num_train_steps or self.preemption.requested:
+        self.save(done, is_eval)
+      if self.preemption.requested:
+        self.ckpt.wait()
+        logging.warning("stopped at step %d after SIGTERM; checkpoint saved", done)
+        return True
+    return False
+
+  def log(self, done: int, step_metrics) -> None:
+    """One metrics record of the steps since the last: the step's metrics, speed, MFU."""
+    self.guard.check()  # waits for the step: timings are real
+    step_metrics = jax.device_get(step_metrics)
+    start, steps, tokens = self.since
+    elapsed = time.perf_counter() - start
+    self.progress.train_seconds += elapsed
+    util = metrics.mfu(tokens / elapsed, self.flops_token, jax.devices())
+    record = {
+      **{k: float(v) for k, v in step_metrics.items() if k != "finite"},
+      "tokens_per_s": tokens / elapsed,
+      "step_time_s": elapsed / steps,
+      "mfu": util,
+      "train_step_compiles": len(self.batch_shapes),
+      "train_time_s": self.progress.train_seconds,
+    }
+    self.writer.write(done, record)
+    mfu = "n/a" if util is None else f"{util:.1%}"
+    self.bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:,.0f}", mfu=mfu)
+    self.since = (time.perf_counter(), 0, 0)
+
+  def evaluate(self, step: int) -> bool:
+    """Evaluates the state after `step` into `last_eval`; False if SIGTERM interrupted it."""
+    try:
+      with self.preemption.interruptible():
+        self.last_eval = self.task.evaluate(self.state.params, self.eval_fn, self.eval_batches)
+    except _Preemption.Interrupted:
+      self.writer.write(step, {"event": "evaluation interrupted by SIGTERM"})
+      logging.warning("SIGTERM during the evaluation of step %d: abandoned it (the next launch redoes it)", step)
+      return False
+    self.writer.write(step, {**self.last_eval, "train_time_s": self.progress.train_seconds})
+    self.bar.write(f"step {step}: {self.task.describe(self.last_eval)}")
+    return True
+
+  def save(self, done: int, is_eval: bool) -> None:
+    self.guard.check()  # never save after a step whose flag was not read
+    progress = self.progress
+    self.ckpt.save(
+      done,
+      self.state,
+      self.train_batches.get_state(),
+      {
+        "tokens_seen": progress.tokens_seen,
+        "task": self.task.name,
+        "evaluated": progress.evaluated,
+        "train_seconds": progress.train_seconds,
+      },
+      metrics=self.last_eval if is_eval and progress.evaluated else None,
+      force=self.preemption.requested,
+    )
+
+  def finish(self) -> dict:
+    """After the last step: the loss plot, then the task's final output (a sample, test scores) from
+    the final params or, for a task that scores its best checkpoint, that one's."""
+    self.bar.close()
+    steps, task, workdir = self.run.config.loop.num_train_steps, self.task, self.workdir
+    if self.lead:
+      title = f"{workdir.name} ({task.name})"
+      metrics.plot_losses(workdir / "metrics.jsonl", workdir / "loss.png", title=title, curves=task.curves)
+    self.ckpt.wait()  # the final checkpoint is on disk: a task may read it (checkpoint averaging)
+    params, best = self.state.params, self.ckpt.best_step() if task.finish_with_best else None
+    if best is not None and best != steps:  # early stopping: the best checkpoint is the one scored
+      like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params)
+      params = self.ckpt.restore_params(best, like)
+      if self.lead:
+        print(f"final scores: the best checkpoint by {task.best_metric[0]}, step {best} of {steps}")
+    final = task.finish(params, workdir, lambda count: inference.mean_of_last(workdir, count, self.state.params))
+    if best is not None:
+      final = {"best_step": best, **final}
+    if final:
+      self.writer.write(steps, {k: v for k, v in final.items() if not isinstance(v, str)})
+    return final
+
+  def close(self) -> None:
+    self.bar.close()
+    self.preemption.restore()
+    self.ckpt.close()
+    self.writer.close()
+
+
+def _launch_record(config: RunConfig) -> dict:
+  """What metrics.jsonl records of each launch: the fast forms its model runs (transformer.kernels)."""
+  return {"kernels": kernels.resolve(config.model.kernels), "config_kernels": config.model.kernels}

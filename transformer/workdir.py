@@ -115,17 +115,18 @@ def saved_config_dict(workdir: Path) -> ml_collections.ConfigDict | None:
     saved = json.loads(path.read_text())
   except ValueError as e:  # a torn file (JSONDecodeError)
     raise WorkdirError(f"{path} is unreadable ({e}); restore it, or use another --workdir") from None
-  return ml_collections.ConfigDict(upgrade_config(saved))
+  return ml_collections.ConfigDict(upgrade_config_from_v1(saved))
 
 
-# The block's config keys, which model configs written before 2026-11-26 held flat in config.model.
-_BLOCK_KEYS = tuple(f.name for f in dataclasses.fields(BlockConfig) if not f.metadata.get("derived"))
+# The block's config keys, which config format 1 held flat in config.model.
+_BLOCK_KEYS = tuple(f.name for f in dataclasses.fields(BlockConfig))
 
 
-def upgrade_config(saved: dict) -> dict:
-  """A config.json as this version writes it, from one an earlier version wrote: until 2026-11-26
-  each model config held its block's fields itself (now config.model.block.*) and a GPT's or an
-  LSTM's longest sequence was `context_length` (now `max_len`, as for every model)."""
+def upgrade_config_from_v1(saved: dict) -> dict:
+  """A config.json in the format this version writes (2), from one in format 1, whose model config
+  held its block's fields itself (format 2: config.model.block.*) and whose GPT or LSTM named its
+  longest sequence `context_length` (format 2: `max_len`, as every model); a format-2 file unchanged.
+  (The formats differ in those keys alone, so the file's keys say which it is.)"""
   model = dict(saved.get("model") or {})
   if "context_length" in model:
     model["max_len"] = model.pop("context_length")

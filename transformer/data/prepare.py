@@ -181,8 +181,8 @@ def _tokenized_batches(
   """(pieces, their token ids as arrays) of a text source, in order, a batch of ~BATCH_CHARS at a
   time. A batch is tokenized on `num_workers` threads (`Tokenizer.encode_arrays`: tiktoken releases
   the GIL and writes ids straight into arrays) while the caller writes the one before it, so the
-  cores tokenize without pause; memory holds two batches, whatever the corpus. On 2 cores this runs
-  at ~0.9x tiktoken's bare `encode_ordinary_batch` (launch/BENCHMARKS.md, `--what=prepare`)."""
+  cores tokenize without pause; memory holds two batches, whatever the corpus (`launch.bench
+  --what=prepare` compares it with tiktoken's bare `encode_ordinary_batch`)."""
   threads = options.num_workers or os.cpu_count() or 1
 
   def batches():

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
+from transformer import kernels
 from transformer.errors import ConfigError
 from transformer.generation.common import (
   batch_rows,
@@ -301,7 +302,7 @@ def translate_ids(
         tokens = search(params, *put_on_mesh(mesh, rules, source_BxS, valid_BxS))
     return multihost_utils.process_allgather(tokens, tiled=True) if jax.process_count() > 1 else np.asarray(tokens)
 
-  threads = decode_threads.threads(cfg.kernels, mesh)
+  threads = decode_threads.threads(kernels.resolve(cfg.kernels), mesh)
   for rows, best_BxL in zip(batches, decode_threads.on_threads(decode, batches, threads)):
     for r, i in enumerate(rows):
       out[i] = until_stop(best_BxL[r], eos_id)

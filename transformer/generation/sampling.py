@@ -28,8 +28,10 @@ the last max_len tokens for each new one (`generate_sliding`: correct but slow, 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import threading
 from collections.abc import Callable, Iterable, Sequence
 
 import flax.linen as nn
@@ -38,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
 
-from transformer import models
+from transformer import kernels, models
 from transformer.errors import ConfigError, TokenizerError
 from transformer.generation.common import (
   batch_rows,
@@ -52,7 +54,6 @@ from transformer.generation.common import (
 )
 from transformer.kernels import argmax as fast_argmax
 from transformer.kernels import decode_head, decode_threads, draw
-from transformer.kernels import forms as kernel_forms
 
 PROMPT_BUCKET = 16  # prompts are padded to a multiple of this: few compiled shapes
 DECODE_PHASE = 32  # the fewest new tokens a phase of the decode loop makes (see `decode_lengths`)
@@ -140,14 +141,27 @@ def decode_lengths(prompt_len: int, max_new_tokens: int, phase_tokens: int = DEC
   return [prompt_len + -(-max_new_tokens * j // phases) for j in range(1, phases + 1)]
 
 
-# Streaming: the compiled program calls `_stream` on the host with each step's tokens; it forwards
-# them to the callback of the `generate` call running now. (A fixed function, so that streaming
-# calls share one compiled program; one streaming `generate` at a time per process.)
-_stream_target: list[Callable] = []
+class Relay:
+  """How a streaming sampler's tokens reach the host: the compiled program calls the relay with each
+  step's tokens, and it hands them to `on_token` of the streaming `generate` call running now. One
+  relay per compiled sampler (`relay_of`), so that streaming calls share that program; its lock keeps
+  them one at a time."""
 
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._on_token: Callable[[int, np.ndarray], None] | None = None
 
-def _stream(step, tokens_B):
-  _stream_target[0](int(step), np.asarray(tokens_B))
+  def __call__(self, step, tokens_B) -> None:
+    self._on_token(int(step), np.asarray(tokens_B))
+
+  @contextlib.contextmanager
+  def to(self, on_token: Callable[[int, np.ndarray], None]):
+    with self._lock:
+      self._on_token = on_token
+      try:
+        yield self
+      finally:
+        self._on_token = None
 
 
 def sample_padded(
@@ -162,7 +176,7 @@ def sample_padded(
   sampling: Sampling,
   stop_id: int | None = None,
   rules: tuple = (),
-  stream: bool = False,
+  stream: Relay | None = None,
   decode_phase: int = DECODE_PHASE,
 ):
   """The sampler (`jitted_sampler` compiles it): left-padded prompts (B, P) -> new tokens
@@ -170,8 +184,8 @@ def sample_padded(
   a part of a split batch draws its random numbers by (`sample_logits`). `decode_phase`: see
   `decode_lengths`.
 
-  After a sequence emits `stop_id` its remaining entries are `stop_id`. With `stream`, each step's
-  tokens go to the host as they are made (see `generate`'s `on_token`)."""
+  After a sequence emits `stop_id` its remaining entries are `stop_id`. With a `stream` relay, each
+  step's tokens go to the host as they are made (see `generate`'s `on_token`)."""
   B, P = prompt_BxP.shape
   N = max_new_tokens
   with nn.logical_axis_rules(rules):
@@ -190,8 +204,8 @@ def sample_padded(
       if stop_id is not None:
         token_B = jnp.where(done_B, stop_id, token_B)
         done_B = done_B | (token_B == stop_id)
-      if stream:
-        io_callback(_stream, None, i, token_B, ordered=True)
+      if stream is not None:
+        io_callback(stream, None, i, token_B, ordered=True)
       return token_B, done_B, tokens_BxN.at[:, i].set(token_B)
 
     lengths = decode_lengths(P, N, decode_phase)
@@ -220,16 +234,29 @@ def _compiled(options: tuple[tuple[str, object], ...]):
   return jax.jit(sample_padded, static_argnames=STATIC_ARGNAMES, compiler_options=dict(options) or None)
 
 
+def _options(model) -> tuple[tuple[str, object], ...]:
+  """XLA's options for the model's sampler: with the CPU's kernels, XLA:CPU's (decode_threads.CPU_OPTIONS)."""
+  return tuple(sorted((decode_threads.CPU_OPTIONS if _forms(model) == "cpu" else {}).items()))
+
+
 def jitted_sampler(model):
-  """`sample_padded` under jax.jit; with the CPU's kernels, with XLA:CPU's options for it
-  (transformer.kernels.decode_threads.CPU_OPTIONS)."""
-  options = decode_threads.CPU_OPTIONS if _forms(model) == "cpu" else {}
-  return _compiled(tuple(sorted(options.items())))
+  """`sample_padded` under jax.jit, with XLA's options for the model's forms (`_options`)."""
+  return _compiled(_options(model))
+
+
+@functools.cache
+def _relay(options: tuple[tuple[str, object], ...]) -> Relay:
+  return Relay()
+
+
+def relay_of(model) -> Relay:
+  """The streaming relay of the model's compiled sampler (one per compiled program)."""
+  return _relay(_options(model))
 
 
 def _forms(model) -> str:
-  """The forms of the model's config.model.kernels (transformer.kernels.forms)."""
-  return kernel_forms(model.config.kernels)
+  """The forms of the model's config.model.kernels, decided for this program (kernels.resolve)."""
+  return kernels.resolve(model.config.kernels)
 
 
 def _tied(model) -> bool:
@@ -246,7 +273,7 @@ def _head(model) -> tuple[int, int, str]:
 def split_parts(model, batch_size: int, mesh) -> int:
   """Into how many parts `generate` splits a batch, each decoded by its own thread: with the CPU's
   kernels on one CPU device, one per core (transformer.kernels.decode_threads); else 1."""
-  threads = decode_threads.threads(model.config.kernels, mesh)
+  threads = decode_threads.threads(_forms(model), mesh)
   return 1 if threads == 1 else decode_threads.parts(*_head(model), batch_size, threads)
 
 
@@ -283,75 +310,82 @@ def generate(
   (`split_parts`); the tokens, sampled ones too, are those of the whole batch.
 
   `decode_phase`: the fewest new tokens per phase of the decode loop (`decode_lengths`). Each phase
-  compiles its own loop body (here ~0.3 s each at the main job's and cpu-small's shapes), so for one
-  call the compile can cost more than the phases save; max_new_tokens or more makes one phase."""
-  cfg = model.config
-  prompts = check_prompts(prompts, cfg.vocab_size)
-  sampling = sampling.check()
-  if max_new_tokens < 1:
-    raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-  if decode_phase < 1:
-    raise ConfigError(f"decode_phase must be >= 1 (max_new_tokens or more: one phase), got {decode_phase}")
+  compiles its own loop body, so for one call the compile can cost more than the phases save;
+  max_new_tokens or more makes one phase."""
+  prompts, sampling = _checked(model, prompts, max_new_tokens, sampling, decode_phase)
   rng = jax.random.key(seed) if isinstance(seed, int) else seed
-  longest = max(len(p) for p in prompts)
-  if longest + max_new_tokens > cfg.max_len:
-    if sliding_window:
-      return [
-        generate_sliding(
-          model,
-          params,
-          p,
-          max_new_tokens=max_new_tokens,
-          sampling=sampling,
-          rng=jax.random.fold_in(rng, b),
-          stop_id=stop_id,
-        )
-        for b, p in enumerate(prompts)
-      ]
-    which = max(range(len(prompts)), key=lambda b: len(prompts[b]))
-    tokens = f"{longest} token{'s' * (longest > 1)}"
-    raise ConfigError(
-      f"prompt {which} ({tokens}) + max_new_tokens={max_new_tokens} is longer than the "
-      f"model's context of {cfg.max_len} tokens; shorten the prompt, lower max_new_tokens "
-      f"to {max(cfg.max_len - longest, 0)}, or use the sliding window "
-      f"(sliding_window=True / --sliding_window), which is much slower"
-    )
-
-  # On a CPU device, its cores may each decode a part of the batch (streaming keeps one part).
-  parts = split_parts(model, len(prompts), mesh) if on_token is None else 1
-  # Shapes: prompt length rounded up (without leaving the context), batch up to a multiple of the
-  # data-parallel size and of the parts.
-  P = min(round_up(longest, PROMPT_BUCKET), cfg.max_len - max_new_tokens)
-  prompt_BxP, valid_BxP = pad_rows(prompts, round_up(batch_rows(len(prompts), mesh, rules), parts), P, left=True)
-  kwargs = dict(
+  if max(map(len, prompts)) + max_new_tokens > model.config.max_len:
+    return _beyond_the_context(model, params, prompts, max_new_tokens, sampling, rng, stop_id, sliding_window)
+  options = dict(
     model=model,
     max_new_tokens=max_new_tokens,
     sampling=sampling,
     stop_id=stop_id,
     rules=tuple(rules) if mesh is not None else (),
-    stream=on_token is not None,
-    decode_phase=min(decode_phase, max_new_tokens),
-  )  # one compiled program for any one-phase value
-  rows = len(prompt_BxP) // parts
-  sampler = jitted_sampler(model)
+    decode_phase=min(decode_phase, max_new_tokens),  # one compiled program for any one-phase value
+  )
+  if on_token is None:  # on a CPU device, its cores may each decode a part of the batch
+    tokens_BxN = _decode(params, prompts, rng, mesh, split_parts(model, len(prompts), mesh), **options)
+  else:  # one part, whose tokens go to on_token as they are made
+    with relay_of(model).to(lambda i, tokens_B: on_token(i, tokens_B[: len(prompts)])) as relay:
+      tokens_BxN = _decode(params, prompts, rng, mesh, 1, stream=relay, **options)
+  return [until_stop(row, stop_id) for row in tokens_BxN[: len(prompts)]]
+
+
+def _checked(model, prompts, max_new_tokens: int, sampling: Sampling, decode_phase: int):
+  """(the prompts, the sampling), checked: every bad value is one ConfigError naming it."""
+  prompts = check_prompts(prompts, model.config.vocab_size)
+  if max_new_tokens < 1:
+    raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+  if decode_phase < 1:
+    raise ConfigError(f"decode_phase must be >= 1 (max_new_tokens or more: one phase), got {decode_phase}")
+  return prompts, sampling.check()
+
+
+def _beyond_the_context(model, params, prompts, max_new_tokens, sampling, rng, stop_id, sliding_window):
+  """Prompts that with max_new_tokens do not fit the context: the sliding window's tokens (one
+  prompt at a time), or the error naming the longest prompt and what would fit."""
+  if sliding_window:
+    return [
+      generate_sliding(
+        model,
+        params,
+        p,
+        max_new_tokens=max_new_tokens,
+        sampling=sampling,
+        rng=jax.random.fold_in(rng, b),
+        stop_id=stop_id,
+      )
+      for b, p in enumerate(prompts)
+    ]
+  which = max(range(len(prompts)), key=lambda b: len(prompts[b]))
+  longest, context = len(prompts[which]), model.config.max_len
+  raise ConfigError(
+    f"prompt {which} ({longest} token{'s' * (longest > 1)}) + max_new_tokens={max_new_tokens} is longer "
+    f"than the model's context of {context} tokens; shorten the prompt, lower max_new_tokens to "
+    f"{max(context - longest, 0)}, or use the sliding window (sliding_window=True / --sliding_window), "
+    f"which is much slower"
+  )
+
+
+def _decode(params, prompts, rng, mesh, parts: int, **options) -> np.ndarray:
+  """The new tokens of the prompts, left-padded into one batch (B x max_new_tokens), decoded in
+  `parts` parts at once, one per thread. Shapes: the prompt length rounded up (without leaving the
+  context), the batch up to a multiple of the data-parallel size and of the parts."""
+  model, max_new_tokens, rules = options["model"], options["max_new_tokens"], options["rules"]
+  P = min(round_up(max(map(len, prompts)), PROMPT_BUCKET), model.config.max_len - max_new_tokens)
+  prompt_BxP, valid_BxP = pad_rows(prompts, round_up(batch_rows(len(prompts), mesh, rules), parts), P, left=True)
+  rows, sampler = len(prompt_BxP) // parts, jitted_sampler(model)
 
   def decode(part: int) -> np.ndarray:
     first = part * rows
     part_BxP, part_valid_BxP = prompt_BxP[first : first + rows], valid_BxP[first : first + rows]
     if mesh is None:
-      tokens_BxN = sampler(params, part_BxP, part_valid_BxP, rng, first, **kwargs)
-    else:
-      with jax.set_mesh(mesh):
-        tokens_BxN = sampler(params, *put_on_mesh(mesh, rules, part_BxP, part_valid_BxP), rng, first, **kwargs)
-    return np.asarray(tokens_BxN)  # waits for the last callback too
+      return np.asarray(sampler(params, part_BxP, part_valid_BxP, rng, first, **options))
+    with jax.set_mesh(mesh):  # np.asarray waits for the last streamed step too
+      return np.asarray(sampler(params, *put_on_mesh(mesh, rules, part_BxP, part_valid_BxP), rng, first, **options))
 
-  if on_token is not None:
-    _stream_target[:] = [lambda i, tokens_B: on_token(i, tokens_B[: len(prompts)])]
-  try:
-    tokens_BxN = np.concatenate(decode_threads.on_threads(decode, range(parts), parts))
-  finally:
-    _stream_target.clear()
-  return [until_stop(row, stop_id) for row in tokens_BxN[: len(prompts)]]
+  return np.concatenate(decode_threads.on_threads(decode, range(parts), parts))
 
 
 def generate_sliding(

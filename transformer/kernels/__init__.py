@@ -15,19 +15,22 @@ head laid out for the batch size. Each such form is one module here:
   decode_threads  a batch decoded in parts, one per CPU core; the sampler's XLA:CPU options
   lm_loss         next-token cross-entropy with a recomputing backward pass (accelerators)
 
-Which forms a program takes is one config value, `config.model.kernels` (a model config field), read
-at the one place each op is dispatched:
+Which forms a run takes is one config value, `config.model.kernels` (a model config field), decided
+once (`resolve`) when a model is built or a sampler compiled, and printed by every launch program as
+one line (`describe`); each op then only reads the decided value:
 
-  "auto"          (default) the forms for the platform the program is traced on: "cpu" on a CPU,
+  "auto"          (default) the forms of the platform the program runs on: "cpu" on a CPU,
                   "accelerator" on a GPU or TPU
-  "reference"     none: the plain JAX of the reference everywhere (the readable path, and what
-                  every form is tested against)
+  "reference"     none: the layers, models, sampler and loss run as written (attention by its
+                  einsum whatever block.attention), which every form is tested against
   "cpu"           the CPU's forms, wherever the program compiles (tests compare them on any machine)
   "accelerator"   the accelerators' forms, wherever the program compiles (`launch.plan
                   --platform=gpu` plans an accelerator's program on fake CPU devices this way)
 
-Every form has a test against the reference (tests/test_kernels.py). What each one gains, on which
-machine, is in launch/BENCHMARKS.md.
+"auto" stays the default because the presets' numbers (the main job's loss in its 5 minutes, the
+speed tables) are those of the fast forms, and each form computes what the reference computes
+(tests/test_kernels.py). A change to the reference (`transformer/layers.py`) runs as written with
+`--config.model.kernels=reference`; the start-up line says which forms a run took.
 """
 
 from __future__ import annotations
@@ -38,6 +41,16 @@ from transformer.errors import ConfigError
 
 KERNELS = ("auto", "reference", "cpu", "accelerator")
 PLATFORMS = ("cpu", "gpu", "tpu")  # what `for_platform` maps
+
+# What each resolved value replaces: the start-up line's words.
+FORMS = {
+  "reference": "none: transformer/layers.py, the sampler and the loss run as written",
+  "cpu": "causal attention by blocks with its own backward pass, projection gradients in XLA:CPU's "
+  "layouts, one-token attention and a batch-laid head when decoding, blocked argmax, two-level draws, "
+  "a decoded batch split over the cores",
+  "accelerator": "dot-product attention by block.attention's fused kernel (causal: by blocks), a "
+  "recomputing backward pass for the language-model loss",
+}
 
 
 def check(kernels: str) -> None:
@@ -53,8 +66,19 @@ def for_platform(platform: str) -> str:
   return "cpu" if platform == "cpu" else "accelerator"
 
 
-def forms(kernels: str) -> str:
-  """ "reference", "cpu" or "accelerator": the forms `kernels` (config.model.kernels) picks for a
-  program traced now ("auto": by jax's default backend, the platform of the devices it runs on)."""
+def resolve(kernels: str, platform: str | None = None) -> str:
+  """ "reference", "cpu" or "accelerator": the forms `kernels` (config.model.kernels) names for a
+  program that runs on `platform` (default: jax's default backend, where a program compiles)."""
   check(kernels)
-  return for_platform(jax.default_backend()) if kernels == "auto" else kernels
+  return for_platform(platform or jax.default_backend()) if kernels == "auto" else kernels
+
+
+def describe(kernels: str, platform: str | None = None) -> str:
+  """The start-up line of a launch: which forms `kernels` takes here, what they replace, and how to
+  run the reference instead."""
+  forms = resolve(kernels, platform)
+  how = f"auto on {platform or jax.default_backend()}" if kernels == "auto" else "config.model.kernels"
+  line = f"kernels: {forms} ({how}: {FORMS[forms]})"
+  if forms != "reference":
+    line += " — --config.model.kernels=reference runs transformer/layers.py as written"
+  return line

@@ -1,6 +1,9 @@
 """Attention in the forms a machine runs fastest (config.model.kernels), equal to the reference's
 `layers.attend` / `layers.mix` in values and gradients (tests/test_kernels.py).
 
+`attend` is where `layers.attend` hands over when the model's forms are not the reference: XLA's or
+cuDNN's fused kernel (config.model.block.attention), and for causal self-attention the blocks below.
+
 Causal self-attention by blocks of BLOCK queries, each over the keys up to its last query: the
 scores above the diagonal's blocks, which the mask would zero, are never computed (T = 128: 3/4 of
 the T x T scores; T = 256: 5/8). The result is the full masked computation's: a masked key's weight
@@ -29,19 +32,32 @@ import jax.numpy as jnp
 BLOCK = 64  # query rows per block of causal self-attention
 
 
-def causal_mask(length_q: int, length_k: int) -> jax.Array:
-  """True where query t may attend to key s (s <= t), shape (1, T, S) (as `layers.causal_mask`)."""
-  return (jnp.arange(length_k)[None, :] <= jnp.arange(length_q)[:, None])[None]
-
-
 def blocks(T: int) -> list[tuple[int, int]]:
   """[start, end) of each block of BLOCK queries; a block attends to keys 0..end-1."""
   return [(start, min(start + BLOCK, T)) for start in range(0, T, BLOCK)]
 
 
+def attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, implementation: str, forms: str) -> jax.Array:
+  """softmax(Q Kᵀ / √K) V over the keys `mask` allows (None: causal) by a fused kernel
+  (`implementation`: "xla" or "cudnn"); causal self-attention by the blocks of `forms` ("cpu" or
+  "accelerator"), or cuDNN's own causal kernel (`is_causal`: it skips the masked half of the scores)."""
+  T, S = q_BxTxHxK.shape[1], k_BxSxHxK.shape[1]
+  if mask_BxTxS is None and implementation == "cudnn":
+    return jax.nn.dot_product_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, is_causal=True, implementation=implementation)
+  if mask_BxTxS is None and T == S:
+    if forms == "cpu":
+      return causal_cpu(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK)
+    return causal_by_blocks(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, implementation)
+  if mask_BxTxS is None:
+    mask_BxTxS = jnp.tri(T, S, dtype=bool)[None]  # query t sees keys 0..t
+  return jax.nn.dot_product_attention(
+    q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask=mask_BxTxS[:, None], implementation=implementation
+  )
+
+
 def causal_by_blocks(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, implementation: str) -> jax.Array:
   """Causal self-attention by XLA's kernel (`implementation`), in blocks from two blocks on (XLA's
-  kernel takes the mask: its is_causal measured no faster)."""
+  kernel is given the block's mask)."""
   T = q_BxTxHxK.shape[1]
   spans = blocks(T) if T >= 2 * BLOCK else [(0, T)]
   return jnp.concatenate(
@@ -50,7 +66,7 @@ def causal_by_blocks(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, implementation: str) -> ja
         q_BxTxHxK[:, start:end],
         k_BxTxHxK[:, :end],
         v_BxTxHxK[:, :end],
-        mask=causal_mask(end, end)[:, start:][:, None],
+        mask=jnp.tri(end, dtype=bool)[None, None, start:],
         implementation=implementation,
       )
       for start, end in spans
@@ -73,7 +89,7 @@ def _causal_cpu_fwd(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK):
       jnp.einsum("bthk,bshk->bhts", q_BxTxHxK[:, start:end], k_BxTxHxK[:, :end], preferred_element_type=jnp.float32)
       * scale
     )
-    scores_BxHxtxs = jnp.where(causal_mask(end, end)[:, start:][:, None], scores_BxHxtxs, jnp.finfo(jnp.float32).min)
+    scores_BxHxtxs = jnp.where(jnp.tri(end, dtype=bool)[start:], scores_BxHxtxs, jnp.finfo(jnp.float32).min)
     probs_BxHxtxs = jax.nn.softmax(scores_BxHxtxs, axis=-1).astype(v_BxTxHxK.dtype)
     out_blocks.append(jnp.einsum("bhts,bshk->bthk", probs_BxHxtxs, v_BxTxHxK[:, :end]))
     probs_blocks.append(probs_BxHxtxs)
@@ -107,7 +123,7 @@ causal_cpu.defvjp(_causal_cpu_fwd, _causal_cpu_bwd)
 
 def one_token_cpu(q_Bx1xHxK, k_BxHxKxS, v_BxHxSxK, mask_Bx1xS) -> jax.Array:
   """softmax(q Kᵀ / √K) V for one new token per sequence over a KV cache (keys B x H x K x S, values
-  B x H x S x K: `layers.MultiHeadAttention._cached`), skipping the T axis."""
+  B x H x S x K: `layers.CACHE_LAYOUTS`), skipping the T axis."""
   scale = 1.0 / math.sqrt(q_Bx1xHxK.shape[-1])
   q_BxHxK = q_Bx1xHxK[:, 0].astype(jnp.float32)
   one = q_BxHxK.shape[0] == 1

@@ -12,8 +12,6 @@ XLA:CPU runs fastest at the batch size (config.model.kernels: the CPU's forms; t
     computed V x B and handed over transposed. A reduction over the vocabulary
     (`kernels.argmax.argmax(..., vocab_major=True)`) transposes them back, the two transposes
     cancel, and it runs down columns of B contiguous values.
-
-What each form gains, and on which CPUs, is in launch/BENCHMARKS.md.
 """
 
 from __future__ import annotations

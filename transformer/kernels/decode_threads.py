@@ -10,9 +10,8 @@ each core; one thread dispatching them all runs them one after the other, as one
 halves does.
 
 Why the options: a decoding step of a small model is many small elementwise kernels (LayerNorm,
-GELU's tanh), which LLVM vectorises at 256 bits by default; 512-bit vectors made main-job-sized
-generation faster. Products stay in XLA:CPU's default library (YNNPACK). Measurements, and what was
-tried and not kept, are in launch/BENCHMARKS.md.
+GELU's tanh), which LLVM vectorises at 256 bits by default; 512-bit vectors take half the
+instructions for them. Products stay in XLA:CPU's default library (YNNPACK).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from concurrent import futures
 
 import jax
 
-from transformer.kernels import argmax, decode_head, forms
+from transformer.kernels import argmax, decode_head
 
 # XLA:CPU's options for the sampler's program.
 CPU_OPTIONS = {"xla_cpu_prefer_vector_width": 512}
@@ -45,10 +44,11 @@ def cpu_threads(devices: Sequence) -> int:
   return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def threads(kernels: str, mesh) -> int:
+def threads(forms: str, mesh) -> int:
   """On how many threads a decoder runs its independent calls: `cpu_threads` of the mesh's devices
-  (default: the first device) with the CPU's forms (kernels.forms of config.model.kernels), else 1."""
-  if forms(kernels) != "cpu":
+  (default: the first device) with the CPU's forms (`forms`: kernels.resolve of config.model.kernels),
+  else 1."""
+  if forms != "cpu":
     return 1
   return cpu_threads(list(mesh.devices.flat) if mesh is not None else jax.devices()[:1])
 

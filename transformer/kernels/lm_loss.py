@@ -5,7 +5,7 @@ autodiff). Values and gradients are the reference's (tests/test_kernels.py).
 The gradient softmax - one_hot(target) is recomputed from the logits in one elementwise pass, where
 autodiff keeps float32 exponentials and makes several passes over B x T x V floats, the largest
 tensor of a GPT-2 step. XLA:CPU is better off with autodiff, which reuses the forward pass's
-exponentials instead of recomputing them: CPUs keep the reference. Measurements: launch/BENCHMARKS.md.
+exponentials instead of recomputing them: CPUs keep the reference.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ fallback (Eigen), after a transposed copy of the larger operand. Here the smalle
 transposed, tokens last, and the product is one the library takes; a transposed result is
 kernel-sized. The optimization barriers keep XLA from folding a transpose back into the product's
 dimension numbers. Values and gradients equal `jnp.tensordot`'s up to float rounding
-(tests/test_kernels.py); the speed-up is in launch/BENCHMARKS.md.
+(tests/test_kernels.py).
 """
 
 from __future__ import annotations

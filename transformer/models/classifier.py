@@ -44,12 +44,13 @@ def natural_pooling(config) -> str:
 
 
 def _hidden(config, tokens_BxT, valid_BxT, deterministic: bool):
+  """(the body's states B x T x D, which tokens are real: `valid_BxT`, all of them when None)."""
   if config.family not in BODIES:
     raise ConfigError(f"config.model.family={config.family!r} cannot be a body; choose one of {', '.join(BODIES)}")
+  valid_BxT = jnp.ones(tokens_BxT.shape, bool) if valid_BxT is None else valid_BxT
   body = BODIES[config.family](config, name="body")
-  if config.family == "gpt":
-    return body(tokens_BxT, valid_BxT=valid_BxT, deterministic=deterministic, features=True)
-  return body(tokens_BxT, valid_BxT=valid_BxT, deterministic=deterministic)
+  features = {"features": True} if config.family == "gpt" else {}
+  return body(tokens_BxT, valid_BxT=valid_BxT, deterministic=deterministic, **features), valid_BxT
 
 
 def _head(num_outputs: int, config, x_BxD):
@@ -74,9 +75,7 @@ class SequenceClassifier(nn.Module):
 
   @nn.compact
   def __call__(self, tokens_BxT, *, valid_BxT=None, deterministic: bool = True):
-    B, T = tokens_BxT.shape
-    valid_BxT = jnp.ones((B, T), bool) if valid_BxT is None else valid_BxT
-    hidden_BxTxD = _hidden(self.config, tokens_BxT, valid_BxT, deterministic)
+    hidden_BxTxD, valid_BxT = _hidden(self.config, tokens_BxT, valid_BxT, deterministic)
     if self.pooling == "last":
       last_B = jnp.maximum(valid_BxT.sum(axis=1) - 1, 0)
       pooled_BxD = jnp.take_along_axis(hidden_BxTxD, last_B[:, None, None], axis=1)[:, 0]
@@ -101,9 +100,7 @@ class TokenClassifier(nn.Module):
 
   @nn.compact
   def __call__(self, tokens_BxT, *, valid_BxT=None, deterministic: bool = True):
-    B, T = tokens_BxT.shape
-    valid_BxT = jnp.ones((B, T), bool) if valid_BxT is None else valid_BxT
-    hidden_BxTxD = _hidden(self.config, tokens_BxT, valid_BxT, deterministic)
+    hidden_BxTxD, _ = _hidden(self.config, tokens_BxT, valid_BxT, deterministic)
     hidden_BxTxD = nn.Dropout(self.dropout_rate)(hidden_BxTxD, deterministic=deterministic)
     return _head(self.num_classes, self.config, hidden_BxTxD)
 
@@ -114,7 +111,6 @@ def body_hidden(config, body_params, tokens_BxT, valid_BxT=None) -> jax.Array:
   class _Body(nn.Module):
     @nn.compact
     def __call__(self, tokens, valid):
-      return _hidden(config, tokens, valid, True)
+      return _hidden(config, tokens, valid, True)[0]
 
-  valid_BxT = jnp.ones(tokens_BxT.shape, bool) if valid_BxT is None else valid_BxT
   return _Body().apply({"params": {"body": body_params}}, tokens_BxT, valid_BxT)

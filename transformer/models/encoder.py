@@ -22,7 +22,7 @@ from typing import ClassVar
 import flax.linen as nn
 import jax.numpy as jnp
 
-from transformer import layers
+from transformer import kernels, layers
 from transformer.errors import ConfigError
 from transformer.models import seq2seq
 
@@ -38,9 +38,6 @@ class EncoderConfig:
   scan_layers: bool = False
   remat_policy: str = "none"
   kernels: str = "auto"  # "auto" | "reference" | "cpu" | "accelerator": faster forms of ops (transformer.kernels)
-
-  def __post_init__(self):
-    layers.nest_block(self)
 
   def replace(self, **changes) -> EncoderConfig:
     """A copy with `changes`; the block's fields (d_model=..., num_heads=...) change the block."""
@@ -60,7 +57,14 @@ class Encoder(nn.Module):
   def setup(self):
     cfg = self.config
     self.source_embed = seq2seq.Embed(cfg)
-    self.encoder = layers.Stack(cfg.block, cfg.num_layers, scan=cfg.scan_layers, remat_policy=cfg.remat_policy)
+    self.encoder = layers.Stack(
+      cfg.block,
+      cfg.num_layers,
+      scan=cfg.scan_layers,
+      remat_policy=cfg.remat_policy,
+      forms=kernels.resolve(cfg.kernels),  # the fast forms, decided once for the whole model
+      max_len=cfg.max_len,
+    )
     if cfg.block.pre_layer_norm:
       self.encoder_norm = layers.norm(cfg.block)
 

@@ -29,10 +29,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer import layers
+from transformer import kernels, layers
 from transformer.errors import ConfigError
 from transformer.kernels import decode_head
-from transformer.kernels import forms as kernel_forms
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,9 +51,6 @@ class GPTConfig:
   scan_layers: bool = False  # one scanned block instead of N unrolled ones (faster compiles)
   remat_policy: str = "none"  # "none" | "dots" | "full": what the backward pass recomputes
   kernels: str = "auto"  # "auto" | "reference" | "cpu" | "accelerator": faster forms of ops (transformer.kernels)
-
-  def __post_init__(self):
-    layers.nest_block(self)
 
   def replace(self, **changes) -> GPTConfig:
     """A copy with `changes`; the block's fields (d_model=..., num_heads=...) change the block."""
@@ -128,62 +124,82 @@ class GPT(nn.Module):
       of the last position only, (B, 1, V): all that sampling the next token needs.
     """
     cfg = self.config
-    B, T = tokens_BxT.shape
-    if decode and segments_BxT is not None:
-      raise ValueError("decoding continues one document: segments_BxT is for packed training rows")
-    if decode:
-      positions_BxT, mask_BxTxS, key_positions_BxS = layers.CachePositions(name="positions")(
-        valid_BxT if valid_BxT is not None else jnp.ones((B, T), bool)
-      )
-    elif T > cfg.max_len:
-      raise ConfigError(
-        f"a sequence of {T} tokens is longer than max_len={cfg.max_len} "
-        f"(the position table); use at most {cfg.max_len} tokens"
-      )
-    elif valid_BxT is None and segments_BxT is None:
-      positions_BxT, mask_BxTxS = jnp.arange(T)[None], None  # causal (layers.attend)
-    else:
-      positions_BxT = layers.segment_positions(valid_BxT, segments_BxT)
-      mask_BxTxS = layers.self_attention_mask(valid_BxT, segments_BxT, causal=True)
-    if not decode:
-      key_positions_BxS = positions_BxT
-
-    block = cfg.block
-    dtype, param_dtype = jnp.dtype(block.dtype), jnp.dtype(block.param_dtype)
+    forms = kernels.resolve(cfg.kernels)  # the fast forms, decided once for the whole model
+    positions_BxT, key_positions_BxS, mask_BxTxS = self._positions_and_mask(tokens_BxT, valid_BxT, segments_BxT, decode)
     wte = nn.Embed(
       cfg.vocab_size,
-      block.d_model,
-      dtype=dtype,
-      param_dtype=param_dtype,
+      cfg.block.d_model,
+      dtype=jnp.dtype(cfg.block.dtype),
+      param_dtype=jnp.dtype(cfg.block.param_dtype),
       name="wte",
       embedding_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ("vocab", "embed")),
     )
-    x_BxTxD = wte(tokens_BxT)
+    x_BxTxD = self._embed(wte(tokens_BxT), positions_BxT, deterministic)
+    blocks = layers.Stack(
+      cfg.block,
+      cfg.num_layers,
+      scan=cfg.scan_layers,
+      remat_policy=cfg.remat_policy,
+      forms=forms,
+      max_len=cfg.max_len,
+      rope=cfg.positions == "rope",
+      name="h",
+    )
+    positions = (positions_BxT, key_positions_BxS)
+    x_BxTxD = blocks(x_BxTxD, mask_BxTxS, positions=positions, deterministic=deterministic, decode=decode)
+    x_BxTxD = layers.norm(cfg.block, "ln_f")(x_BxTxD)
+    if features:
+      return x_BxTxD
+    if decode:  # only the next token's logits are needed
+      x_BxTxD = x_BxTxD[:, -1:]
+    return self._head(wte, x_BxTxD, forms, decode)
+
+  def _positions_and_mask(self, tokens_BxT, valid_BxT, segments_BxT, decode: bool):
+    """(positions of the tokens B x T, of the keys B x S, attention mask B x T x S or None: causal)."""
+    B, T = tokens_BxT.shape
+    if decode and segments_BxT is not None:
+      raise ValueError("decoding continues one document: segments_BxT is for packed training rows")
+    if decode:  # the keys are the cache's slots
+      cache_positions = layers.CachePositions(name="positions")
+      positions_BxT, mask_BxTxS, key_positions_BxS = cache_positions(
+        valid_BxT if valid_BxT is not None else jnp.ones((B, T), bool)
+      )
+      return positions_BxT, key_positions_BxS, mask_BxTxS
+    if T > self.config.max_len:
+      raise ConfigError(
+        f"a sequence of {T} tokens is longer than max_len={self.config.max_len} "
+        f"(the position table); use at most {self.config.max_len} tokens"
+      )
+    if valid_BxT is None and segments_BxT is None:
+      return jnp.arange(T)[None], jnp.arange(T)[None], None
+    positions_BxT = layers.segment_positions(valid_BxT, segments_BxT)
+    return positions_BxT, positions_BxT, layers.self_attention_mask(valid_BxT, segments_BxT, causal=True)
+
+  def _embed(self, tokens_BxTxD, positions_BxT, deterministic: bool):
+    """The residual stream's start: token embeddings plus the positions' (learned or sinusoidal;
+    rotary positions act in attention instead), then dropout."""
+    cfg, block = self.config, self.config.block
+    dtype = jnp.dtype(block.dtype)
+    x_BxTxD = tokens_BxTxD
     if cfg.positions == "learned":
       wpe_LxD = self.param(
         "wpe",
         nn.with_logical_partitioning(nn.initializers.normal(0.01), ("position", "embed")),
         (cfg.max_len, block.d_model),
-        param_dtype,
+        jnp.dtype(block.param_dtype),
       )
       x_BxTxD = x_BxTxD + wpe_LxD.astype(dtype)[positions_BxT]
     elif cfg.positions == "sinusoidal":
-      pe_LxD = jnp.asarray(layers.sinusoidal_positions(cfg.max_len, block.d_model), dtype)
-      x_BxTxD = x_BxTxD + pe_LxD[positions_BxT]
+      x_BxTxD = x_BxTxD + jnp.asarray(layers.sinusoidal_positions(cfg.max_len, block.d_model), dtype)[positions_BxT]
     x_BxTxD = nn.Dropout(block.dropout_rate)(x_BxTxD, deterministic=deterministic)
     x_BxTxD = nn.with_logical_constraint(x_BxTxD, ("batch", "length", "embed"))
     self.sow("intermediates", "embeddings", x_BxTxD)  # the residual stream's start, when probing
+    return x_BxTxD
 
-    x_BxTxD = layers.Stack(block, cfg.num_layers, scan=cfg.scan_layers, remat_policy=cfg.remat_policy, name="h")(
-      x_BxTxD, mask_BxTxS, positions=(positions_BxT, key_positions_BxS), deterministic=deterministic, decode=decode
-    )
-    x_BxTxD = layers.norm(block, "ln_f")(x_BxTxD)
-    if features:
-      return x_BxTxD
-    if decode:  # only the next token's logits are needed
-      x_BxTxD = x_BxTxD[:, -1:]
-
-    if cfg.tie_embeddings and decode and kernel_forms(cfg.kernels) == "cpu":
+  def _head(self, wte: nn.Embed, x_BxTxD, forms: str, decode: bool):
+    """Float32 logits: the token embedding, transposed (tied), or a head of its own; softcapped."""
+    cfg, dtype = self.config, jnp.dtype(self.config.block.dtype)
+    if cfg.tie_embeddings and decode and forms == "cpu":
       logits_BxTxV = decode_head.tied_head_cpu(wte.embedding.astype(dtype), x_BxTxD)
     elif cfg.tie_embeddings:
       logits_BxTxV = wte.attend(x_BxTxD)
@@ -192,7 +208,7 @@ class GPT(nn.Module):
         cfg.vocab_size,
         use_bias=False,
         dtype=dtype,
-        param_dtype=param_dtype,
+        param_dtype=jnp.dtype(cfg.block.param_dtype),
         kernel_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ("embed", "vocab")),
         name="lm_head",
       )(x_BxTxD)

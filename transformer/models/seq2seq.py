@@ -26,7 +26,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer import layers
+from transformer import kernels, layers
 from transformer.errors import ConfigError
 
 # The paper's blocks: post-LayerNorm, ReLU, Glorot-initialised (its tensor2tensor code), base's sizes.
@@ -63,9 +63,6 @@ class Seq2SeqConfig:
   scan_layers: bool = False
   remat_policy: str = "none"
   kernels: str = "auto"  # "auto" | "reference" | "cpu" | "accelerator": faster forms of ops (transformer.kernels)
-
-  def __post_init__(self):
-    layers.nest_block(self)
 
   def decoder_layers(self) -> int:
     return self.num_decoder_layers or self.num_layers
@@ -144,8 +141,15 @@ class Transformer(nn.Module):
 
   def setup(self):
     cfg = self.config
+    forms = kernels.resolve(cfg.kernels)  # the fast forms, decided once for the whole model
     stack = lambda depth, cross: layers.Stack(
-      cfg.block, depth, scan=cfg.scan_layers, remat_policy=cfg.remat_policy, cross_attention=cross
+      cfg.block,
+      depth,
+      scan=cfg.scan_layers,
+      remat_policy=cfg.remat_policy,
+      cross_attention=cross,
+      forms=forms,
+      max_len=cfg.max_len,
     )
     self.encoder, self.decoder = stack(cfg.num_layers, False), stack(cfg.decoder_layers(), True)
     self.cache_positions = layers.CachePositions()  # decode mode only; it has no parameters
@@ -162,7 +166,7 @@ class Transformer(nn.Module):
         use_bias=False,
         dtype=cfg.block.dtype,
         param_dtype=cfg.block.param_dtype,
-        kernels=cfg.kernels,
+        forms=forms,
       )
 
   def encode(self, source_BxS, *, source_valid_BxS=None, source_segments_BxS=None, deterministic: bool = True):
@@ -205,7 +209,7 @@ class Transformer(nn.Module):
     else:
       self._check_length(T, "target")
       if target_segments_BxT is None:
-        positions_BxT, mask_BxTxS = jnp.arange(T)[None], None  # causal (layers.attend)
+        positions_BxT, mask_BxTxS = jnp.arange(T)[None], None  # None: causal (layers.mix)
       else:
         positions_BxT = layers.segment_positions(None, target_segments_BxT)
         mask_BxTxS = layers.self_attention_mask(None, target_segments_BxT, causal=True)

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from transformer import metrics, tokenizers
+from transformer import checkpoints, metrics, tokenizers
 from transformer import workdir as workdir_files
 from transformer.config import RunConfig, check_positive
 from transformer.errors import ConfigError, DataError
@@ -276,20 +276,18 @@ def _check_same_tokenizer(theirs, ours, path: str) -> None:
 def fit_body(pretrained: dict, body: dict, path: str) -> dict:
   """`pretrained` cut to the body's tensors (an LM head is left out), each checked against the body's
   shape: a tensor that is missing or shaped otherwise is one error naming it."""
-  theirs = flax.traverse_util.flatten_dict(pretrained, sep="/")
-  ours = flax.traverse_util.flatten_dict(nn.unbox(body), sep="/")
-  out = {}
-  for name, mine in ours.items():
-    if name not in theirs:
-      raise ConfigError(
-        f"--config.init_from={path} has no tensor {name} that the body needs (it has "
-        f"{', '.join(sorted(theirs)[:6])}, ...); set --config.model.* like the pretrained model's"
-      )
-    if tuple(theirs[name].shape) != tuple(mine.shape):
-      raise ConfigError(
-        f"--config.init_from={path}: tensor {name} is {tuple(theirs[name].shape)} there but "
-        f"{tuple(mine.shape)} in this body; set --config.model.* (block.d_model, num_layers, "
-        f"block.num_heads, max_len, ...) like the pretrained model's"
-      )
-    out[name] = jnp.asarray(theirs[name], mine.dtype)
+  theirs, ours = checkpoints.flat_params(pretrained), checkpoints.flat_params(nn.unbox(body))
+  kind, name = checkpoints.first_mismatch(ours, theirs, extra=False) or (None, None)
+  if kind == "missing":
+    raise ConfigError(
+      f"--config.init_from={path} has no tensor {name} that the body needs (it has "
+      f"{', '.join(sorted(theirs)[:6])}, ...); set --config.model.* like the pretrained model's"
+    )
+  if kind == "shape":
+    raise ConfigError(
+      f"--config.init_from={path}: tensor {name} is {tuple(theirs[name].shape)} there but "
+      f"{tuple(ours[name].shape)} in this body; set --config.model.* (block.d_model, num_layers, "
+      f"block.num_heads, max_len, ...) like the pretrained model's"
+    )
+  out = {name: jnp.asarray(theirs[name], mine.dtype) for name, mine in ours.items()}
   return flax.traverse_util.unflatten_dict(out, sep="/")

@@ -12,12 +12,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from transformer import metrics
+from transformer import kernels, metrics
 from transformer.config import RunConfig, at, check_positive
 from transformer.data import pipeline
 from transformer.errors import ConfigError, TokenizerError
 from transformer.generation import sampling
-from transformer.kernels import forms as kernel_forms
 from transformer.kernels import lm_loss as lm_loss_kernel
 from transformer.models.gpt import GPT
 from transformer.models.lstm import LSTMLanguageModel
@@ -103,10 +102,10 @@ def document_ids(tokens_BxL, eot_id: int):
   return jnp.cumsum(tokens_BxL == eot_id, axis=1)
 
 
-def next_token_nll(logits_BxTxV: jax.Array, targets_BxT: jax.Array, kernels: str = "auto") -> jax.Array:
-  """-log softmax(logits)[target] at each position, in float32. `kernels` (config.model.kernels): the
-  accelerators' form has its backward pass written out (transformer.kernels.lm_loss)."""
-  if kernel_forms(kernels) == "accelerator":
+def next_token_nll(logits_BxTxV: jax.Array, targets_BxT: jax.Array, forms: str = "reference") -> jax.Array:
+  """-log softmax(logits)[target] at each position, in float32. `forms` (kernels.resolve of
+  config.model.kernels): the accelerators' form has its backward pass written out (kernels.lm_loss)."""
+  if forms == "accelerator":
     return lm_loss_kernel.next_token_nll(logits_BxTxV, targets_BxT)
   return optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV.astype(jnp.float32), targets_BxT)
 
@@ -117,7 +116,7 @@ def lm_nll(model: GPT | LSTMLanguageModel, params, batch_BxL1, rng, train: bool,
   inputs_BxL, targets_BxL = batch_BxL1[:, :-1], batch_BxL1[:, 1:]
   segments = {} if eot_id is None else {"segments_BxT": document_ids(inputs_BxL, eot_id)}
   logits_BxLxV = model.apply({"params": params}, inputs_BxL, deterministic=not train, rngs={"dropout": rng}, **segments)
-  return next_token_nll(logits_BxLxV, targets_BxL, model.config.kernels)
+  return next_token_nll(logits_BxLxV, targets_BxL, kernels.resolve(model.config.kernels))
 
 
 def lm_loss(model: GPT | LSTMLanguageModel, params, batch_BxL1, rng, train: bool, eot_id: int | None = None):
