@@ -414,12 +414,12 @@ class Mechanism:
   position in its own sequence (a packed document's start from 0, padding takes none).
   `keys`: the scores read queries and keys (the fused q/k/v projection; rotary positions and qk_norm
   act on them), and the KV cache keeps the keys with the values; without, q and k are None and the
-  cache keeps values alone. `by_position`: scores exist for positions < the model's max_len only.
-  Register one with `register_mechanism`; config.model.block.attention_mechanism then takes its name."""
+  cache keeps values alone. A mechanism whose scores are by position has the model's `attn.max_len`
+  positions (the longest sequence it takes). Register one with `register_mechanism`; then
+  config.model.block.attention_mechanism takes its name."""
 
   scores: Callable[..., jax.Array]
   keys: bool = True
-  by_position: bool = False
 
 
 def synthesizer_dense_scores(attn, x_BxTxD, q_BxTxHxK, k_BxSxHxK, positions) -> jax.Array:
@@ -466,11 +466,9 @@ def synthesizer_random_scores(attn, x_BxTxD, q_BxTxHxK, k_BxSxHxK, positions, fi
 # learned position by position ("random"; "fixed_random" keeps them at their random initialisation).
 MECHANISMS: dict[str, Mechanism] = {
   "dot_product": Mechanism(dot_product_scores),
-  "synthesizer_dense": Mechanism(synthesizer_dense_scores, keys=False, by_position=True),
-  "synthesizer_random": Mechanism(synthesizer_random_scores, keys=False, by_position=True),
-  "synthesizer_fixed_random": Mechanism(
-    functools.partial(synthesizer_random_scores, fixed=True), keys=False, by_position=True
-  ),
+  "synthesizer_dense": Mechanism(synthesizer_dense_scores, keys=False),
+  "synthesizer_random": Mechanism(synthesizer_random_scores, keys=False),
+  "synthesizer_fixed_random": Mechanism(functools.partial(synthesizer_random_scores, fixed=True), keys=False),
 }
 
 

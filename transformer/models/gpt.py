@@ -126,16 +126,32 @@ class GPT(nn.Module):
     cfg = self.config
     forms = kernels.resolve(cfg.kernels)  # the fast forms, decided once for the whole model
     positions_BxT, key_positions_BxS, mask_BxTxS = self._positions_and_mask(tokens_BxT, valid_BxT, segments_BxT, decode)
-    wte = nn.Embed(
-      cfg.vocab_size,
-      cfg.block.d_model,
-      dtype=jnp.dtype(cfg.block.dtype),
-      param_dtype=jnp.dtype(cfg.block.param_dtype),
+    wte = self._token_embedding()
+    x_BxTxD = self._embed(wte(tokens_BxT), positions_BxT, deterministic)
+    positions = (positions_BxT, key_positions_BxS)
+    x_BxTxD = self._blocks(forms)(x_BxTxD, mask_BxTxS, positions=positions, deterministic=deterministic, decode=decode)
+    x_BxTxD = layers.norm(cfg.block, "ln_f")(x_BxTxD)
+    if features:
+      return x_BxTxD
+    if decode:  # only the next token's logits are needed
+      x_BxTxD = x_BxTxD[:, -1:]
+    return self._head(wte, x_BxTxD, forms, decode)
+
+  def _token_embedding(self) -> nn.Embed:
+    """The token embedding table (V x D), also the tied head's."""
+    block = self.config.block
+    return nn.Embed(
+      self.config.vocab_size,
+      block.d_model,
+      dtype=jnp.dtype(block.dtype),
+      param_dtype=jnp.dtype(block.param_dtype),
       name="wte",
       embedding_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ("vocab", "embed")),
     )
-    x_BxTxD = self._embed(wte(tokens_BxT), positions_BxT, deterministic)
-    blocks = layers.Stack(
+
+  def _blocks(self, forms: str) -> layers.Stack:
+    cfg = self.config
+    return layers.Stack(
       cfg.block,
       cfg.num_layers,
       scan=cfg.scan_layers,
@@ -145,14 +161,6 @@ class GPT(nn.Module):
       rope=cfg.positions == "rope",
       name="h",
     )
-    positions = (positions_BxT, key_positions_BxS)
-    x_BxTxD = blocks(x_BxTxD, mask_BxTxS, positions=positions, deterministic=deterministic, decode=decode)
-    x_BxTxD = layers.norm(cfg.block, "ln_f")(x_BxTxD)
-    if features:
-      return x_BxTxD
-    if decode:  # only the next token's logits are needed
-      x_BxTxD = x_BxTxD[:, -1:]
-    return self._head(wte, x_BxTxD, forms, decode)
 
   def _positions_and_mask(self, tokens_BxT, valid_BxT, segments_BxT, decode: bool):
     """(positions of the tokens B x T, of the keys B x S, attention mask B x T x S or None: causal)."""
