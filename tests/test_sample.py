@@ -188,6 +188,8 @@ def test_evaluate_scores_a_file_a_split_and_gpt2_weights(workdir, tmp_path):
   by_file, by_split, by_hf, *bad = run_cases("launch.evaluate", [{"args": a} for a in runs], tmp_path)
 
   assert "warning: 3 character(s) of" in by_file["stderr"]  # the é of café, not in Shakespeare's characters
+  for result in (by_file, by_hf):  # the first line of a launch: the forms the model runs
+    assert "\nkernels: cpu (auto on cpu: " in "\n" + result["stderr"], result["stderr"][:300]
   trained = inference.restore(workdir)
   want = evaluation.score_text(
     trained.model, trained.params, trained.tokenizer, text.replace("é", "e"), context=64, stride=16

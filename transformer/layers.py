@@ -542,24 +542,33 @@ class SelfAttention(nn.Module):
       q_BxTxHxK = nn.with_logical_constraint(q_BxTxHxK, ("batch", "length", "heads", "kv"))
     else:
       v_BxSxHxK = self.projection((H, K), ("embed", "heads", "kv"), name="v")(x_BxTxD)
-    dropout, sow, values = _attention_dropout(cfg), _probabilities_recorder(self), "bshk"
-    if self.decode:  # from here on, keys and values are the whole cache's, in its layouts
-      cached = self.cached(key=k_BxSxHxK, value=v_BxSxHxK) if mechanism.keys else self.cached(value=v_BxSxHxK)
-      k_BxHxKxS, v_BxSxHxK, values = cached.get("key"), cached["value"], "bhsk"
-    if mechanism.scores is dot_product_scores and self.decode:  # dot products have their own forms
-      out_BxTxHxK = attend_cached(q_BxTxHxK, k_BxHxKxS, v_BxSxHxK, mask_BxTxS, self.forms, dropout, deterministic, sow)
-    elif mechanism.scores is dot_product_scores:
-      out_BxTxHxK = attend(
-        q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, cfg.attention, self.forms, dropout, deterministic, sow
+    mixing = (_attention_dropout(cfg), deterministic, _probabilities_recorder(self))  # mix's dropout, sow
+    if self.decode:
+      out_BxTxHxK = self._over_the_cache(
+        mechanism, x_BxTxD, q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, positions, mixing
       )
+    elif mechanism.scores is dot_product_scores:  # dot products have fused forms (attend)
+      out_BxTxHxK = attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, cfg.attention, self.forms, *mixing)
     else:
-      if self.decode and mechanism.keys:
-        k_BxSxHxK = k_BxHxKxS.transpose(0, 3, 1, 2)
       scores_BxHxTxS = mechanism.scores(self, x_BxTxD, q_BxTxHxK, k_BxSxHxK, positions)
-      out_BxTxHxK = mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, dropout, deterministic, sow, values)
+      out_BxTxHxK = mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, *mixing)
     return self.projection((cfg.d_model,), ("heads", "kv", "embed"), contract=2, std=self.residual_std, name="out")(
       out_BxTxHxK
     )
+
+  def _over_the_cache(self, mechanism, x_BxTxD, q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, mask_BxTxS, positions, mixing):
+    """Decoding: this call's keys and values (values alone without keys) written into the cache,
+    then its queries' attention over the whole cache (keys B x H x K x S, values B x H x S x K)."""
+    if not mechanism.keys:
+      v_BxHxSxK = self.cached(value=v_BxTxHxK)["value"]
+      scores_BxHxTxS = mechanism.scores(self, x_BxTxD, None, None, positions)
+      return mix(scores_BxHxTxS, v_BxHxSxK, mask_BxTxS, *mixing, values="bhsk")
+    cache = self.cached(key=k_BxTxHxK, value=v_BxTxHxK)
+    k_BxHxKxS, v_BxHxSxK = cache["key"], cache["value"]
+    if mechanism.scores is dot_product_scores:  # with its own form for one new token (attend_cached)
+      return attend_cached(q_BxTxHxK, k_BxHxKxS, v_BxHxSxK, mask_BxTxS, self.forms, *mixing)
+    scores_BxHxTxS = mechanism.scores(self, x_BxTxD, q_BxTxHxK, k_BxHxKxS.transpose(0, 3, 1, 2), positions)
+    return mix(scores_BxHxTxS, v_BxHxSxK, mask_BxTxS, *mixing, values="bhsk")
 
   def cached(self, **arrays_BxTxHxK):
     """Writes this call's T keys and/or values at the cache index; returns the whole cache by name, in
