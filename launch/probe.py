@@ -13,17 +13,22 @@ logit_lens.png (the top next token read from every layer), inside.json; for a tr
 alignment.png (target x source) and encoder_attention.png. The translation is the model's greedy
 one unless --target gives it. --compare prints how alike --word is across the texts at each layer
 (cosine similarity of its last token's residual stream; 1 = the same vector) and writes
-similarity.json. The same arrays in Python: transformer.probes.
+similarity.json. --heads (a GPT) prints every head's previous-token, duplicate-token and induction
+scores on random tokens repeated twice and writes heads.json. The same arrays in Python:
+transformer.probes, transformer.interventions.
+
+  python -m launch.probe --workdir=workdirs/shakespeare-char --heads --out=probes/heads
 """
 
 import json
 import sys
 from pathlib import Path
 
+import numpy as np
 from absl import flags
 
 import launch
-from transformer import cli, probes, tokenizers
+from transformer import cli, interventions, probes, tokenizers
 from transformer.errors import UserError
 from transformer.models.gpt import GPT
 from transformer.models.hf_gpt2 import import_hf_gpt2
@@ -41,6 +46,9 @@ _OUT = flags.DEFINE_string(
 )
 _COMPARE = flags.DEFINE_bool("compare", False, "Print the per-layer similarity of --word across the texts.")
 _WORD = flags.DEFINE_string("word", None, "With --compare: the word to follow through the layers.")
+_HEADS = flags.DEFINE_bool(
+  "heads", False, "Score every head of a GPT as a previous-token, duplicate-token and induction head (no --text)."
+)
 
 
 def load():
@@ -71,13 +79,33 @@ def compare(model, params, tokenizer, texts: list[str]) -> None:
   )
 
 
+def heads(model, params) -> None:
+  """The head detectors' table (transformer.interventions.head_scores) on 16 rows of random tokens,
+  each repeated twice, as long as fits the context (at most 2 x 50); heads.json in --out."""
+  if not isinstance(model, GPT):
+    raise UserError(f"--heads scores the heads of a GPT; this is a {type(model).__name__}")
+  length = min(50, model.config.max_len // 2)
+  tokens = interventions.repeated_random_tokens(model.config.vocab_size, length, batch=16)
+  scores = {kind: np.asarray(s) for kind, s in interventions.head_scores(model, params, tokens).items()}
+  print(f"attention on {length} random tokens repeated twice (1: all of a head's attention there)")
+  print(f"{'head':<8}" + "".join(f"{kind:>17}" for kind in scores))
+  for l, h in np.ndindex(scores["induction"].shape):
+    print(f"{f'L{l}.H{h}':<8}" + "".join(f"{s[l, h]:17.3f}" for s in scores.values()))
+  out = Path(_OUT.value)
+  out.mkdir(parents=True, exist_ok=True)
+  (out / "heads.json").write_text(json.dumps({k: s.round(6).tolist() for k, s in scores.items()}) + "\n")
+
+
 def main(argv):
   del argv
   texts = list(_TEXT.value)
-  if not texts:
-    raise UserError("give a --text to probe")
+  if not texts and not _HEADS.value:
+    raise UserError("give a --text to probe (or --heads)")
   model, params, tokenizer, source = load()
   print(f"# {source}", file=sys.stderr)
+  if _HEADS.value:
+    heads(model, params)
+    return
   if _COMPARE.value:
     compare(model, params, tokenizer, texts)
     return

@@ -62,6 +62,8 @@ class BlockConfig:
   # modded-nanogpt); "swiglu" (Shazeer 2020: silu(x W_gate) * x W_fc, a third projection).
   activation: str = "gelu_tanh"
   qk_norm: bool = False  # RMS-normalise each head's queries and keys before their product (OLMo 2, Gemma 3)
+  # True: blocks of attention alone, no MLP (the toy models of Elhage et al. 2021 and Olsson et al. 2022).
+  attention_only: bool = False
   # "gpt2": kernels ~ normal(0.02), projections into the residual stream 0.02/sqrt(2 * layers);
   # "xavier": Glorot uniform (the 2017 paper's tensor2tensor, flax's wmt example), whose larger
   # scale at small widths lets attention learn from the first steps.
@@ -338,19 +340,22 @@ def mix(
   mask_BxTxS,
   dropout: nn.Dropout | None = None,
   deterministic: bool = True,
-  sow=None,
+  at=None,
   values: str = "bshk",
 ) -> jax.Array:
   """softmax(scores) V over the keys that `mask` allows (True = attend; None: causal), however the
   scores were made. Scores in float32; masking by jnp.where, never by adding a large negative number
-  (which overflows in half precision). `sow(probs_BxHxTxS)`, when given, receives the attention
-  probabilities (transformer.probes). `values`: the layout of V ("bhsk": a KV cache's)."""
+  (which overflows in half precision). `at(name, x) -> x`, when given, is the attention module's
+  named points (`point`): the masked "scores" and the probabilities, "pattern", pass through it.
+  `values`: the layout of V ("bhsk": a KV cache's)."""
   if mask_BxTxS is None:
     mask_BxTxS = causal_mask(*scores_BxHxTxS.shape[-2:])
   scores_BxHxTxS = jnp.where(mask_BxTxS[:, None], scores_BxHxTxS.astype(jnp.float32), jnp.finfo(jnp.float32).min)
+  if at is not None:
+    scores_BxHxTxS = at("scores", scores_BxHxTxS)
   probs_BxHxTxS = jax.nn.softmax(scores_BxHxTxS, axis=-1)
-  if sow is not None:
-    sow(probs_BxHxTxS)
+  if at is not None:
+    probs_BxHxTxS = at("pattern", probs_BxHxTxS)
   if dropout is not None:
     probs_BxHxTxS = dropout(probs_BxHxTxS, deterministic=deterministic)
   return jnp.einsum(f"bhts,{values}->bthk", probs_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK)
@@ -371,15 +376,16 @@ def attend(
   forms: str = "reference",
   dropout: nn.Dropout | None = None,
   deterministic: bool = True,
-  sow=None,
+  at=None,
 ) -> jax.Array:
   """softmax(Q Kᵀ / √K) V over the keys that `mask` allows (True = attend; None: causal, query t sees
   keys 0..t). The reference is the einsum below (`forms="reference"`, `implementation="einsum"`, and
-  always when probing or with attention dropout, which need the probabilities); otherwise the fused
-  forms of transformer.kernels.attention compute the same (XLA's or cuDNN's kernel, causal blocks)."""
-  if forms == "reference" or implementation == "einsum" or sow is not None or dropout is not None:
+  always with named points to pass (`at`: a run read or patched) or attention dropout, which need the
+  scores); otherwise the fused forms of transformer.kernels.attention compute the same (XLA's or
+  cuDNN's kernel, causal blocks)."""
+  if forms == "reference" or implementation == "einsum" or at is not None or dropout is not None:
     scores_BxHxTxS = dot_product_scores(None, None, q_BxTxHxK, k_BxSxHxK, None)
-    return mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, dropout, deterministic, sow)
+    return mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, dropout, deterministic, at)
   return fast_attention.attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, implementation, forms)
 
 
@@ -391,16 +397,16 @@ def attend_cached(
   forms: str = "reference",
   dropout: nn.Dropout | None = None,
   deterministic: bool = True,
-  sow=None,
+  at=None,
 ) -> jax.Array:
   """`attend` over a KV cache (keys B x H x K x S, values B x H x S x K: CACHE_LAYOUTS). With the
   CPU's forms one new token per sequence (every step after the prompt) takes matrix-vector products
   (transformer.kernels.attention.one_token_cpu)."""
-  if q_BxTxHxK.shape[1] == 1 and sow is None and dropout is None and forms == "cpu":
+  if q_BxTxHxK.shape[1] == 1 and at is None and dropout is None and forms == "cpu":
     return fast_attention.one_token_cpu(q_BxTxHxK, k_BxHxKxS, v_BxHxSxK, mask_BxTxS)
   scale = 1.0 / math.sqrt(q_BxTxHxK.shape[-1])
   scores_BxHxTxS = jnp.einsum("bthk,bhks->bhts", q_BxTxHxK, k_BxHxKxS, preferred_element_type=jnp.float32) * scale
-  return mix(scores_BxHxTxS, v_BxHxSxK, mask_BxTxS, dropout, deterministic, sow, values="bhsk")
+  return mix(scores_BxHxTxS, v_BxHxSxK, mask_BxTxS, dropout, deterministic, at, values="bhsk")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -484,12 +490,40 @@ def _attention_dropout(cfg: BlockConfig) -> nn.Dropout | None:
   return nn.Dropout(cfg.attention_dropout_rate) if cfg.attention_dropout_rate else None
 
 
-def _probabilities_recorder(module: nn.Module):
-  """When probing (apply(..., mutable=["intermediates"]), transformer.probes): a function that sows the
-  attention probabilities. Otherwise None, and no probability is materialised for it."""
-  if not module.is_mutable_collection("intermediates"):
+def point(module: nn.Module, name: str, x: jax.Array) -> jax.Array:
+  """A named activation (`module`'s `name`), where transformer.interventions acts: replaced where the
+  "patches" collection has an entry of this name ({"where": bool, "value": x's values there, "add":
+  added everywhere}, each broadcast to x), then recorded in "activations" when a run asks for that
+  collection. Otherwise x itself: a run that asks for neither compiles to the same program."""
+  if module.has_variable("patches", name):
+    patch = module.get_variable("patches", name)
+    x = jnp.where(patch["where"], patch["value"].astype(x.dtype), x) + patch["add"].astype(x.dtype)
+  if module.is_mutable_collection("activations"):
+    module.put_variable("activations", name, x)
+  return x
+
+
+def intervened(module: nn.Module) -> bool:
+  """Whether a run reads or patches this module's named points (`point`): then attention takes the
+  reference path, whose scores and probabilities exist to pass through them."""
+  return module.is_mutable_collection("activations") or bool(module.variables.get("patches"))
+
+
+def _points(module: nn.Module):
+  """The attention module's named points for `mix` (`at`), when a run probes them (the probabilities
+  also sown as "attention" for transformer.probes) or intervenes; otherwise None, and no score is
+  materialised for them."""
+  probing = module.is_mutable_collection("intermediates")
+  if not probing and not intervened(module):
     return None
-  return lambda probs_BxHxTxS: module.sow("intermediates", "attention", probs_BxHxTxS)
+
+  def at(name: str, x: jax.Array) -> jax.Array:
+    x = point(module, name, x)
+    if probing and name == "pattern":
+      module.sow("intermediates", "attention", x)
+    return x
+
+  return at
 
 
 def _normalised(cfg: BlockConfig, q_BxTxHxK, k_BxSxHxK):
@@ -539,10 +573,12 @@ class SelfAttention(nn.Module):
       q_BxTxHxK, k_BxSxHxK = _normalised(cfg, q_BxTxHxK, k_BxSxHxK)
       if self.rope:  # this call's keys are its queries' tokens: both at the queries' positions
         q_BxTxHxK, k_BxSxHxK = rotary(q_BxTxHxK, positions[0]), rotary(k_BxSxHxK, positions[0])
-      q_BxTxHxK = nn.with_logical_constraint(q_BxTxHxK, ("batch", "length", "heads", "kv"))
+      q_BxTxHxK = nn.with_logical_constraint(point(self, "q", q_BxTxHxK), ("batch", "length", "heads", "kv"))
+      k_BxSxHxK = point(self, "k", k_BxSxHxK)
     else:
       v_BxSxHxK = self.projection((H, K), ("embed", "heads", "kv"), name="v")(x_BxTxD)
-    mixing = (_attention_dropout(cfg), deterministic, _probabilities_recorder(self))  # mix's dropout, sow
+    v_BxSxHxK = point(self, "v", v_BxSxHxK)
+    mixing = (_attention_dropout(cfg), deterministic, _points(self))  # mix's dropout and named points
     if self.decode:
       out_BxTxHxK = self._over_the_cache(
         mechanism, x_BxTxD, q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, positions, mixing
@@ -552,8 +588,9 @@ class SelfAttention(nn.Module):
     else:
       scores_BxHxTxS = mechanism.scores(self, x_BxTxD, q_BxTxHxK, k_BxSxHxK, positions)
       out_BxTxHxK = mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, *mixing)
+    z_BxTxHxK = point(self, "z", out_BxTxHxK)  # each head's output, before the output projection
     return self.projection((cfg.d_model,), ("heads", "kv", "embed"), contract=2, std=self.residual_std, name="out")(
-      out_BxTxHxK
+      z_BxTxHxK
     )
 
   def _over_the_cache(self, mechanism, x_BxTxD, q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, mask_BxTxS, positions, mixing):
@@ -617,20 +654,22 @@ class CrossAttention(nn.Module):
         cached.value = kv_BxSx2xHxK
       kv_BxSx2xHxK = cached.value
     q_BxTxHxK, k_BxSxHxK = _normalised(cfg, q_BxTxHxK, kv_BxSx2xHxK[:, :, 0])
-    q_BxTxHxK = nn.with_logical_constraint(q_BxTxHxK, ("batch", "length", "heads", "kv"))
+    q_BxTxHxK = nn.with_logical_constraint(point(self, "q", q_BxTxHxK), ("batch", "length", "heads", "kv"))
+    k_BxSxHxK, v_BxSxHxK = point(self, "k", k_BxSxHxK), point(self, "v", kv_BxSx2xHxK[:, :, 1])
     out_BxTxHxK = attend(
       q_BxTxHxK,
       k_BxSxHxK,
-      kv_BxSx2xHxK[:, :, 1],
+      v_BxSxHxK,
       mask_BxTxS,
       cfg.attention,
       self.forms,
       _attention_dropout(cfg),
       deterministic,
-      _probabilities_recorder(self),
+      _points(self),
     )
+    z_BxTxHxK = point(self, "z", out_BxTxHxK)
     return projection((cfg.d_model,), ("heads", "kv", "embed"), contract=2, std=self.residual_std, name="out")(
-      out_BxTxHxK
+      z_BxTxHxK
     )
 
 
@@ -660,7 +699,7 @@ class MLP(nn.Module):
       # the bias, so that its backward pass would read three B x T x F tensors, not two. The same
       # losses and gradients; without a gradient it is the plain activation.
       h_BxTxF = jax.checkpoint(ACTIVATIONS[cfg.activation])(h_BxTxF)
-    h_BxTxF = nn.with_logical_constraint(h_BxTxF, ("batch", "length", "mlp"))
+    h_BxTxF = nn.with_logical_constraint(point(self, "mlp_hidden", h_BxTxF), ("batch", "length", "mlp"))
     return projection((cfg.d_model,), ("mlp", "embed"), std=self.residual_std, name="proj")(h_BxTxF)
 
 
@@ -683,24 +722,33 @@ class Block(nn.Module):
     cfg, deterministic = self.cfg, self.deterministic
     drop = nn.Dropout(cfg.dropout_rate)
 
-    def residual(x, branch, norm):
+    def residual(x, branch, norm, out: str):  # `out`: the named point of the branch's output
       if cfg.pre_layer_norm:
-        return x + drop(branch(norm(x)), deterministic=deterministic)
-      return norm(x + drop(branch(x), deterministic=deterministic))
+        return x + drop(point(self, out, branch(norm(x))), deterministic=deterministic)
+      return norm(x + drop(point(self, out, branch(x)), deterministic=deterministic))
 
     common = dict(forms=self.forms, residual_std=self.residual_std, decode=self.decode)
     attn = SelfAttention(cfg, max_len=self.max_len, rope=self.rope, name="attn", **common)
+    x_BxTxD = point(self, "resid_pre", x_BxTxD)
     x_BxTxD = residual(
-      x_BxTxD, lambda h: attn(h, mask_BxTxT, positions=positions, deterministic=deterministic), norm(cfg, "ln_1")
+      x_BxTxD,
+      lambda h: attn(h, mask_BxTxT, positions=positions, deterministic=deterministic),
+      norm(cfg, "ln_1"),
+      "attn_out",
     )
+    x_BxTxD = point(self, "resid_mid", x_BxTxD)
     if self.cross_attention:
       cross = CrossAttention(cfg, name="cross_attn", **common)
       x_BxTxD = residual(
         x_BxTxD,
         lambda h: cross(h, context_mask_BxTxS, context_BxSxD=context_BxSxD, deterministic=deterministic),
         norm(cfg, "ln_cross"),
+        "cross_attn_out",
       )
-    x_BxTxD = residual(x_BxTxD, MLP(cfg, self.residual_std, self.forms, name="mlp"), norm(cfg, "ln_2"))
+      x_BxTxD = point(self, "resid_mid_cross", x_BxTxD)
+    if not cfg.attention_only:
+      x_BxTxD = residual(x_BxTxD, MLP(cfg, self.residual_std, self.forms, name="mlp"), norm(cfg, "ln_2"), "mlp_out")
+    x_BxTxD = point(self, "resid_post", x_BxTxD)
     self.sow("intermediates", "residual", x_BxTxD)  # the residual stream after this block, when probing
     return nn.with_logical_constraint(x_BxTxD, ("batch", "length", "embed"))
 
@@ -788,7 +836,7 @@ class Stack(nn.Module):
       return x_BxTxD
     scanned = nn.scan(
       lambda mdl, x, *args: (mdl(x, *args), None),
-      variable_axes={"params": 0, "cache": 0, "intermediates": 0},
+      variable_axes={"params": 0, "cache": 0, "intermediates": 0, "activations": 0, "patches": 0},
       split_rngs={"params": True, "dropout": True},
       length=self.num_layers,
       in_axes=(nn.broadcast,) * 4,

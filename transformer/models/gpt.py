@@ -130,7 +130,7 @@ class GPT(nn.Module):
     x_BxTxD = self._embed(wte(tokens_BxT), positions_BxT, deterministic)
     positions = (positions_BxT, key_positions_BxS)
     x_BxTxD = self._blocks(forms)(x_BxTxD, mask_BxTxS, positions=positions, deterministic=deterministic, decode=decode)
-    x_BxTxD = layers.norm(cfg.block, "ln_f")(x_BxTxD)
+    x_BxTxD = layers.point(self, "final_norm", layers.norm(cfg.block, "ln_f")(x_BxTxD))
     if features:
       return x_BxTxD
     if decode:  # only the next token's logits are needed
@@ -188,7 +188,7 @@ class GPT(nn.Module):
     rotary positions act in attention instead), then dropout."""
     cfg, block = self.config, self.config.block
     dtype = jnp.dtype(block.dtype)
-    x_BxTxD = tokens_BxTxD
+    x_BxTxD = layers.point(self, "embed", tokens_BxTxD)
     if cfg.positions == "learned":
       wpe_LxD = self.param(
         "wpe",
@@ -196,9 +196,10 @@ class GPT(nn.Module):
         (cfg.max_len, block.d_model),
         jnp.dtype(block.param_dtype),
       )
-      x_BxTxD = x_BxTxD + wpe_LxD.astype(dtype)[positions_BxT]
+      x_BxTxD = x_BxTxD + layers.point(self, "pos_embed", wpe_LxD.astype(dtype)[positions_BxT])
     elif cfg.positions == "sinusoidal":
-      x_BxTxD = x_BxTxD + jnp.asarray(layers.sinusoidal_positions(cfg.max_len, block.d_model), dtype)[positions_BxT]
+      pe_LxD = jnp.asarray(layers.sinusoidal_positions(cfg.max_len, block.d_model), dtype)
+      x_BxTxD = x_BxTxD + layers.point(self, "pos_embed", pe_LxD[positions_BxT])
     x_BxTxD = nn.Dropout(block.dropout_rate)(x_BxTxD, deterministic=deterministic)
     x_BxTxD = nn.with_logical_constraint(x_BxTxD, ("batch", "length", "embed"))
     self.sow("intermediates", "embeddings", x_BxTxD)  # the residual stream's start, when probing
@@ -221,7 +222,7 @@ class GPT(nn.Module):
         name="lm_head",
       )(x_BxTxD)
     # Softmax/cross-entropy in float32 whatever the compute dtype.
-    logits_BxTxV = softcap(logits_BxTxV.astype(jnp.float32), cfg.logits_softcap)
+    logits_BxTxV = layers.point(self, "logits", softcap(logits_BxTxV.astype(jnp.float32), cfg.logits_softcap))
     return nn.with_logical_constraint(logits_BxTxV, ("batch", "length", "vocab"))
 
 

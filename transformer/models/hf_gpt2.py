@@ -169,6 +169,7 @@ def export_hf_gpt2(config: GPTConfig, params: dict, out_dir: str | Path) -> Path
     "block.pre_layer_norm": (block.pre_layer_norm, True),
     "block.activation": (block.activation, "gelu_tanh"),
     "block.qk_norm": (block.qk_norm, False),
+    "block.attention_only": (block.attention_only, False),
   }
   other = [f"{name}={ours!r} (GPT-2: {theirs!r})" for name, (ours, theirs) in gpt2.items() if ours != theirs]
   if other:

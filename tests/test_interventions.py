@@ -1,0 +1,200 @@
+"""Named points (layers.point) and what reads and changes them (transformer.interventions)."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer import interventions, layers, probes, tokenizers
+from transformer.interventions import Patch
+from transformer.models.gpt import GPT, GPTConfig
+from transformer.models.seq2seq import Transformer, preset
+
+CFG = GPTConfig().replace(vocab_size=40, max_len=16, num_layers=2, num_heads=2, d_model=16)
+TOKENS = jnp.array([[3, 7, 1, 9, 4, 4, 12, 5], [8, 2, 2, 6, 11, 3, 1, 0]])
+
+
+def _params(cfg=CFG):
+  return jax.jit(GPT(cfg).init)(jax.random.key(0), TOKENS)["params"]
+
+
+def test_a_run_that_asks_for_nothing_compiles_to_the_same_program(monkeypatch):
+  """The training step's program with the named points and with none (`point` the identity)."""
+  params = _params()
+
+  def lowered():
+    loss = lambda p: jnp.mean(GPT(CFG).apply({"params": p}, TOKENS))
+    return jax.jit(jax.value_and_grad(loss)).lower(params).as_text()
+
+  with_points = lowered()
+  monkeypatch.setattr(layers, "point", lambda module, name, x: x)
+  assert lowered() == with_points
+
+
+def test_every_named_point_is_read_with_a_layer_axis():
+  logits, cache = interventions.run_with_cache(GPT(CFG), _params(), TOKENS)
+  B, T, H, K, D, L = 2, 8, 2, 8, 16, 2
+  want = {
+    "embed": (B, T, D),
+    "pos_embed": (1, T, D),  # the same positions for every row (none given)
+    "resid_pre": (L, B, T, D),
+    "q": (L, B, T, H, K),
+    "k": (L, B, T, H, K),
+    "v": (L, B, T, H, K),
+    "scores": (L, B, H, T, T),
+    "pattern": (L, B, H, T, T),
+    "z": (L, B, T, H, K),
+    "attn_out": (L, B, T, D),
+    "resid_mid": (L, B, T, D),
+    "mlp_hidden": (L, B, T, 4 * D),
+    "mlp_out": (L, B, T, D),
+    "resid_post": (L, B, T, D),
+    "final_norm": (B, T, D),
+    "logits": (B, T, CFG.vocab_size),
+  }
+  assert {name: x.shape for name, x in cache.items()} == want
+  np.testing.assert_allclose(cache["logits"], logits, atol=1e-6)
+  np.testing.assert_allclose(cache["resid_pre"][1], cache["resid_post"][0], atol=1e-6)  # the stream flows on
+  np.testing.assert_allclose(cache["pattern"].sum(-1), 1.0, atol=1e-5)
+  _, some = interventions.run_with_cache(GPT(CFG), _params(), TOKENS, names=("pattern",))
+  assert list(some) == ["pattern"]
+  np.testing.assert_array_equal(some["pattern"], cache["pattern"])
+  with pytest.raises(KeyError, match="no named point 'hook_q'"):
+    interventions.run_with_cache(GPT(CFG), _params(), TOKENS, names=("hook_q",))
+
+
+def test_the_cached_read_equals_what_look_inside_reports():
+  tokenizer = tokenizers.CharTokenizer.from_corpus("to be or not to be")
+  cfg = CFG.replace(vocab_size=tokenizer.vocab_size)
+  params = _params(cfg)
+  inside = probes.look_inside(GPT(cfg), params, tokenizer, "to be or not")
+  _, cache = interventions.run_with_cache(
+    GPT(cfg), params, jnp.asarray([tokenizer.encode("to be or not")]), names=("pattern", "resid_post")
+  )
+  np.testing.assert_allclose(cache["pattern"][:, 0], inside.attention_LxHxTxT, atol=1e-6)
+  np.testing.assert_allclose(cache["resid_post"][:, 0], inside.residual_LxTxD[1:], atol=1e-6)
+
+
+def test_scanned_layers_read_and_patch_as_unrolled_ones():
+  scanned = CFG.replace(scan_layers=True)
+  params = _params()
+  stacked = {**params, "h": layers.stack_layers(params["h"], CFG.num_layers)}
+  _, unrolled_cache = interventions.run_with_cache(GPT(CFG), params, TOKENS)
+  _, scanned_cache = interventions.run_with_cache(GPT(scanned), stacked, TOKENS)
+  for name, x in unrolled_cache.items():
+    np.testing.assert_allclose(scanned_cache[name], x, atol=1e-5, err_msg=name)
+  patch = {("z", 1): Patch(value=0.0, where=jnp.arange(2)[:, None] == 0)}  # ablate head 0 of layer 1
+  np.testing.assert_allclose(
+    interventions.run_with_patches(GPT(scanned), stacked, TOKENS, patches=patch),
+    interventions.run_with_patches(GPT(CFG), params, TOKENS, patches=patch),
+    atol=1e-5,
+  )
+
+
+def test_patches_replace_exactly_what_they_name():
+  model, params = GPT(CFG), _params()
+  plain, clean = interventions.run_with_cache(model, params, TOKENS)
+  # A patch that replaces nothing and adds zero: the plain logits, exactly.
+  nothing = {("resid_pre", 0): Patch(value=5.0, where=False), ("mlp_hidden", 1): Patch(value=1.0, where=False)}
+  np.testing.assert_array_equal(interventions.run_with_patches(model, params, TOKENS, patches=nothing), plain)
+  # Every position of resid_pre at layer 0 from the clean run, into a corrupted run: the clean logits.
+  corrupt = TOKENS.at[:, 2].set(30)
+  everywhere = {("resid_pre", 0): Patch(value=clean["resid_pre"][0])}
+  np.testing.assert_allclose(
+    interventions.run_with_patches(model, params, corrupt, patches=everywhere), plain, atol=1e-5
+  )
+  # Ablating a head at layer 1 leaves everything below it as it was, and changes the output.
+  ablate = Patch(value=0.0, where=jnp.arange(2)[:, None] == 1)  # z is B x T x H x K: head 1
+  collection = interventions.patches_collection(model, params, {("z", 1): ablate}, TOKENS)
+  output, state = jax.jit(lambda p, c: model.apply({"params": p, "patches": c}, TOKENS, mutable=["activations"]))(
+    params, collection
+  )
+  ablated = interventions.flatten(state["activations"])
+  for name in ("resid_pre", "q", "pattern", "z"):
+    np.testing.assert_allclose(ablated[name][0], clean[name][0], atol=1e-6, err_msg=name)
+  np.testing.assert_array_equal(ablated["z"][1][:, :, 1], 0.0)
+  np.testing.assert_array_equal(ablated["z"][1][:, :, 0], clean["z"][1][:, :, 0])
+  assert np.abs(np.asarray(output - plain)).max() > 1e-6
+
+
+def test_an_attention_only_gpt_has_no_mlp():
+  cfg = CFG.replace(attention_only=True)
+  params = _params(cfg)
+  assert "mlp" not in params["h"]["layer_0"] and "ln_2" not in params["h"]["layer_0"]
+  _, cache = interventions.run_with_cache(GPT(cfg), params, TOKENS)
+  assert "mlp_hidden" not in cache and "mlp_out" not in cache
+  np.testing.assert_array_equal(cache["resid_mid"], cache["resid_post"])
+
+
+def test_an_encoder_decoder_names_its_points_by_stack():
+  cfg = preset("cpu-tiny", vocab_size=30, dropout_rate=0.0)
+  model = Transformer(cfg)
+  source, target = jnp.array([[3, 4, 5, 6]]), jnp.array([[1, 7, 8]])
+  params = jax.jit(model.init)(jax.random.key(0), source, target)["params"]
+  _, cache = interventions.run_with_cache(model, params, source, target)
+  L, H = cfg.num_layers, cfg.block.num_heads
+  assert cache["encoder.pattern"].shape == (L, 1, H, 4, 4)
+  assert cache["decoder.pattern"].shape == (L, 1, H, 3, 3)
+  assert cache["decoder.cross_attn.pattern"].shape == (L, 1, H, 3, 4)
+  assert {"decoder.cross_attn_out", "decoder.resid_mid_cross", "encoder.resid_post"} <= set(cache)
+
+
+@pytest.mark.parametrize(
+  "changes", [{}, {"norm": "rms_norm", "tie_embeddings": False, "positions": "rope", "use_bias": False}]
+)
+def test_the_logit_attribution_sums_to_the_logit(changes):
+  cfg = CFG.replace(**changes)
+  model, params = GPT(cfg), _params(cfg)
+  target = (TOKENS * 3 + 1) % cfg.vocab_size
+  parts = interventions.direct_logit_attribution(model, params, TOKENS, target)
+  _, cache = interventions.run_with_cache(model, params, TOKENS, names=("logits",))
+  want = jnp.take_along_axis(cache["logits"], target[..., None], -1)[..., 0]
+  np.testing.assert_allclose(sum(parts.values()), want, atol=1e-4)
+  assert {"L0.H0", "L1.H1", "L1.mlp", "embed"} <= set(parts)
+
+
+def _planted(num_layers: int):
+  """An attention-only GPT whose weights are set by hand (Elhage et al. 2021's circuits, in a
+  residual stream of 32 dims: 0-15 the position, one-hot; 16-23 the token, one-hot; 24-31 the
+  token before it, copied there). Layer 0, head 0 attends to the previous token and copies its
+  identity; layer 1, head 0 attends to where the token before was the current one (induction).
+  Every other head has zero queries and keys: it attends uniformly."""
+  cfg = GPTConfig(vocab_size=8, max_len=16, num_layers=num_layers).replace(d_model=32, num_heads=2, attention_only=True)
+  params = jax.tree.map(np.array, nn.unbox(_params(cfg)))
+  params["wpe"][:] = np.eye(16, 32)
+  params["wte"]["embedding"][:] = np.eye(8, 32, k=16)
+  a = 3.0  # query and key scale: sharp attention
+  for i in range(num_layers):
+    attn = params["h"][f"layer_{i}"]["attn"]
+    attn["qkv"]["kernel"][:] = 0.0
+    attn["out"]["kernel"][:] = 0.0
+    qkv = attn["qkv"]["kernel"]  # D x (q, k, v) x H x K
+    if i == 0:
+      for p in range(1, 16):
+        qkv[p, 0, 0, p - 1] = a  # query of position p: "position p - 1"
+      for p in range(16):
+        qkv[p, 1, 0, p] = a  # key of position p: "position p"
+      for v in range(8):
+        qkv[16 + v, 2, 0, v] = 1.0  # value: the token's identity
+        attn["out"]["kernel"][0, v, 24 + v] = 0.25  # written where layer 1 reads "the token before"
+    else:
+      for v in range(8):
+        qkv[16 + v, 0, 0, v] = a  # query: "my token is v"
+        qkv[24 + v, 1, 0, v] = a  # key: "the token before me was v"
+  return GPT(cfg), params
+
+
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_the_head_detectors_name_exactly_the_planted_heads(num_layers):
+  model, params = _planted(num_layers)
+  permutations = np.stack([np.random.default_rng(i).permutation(8) for i in range(6)])
+  tokens = jnp.asarray(np.concatenate([permutations, permutations], axis=1))  # no token twice in a copy
+  scores = interventions.head_scores(model, params, tokens)
+  found = {kind: {tuple(ix) for ix in np.argwhere(np.asarray(s) > 0.5)} for kind, s in scores.items()}
+  assert found == {
+    "previous_token": {(0, 0)},
+    "duplicate_token": set(),
+    "induction": {(1, 0)} if num_layers == 2 else set(),
+  }, scores
+  assert interventions.repeated_random_tokens(8, 5, 3).shape == (3, 10)
