@@ -198,3 +198,24 @@ def test_the_head_detectors_name_exactly_the_planted_heads(num_layers):
     "induction": {(1, 0)} if num_layers == 2 else set(),
   }, scores
   assert interventions.repeated_random_tokens(8, 5, 3).shape == (3, 10)
+
+
+@pytest.mark.parametrize("over,name", [("positions", "resid_pre"), ("heads", "z")])
+def test_a_patching_sweep_is_each_patch_run_alone(over, name):
+  model, params = GPT(CFG), _params()
+  corrupt = TOKENS.at[:, 2].set(30)
+  metric = lambda logits: logits[:, -1, 5].mean() - logits[:, -1, 7].mean()  # a logit difference
+  sweep = interventions.patching_sweep(model, params, TOKENS, corrupt, metric, over=over)
+  _, clean = interventions.run_with_cache(model, params, TOKENS, names=(name,))
+  pieces = clean[name].shape[2] if over == "positions" else clean[name].shape[3]
+  assert sweep.shape == (CFG.num_layers, pieces)
+  for layer, piece in [(0, 0), (1, pieces - 1), (0, 2 % pieces)]:
+    where = jnp.arange(pieces) == piece
+    where = where[None, :, None] if over == "positions" else where[:, None]
+    alone = interventions.run_with_patches(
+      model, params, corrupt, patches={(name, layer): Patch(value=clean[name][layer], where=where)}
+    )
+    np.testing.assert_allclose(sweep[layer, piece], metric(alone), atol=1e-5)
+  if over == "positions":  # the corrupted token's own position at layer 0 restores the clean run
+    plain, _ = interventions.run_with_cache(model, params, TOKENS, names=())
+    np.testing.assert_allclose(sweep[0, 2], metric(plain), atol=1e-5)

@@ -217,3 +217,28 @@ def in_context_score(model, params, tokens_BxT) -> jax.Array:
   nll_BxT = -jnp.take_along_axis(jax.nn.log_softmax(logits_BxTxV[:, :-1]), tokens_BxT[:, 1:, None], -1)[..., 0]
   tenth = max(1, nll_BxT.shape[1] // 10)
   return nll_BxT[:, -tenth:].mean() - nll_BxT[:, :tenth].mean()
+
+
+def patching_sweep(model, params, clean_BxT, corrupt_BxT, metric, *, over: str = "positions"):
+  """Activation patching (Meng et al. 2022; Wang et al. 2023): `metric(logits_BxTxV) -> scalar` of the
+  corrupted run with one piece of one layer taken from the clean run, for every piece, in one
+  compiled call (vmapped over the patches, not a loop of forward passes). `over="positions"`: the
+  residual stream (`resid_pre`) at each layer × position (L x T); `over="heads"`: each head's output
+  (`z`, every position) at each layer × head (L x H)."""
+  name, axis = {"positions": ("resid_pre", 1), "heads": ("z", 2)}[over]
+  _, clean = run_with_cache(model, params, clean_BxT, names=(name,))
+  clean_LxBx = clean[name]
+  L, pieces = clean_LxBx.shape[0], clean_LxBx.shape[1 + axis]
+
+  def patched(layer, piece):
+    mask_shape = [1] * (clean_LxBx.ndim - 1)
+    mask_shape[axis] = pieces
+    chosen = (jnp.arange(pieces) == piece).reshape(mask_shape)
+    patches = {(name, l): Patch(value=clean_LxBx[l], where=chosen & (l == layer)) for l in range(L)}
+    collection = patches_collection(model, params, patches, corrupt_BxT)
+    logits = model.apply({"params": nn.unbox(params), "patches": collection}, corrupt_BxT, mutable=["activations"])[0]
+    return metric(logits)
+
+  layer_LxP, piece_LxP = jnp.meshgrid(jnp.arange(L), jnp.arange(pieces), indexing="ij")
+  sweep = jax.vmap(jax.vmap(patched))
+  return jax.jit(sweep)(layer_LxP, piece_LxP)
