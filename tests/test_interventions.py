@@ -219,3 +219,25 @@ def test_a_patching_sweep_is_each_patch_run_alone(over, name):
   if over == "positions":  # the corrupted token's own position at layer 0 restores the clean run
     plain, _ = interventions.run_with_cache(model, params, TOKENS, names=())
     np.testing.assert_allclose(sweep[0, 2], metric(plain), atol=1e-5)
+
+
+@pytest.mark.parametrize("over", ["positions", "heads"])
+def test_attribution_patching_approximates_real_patching(over):
+  model, params = GPT(CFG), _params()
+  corrupt = TOKENS.at[:, 2].set(30)
+  metric = lambda logits: logits[:, -1, 5].mean() - logits[:, -1, 7].mean()
+  corrupted, _ = interventions.run_with_cache(model, params, corrupt, names=())
+  real = interventions.patching_sweep(model, params, TOKENS, corrupt, metric, over=over) - metric(corrupted)
+  approx = interventions.attribution_patching(model, params, TOKENS, corrupt, metric, over=over)
+  assert approx.shape == real.shape
+  assert np.corrcoef(np.ravel(real), np.ravel(approx))[0, 1] > 0.9, (real, approx)
+
+
+def test_the_in_context_score_is_late_loss_minus_early_loss():
+  model, params = GPT(CFG), _params()
+  tokens = interventions.repeated_random_tokens(CFG.vocab_size, 8, batch=3)  # 16 tokens: tenths of 1
+  logits = np.asarray(GPT(CFG).apply({"params": params}, tokens), np.float64)
+  logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  nll = -np.take_along_axis(logp[:, :-1], np.asarray(tokens)[:, 1:, None], -1)[..., 0]
+  want = nll[:, -1].mean() - nll[:, 0].mean()
+  np.testing.assert_allclose(interventions.in_context_score(model, params, tokens), want, atol=1e-4)

@@ -242,3 +242,24 @@ def patching_sweep(model, params, clean_BxT, corrupt_BxT, metric, *, over: str =
   layer_LxP, piece_LxP = jnp.meshgrid(jnp.arange(L), jnp.arange(pieces), indexing="ij")
   sweep = jax.vmap(jax.vmap(patched))
   return jax.jit(sweep)(layer_LxP, piece_LxP)
+
+
+def attribution_patching(model, params, clean_BxT, corrupt_BxT, metric, *, over: str = "positions"):
+  """`patching_sweep`'s effects (metric of the patched run minus the corrupted run's) to first order,
+  from one forward and one backward pass (Nanda 2023, "attribution patching"): (clean - corrupt
+  activation) · d metric / d activation at the corrupted run, summed over each piece. L x T or L x H."""
+  name, axis = {"positions": ("resid_pre", 1), "heads": ("z", 2)}[over]
+  _, clean = run_with_cache(model, params, clean_BxT, names=(name,))
+  _, corrupt = run_with_cache(model, params, corrupt_BxT, names=(name,))
+  L = clean[name].shape[0]
+
+  def metric_with(add_LxBx):
+    patches = {(name, l): Patch(where=False, add=add_LxBx[l]) for l in range(L)}
+    collection = patches_collection(model, params, patches, corrupt_BxT)
+    return metric(
+      model.apply({"params": nn.unbox(params), "patches": collection}, corrupt_BxT, mutable=["activations"])[0]
+    )
+
+  grad_LxBx = jax.jit(jax.grad(metric_with))(jnp.zeros_like(corrupt[name]))
+  effect_LxBx = (clean[name] - corrupt[name]) * grad_LxBx
+  return effect_LxBx.sum(axis=tuple(i for i in range(1, effect_LxBx.ndim) if i != 1 + axis))
