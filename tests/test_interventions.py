@@ -241,3 +241,21 @@ def test_the_in_context_score_is_late_loss_minus_early_loss():
   nll = -np.take_along_axis(logp[:, :-1], np.asarray(tokens)[:, 1:, None], -1)[..., 0]
   want = nll[:, -1].mean() - nll[:, 0].mean()
   np.testing.assert_allclose(interventions.in_context_score(model, params, tokens), want, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_a_run_logs_its_heads_scores_at_every_evaluation(tmp_path):
+  from experiments import shakespeare
+  from transformer import metrics, train
+
+  config = shakespeare.get_config("tiny")
+  config.data.root = str(tmp_path / "data")
+  config.model.block.attention_only = True
+  config.head_scores = True
+  train.train_and_evaluate(config, tmp_path / "w")
+  evaluations = [r for r in metrics.read_jsonl(tmp_path / "w" / "metrics.jsonl") if "val_loss" in r]
+  assert [r["step"] for r in evaluations] == [20, 40]
+  for record in evaluations:
+    induction = [record[f"induction_L{l}H{h}"] for l in range(2) for h in range(2)]
+    assert all(0.0 <= s <= 1.0 for s in induction) and np.isfinite(record["in_context_score"])
+    assert {"previous_token_L1H0", "duplicate_token_L0H1"} <= set(record)

@@ -10,9 +10,10 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
-from transformer import kernels, metrics
+from transformer import interventions, kernels, metrics
 from transformer.config import RunConfig, at, check_positive
 from transformer.data import pipeline
 from transformer.errors import ConfigError, TokenizerError
@@ -46,8 +47,11 @@ class LMConfig:
   # <|endoftext|> (which begins a document, as it begins generation). False: one text per row.
   separate_documents: bool = at("data.separate_documents", True)
   sample: SampleConfig = SampleConfig()
+  # A GPT's heads scored at every evaluation (metrics.jsonl, TensorBoard): previous-token,
+  # duplicate-token and induction scores per head, and the in-context score (transformer.interventions).
+  head_scores: bool = False
 
-  may_change: ClassVar[tuple[str, ...]] = ("eval_batches", "eval_batch_size", "sample")
+  may_change: ClassVar[tuple[str, ...]] = ("eval_batches", "eval_batch_size", "sample", "head_scores")
 
   def check(self, run: RunConfig, data_parallel: int | None) -> None:
     check_positive(self, ("seq_len", "batch_size", "eval_batch_size", "eval_batches"))
@@ -60,6 +64,8 @@ class LMConfig:
         f"--config.seq_len={self.seq_len} is longer than --config.model.max_len="
         f"{run.model.max_len}; lower the one or raise the other"
       )
+    if self.head_scores and run.model.family != "gpt":
+      raise ConfigError(f"--config.head_scores scores a GPT's attention heads; this model is an {run.model.family}")
     if self.sample.max_new_tokens < 0:
       raise ConfigError(f"--config.sample.max_new_tokens must be >= 0 (0: no sample), got {self.sample.max_new_tokens}")
     self.sample_options().check()
@@ -189,6 +195,21 @@ class LanguageModel(Task):
     return list(
       pipeline.lm_eval_batches(self.data, seq_len=c.seq_len, batch_size=c.eval_batch_size, num_batches=c.eval_batches)
     )
+
+  def evaluate(self, params, eval_fn, batches: list) -> dict:
+    """Validation loss and perplexity; with config.head_scores, every head's detector scores
+    (`previous_token_L0H1`, `duplicate_token_...`, `induction_...`) on 16 rows of random tokens
+    repeated twice, and the in-context score on the first validation batch."""
+    result = super().evaluate(params, eval_fn, batches)
+    if not self.config.head_scores:
+      return result
+    length = min(50, self.config.seq_len // 2)
+    tokens = interventions.repeated_random_tokens(self.model_config.vocab_size, length, batch=16)
+    for kind, score_LxH in interventions.head_scores(self.model, params, tokens).items():
+      result.update({f"{kind}_L{l}H{h}": float(s) for (l, h), s in np.ndenumerate(np.asarray(score_LxH))})
+    inputs_BxL = jnp.asarray(batches[0])[:, :-1]
+    result["in_context_score"] = float(interventions.in_context_score(self.model, params, inputs_BxL))
+    return result
 
   def finish(self, params, workdir: Path, mean_of_last) -> dict:
     """A sample from the trained model (config.sample), printed and written to samples.txt."""
