@@ -49,6 +49,9 @@ _WORD = flags.DEFINE_string("word", None, "With --compare: the word to follow th
 _HEADS = flags.DEFINE_bool(
   "heads", False, "Score every head of a GPT as a previous-token, duplicate-token and induction head (no --text)."
 )
+_ABLATE = flags.DEFINE_list(
+  "ablate", [], "With --heads: heads to zero (e.g. L1.H0,L1.H3), for the loss on the repeated tokens without them."
+)
 
 
 def load():
@@ -91,9 +94,31 @@ def heads(model, params) -> None:
   print(f"{'head':<8}" + "".join(f"{kind:>17}" for kind in scores))
   for l, h in np.ndindex(scores["induction"].shape):
     print(f"{f'L{l}.H{h}':<8}" + "".join(f"{s[l, h]:17.3f}" for s in scores.values()))
+  losses = {"all heads": interventions.next_token_losses(model, params, tokens)}
+  if _ABLATE.value:
+    heads_ = [_head(name, *scores["induction"].shape) for name in _ABLATE.value]
+    patches = interventions.ablating(heads_, scores["induction"].shape[1])
+    losses[f"without {','.join(_ABLATE.value)}"] = interventions.next_token_losses(model, params, tokens, patches)
+  for what, nll_T in losses.items():  # position t predicts token t + 1; the second copy's first token is random
+    first, second = float(nll_T[: length - 1].mean()), float(nll_T[length:].mean())
+    print(f"loss ({what}): first copy {first:.3f} nats a token, second copy {second:.3f}")
   out = Path(_OUT.value)
   out.mkdir(parents=True, exist_ok=True)
   (out / "heads.json").write_text(json.dumps({k: s.round(6).tolist() for k, s in scores.items()}) + "\n")
+
+
+def _head(name: str, num_layers: int, num_heads: int) -> tuple[int, int]:
+  """ "L1.H0" -> (1, 0), refused naming the model's range when it is not a head of this model."""
+  try:
+    layer, head = (int(part[1:]) for part in name.upper().split("."))
+    if not (0 <= layer < num_layers and 0 <= head < num_heads):
+      raise ValueError
+  except ValueError:
+    raise UserError(
+      f"--ablate={name!r} is not a head of this model: write L<layer>.H<head> with layer < {num_layers} "
+      f"and head < {num_heads}, e.g. L0.H1"
+    ) from None
+  return layer, head
 
 
 def main(argv):

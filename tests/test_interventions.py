@@ -11,6 +11,8 @@ from transformer.interventions import Patch
 from transformer.models.gpt import GPT, GPTConfig
 from transformer.models.seq2seq import Transformer, preset
 
+from conftest import nontrivial_png
+
 CFG = GPTConfig().replace(vocab_size=40, max_len=16, num_layers=2, num_heads=2, d_model=16)
 TOKENS = jnp.array([[3, 7, 1, 9, 4, 4, 12, 5], [8, 2, 2, 6, 11, 3, 1, 0]])
 
@@ -259,3 +261,19 @@ def test_a_run_logs_its_heads_scores_at_every_evaluation(tmp_path):
     induction = [record[f"induction_L{l}H{h}"] for l in range(2) for h in range(2)]
     assert all(0.0 <= s <= 1.0 for s in induction) and np.isfinite(record["in_context_score"])
     assert {"previous_token_L1H0", "duplicate_token_L0H1"} <= set(record)
+  nontrivial_png(tmp_path / "w" / "heads.png")
+
+
+def test_ablating_zeroes_the_named_heads_and_losses_come_per_position():
+  """`ablating` zeroes exactly the heads it names (layer 1's both, here); `next_token_losses` gives
+  one loss per predicting position, the same with no patches."""
+  model, params = _planted(2)
+  tokens = interventions.repeated_random_tokens(8, 8, batch=4)
+  plain = interventions.next_token_losses(model, params, tokens)
+  assert plain.shape == (15,)
+  np.testing.assert_allclose(interventions.next_token_losses(model, params, tokens, {}), plain)
+  patches = interventions.ablating([(1, 0), (1, 1)], 2)
+  _, ablated = interventions.run_with_cache(model, params, tokens, names=("z",))
+  collection = interventions.patches_collection(model, params, patches, tokens)
+  _, state = model.apply({"params": params, "patches": collection}, tokens, mutable=["activations"])
+  np.testing.assert_array_equal(interventions.flatten(state["activations"])["z"][1], 0.0)

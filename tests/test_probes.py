@@ -157,9 +157,13 @@ def test_launch_probe_reads_hugging_face_gpt2_weights(tmp_path):
   numbers = json.loads((tmp_path / "inside.json").read_text())
   assert numbers["tokens"] == ["Every", " effort", " moves", " you"] and len(numbers["attention"]) == 2
   nontrivial_png(tmp_path / "attention.png")
-  proc = run_module("launch.probe", f"--hf={tmp_path / 'hf'}", "--heads", f"--out={tmp_path / 'heads'}")
+  proc = run_module(
+    "launch.probe", f"--hf={tmp_path / 'hf'}", "--heads", "--ablate=L1.H0", f"--out={tmp_path / 'heads'}"
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("L")]
   assert [r[0] for r in rows] == ["L0.H0", "L0.H1", "L1.H0", "L1.H1"] and all(len(r) == 4 for r in rows)
+  losses = [line for line in proc.stdout.splitlines() if line.startswith("loss (")]
+  assert len(losses) == 2 and losses[1].startswith("loss (without L1.H0): first copy"), proc.stdout
   scores = json.loads((tmp_path / "heads" / "heads.json").read_text())
   assert set(scores) == {"previous_token", "duplicate_token", "induction"} and np.shape(scores["induction"]) == (2, 2)

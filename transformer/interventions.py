@@ -263,3 +263,25 @@ def attribution_patching(model, params, clean_BxT, corrupt_BxT, metric, *, over:
   grad_LxBx = jax.jit(jax.grad(metric_with))(jnp.zeros_like(corrupt[name]))
   effect_LxBx = (clean[name] - corrupt[name]) * grad_LxBx
   return effect_LxBx.sum(axis=tuple(i for i in range(1, effect_LxBx.ndim) if i != 1 + axis))
+
+
+def next_token_losses(model, params, tokens_BxT, patches: dict | None = None) -> jax.Array:
+  """The next-token cross-entropy at each position (T - 1: position t predicts token t + 1), averaged
+  over the batch, with `patches` ({(name, layer): Patch}) applied."""
+  if patches:
+    logits_BxTxV = run_with_patches(model, params, tokens_BxT, patches=patches)
+  else:
+    logits_BxTxV, _ = run_with_cache(model, params, tokens_BxT, names=())
+  logp_BxTxV = jax.nn.log_softmax(logits_BxTxV[:, :-1].astype(jnp.float32))
+  return -jnp.take_along_axis(logp_BxTxV, tokens_BxT[:, 1:, None], -1)[..., 0].mean(0)
+
+
+def ablating(heads: list[tuple[int, int]], num_heads: int) -> dict:
+  """The patches that zero the outputs (`z`) of `heads` [(layer, head), ...]: zero ablation."""
+  by_layer: dict[int, list[int]] = {}
+  for layer, head in heads:
+    by_layer.setdefault(layer, []).append(head)
+  return {
+    ("z", layer): Patch(value=0.0, where=jnp.isin(jnp.arange(num_heads), jnp.asarray(hs))[:, None])
+    for layer, hs in by_layer.items()
+  }

@@ -149,6 +149,34 @@ def plot_losses(jsonl: Path, png: Path, title: str = "", curves: tuple[str, ...]
   return png
 
 
+def plot_head_scores(jsonl: Path, png: Path, title: str = "") -> Path:
+  """A run with config.head_scores, by step: the validation loss, every head's induction
+  (prefix-matching) score, and the in-context score (late loss minus early: below 0, the context helps)."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  records = read_jsonl(jsonl)
+  heads = sorted({k.removeprefix("induction_") for r in records for k in r if k.startswith("induction_")})
+  fig, axes = plt.subplots(1, 3, figsize=(16, 4))
+  panels = [("validation loss", ["val_loss"]), ("induction score per head", [f"induction_{h}" for h in heads])]
+  for ax, (name, keys) in zip(axes, [*panels, ("in-context score (nats)", ["in_context_score"])]):
+    for key in keys:
+      points = sorted(last_per_step(records, key).items())
+      if points:
+        ax.plot(*zip(*points), "o-", ms=3, label=key.removeprefix("induction_"))
+    ax.set_xlabel("step")
+    ax.set_title(f"{title}: {name}" if title else name)
+    ax.grid(alpha=0.3)
+    if len(keys) > 1:
+      ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(png, dpi=100)
+  plt.close(fig)
+  return png
+
+
 def device_summary() -> str:
   d = jax.devices()
   return f"{len(d)} x {d[0].device_kind} ({d[0].platform}), {jax.process_count()} process(es)"

@@ -212,7 +212,10 @@ class LanguageModel(Task):
     return result
 
   def finish(self, params, workdir: Path, mean_of_last) -> dict:
-    """A sample from the trained model (config.sample), printed and written to samples.txt."""
+    """A sample from the trained model (config.sample), printed and written to samples.txt; with
+    config.head_scores, heads.png (the heads' scores by step, metrics.plot_head_scores)."""
+    if jax.process_index() == 0 and self.config.head_scores:
+      metrics.plot_head_scores(workdir / "metrics.jsonl", workdir / "heads.png", title=workdir.name)
     s = self.config.sample
     if s.max_new_tokens <= 0:
       return {}
