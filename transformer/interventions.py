@@ -10,8 +10,8 @@ same program as a model without them.
 
     >>> logits, cache = run_with_cache(model, params, tokens_BxT, names=("pattern", "resid_post"))
     >>> cache["pattern"].shape          # L x B x H x T x T: a block's points have a leading layer axis
-    >>> patched = run_with_patches(model, params, tokens_BxT,
-    ...                            {("resid_pre", 0): Patch(value=clean["resid_pre"][0])})
+    >>> patched = run_with_patches(model, params, corrupt_BxT,
+    ...                            patches={("resid_pre", 0): Patch(value=cache["resid_pre"][0])})
 
 A model with several stacks names its points by stack: `encoder.resid_pre`, `decoder.pattern`,
 `decoder.cross_attn.pattern`. Reading or patching a point takes attention's reference path (its
@@ -48,7 +48,7 @@ class Patch:
 
 def _split(path: tuple[str, ...]) -> tuple[str, int | None, str]:
   """A point's path in the activations tree -> (its name, its layer (None: scanned, or not in a
-  block), the name's stack prefix)."""
+  block), the key its block is under: "layer_<i>" unrolled, "layers" scanned, "" outside blocks)."""
   for i, part in enumerate(path):
     match = _LAYER.match(part)
     if match or part == "layers":
