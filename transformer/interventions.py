@@ -213,10 +213,9 @@ def in_context_score(model, params, tokens_BxT) -> jax.Array:
   """The loss at the last tenth of the context minus the loss at its first tenth (nats a token; the
   in-context learning score of Olsson et al. 2022, there tokens 500 and 50, scaled to any context):
   negative where later tokens are predicted better for what came before them."""
-  logits_BxTxV, _ = run_with_cache(model, params, tokens_BxT, names=())
-  nll_BxT = -jnp.take_along_axis(jax.nn.log_softmax(logits_BxTxV[:, :-1]), tokens_BxT[:, 1:, None], -1)[..., 0]
-  tenth = max(1, nll_BxT.shape[1] // 10)
-  return nll_BxT[:, -tenth:].mean() - nll_BxT[:, :tenth].mean()
+  nll_T = next_token_losses(model, params, tokens_BxT)
+  tenth = max(1, nll_T.shape[0] // 10)
+  return nll_T[-tenth:].mean() - nll_T[:tenth].mean()
 
 
 def patching_sweep(model, params, clean_BxT, corrupt_BxT, metric, *, over: str = "positions"):

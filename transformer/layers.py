@@ -503,7 +503,7 @@ def point(module: nn.Module, name: str, x: jax.Array) -> jax.Array:
   return x
 
 
-def intervened(module: nn.Module) -> bool:
+def _intervened(module: nn.Module) -> bool:
   """Whether a run reads or patches this module's named points (`point`): then attention takes the
   reference path, whose scores and probabilities exist to pass through them."""
   return module.is_mutable_collection("activations") or bool(module.variables.get("patches"))
@@ -514,7 +514,7 @@ def _points(module: nn.Module):
   also sown as "attention" for transformer.probes) or intervenes; otherwise None, and no score is
   materialised for them."""
   probing = module.is_mutable_collection("intermediates")
-  if not probing and not intervened(module):
+  if not probing and not _intervened(module):
     return None
 
   def at(name: str, x: jax.Array) -> jax.Array:
