@@ -14,16 +14,27 @@ alignment.png (target x source) and encoder_attention.png. The translation is th
 one unless --target gives it. --compare prints how alike --word is across the texts at each layer
 (cosine similarity of its last token's residual stream; 1 = the same vector) and writes
 similarity.json. --heads (a GPT) prints every head's previous-token, duplicate-token and induction
-scores on random tokens repeated twice and writes heads.json. The same arrays in Python:
+scores on random tokens repeated twice and writes heads.json; with --ablate, the loss on those tokens
+without the heads named. --attribute splits the --target token's logit (minus --versus's) after each
+--text into the direct contributions of the embeddings, every head and every MLP (attribution.png).
+--patch runs the --corrupt text with each layer x position of the residual stream, and each layer x
+head, taken from the --clean one, and draws what each does to the --target's log-probability (or
+logit difference) beside attribution patching's estimate (patching.png). The same in Python:
 transformer.probes, transformer.interventions.
 
-  python -m launch.probe --workdir=workdirs/shakespeare-char --heads --out=probes/heads
+  python -m launch.probe --workdir=workdirs/shakespeare-char --heads --ablate=L1.H0 --ablation=mean
+  python -m launch.probe --workdir=workdirs/shakespeare-char --attribute --text="ROMEO: O Juli" --target=e
+  python -m launch.probe --workdir=workdirs/shakespeare-char --patch --target=e --versus=a \
+      --clean="ROMEO: O Juliet! JULIET: O Romeo! ROMEO: O Juli" \
+      --corrupt="ROMEO: O Julian! JULIAN: O Romeo! ROMEO: O Juli"
 """
 
 import json
 import sys
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
@@ -39,7 +50,13 @@ _HF = flags.DEFINE_string("hf", None, "Instead of --workdir: Hugging Face GPT-2 
 _TOKENIZER = flags.DEFINE_string("tokenizer", "gpt2", "With --hf: the tokenizer.")
 _TEXT = flags.DEFINE_multi_string("text", [], "A text (a source sentence for a translation model); repeatable.")
 _TARGET = flags.DEFINE_string(
-  "target", None, "Translation: the target sentence to probe (default: the model's greedy translation)."
+  "target",
+  None,
+  "Translation: the target sentence to probe (default: the model's greedy translation). With --attribute "
+  "or --patch: the next token whose logit is explained (one token, e.g. ' Juliet').",
+)
+_VERSUS = flags.DEFINE_string(
+  "versus", None, "With --attribute or --patch: a second token; the logit difference target - versus is explained."
 )
 _OUT = flags.DEFINE_string(
   "out", "probes", "Where the pictures and numbers go (one subdirectory per text when there are several)."
@@ -49,6 +66,20 @@ _WORD = flags.DEFINE_string("word", None, "With --compare: the word to follow th
 _HEADS = flags.DEFINE_bool(
   "heads", False, "Score every head of a GPT as a previous-token, duplicate-token and induction head (no --text)."
 )
+_ABLATION = flags.DEFINE_enum(
+  "ablation",
+  "zero",
+  ["zero", "mean"],
+  "With --ablate: zero the heads' outputs, or set them to their mean over other random tokens.",
+)
+_ATTRIBUTE = flags.DEFINE_bool(
+  "attribute", False, "A GPT: the --target logit at the --text's last position, split into each component's share."
+)
+_PATCH = flags.DEFINE_bool(
+  "patch", False, "A GPT: activation patching from --clean into --corrupt, by layer x position and layer x head."
+)
+_CLEAN = flags.DEFINE_string("clean", None, "With --patch: the clean text.")
+_CORRUPT = flags.DEFINE_string("corrupt", None, "With --patch: the corrupted text, as many tokens as --clean.")
 _ABLATE = flags.DEFINE_list(
   "ablate", [], "With --heads: heads to zero (e.g. L1.H0,L1.H3), for the loss on the repeated tokens without them."
 )
@@ -97,14 +128,133 @@ def heads(model, params) -> None:
   losses = {"all heads": interventions.next_token_losses(model, params, tokens)}
   if _ABLATE.value:
     heads_ = [_head(name, *scores["induction"].shape) for name in _ABLATE.value]
-    patches = interventions.ablating(heads_, scores["induction"].shape[1])
-    losses[f"without {','.join(_ABLATE.value)}"] = interventions.next_token_losses(model, params, tokens, patches)
+    mean_z = None
+    if _ABLATION.value == "mean":  # each head's mean output over other random tokens repeated (seed 1)
+      reference = interventions.repeated_random_tokens(model.config.vocab_size, length, batch=16, seed=1)
+      mean_z = interventions.run_with_cache(model, params, reference, names=("z",))[1]["z"]
+    patches = interventions.ablating(heads_, scores["induction"].shape[1], mean_z)
+    losses[f"without {','.join(_ABLATE.value)} ({_ABLATION.value} ablation)"] = interventions.next_token_losses(
+      model, params, tokens, patches
+    )
   for what, nll_T in losses.items():  # position t predicts token t + 1; the second copy's first token is random
     first, second = float(nll_T[: length - 1].mean()), float(nll_T[length:].mean())
     print(f"loss ({what}): first copy {first:.3f} nats a token, second copy {second:.3f}")
   out = Path(_OUT.value)
   out.mkdir(parents=True, exist_ok=True)
   (out / "heads.json").write_text(json.dumps({k: s.round(6).tolist() for k, s in scores.items()}) + "\n")
+
+
+def _gpt(model, verb: str) -> None:
+  if not isinstance(model, GPT):
+    raise UserError(f"--{verb} works on a GPT's heads and residual stream; this is a {type(model).__name__}")
+
+
+def _one_token(tokenizer, text: str, flag: str) -> int:
+  ids = tokenizer.encode(text)
+  if len(ids) != 1:
+    pieces = [tokenizer.decode([i]) for i in ids]
+    raise UserError(
+      f"--{flag}={text!r} is {len(ids)} tokens for this tokenizer {pieces}; give one token (with GPT-2's, a "
+      f"word usually starts with its space: ' Juliet')"
+    )
+  return ids[0]
+
+
+def _answer(tokenizer) -> tuple[int, int | None, str]:
+  """The --target token, the --versus token (or None) and what the metric is, in words."""
+  if _TARGET.value is None:
+    raise UserError("--attribute and --patch explain the logit of a --target token (and optionally --versus)")
+  target = _one_token(tokenizer, _TARGET.value, "target")
+  if _VERSUS.value is None:
+    return target, None, f"logit of {_TARGET.value!r}"
+  return target, _one_token(tokenizer, _VERSUS.value, "versus"), f"logit {_TARGET.value!r} - logit {_VERSUS.value!r}"
+
+
+def attribute(model, params, tokenizer, text: str, out: Path) -> None:
+  """The --target logit (or target - versus) at the text's last position, split into the direct
+  contributions of the embeddings, every head and every MLP (interventions.direct_logit_attribution);
+  attribution.png and attribution.json in `out`."""
+  _gpt(model, "attribute")
+  tokens_1xT = jnp.asarray([probes.encode(model, tokenizer, text)])
+  target, versus, what = _answer(tokenizer)
+
+  def last(token):
+    at_1xT = jnp.full_like(tokens_1xT, token)
+    return {
+      k: float(x[0, -1]) for k, x in interventions.direct_logit_attribution(model, params, tokens_1xT, at_1xT).items()
+    }
+
+  share = last(target)
+  if versus is not None:
+    share = {k: v - u for (k, v), u in zip(share.items(), last(versus).values())}
+  logits_V = interventions.run_with_cache(model, params, tokens_1xT, names=())[0][0, -1]
+  logit = float(logits_V[target] - (0.0 if versus is None else logits_V[versus]))
+  capped = " (the model's, soft-capped; the sum is before the cap)" if model.config.logits_softcap else ""
+  print(f"{what} after {text!r}: {logit:.3f}{capped}; the components' sum {sum(share.values()):.3f}")
+  for name, value in sorted(share.items(), key=lambda kv: -abs(kv[1]))[:12]:
+    print(f"  {name:<18}{value:9.3f}")
+  out.mkdir(parents=True, exist_ok=True)
+  probes.draw_logit_attribution(share, out / "attribution.png", f"{what} after {text[-40:]!r}")
+  (out / "attribution.json").write_text(
+    json.dumps({"text": text, "metric": what, "logit": logit, "share": share}) + "\n"
+  )
+  print(out / "attribution.png")
+
+
+def patch(model, params, tokenizer) -> None:
+  """Activation patching from --clean into --corrupt (interventions.patching_sweep), the residual
+  stream by layer x position and the heads by layer x head, beside attribution patching's estimate of
+  the same; the metric is --target's log-probability (or its logit minus --versus's) at the last
+  position. patching.png and patching.json in --out."""
+  _gpt(model, "patch")
+  if not (_CLEAN.value and _CORRUPT.value):
+    raise UserError("--patch needs a --clean and a --corrupt text (and a --target token)")
+  clean, corrupt = (probes.encode(model, tokenizer, text) for text in (_CLEAN.value, _CORRUPT.value))
+  if len(clean) != len(corrupt):
+    raise UserError(
+      f"--clean is {len(clean)} tokens and --corrupt {len(corrupt)}: patching pairs their positions, so give "
+      f"texts of as many tokens (change a word for another of as many tokens)"
+    )
+  target, versus, what = _answer(tokenizer)
+
+  def metric(logits_BxTxV):
+    last_V = logits_BxTxV[0, -1]
+    return jax.nn.log_softmax(last_V)[target] if versus is None else last_V[target] - last_V[versus]
+
+  clean_1xT, corrupt_1xT = jnp.asarray([clean]), jnp.asarray([corrupt])
+  runs = {
+    name: float(metric(interventions.run_with_cache(model, params, x, names=())[0]))
+    for name, x in (("clean", clean_1xT), ("corrupt", corrupt_1xT))
+  }
+  print(
+    f"{'log-probability of ' + repr(_TARGET.value) if versus is None else what}: clean {runs['clean']:.3f}, "
+    f"corrupt {runs['corrupt']:.3f}"
+  )
+  maps, columns = {}, {}
+  labels = [
+    c if c == d else f"{c}/{d}"
+    for c, d in zip(probes.token_texts(tokenizer, clean), probes.token_texts(tokenizer, corrupt))
+  ]
+  for over, cols in (("positions", labels), ("heads", [f"H{h}" for h in range(model.config.block.num_heads)])):
+    swept = interventions.patching_sweep(model, params, clean_1xT, corrupt_1xT, metric, over=over)
+    estimated = interventions.attribution_patching(model, params, clean_1xT, corrupt_1xT, metric, over=over)
+    name = "resid_pre" if over == "positions" else "z"
+    maps[f"patched {name}, layer x {over[:-1]}"] = np.asarray(swept) - runs["corrupt"]
+    maps[f"attribution patching, {name}"] = np.asarray(estimated)
+    columns.update(dict.fromkeys(list(maps)[-2:], cols))
+  for name, map_LxC in maps.items():
+    l, c = np.unravel_index(np.abs(map_LxC).argmax(), map_LxC.shape)
+    print(f"  {name}: largest effect {map_LxC[l, c]:+.3f} at layer {l}, {columns[name][c]!r}")
+  out = Path(_OUT.value)
+  out.mkdir(parents=True, exist_ok=True)
+  probes.draw_patching(maps, columns, out / "patching.png", f"effect on the {what} of patching clean into corrupt")
+  (out / "patching.json").write_text(
+    json.dumps(
+      {"metric": what, "runs": runs, "columns": columns, "maps": {k: v.round(6).tolist() for k, v in maps.items()}}
+    )
+    + "\n"
+  )
+  print(out / "patching.png")
 
 
 def _head(name: str, num_layers: int, num_heads: int) -> tuple[int, int]:
@@ -124,21 +274,27 @@ def _head(name: str, num_layers: int, num_heads: int) -> tuple[int, int]:
 def main(argv):
   del argv
   texts = list(_TEXT.value)
-  if not texts and not _HEADS.value:
-    raise UserError("give a --text to probe (or --heads)")
+  if not texts and not (_HEADS.value or _PATCH.value):
+    raise UserError("give a --text to probe (or --heads, or --patch with --clean and --corrupt)")
   model, params, tokenizer, source = load()
   print(f"# {source}", file=sys.stderr)
   if _HEADS.value:
     heads(model, params)
     return
+  if _PATCH.value:
+    patch(model, params, tokenizer)
+    return
   if _COMPARE.value:
     compare(model, params, tokenizer, texts)
     return
   for i, text in enumerate(texts):
+    out = Path(_OUT.value) / str(i + 1) if len(texts) > 1 else Path(_OUT.value)
+    if _ATTRIBUTE.value:
+      attribute(model, params, tokenizer, text, out)
+      continue
     inside = probes.look_inside(model, params, tokenizer, text, target=_TARGET.value)
     if inside.translation is not None:
       print(f"translation (greedy): {inside.translation}")
-    out = Path(_OUT.value) / str(i + 1) if len(texts) > 1 else Path(_OUT.value)
     for path in probes.write_pictures(inside, tokenizer, out):
       print(path)
     last = [row[-1][0] for row in inside.lens_top(1, tokenizer)]

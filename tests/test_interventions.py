@@ -1,5 +1,10 @@
 """Named points (layers.point) and what reads and changes them (transformer.interventions)."""
 
+import json
+import os
+import subprocess
+import sys
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -11,7 +16,7 @@ from transformer.interventions import Patch
 from transformer.models.gpt import GPT, GPTConfig
 from transformer.models.seq2seq import Transformer, preset
 
-from conftest import nontrivial_png
+from conftest import REPO, nontrivial_png
 
 CFG = GPTConfig().replace(vocab_size=40, max_len=16, num_layers=2, num_heads=2, d_model=16)
 TOKENS = jnp.array([[3, 7, 1, 9, 4, 4, 12, 5], [8, 2, 2, 6, 11, 3, 1, 0]])
@@ -92,6 +97,55 @@ def test_scanned_layers_read_and_patch_as_unrolled_ones():
     interventions.run_with_patches(GPT(CFG), params, TOKENS, patches=patch),
     atol=1e-5,
   )
+
+
+_SHARDED = r"""
+import json, sys
+sys.path.insert(0, {repo!r}); sys.path.insert(0, {tests!r})
+import jax, jax.numpy as jnp, flax.linen as nn
+from jax.sharding import NamedSharding, PartitionSpec
+from test_interventions import CFG, _params, _sharded_case
+from transformer import sharding
+from transformer.models.gpt import GPT
+mesh, rules = sharding.make_mesh((2, 2, 2)), sharding.DEFAULT_RULES
+with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+  boxed = jax.eval_shape(lambda: GPT(CFG).init(jax.random.key(0), jnp.zeros((1, 8), "int32"))["params"])
+  params = jax.device_put(nn.unbox(_params()), sharding.logical_shardings(mesh, boxed, rules))
+  assert len(params["h"]["layer_0"]["attn"]["qkv"]["kernel"].sharding.device_set) == 8
+  tokens = jax.device_put(_sharded_case()[0], NamedSharding(mesh, PartitionSpec(("data", "fsdp"))))
+  print(json.dumps({{k: jnp.asarray(v).tolist() for k, v in _sharded_case(params, tokens).items()}}))
+"""
+
+
+def _sharded_case(params=None, tokens=None):
+  """A patched run (a head ablated, a position of the residual stream replaced) and a cached read on
+  4 rows; with no arguments, the tokens alone."""
+  if tokens is None:
+    tokens = jnp.concatenate([TOKENS, TOKENS[::-1] + 1])
+  if params is None:
+    return (tokens,)
+  model = GPT(CFG)
+  _, cache = interventions.run_with_cache(model, params, tokens, names=("resid_pre", "pattern"))
+  patches = {
+    **interventions.ablating([(1, 0)], CFG.block.num_heads),
+    ("resid_pre", 1): Patch(value=cache["resid_pre"][1][::-1], where=(jnp.arange(8) == 3)[:, None]),
+  }
+  patched = interventions.run_with_patches(model, params, tokens, patches=patches)
+  return {"patched": patched, "pattern": cache["pattern"]}
+
+
+@pytest.mark.slow
+def test_a_patched_run_on_8_devices_equals_one_on_1():
+  """Parameters sharded as training shards them (data 2 x fsdp 2 x tensor 2), the batch split: the
+  patched logits and the read pattern are those of one device."""
+  code = _SHARDED.format(repo=str(REPO), tests=str(REPO / "tests"))
+  env = {**os.environ, "JAX_NUM_CPU_DEVICES": "8"}
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  sharded = json.loads(proc.stdout.strip().splitlines()[-1])
+  [tokens] = _sharded_case()
+  for name, x in _sharded_case(_params(), tokens).items():
+    np.testing.assert_allclose(np.asarray(sharded[name]), x, atol=1e-5, err_msg=name)
 
 
 def test_patches_replace_exactly_what_they_name():

@@ -67,8 +67,14 @@ def test_the_notebook_runs_on_cpu(tmp_path, monkeypatch):
   assert "ROMEO:" in stdout and "JULIET:" in stdout
   assert "after block 1:" in stdout and "similarity " in stdout
   assert "test split" in stdout and "greedy: " in stdout and "beam 4: " in stdout
-  # loss (GPT), attention, residual norms, logit lens, loss (translation), alignment.
-  assert len(pictures) == 6
+  # Interventions: a patching sweep, an ablation, a logit's attribution, the heads' scores; treescope's view.
+  assert "patching resid_pre, layers x positions" in stdout and "with head 0.0 ablated" in stdout
+  assert "induction scores (layers x heads)" in stdout
+  assert any(
+    "treescope" in o.data.get("text/html", "") for o in outputs if o.output_type in ("display_data", "execute_result")
+  )
+  # loss (GPT), attention, residual norms, logit lens, patching, loss (translation), alignment.
+  assert len(pictures) == 7
   assert (workdir / "shakespeare-tiny" / "checkpoints").is_dir()
   assert (workdir / "de-en-tiny" / "test_translations.tsv").exists()
   assert (workdir / "de-en-tiny" / "probes" / "alignment.png").exists()

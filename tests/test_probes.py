@@ -16,7 +16,7 @@ from transformer.models.gpt import GPT, GPTConfig
 from transformer.models.seq2seq import Seq2SeqConfig, Transformer
 from transformer.tokenizers import get_tokenizer
 
-from conftest import nontrivial_png, run_module
+from conftest import nontrivial_png, run_cases, run_module
 
 TEXT = "Harry stood at the edge of the Forbidden Forest."
 OTHER = "Prince Harry delivered a heartfelt speech at a gala."
@@ -157,13 +157,56 @@ def test_launch_probe_reads_hugging_face_gpt2_weights(tmp_path):
   numbers = json.loads((tmp_path / "inside.json").read_text())
   assert numbers["tokens"] == ["Every", " effort", " moves", " you"] and len(numbers["attention"]) == 2
   nontrivial_png(tmp_path / "attention.png")
-  proc = run_module(
-    "launch.probe", f"--hf={tmp_path / 'hf'}", "--heads", "--ablate=L1.H0", f"--out={tmp_path / 'heads'}"
+  hf = f"--hf={tmp_path / 'hf'}"
+  clean, corrupt = (
+    "--clean=When Mary and John went, John gave it to",
+    "--corrupt=When Mary and John went, Mary gave it to",
   )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("L")]
+  heads, mean, attribute, patch, *bad = run_cases(
+    "launch.probe",
+    [
+      {"args": [hf, "--heads", "--ablate=L1.H0", f"--out={tmp_path / 'heads'}"]},
+      {"args": [hf, "--heads", "--ablate=L1.H0,L0.H1", "--ablation=mean", f"--out={tmp_path / 'mean'}"]},
+      {
+        "args": [
+          hf,
+          "--attribute",
+          "--text=When Mary and John went, John gave it to",
+          "--target= Mary",
+          "--versus= John",
+          f"--out={tmp_path / 'attribute'}",
+        ]
+      },
+      {"args": [hf, "--patch", clean, corrupt, "--target= Mary", "--versus= John", f"--out={tmp_path / 'patch'}"]},
+      {"args": [hf, "--patch", clean, "--corrupt=When Mary and John went", "--target= Mary"]},
+      {"args": [hf, "--attribute", "--text=When Mary", "--target= Marylebone"]},
+      {"args": [hf, "--patch", clean, corrupt]},
+    ],
+    tmp_path,
+  )
+  assert heads["status"] == 0, heads["stderr"][-3000:]
+  rows = [line.split() for line in heads["stdout"].splitlines() if line.startswith("L")]
   assert [r[0] for r in rows] == ["L0.H0", "L0.H1", "L1.H0", "L1.H1"] and all(len(r) == 4 for r in rows)
-  losses = [line for line in proc.stdout.splitlines() if line.startswith("loss (")]
-  assert len(losses) == 2 and losses[1].startswith("loss (without L1.H0): first copy"), proc.stdout
+  losses = [line for line in heads["stdout"].splitlines() if line.startswith("loss (")]
+  assert len(losses) == 2 and losses[1].startswith("loss (without L1.H0 (zero ablation)): first copy"), heads["stdout"]
+  assert mean["status"] == 0 and "loss (without L1.H0,L0.H1 (mean ablation))" in mean["stdout"], mean["stderr"][-3000:]
+  # The logit difference, split into its parts: they sum to the model's own.
+  assert attribute["status"] == 0, attribute["stderr"][-3000:]
+  shares = json.loads((tmp_path / "attribute" / "attribution.json").read_text())
+  assert {"embed", "pos_embed", "L0.H0", "L1.H1", "L1.mlp", "final_norm_bias"} <= set(shares["share"])
+  assert sum(shares["share"].values()) == pytest.approx(shares["logit"], abs=1e-3)
+  nontrivial_png(tmp_path / "attribute" / "attribution.png")
+  # Patching John's position of the residual stream at layer 0 makes the corrupt run the clean one there.
+  assert patch["status"] == 0, patch["stderr"][-3000:]
+  numbers = json.loads((tmp_path / "patch" / "patching.json").read_text())
+  positions = np.array(numbers["maps"]["patched resid_pre, layer x position"])
+  assert positions.shape == (2, 10) and np.array(numbers["maps"]["patched z, layer x head"]).shape == (2, 2)
+  assert positions[0, 6] == pytest.approx(numbers["runs"]["clean"] - numbers["runs"]["corrupt"], abs=1e-4)
+  assert numbers["columns"]["patched resid_pre, layer x position"][6] == " John/ Mary"
+  nontrivial_png(tmp_path / "patch" / "patching.png")
+  assert [b["status"] for b in bad] == [1, 1, 1]
+  assert "error: --clean is 10 tokens and --corrupt 5: patching pairs their positions" in bad[0]["stderr"]
+  assert "error: --target=' Marylebone' is 3 tokens for this tokenizer" in bad[1]["stderr"]
+  assert "error: --attribute and --patch explain the logit of a --target token" in bad[2]["stderr"]
   scores = json.loads((tmp_path / "heads" / "heads.json").read_text())
   assert set(scores) == {"previous_token", "duplicate_token", "induction"} and np.shape(scores["induction"]) == (2, 2)

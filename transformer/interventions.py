@@ -275,12 +275,16 @@ def next_token_losses(model, params, tokens_BxT, patches: dict | None = None) ->
   return -jnp.take_along_axis(logp_BxTxV, tokens_BxT[:, 1:, None], -1)[..., 0].mean(0)
 
 
-def ablating(heads: list[tuple[int, int]], num_heads: int) -> dict:
-  """The patches that zero the outputs (`z`) of `heads` [(layer, head), ...]: zero ablation."""
+def ablating(heads: list[tuple[int, int]], num_heads: int, mean_z=None) -> dict:
+  """The patches that ablate `heads` [(layer, head), ...]: their outputs (`z`) set to zero, or with
+  `mean_z` (`run_with_cache(...)["z"]` of a reference batch, L x B x T x H x K) to each head's mean
+  output over that batch and its positions (mean ablation: the head still writes its typical vector,
+  only what it read from this input is gone)."""
   by_layer: dict[int, list[int]] = {}
   for layer, head in heads:
     by_layer.setdefault(layer, []).append(head)
+  value = lambda layer: 0.0 if mean_z is None else jnp.mean(mean_z[layer], axis=(0, 1))
   return {
-    ("z", layer): Patch(value=0.0, where=jnp.isin(jnp.arange(num_heads), jnp.asarray(hs))[:, None])
+    ("z", layer): Patch(value=value(layer), where=jnp.isin(jnp.arange(num_heads), jnp.asarray(hs))[:, None])
     for layer, hs in by_layer.items()
   }

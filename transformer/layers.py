@@ -510,20 +510,11 @@ def _intervened(module: nn.Module) -> bool:
 
 
 def _points(module: nn.Module):
-  """The attention module's named points for `mix` (`at`), when a run probes them (the probabilities
-  also sown as "attention" for transformer.probes) or intervenes; otherwise None, and no score is
-  materialised for them."""
-  probing = module.is_mutable_collection("intermediates")
-  if not probing and not _intervened(module):
+  """The attention module's named points for `mix` (`at`) when a run reads or patches them; otherwise
+  None, and no score is materialised for them."""
+  if not _intervened(module):
     return None
-
-  def at(name: str, x: jax.Array) -> jax.Array:
-    x = point(module, name, x)
-    if probing and name == "pattern":
-      module.sow("intermediates", "attention", x)
-    return x
-
-  return at
+  return functools.partial(point, module)
 
 
 def _normalised(cfg: BlockConfig, q_BxTxHxK, k_BxSxHxK):
@@ -749,7 +740,6 @@ class Block(nn.Module):
     if not cfg.attention_only:
       x_BxTxD = residual(x_BxTxD, MLP(cfg, self.residual_std, self.forms, name="mlp"), norm(cfg, "ln_2"), "mlp_out")
     x_BxTxD = point(self, "resid_post", x_BxTxD)
-    self.sow("intermediates", "residual", x_BxTxD)  # the residual stream after this block, when probing
     return nn.with_logical_constraint(x_BxTxD, ("batch", "length", "embed"))
 
 
@@ -836,7 +826,7 @@ class Stack(nn.Module):
       return x_BxTxD
     scanned = nn.scan(
       lambda mdl, x, *args: (mdl(x, *args), None),
-      variable_axes={"params": 0, "cache": 0, "intermediates": 0, "activations": 0, "patches": 0},
+      variable_axes={"params": 0, "cache": 0, "activations": 0, "patches": 0},
       split_rngs={"params": True, "dropout": True},
       length=self.num_layers,
       in_axes=(nn.broadcast,) * 4,

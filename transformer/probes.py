@@ -7,10 +7,10 @@ embeddings, and a translation's cross-attention alignment.
     >>> inside.lens_top                            # per layer and position: the top tokens of the logit lens
     >>> probes.similarity_by_layer(model, params, tokenizer, ["Harry stood ...", "Prince Harry ..."], "Harry")
 
-The models record these only when asked: `apply(..., mutable=["intermediates"])` makes their
-attention layers `sow` the probabilities and their blocks the residual stream (transformer.layers);
-otherwise nothing is recorded, so training is unchanged. Probing computes attention the readable
-way (einsum), whatever the model's implementation. `launch.probe` draws the pictures.
+Each is read at the models' named points (`layers.point`; transformer.interventions reads and
+changes them): `pattern`, `resid_pre` and `resid_post`, recorded only when a run asks for them, so
+training is unchanged. Reading them takes attention's readable path (einsum), whatever the model's
+implementation. `launch.probe` draws the pictures.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import layers
+from transformer import interventions, layers
 from transformer.errors import UserError
 from transformer.generation import beam_search
 from transformer.models.gpt import GPT, softcap
@@ -59,18 +59,15 @@ def token_texts(tokenizer, ids) -> list[str]:
   return [tokenizer.decode([int(i)]) for i in ids]
 
 
-def _per_layer(stack, num_layers: int, *path: str) -> np.ndarray:
-  """A value sown at `path` inside each layer of a Stack (unrolled `layer_i/...` or scanned `layers/...`,
-  already stacked) -> one array, layers first, for the first sequence."""
-
-  def at(tree):
-    for key in path:
-      tree = tree[key]
-    return np.asarray(tree[0])
-
-  if "layers" in stack:
-    return at(stack["layers"])[:, 0]
-  return np.stack([at(stack[f"layer_{i}"])[0] for i in range(num_layers)])
+def _read(model, params, *inputs: list[int]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+  """One sequence's run: its output (logits, T x V) and, by name, its blocks' points (L x ..., the
+  batch axis gone). Eager, not jit: one pass per text, where a jit would compile for every length."""
+  output, state = model.apply(
+    {"params": params}, *(jnp.asarray([ids], jnp.int32) for ids in inputs), mutable=["activations"]
+  )
+  points = interventions.flatten(state["activations"])
+  blocks = ("pattern", "resid_pre", "resid_post")
+  return np.asarray(output[0]), {name: np.asarray(x[:, 0]) for name, x in points.items() if name.endswith(blocks)}
 
 
 def gpt_output_logits(model: GPT, params, x_BxTxD) -> jax.Array:
@@ -98,51 +95,42 @@ def look_inside(model, params, tokenizer, text: str, *, target: str | None = Non
     return dataclasses.replace(
       _look_inside_seq2seq(model, params, tokenizer, text, translation), translation=translation
     )
-  ids = tokenizer.encode(text) or [tokenizer.eot_id]
-  _check_vocabulary(ids, model.config.vocab_size)
-  if len(ids) > model.config.max_len:
-    raise UserError(
-      f"the text is {len(ids)} tokens, longer than the model's context of {model.config.max_len}; probe a shorter one"
-    )
-  # Eager, not jit: one pass per text, and a new jit here would compile for every call (--compare).
-  logits, state = model.apply({"params": params}, jnp.asarray([ids], jnp.int32), mutable=["intermediates"])
-  sown = state["intermediates"]
-  n = model.config.num_layers
-  residual = np.concatenate([np.asarray(sown["embeddings"][0]), _per_layer(sown["h"], n, "residual")])
+  ids = encode(model, tokenizer, text)
+  logits_TxV, point = _read(model, params, ids)
+  residual = np.concatenate([point["resid_pre"][:1], point["resid_post"]])  # the embeddings, then each block's
   lens = jax.nn.log_softmax(gpt_output_logits(model, params, jnp.asarray(residual)), axis=-1)
-  return Inside(
-    token_texts(tokenizer, ids),
-    _per_layer(sown["h"], n, "attn", "attention"),
-    residual,
-    np.asarray(lens),
-    np.asarray(logits[0]),
-  )
+  return Inside(token_texts(tokenizer, ids), point["pattern"], residual, np.asarray(lens), logits_TxV)
 
 
 def _look_inside_seq2seq(model: Transformer, params, tokenizer, source: str, target: str) -> Inside:
   source_ids = tokenizer.encode(source.strip())  # as training and translation feed it: no <eot>
   target_ids = [tokenizer.eot_id] + tokenizer.encode(target.strip())  # the decoder's input: <eot> starts it
   _check_vocabulary(source_ids + target_ids, model.config.vocab_size)
-  logits, state = model.apply(
-    {"params": params},
-    jnp.asarray([source_ids], jnp.int32),
-    jnp.asarray([target_ids], jnp.int32),
-    mutable=["intermediates"],
-  )
-  sown = state["intermediates"]
-  n = model.config.decoder_layers()
-  residual = np.concatenate([np.asarray(sown["decoder_embeddings"][0]), _per_layer(sown["decoder"], n, "residual")])
+  logits_TxV, point = _read(model, params, source_ids, target_ids)
+  residual = np.concatenate([point["decoder.resid_pre"][:1], point["decoder.resid_post"]])
   lens = jax.nn.log_softmax(model.apply({"params": params}, jnp.asarray(residual), method="output_logits"), axis=-1)
   return Inside(
     token_texts(tokenizer, target_ids),
-    _per_layer(sown["decoder"], n, "attn", "attention"),
+    point["decoder.pattern"],
     residual,
     np.asarray(lens),
-    np.asarray(logits[0]),
+    logits_TxV,
     token_texts(tokenizer, source_ids),
-    _per_layer(sown["decoder"], n, "cross_attn", "attention"),
-    _per_layer(sown["encoder"], model.config.num_layers, "attn", "attention"),
+    point["decoder.cross_attn.pattern"],
+    point["encoder.pattern"],
   )
+
+
+def encode(model: GPT, tokenizer, text: str) -> list[int]:
+  """`text`'s tokens for a GPT (an empty text: <eot>), refused when the tokenizer is not the model's
+  or the text does not fit its context."""
+  ids = tokenizer.encode(text) or [tokenizer.eot_id]
+  _check_vocabulary(ids, model.config.vocab_size)
+  if len(ids) > model.config.max_len:
+    raise UserError(
+      f"the text is {len(ids)} tokens, longer than the model's context of {model.config.max_len}; probe a shorter one"
+    )
+  return ids
 
 
 def _check_vocabulary(ids: list[int], vocab_size: int) -> None:
@@ -307,6 +295,48 @@ def draw_alignment(inside: Inside, path) -> None:
   ax.set_xlabel("source")
   ax.set_ylabel("target (the decoder's input)")
   ax.set_title("cross-attention alignment (mean over layers and heads)")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def draw_logit_attribution(contribution: dict[str, float], path, title: str) -> None:
+  """One bar per component (`interventions.direct_logit_attribution` at one position), in the
+  model's order: embeddings, then each layer's heads and MLP; the bars sum to the logit."""
+  plt = _pyplot()
+  names, values = list(contribution), np.array(list(contribution.values()))
+  fig, ax = plt.subplots(figsize=(7, 0.22 * len(names) + 1.5))
+  ax.barh(range(len(names)), values, color=np.where(values >= 0, "tab:blue", "tab:red"))
+  ax.set_yticks(range(len(names)))
+  ax.set_yticklabels(names, fontsize=7)
+  ax.invert_yaxis()
+  ax.axvline(0.0, color="black", lw=0.8)
+  ax.set_xlabel(f"direct contribution (sum {values.sum():.3f})")
+  ax.set_title(title, fontsize=9)
+  ax.grid(axis="x", alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def draw_patching(maps: dict[str, np.ndarray], columns: dict[str, list[str]], path, title: str) -> None:
+  """Heat maps one above the other, layers down: each map's name -> an L x C array (e.g. the residual
+  stream's layer x position effects of patching, then attribution patching's estimate of them), with
+  `columns[name]` labelling its columns. Red: the patch moves the metric up; blue: down."""
+  plt = _pyplot()
+  width = 0.3 * max(m.shape[1] for m in maps.values()) + 3
+  heights = [0.35 * m.shape[0] + 1.4 for m in maps.values()]
+  fig, axes = plt.subplots(len(maps), 1, figsize=(width, sum(heights) + 0.6), height_ratios=heights, squeeze=False)
+  for ax, (name, map_LxC) in zip(axes[:, 0], maps.items()):
+    bound = float(np.abs(map_LxC).max()) or 1.0
+    image = ax.imshow(map_LxC, cmap="RdBu_r", vmin=-bound, vmax=bound, aspect="auto")
+    ax.set_xticks(range(map_LxC.shape[1]))
+    ax.set_xticklabels(_label(columns[name]), rotation=90 if map_LxC.shape[1] > 12 else 0, fontsize=7)
+    ax.set_yticks(range(map_LxC.shape[0]))
+    ax.set_yticklabels([f"layer {l}" for l in range(map_LxC.shape[0])], fontsize=7)
+    ax.set_title(name, fontsize=8)
+    fig.colorbar(image, ax=ax, fraction=0.02, pad=0.01)
+  fig.suptitle(title, fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)

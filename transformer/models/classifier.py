@@ -21,7 +21,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer import models
+from transformer import layers, models
 from transformer.errors import ConfigError
 from transformer.models.encoder import Encoder
 from transformer.models.gpt import GPT
@@ -86,7 +86,7 @@ class SequenceClassifier(nn.Module):
       pooled_BxD = jnp.einsum("btd,bt->bd", hidden_BxTxD, weight_BxT) / jnp.maximum(weight_BxT.sum(1), 1)[:, None]
     else:
       raise ConfigError(f"pooling {self.pooling!r} is unknown; choose one of {', '.join(POOLINGS)}")
-    self.sow("intermediates", "pooled", pooled_BxD)
+    pooled_BxD = layers.point(self, "pooled", pooled_BxD)
     pooled_BxD = nn.Dropout(self.dropout_rate)(pooled_BxD, deterministic=deterministic)
     return _head(self.num_classes, self.config, pooled_BxD)
 

@@ -78,7 +78,6 @@ class Encoder(nn.Module):
     valid_BxT = jnp.ones((B, T), bool) if valid_BxT is None else valid_BxT
     positions_1xT = jnp.arange(T)[None]
     x_BxTxD = self.source_embed(tokens_BxT, positions_1xT, deterministic)
-    self.sow("intermediates", "embeddings", x_BxTxD)
     mask_BxTxT = layers.self_attention_mask(valid_BxT, None, causal=False)
     x_BxTxD = self.encoder(x_BxTxD, mask_BxTxT, positions=(positions_1xT, positions_1xT), deterministic=deterministic)
     return self.encoder_norm(x_BxTxD) if self.config.block.pre_layer_norm else x_BxTxD

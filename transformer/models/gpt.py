@@ -202,7 +202,6 @@ class GPT(nn.Module):
       x_BxTxD = x_BxTxD + layers.point(self, "pos_embed", pe_LxD[positions_BxT])
     x_BxTxD = nn.Dropout(block.dropout_rate)(x_BxTxD, deterministic=deterministic)
     x_BxTxD = nn.with_logical_constraint(x_BxTxD, ("batch", "length", "embed"))
-    self.sow("intermediates", "embeddings", x_BxTxD)  # the residual stream's start, when probing
     return x_BxTxD
 
   def _head(self, wte: nn.Embed, x_BxTxD, forms: str, decode: bool):

@@ -181,7 +181,6 @@ class Transformer(nn.Module):
       jnp.arange(S)[None] if source_segments_BxS is None else layers.segment_positions(None, source_segments_BxS)
     )
     x_BxSxD = self.source_embed(source_BxS, positions_BxS, deterministic, self.config.source_word_dropout)
-    self.sow("intermediates", "encoder_embeddings", x_BxSxD)  # the residual stream's start, when probing
     mask_BxSxS = layers.self_attention_mask(valid_BxS, source_segments_BxS, causal=False)
     x_BxSxD = self.encoder(x_BxSxD, mask_BxSxS, positions=(positions_BxS, positions_BxS), deterministic=deterministic)
     return self.encoder_norm(x_BxSxD) if self.config.block.pre_layer_norm else x_BxSxD
@@ -225,7 +224,6 @@ class Transformer(nn.Module):
       # A padding query (segment 0) has no source: let it read all of it rather than nothing.
       cross_mask_BxTxS = cross_mask_BxTxS | (target_segments_BxT == 0)[:, :, None]
     y_BxTxD = self.target_embed(target_in_BxT, positions_BxT, deterministic)
-    self.sow("intermediates", "decoder_embeddings", y_BxTxD)
     y_BxTxD = self.decoder(
       y_BxTxD,
       mask_BxTxS,
