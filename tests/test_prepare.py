@@ -128,6 +128,22 @@ def test_ding_pairs_are_sentences(tmp_path):
   assert de[0].isupper() and en[0].isupper() and de[-1] in ".!?" and en[-1] in ".!?"
 
 
+def test_shakespeare_spans_is_the_works_with_random_word_spans_written_twice(shakespeare_dir):
+  """The induction study's text: Shakespeare's lines in order, and after every 8th a line of 5 to 30
+  common words that is one span twice; the same text on every machine (seeded)."""
+  files = data.named_source("shakespeare_spans").files
+  assert [f.name for f in files] == sorted(p.name for p in shakespeare_dir.iterdir())
+  lines = files[0].read_text().splitlines()
+  plays = (shakespeare_dir / files[0].name).read_text().splitlines()
+  spans = lines[8::9]
+  assert [line for i, line in enumerate(lines) if i % 9 != 8] == plays[: len(lines) - len(spans)]
+  for span in spans[:200]:
+    words = span.split()
+    assert len(words) % 2 == 0 and 5 <= len(words) // 2 <= 30 and words[: len(words) // 2] == words[len(words) // 2 :]
+  assert spans[0].startswith("gross alencon maria go bastard")
+  assert sum(f.stat().st_size for f in files) == 10351833
+
+
 DING_LINES = [  # lines of the Ding dictionary as the file has them
   "Herzgeschwulst {f} [med.] | Herzgeschwulste {pl} :: cardiac tumour | cardiac tumours",
   "Herzindex {m} /HI/ [med.] :: cardiac index /CI/",

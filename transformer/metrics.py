@@ -150,8 +150,9 @@ def plot_losses(jsonl: Path, png: Path, title: str = "", curves: tuple[str, ...]
 
 
 def plot_head_scores(jsonl: Path, png: Path, title: str = "") -> Path:
-  """A run with config.head_scores, by step: the validation loss, every head's induction
-  (prefix-matching) score, and the in-context score (late loss minus early: below 0, the context helps)."""
+  """A run with config.head_scores, by step: the training and validation losses, every head's
+  previous-token and induction (prefix-matching) scores, and the in-context score (late loss minus
+  early: below 0, the context helps)."""
   import matplotlib
 
   matplotlib.use("Agg")
@@ -159,13 +160,19 @@ def plot_head_scores(jsonl: Path, png: Path, title: str = "") -> Path:
 
   records = read_jsonl(jsonl)
   heads = sorted({k.removeprefix("induction_") for r in records for k in r if k.startswith("induction_")})
-  fig, axes = plt.subplots(1, 3, figsize=(16, 4))
-  panels = [("validation loss", ["val_loss"]), ("induction score per head", [f"induction_{h}" for h in heads])]
-  for ax, (name, keys) in zip(axes, [*panels, ("in-context score (nats)", ["in_context_score"])]):
+  panels = [
+    ("loss", ["loss", "val_loss"]),
+    ("previous-token score per head", [f"previous_token_{h}" for h in heads]),
+    ("induction score per head", [f"induction_{h}" for h in heads]),
+    ("in-context score (nats)", ["in_context_score"]),
+  ]
+  fig, axes = plt.subplots(1, len(panels), figsize=(20, 4))
+  for ax, (name, keys) in zip(axes, panels):
     for key in keys:
       points = sorted(last_per_step(records, key).items())
-      if points:
-        ax.plot(*zip(*points), "o-", ms=3, label=key.removeprefix("induction_"))
+      if points:  # the training loss at every log step (where a phase change shows), the rest as points
+        label = key.removeprefix("induction_").removeprefix("previous_token_")
+        ax.plot(*zip(*points), "-" if key == "loss" else "o-", ms=3, lw=1, label=label)
     ax.set_xlabel("step")
     ax.set_title(f"{title}: {name}" if title else name)
     ax.grid(alpha=0.3)

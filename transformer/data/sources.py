@@ -14,11 +14,13 @@ Four kinds of source, one per task family:
 from __future__ import annotations
 
 import codecs
+import collections
 import dataclasses
 import glob
 import gzip
 import hashlib
 import os
+import random
 import re
 import shutil
 import tarfile
@@ -345,33 +347,73 @@ def _detokenized(sentence: str) -> str:
   return re.sub(r"\( ", "(", re.sub(r" ([,.;:!?)])", r"\1", sentence))
 
 
-def _english_files() -> tuple[Path, ...]:
-  """Running English for pretraining (the named source "english"), made once next to the assets:
-  the Brown samples that the tagging presets train on, as plain words (a sentence a line, tags
-  dropped; a file a sample, so each is a document); Shakespeare's works; the English sides of the
-  Ding sentence pairs. Not VADER's snippets (the sentiment task's data), and no Brown sample of
-  the tagging presets' validation or test split (BROWN_HELD_OUT_SPLIT)."""
-  brown = _brown_files()
-  root = brown[0].parent.parent / "english-1"
+def _made_once(root: Path, write: Callable[[Path], None]) -> Path:
+  """`root`, a directory that `write(directory)` fills, made once next to the assets: written into a
+  staging directory, then renamed into place (another process making it at once is harmless)."""
   if not (root / ".complete").exists():
     staging = root.parent / f".{root.name}.staging-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    seed, fractions = BROWN_HELD_OUT_SPLIT
-    for fileno, path in enumerate(brown):
-      if split_of(seed, fileno, fractions=fractions) == 0:
-        sentences = (parse_tagged_line(line, path, n) for n, line in read_lines(path))
-        text = "".join(_detokenized(" ".join(word for word, _ in s[0])) + "\n" for s in sentences if s)
-        (staging / f"brown-{path.name}.txt").write_text(text)
-    ding = assets.fetch("ding_de_en")
-    english = (en for n, line in read_lines(ding) for _, en in parse_ding_line(line, ding, n) or ())
-    (staging / "ding-english.txt").write_text("".join(f"{sentence}\n" for sentence in dict.fromkeys(english)))
+    write(staging)
     (staging / ".complete").write_text("")
     try:
       os.rename(staging, root)
     except OSError:  # another process made it first
       shutil.rmtree(staging, ignore_errors=True)
+  return root
+
+
+def _english_files() -> tuple[Path, ...]:
+  """Running English for pretraining (the named source "english"): the Brown samples that the
+  tagging presets train on, as plain words (a sentence a line, tags dropped; a file a sample, so each
+  is a document); Shakespeare's works; the English sides of the Ding sentence pairs. Not VADER's
+  snippets (the sentiment task's data), and no Brown sample of the tagging presets' validation or
+  test split (BROWN_HELD_OUT_SPLIT)."""
+  brown = _brown_files()
+
+  def write(directory: Path) -> None:
+    seed, fractions = BROWN_HELD_OUT_SPLIT
+    for fileno, path in enumerate(brown):
+      if split_of(seed, fileno, fractions=fractions) == 0:
+        sentences = (parse_tagged_line(line, path, n) for n, line in read_lines(path))
+        text = "".join(_detokenized(" ".join(word for word, _ in s[0])) + "\n" for s in sentences if s)
+        (directory / f"brown-{path.name}.txt").write_text(text)
+    ding = assets.fetch("ding_de_en")
+    english = (en for n, line in read_lines(ding) for _, en in parse_ding_line(line, ding, n) or ())
+    (directory / "ding-english.txt").write_text("".join(f"{sentence}\n" for sentence in dict.fromkeys(english)))
+
+  root = _made_once(brown[0].parent.parent / "english-1", write)
   return tuple(sorted(root.glob("*.txt"))) + tuple(sorted(assets.fetch("shakespeare").iterdir()))
+
+
+# The named source "shakespeare_spans": after every SPANS_EVERY-th line of each play, a line of
+# SPAN_WORDS words drawn (seeded) from the works' SPAN_VOCABULARY most frequent, written twice.
+SPANS_EVERY, SPAN_WORDS, SPAN_VOCABULARY = 8, (5, 30), 2000
+
+
+def _shakespeare_spans_files() -> tuple[Path, ...]:
+  """Shakespeare's works with spans that only copying predicts (the induction-head study,
+  experiments/induction.py): a line of random words, then the same words again. The words are
+  whole words a BPE of a few thousand pieces keeps (mostly one token each), drawn uniformly, so a
+  token rarely recurs in a window except where a span is copied; the spans' lengths vary, so no fixed
+  offset predicts the copy."""
+  plays = sorted(assets.fetch("shakespeare").iterdir())
+
+  def write(directory: Path) -> None:
+    texts = {path.name: "".join(read_text(path)) for path in plays}
+    counts = collections.Counter(re.findall(r"[a-z]+", "\n".join(texts.values()).lower()))
+    words = [word for word, _ in counts.most_common(SPAN_VOCABULARY)]
+    rng = random.Random(0)
+    for name, text in texts.items():
+      lines = []
+      for i, line in enumerate(text.splitlines()):
+        lines.append(line)
+        if i % SPANS_EVERY == SPANS_EVERY - 1:
+          span = " ".join(rng.choice(words) for _ in range(rng.randint(*SPAN_WORDS)))
+          lines.append(f"{span} {span}")
+      (directory / name).write_text("\n".join(lines) + "\n")
+
+  return tuple(sorted(_made_once(plays[0].parent.parent / "shakespeare-spans-1", write).glob("*.txt")))
 
 
 def named_source(name: str) -> Source:
@@ -390,10 +432,12 @@ def named_source(name: str) -> Source:
     return Source("tagged", name, _brown_files(), columns, parse_tagged_line, split_by="file")
   if name == "english":
     return Source("text", name, _english_files())
+  if name == "shakespeare_spans":
+    return Source("text", name, _shakespeare_spans_files())
   raise DataError(f"unknown data set {name!r}; named data sets are {', '.join(NAMED)}, or give your own files")
 
 
-NAMED = ("shakespeare", "ding_de_en", "vader", "brown", "english")
+NAMED = ("shakespeare", "ding_de_en", "vader", "brown", "english", "shakespeare_spans")
 # The fields of a named data set's records, in order: how a run restored without its data names them.
 NAMED_COLUMNS = {
   "shakespeare": (),
@@ -401,6 +445,7 @@ NAMED_COLUMNS = {
   "vader": ("label", "text"),
   "brown": ("word", "tag"),
   "english": (),
+  "shakespeare_spans": (),
 }
 PAIR_COLUMNS = ("source", "target")  # a TSV of pairs: its columns have no names
 
