@@ -39,7 +39,7 @@ import numpy as np
 from absl import flags
 
 import launch
-from transformer import cli, interventions, probes, tokenizers
+from transformer import cli, inference, interventions, probes, tokenizers
 from transformer.errors import UserError
 from transformer.models.gpt import GPT
 from transformer.models.hf_gpt2 import import_hf_gpt2
@@ -86,15 +86,18 @@ _ABLATE = flags.DEFINE_list(
 
 
 def load():
-  """(model, params, tokenizer, description) from --workdir or --hf."""
+  """(model, params, tokenizer, description, the run's validation tokens or None) from --workdir or --hf."""
   if (_WORKDIR.value is None) == (_HF.value is None):
     raise UserError("give exactly one of --workdir (a training run) or --hf (GPT-2 safetensors)")
   if _WORKDIR.value:
     trained = launch.restore(_WORKDIR.value, _STEP.value)
-    return trained.model, trained.params, trained.tokenizer, f"{_WORKDIR.value} step {trained.step}"
+    validation = None
+    if trained.run.task == "lm":
+      validation = inference.split_task(trained, _WORKDIR.value).data.tokens("validation")
+    return trained.model, trained.params, trained.tokenizer, f"{_WORKDIR.value} step {trained.step}", validation
   config, params = import_hf_gpt2(_HF.value)
   launch.say_kernels(config)
-  return GPT(config), params, tokenizers.get_tokenizer(_TOKENIZER.value), _HF.value
+  return GPT(config), params, tokenizers.get_tokenizer(_TOKENIZER.value), _HF.value, None
 
 
 def compare(model, params, tokenizer, texts: list[str]) -> None:
@@ -113,35 +116,48 @@ def compare(model, params, tokenizer, texts: list[str]) -> None:
   )
 
 
-def heads(model, params) -> None:
+def heads(model, params, validation=None) -> None:
   """The head detectors' table (transformer.interventions.head_scores) on 16 rows of random tokens,
-  each repeated twice, as long as fits the context (at most 2 x 50); heads.json in --out."""
+  each repeated twice, as long as fits the context (at most 2 x 50); heads.json in --out. With
+  --ablate, the loss on those tokens (and on the run's validation text, when there is one) without
+  the heads named."""
   if not isinstance(model, GPT):
     raise UserError(f"--heads scores the heads of a GPT; this is a {type(model).__name__}")
   length = min(50, model.config.max_len // 2)
-  tokens = interventions.repeated_random_tokens(model.config.vocab_size, length, batch=16)
+  ids = None if validation is None else np.unique(np.asarray(validation[:100_000]))  # tokens the text has
+  tokens = interventions.repeated_random_tokens(model.config.vocab_size, length, batch=16, ids=ids)
   scores = {kind: np.asarray(s) for kind, s in interventions.head_scores(model, params, tokens).items()}
   print(f"attention on {length} random tokens repeated twice (1: all of a head's attention there)")
   print(f"{'head':<8}" + "".join(f"{kind:>17}" for kind in scores))
   for l, h in np.ndindex(scores["induction"].shape):
     print(f"{f'L{l}.H{h}':<8}" + "".join(f"{s[l, h]:17.3f}" for s in scores.values()))
-  losses = {"all heads": interventions.next_token_losses(model, params, tokens)}
+  runs = {"all heads": None}
   if _ABLATE.value:
     heads_ = [_head(name, *scores["induction"].shape) for name in _ABLATE.value]
     mean_z = None
     if _ABLATION.value == "mean":  # each head's mean output over other random tokens repeated (seed 1)
-      reference = interventions.repeated_random_tokens(model.config.vocab_size, length, batch=16, seed=1)
+      reference = interventions.repeated_random_tokens(model.config.vocab_size, length, batch=16, seed=1, ids=ids)
       mean_z = interventions.run_with_cache(model, params, reference, names=("z",))[1]["z"]
     patches = interventions.ablating(heads_, scores["induction"].shape[1], mean_z)
-    losses[f"without {','.join(_ABLATE.value)} ({_ABLATION.value} ablation)"] = interventions.next_token_losses(
-      model, params, tokens, patches
-    )
-  for what, nll_T in losses.items():  # position t predicts token t + 1; the second copy's first token is random
+    runs[f"without {','.join(_ABLATE.value)} ({_ABLATION.value} ablation)"] = patches
+  for what, patches in runs.items():  # position t predicts token t + 1; the second copy's first token is random
+    nll_T = interventions.next_token_losses(model, params, tokens, patches)
     first, second = float(nll_T[: length - 1].mean()), float(nll_T[length:].mean())
-    print(f"loss ({what}): first copy {first:.3f} nats a token, second copy {second:.3f}")
+    line = f"loss ({what}): first copy {first:.3f} nats a token, second copy {second:.3f}"
+    if validation is not None:
+      line += f", validation {_validation_loss(model, params, validation, patches):.3f}"
+    print(line)
   out = Path(_OUT.value)
   out.mkdir(parents=True, exist_ok=True)
   (out / "heads.json").write_text(json.dumps({k: s.round(6).tolist() for k, s in scores.items()}) + "\n")
+
+
+def _validation_loss(model, params, validation, patches, rows: int = 64) -> float:
+  """The mean next-token loss on the first `rows` windows of the validation tokens, each as long as the context."""
+  T = model.config.max_len
+  count = min(rows, len(validation) // T)
+  windows_BxT = jnp.asarray(np.asarray(validation[: count * T], np.int32).reshape(count, T))
+  return float(interventions.next_token_losses(model, params, windows_BxT, patches).mean())
 
 
 def _gpt(model, verb: str) -> None:
@@ -276,10 +292,10 @@ def main(argv):
   texts = list(_TEXT.value)
   if not texts and not (_HEADS.value or _PATCH.value):
     raise UserError("give a --text to probe (or --heads, or --patch with --clean and --corrupt)")
-  model, params, tokenizer, source = load()
+  model, params, tokenizer, source, validation = load()
   print(f"# {source}", file=sys.stderr)
   if _HEADS.value:
-    heads(model, params)
+    heads(model, params, validation)
     return
   if _PATCH.value:
     patch(model, params, tokenizer)

@@ -319,8 +319,9 @@ def test_a_run_logs_its_heads_scores_at_every_evaluation(tmp_path):
 
 
 def test_ablating_zeroes_the_named_heads_and_losses_come_per_position():
-  """`ablating` zeroes exactly the heads it names (layer 1's both, here); `next_token_losses` gives
-  one loss per predicting position, the same with no patches."""
+  """`ablating` zeroes exactly the heads it names (layer 1's both, here), or sets them to their mean
+  over a reference batch; `next_token_losses` gives one loss per predicting position, the same with
+  no patches."""
   model, params = _planted(2)
   tokens = interventions.repeated_random_tokens(8, 8, batch=4)
   plain = interventions.next_token_losses(model, params, tokens)
@@ -331,3 +332,15 @@ def test_ablating_zeroes_the_named_heads_and_losses_come_per_position():
   collection = interventions.patches_collection(model, params, patches, tokens)
   _, state = model.apply({"params": params, "patches": collection}, tokens, mutable=["activations"])
   np.testing.assert_array_equal(interventions.flatten(state["activations"])["z"][1], 0.0)
+  # Mean ablation: head 1 of layer 0 writes its mean output over a reference batch, everywhere.
+  reference = interventions.repeated_random_tokens(8, 8, batch=4, seed=1, ids=[2, 3, 5])
+  assert set(np.unique(np.asarray(reference))) <= {2, 3, 5}
+  _, ref = interventions.run_with_cache(model, params, reference, names=("z",))
+  patches = interventions.ablating([(0, 1)], 2, mean_z=ref["z"])
+  collection = interventions.patches_collection(model, params, patches, tokens)
+  _, state = model.apply({"params": params, "patches": collection}, tokens, mutable=["activations"])
+  z = interventions.flatten(state["activations"])["z"]
+  np.testing.assert_allclose(
+    z[0][:, :, 1], np.broadcast_to(ref["z"][0][:, :, 1].mean((0, 1)), z[0][:, :, 1].shape), atol=1e-6
+  )
+  np.testing.assert_array_equal(z[0][:, :, 0], ablated["z"][0][:, :, 0])

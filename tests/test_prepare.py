@@ -128,20 +128,18 @@ def test_ding_pairs_are_sentences(tmp_path):
   assert de[0].isupper() and en[0].isupper() and de[-1] in ".!?" and en[-1] in ".!?"
 
 
-def test_shakespeare_spans_is_the_works_with_random_word_spans_written_twice(shakespeare_dir):
-  """The induction study's text: Shakespeare's lines in order, and after every 8th a line of 5 to 30
-  common words that is one span twice; the same text on every machine (seeded)."""
-  files = data.named_source("shakespeare_spans").files
-  assert [f.name for f in files] == sorted(p.name for p in shakespeare_dir.iterdir())
-  lines = files[0].read_text().splitlines()
-  plays = (shakespeare_dir / files[0].name).read_text().splitlines()
-  spans = lines[8::9]
-  assert [line for i, line in enumerate(lines) if i % 9 != 8] == plays[: len(lines) - len(spans)]
-  for span in spans[:200]:
-    words = span.split()
-    assert len(words) % 2 == 0 and 5 <= len(words) // 2 <= 30 and words[: len(words) // 2] == words[len(words) // 2 :]
-  assert spans[0].startswith("gross alencon maria go bastard")
-  assert sum(f.stat().st_size for f in files) == 10351833
+def test_repeated_spans_are_random_symbols_written_twice():
+  """The induction study's text: lines of a span of 5 to 50 of 256 symbols, then the span again; the
+  same text on every machine (seeded)."""
+  [path] = data.named_source("repeated_spans").files
+  lines = path.read_text(encoding="utf-8").splitlines()
+  assert len(lines) == 60_000 and lines[0].startswith("\u4ed7\u4e14\u4e84")
+  lengths = set()
+  for line in lines[:2000]:
+    first, second = line[: len(line) // 2], line[len(line) // 2 :]
+    assert first == second and set(first) <= set(data.sources.SPAN_ALPHABET)
+    lengths.add(len(first))
+  assert lengths == set(range(5, 51))
 
 
 DING_LINES = [  # lines of the Ding dictionary as the file has them

@@ -144,6 +144,12 @@ def test_launch_probe_draws_pictures_and_compares_a_word(trained, tmp_path):
   assert len(rows) == 3 and all(float(r[-2]) == pytest.approx(1.0, abs=1e-4) for r in rows)
   bad = run_module("launch.probe", f"--workdir={trained}", "--compare", f"--text={TEXT}")
   assert bad.returncode == 1 and "error: --compare needs --word and at least two --text" in bad.stderr
+  # A run's heads, scored on tokens its text has; the loss without one, on its validation text too.
+  proc = run_module("launch.probe", f"--workdir={trained}", "--heads", "--ablate=L0.H1", f"--out={tmp_path / 'h'}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  losses = [line for line in proc.stdout.splitlines() if line.startswith("loss (")]
+  assert len(losses) == 2 and all(", validation " in line for line in losses), proc.stdout
+  assert losses[0].split()[-1] != losses[1].split()[-1]  # the head's removal changes the validation loss
 
 
 @pytest.mark.slow

