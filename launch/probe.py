@@ -232,6 +232,8 @@ def patch(model, params, tokenizer) -> None:
       f"texts of as many tokens (change a word for another of as many tokens)"
     )
   target, versus, what = _answer(tokenizer)
+  if versus is None:  # a logit alone moves with every logit; its log-probability says what patching changed
+    what = f"log-probability of {_TARGET.value!r}"
 
   def metric(logits_BxTxV):
     last_V = logits_BxTxV[0, -1]
@@ -242,10 +244,7 @@ def patch(model, params, tokenizer) -> None:
     name: float(metric(interventions.run_with_cache(model, params, x, names=())[0]))
     for name, x in (("clean", clean_1xT), ("corrupt", corrupt_1xT))
   }
-  print(
-    f"{'log-probability of ' + repr(_TARGET.value) if versus is None else what}: clean {runs['clean']:.3f}, "
-    f"corrupt {runs['corrupt']:.3f}"
-  )
+  print(f"{what}: clean {runs['clean']:.3f}, corrupt {runs['corrupt']:.3f}")
   maps, columns = {}, {}
   labels = [
     c if c == d else f"{c}/{d}"
