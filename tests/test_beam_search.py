@@ -34,6 +34,7 @@ def params():
     {},
     {"num_decoder_layers": 1},  # a shallower decoder than the encoder (2)
     {"pre_layer_norm": True, "norm": "rms_norm", "activation": "swiglu", "qk_norm": True},  # the block's options
+    {"sinusoids": "halves", "scale_embeddings": False, "logits_bias": True, "activation": "swish"},  # Marian's
   ],
 )
 def test_cached_decoding_equals_full_forward(params, changes):

@@ -37,6 +37,7 @@ def params():
     {"num_layers": 3, "num_decoder_layers": 1},
     {"num_layers": 3, "num_decoder_layers": 1, "scan_layers": True},
     {"pre_layer_norm": True, "norm": "rms_norm", "activation": "swiglu", "qk_norm": True},  # the block's options
+    {"sinusoids": "halves", "scale_embeddings": False, "logits_bias": True, "activation": "swish"},  # Marian's
   ],
 )
 @pytest.mark.slow
@@ -54,6 +55,7 @@ def test_shapes_and_variants(changes):
     any("q_norm" in n for n in names) == any("cross_attn" in n and "k_norm" in n for n in names) == cfg.block.qk_norm
   )
   assert any("gate" in n for n in names) == (cfg.block.activation == "swiglu")
+  assert any("final_logits_bias" in n for n in names) == cfg.logits_bias
   depth = lambda stack: (
     jax.tree.leaves(params[stack]["layers"])[0].shape[0]
     if cfg.scan_layers
@@ -81,6 +83,26 @@ class VariantsTest(chex.TestCase):
     trained = apply(params, jax.random.key(1), True)  # the same module, dropout on
     chex.assert_tree_all_finite(trained)
     assert not np.allclose(trained, evaluated)
+
+
+def test_marians_variants_are_what_they_say(params):
+  """Marian's options (what its weights need): sinusoids in halves are the interleaved ones' sines then
+  cosines; unscaled embeddings change the output; the logits bias is added to every logit."""
+  interleaved_LxD = seq2seq.layers.sinusoidal_positions(16, 8)
+  halves_LxD = seq2seq.layers.sinusoidal_positions(16, 8, "halves")
+  np.testing.assert_array_equal(halves_LxD, np.concatenate([interleaved_LxD[:, 0::2], interleaved_LxD[:, 1::2]], 1))
+  plain = Transformer(CFG).apply({"params": params}, SRC, TGT, source_valid_BxS=VALID)
+  for changes in ({"sinusoids": "halves"}, {"scale_embeddings": False}):
+    changed = Transformer(CFG.replace(**changes)).apply({"params": params}, SRC, TGT, source_valid_BxS=VALID)
+    assert np.abs(np.asarray(changed - plain)).max() > 1e-3, changes
+  biased = CFG.replace(logits_bias=True)
+  bias_V = jnp.zeros(50).at[7].set(3.0)
+  logits = Transformer(biased).apply(
+    {"params": {**params, "final_logits_bias": bias_V}}, SRC, TGT, source_valid_BxS=VALID
+  )
+  np.testing.assert_allclose(logits - plain, jnp.broadcast_to(bias_V, plain.shape), atol=1e-5)
+  with pytest.raises(ConfigError, match="unknown sinusoids 'shuffled'; choose one of interleaved, halves"):
+    CFG.replace(sinusoids="shuffled").check()
 
 
 def test_every_parameter_has_logical_axis_names():

@@ -141,6 +141,7 @@ ACTIVATIONS = {
   "relu": jax.nn.relu,
   "relu2": lambda x: jnp.square(jax.nn.relu(x)),
   "swiglu": jax.nn.silu,  # of the gate, which multiplies the MLP's hidden layer (MLP)
+  "swish": jax.nn.silu,  # x * sigmoid(x) (Ramachandran et al. 2017): Marian's (OPUS-MT) MLP
 }
 NORMS = ("layer_norm", "rms_norm")
 
@@ -191,13 +192,21 @@ def norm(cfg: BlockConfig, name: str | None = None) -> nn.Module:
   )
 
 
-def sinusoidal_positions(length: int, d_model: int) -> np.ndarray:
-  """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)); shape (length, d)."""
+SINUSOID_LAYOUTS = ("interleaved", "halves")
+
+
+def sinusoidal_positions(length: int, d_model: int, layout: str = "interleaved") -> np.ndarray:
+  """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)); shape (length, d).
+  layout "halves": the same sines in channels [0, d/2) and cosines in [d/2, d), as Marian (OPUS-MT)
+  and fairseq lay them out."""
   pos_Lx1 = np.arange(length, dtype=np.float64)[:, None]
   freq = np.exp(-math.log(10000.0) * np.arange(0, d_model, 2, dtype=np.float64) / d_model)
+  sines, cosines = np.sin(pos_Lx1 * freq), np.cos(pos_Lx1 * freq)[:, : d_model // 2]
   pe_LxD = np.zeros((length, d_model), dtype=np.float32)
-  pe_LxD[:, 0::2] = np.sin(pos_Lx1 * freq)
-  pe_LxD[:, 1::2] = np.cos(pos_Lx1 * freq)[:, : d_model // 2]
+  if layout == "halves":
+    pe_LxD[:, : sines.shape[1]], pe_LxD[:, sines.shape[1] :] = sines, cosines
+  else:
+    pe_LxD[:, 0::2], pe_LxD[:, 1::2] = sines, cosines
   return pe_LxD
 
 

@@ -60,6 +60,12 @@ class Seq2SeqConfig:
   source_word_dropout: float = 0.0
   share_embeddings: bool = True  # one embedding for source and target (a joint vocabulary)
   tie_output: bool = True  # the output head is the target embedding, transposed
+  # Marian's (OPUS-MT) variants, which its weights need: the sinusoids "interleaved" (the paper's) or
+  # in "halves" (all sines, then all cosines); the embeddings scaled by sqrt(d_model) (the paper's
+  # section 3.4) or not; a learned bias added to every output logit (Marian's final_logits_bias).
+  sinusoids: str = "interleaved"
+  scale_embeddings: bool = True
+  logits_bias: bool = False
   scan_layers: bool = False
   remat_policy: str = "none"
   kernels: str = "auto"  # "auto" | "reference" | "cpu" | "accelerator": faster forms of ops (transformer.kernels)
@@ -78,6 +84,8 @@ class Seq2SeqConfig:
       raise ConfigError(f"num_decoder_layers must be >= 0 (0: as many as num_layers), got {self.num_decoder_layers}")
     if not 0.0 <= self.source_word_dropout < 1.0:
       raise ConfigError(f"source_word_dropout must be in [0, 1), got {self.source_word_dropout}")
+    if self.sinusoids not in layers.SINUSOID_LAYOUTS:
+      raise ConfigError(f"unknown sinusoids {self.sinusoids!r}; choose one of {', '.join(layers.SINUSOID_LAYOUTS)}")
     return self
 
 
@@ -103,9 +111,12 @@ def preset(name: str, **overrides) -> Seq2SeqConfig:
 
 class Embed(nn.Module):
   """Token embedding * sqrt(d_model) + sinusoidal position, then dropout (the paper's section 3.4).
-  `config`: a model config with vocab_size, max_len and a block (the encoder's too)."""
+  `config`: a model config with vocab_size, max_len and a block (the encoder's too); `sinusoids` and
+  `scale` are Seq2SeqConfig.sinusoids and .scale_embeddings (Marian's variants)."""
 
   config: Seq2SeqConfig
+  sinusoids: str = "interleaved"
+  scale: bool = True
 
   def setup(self):
     block = self.config.block
@@ -120,12 +131,14 @@ class Embed(nn.Module):
 
   def __call__(self, tokens_BxT, positions_BxT, deterministic: bool, word_dropout: float = 0.0):
     block = self.config.block
-    pe_LxD = jnp.asarray(layers.sinusoidal_positions(self.config.max_len, block.d_model), jnp.dtype(block.dtype))
+    pe_LxD = layers.sinusoidal_positions(self.config.max_len, block.d_model, self.sinusoids)
+    pe_LxD = jnp.asarray(pe_LxD, jnp.dtype(block.dtype))
     tokens_BxTxD = self.table(tokens_BxT)
     if word_dropout and not deterministic:
       keep_BxT = jax.random.bernoulli(self.make_rng("dropout"), 1.0 - word_dropout, tokens_BxT.shape)
       tokens_BxTxD = jnp.where(keep_BxT[..., None], tokens_BxTxD, 0)
-    x_BxTxD = tokens_BxTxD * math.sqrt(block.d_model) + pe_LxD[positions_BxT]
+    scale = math.sqrt(block.d_model) if self.scale else 1.0
+    x_BxTxD = tokens_BxTxD * scale + pe_LxD[positions_BxT]
     return nn.with_logical_constraint(self.dropout(x_BxTxD, deterministic=deterministic), ("batch", "length", "embed"))
 
   def attend(self, x_BxTxD):
@@ -153,8 +166,9 @@ class Transformer(nn.Module):
     )
     self.encoder, self.decoder = stack(cfg.num_layers, False), stack(cfg.decoder_layers(), True)
     self.cache_positions = layers.CachePositions()  # decode mode only; it has no parameters
-    self.source_embed = Embed(cfg)
-    self.target_embed = self.source_embed if cfg.share_embeddings else Embed(cfg)
+    embed = lambda: Embed(cfg, sinusoids=cfg.sinusoids, scale=cfg.scale_embeddings)
+    self.source_embed = embed()
+    self.target_embed = self.source_embed if cfg.share_embeddings else embed()
     if cfg.block.pre_layer_norm:
       self.encoder_norm = layers.norm(cfg.block)
       self.decoder_norm = layers.norm(cfg.block)
@@ -167,6 +181,11 @@ class Transformer(nn.Module):
         dtype=cfg.block.dtype,
         param_dtype=cfg.block.param_dtype,
         forms=forms,
+      )
+    if cfg.logits_bias:
+      zeros = nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",))
+      self.final_logits_bias = self.param(
+        "final_logits_bias", zeros, (cfg.vocab_size,), jnp.dtype(cfg.block.param_dtype)
       )
 
   def encode(self, source_BxS, *, source_valid_BxS=None, source_segments_BxS=None, deterministic: bool = True):
@@ -241,7 +260,10 @@ class Transformer(nn.Module):
     if self.config.block.pre_layer_norm:
       y_BxTxD = self.decoder_norm(y_BxTxD)
     logits_BxTxV = self.target_embed.attend(y_BxTxD) if self.config.tie_output else self.head(y_BxTxD)
-    return nn.with_logical_constraint(logits_BxTxV.astype(jnp.float32), ("batch", "length", "vocab"))
+    logits_BxTxV = logits_BxTxV.astype(jnp.float32)
+    if self.config.logits_bias:
+      logits_BxTxV = logits_BxTxV + self.final_logits_bias.astype(jnp.float32)
+    return nn.with_logical_constraint(logits_BxTxV, ("batch", "length", "vocab"))
 
   def __call__(
     self,
