@@ -126,7 +126,8 @@ def make() -> None:
   model.eval()
   with torch.no_grad():  # zero biases and unit LayerNorms would hide an importer that drops them
     for p in model.parameters():
-      p.add_(torch.randn_like(p) * 0.01)
+      if p.requires_grad:  # not the sinusoid tables: fixed, and not saved
+        p.add_(torch.randn_like(p) * 0.01)
     model.final_logits_bias.add_(torch.randn_like(model.final_logits_bias) * 0.1)
   model.save_pretrained(FIXTURE, safe_serialization=True)
   tokenizer.save_pretrained(FIXTURE)
