@@ -209,7 +209,7 @@ def test_one_length_bucket_compiles_once(params, monkeypatch, beam_size):
   """Sources of 3 to 15 tokens, in batches of 2 with a filler row: one shape, so one trace."""
   name = "greedy" if beam_size == 1 else "beam_search"
   static = ("model", "max_len", "bos_id", "eos_id", "no_repeat_ngram")
-  static += ("beam_size", "alpha") if beam_size > 1 else ()
+  static += ("beam_size", "alpha", "penalty") if beam_size > 1 else ()
   traced = jax.jit(chex.assert_max_traces(getattr(beam_search, name).__wrapped__, n=1), static_argnames=static)
   monkeypatch.setattr(beam_search, name, traced)
   sources = [list(range(3, 3 + n)) for n in (3, 7, 15, 5, 11)]

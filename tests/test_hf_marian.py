@@ -10,6 +10,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from transformer.errors import CheckpointError
+from transformer.generation import beam_search
 from transformer.models.hf_marian import import_hf_marian
 from transformer.models.seq2seq import Transformer
 
@@ -33,6 +34,33 @@ def test_imported_logits_equal_hugging_faces(kernels):
     source_valid_BxS=jnp.asarray(reference["attention_mask"] == 1),
   )
   np.testing.assert_allclose(logits, reference["logits"], atol=1e-4)
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_greedy_and_beam_translations_equal_hugging_faces(beam_size):
+  """`generate(num_beams=1)` and `generate(num_beams=4, length_penalty=1.0)` of transformers, token for
+  token: the decoder starting from <pad>, ending at </s>, beams scored as Hugging Face scores them
+  (penalty="hf": log-probability / length; GNMT's penalty picks other beams on this fixture)."""
+  cfg, params = import_hf_marian(FIXTURE)
+  hf = json.loads((FIXTURE / "config.json").read_text())
+  reference = np.load(FIXTURE / "reference.npz")
+  theirs = json.loads((FIXTURE / "reference.json").read_text())["greedy" if beam_size == 1 else "beam4"]
+  sources = [row[mask == 1].tolist() for row, mask in zip(reference["input_ids"], reference["attention_mask"])]
+  translate = lambda penalty: beam_search.translate_ids(
+    Transformer(cfg),
+    params,
+    sources,
+    bos_id=hf["decoder_start_token_id"],
+    eos_id=hf["eos_token_id"],
+    beam_size=beam_size,
+    alpha=1.0,
+    penalty=penalty,
+    max_len=24,
+  )
+  expected = [row[1 : row.index(hf["eos_token_id"])] for row in theirs]  # after the start, before </s>
+  assert translate("hf") == expected
+  if beam_size > 1:
+    assert translate("gnmt") != expected
 
 
 def _copy(tmp_path):

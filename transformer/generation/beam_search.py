@@ -5,10 +5,13 @@ its KV cache (self-attention) and the cached encoder keys/values (cross-attentio
 
 Beam search keeps `beam_size` live hypotheses per sentence; each step extends every one by every
 token, keeps the 2·beam_size best, sends those ending in <eos> to the finished set (scored by
-log-probability / GNMT length penalty ((5 + length) / 6)^alpha, as in flax's wmt example) when
-they are among the beam_size best, and the best beam_size others on. It stops when no live
-hypothesis can beat the finished ones, or at max_len. With beam_size = 1 and alpha = 0 it is
-greedy decoding.
+log-probability / GNMT length penalty ((5 + length) / 6)^alpha, as in flax's wmt example; or, with
+`penalty="hf"`, / length^alpha, as Hugging Face's `generate(num_beams=..., length_penalty=alpha)`
+scores them, length counting the <eos>) when they are among the beam_size best, and the best
+beam_size others on. It stops when no live hypothesis can beat the finished ones even at max_len,
+or at max_len (Hugging Face's default `early_stopping=False` stops on a guess instead, which can end
+a search before a longer, better hypothesis finishes; on tests/fixtures/marian_tiny both give the
+same translations). With beam_size = 1 and alpha = 0 it is greedy decoding.
 
 Both decode an `Ensemble` of models (transformer.models.seq2seq) as they decode one `Transformer`.
 
@@ -47,8 +50,13 @@ from transformer.models.seq2seq import Transformer
 NEG_INF = -1.0e7  # scores of impossible hypotheses; finite, so that sums stay ordered
 
 
-def length_penalty(length, alpha: float):
-  return ((5.0 + length) / 6.0) ** alpha
+PENALTIES = ("gnmt", "hf")
+
+
+def length_penalty(length, alpha: float, penalty: str = "gnmt"):
+  """What a hypothesis's log-probability is divided by: GNMT's ((5 + length) / 6)^alpha, or ("hf")
+  Hugging Face's length^alpha."""
+  return length**alpha if penalty == "hf" else ((5.0 + length) / 6.0) ** alpha
 
 
 def init_cache(model: Transformer, batch: int, source_len: int, target_len: int):
@@ -112,7 +120,8 @@ def _gather_beams(cache, beam_BxK, old_beams: int):
 
 
 @functools.partial(
-  jax.jit, static_argnames=("model", "beam_size", "max_len", "alpha", "bos_id", "eos_id", "no_repeat_ngram")
+  jax.jit,
+  static_argnames=("model", "beam_size", "max_len", "alpha", "bos_id", "eos_id", "no_repeat_ngram", "penalty"),
 )
 def beam_search(
   params,
@@ -126,11 +135,12 @@ def beam_search(
   bos_id: int,
   eos_id: int,
   no_repeat_ngram: int = 0,
+  penalty: str = "gnmt",
 ):
   """(tokens_BxKxL, scores_BxK): the beam_size best translations of each source, best first.
 
   tokens exclude <bos> and are padded with <eos> after the first one; scores are
-  log p(tokens) / length_penalty(len incl. <eos>, alpha)."""
+  log p(tokens) / length_penalty(len incl. <eos>, alpha, penalty)."""
   B, S = source_BxS.shape
   K, L = beam_size, max_len
   encoded_BxSxD = model.apply({"params": params}, source_BxS, source_valid_BxS=source_valid_BxS, method="encode")
@@ -163,7 +173,7 @@ def beam_search(
     # Finished: those among the K best that ended now (all K at the last step), merged with earlier
     # ones. Only the K best may finish (fairseq's rule): with beam_size 1 that is greedy decoding.
     ends = (ended_Bx2K | (i == L - 1)) & (jnp.arange(2 * K) < K)[None]
-    score_Bx2K = jnp.where(ends, top_lp_Bx2K / length_penalty(i + 1, alpha), NEG_INF)
+    score_Bx2K = jnp.where(ends, top_lp_Bx2K / length_penalty(i + 1, alpha, penalty), NEG_INF)
     all_score = jnp.concatenate([fin_score_BxK, score_Bx2K], axis=1)
     all_seq = jnp.concatenate([fin_BxKxL, seq_Bx2KxL], axis=1)
     fin_score_BxK, keep_BxK = jax.lax.top_k(all_score, K)
@@ -173,7 +183,7 @@ def beam_search(
   def keep_going(state):
     i, _, _, alive_lp_BxK, _, fin_score_BxK = state
     # The best a live hypothesis can still reach: its log-prob only falls, the penalty grows to max_len's.
-    best_alive_B = alive_lp_BxK[:, 0] / length_penalty(L, alpha)
+    best_alive_B = alive_lp_BxK[:, 0] / length_penalty(L, alpha, penalty)
     return (i < L) & ~jnp.all(fin_score_BxK[:, -1] >= best_alive_B)
 
   alive_lp_BxK = jnp.tile(jnp.array([0.0] + [NEG_INF] * (K - 1)), (B, 1))  # one live beam at first
@@ -249,8 +259,10 @@ def translate_ids(
   sources: Sequence[Sequence[int]],
   *,
   eos_id: int,
+  bos_id: int | None = None,
   beam_size: int = 1,
   alpha: float = 0.6,
+  penalty: str = "gnmt",
   max_len: int | None = None,
   no_repeat_ngram: int = 0,
   batch_size: int = 32,
@@ -258,7 +270,9 @@ def translate_ids(
   rules: tuple = (),
 ) -> list[list[int]]:
   """The best translation of each source (token ids, without <eos>), in order: greedy for
-  beam_size 1, else beam search. <eos> (<|endoftext|>) is also the decoder's start token.
+  beam_size 1, else beam search (`penalty`: its length penalty, `length_penalty`). The decoder
+  starts from `bos_id`: by default <eos> (<|endoftext|>), as our translation runs train; Marian's
+  models start from their <pad>.
 
   Sources are sorted by length and batched (batch_size rows, lengths padded to a multiple of 16),
   so few shapes compile. With `mesh`, batches are split over its data-parallel devices; with the
@@ -270,13 +284,16 @@ def translate_ids(
     raise ConfigError(f"beam_size must be >= 1 and max_len in [2, {cfg.max_len}], got {beam_size} and {max_len}")
   if no_repeat_ngram < 0:
     raise ConfigError(f"no_repeat_ngram must be >= 0 (0: repeats allowed), got {no_repeat_ngram}")
+  if penalty not in PENALTIES:
+    raise ConfigError(f"unknown length penalty {penalty!r}; choose one of {', '.join(PENALTIES)}")
+  bos_id = eos_id if bos_id is None else bos_id
   sources = check_sources(sources, cfg.max_len, cfg.vocab_size)
   B = batch_rows(batch_size, mesh, rules)
   order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
   out: list[list[int]] = [[] for _ in sources]
   if beam_size == 1:
     search = functools.partial(
-      greedy, model=model, max_len=max_len, bos_id=eos_id, eos_id=eos_id, no_repeat_ngram=no_repeat_ngram
+      greedy, model=model, max_len=max_len, bos_id=bos_id, eos_id=eos_id, no_repeat_ngram=no_repeat_ngram
     )
   else:
     beams = functools.partial(
@@ -285,9 +302,10 @@ def translate_ids(
       beam_size=beam_size,
       alpha=float(alpha),
       max_len=max_len,
-      bos_id=eos_id,
+      bos_id=bos_id,
       eos_id=eos_id,
       no_repeat_ngram=no_repeat_ngram,
+      penalty=penalty,
     )
     search = lambda *args: beams(*args)[0][:, 0]  # the best of each sentence's beams
   batches = [order[start : start + B] for start in range(0, len(order), B)]
