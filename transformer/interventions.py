@@ -33,6 +33,8 @@ import jax.numpy as jnp
 from transformer import layers
 
 _LAYER = re.compile(r"layer_(\d+)$")
+# What a patching sweep patches, by what it sweeps over: the point and the axis of the swept piece.
+_SWEPT = {"positions": ("resid_pre", 1), "heads": ("z", 2)}
 _SUBMODULES = ("attn", "mlp")  # a point of theirs is named without them: `q`, not `attn.q`
 
 
@@ -230,7 +232,7 @@ def patching_sweep(model, params, clean_BxT, corrupt_BxT, metric, *, over: str =
   compiled call (vmapped over the patches, not a loop of forward passes). `over="positions"`: the
   residual stream (`resid_pre`) at each layer × position (L x T); `over="heads"`: each head's output
   (`z`, every position) at each layer × head (L x H)."""
-  name, axis = {"positions": ("resid_pre", 1), "heads": ("z", 2)}[over]
+  name, axis = _SWEPT[over]
   _, clean = run_with_cache(model, params, clean_BxT, names=(name,))
   clean_LxBx = clean[name]
   L, pieces = clean_LxBx.shape[0], clean_LxBx.shape[1 + axis]
@@ -241,8 +243,7 @@ def patching_sweep(model, params, clean_BxT, corrupt_BxT, metric, *, over: str =
     chosen = (jnp.arange(pieces) == piece).reshape(mask_shape)
     patches = {(name, l): Patch(value=clean_LxBx[l], where=chosen & (l == layer)) for l in range(L)}
     collection = patches_collection(model, params, patches, corrupt_BxT)
-    logits = model.apply({"params": nn.unbox(params), "patches": collection}, corrupt_BxT, mutable=["activations"])[0]
-    return metric(logits)
+    return metric(_patched_run(model, nn.unbox(params), collection, (corrupt_BxT,), {}))
 
   layer_LxP, piece_LxP = jnp.meshgrid(jnp.arange(L), jnp.arange(pieces), indexing="ij")
   sweep = jax.vmap(jax.vmap(patched))
@@ -253,7 +254,7 @@ def attribution_patching(model, params, clean_BxT, corrupt_BxT, metric, *, over:
   """`patching_sweep`'s effects (metric of the patched run minus the corrupted run's) to first order,
   from one forward and one backward pass (Nanda 2023, "attribution patching"): (clean - corrupt
   activation) · d metric / d activation at the corrupted run, summed over each piece. L x T or L x H."""
-  name, axis = {"positions": ("resid_pre", 1), "heads": ("z", 2)}[over]
+  name, axis = _SWEPT[over]
   _, clean = run_with_cache(model, params, clean_BxT, names=(name,))
   _, corrupt = run_with_cache(model, params, corrupt_BxT, names=(name,))
   L = clean[name].shape[0]
@@ -261,9 +262,7 @@ def attribution_patching(model, params, clean_BxT, corrupt_BxT, metric, *, over:
   def metric_with(add_LxBx):
     patches = {(name, l): Patch(where=False, add=add_LxBx[l]) for l in range(L)}
     collection = patches_collection(model, params, patches, corrupt_BxT)
-    return metric(
-      model.apply({"params": nn.unbox(params), "patches": collection}, corrupt_BxT, mutable=["activations"])[0]
-    )
+    return metric(_patched_run(model, nn.unbox(params), collection, (corrupt_BxT,), {}))
 
   grad_LxBx = jax.jit(jax.grad(metric_with))(jnp.zeros_like(corrupt[name]))
   effect_LxBx = (clean[name] - corrupt[name]) * grad_LxBx

@@ -85,22 +85,16 @@ def marian_config(hf: dict, where: str) -> Seq2SeqConfig:
   ).check()
 
 
-def _attention(tensors, key: str, D: int, H: int, parts: str) -> dict:
-  """A Marian attention's q/k/v/out projections (torch Linear, [out, in]) as our fused kernels:
-  `parts` "qkv" (self-attention: one `qkv`), or "q" + "kv" (cross-attention)."""
+def _attention(tensors, key: str, D: int, H: int, cross: bool) -> dict:
+  """A Marian attention's q/k/v/out projections (torch Linear, [out, in]) as our kernels: self-attention
+  one fused `qkv`, cross-attention `q` and a fused `kv`."""
   K = D // H
   kernel = lambda name: tensors[f"{key}.{name}_proj.weight"].T.reshape(D, H, K)  # in -> heads
   bias = lambda name: tensors[f"{key}.{name}_proj.bias"].reshape(H, K)
-  out = {
-    "out": {"kernel": tensors[f"{key}.out_proj.weight"].T.reshape(H, K, D), "bias": tensors[f"{key}.out_proj.bias"]}
-  }
-  for fused in ("qkv",) if parts == "qkv" else ("q", "kv"):
-    names = list(fused)
-    if len(names) == 1:
-      out[fused] = {"kernel": kernel(names[0]), "bias": bias(names[0])}
-    else:
-      out[fused] = {"kernel": np.stack([kernel(n) for n in names], 1), "bias": np.stack([bias(n) for n in names])}
-  return out
+  fused = lambda names: {"kernel": np.stack([kernel(n) for n in names], 1), "bias": np.stack([bias(n) for n in names])}
+  out_weight = tensors[f"{key}.out_proj.weight"].T.reshape(H, K, D)
+  projections = {"q": {"kernel": kernel("q"), "bias": bias("q")}, "kv": fused("kv")} if cross else {"qkv": fused("qkv")}
+  return {**projections, "out": {"kernel": out_weight, "bias": tensors[f"{key}.out_proj.bias"]}}
 
 
 def _norm(tensors, key: str) -> dict:
@@ -110,7 +104,7 @@ def _norm(tensors, key: str) -> dict:
 def _block(tensors, key: str, cfg: Seq2SeqConfig, cross: bool) -> dict:
   D, H = cfg.block.d_model, cfg.block.num_heads
   block = {
-    "attn": _attention(tensors, f"{key}.self_attn", D, H, "qkv"),
+    "attn": _attention(tensors, f"{key}.self_attn", D, H, cross=False),
     "ln_1": _norm(tensors, f"{key}.self_attn_layer_norm"),
     "mlp": {
       "fc": {"kernel": tensors[f"{key}.fc1.weight"].T, "bias": tensors[f"{key}.fc1.bias"]},
@@ -119,7 +113,7 @@ def _block(tensors, key: str, cfg: Seq2SeqConfig, cross: bool) -> dict:
     "ln_2": _norm(tensors, f"{key}.final_layer_norm"),
   }
   if cross:
-    block["cross_attn"] = _attention(tensors, f"{key}.encoder_attn", D, H, "q+kv")
+    block["cross_attn"] = _attention(tensors, f"{key}.encoder_attn", D, H, cross=True)
     block["ln_cross"] = _norm(tensors, f"{key}.encoder_attn_layer_norm")
   return block
 
@@ -140,10 +134,11 @@ def import_hf_marian(directory: str | Path) -> tuple[Seq2SeqConfig, dict]:
   except SafetensorError as e:
     raise CheckpointError(f"{weights} is not a safetensors file ({e})") from None
   tensors = _Reading({k.removeprefix("model."): v for k, v in tensors.items()})
-  shared = tensors.get("shared.weight")
-  if shared is None:
+  if "shared.weight" not in tensors:
     raise CheckpointError(f"{weights} has no tensor 'model.shared.weight': not a Marian checkpoint")
-  used = {"shared.weight", "final_logits_bias"}
+  shared = tensors["shared.weight"]
+  # Older files keep copies of the shared embedding and the sinusoid tables: read (so not leftovers)
+  # and checked to be what our model computes.
   copies = ["encoder.embed_tokens.weight", "decoder.embed_tokens.weight"]
   copies += ["lm_head.weight"] if cfg.tie_output else []
   for key in copies:
@@ -153,7 +148,6 @@ def import_hf_marian(directory: str | Path) -> tuple[Seq2SeqConfig, dict]:
   for key in ("encoder.embed_positions.weight", "decoder.embed_positions.weight"):
     if key in tensors and not np.allclose(tensors[key], sinusoids, atol=1e-5):
       raise CheckpointError(f"{weights}: {key} is not Marian's sinusoid table; ours computes that table")
-  used |= {k for k in copies + ["encoder.embed_positions.weight", "decoder.embed_positions.weight"] if k in tensors}
 
   try:
     params = {
@@ -168,7 +162,7 @@ def import_hf_marian(directory: str | Path) -> tuple[Seq2SeqConfig, dict]:
     raise CheckpointError(
       f"{weights} is missing tensor {e.args[0]!r} for {cfg.num_layers}+{cfg.decoder_layers()} layers"
     ) from None
-  unexpected = sorted(set(tensors) - used - tensors.read)
+  unexpected = sorted(set(tensors) - tensors.read)
   if unexpected:
     raise CheckpointError(f"{weights} has tensors our model does not: {', '.join(unexpected[:5])}")
 
