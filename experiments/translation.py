@@ -7,6 +7,12 @@ sentences, ~19k pairs, from Debian's trans-de-en package), scored with sacreBLEU
   python -m launch.train --config=experiments/translation.py:base --workdir=workdirs/base  # paper's base, accelerator
   python -m launch.translate --workdir=workdirs/de-en --sentence="Ich habe keine Zeit."
 
+Fine-tuning a Marian model (a Helsinki-NLP/opus-mt-* directory: MarianMTModel + MarianTokenizer files)
+on your pairs, its model, tokenizer pair and weights taken from the directory:
+
+  python -m launch.train --config=experiments/translation.py:marian=path/to/opus-mt-de-en \
+      --config.data.input_files=pairs.tsv --workdir=workdirs/opus-ft
+
   --config.data.direction=en-de           the other way
   --config.data.input_files=pairs.tsv     your own pairs (source<TAB>target a line); direction source-target
   --config.data.tokenizer=cl100k_base     a tiktoken encoding instead of the joint BPE trained on the pairs
@@ -19,13 +25,16 @@ sentences, ~19k pairs, from Debian's trans-de-en package), scored with sacreBLEU
 from experiments import base
 from transformer import tasks
 from transformer.models import seq2seq
+from transformer.tasks import translation
 
 PRESETS = ("cpu", "cpu_long", "tiny", "base", "big")
 
 
 def get_config(preset: str = "cpu"):
+  if preset.startswith("marian="):
+    return marian(preset.removeprefix("marian="))
   if preset not in PRESETS:
-    raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}, or marian=DIR")
   c = tasks.defaults("translation")  # 4096-token batches, label smoothing 0.1, beam 4 (TranslationConfig)
   c.data.dataset = "ding_de_en"
   c.data.tokenizer = "bpe"  # a joint source+target BPE trained on the pairs (rustbpe), or a tiktoken name
@@ -84,4 +93,19 @@ def get_config(preset: str = "cpu"):
     c.optimizer.warmup_steps = 4000
     c.optimizer.lr = (c.model.block.d_model * 4000) ** -0.5
     c.optimizer.grad_clip_norm = 0.0
+  return c
+
+
+def marian(directory: str):
+  """Fine-tuning the Marian model in `directory` (tasks.translation.marian_defaults: its model, tokenizer
+  pair and weights; Ding's pairs unless --config.data.input_files) with a fine-tuning's small steps:
+  AdamW at 5e-5 after 100 warmup steps, label smoothing 0.1 as OPUS-MT trained, a score every 250 steps."""
+  c = translation.marian_defaults(directory)
+  c.batch_tokens = 2048
+  c.optimizer.lr = 5e-5
+  c.optimizer.warmup_steps = 100
+  c.optimizer.weight_decay = 0.0
+  c.num_train_steps = 1000
+  c.eval_every_steps = c.checkpoint_every_steps = 250
+  c.eval.bleu_sentences = 200
   return c

@@ -6,6 +6,7 @@ r"""Scores a model on your file or on a split of its run's data.
   python -m launch.evaluate --workdir=workdirs/sentiment-encoder --input_file=reviews.tsv   # label<TAB>text lines
   python -m launch.evaluate --workdir=workdirs/pos-encoder --input_file=tagged.txt         # word/TAG sentences
   python -m launch.evaluate --workdir=workdirs/de-en --input_file=pairs.tsv --beam_size=4   # source<TAB>reference
+  python -m launch.evaluate --hf=path/to/opus-mt-de-en --input_file=pairs.tsv             # a Marian model's
 
 What is reported depends on the model (the run's config.task):
   lm              loss (nats per token), perplexity, and bits per token, per byte and per character:
@@ -27,8 +28,10 @@ import launch
 from transformer import cli, evaluation, inference, metrics, sharding, tokenizers
 from transformer.data import sources
 from transformer.errors import ConfigError, InputWarning, UserError
+from transformer.generation.beam_search import PENALTIES
 from transformer.models.gpt import GPT
 from transformer.models.hf_gpt2 import import_hf_gpt2
+from transformer.models.hf_marian import is_marian
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir (launch.train's --workdir).")
 _STEP = flags.DEFINE_string(
@@ -38,7 +41,10 @@ _STEP = flags.DEFINE_string(
   "classifiers and taggers (what their runs scored on test), 'latest' for the others.",
 )
 _HF = flags.DEFINE_string(
-  "hf", None, "Instead of --workdir: a Hugging Face GPT-2 directory (model.safetensors + config.json) or file."
+  "hf",
+  None,
+  "Instead of --workdir: a Hugging Face GPT-2 directory (model.safetensors + config.json) or file, or a Marian "
+  "model's directory (MarianMTModel + MarianTokenizer files: a translation model).",
 )
 _TOKENIZER = flags.DEFINE_string("tokenizer", "gpt2", "With --hf: the tokenizer (gpt2 for OpenAI's GPT-2).")
 _INPUT_FILE = flags.DEFINE_string("input_file", None, "The file to score (its format: the model's task, above).")
@@ -53,7 +59,12 @@ _STRIDE = flags.DEFINE_integer(
 )
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Windows, texts or sentences scored together.")
 _BEAM_SIZE = flags.DEFINE_integer("beam_size", 4, "Translation: hypotheses kept per sentence; 1 is greedy.")
-_ALPHA = flags.DEFINE_float("alpha", 0.6, "Translation: GNMT length penalty exponent.")
+_ALPHA = flags.DEFINE_float(
+  "alpha", None, "Translation: length penalty exponent (default: the run's config.eval.alpha)."
+)
+_LENGTH_PENALTY = flags.DEFINE_enum(
+  "length_penalty", None, list(PENALTIES), "Translation: gnmt or hf (beam_search.length_penalty); default: the run's."
+)
 
 
 def _print_text_score(score: evaluation.TextScore) -> None:
@@ -140,24 +151,31 @@ def _run_translation(trained: inference.Trained) -> None:
   else:
     pairs = evaluation.labelled_rows(_INPUT_FILE.value, "pairs")
     sources_ids, references = inference.translation_sources(trained, [s for s, _ in pairs]), [t for _, t in pairs]
+  ev = trained.task.config.eval
+  alpha = ev.alpha if _ALPHA.value is None else _ALPHA.value
+  penalty = _LENGTH_PENALTY.value or ev.length_penalty
   texts = inference.translate(
-    trained, sources_ids, beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value, batch_size=_BATCH_SIZE.value
+    trained, sources_ids, beam_size=_BEAM_SIZE.value, alpha=alpha, penalty=penalty, batch_size=_BATCH_SIZE.value
   )
   scores = metrics.corpus_scores(texts, references)
   print(f"pairs     {len(texts):,}\nBLEU      {scores['bleu']:.2f}\nchrF      {scores['chrf']:.2f}")
-  print(f"# sacreBLEU {scores['bleu_signature']}, beam {_BEAM_SIZE.value}, alpha {_ALPHA.value}")
+  print(f"# sacreBLEU {scores['bleu_signature']}, beam {_BEAM_SIZE.value}, {penalty} length penalty, alpha {alpha}")
 
 
 def main(argv):
   del argv
   if (_WORKDIR.value is None) == (_HF.value is None):
-    raise UserError("give exactly one of --workdir (a training run) or --hf (GPT-2 safetensors)")
+    raise UserError("give exactly one of --workdir (a training run) or --hf (GPT-2 or Marian weights)")
   if (_INPUT_FILE.value is None) == (_SPLIT.value is None):
     raise UserError("give exactly one of --input_file (your file) or --split (the run's data)")
   if _HF.value and _SPLIT.value:
     raise UserError("--split scores a run's own data; with --hf give --input_file")
   # Read first: a file that is not UTF-8 text is refused (naming the line and byte) before a model loads.
   text = "".join(sources.read_text(_INPUT_FILE.value)) if _INPUT_FILE.value else None
+  if _HF.value and is_marian(_HF.value):
+    trained = inference.import_marian(_HF.value)
+    print(f"# {_HF.value} (Marian, {trained.task.direction}) on {_INPUT_FILE.value}")
+    return _run_translation(trained)
   if _HF.value:
     config, params = import_hf_gpt2(_HF.value)
     launch.say_kernels(config)

@@ -4,6 +4,7 @@ embeddings, and (translation) the cross-attention alignment, as PNG pictures plu
   python -m launch.probe --workdir=workdirs/shakespeare-char --text="ROMEO: But soft, what light" --out=probes/romeo
   python -m launch.probe --hf=path/to/gpt2 --text="The Eiffel Tower is in" --out=probes/eiffel
   python -m launch.probe --workdir=workdirs/de-en --text="Ich habe keine Zeit." --out=probes/de-en
+  python -m launch.probe --hf=path/to/opus-mt-de-en --text="Ich habe keine Zeit." --out=probes/opus
   python -m launch.probe --workdir=workdirs/shakespeare-char --compare --word=Harry \
       --text="Harry stood at the edge of the Forbidden Forest, his wand gripped tightly in his hand." \
       --text="Prince Harry delivered a heartfelt speech at a star-studded charity gala last night."
@@ -43,11 +44,16 @@ from transformer import cli, inference, interventions, probes, tokenizers
 from transformer.errors import UserError
 from transformer.models.gpt import GPT
 from transformer.models.hf_gpt2 import import_hf_gpt2
+from transformer.models.hf_marian import is_marian
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir (launch.train's --workdir).")
 _STEP = flags.DEFINE_string("step", "latest", "With --workdir: 'latest', 'best' or a step number.")
-_HF = flags.DEFINE_string("hf", None, "Instead of --workdir: Hugging Face GPT-2 safetensors (a directory or file).")
-_TOKENIZER = flags.DEFINE_string("tokenizer", "gpt2", "With --hf: the tokenizer.")
+_HF = flags.DEFINE_string(
+  "hf",
+  None,
+  "Instead of --workdir: Hugging Face GPT-2 safetensors (a directory or file), or a Marian model's directory.",
+)
+_TOKENIZER = flags.DEFINE_string("tokenizer", "gpt2", "With --hf of GPT-2: the tokenizer.")
 _TEXT = flags.DEFINE_multi_string("text", [], "A text (a source sentence for a translation model); repeatable.")
 _TARGET = flags.DEFINE_string(
   "target",
@@ -88,7 +94,11 @@ _ABLATE = flags.DEFINE_list(
 def load():
   """(model, params, tokenizer, description, the run's validation tokens or None) from --workdir or --hf."""
   if (_WORKDIR.value is None) == (_HF.value is None):
-    raise UserError("give exactly one of --workdir (a training run) or --hf (GPT-2 safetensors)")
+    raise UserError("give exactly one of --workdir (a training run) or --hf (GPT-2 or Marian weights)")
+  if _HF.value and is_marian(_HF.value):
+    trained = inference.import_marian(_HF.value)
+    launch.say_kernels(trained.run.model)
+    return trained.model, trained.params, trained.tokenizer, f"{_HF.value} (Marian)", None
   if _WORKDIR.value:
     trained = launch.restore(_WORKDIR.value, _STEP.value)
     validation = None

@@ -6,10 +6,13 @@ r"""Translates sentences with a trained encoder-decoder checkpoint (experiments/
   python -m launch.translate --workdir=workdirs/de-en --average=5 --sentence=...  # the last 5 checkpoints' mean
   python -m launch.translate --workdir=workdirs/de-en --ensemble=workdirs/de-en-seed1,workdirs/de-en-seed2 ...
   python -m launch.translate --workdir=workdirs/de-en --split=test --beam_size=4  # + sacreBLEU BLEU/chrF
+  python -m launch.translate --hf=path/to/opus-mt-de-en --sentence="Ich habe keine Zeit."  # a Marian model
+  python -m launch.translate --workdir=workdirs/marian-ft --export=out/  # a Marian run as MarianMTModel's files
 
 Sentences come from --sentence (repeatable), then --input_file (one per line; "-" is stdin); one
 translation per line comes out, in order. --beam_size=1 is greedy decoding; larger beams rank
-hypotheses by log-probability over the GNMT length penalty ((5 + length) / 6)^alpha. --ensemble
+hypotheses by log-probability over a length penalty: the run's (config.eval.length_penalty, alpha),
+the GNMT one ((5 + length) / 6)^alpha unless it said otherwise, transformers' length^alpha for Marian. --ensemble
 decodes with the mean of several runs' log-probabilities (runs of the same data and tokenizer, e.g.
 other seeds: transformer.inference.restore_ensemble); --step and --average apply to each run.
 --split=test (or validation) translates that split of the run's data instead and prints its
@@ -17,15 +20,25 @@ sacreBLEU BLEU and chrF to stderr: how an ensemble, an average or another decodi
 """
 
 import sys
+from pathlib import Path
 
 from absl import flags
 
 import launch
 from transformer import cli, inference, metrics
 from transformer.errors import UserError
+from transformer.generation.beam_search import PENALTIES
+from transformer.models.hf_marian import export_hf_marian
 
-_WORKDIR = flags.DEFINE_string(
-  "workdir", None, "A translation training workdir (launch.train's --workdir).", required=True
+_WORKDIR = flags.DEFINE_string("workdir", None, "A translation training workdir (launch.train's --workdir).")
+_HF = flags.DEFINE_string(
+  "hf", None, "Instead of --workdir: a Marian model's directory (MarianMTModel + MarianTokenizer files, e.g. OPUS-MT)."
+)
+_EXPORT = flags.DEFINE_string(
+  "export",
+  None,
+  "Write the model (--workdir's, at --step) as a directory MarianMTModel and MarianTokenizer.from_pretrained load, "
+  "instead of translating.",
 )
 _STEP = flags.DEFINE_string("step", "latest", "'latest', 'best' (highest dev BLEU) or a step number.")
 _AVERAGE = flags.DEFINE_integer(
@@ -47,7 +60,12 @@ _SPLIT = flags.DEFINE_enum(
   "Translate this split of the run's data (instead of --sentence/--input_file) and print its BLEU and chrF to stderr.",
 )
 _BEAM_SIZE = flags.DEFINE_integer("beam_size", 4, "Hypotheses kept per sentence; 1 is greedy decoding.")
-_ALPHA = flags.DEFINE_float("alpha", 0.6, "GNMT length penalty exponent (0: plain log-probability).")
+_ALPHA = flags.DEFINE_float(
+  "alpha", None, "Length penalty exponent (0: plain log-probability); default: the run's config.eval.alpha."
+)
+_LENGTH_PENALTY = flags.DEFINE_enum(
+  "length_penalty", None, list(PENALTIES), "gnmt or hf (beam_search.length_penalty); default: the run's."
+)
 _MAX_LEN = flags.DEFINE_integer("max_len", 0, "At most this many target tokens (0: the model's max_len).")
 _NO_REPEAT_NGRAM = flags.DEFINE_integer(
   "no_repeat_ngram",
@@ -57,8 +75,23 @@ _NO_REPEAT_NGRAM = flags.DEFINE_integer(
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Sentences decoded together.")
 
 
+def _export() -> None:
+  if _HF.value or _ENSEMBLE.value or _SENTENCE.value or _INPUT_FILE.value or _SPLIT.value:
+    raise UserError("--export writes --workdir's model (at --step, --average); give it alone")
+  out = Path(_EXPORT.value)
+  if out.exists() and any(out.iterdir()):
+    raise UserError(f"--export={out} is not empty; give a new directory (nothing there is overwritten)")
+  trained = launch.restore(_WORKDIR.value, _STEP.value, task="translation", average=_AVERAGE.value)
+  export_hf_marian(trained.task.model_config, trained.params, trained.tokenizer, out)
+  print(f"wrote {out}: MarianMTModel.from_pretrained({str(out)!r}), MarianTokenizer.from_pretrained({str(out)!r})")
+
+
 def main(argv):
   del argv
+  if (_WORKDIR.value is None) == (_HF.value is None):
+    raise UserError("give exactly one of --workdir (a training run) or --hf (a Marian model's directory)")
+  if _EXPORT.value:
+    return _export()
   sentences = cli.read_inputs(_SENTENCE.value, _INPUT_FILE.value, "input_file")
   if bool(sentences) == bool(_SPLIT.value):
     raise UserError(
@@ -66,12 +99,17 @@ def main(argv):
       if not sentences
       else "--split translates the run's data: give it without --sentence and --input_file"
     )
-  if _ENSEMBLE.value:
+  if _HF.value:
+    if _ENSEMBLE.value or _SPLIT.value or _AVERAGE.value > 1:
+      raise UserError("--ensemble, --average and --split use training runs: give --workdir")
+    trained, name, which = inference.import_marian(_HF.value), _HF.value, "Marian"
+  elif _ENSEMBLE.value:
     trained = inference.restore_ensemble([_WORKDIR.value, *_ENSEMBLE.value], _STEP.value, average=_AVERAGE.value)
     launch.say_kernels(trained.run.model)
-    which = f"+ {len(_ENSEMBLE.value)} more workdir(s), an ensemble"
+    name, which = _WORKDIR.value, f"+ {len(_ENSEMBLE.value)} more workdir(s), an ensemble"
   else:
     trained = launch.restore(_WORKDIR.value, _STEP.value, task="translation", average=_AVERAGE.value)
+    name = _WORKDIR.value
     which = f"steps {list(trained.averaged)} averaged" if trained.averaged else f"step {trained.step}"
   references = None
   if _SPLIT.value:
@@ -80,16 +118,20 @@ def main(argv):
   else:
     # The ids the model reads (with data.fuzzy_match_tokens: each sentence followed by its fuzzy match).
     sources = inference.translation_sources(trained, sentences)
+  ev = trained.task.config.eval
+  alpha = ev.alpha if _ALPHA.value is None else _ALPHA.value
+  penalty = _LENGTH_PENALTY.value or ev.length_penalty
   print(
-    f"# {_WORKDIR.value} {which} ({trained.task.direction}): "
-    f"{len(sources)} sentence(s), beam {_BEAM_SIZE.value}, alpha {_ALPHA.value}",
+    f"# {name} {which} ({trained.task.direction}): "
+    f"{len(sources)} sentence(s), beam {_BEAM_SIZE.value}, {penalty} length penalty, alpha {alpha}",
     file=sys.stderr,
   )
   texts = inference.translate(
     trained,
     sources,
     beam_size=_BEAM_SIZE.value,
-    alpha=_ALPHA.value,
+    alpha=alpha,
+    penalty=penalty,
     max_len=_MAX_LEN.value or None,
     no_repeat_ngram=None if _NO_REPEAT_NGRAM.value < 0 else _NO_REPEAT_NGRAM.value,
     batch_size=_BATCH_SIZE.value,

@@ -10,9 +10,12 @@ Python 3.11 venv of tests/make_gpt2_fixtures.py, plus sentencepiece:
 
   /tmp/torchenv/bin/pip install torch==2.13.0 transformers safetensors numpy sentencepiece
   /tmp/torchenv/bin/python tests/make_marian_fixtures.py        # writes tests/fixtures/marian_tiny/
-  /tmp/torchenv/bin/python tests/make_marian_fixtures.py --check DIR
-      # loads an exported DIR with MarianMTModel.from_pretrained and prints the largest difference of
-      # its logits on the fixture's batch from the fixture's
+  /tmp/torchenv/bin/python tests/make_marian_fixtures.py --tokenizer   # only tokenizer_reference.json
+  .venv/bin/python tests/test_hf_marian.py /tmp/marian-export     # our export of the fixture, perturbed
+  /tmp/torchenv/bin/python tests/make_marian_fixtures.py --check /tmp/marian-export \
+      > tests/fixtures/marian_tiny/export_check.json
+      # loads the export with MarianMTModel/MarianTokenizer.from_pretrained: its logits against ours,
+      # its translations, its ids (`check`)
 """
 
 import json
@@ -163,20 +166,92 @@ def make() -> None:
   print(f"marian_tiny: {sum(p.numel() for p in model.parameters())} parameters, {len(vocab)} tokens -> {FIXTURE}")
 
 
+# Texts where tokenizers part ways: a language code, characters neither model has, runs of spaces,
+# typographic punctuation, characters NFKC folds (the SentencePiece models' normalisation).
+ODD_TEXTS = [
+  ">>en<< Guten Morgen.",
+  "Ein Emoji 😀 und  zwei   Leerzeichen.",
+  "„Anführungszeichen“ – und … Auslassung",
+  "ﬁnden Ⅻ ½ ＡＢＣ",
+  "x",
+]
+
+
+def record_tokenizer() -> None:
+  """tokenizer_reference.json: what MarianTokenizer makes of Ding sentences and of ODD_TEXTS (sources
+  encoded as the encoder reads them, targets as labels), and its decoding of those targets and of
+  reference.json's translations (skip_special_tokens=True; with the target model, and with
+  transformers' default, which for one shared vocab.json is the source model)."""
+  tokenizer = MarianTokenizer.from_pretrained(FIXTURE)
+  reference = json.loads((FIXTURE / "reference.json").read_text(encoding="utf-8"))
+  pairs = ding_sentences()[NUM_PAIRS - 60 : NUM_PAIRS] + [(t, t) for t in ODD_TEXTS]
+  decode = lambda ids, **kw: tokenizer.decode(ids, skip_special_tokens=True, **kw)
+  targets = [tokenizer(text_target=e)["input_ids"] for _, e in pairs]
+  translations = reference["greedy"] + reference["beam4"]
+  out = {
+    "transformers": transformers.__version__,
+    "sentencepiece": sentencepiece.__version__,
+    "pairs": pairs,
+    "source_ids": [tokenizer(d)["input_ids"] for d, _ in pairs],
+    "target_ids": targets,
+    "decoded_targets": [decode(ids, use_source_tokenizer=False) for ids in targets],
+    "decoded_targets_default": [decode(ids) for ids in targets],
+    "translations": translations,
+    "decoded_translations": [decode(ids, use_source_tokenizer=False) for ids in translations],
+  }
+  path = FIXTURE / "tokenizer_reference.json"
+  path.write_text(json.dumps(out, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+  print(f"{len(pairs)} texts -> {path}")
+
+
 def check(exported: str) -> None:
+  """Loads an exported directory as transformers does and prints, as JSON (what
+  tests/fixtures/marian_tiny/export_check.json holds): the largest difference of its logits on the
+  fixture's batch from the exporter's own (`our_logits.npy` beside the export), whether
+  MarianTokenizer.from_pretrained encodes the fixture's sources and targets to the fixture's ids,
+  its greedy and 4-beam translations, and the sha256 of every tensor and of config.json (so that a
+  test can tell the export it checked from today's)."""
+  import hashlib
+
+  from safetensors.numpy import load_file
+
+  exported = Path(exported)
   model = MarianMTModel.from_pretrained(exported).eval()
+  tokenizer = MarianTokenizer.from_pretrained(exported)
   reference = np.load(FIXTURE / "reference.npz")
+  sentences = json.loads((FIXTURE / "reference.json").read_text(encoding="utf-8"))
+  batch = tokenizer(sentences["sources"], text_target=sentences["targets"], padding=True, return_tensors="pt")
+  pad = model.config.pad_token_id
   with torch.no_grad():
     logits = model(
       input_ids=torch.from_numpy(reference["input_ids"].astype(np.int64)),
       attention_mask=torch.from_numpy(reference["attention_mask"].astype(np.int64)),
       decoder_input_ids=torch.from_numpy(reference["decoder_input_ids"].astype(np.int64)),
     ).logits.numpy()
-  print(f"max_abs_diff {np.abs(logits - reference['logits']).max():.3e}")
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask")}
+    greedy = model.generate(**inputs, num_beams=1, do_sample=False, max_new_tokens=32)
+    beam = model.generate(**inputs, num_beams=4, length_penalty=1.0, do_sample=False, max_new_tokens=32)
+  ours = np.load(exported / "our_logits.npy")
+  sha = lambda b: hashlib.sha256(b).hexdigest()
+  result = {
+    "transformers": transformers.__version__,
+    "torch": torch.__version__,
+    "max_abs_diff": float(np.abs(logits - ours).max()),
+    "tokenizer_sources_equal": batch["input_ids"].numpy().tolist() == reference["input_ids"].tolist(),
+    "tokenizer_targets_equal": batch["labels"].numpy().tolist() == reference["labels"].tolist(),
+    "greedy": [[int(t) for t in row if t != pad] for row in greedy],
+    "beam4": [[int(t) for t in row if t != pad] for row in beam],
+    "config_sha256": sha((exported / "config.json").read_bytes()),
+    "tensors_sha256": {k: sha(v.tobytes()) for k, v in sorted(load_file(exported / "model.safetensors").items())},
+  }
+  print(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
   if sys.argv[1:2] == ["--check"]:
     check(sys.argv[2])
+  elif sys.argv[1:2] == ["--tokenizer"]:
+    record_tokenizer()
   else:
     make()
+    record_tokenizer()

@@ -1,18 +1,24 @@
 """Marian (Hugging Face MarianMTModel) weights in our encoder-decoder, against golden fixtures that
 transformers made (tests/make_marian_fixtures.py; tests/fixtures/marian_tiny)."""
 
+import hashlib
 import json
 import shutil
+import sys
+from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from transformer.errors import CheckpointError
+from transformer import inference, tokenizers
+from transformer.errors import CheckpointError, ConfigError, TokenizerError
 from transformer.generation import beam_search
-from transformer.models.hf_marian import import_hf_marian
+from transformer.models.hf_marian import export_hf_marian, import_hf_marian
 from transformer.models.seq2seq import Transformer
+from transformer.tokenizers import load_tokenizer
 
 from conftest import REPO
 
@@ -115,3 +121,138 @@ def test_a_bad_marian_directory_is_one_error_naming_it(tmp_path, damage, message
   with pytest.raises(CheckpointError) as e:
     import_hf_marian(directory)
   assert message in str(e.value)
+
+
+# --- The tokenizer pair. ---
+
+
+def test_the_tokenizer_pair_gives_transformers_ids_and_texts(tmp_path):
+  """Sources (ending in </s>) and targets encode to MarianTokenizer's ids, and decode to its texts, on 60
+  Ding sentences and texts where tokenizers part ways (tokenizer_reference.json); the sentences round-trip."""
+  tokenizer = load_tokenizer(FIXTURE)
+  reference = json.loads((FIXTURE / "tokenizer_reference.json").read_text(encoding="utf-8"))
+  assert (tokenizer.name, tokenizer.vocab_size, tokenizer.eot_id, tokenizer.decoder_start_id) == ("marian", 483, 0, 482)
+  for (source, target), source_ids, target_ids, decoded in zip(
+    reference["pairs"], reference["source_ids"], reference["target_ids"], reference["decoded_targets"]
+  ):
+    assert tokenizer.encode(source) == source_ids, source
+    assert tokenizer.encode_target(target) + [tokenizer.eot_id] == target_ids, target  # the pipeline adds </s>
+    assert tokenizer.decode(target_ids) == decoded
+  for ids, decoded in zip(reference["translations"], reference["decoded_translations"]):
+    assert tokenizer.decode(ids) == decoded  # <pad> and </s> left out
+  # decode(encode(x)) == x for every Ding sentence; the odd texts come back as SentencePiece's NFKC
+  # normalisation, its unknown characters and the >>xx<< code leave them (as in transformers).
+  sentences = [target for target, _ in reference["pairs"][:60]]
+  assert [tokenizer.decode(tokenizer.encode_target(s)) for s in sentences] == sentences
+  assert tokenizer.decode(tokenizer.encode_target("ﬁnden")) == "finden"
+  # Saved with a run and loaded back: the same tokenizer, its files checked.
+  saved = tokenizer.save(tmp_path / "tokenizer")
+  assert tokenizers.identical(tokenizer, load_tokenizer(saved))
+  (saved / "vocab.json").write_text((saved / "vocab.json").read_text().replace('"x"', '"y"'))
+  with pytest.raises(TokenizerError, match="is not the file .* records: the saved tokenizer was modified"):
+    load_tokenizer(saved)
+
+
+def test_the_tokenizer_pair_refuses_special_tokens_in_text_and_bad_directories(tmp_path):
+  tokenizer = load_tokenizer(FIXTURE)
+  with pytest.raises(TokenizerError, match="contains the special token '</s>'"):
+    tokenizer.encode_target("Ende </s>")
+  directory = _copy(tmp_path)
+  (directory / "target.spm").unlink()
+  with pytest.raises(TokenizerError, match=r"has no target\.spm: a Marian tokenizer is its model directory's"):
+    load_tokenizer(directory)
+  (directory / "target.spm").write_bytes(b"not a model")
+  with pytest.raises(TokenizerError, match=r"a \.spm file is not a SentencePiece model"):
+    load_tokenizer(directory)
+
+
+def test_banned_tokens_never_appear_in_greedy_or_beam_translations():
+  """Marian's <pad> is its decoder's start and never generated (transformers' bad_words_ids): here a
+  token the fixture's translations do use is banned instead, and is then absent."""
+  cfg, params = import_hf_marian(FIXTURE)
+  reference = np.load(FIXTURE / "reference.npz")
+  sources = [row[mask == 1].tolist() for row, mask in zip(reference["input_ids"], reference["attention_mask"])]
+  for beam_size in (1, 4):
+    translate = lambda banned: beam_search.translate_ids(
+      Transformer(cfg), params, sources, bos_id=482, eos_id=0, beam_size=beam_size, max_len=24, banned_ids=banned
+    )
+    used = {t for row in translate(()) for t in row}
+    assert 2 in used and not any(2 in row for row in translate((2,)))
+
+
+# --- Export: ours -> MarianMTModel. The export that tests/make_marian_fixtures.py --check loaded with
+# transformers is the fixture's model with every tensor moved by seeded noise (so that no tensor is the
+# one imported), written by export_hf_marian; export_check.json holds what transformers made of it. ---
+
+
+def perturbed_export(out_dir) -> tuple:
+  """(config, params) of the fixture moved by seeded noise, exported to `out_dir` with our logits on
+  the fixture's batch beside it (our_logits.npy, which the check compares with transformers')."""
+  cfg, params = import_hf_marian(FIXTURE)
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda x: x + np.float32(0.01) * rng.standard_normal(x.shape, np.float32), params)
+  export_hf_marian(cfg, params, load_tokenizer(FIXTURE), out_dir)
+  reference = np.load(FIXTURE / "reference.npz")
+  logits = Transformer(cfg).apply(
+    {"params": params},
+    jnp.asarray(reference["input_ids"]),
+    jnp.asarray(reference["decoder_input_ids"]),
+    source_valid_BxS=jnp.asarray(reference["attention_mask"] == 1),
+  )
+  np.save(Path(out_dir) / "our_logits.npy", np.asarray(logits))
+  return cfg, params
+
+
+def test_an_export_is_the_one_transformers_loaded_with_our_logits_and_translations(tmp_path):
+  cfg, params = perturbed_export(tmp_path)
+  checked = json.loads((FIXTURE / "export_check.json").read_text())
+  # What transformers made of it: our logits (to 1e-4), the tokenizer's ids, and its translations.
+  assert checked["max_abs_diff"] <= 1e-4
+  assert checked["tokenizer_sources_equal"] and checked["tokenizer_targets_equal"]
+  sha = lambda b: hashlib.sha256(b).hexdigest()
+  # ... of this very export: every tensor and the config, byte for byte.
+  tensors = load_file(tmp_path / "model.safetensors")
+  assert {k: sha(v.tobytes()) for k, v in sorted(tensors.items())} == checked["tensors_sha256"]
+  assert sha((tmp_path / "config.json").read_bytes()) == checked["config_sha256"]
+  # Our translations of the exported model are transformers' generate() under the export's own
+  # generation_config.json (the <pad> start, </s>, <pad> banned), greedy and with 4 beams.
+  reference = np.load(FIXTURE / "reference.npz")
+  sources = [row[mask == 1].tolist() for row, mask in zip(reference["input_ids"], reference["attention_mask"])]
+  exported = inference.import_marian(tmp_path)
+  for beam_size, theirs in ((1, checked["greedy"]), (4, checked["beam4"])):
+    assert all(len(row) < 32 and row[-1] == 0 for row in theirs)  # each ended by itself, before the limit
+    ours = inference.translate(exported, sources, beam_size=beam_size, max_len=32)
+    assert ours == [exported.tokenizer.decode(row) for row in theirs]
+  # And our own import gives back what was exported.
+  again_cfg, again = import_hf_marian(tmp_path)
+  assert again_cfg == cfg
+  jax.tree.map(np.testing.assert_array_equal, again, params)
+
+
+def test_export_refuses_what_marians_format_cannot_hold(tmp_path):
+  cfg, params = import_hf_marian(FIXTURE)
+  tokenizer = load_tokenizer(FIXTURE)
+  with pytest.raises(ConfigError, match=r"block.pre_layer_norm=True \(Marian's: False\); sinusoids='interleaved'"):
+    export_hf_marian(cfg.replace(pre_layer_norm=True, sinusoids="interleaved"), params, tokenizer, tmp_path)
+  with pytest.raises(ConfigError, match="logits_bias=False"):
+    export_hf_marian(cfg.replace(logits_bias=False), params, tokenizer, tmp_path)
+  with pytest.raises(ConfigError, match="MarianTokenizer reads SentencePiece pairs"):
+    export_hf_marian(cfg, params, tokenizers.get_tokenizer("gpt2"), tmp_path)
+  assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_a_vocabulary_that_disagrees_with_the_embedding_is_one_error(tmp_path):
+  directory = _copy(tmp_path)
+  vocab = json.loads((directory / "vocab.json").read_text())
+  del vocab["x"]
+  vocab = {piece: i for i, piece in enumerate(sorted(vocab, key=vocab.get))}
+  (directory / "vocab.json").write_text(json.dumps(vocab))
+  with pytest.raises(CheckpointError, match="vocab.json has 482 pieces but the model's embedding 483 rows"):
+    inference.import_marian(directory)
+  (directory / "source.spm").unlink()
+  with pytest.raises(TokenizerError, match=r"has no source\.spm"):
+    inference.import_marian(directory)
+
+
+if __name__ == "__main__":  # the export that make_marian_fixtures.py --check loads
+  perturbed_export(sys.argv[1])

@@ -32,7 +32,9 @@ from transformer.config import MeshConfig, RunConfig
 from transformer.errors import CheckpointError, ConfigError, DataError, InputWarning, UserError, WorkdirError
 from transformer.generation import beam_search
 from transformer.models import seq2seq
+from transformer.models.hf_marian import import_hf_marian
 from transformer.tasks import labelled
+from transformer.tasks.translation import marian_defaults
 from transformer.tokenizers import CONFIG_FILE, load_tokenizer
 
 
@@ -137,6 +139,25 @@ def restore(workdir: str | Path, step: str | int = "latest", task: str | None = 
   return Trained(
     trained_task, ckpt.average_params(steps, abstract), trained_task.tokenizer, mesh, chosen, run, averaged=tuple(steps)
   )
+
+
+def import_marian(directory: str | Path) -> Trained:
+  """A Marian model's directory (MarianMTModel's config.json and model.safetensors, MarianTokenizer's
+  source.spm, target.spm and vocab.json: a Helsinki-NLP/opus-mt-* download, or an export) as a
+  trained translation model on this machine's devices, its run config `marian_defaults`': what
+  launch.translate, launch.evaluate and launch.probe use with --hf."""
+  config, params = import_hf_marian(directory)
+  tokenizer = tokenizers.MarianTokenizer.from_directory(directory)
+  if tokenizer.vocab_size != config.vocab_size:
+    raise CheckpointError(
+      f"{Path(directory) / 'vocab.json'} has {tokenizer.vocab_size} pieces but the model's embedding "
+      f"{config.vocab_size} rows: the files are of different models"
+    )
+  config_dict = marian_defaults(str(directory))
+  config_dict.data.dataset = ""  # no data is read: its sides are "source" and "target"
+  run, task, mesh, abstract = _on_this_machine(tasks.resolve(config_dict), tokenizer)
+  params = jax.tree.map(lambda x, a: jax.device_put(x, a.sharding), params, abstract)
+  return Trained(task, params, tokenizer, mesh, 0, run)
 
 
 def default_step(workdir: str | Path) -> str:
@@ -280,16 +301,20 @@ def tag_words(trained: Trained, sentences: list[list[str]]) -> list[list[str]]:
 
 def translate(trained: Trained, sources: list[np.ndarray], **decoding) -> list[str]:
   """The translations of `sources` (token ids, as `translation_sources` or `split_pairs` give them)
-  by beam search (`beam_search.translate_ids`'s beam_size, alpha, max_len, no_repeat_ngram,
-  batch_size; max_len and no_repeat_ngram default to the run's: the model's and config.eval's)."""
-  decoding = {"max_len": trained.task.config.max_len, "no_repeat_ngram": trained.task.config.eval.no_repeat_ngram} | {
-    k: v for k, v in decoding.items() if v is not None
-  }
+  by beam search (`beam_search.translate_ids`'s beam_size, alpha, penalty, max_len, no_repeat_ngram,
+  batch_size; all but beam_size and batch_size default to the run's: config.eval's, the data's max_len)."""
+  ev = trained.task.config.eval
+  decoding = {
+    "max_len": trained.task.config.max_len,
+    "no_repeat_ngram": ev.no_repeat_ngram,
+    "alpha": ev.alpha,
+    "penalty": ev.length_penalty,
+  } | {k: v for k, v in decoding.items() if v is not None}
   ids = beam_search.translate_ids(
     trained.model,
     trained.params,
     sources,
-    eos_id=trained.tokenizer.eot_id,
+    **beam_search.special_ids(trained.tokenizer),
     mesh=trained.mesh,
     rules=trained.rules,
     **decoding,

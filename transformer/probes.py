@@ -56,7 +56,9 @@ class Inside:
 
 
 def token_texts(tokenizer, ids) -> list[str]:
-  return [tokenizer.decode([int(i)]) for i in ids]
+  """Each token's text; a special token's name (a Marian tokenizer decodes those to nothing)."""
+  names = {i: name for name, i in tokenizer.special_tokens.items()}
+  return [names.get(int(i)) or tokenizer.decode([int(i)]) for i in ids]
 
 
 def _read(model, params, *inputs: list[int]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -103,8 +105,9 @@ def look_inside(model, params, tokenizer, text: str, *, target: str | None = Non
 
 
 def _look_inside_seq2seq(model: Transformer, params, tokenizer, source: str, target: str) -> Inside:
-  source_ids = tokenizer.encode(source.strip())  # as training and translation feed it: no <eot>
-  target_ids = [tokenizer.eot_id] + tokenizer.encode(target.strip())  # the decoder's input: <eot> starts it
+  source_ids = tokenizer.encode(source.strip())  # as training and translation feed it (Marian: ending in </s>)
+  # The decoder's input: its start token (<eot>; Marian's <pad>), then the target's tokens.
+  target_ids = [tokenizer.decoder_start_id] + tokenizer.encode_target(target.strip())
   _check_vocabulary(source_ids + target_ids, model.config.vocab_size)
   logits_TxV, point = _read(model, params, source_ids, target_ids)
   residual = np.concatenate([point["decoder.resid_pre"][:1], point["decoder.resid_post"]])

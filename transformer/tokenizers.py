@@ -1,5 +1,5 @@
-"""Tokenizers: tiktoken encodings (gpt2, cl100k_base), character level, word level, and BPE trained
-with rustbpe.
+"""Tokenizers: tiktoken encodings (gpt2, cl100k_base), character level, word level, BPE trained
+with rustbpe, and the SentencePiece pairs of Marian (OPUS-MT) translation models.
 
 Every tokenizer has the same small interface (`encode`, `encode_arrays`, `decode`, `vocab_size`,
 `eot_id`, `save`), and special tokens are explicit: text that contains `<|endoftext|>` is refused
@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 import rustbpe
+import sentencepiece
 import tiktoken
 import tiktoken.load
 import tiktoken_ext.openai_public
@@ -69,6 +70,22 @@ class Tokenizer:
   def encode(self, text: str, *, allow_special: bool | Iterable[str] = False) -> list[int]:
     """Token ids of `text`. Special tokens in the text are an error unless allowed by name (or all)."""
     return self._encode(text, self._allowed(text, allow_special))
+
+  def encode_target(self, text: str) -> list[int]:
+    """The ids of a translation's target side (one vocabulary for both sides: `encode`'s; a Marian
+    pair encodes each side with its own model)."""
+    return self.encode(text)
+
+  @property
+  def decoder_start_id(self) -> int:
+    """The token an encoder-decoder's decoder starts from: <|endoftext|>, as our translation runs
+    train (Marian's: <pad>)."""
+    return self.eot_id
+
+  @property
+  def never_generated(self) -> tuple[int, ...]:
+    """Ids a translation may not contain (Marian's <pad>, its decoder's start)."""
+    return ()
 
   def encode_arrays(
     self, texts: Sequence[str], *, allow_special: bool | Iterable[str] = False, num_threads: int = 1
@@ -280,6 +297,100 @@ class WordTokenizer(Tokenizer):
     return {"kind": "word", "name": self.name, "lowercase": self.lowercase, "words": self.words}
 
 
+class MarianTokenizer(Tokenizer):
+  """A Marian (OPUS-MT) model's tokenizer pair, as `transformers.MarianTokenizer` reads its directory:
+  two SentencePiece models, `source.spm` (the source language's pieces) and `target.spm` (the
+  target's), and one `vocab.json` that gives every piece of both its id in the model's shared
+  embedding. `encode` is what the encoder reads: the source's pieces, then `</s>` (Marian ends
+  every source with it); `encode_target` is a target's pieces, which the translation pipeline ends
+  with `</s>` (eot_id) itself; `decode` turns a translation's ids back into text through the
+  target model, leaving out the special tokens (as Hugging Face's `skip_special_tokens=True`).
+
+  As transformers does: a leading `>>xx<<` (a multilingual model's target-language code) is one
+  token, and a piece that vocab.json lacks is `<unk>`. Unlike it, text is not Moses-normalised
+  (transformers does that only when the optional `sacremoses` is installed), and the special
+  tokens are refused in text, as every tokenizer here refuses them. The decoder starts from
+  `<pad>` (Marian's `decoder_start_token_id`), which no translation may contain."""
+
+  FILES = ("source.spm", "target.spm", "vocab.json")
+
+  def __init__(self, source_spm: bytes, target_spm: bytes, vocab: dict[str, int], where: str = "marian"):
+    self._protos = (source_spm, target_spm)
+    try:
+      self._source, self._target = (sentencepiece.SentencePieceProcessor(model_proto=p) for p in self._protos)
+    except RuntimeError as e:
+      raise TokenizerError(f"{where}: a .spm file is not a SentencePiece model ({e})") from None
+    missing = [t for t in ("</s>", "<unk>", "<pad>") if t not in vocab]
+    if missing:
+      raise TokenizerError(f"{where}/vocab.json lacks {', '.join(missing)}: not a Marian vocabulary")
+    if sorted(vocab.values()) != list(range(len(vocab))):
+      raise TokenizerError(f"{where}/vocab.json does not number its pieces 0..{len(vocab) - 1} once each")
+    self.vocab, self.name, self.vocab_size = dict(vocab), "marian", len(vocab)
+    self._pieces = {i: p for p, i in vocab.items()}
+    self.eot_id, self.unk_id, self.pad_id = vocab["</s>"], vocab["<unk>"], vocab["<pad>"]
+    self.special_tokens = {"</s>": self.eot_id, "<unk>": self.unk_id, "<pad>": self.pad_id}
+
+  @property
+  def decoder_start_id(self) -> int:
+    return self.pad_id
+
+  @property
+  def never_generated(self) -> tuple[int, ...]:
+    return (self.pad_id,)
+
+  @classmethod
+  def from_directory(cls, directory: str | os.PathLike) -> MarianTokenizer:
+    """The pair in a Marian model's directory (or a saved one): its source.spm, target.spm, vocab.json."""
+    directory = Path(directory)
+    missing = [name for name in cls.FILES if not (directory / name).is_file()]
+    if missing:
+      raise TokenizerError(
+        f"{directory} has no {', '.join(missing)}: a Marian tokenizer is its model directory's "
+        f"{', '.join(cls.FILES)} (MarianTokenizer.save_pretrained writes them)"
+      )
+    try:
+      vocab = json.loads((directory / "vocab.json").read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+      raise TokenizerError(f"{directory / 'vocab.json'} is not JSON ({e})") from None
+    if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
+      raise TokenizerError(f"{directory / 'vocab.json'} is not a piece -> id mapping")
+    source, target = ((directory / name).read_bytes() for name in cls.FILES[:2])
+    return cls(source, target, vocab, str(directory))
+
+  def _ids(self, model, text: str) -> list[int]:
+    code = []
+    if text.startswith(">>") and (end := text.find("<<")) != -1:  # a target-language code: one token
+      code, text = [text[: end + 2]], text[end + 2 :]
+    return [self.vocab.get(p, self.unk_id) for p in code + model.encode(text, out_type=str)]
+
+  def _encode(self, text: str, allowed: set[str]) -> list[int]:
+    return self._ids(self._source, text) + [self.eot_id]
+
+  def encode_target(self, text: str) -> list[int]:
+    self._allowed(text, False)
+    return self._ids(self._target, text)
+
+  def _decode(self, ids: list[int]) -> str:
+    pieces = [self._pieces[i] for i in ids if i not in self.special_tokens.values()]
+    return self._target.decode_pieces(pieces).replace("\u2581", " ").strip()
+
+  def write_files(self, directory: Path) -> dict[str, str]:
+    """Writes source.spm, target.spm and vocab.json (as MarianTokenizer.save_pretrained does); their sha256s."""
+    files = dict(zip(self.FILES, (*self._protos, json.dumps(self.vocab, ensure_ascii=False, indent=2).encode())))
+    for name, data in files.items():
+      (Path(directory) / name).write_bytes(data)
+    return {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+
+  def _config(self, directory: Path) -> dict:
+    return {"kind": "marian", "name": self.name, **self.write_files(directory)}
+
+  def __getstate__(self):  # SentencePiece processors do not pickle; their models do
+    return {"protos": self._protos, "vocab": self.vocab}
+
+  def __setstate__(self, state):
+    self.__init__(*state["protos"], state["vocab"])
+
+
 def identical(a: Tokenizer, b: Tokenizer) -> bool:
   """Whether two tokenizers give the same ids to every text: their saved configs are equal (a
   trained BPE's names its ranks by sha256)."""
@@ -411,14 +522,39 @@ def _bpe_from_ranks(ranks, pattern, special_tokens, name) -> TiktokenTokenizer:
 # Entry points.
 
 
+def is_marian(directory: str | os.PathLike) -> bool:
+  """Whether `directory` holds a Marian tokenizer pair (MarianTokenizer.FILES): a Marian model's, or saved."""
+  return (Path(directory) / MarianTokenizer.FILES[0]).is_file()
+
+
+def saved_sha256(directory: str | os.PathLike) -> str:
+  """The sha256 of what makes a saved tokenizer (its tokenizer.json, or a Marian directory's three
+  files): the name of the data prepared with it."""
+  directory = Path(directory)
+  names = (CONFIG_FILE,) if (directory / CONFIG_FILE).exists() else MarianTokenizer.FILES
+  digest = hashlib.sha256()
+  for name in names:
+    digest.update((directory / name).read_bytes())
+  return digest.hexdigest()
+
+
 def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
-  """Loads what `Tokenizer.save` wrote."""
+  """Loads what `Tokenizer.save` wrote, or a Marian model directory's tokenizer pair."""
   directory = Path(directory)
   config_path = directory / CONFIG_FILE
+  if is_marian(directory) and not config_path.exists():  # a Marian model's directory
+    return MarianTokenizer.from_directory(directory)
   if not config_path.exists():
     raise TokenizerError(f"no saved tokenizer at {directory} (looked for {config_path})")
   config = json.loads(config_path.read_text())
   kind = config.get("kind")
+  if kind == "marian":
+    for name in MarianTokenizer.FILES:
+      if hashlib.sha256((directory / name).read_bytes()).hexdigest() != config[name]:
+        raise TokenizerError(
+          f"{directory / name} is not the file {config_path} records: the saved tokenizer was modified"
+        )
+    return MarianTokenizer.from_directory(directory)
   if kind == "tiktoken":
     return get_tokenizer(config["name"])
   if kind == "char":

@@ -146,6 +146,7 @@ def translation_batches(
   max_len: int,
   eot_id: int,
   seed: int,
+  bos_id: int | None = None,
   epoch: int = 0,
   batch_multiple: int = 1,
   shuffle: bool = True,
@@ -155,7 +156,8 @@ def translation_batches(
   size rounded down to `batch_multiple`, the data-parallel size); a bucket's last batch is filled
   up to batch_multiple * 2^k rows. Each batch has
     source, source_valid (B, S); target_in (<|endoftext|> + target), target_out (target +
-    <|endoftext|>), target_valid (B, T); the length buckets S and T are those of the longest pair."""
+    <|endoftext|>), target_valid (B, T); the length buckets S and T are those of the longest pair.
+  `bos_id`: target_in's first token when it is not <|endoftext|> (`eot_id`): Marian's <pad>."""
   if not pairs:
     raise DataError("no sentence pairs left to batch (all were empty or longer than max_len)")
   rng = np.random.default_rng([seed, epoch])
@@ -183,7 +185,7 @@ def translation_batches(
         src, tgt = pairs[i]
         batch["source"][row, : len(src)] = src
         batch["source_valid"][row, : len(src)] = True
-        batch["target_in"][row, : len(tgt) + 1] = np.concatenate([[eot_id], tgt])
+        batch["target_in"][row, : len(tgt) + 1] = np.concatenate([[eot_id if bos_id is None else bos_id], tgt])
         batch["target_out"][row, : len(tgt) + 1] = np.concatenate([tgt, [eot_id]])
         batch["target_valid"][row, : len(tgt) + 1] = row < real
       batches.append(batch)
@@ -202,6 +204,7 @@ def packed_batches(
   max_len: int,
   eot_id: int,
   seed: int,
+  bos_id: int | None = None,
   epoch: int = 0,
   batch_multiple: int = 1,
   shuffle: bool = True,
@@ -242,7 +245,7 @@ def packed_batches(
         src, tgt = pairs[i]
         batch["source"][r, s : s + len(src)] = src
         batch["source_segments"][r, s : s + len(src)] = segment
-        batch["target_in"][r, t : t + len(tgt) + 1] = np.concatenate([[eot_id], tgt])
+        batch["target_in"][r, t : t + len(tgt) + 1] = np.concatenate([[eot_id if bos_id is None else bos_id], tgt])
         batch["target_out"][r, t : t + len(tgt) + 1] = np.concatenate([tgt, [eot_id]])
         batch["target_segments"][r, t : t + len(tgt) + 1] = segment
         s, t = s + len(src), t + len(tgt) + 1
@@ -269,6 +272,7 @@ class TranslationBatches:
     max_len: int,
     eot_id: int,
     seed: int,
+    bos_id: int | None = None,
     batch_multiple: int = 1,
     batching: str = "packed",
     extra=(),
@@ -289,6 +293,7 @@ class TranslationBatches:
       max_tokens=max_tokens,
       max_len=max_len,
       eot_id=eot_id,
+      bos_id=bos_id,
       seed=seed,
       epoch=epoch,
       batch_multiple=batch_multiple,

@@ -61,7 +61,8 @@ FORMAT_VERSION = 1
 @dataclasses.dataclass(frozen=True)
 class PrepareOptions:
   # A name (gpt2, cl100k_base, char, bpe, word) or the directory of a saved tokenizer (e.g. a
-  # training workdir's tokenizer/, to fine-tune that run's model on this data).
+  # training workdir's tokenizer/, to fine-tune that run's model on this data; or a Marian model's
+  # directory: its source.spm, target.spm and vocab.json).
   tokenizer: str = "gpt2"
   vocab_size: int | None = None  # for trained tokenizers ("bpe"; "word": the most frequent words kept)
   lowercase: bool = False  # "word": lower-case the text first
@@ -93,14 +94,15 @@ class PrepareOptions:
     if self.saved_tokenizer is None and self.tokenizer not in tokenizers.NAMES:
       raise DataError(
         f"tokenizer {self.tokenizer!r} is neither one of {', '.join(tokenizers.NAMES)} nor a "
-        f"directory holding a saved tokenizer ({tokenizers.CONFIG_FILE})"
+        f"directory holding a saved tokenizer ({tokenizers.CONFIG_FILE}) or a Marian model's "
+        f"({', '.join(tokenizers.MarianTokenizer.FILES)})"
       )
 
   @property
   def saved_tokenizer(self) -> Path | None:
     """The directory of a saved tokenizer, when `tokenizer` names one."""
     path = Path(self.tokenizer).expanduser()
-    return path if (path / tokenizers.CONFIG_FILE).is_file() else None
+    return path if (path / tokenizers.CONFIG_FILE).is_file() or tokenizers.is_marian(path) else None
 
 
 def default_dir(
@@ -112,7 +114,7 @@ def default_dir(
   plus = f"+{lexicon.name}" if lexicon is not None else ""
   saved = options.saved_tokenizer
   if saved is not None:
-    return Path(root) / f"{source.name}-saved{_file_sha256(saved / tokenizers.CONFIG_FILE)[:8]}{plus}"
+    return Path(root) / f"{source.name}-saved{tokenizers.saved_sha256(saved)[:8]}{plus}"
   vocab = options.vocab_size if options.tokenizer in ("bpe", "word") else ""
   lower = "lower" if options.tokenizer == "word" and options.lowercase else ""
   return Path(root) / f"{source.name}-{options.tokenizer}{vocab}{lower}{plus}"
@@ -353,7 +355,7 @@ def prepare(
   out_dir = Path(out_dir)
   request = _request(source, options, lexicon)
   if options.saved_tokenizer is not None:  # a saved tokenizer is part of what was prepared
-    request["tokenizer_sha256"] = _file_sha256(options.saved_tokenizer / tokenizers.CONFIG_FILE)
+    request["tokenizer_sha256"] = tokenizers.saved_sha256(options.saved_tokenizer)
   manifest_path = out_dir / MANIFEST
   if manifest_path.exists():
     old = json.loads(manifest_path.read_text())
@@ -480,7 +482,7 @@ def _write_splits(
         w = writers[s]
         if source.kind == "pairs":
           a = w.append(0, tokenizer.encode(rec[0]))
-          b = w.append(1, tokenizer.encode(rec[1]))
+          b = w.append(1, tokenizer.encode_target(rec[1]))
           w.rows.append((lineno, *a, *b))
           if lexicon is not None:
             sentence_pairs.add(_pair_key(rec))
@@ -539,7 +541,7 @@ def _write_lexicon(
         counts["held_out"] += 1
       else:
         seen.add(key)
-        w.rows.append((lineno, *w.append(0, tokenizer.encode(rec[0])), *w.append(1, tokenizer.encode(rec[1]))))
+        w.rows.append((lineno, *w.append(0, tokenizer.encode(rec[0])), *w.append(1, tokenizer.encode_target(rec[1]))))
         counts["chars"] += len(rec[0]) + len(rec[1])
   finally:
     w.close(directory, LEXICON)

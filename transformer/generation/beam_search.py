@@ -121,7 +121,17 @@ def _gather_beams(cache, beam_BxK, old_beams: int):
 
 @functools.partial(
   jax.jit,
-  static_argnames=("model", "beam_size", "max_len", "alpha", "bos_id", "eos_id", "no_repeat_ngram", "penalty"),
+  static_argnames=(
+    "model",
+    "beam_size",
+    "max_len",
+    "alpha",
+    "bos_id",
+    "eos_id",
+    "no_repeat_ngram",
+    "penalty",
+    "banned_ids",
+  ),
 )
 def beam_search(
   params,
@@ -136,11 +146,14 @@ def beam_search(
   eos_id: int,
   no_repeat_ngram: int = 0,
   penalty: str = "gnmt",
+  banned_ids: tuple[int, ...] = (),
 ):
   """(tokens_BxKxL, scores_BxK): the beam_size best translations of each source, best first.
 
   tokens exclude <bos> and are padded with <eos> after the first one; scores are
-  log p(tokens) / length_penalty(len incl. <eos>, alpha, penalty)."""
+  log p(tokens) / length_penalty(len incl. <eos>, alpha, penalty). No hypothesis contains
+  `banned_ids` (their log-probabilities are set to -inf after the softmax, as transformers'
+  `bad_words_ids` does: the other tokens' are not renormalised)."""
   B, S = source_BxS.shape
   K, L = beam_size, max_len
   encoded_BxSxD = model.apply({"params": params}, source_BxS, source_valid_BxS=source_valid_BxS, method="encode")
@@ -156,6 +169,7 @@ def beam_search(
     i, cache, alive_BxKxL, alive_lp_BxK, fin_BxKxL, fin_score_BxK = state
     last_N = jnp.where(i == 0, bos_id, alive_BxKxL[:, :, jnp.maximum(i - 1, 0)]).reshape(B * K)
     lp_NxV, cache = log_probs(cache, last_N, encoded)
+    lp_NxV = lp_NxV.at[:, list(banned_ids)].set(NEG_INF)
     V = lp_NxV.shape[-1]
     if no_repeat_ngram:
       lp_NxV = ban_repeated_ngrams(lp_NxV, alive_BxKxL.reshape(B * K, L), i, no_repeat_ngram, eos_id, NEG_INF)
@@ -200,7 +214,7 @@ def beam_search(
   return fin_BxKxL, fin_score_BxK
 
 
-@functools.partial(jax.jit, static_argnames=("model", "max_len", "bos_id", "eos_id", "no_repeat_ngram"))
+@functools.partial(jax.jit, static_argnames=("model", "max_len", "bos_id", "eos_id", "no_repeat_ngram", "banned_ids"))
 def greedy(
   params,
   source_BxS,
@@ -211,8 +225,9 @@ def greedy(
   bos_id: int,
   eos_id: int,
   no_repeat_ngram: int = 0,
+  banned_ids: tuple[int, ...] = (),
 ):
-  """tokens_BxL: the argmax token at every step, <eos>-padded after the first <eos>."""
+  """tokens_BxL: the argmax token at every step but `banned_ids`, <eos>-padded after the first <eos>."""
   B, S = source_BxS.shape
   encoded_BxSxD = model.apply({"params": params}, source_BxS, source_valid_BxS=source_valid_BxS, method="encode")
   cache = init_cache(model, B, S, max_len)
@@ -220,6 +235,7 @@ def greedy(
   def step(state, encoded=None):
     i, cache, last_B, done_B, out_BxL = state
     logits_BxV, cache = decode_step(model, params, cache, encoded, last_B, source_valid_BxS)
+    logits_BxV = logits_BxV.at[:, list(banned_ids)].set(-jnp.inf)
     if no_repeat_ngram:
       logits_BxV = ban_repeated_ngrams(logits_BxV, out_BxL, i, no_repeat_ngram, eos_id, -jnp.inf)
     token_B = jnp.where(done_B, eos_id, jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32))
@@ -265,6 +281,7 @@ def translate_ids(
   penalty: str = "gnmt",
   max_len: int | None = None,
   no_repeat_ngram: int = 0,
+  banned_ids: Sequence[int] = (),
   batch_size: int = 32,
   mesh=None,
   rules: tuple = (),
@@ -272,7 +289,8 @@ def translate_ids(
   """The best translation of each source (token ids, without <eos>), in order: greedy for
   beam_size 1, else beam search (`penalty`: its length penalty, `length_penalty`). The decoder
   starts from `bos_id`: by default <eos> (<|endoftext|>), as our translation runs train; Marian's
-  models start from their <pad>.
+  models start from their <pad>, which `banned_ids` keeps out of their translations
+  (`Tokenizer.decoder_start_id`, `Tokenizer.never_generated`).
 
   Sources are sorted by length and batched (batch_size rows, lengths padded to a multiple of 16),
   so few shapes compile. With `mesh`, batches are split over its data-parallel devices; with the
@@ -287,13 +305,20 @@ def translate_ids(
   if penalty not in PENALTIES:
     raise ConfigError(f"unknown length penalty {penalty!r}; choose one of {', '.join(PENALTIES)}")
   bos_id = eos_id if bos_id is None else bos_id
+  banned_ids = tuple(sorted(int(i) for i in banned_ids))
   sources = check_sources(sources, cfg.max_len, cfg.vocab_size)
   B = batch_rows(batch_size, mesh, rules)
   order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
   out: list[list[int]] = [[] for _ in sources]
   if beam_size == 1:
     search = functools.partial(
-      greedy, model=model, max_len=max_len, bos_id=bos_id, eos_id=eos_id, no_repeat_ngram=no_repeat_ngram
+      greedy,
+      model=model,
+      max_len=max_len,
+      bos_id=bos_id,
+      eos_id=eos_id,
+      no_repeat_ngram=no_repeat_ngram,
+      banned_ids=banned_ids,
     )
   else:
     beams = functools.partial(
@@ -306,6 +331,7 @@ def translate_ids(
       eos_id=eos_id,
       no_repeat_ngram=no_repeat_ngram,
       penalty=penalty,
+      banned_ids=banned_ids,
     )
     search = lambda *args: beams(*args)[0][:, 0]  # the best of each sentence's beams
   batches = [order[start : start + B] for start in range(0, len(order), B)]
@@ -328,8 +354,15 @@ def translate_ids(
 
 
 def translate_texts(model: Transformer, params, tokenizer, texts: Sequence[str], **options) -> list[str]:
-  """Sentences in, sentences out (see `translate_ids` for the options)."""
+  """Sentences in, sentences out (see `translate_ids` for the options), the decoder started and
+  restrained as the tokenizer says (`decoder_start_id`, `never_generated`)."""
   if isinstance(texts, str):
     raise ConfigError("texts must be a list of sentences, not one string")
   ids = [tokenizer.encode(t.strip()) for t in texts]
-  return [tokenizer.decode(h) for h in translate_ids(model, params, ids, eos_id=tokenizer.eot_id, **options)]
+  hyps = translate_ids(model, params, ids, **special_ids(tokenizer), **options)
+  return [tokenizer.decode(h) for h in hyps]
+
+
+def special_ids(tokenizer) -> dict:
+  """`translate_ids`' eos_id, bos_id and banned_ids for a model that reads `tokenizer`'s tokens."""
+  return {"eos_id": tokenizer.eot_id, "bos_id": tokenizer.decoder_start_id, "banned_ids": tokenizer.never_generated}

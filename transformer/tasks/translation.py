@@ -10,16 +10,18 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 
-from transformer import metrics
-from transformer.config import RunConfig, at, check_positive
+from transformer import layers, metrics, tokenizers
+from transformer.config import RunConfig, at, check_positive, defaults_for, model_dict
 from transformer.data import fuzzy, pipeline
 from transformer.data.prepare import LEXICON
 from transformer.errors import ConfigError, DataError
 from transformer.generation import beam_search
-from transformer.models import seq2seq
+from transformer.models import hf_marian, seq2seq
+from transformer.tasks import labelled
 from transformer.tasks.base import Task
 
 
@@ -30,6 +32,9 @@ class EvalConfig:
   bleu_sentences: int = 400  # dev sentences translated (greedy) at each evaluation; 0: all
   beam_size: int = 4  # the paper's beam and length penalty for the final test score
   alpha: float = 0.6
+  # How beams are ranked (beam_search.length_penalty): "gnmt", log p / ((5 + length) / 6)^alpha (the
+  # paper's); "hf", log p / length^alpha (transformers', with which Marian's models are used: alpha 1).
+  length_penalty: str = "gnmt"
   # No translation repeats an n-gram of this many tokens (greedy and beam, dev and test); 0: off.
   no_repeat_ngram: int = 0
   decode_batch_size: int = 64
@@ -58,6 +63,10 @@ class TranslationConfig:
   # <|endoftext|> and up to this many tokens of the target of its most similar training pair (never
   # itself), so source rows are data.max_len + this long. 0: off.
   fuzzy_match_tokens: int = at("data.fuzzy_match_tokens", 0)
+  # A Marian model's directory (MarianMTModel + its tokenizer pair: a Helsinki-NLP/opus-mt-* download,
+  # or launch.translate's --export) whose weights the run starts from: fine-tuning. The model and the
+  # data's tokenizer must be that model's: experiments/translation.py:marian=DIR sets all three.
+  init_from: str = ""
   eval: EvalConfig = EvalConfig()
 
   may_change: ClassVar[tuple[str, ...]] = ("eval",)
@@ -74,6 +83,18 @@ class TranslationConfig:
         f"--config.data.batching={self.batching!r} is unknown; choose one of {', '.join(pipeline.BATCHING)}"
       )
     check_positive(self.eval, ("decode_batch_size", "beam_size", "average_last"), prefix="eval.")
+    if self.eval.length_penalty not in beam_search.PENALTIES:
+      raise ConfigError(
+        f"--config.eval.length_penalty={self.eval.length_penalty!r} is unknown; choose one of "
+        f"{', '.join(beam_search.PENALTIES)}"
+      )
+    if self.init_from:
+      other = hf_marian.differences(run.model, hf_marian.read_config(self.init_from))
+      if other:
+        raise ConfigError(
+          f"--config.init_from={self.init_from} is another model than --config.model: {'; '.join(other)}; "
+          f"start from its preset, --config=experiments/translation.py:marian={self.init_from}"
+        )
     if self.eval.no_repeat_ngram < 0:
       raise ConfigError(f"--config.eval.no_repeat_ngram must be >= 0 (0: off), got {self.eval.no_repeat_ngram}")
     if self.eval.test_sentences < 0:
@@ -160,12 +181,19 @@ class Translation(Task):
 
   @classmethod
   def check_source(cls, run: RunConfig, source) -> None:
+    direction = run.task_config.direction or "-".join(source.columns)
     try:
-      pipeline.pair_columns(run.task_config.direction or "-".join(source.columns), source.columns)
+      pipeline.pair_columns(direction, source.columns)
     except DataError as e:
       raise ConfigError(
         f"--config.data.direction: {e} (the columns of {source.name}, in order; leave it empty for that order)"
       ) from None
+    if tokenizers.is_marian(run.data.tokenizer) and direction != "-".join(source.columns):
+      raise ConfigError(
+        f"--config.data.direction={direction}: a Marian tokenizer pair encodes the first column with its "
+        f"source model, so it translates {'-'.join(source.columns)}; use a model of that direction, or swap "
+        f"your TSV's columns"
+      )
 
   def __init__(self, run: RunConfig, tokenizer, mesh, data=None, labels=None):
     super().__init__(run, tokenizer, mesh, data)
@@ -220,6 +248,27 @@ class Translation(Task):
   def build_model(self, model_config):
     return seq2seq.Transformer(model_config)
 
+  def init_params(self, params, restore):
+    """A new run's params: config.init_from's Marian weights, when it names a directory (whose
+    tokenizer pair must be the one the data was prepared with)."""
+    path = self.config.init_from
+    if not path:
+      return params
+    theirs = tokenizers.MarianTokenizer.from_directory(path)
+    if not tokenizers.identical(theirs, self.tokenizer):
+      raise ConfigError(
+        f"--config.init_from={path} reads other tokens ({theirs}) than this run's data ({self.tokenizer}); "
+        f"prepare the data with its tokenizer pair: --config.data.tokenizer={path}"
+      )
+    _, pretrained = hf_marian.import_hf_marian(path)
+    if self.model_config.scan_layers:
+      pretrained = {
+        **pretrained,
+        "encoder": layers.stack_layers(pretrained["encoder"], self.model_config.num_layers),
+        "decoder": layers.stack_layers(pretrained["decoder"], self.model_config.decoder_layers()),
+      }
+    return labelled.fit_body(jax.device_get(pretrained), params, path)
+
   def init_inputs(self) -> tuple:
     return jnp.zeros((1, 8), jnp.int32), jnp.zeros((1, 8), jnp.int32)
 
@@ -256,6 +305,7 @@ class Translation(Task):
       max_tokens=c.batch_tokens,
       max_len=c.max_len,
       eot_id=self.tokenizer.eot_id,
+      bos_id=self.tokenizer.decoder_start_id,
       seed=self.run.loop.seed,
       batch_multiple=multiple,
       batching=c.batching,
@@ -279,6 +329,7 @@ class Translation(Task):
       max_tokens=c.batch_tokens,
       max_len=c.max_len,
       eot_id=self.tokenizer.eot_id,
+      bos_id=self.tokenizer.decoder_start_id,
       seed=0,
       shuffle=False,
       batch_multiple=self.run.mesh.data_parallel,
@@ -339,9 +390,10 @@ class Translation(Task):
       self.model,
       params,
       [s for s, _ in pairs],
-      eos_id=self.tokenizer.eot_id,
+      **beam_search.special_ids(self.tokenizer),
       beam_size=beam_size,
       alpha=ev.alpha,
+      penalty=ev.length_penalty,
       max_len=self.config.max_len,
       no_repeat_ngram=ev.no_repeat_ngram,
       batch_size=ev.decode_batch_size,
@@ -406,3 +458,18 @@ class Translation(Task):
         f"  {'decoding':<28}  BLEU    chrF\n{table}translations: {workdir / 'test_translations.tsv'}"
       )
     return result
+
+
+def marian_defaults(directory: str) -> ml_collections.ConfigDict:
+  """The config of a translation run that starts from the Marian model in `directory`: its model
+  (every field read from its config.json, dropout included), its tokenizer pair for the data, its
+  weights (init_from), and its decoding (transformers' length penalty, alpha 1, 4 beams). The data
+  is yours (config.data.input_files, or a named data set); the direction is the model's."""
+  c = defaults_for(Translation)
+  c.model = model_dict(hf_marian.read_config(directory))
+  c.init_from = c.data.tokenizer = str(directory)
+  c.data.max_len = min(c.model.max_len, 128)  # tokens a sentence may have (OPUS-MT's models read 512)
+  c.eval.length_penalty, c.eval.alpha = "hf", 1.0
+  c.data.dataset = "ding_de_en"  # or --config.data.input_files: your pairs, in the model's direction
+  c.data.validation_fraction = c.data.test_fraction = 0.05
+  return c
