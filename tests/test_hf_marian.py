@@ -7,20 +7,22 @@ import shutil
 import sys
 from pathlib import Path
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from transformer import inference, tokenizers
+from transformer import inference, metrics, tasks, tokenizers
 from transformer.errors import CheckpointError, ConfigError, TokenizerError
 from transformer.generation import beam_search
 from transformer.models.hf_marian import export_hf_marian, import_hf_marian
 from transformer.models.seq2seq import Transformer
+from transformer.tasks.translation import Translation
 from transformer.tokenizers import load_tokenizer
 
-from conftest import REPO
+from conftest import REPO, run_cases, run_module
 
 FIXTURE = REPO / "tests" / "fixtures" / "marian_tiny"
 
@@ -256,3 +258,94 @@ def test_a_vocabulary_that_disagrees_with_the_embedding_is_one_error(tmp_path):
 
 if __name__ == "__main__":  # the export that make_marian_fixtures.py --check loads
   perturbed_export(sys.argv[1])
+
+
+# --- Fine-tuning: a Marian directory through the ordinary training loop. ---
+
+
+def _pairs_tsv(path) -> Path:
+  """60 Ding pairs (German<TAB>English: the fixture model's direction), from tokenizer_reference.json."""
+  pairs = json.loads((FIXTURE / "tokenizer_reference.json").read_text(encoding="utf-8"))["pairs"][:60]
+  path.write_text("".join(f"{de}\t{en}\n" for de, en in pairs), encoding="utf-8")
+  return path
+
+
+def test_fine_tuning_starts_from_the_marian_weights_and_refuses_another_model_or_tokenizer(tmp_path):
+  from experiments import translation as experiment
+
+  config = experiment.get_config(f"marian={FIXTURE}")
+  run, task, _, _ = inference._on_this_machine(tasks.resolve(config), load_tokenizer(FIXTURE))
+  fresh = nn.unbox(task.model.init(jax.random.key(0), *task.init_inputs())["params"])
+  _, imported = import_hf_marian(FIXTURE)
+  jax.tree.map(np.testing.assert_array_equal, task.init_params(fresh, None), imported)
+  assert (run.model.block.pre_layer_norm, run.model.sinusoids, run.task_config.eval.length_penalty) == (
+    False,
+    "halves",
+    "hf",
+  )
+
+  config.model.block.pre_layer_norm = True
+  with pytest.raises(ConfigError, match=r"is another model than --config.model: block.pre_layer_norm=True"):
+    tasks.resolve(config)
+  config.model.block.pre_layer_norm = False
+  chars = tokenizers.get_tokenizer("char", corpus=["Ich habe keine Zeit."])
+  _, task, _, _ = inference._on_this_machine(tasks.resolve(config), chars)
+  with pytest.raises(ConfigError, match=r"reads other tokens .* --config.data.tokenizer="):
+    task.init_params(fresh, None)
+  config.data.input_files = (str(_pairs_tsv(tmp_path / "pairs.tsv")),)
+  config.data.direction = "target-source"
+  run = tasks.resolve(config)
+  with pytest.raises(ConfigError, match="a Marian tokenizer pair encodes the first column with its source model"):
+    Translation.check_source(run, run.data.source("pairs"))
+
+
+@pytest.mark.slow
+def test_fine_tuning_through_launch_train_resumes_exactly_and_exports_what_it_trained(tmp_path):
+  """A few steps on a TSV from the fixture (`experiments/translation.py:marian=DIR`), straight and
+  stopped halfway then resumed: the same losses and params, bit for bit. The run exports
+  (launch.translate --export) as a Marian directory that imports to its params and translates as it
+  does, and launch.evaluate --hf scores it."""
+  tsv = _pairs_tsv(tmp_path / "pairs.tsv")
+  common = [
+    f"--config=experiments/translation.py:marian={FIXTURE}",
+    f"--config.data.input_files={tsv}",
+    f"--config.data.root={tmp_path / 'data'}",
+    "--config.data.max_len=48",
+    "--config.batch_tokens=256",
+    "--config.optimizer.lr=1e-3",
+    "--config.optimizer.warmup_steps=2",
+    "--config.eval_every_steps=3",
+    "--config.checkpoint_every_steps=3",
+    "--config.eval.bleu_sentences=4",
+    "--config.log_every_steps=1",
+  ]
+  train = lambda workdir, steps: run_module(
+    "launch.train", *common, f"--config.num_train_steps={steps}", f"--workdir={workdir}"
+  )
+  for workdir, steps in ((tmp_path / "straight", 6), (tmp_path / "resumed", 3), (tmp_path / "resumed", 6)):
+    proc = train(workdir, steps)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "resumed from" in proc.stdout
+  losses = [
+    metrics.last_per_step(metrics.read_jsonl(tmp_path / name / "metrics.jsonl"), "loss")
+    for name in ("straight", "resumed")
+  ]
+  assert losses[0] == losses[1] and len(losses[0]) == 6
+  straight, resumed = (inference.restore(tmp_path / name) for name in ("straight", "resumed"))
+  jax.tree.map(np.testing.assert_array_equal, straight.params, resumed.params)
+  _, imported = import_hf_marian(FIXTURE)
+  assert not np.array_equal(straight.params["final_logits_bias"], imported["final_logits_bias"])  # it trained
+
+  exported = tmp_path / "exported"
+  proc = run_module("launch.translate", f"--workdir={tmp_path / 'straight'}", f"--export={exported}")
+  assert proc.returncode == 0 and "MarianMTModel.from_pretrained" in proc.stdout, proc.stderr[-3000:]
+  jax.tree.map(np.testing.assert_allclose, import_hf_marian(exported)[1], jax.device_get(straight.params))
+  sentence = ["--sentence=Ich habe nichts Besseres gefunden.", "--beam_size=4"]
+  results = run_cases(
+    "launch.translate",
+    [{"args": [f"--workdir={tmp_path / 'straight'}", *sentence]}, {"args": [f"--hf={exported}", *sentence]}],
+    tmp_path,
+  )
+  assert results[0]["status"] == results[1]["status"] == 0 and results[0]["stdout"] == results[1]["stdout"]
+  [scored] = run_cases("launch.evaluate", [{"args": [f"--hf={exported}", f"--input_file={tsv}"]}], tmp_path)
+  assert scored["status"] == 0 and "BLEU" in scored["stdout"] and "hf length penalty, alpha 1.0" in scored["stdout"]
