@@ -140,6 +140,8 @@ def test_the_tokenizer_pair_gives_transformers_ids_and_texts(tmp_path):
     assert tokenizer.encode(source) == source_ids, source
     assert tokenizer.encode_target(target) + [tokenizer.eot_id] == target_ids, target  # the pipeline adds </s>
     assert tokenizer.decode(target_ids) == decoded
+  # transformers decodes with the source model by default (one vocab.json): the same texts here.
+  assert reference["decoded_targets_default"] == reference["decoded_targets"]
   for ids, decoded in zip(reference["translations"], reference["decoded_translations"]):
     assert tokenizer.decode(ids) == decoded  # <pad> and </s> left out
   # decode(encode(x)) == x for every Ding sentence; the odd texts come back as SentencePiece's NFKC

@@ -35,7 +35,10 @@ PROGRAMS = {
     lambda f, w, d: [f"--workdir={w}", f"--prompts_file={f}"],
     lambda f, w, d: [f"--hf={f}"],  # GPT-2 safetensors
   ],
-  "launch.translate": [lambda f, w, d: [f"--workdir={w}", f"--input_file={f}"]],
+  "launch.translate": [
+    lambda f, w, d: [f"--workdir={w}", f"--input_file={f}"],
+    lambda f, w, d: [f"--hf={f}", "--sentence=Guten Morgen."],  # a Marian model's directory
+  ],
   "launch.evaluate": [
     lambda f, w, d: [f"--workdir={w}", f"--input_file={f}"],
     lambda f, w, d: [f"--hf={f}", f"--input_file={REPO / 'README.md'}"],  # GPT-2 safetensors
