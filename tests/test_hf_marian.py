@@ -245,12 +245,16 @@ def test_export_refuses_what_marians_format_cannot_hold(tmp_path):
   assert not list(tmp_path.iterdir())  # nothing written
 
 
-def test_a_vocabulary_that_disagrees_with_the_embedding_is_one_error(tmp_path):
-  directory = _copy(tmp_path)
+def _drop_a_piece(directory) -> None:
+  """vocab.json without the piece "x", the rest numbered 0..481: a vocabulary of another model."""
   vocab = json.loads((directory / "vocab.json").read_text())
   del vocab["x"]
-  vocab = {piece: i for i, piece in enumerate(sorted(vocab, key=vocab.get))}
-  (directory / "vocab.json").write_text(json.dumps(vocab))
+  (directory / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(sorted(vocab, key=vocab.get))}))
+
+
+def test_a_vocabulary_that_disagrees_with_the_embedding_is_one_error(tmp_path):
+  directory = _copy(tmp_path)
+  _drop_a_piece(directory)
   with pytest.raises(CheckpointError, match="vocab.json has 482 pieces but the model's embedding 483 rows"):
     inference.import_marian(directory)
   (directory / "source.spm").unlink()
@@ -351,3 +355,37 @@ def test_fine_tuning_through_launch_train_resumes_exactly_and_exports_what_it_tr
   assert results[0]["status"] == results[1]["status"] == 0 and results[0]["stdout"] == results[1]["stdout"]
   [scored] = run_cases("launch.evaluate", [{"args": [f"--hf={exported}", f"--input_file={tsv}"]}], tmp_path)
   assert scored["status"] == 0 and "BLEU" in scored["stdout"] and "hf length penalty, alpha 1.0" in scored["stdout"]
+
+
+@pytest.mark.slow
+def test_bad_marian_directories_end_the_launch_programs_with_one_error_line(tmp_path):
+  """A missing .spm, a vocab.json that disagrees with the embedding, a config.json of another model:
+  launch.translate, launch.evaluate and launch.probe each end with one `error:` line naming it."""
+  damaged = {}
+  for name, damage in {
+    "no_spm": lambda d: (d / "source.spm").unlink(),
+    "short_vocab": _drop_a_piece,
+    "bart": lambda d: _edit_config(d, model_type="bart"),
+  }.items():
+    directory = shutil.copytree(FIXTURE, tmp_path / name)
+    damage(directory)
+    damaged[name] = directory
+  expected = {
+    "no_spm": "has no source.spm",
+    "short_vocab": "pieces but the model's embedding 483 rows",
+    "bart": "is not a Marian config (model_type 'bart'",
+  }
+  tsv = _pairs_tsv(tmp_path / "pairs.tsv")
+  programs = {
+    "launch.translate": lambda d: [f"--hf={d}", "--sentence=Guten Morgen."],
+    "launch.evaluate": lambda d: [f"--hf={d}", f"--input_file={tsv}"],
+    "launch.probe": lambda d: [f"--hf={d}", "--text=Guten Morgen.", f"--out={tmp_path / 'out'}"],
+  }
+  for program, args in programs.items():
+    cases = [{"args": args(damaged[name])} for name in ("no_spm", "short_vocab")]
+    if program == "launch.translate":  # evaluate and probe read a non-Marian config.json as GPT-2's
+      cases.append({"args": args(damaged["bart"])})
+    for case, name in zip(run_cases(program, cases, tmp_path), expected):
+      errors = [line for line in case["stderr"].splitlines() if line.startswith("error: ")]
+      assert case["status"] == 1 and len(errors) == 1 and expected[name] in errors[0], (program, name, case["stderr"])
+  assert not (tmp_path / "out").exists()

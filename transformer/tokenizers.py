@@ -522,7 +522,7 @@ def _bpe_from_ranks(ranks, pattern, special_tokens, name) -> TiktokenTokenizer:
 # Entry points.
 
 
-def is_marian(directory: str | os.PathLike) -> bool:
+def is_marian_pair(directory: str | os.PathLike) -> bool:
   """Whether `directory` holds a Marian tokenizer pair (MarianTokenizer.FILES): a Marian model's, or saved."""
   return (Path(directory) / MarianTokenizer.FILES[0]).is_file()
 
@@ -542,7 +542,7 @@ def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
   """Loads what `Tokenizer.save` wrote, or a Marian model directory's tokenizer pair."""
   directory = Path(directory)
   config_path = directory / CONFIG_FILE
-  if is_marian(directory) and not config_path.exists():  # a Marian model's directory
+  if is_marian_pair(directory) and not config_path.exists():  # a Marian model's directory
     return MarianTokenizer.from_directory(directory)
   if not config_path.exists():
     raise TokenizerError(f"no saved tokenizer at {directory} (looked for {config_path})")

@@ -102,7 +102,7 @@ class PrepareOptions:
   def saved_tokenizer(self) -> Path | None:
     """The directory of a saved tokenizer, when `tokenizer` names one."""
     path = Path(self.tokenizer).expanduser()
-    return path if (path / tokenizers.CONFIG_FILE).is_file() or tokenizers.is_marian(path) else None
+    return path if (path / tokenizers.CONFIG_FILE).is_file() or tokenizers.is_marian_pair(path) else None
 
 
 def default_dir(

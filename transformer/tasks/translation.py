@@ -188,7 +188,7 @@ class Translation(Task):
       raise ConfigError(
         f"--config.data.direction: {e} (the columns of {source.name}, in order; leave it empty for that order)"
       ) from None
-    if tokenizers.is_marian(run.data.tokenizer) and direction != "-".join(source.columns):
+    if tokenizers.is_marian_pair(run.data.tokenizer) and direction != "-".join(source.columns):
       raise ConfigError(
         f"--config.data.direction={direction}: a Marian tokenizer pair encodes the first column with its "
         f"source model, so it translates {'-'.join(source.columns)}; use a model of that direction, or swap "
