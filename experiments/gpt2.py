@@ -12,6 +12,7 @@ PRESETS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 # (micro-batch sequences per step before accumulation, lr) per size, as in nanoGPT / llm.c.
 _RECIPES = {"gpt2": (64, 6e-4), "gpt2-medium": (32, 3e-4), "gpt2-large": (16, 2.5e-4), "gpt2-xl": (8, 2e-4)}
 TOKENS_PER_STEP = 524_288  # 2**19 ~ 0.5M
+MICROBATCH = {preset: micro for preset, (micro, _) in _RECIPES.items()}
 
 
 def get_config(preset: str = "gpt2"):

@@ -13,6 +13,12 @@ r"""Benchmarks that print tables (medians of several runs). Speed is measured he
       --train_batch=32 --seq_len=128                                          # shakespeare.py:char_gpt2's model
   python -m launch.bench --what=generate --what=train --preset=gpt2           # several tables, one process
   python -m launch.bench --what=prepare --prepare_mb=10,100,1000 --repeats=1  # launch.prepare vs raw tiktoken
+  python -m launch.bench --what=accelerator --batch_sizes=1,8,32 --new_tokens=256  # the accelerator check (a GPU)
+
+--what=accelerator is the whole accelerator path in one table and --check_json, for the few minutes a
+chip is lent (launch/accelerator_check.sh carries what the machine lacks and runs it): the kernel
+tests on the chip, cuDNN attention on packed rows, GPT-2 training MFU at the batch the planner fits
+(its bytes against the chip's peak after real steps), and decoding against the HBM roofline.
 
 --what=vs_hf runs, on one random-weight config (default: cpu-small with GPT-2's vocabulary):
 KV-cache generation (greedy, --prompt_len prompt tokens + --new_tokens new ones, batch sizes
@@ -26,6 +32,7 @@ venv with torch's CPU wheel, created on first use under the asset cache
 
 import collections
 import functools
+import json
 import os
 import shutil
 import statistics
@@ -33,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 
 import flax.linen as nn
@@ -41,9 +49,10 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from experiments import shakespeare
+from experiments import base, shakespeare
+from experiments import gpt2 as gpt2_experiment
 from launch import peer_env
-from transformer import benchmark, cli, data, layers, metrics, optim, tokenizers, train
+from transformer import benchmark, cli, data, layers, metrics, optim, plan, tasks, tokenizers, train
 from transformer.config import OptimizerConfig
 from transformer.data import pipeline
 from transformer.data.prepare import BATCH_CHARS
@@ -65,6 +74,7 @@ _WHAT = flags.DEFINE_multi_enum(
     "mechanisms",
     "ceilings",
     "prepare",
+    "accelerator",
   ],
   "Which benchmark; repeat the flag for several in one process (tables in the order given, a blank line apart).",
 )
@@ -116,6 +126,23 @@ _PREPARE_MB = flags.DEFINE_list(
 _PREPARE_DIR = flags.DEFINE_string(
   "prepare_dir", None, "--what=prepare: where the text files and preparations are written (default: a temp dir)."
 )
+_CHECK_TRAIN = flags.DEFINE_list(
+  "check_train", ["gpt2", "gpt2-medium"], "--what=accelerator: the GPT-2 presets (experiments/gpt2.py) it trains."
+)
+_CHECK_DECODE = flags.DEFINE_list(
+  "check_decode", ["gpt2", "gpt2-xl"], "--what=accelerator: the presets it decodes (at --batch_sizes)."
+)
+_CHECK_TESTS = flags.DEFINE_string(
+  "check_tests",
+  "tests/test_kernels.py tests/test_attention.py tests/test_sampling.py tests/test_beam_search.py",
+  "--what=accelerator: the pytest selection run on this machine's devices first ('' skips it).",
+)
+_CHECK_BUDGET = flags.DEFINE_float(
+  "check_memory_gib",
+  0.0,
+  "--what=accelerator: per-device memory the planner fits the training batch into (0: the chip's, 90% of it).",
+)
+_CHECK_JSON = flags.DEFINE_string("check_json", "accelerator_check.json", "--what=accelerator: the table as JSON.")
 _PEER_PYTHON = flags.DEFINE_string(
   "peer_python",
   None,
@@ -158,9 +185,9 @@ def forward_seconds(cfg, params, batch: int) -> float:
   return benchmark.median_seconds(lambda: apply({"params": params}, tokens), repeats=_REPEATS.value)
 
 
-def generate_seconds(cfg, params, batch: int, new_tokens: int = 0) -> float:
+def generate_seconds(cfg, params, batch: int, new_tokens: int = 0, fixed_trips: bool | None = None) -> float:
   """One `sampling.generate` call, greedy, exactly new_tokens (default --new_tokens) per sequence
-  (no stop token)."""
+  (no stop token; `fixed_trips`: the decode loop's form, by default the kernels')."""
   prompts = np.random.default_rng(batch).integers(0, cfg.vocab_size, (batch, _PROMPT_LEN.value)).tolist()
   run = lambda: sampling.generate(
     gpt.GPT(cfg),
@@ -168,6 +195,7 @@ def generate_seconds(cfg, params, batch: int, new_tokens: int = 0) -> float:
     prompts,
     max_new_tokens=new_tokens or _NEW_TOKENS.value,
     sampling=sampling.Sampling(temperature=0),
+    fixed_trips=fixed_trips,
   )
   # `generate` returns host lists, complete when it returns: time it without median_seconds' wait on
   # the result, which walks a list of lists as a pytree (~1.7 ms for 32 x 96 ids, ~4% of the main
@@ -632,6 +660,160 @@ def prepare_table() -> str:
   )
 
 
+# ---------------------------------------------------------------------------------------------
+# --what=accelerator: the whole accelerator path in one table, for the short time a chip is lent.
+
+
+def _check_tests() -> list[list]:
+  """The kernel-equivalence (and decoding, attention) tests, on this machine's devices: a pytest
+  process of the --check_tests selection, not marked slow."""
+  if not _CHECK_TESTS.value.strip():
+    return []
+  start = time.perf_counter()
+  proc = subprocess.run(
+    [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", *_CHECK_TESTS.value.split()],
+    capture_output=True,
+    text=True,
+  )
+  summary = (proc.stdout.strip().splitlines() or ["no output"])[-1]
+  seconds = time.perf_counter() - start
+  return [["tests", _CHECK_TESTS.value, f"{summary} ({seconds:.0f} s in all)", "all pass", proc.returncode == 0]]
+
+
+def _check_cudnn_segments() -> list[list]:
+  """cuDNN attention on packed rows (segment ids: each document attends to itself only) against the
+  einsum reference, GPT-2-shaped heads, bf16."""
+  if jax.default_backend() != "gpu":
+    return [["cuDNN, packed rows", "max |logits - einsum's|", "skipped: cuDNN attention needs an NVIDIA GPU", "", None]]
+  cfg = gpt.preset("gpt2", num_layers=2, max_len=1024, dtype="bfloat16", vocab_size=50304)
+  params = _params(cfg)
+  tokens_BxT = jax.random.randint(jax.random.key(0), (4, 1024), 0, cfg.vocab_size)
+  segments_BxT = jnp.cumsum(jax.random.bernoulli(jax.random.key(1), 0.005, (4, 1024)), axis=1)
+  logits = {
+    attention: jax.jit(gpt.GPT(cfg.replace(attention=attention, kernels="reference")).apply)(
+      {"params": params}, tokens_BxT, segments_BxT=segments_BxT
+    )
+    for attention in ("einsum", "cudnn")
+  }
+  diff = float(jnp.abs(logits["cudnn"] - logits["einsum"]).max())
+  return [["cuDNN, packed rows", "max |logits - einsum's|", f"{diff:.3g}", "bf16: < 0.5", diff < 0.5]]
+
+
+def _check_run(preset: str, batch: int, remat: str) -> train.Run:
+  """A training run of experiments/gpt2.py's `preset` (another GPT preset, e.g. cpu-tiny for a smoke
+  check: base.lm_config's recipe) on random tokens, one microbatch of `batch` sequences a step. No
+  data: the device may reach nothing, and the step's speed does not depend on the tokens."""
+  if preset in gpt2_experiment.PRESETS:
+    config = gpt2_experiment.get_config(preset)
+  else:
+    config = base.lm_config()
+    config.model = base.model_fields(preset, vocab_size=50304)
+    config.seq_len = min(config.seq_len, config.model.max_len)
+  config.batch_size, config.optimizer.accumulation_steps, config.model.remat_policy = batch, 1, remat
+  run_config = tasks.resolve(config, num_devices=jax.device_count())
+  no_data = types.SimpleNamespace(tokenizer=tokenizers.CharTokenizer(" abcdefghijklmnopqrstuvwxyzEMOR:"))
+  return train.build(run_config, no_data)
+
+
+def _check_train(preset: str) -> list[list]:
+  """Training MFU at the batch and remat the planner fits into the chip's memory (the recipe's
+  microbatch, else remat "dots", else halved), the median step of real steps, and the planner's
+  per-device bytes against the chip's peak after them."""
+  device = jax.devices()[0]
+  stats = device.memory_stats() or {}
+  budget = int(_CHECK_BUDGET.value * plan.GIB) or int(0.9 * stats.get("bytes_limit", 0)) or 2 * plan.GIB
+  batch = gpt2_experiment.MICROBATCH.get(preset, 8)
+  while True:
+    for remat in ("none", "dots"):
+      run = _check_run(preset, batch, remat)
+      planned = plan.plan_train(run)
+      if planned.total <= budget:
+        break
+    if planned.total <= budget or batch == 1:
+      break
+    batch //= 2
+  state = train.init_state(run)
+  step_fn, _ = train.jit_steps(run)
+  tokens_BxL1 = jax.device_put(
+    jax.random.randint(jax.random.key(0), (batch, run.config.task_config.seq_len + 1), 0, 50257),
+    run.task.batch_sharding,
+  )
+  holder = [state]
+
+  def step():
+    holder[0], step_metrics = step_fn(holder[0], tokens_BxL1)
+    return step_metrics["loss"]
+
+  with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.config.mesh.rules):  # as the training loop runs it
+    seconds = benchmark.median_seconds(step, repeats=_REPEATS.value, warmup=3)
+  tokens_s = batch * run.config.task_config.seq_len / seconds
+  num_params = sum(x.size for x in jax.tree.leaves(state.params))
+  util = metrics.mfu(tokens_s, run.task.flops_per_token(num_params), jax.devices())
+  peak = (device.memory_stats() or {}).get("peak_bytes_in_use")
+  name = f"train {preset}, batch {batch} x {run.config.task_config.seq_len}, remat {remat}"
+  rows = [
+    [name, "median step, tokens/s", f"{seconds * 1000:.1f} ms, {tokens_s:,.0f}", "", None],
+    [name, "MFU", "n/a" if util is None else f"{util:.1%}", ">= 55%", None if util is None else util >= 0.55],
+  ]
+  ratio = None if not peak else planned.total / peak
+  rows.append(
+    [
+      name,
+      "planner / peak_bytes_in_use",
+      f"{plan.human_bytes(planned.total)} / " + ("n/a" if not peak else f"{plan.human_bytes(peak)} = {ratio:.2f}"),
+      "within 10%",
+      None if ratio is None else abs(ratio - 1) <= 0.10,
+    ]
+  )
+  return rows
+
+
+def _check_decode(preset: str) -> list[list]:
+  """Greedy KV-cache decoding at each --batch_sizes: new tokens/s and the share of the HBM roofline
+  (every weight and the cache read once a token), with the decode loop the kernels choose (on an
+  accelerator: a fixed trip count) and, at batch 1, the stopping loop beside it (before/after)."""
+  cfg = gpt.preset(preset, vocab_size=50257, dtype="bfloat16" if jax.default_backend() != "cpu" else "float32")
+  params = _serving_params(cfg)
+  weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
+  bandwidth = metrics.peak_bandwidth(jax.devices()[0])
+  rows = []
+  runs = [(b, None) for b in map(int, _BATCH_SIZES.value)] + [(1, False)]
+  for b, fixed in runs:
+    ms_token = generate_seconds(cfg, params, b, fixed_trips=fixed) * 1000 / _NEW_TOKENS.value
+    loop = "the stopping loop" if fixed is False else "the kernels' loop"
+    row = [
+      f"decode {preset}, batch {b}, {loop}",
+      "ms/token, new tokens/s",
+      f"{ms_token:.3f}, {b * 1000 / ms_token:,.0f}",
+    ]
+    if bandwidth:
+      cache = 2 * cfg.num_layers * b * (_PROMPT_LEN.value + _NEW_TOKENS.value / 2) * cfg.block.d_model * 2
+      share = (weight_bytes + cache) / bandwidth * 1000 / ms_token
+      target = b == 1 and fixed is None and preset == "gpt2-xl"
+      row += [f"{share:.1%} of the HBM roofline" + (" (>= 60%)" if target else ""), share >= 0.6 if target else None]
+    else:
+      row += ["no bandwidth on the data sheet", None]
+    rows.append(row)
+  return rows
+
+
+def accelerator_table() -> str:
+  """The accelerator path in one table (and --check_json): the tests on the chip, cuDNN attention
+  on packed rows, GPT-2 training MFU with the planner's batch and its memory against the chip's,
+  and decoding against the HBM roofline. Every section runs whatever the one before it found."""
+  rows = _check_tests() + _check_cudnn_segments()
+  for preset in _CHECK_TRAIN.value:
+    rows += _check_train(preset)
+  for preset in _CHECK_DECODE.value:
+    rows += _check_decode(preset)
+  headers = ["check", "what", "measured", "target", "ok"]
+  if _CHECK_JSON.value:
+    record = {"device": metrics.device_summary(), "jax": jax.__version__, "rows": [dict(zip(headers, r)) for r in rows]}
+    Path(_CHECK_JSON.value).write_text(json.dumps(record, indent=1) + "\n")
+  table = benchmark.table(headers, [[*r[:4], "" if r[4] is None else ("yes" if r[4] else "NO")] for r in rows])
+  return f"accelerator check on {metrics.device_summary()}, jax {jax.__version__}\n{table}"
+
+
 def main(argv):
   del argv
   tables = {
@@ -645,6 +827,7 @@ def main(argv):
     "mechanisms": mechanisms_table,
     "ceilings": ceilings_table,
     "prepare": prepare_table,
+    "accelerator": accelerator_table,
   }
   for i, what in enumerate(_WHAT.value):
     print(("\n" if i else "") + tables[what](), flush=True)

@@ -99,3 +99,40 @@ def test_benchmark_against_hugging_face_runs():
   )
   assert proc.returncode == 0, proc.stderr
   assert "ours/HF" in proc.stdout and "train step" in proc.stdout and "generate" in proc.stdout
+
+
+@pytest.mark.slow
+def test_the_accelerator_check_runs_end_to_end_on_a_cpu(tmp_path):
+  """The prepared accelerator check (--what=accelerator), shrunk to a smoke run on this CPU: its test
+  selection in a pytest process, the cuDNN row skipped and said so, a planned and timed training
+  step, decoding at each batch size; one table, and the same rows as JSON."""
+  import json
+
+  out = tmp_path / "check.json"
+  proc = run_module(
+    "launch.bench",
+    "--what=accelerator",
+    "--check_train=cpu-tiny",
+    "--check_decode=cpu-tiny",
+    "--check_tests=tests/test_kernels.py -k bf16_gradients",
+    "--batch_sizes=1,2",
+    "--new_tokens=4",
+    "--prompt_len=3",
+    "--repeats=1",
+    f"--check_json={out}",
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.startswith("accelerator check on 1 x cpu")
+  rows = json.loads(out.read_text())["rows"]
+  assert [r["check"] for r in rows] == [
+    "tests",
+    "cuDNN, packed rows",
+    *["train cpu-tiny, batch 8 x 64, remat none"] * 3,
+    "decode cpu-tiny, batch 1, the kernels' loop",
+    "decode cpu-tiny, batch 2, the kernels' loop",
+    "decode cpu-tiny, batch 1, the stopping loop",
+  ]
+  assert rows[0]["ok"] is True and "1 passed" in rows[0]["measured"]
+  assert rows[1]["measured"].startswith("skipped: cuDNN attention needs an NVIDIA GPU")
+  assert rows[3]["measured"] == "n/a" and "MiB / n/a" in rows[4]["measured"]  # no peak FLOP/s or memory_stats on a CPU
+  assert all(r["measured"] for r in rows)

@@ -483,3 +483,31 @@ class WholeModelTest(chex.TestCase):
       seq2seq.Transformer(cfg.replace(kernels=form)), params, sources, eos_id=0, beam_size=2, max_len=10
     )
     assert run("cpu") == run("accelerator") == run("reference")
+
+
+def test_the_accelerators_loss_backward_feeds_bf16_gradients_to_the_head_and_scatters_nothing():
+  """The levanter recipe for the cross-entropy's backward on accelerators: the gradient of the logits
+  reaches the head's two backward products in bfloat16 (float32 there would force FP32/TF32
+  products), and the label term is a one-hot compare, not a scatter into B x T x V (the only
+  scatter left is the position table's, of its own size)."""
+  import flax.linen as nn
+
+  from transformer.models.gpt import GPT, GPTConfig
+  from transformer.tasks.lm import lm_loss
+
+  V = 96
+  cfg = GPTConfig().replace(
+    vocab_size=V, max_len=16, num_layers=1, num_heads=2, d_model=32, dtype="bfloat16", kernels="accelerator"
+  )
+  model = GPT(cfg)
+  params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
+  batch = jax.random.randint(jax.random.key(1), (2, 9), 0, V)
+  jaxpr = jax.make_jaxpr(jax.grad(lambda p: lm_loss(model, p, batch, jax.random.key(2), False)[0]))(params).jaxpr
+  vocab_products = [
+    [str(v.aval.dtype) for v in e.invars]
+    for e in jaxpr.eqns
+    if e.primitive.name == "dot_general" and any(V in v.aval.shape for v in e.invars)
+  ]
+  assert len(vocab_products) == 3 and all(dtypes == ["bfloat16", "bfloat16"] for dtypes in vocab_products)
+  scatters = [e.invars[0].aval.shape for e in jaxpr.eqns if "scatter" in e.primitive.name]
+  assert all(V not in shape for shape in scatters) and scatters == [(16, 32)]

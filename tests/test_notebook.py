@@ -78,3 +78,47 @@ def test_the_notebook_runs_on_cpu(tmp_path, monkeypatch):
   assert (workdir / "shakespeare-tiny" / "checkpoints").is_dir()
   assert (workdir / "de-en-tiny" / "test_translations.tsv").exists()
   assert (workdir / "de-en-tiny" / "probes" / "alignment.png").exists()
+
+
+def _install_functions() -> dict:
+  """The install cell's functions (runtime_extra, pip_target, backend_problem), defined apart from the
+  cell's Colab-only install, which they decide."""
+  import ast
+
+  source = next(c.source for c in _code_cells(nbformat.read(NOTEBOOK, as_version=4)) if "def runtime_extra" in c.source)
+  tree = ast.parse(source)
+  keep = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef))]
+  namespace: dict = {}
+  exec(compile(ast.Module(body=keep, type_ignores=[]), "colab-install-cell", "exec"), namespace)
+  return namespace
+
+
+@pytest.mark.parametrize(
+  "devices,environ,gpu,extra",
+  [
+    (["vfio/0"], {}, False, "tpu"),  # Colab's TPU runtime today: one v5e chip, a VFIO device
+    (["accel0", "accel1"], {}, False, "tpu"),  # v4 and v5p VMs
+    ([], {"TPU_ACCELERATOR_TYPE": "v5litepod-1"}, False, "tpu"),
+    ([], {}, True, "cuda"),
+    (["vfio/vfio"], {}, False, ""),  # the VFIO control node alone is no chip
+    ([], {}, False, ""),
+  ],
+)
+def test_the_install_cell_picks_the_runtimes_extra_and_names_a_cpu_fallback(tmp_path, devices, environ, gpu, extra):
+  """The install decision on a simulated runtime (device files under a fake /dev, environment
+  variables, nvidia-smi on the PATH or not), without its hardware: the extra, the pip target, and
+  the one line the next cell stops with when jax then runs on the CPU of an accelerator runtime."""
+  cell = _install_functions()
+  for name in devices:
+    (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / name).touch()
+  which = lambda program: "/usr/bin/nvidia-smi" if gpu and program == "nvidia-smi" else None
+  assert cell["runtime_extra"](tmp_path, environ, which) == extra
+  repo = REPO.parent / "repo"
+  assert cell["pip_target"](repo, extra) == (f"{repo}[{extra}]" if extra else str(repo))
+  problem = cell["backend_problem"](extra, "cpu", "0.7.2")
+  if extra:
+    assert "jax 0.7.2 found no" in problem and "fell back to the CPU" in problem and "Restart session" in problem
+  else:
+    assert problem is None
+  assert cell["backend_problem"](extra, "tpu" if extra == "tpu" else "gpu", "0.12.0") is None

@@ -358,3 +358,33 @@ def test_sharded_generation_on_8_devices_matches_one_device(params):
   assert sharded["sampled"] == sampler.generate(
     model, params, PROMPTS, max_new_tokens=12, sampling=Sampling(top_p=0.9), seed=5
   )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampling", [Sampling(temperature=0.0), Sampling(temperature=1.0, top_k=20)])
+def test_a_fixed_trip_count_loop_makes_the_tokens_the_stopping_loop_makes(sampling, params):
+  """The accelerators' decode loop runs all max_new_tokens steps (no stop condition read on the host
+  each token), the tokens after <stop> masked: greedy and sampled tokens (the same key) equal the
+  stopping loop's, over phases of the cache, with rows that stop early and rows that do not."""
+  model = GPT(CFG.replace(kernels="reference"))
+  prompt_BxP = jnp.array([[0, 0, 5, 6, 7], [1, 2, 3, 4, 9], [0, 0, 0, 8, 1]], jnp.int32)
+  valid_BxP = prompt_BxP > 0
+  rng, options = jax.random.key(3), dict(model=model, max_new_tokens=24, sampling=sampling, decode_phase=8)
+  free = sampler.sample_padded(params, prompt_BxP, valid_BxP, rng, **options)
+  stop_id = int(np.bincount(np.asarray(free)[:, :12].ravel()).argmax())  # a token some rows make early
+  tokens = {
+    fixed: sampler.jitted_sampler(model)(
+      params, prompt_BxP, valid_BxP, rng, stop_id=stop_id, fixed_trips=fixed, **options
+    )
+    for fixed in (False, True)
+  }
+  np.testing.assert_array_equal(tokens[True], tokens[False])
+  stopped = (np.asarray(tokens[True]) == stop_id).any(axis=1)
+  assert stopped.any()  # the stopping loop had rows to stop
+  # The stopping loop's condition reduces the rows' done flags to one: the fixed loop's never does.
+  all_done = "applies stablehlo.and across dimensions = [0] : (tensor<3xi1>, tensor<i1>) -> tensor<i1>"
+  for fixed in (False, True):
+    lowered = jax.jit(sampler.sample_padded, static_argnames=sampler.STATIC_ARGNAMES).lower(
+      params, prompt_BxP, valid_BxP, rng, stop_id=stop_id, fixed_trips=fixed, **options
+    )
+    assert (all_done in lowered.as_text()) != fixed

@@ -10,7 +10,9 @@ How `generate` works:
      prompt's result does not depend on the prompts around it.
   2. One forward pass over the prompts fills a KV cache (prefill).
   3. A `lax.while_loop` then feeds back one token per step (one compiled program, no Python per
-     token) until every sequence has emitted `stop_id` or `max_new_tokens` are made. The cache
+     token) until every sequence has emitted `stop_id` or `max_new_tokens` are made (with the
+     accelerators' kernels, a loop of max_new_tokens steps, the tokens after a stop masked: no
+     host round trip a token; `sample_padded`'s `fixed_trips`). The cache
      grows in a few phases up to P + max_new_tokens slots (`decode_lengths`): each step attends
      over the slots of its phase, not over every slot that will ever be written.
   With the CPU's kernels a large enough batch is split into one part per core, each decoded by its
@@ -178,6 +180,7 @@ def sample_padded(
   rules: tuple = (),
   stream: Relay | None = None,
   decode_phase: int = DECODE_PHASE,
+  fixed_trips: bool | None = None,
 ):
   """The sampler (`jitted_sampler` compiles it): left-padded prompts (B, P) -> new tokens
   (B, max_new_tokens). `first_row`: the index of these prompts' first row in the whole batch, which
@@ -185,7 +188,12 @@ def sample_padded(
   `decode_lengths`.
 
   After a sequence emits `stop_id` its remaining entries are `stop_id`. With a `stream` relay, each
-  step's tokens go to the host as they are made (see `generate`'s `on_token`)."""
+  step's tokens go to the host as they are made (see `generate`'s `on_token`).
+
+  The loop stops when every sequence has emitted `stop_id`; with `fixed_trips` (default: the
+  accelerators' forms) it runs all max_new_tokens steps instead, the tokens after a stop masked to
+  `stop_id` as before: the same tokens, and a loop whose trip count the compiler knows, which on an
+  accelerator runs step after step without copying the stop condition to the host each token."""
   B, P = prompt_BxP.shape
   N = max_new_tokens
   with nn.logical_axis_rules(rules):
@@ -217,16 +225,22 @@ def sample_padded(
       logits_BxV, cache = forward(cache, token_B[:, None], jnp.ones((B, 1), bool))
       return i + 1, cache, *emit(i, logits_BxV, done_B, tokens_BxN)
 
-    carry = (jnp.int32(1), cache, token_B, done_B, tokens_BxN)
+    fixed_trips = forms == "accelerator" if fixed_trips is None else fixed_trips
+    carry, start = (jnp.int32(1), cache, token_B, done_B, tokens_BxN), 1
     for length in lengths:  # step i writes slot P + i - 1: a cache of `length` slots takes i <= length - P
       carry = (carry[0], grow_cache(carry[1], jax.eval_shape(lambda: init_cache(model, B, length))), *carry[2:])
-      keep_going = lambda carry, end=min(length - P + 1, N): (carry[0] < end) & ~jnp.all(carry[3])
-      carry = jax.lax.while_loop(keep_going, step, carry)
+      end = min(length - P + 1, N)
+      if fixed_trips:
+        carry = jax.lax.fori_loop(start, max(start, end), lambda _, carry: step(carry), carry)
+      else:
+        keep_going = lambda carry, end=end: (carry[0] < end) & ~jnp.all(carry[3])
+        carry = jax.lax.while_loop(keep_going, step, carry)
+      start = max(start, end)
   return carry[-1]
 
 
 # Compiled once per (model, lengths, sampling, ...): `generate` keeps the shapes to a few buckets.
-STATIC_ARGNAMES = ("model", "max_new_tokens", "sampling", "stop_id", "rules", "stream", "decode_phase")
+STATIC_ARGNAMES = ("model", "max_new_tokens", "sampling", "stop_id", "rules", "stream", "decode_phase", "fixed_trips")
 
 
 @functools.cache
@@ -300,6 +314,7 @@ def generate(
   sliding_window: bool = False,
   on_token: Callable[[int, np.ndarray], None] | None = None,
   decode_phase: int = DECODE_PHASE,
+  fixed_trips: bool | None = None,
 ) -> list[list[int]]:
   """New token ids for each prompt (at most `max_new_tokens`, without `stop_id` and what follows).
 
@@ -311,7 +326,8 @@ def generate(
 
   `decode_phase`: the fewest new tokens per phase of the decode loop (`decode_lengths`). Each phase
   compiles its own loop body, so for one call the compile can cost more than the phases save;
-  max_new_tokens or more makes one phase."""
+  max_new_tokens or more makes one phase. `fixed_trips`: the loop's form (`sample_padded`; default:
+  the model's kernels decide), the same tokens either way."""
   prompts, sampling = _checked(model, prompts, max_new_tokens, sampling, decode_phase)
   rng = jax.random.key(seed) if isinstance(seed, int) else seed
   if max(map(len, prompts)) + max_new_tokens > model.config.max_len:
@@ -323,6 +339,7 @@ def generate(
     stop_id=stop_id,
     rules=tuple(rules) if mesh is not None else (),
     decode_phase=min(decode_phase, max_new_tokens),  # one compiled program for any one-phase value
+    fixed_trips=fixed_trips,
   )
   if on_token is None:  # on a CPU device, its cores may each decode a part of the batch
     tokens_BxN = _decode(params, prompts, rng, mesh, split_parts(model, len(prompts), mesh), **options)

@@ -4,8 +4,12 @@ autodiff). Values and gradients are the reference's (tests/test_kernels.py).
 
 The gradient softmax - one_hot(target) is recomputed from the logits in one elementwise pass, where
 autodiff keeps float32 exponentials and makes several passes over B x T x V floats, the largest
-tensor of a GPT-2 step. XLA:CPU is better off with autodiff, which reuses the forward pass's
-exponentials instead of recomputing them: CPUs keep the reference.
+tensor of a GPT-2 step. The label term is a dense compare with the target (no scatter into
+B x T x V), and the gradient reaches the head's two backward products in the head's compute dtype
+(bfloat16: the model's cast of the logits to float32 transposes to a cast back, which XLA fuses
+into this pass), so those products run in bf16 with float32 accumulation, not as FP32/TF32 ones
+(tests/test_kernels.py reads both off the gradient's jaxpr). XLA:CPU is better off with autodiff,
+which reuses the forward pass's exponentials instead of recomputing them: CPUs keep the reference.
 """
 
 from __future__ import annotations
