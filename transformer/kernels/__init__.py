@@ -15,6 +15,9 @@ head laid out for the batch size. Each such form is one module here:
   decode_threads  a batch decoded in parts, one per CPU core; the sampler's XLA:CPU options
   lm_loss         next-token cross-entropy with a recomputing backward pass (accelerators)
 
+One form lives where its op does: the sampler's decode loop runs a fixed trip count on accelerators
+(`generation.sampling.sample_padded`'s `fixed_trips`), so no step waits for the host.
+
 Which forms a run takes is one config value, `config.model.kernels` (a model config field), decided
 once (`resolve`) when a model is built or a sampler compiled, and printed by every launch program as
 one line (`describe`); each op then only reads the decided value:
@@ -49,7 +52,7 @@ FORMS = {
   "layouts, one-token attention and a batch-laid head when decoding, blocked argmax, two-level draws, "
   "a decoded batch split over the cores",
   "accelerator": "dot-product attention by block.attention's fused kernel (causal: by blocks), a "
-  "recomputing backward pass for the language-model loss",
+  "recomputing backward pass for the language-model loss, a decode loop of fixed trip count",
 }
 
 
