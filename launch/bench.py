@@ -142,6 +142,12 @@ _CHECK_BUDGET = flags.DEFINE_float(
   0.0,
   "--what=accelerator: per-device memory the planner fits the training batch into (0: the chip's, 90% of it).",
 )
+_CHECK_XLA = flags.DEFINE_list(
+  "check_xla_options",
+  ["xla_gpu_enable_cudnn_layer_norm", "xla_gpu_enable_cublaslt"],
+  "--what=accelerator, on a GPU: XLA options each tried on the first --check_train preset's step, "
+  "beside the default (LayerNorm by cuDNN, products with cuBLASLt's epilogues); '' tries none.",
+)
 _CHECK_JSON = flags.DEFINE_string("check_json", "accelerator_check.json", "--what=accelerator: the table as JSON.")
 _PEER_PYTHON = flags.DEFINE_string(
   "peer_python",
@@ -732,29 +738,41 @@ def _check_train(preset: str) -> list[list]:
     if planned.total <= budget or batch == 1:
       break
     batch //= 2
-  state = train.init_state(run)
-  step_fn, _ = train.jit_steps(run)
   tokens_BxL1 = jax.device_put(
     jax.random.randint(jax.random.key(0), (batch, run.config.task_config.seq_len + 1), 0, 50257),
     run.task.batch_sharding,
   )
-  holder = [state]
-
-  def step():
-    holder[0], step_metrics = step_fn(holder[0], tokens_BxL1)
-    return step_metrics["loss"]
-
-  with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.config.mesh.rules):  # as the training loop runs it
-    seconds = benchmark.median_seconds(step, repeats=_REPEATS.value, warmup=3)
-  tokens_s = batch * run.config.task_config.seq_len / seconds
-  num_params = sum(x.size for x in jax.tree.leaves(state.params))
-  util = metrics.mfu(tokens_s, run.task.flops_per_token(num_params), jax.devices())
-  peak = (device.memory_stats() or {}).get("peak_bytes_in_use")
+  num_params = sum(x.size for x in jax.tree.leaves(train.abstract_state(run).params))
   name = f"train {preset}, batch {batch} x {run.config.task_config.seq_len}, remat {remat}"
+
+  def measure(options: dict | None) -> tuple[float, float | None]:
+    """(median step seconds, MFU) of the step compiled with XLA's `options`."""
+    holder = [train.init_state(run)]
+    step_fn, _ = train.jit_steps(run, options)
+
+    def step():
+      holder[0], step_metrics = step_fn(holder[0], tokens_BxL1)
+      return step_metrics["loss"]
+
+    with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.config.mesh.rules):  # as the training loop runs it
+      seconds = benchmark.median_seconds(step, repeats=_REPEATS.value, warmup=3)
+    tokens_s = batch * run.config.task_config.seq_len / seconds
+    return seconds, metrics.mfu(tokens_s, run.task.flops_per_token(num_params), jax.devices())
+
+  seconds, util = measure(None)
+  peak = (device.memory_stats() or {}).get("peak_bytes_in_use")  # the default step's, before any variant
+  tokens_s = batch * run.config.task_config.seq_len / seconds
   rows = [
     [name, "median step, tokens/s", f"{seconds * 1000:.1f} ms, {tokens_s:,.0f}", "", None],
     [name, "MFU", "n/a" if util is None else f"{util:.1%}", ">= 55%", None if util is None else util >= 0.55],
   ]
+  variants = [o for o in _CHECK_XLA.value if o] if preset == _CHECK_TRAIN.value[0] else []
+  for option in variants if jax.default_backend() == "gpu" else []:
+    tried, tried_util = measure({option: True})
+    mfu_text = "" if tried_util is None else f", MFU {tried_util:.1%}"
+    rows.append(
+      [name, f"{option}=true", f"{tried * 1000:.1f} ms{mfu_text}", "faster than the default", tried < seconds]
+    )
   ratio = None if not peak else planned.total / peak
   rows.append(
     [

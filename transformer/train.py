@@ -138,9 +138,10 @@ def build(run_config: RunConfig, task_data=None) -> Run:
   return Run(run_config, task, mesh, tx, schedule, state_sh)
 
 
-def jit_steps(run: Run):
+def jit_steps(run: Run, compiler_options: dict | None = None):
   """The sharded, jit-compiled (train step, eval step) of `run`: what the loop calls, and what
-  transformer.plan compiles ahead of time. The train step donates the state it is given."""
+  transformer.plan compiles ahead of time. The train step donates the state it is given.
+  `compiler_options`: XLA's, for the train step (launch.bench's accelerator check tries some)."""
   task = run.task
   # Batches are arrays or dicts of arrays: one sharding is a prefix of either.
   step_fn = jax.jit(
@@ -154,6 +155,7 @@ def jit_steps(run: Run):
     in_shardings=(run.state_shardings, task.batch_sharding),
     out_shardings=(run.state_shardings, None),
     donate_argnums=0,
+    compiler_options=compiler_options,
   )
   eval_fn = jax.jit(
     functools.partial(eval_step, loss_fn=task.loss), in_shardings=(run.state_shardings.params, task.batch_sharding)
