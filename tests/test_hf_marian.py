@@ -293,6 +293,12 @@ def test_fine_tuning_starts_from_the_marian_weights_and_refuses_another_model_or
   config.model.block.pre_layer_norm = True
   with pytest.raises(ConfigError, match=r"is another model than --config.model: block.pre_layer_norm=True"):
     tasks.resolve(config)
+  # A run restored where the directory is not resolves (its checkpoints hold the weights); a new run fails.
+  moved = config.copy_and_resolve_references()
+  moved.init_from = str(tmp_path / "moved")
+  _, task, _, _ = inference._on_this_machine(tasks.resolve(moved), load_tokenizer(FIXTURE))
+  with pytest.raises(ConfigError, match=r"init_from=.*moved is not a Marian model's directory"):
+    task.init_params(fresh, None)
   config.model.block.pre_layer_norm = False
   chars = tokenizers.get_tokenizer("char", corpus=["Ich habe keine Zeit."])
   _, task, _, _ = inference._on_this_machine(tasks.resolve(config), chars)

@@ -88,7 +88,9 @@ class TranslationConfig:
         f"--config.eval.length_penalty={self.eval.length_penalty!r} is unknown; choose one of "
         f"{', '.join(beam_search.PENALTIES)}"
       )
-    if self.init_from:
+    # A run restored or resumed elsewhere starts from its checkpoints, not from init_from: the
+    # directory is read only where it is (a new run that lacks it fails in init_params, naming it).
+    if self.init_from and hf_marian.is_marian(self.init_from):
       other = hf_marian.differences(run.model, hf_marian.read_config(self.init_from))
       if other:
         raise ConfigError(
@@ -254,6 +256,11 @@ class Translation(Task):
     path = self.config.init_from
     if not path:
       return params
+    if not hf_marian.is_marian(path):
+      raise ConfigError(
+        f"--config.init_from={path} is not a Marian model's directory (a config.json of model_type 'marian', "
+        f"model.safetensors, source.spm, target.spm, vocab.json)"
+      )
     theirs = tokenizers.MarianTokenizer.from_directory(path)
     if not tokenizers.identical(theirs, self.tokenizer):
       raise ConfigError(
