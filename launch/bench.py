@@ -257,6 +257,14 @@ def forward_table() -> str:
   return _header("forward pass", cfg) + "\n" + benchmark.table(["batch", "seq", "ms/forward", "tokens/s"], rows)
 
 
+def _roofline_ms(cfg, weight_bytes: int, batch: int, bandwidth: float) -> float:
+  """The fastest a decoding step can be: every weight and the KV cache up to the mean position of
+  the --prompt_len + --new_tokens run read once, at the chip's bandwidth."""
+  mean_position = _PROMPT_LEN.value + _NEW_TOKENS.value / 2
+  cache_bytes = 2 * cfg.num_layers * batch * mean_position * cfg.block.d_model * jnp.dtype(cfg.block.dtype).itemsize
+  return (weight_bytes + cache_bytes) / bandwidth * 1000
+
+
 def generate_table() -> str:
   """New tokens/s; on a chip with a known memory bandwidth also the HBM roofline: each decoding step
   must read every weight (in the compute dtype: the weights are cast to it first, as a server
@@ -272,9 +280,7 @@ def generate_table() -> str:
     ms_token = seconds * 1000 / _NEW_TOKENS.value
     row = [b, _PROMPT_LEN.value, _NEW_TOKENS.value, seconds * 1000, ms_token, b * _NEW_TOKENS.value / seconds]
     if bandwidth:
-      mean_position = _PROMPT_LEN.value + _NEW_TOKENS.value / 2
-      cache_bytes = 2 * cfg.num_layers * b * mean_position * cfg.block.d_model * jnp.dtype(cfg.block.dtype).itemsize
-      roofline_ms = (weight_bytes + cache_bytes) / bandwidth * 1000
+      roofline_ms = _roofline_ms(cfg, weight_bytes, b, bandwidth)
       row += [roofline_ms, f"{roofline_ms / ms_token:.1%}"]
     rows.append(row)
   headers = ["batch", "prompt", "new", "ms/call", "ms/token", "new tokens/s"]
@@ -807,8 +813,7 @@ def _check_decode(preset: str) -> list[list]:
       f"{ms_token:.3f}, {b * 1000 / ms_token:,.0f}",
     ]
     if bandwidth:
-      cache = 2 * cfg.num_layers * b * (_PROMPT_LEN.value + _NEW_TOKENS.value / 2) * cfg.block.d_model * 2
-      share = (weight_bytes + cache) / bandwidth * 1000 / ms_token
+      share = _roofline_ms(cfg, weight_bytes, b, bandwidth) / ms_token
       target = b == 1 and fixed is None and preset == "gpt2-xl"
       row += [f"{share:.1%} of the HBM roofline" + (" (>= 60%)" if target else ""), share >= 0.6 if target else None]
     else:

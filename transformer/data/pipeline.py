@@ -160,6 +160,7 @@ def translation_batches(
   `bos_id`: target_in's first token when it is not <|endoftext|> (`eot_id`): Marian's <pad>."""
   if not pairs:
     raise DataError("no sentence pairs left to batch (all were empty or longer than max_len)")
+  start_id = eot_id if bos_id is None else bos_id  # target_in's first token
   rng = np.random.default_rng([seed, epoch])
   order = rng.permutation(len(pairs)) if shuffle else np.arange(len(pairs))
   buckets: dict[int, list[int]] = {}
@@ -185,7 +186,7 @@ def translation_batches(
         src, tgt = pairs[i]
         batch["source"][row, : len(src)] = src
         batch["source_valid"][row, : len(src)] = True
-        batch["target_in"][row, : len(tgt) + 1] = np.concatenate([[eot_id if bos_id is None else bos_id], tgt])
+        batch["target_in"][row, : len(tgt) + 1] = np.concatenate([[start_id], tgt])
         batch["target_out"][row, : len(tgt) + 1] = np.concatenate([tgt, [eot_id]])
         batch["target_valid"][row, : len(tgt) + 1] = row < real
       batches.append(batch)
@@ -219,6 +220,7 @@ def packed_batches(
   source rows longer than the target rows (sources that carry a fuzzy match: data.fuzzy_match_tokens)."""
   if not pairs:
     raise DataError("no sentence pairs left to batch (all were empty or longer than max_len)")
+  start_id = eot_id if bos_id is None else bos_id  # target_in's first token
   source_len = source_len or max_len
   rng = np.random.default_rng([seed, epoch])
   order = rng.permutation(len(pairs)) if shuffle else np.arange(len(pairs))
@@ -245,7 +247,7 @@ def packed_batches(
         src, tgt = pairs[i]
         batch["source"][r, s : s + len(src)] = src
         batch["source_segments"][r, s : s + len(src)] = segment
-        batch["target_in"][r, t : t + len(tgt) + 1] = np.concatenate([[eot_id if bos_id is None else bos_id], tgt])
+        batch["target_in"][r, t : t + len(tgt) + 1] = np.concatenate([[start_id], tgt])
         batch["target_out"][r, t : t + len(tgt) + 1] = np.concatenate([tgt, [eot_id]])
         batch["target_segments"][r, t : t + len(tgt) + 1] = segment
         s, t = s + len(src), t + len(tgt) + 1

@@ -310,29 +310,14 @@ def translate_ids(
   B = batch_rows(batch_size, mesh, rules)
   order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
   out: list[list[int]] = [[] for _ in sources]
+  # What greedy decoding and beam search share; beam search also ranks by a length penalty.
+  decoding = dict(
+    model=model, max_len=max_len, bos_id=bos_id, eos_id=eos_id, no_repeat_ngram=no_repeat_ngram, banned_ids=banned_ids
+  )
   if beam_size == 1:
-    search = functools.partial(
-      greedy,
-      model=model,
-      max_len=max_len,
-      bos_id=bos_id,
-      eos_id=eos_id,
-      no_repeat_ngram=no_repeat_ngram,
-      banned_ids=banned_ids,
-    )
+    search = functools.partial(greedy, **decoding)
   else:
-    beams = functools.partial(
-      beam_search,
-      model=model,
-      beam_size=beam_size,
-      alpha=float(alpha),
-      max_len=max_len,
-      bos_id=bos_id,
-      eos_id=eos_id,
-      no_repeat_ngram=no_repeat_ngram,
-      penalty=penalty,
-      banned_ids=banned_ids,
-    )
+    beams = functools.partial(beam_search, beam_size=beam_size, alpha=float(alpha), penalty=penalty, **decoding)
     search = lambda *args: beams(*args)[0][:, 0]  # the best of each sentence's beams
   batches = [order[start : start + B] for start in range(0, len(order), B)]
 
