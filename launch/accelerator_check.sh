@@ -6,7 +6,9 @@
 #   bash launch/accelerator_check.sh [OUT_DIR]   # there, with .whl carried: install them, run the check
 #
 # The check prints one table and writes it as OUT_DIR/accelerator_check.json (launch/BENCHMARKS.md keeps
-# it, with the chip and the date). About 8 minutes on one H100: the kernel tests on the chip, cuDNN
+# it, with the chip and the date). Each row is printed as it is measured, the JSON rewritten after each
+# section, and every thread's stack printed every 2 minutes: the first try (2026-11-28, one H200) was cut
+# off at its time limit with nothing printed. Planned at about 8 minutes on one H100: the kernel tests on the chip, cuDNN
 # attention on packed rows, GPT-2 124M and gpt2-medium training MFU at the planner's batch, decoding
 # gpt2 and gpt2-xl at batch 1, 8 and 32 against the HBM roofline.
 set -euo pipefail
@@ -29,6 +31,7 @@ fi
 OUT_DIR="${1:-${OUT:-.}}"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-python3 -c "import jax; print(jax.__version__, jax.devices())"
+# hostmem's allocator settings are XLA:CPU's: say that this process decides it runs on the chip.
+python3 -c "import jax; from transformer import hostmem; print(jax.__version__, jax.devices(), 'host settings:', hostmem.jax_runs_on_cpu())"
 python3 -m launch.bench --what=accelerator --batch_sizes=1,8,32 --new_tokens=256 --prompt_len=32 \
   --check_json="$OUT_DIR/accelerator_check.json" 2>&1 | tee "$OUT_DIR/accelerator_check.txt"

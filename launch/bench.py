@@ -31,6 +31,7 @@ venv with torch's CPU wheel, created on first use under the asset cache
 """
 
 import collections
+import faulthandler
 import functools
 import json
 import os
@@ -147,6 +148,12 @@ _CHECK_XLA = flags.DEFINE_list(
   ["xla_gpu_enable_cudnn_layer_norm", "xla_gpu_enable_cublaslt"],
   "--what=accelerator, on a GPU: XLA options each tried on the first --check_train preset's step, "
   "beside the default (LayerNorm by cuDNN, products with cuBLASLt's epilogues); '' tries none.",
+)
+_CHECK_STACK_S = flags.DEFINE_integer(
+  "check_stack_s", 120, "--what=accelerator: print every thread's stack each time this many seconds pass."
+)
+_CHECK_TESTS_S = flags.DEFINE_integer(
+  "check_tests_s", 240, "--what=accelerator: the chip's pytest run is stopped (and reported) after this long."
 )
 _CHECK_JSON = flags.DEFINE_string("check_json", "accelerator_check.json", "--what=accelerator: the table as JSON.")
 _PEER_PYTHON = flags.DEFINE_string(
@@ -682,11 +689,17 @@ def _check_tests() -> list[list]:
   if not _CHECK_TESTS.value.strip():
     return []
   start = time.perf_counter()
-  proc = subprocess.run(
-    [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", *_CHECK_TESTS.value.split()],
-    capture_output=True,
-    text=True,
-  )
+  try:
+    proc = subprocess.run(
+      [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", *_CHECK_TESTS.value.split()],
+      capture_output=True,
+      text=True,
+      timeout=_CHECK_TESTS_S.value,
+    )
+  except subprocess.TimeoutExpired as e:
+    lines = (e.stdout.decode() if isinstance(e.stdout, bytes) else e.stdout or "").strip().splitlines()
+    progress = lines[-1] if lines else "no output"
+    return [["tests", _CHECK_TESTS.value, f"stopped after {_CHECK_TESTS_S.value} s at: {progress}", "all pass", False]]
   summary = (proc.stdout.strip().splitlines() or ["no output"])[-1]
   seconds = time.perf_counter() - start
   return [["tests", _CHECK_TESTS.value, f"{summary} ({seconds:.0f} s in all)", "all pass", proc.returncode == 0]]
@@ -826,16 +839,27 @@ def accelerator_table() -> str:
   """The accelerator path in one table (and --check_json): the tests on the chip, cuDNN attention
   on packed rows, GPT-2 training MFU with the planner's batch and its memory against the chip's,
   and decoding against the HBM roofline. Each section runs whatever the ones before it found: one
-  lending gives every number."""
-  rows = _check_tests() + _check_cudnn_segments()
-  for preset in _CHECK_TRAIN.value:
-    rows += _check_train(preset)
-  for preset in _CHECK_DECODE.value:
-    rows += _check_decode(preset)
+  lending gives every number. A lending is short and its first try (2026-11-28, an H200) ended at
+  its time limit with nothing printed: so each row is printed as it is measured and the JSON
+  rewritten after each section, and a section that runs past --check_stack_s prints every thread's
+  stack (stderr), so that a run cut short still says what it measured and where it was."""
   headers = ["check", "what", "measured", "target", "ok"]
-  if _CHECK_JSON.value:
-    record = {"device": metrics.device_summary(), "jax": jax.__version__, "rows": [dict(zip(headers, r)) for r in rows]}
-    Path(_CHECK_JSON.value).write_text(json.dumps(record, indent=1) + "\n")
+  rows, start = [], time.perf_counter()
+  faulthandler.dump_traceback_later(_CHECK_STACK_S.value, repeat=True)
+  sections = [_check_tests, _check_cudnn_segments]
+  sections += [functools.partial(_check_train, p) for p in _CHECK_TRAIN.value]
+  sections += [functools.partial(_check_decode, p) for p in _CHECK_DECODE.value]
+  try:
+    for section in sections:
+      for row in section():
+        rows.append(row)
+        print(f"[{time.perf_counter() - start:.0f} s] " + " | ".join(map(str, row)), flush=True)
+      if _CHECK_JSON.value:
+        record = {"device": metrics.device_summary(), "jax": jax.__version__}
+        record["rows"] = [dict(zip(headers, r)) for r in rows]
+        Path(_CHECK_JSON.value).write_text(json.dumps(record, indent=1) + "\n")
+  finally:
+    faulthandler.cancel_dump_traceback_later()
   table = benchmark.table(headers, [[*r[:4], "" if r[4] is None else ("yes" if r[4] else "NO")] for r in rows])
   return f"accelerator check on {metrics.device_summary()}, jax {jax.__version__}\n{table}"
 

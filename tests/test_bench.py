@@ -105,7 +105,8 @@ def test_benchmark_against_hugging_face_runs():
 def test_the_accelerator_check_runs_end_to_end_on_a_cpu(tmp_path):
   """The prepared accelerator check (--what=accelerator), shrunk to a smoke run on this CPU: its test
   selection in a pytest process, the cuDNN row skipped and said so, a planned and timed training
-  step, decoding at each batch size; one table, and the same rows as JSON."""
+  step, decoding at each batch size; each row printed as it is measured, then one table, and the
+  same rows as JSON."""
   import json
 
   out = tmp_path / "check.json"
@@ -122,7 +123,8 @@ def test_the_accelerator_check_runs_end_to_end_on_a_cpu(tmp_path):
     f"--check_json={out}",
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert proc.stdout.startswith("accelerator check on 1 x cpu")
+  assert proc.stdout.startswith("[") and "| tests/test_kernels.py -k bf16_gradients | 1 passed" in proc.stdout
+  assert "\naccelerator check on 1 x cpu" in proc.stdout
   rows = json.loads(out.read_text())["rows"]
   assert [r["check"] for r in rows] == [
     "tests",

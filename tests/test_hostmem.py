@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from conftest import REPO
+from transformer import hostmem
 
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc settings")
 
@@ -58,3 +59,16 @@ def test_importing_the_library_leaves_the_allocator_alone():
   """Only the explicit call (cli.run, or a notebook's) changes glibc's settings: a process that imports
   the library's modules faults the block in at every call, as with glibc's defaults."""
   assert _faulting_calls("import") >= 36
+
+
+@pytest.mark.parametrize(
+  "platforms, on_cpu", [("cpu", True), ("cuda", False), ("tpu,cpu", False), ("cpu,cuda", True), ("", True)]
+)
+def test_the_settings_are_for_xla_cpu_only(monkeypatch, platforms, on_cpu):
+  """On an accelerator (JAX_PLATFORMS naming one first, or an accelerator plugin installed: none is
+  in this venv) the device holds the temporaries: glibc's settings stay as they are."""
+  monkeypatch.setenv("JAX_PLATFORMS", platforms)
+  assert hostmem.jax_runs_on_cpu() is on_cpu
+  monkeypatch.setenv(hostmem.ENV, "1")
+  if not on_cpu:
+    assert hostmem.keep_freed_blocks() is False

@@ -28,6 +28,8 @@ arenas.
 """
 
 import ctypes
+import importlib.metadata
+import importlib.util
 import os
 import platform
 
@@ -38,8 +40,9 @@ _M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
 
 def keep_freed_blocks() -> bool:
   """One malloc arena, no mmap, no trimming (see the module docstring). True when glibc took all
-  three settings; False on another C library, or when turned off with TRANSFORMER_KEEP_HOST_MEMORY=0."""
-  if os.environ.get(ENV, "1") == "0" or platform.libc_ver()[0] != "glibc":
+  three settings; False on another C library, where JAX will run on an accelerator, or when turned
+  off with TRANSFORMER_KEEP_HOST_MEMORY=0."""
+  if os.environ.get(ENV, "1") == "0" or platform.libc_ver()[0] != "glibc" or not jax_runs_on_cpu():
     return False
   mallopt = ctypes.CDLL(None).mallopt
   mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
@@ -48,3 +51,16 @@ def keep_freed_blocks() -> bool:
   return all(
     [mallopt(param, value) == 1 for param, value in ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1))]
   )
+
+
+def jax_runs_on_cpu() -> bool:
+  """Whether JAX will pick its CPU backend, decided before it starts (no backend is initialised):
+  JAX_PLATFORMS when set, else no accelerator plugin installed (a CUDA/ROCm plugin registers under
+  `jax_plugins`, a TPU runtime is `libtpu`). On an accelerator the temporary buffers live in device
+  memory, so the settings above gain nothing there, and they would make the driver's, the compiler's
+  and the autotuner's many host threads share one arena without mmap."""
+  platforms = os.environ.get("JAX_PLATFORMS", "").strip()
+  if platforms:
+    return platforms.split(",")[0].strip() == "cpu"
+  plugins = importlib.util.find_spec("jax_plugins") or list(importlib.metadata.entry_points(group="jax_plugins"))
+  return not (plugins or importlib.util.find_spec("libtpu"))
