@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-from conftest import REPO
 from transformer import hostmem
+
+from conftest import REPO
 
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc settings")
 
