@@ -1,7 +1,7 @@
 """Attention's guarantees, for every model family, in the inner loop (tiny sizes, the fast tier): a
 token never sees the future, a packed document or sentence pair sees only itself, and padding changes
 nothing. Each runs under the forms a run takes by default (config.model.kernels=auto: the CPU's here)
-and the reference, so an edit of layers.py or of transformer.kernels that breaks one fails here.
+and the reference, so an edit of transformer/layers/ or of transformer.kernels that breaks one fails here.
 
 And the mechanism registry's promise: an attention mechanism defined outside the library (ALiBi,
 Press et al. 2022) is one `layers.register_mechanism` call, after which it trains through

@@ -39,7 +39,7 @@ def test_kernels_values_and_what_auto_means_here():
 def test_the_start_up_line_names_the_forms_and_how_to_run_the_reference():
   line = kernels.describe("auto", "cpu")
   assert line.startswith("kernels: cpu (auto on cpu: causal attention by blocks") and "\n" not in line
-  assert line.endswith("--config.model.kernels=reference runs transformer/layers.py as written")
+  assert line.endswith("--config.model.kernels=reference runs transformer/layers/ as written")
   assert kernels.describe("auto", "gpu").startswith("kernels: accelerator (auto on gpu: ")
   assert kernels.describe("reference") == f"kernels: reference (config.model.kernels: {kernels.FORMS['reference']})"
 
@@ -57,15 +57,15 @@ def test_the_forms_are_decided_once_per_model(monkeypatch):
 
 
 def test_an_edit_of_the_reference_runs_with_kernels_reference(monkeypatch):
-  """What a researcher who edits layers.py sees: with kernels=reference the edited attention runs
+  """What a researcher who edits transformer/layers/ sees: with kernels=reference the edited attention runs
   (here `mix` made to return zeros), with the CPU's forms causal self-attention takes
   kernels.attention instead, which the edit does not touch."""
   cfg = CFG.replace(num_layers=1)
   tokens = jax.random.randint(jax.random.key(1), (1, 8), 0, cfg.vocab_size)
   params = GPT(cfg).init(jax.random.key(0), tokens)
   logits = {form: GPT(cfg.replace(kernels=form)).apply(params, tokens) for form in ("reference", "cpu")}
-  mix = layers.mix
-  monkeypatch.setattr(layers, "mix", lambda *args, **kw: jnp.zeros_like(mix(*args, **kw)))
+  mix = layers.attention.mix  # transformer/layers/attention.py, as a researcher would edit it
+  monkeypatch.setattr(layers.attention, "mix", lambda *args, **kw: jnp.zeros_like(mix(*args, **kw)))
   edited = {form: GPT(cfg.replace(kernels=form)).apply(params, tokens) for form in ("reference", "cpu")}
   assert not np.array_equal(edited["reference"], logits["reference"])
   np.testing.assert_array_equal(edited["cpu"], logits["cpu"])
@@ -168,7 +168,7 @@ def test_causal_attention_by_blocks_is_causal_attention(T, form):
 @pytest.mark.slow
 def test_attend_dispatches_causal_self_attention_by_kernels():
   """layers.attend with no mask: the "cpu" forms run kernels.attention.causal_cpu (its gradients to
-  the bit), "accelerator" causal_by_blocks, "reference" the einsum of layers.py whatever the
+  the bit), "accelerator" causal_by_blocks, "reference" the einsum of layers/attention.py whatever the
   implementation; all agree to rounding."""
   q, k, v = _qkv(B=2, T=2 * attention.BLOCK, S=2 * attention.BLOCK, H=2, K=8)
   cotangent = jax.random.normal(jax.random.key(3), q.shape)

@@ -54,8 +54,7 @@ from transformer.generation.common import (
   round_up,
   until_stop,
 )
-from transformer.kernels import argmax as fast_argmax
-from transformer.kernels import decode_head, decode_threads, draw
+from transformer.kernels import decode_head, decode_threads
 
 PROMPT_BUCKET = 16  # prompts are padded to a multiple of this: few compiled shapes
 DECODE_PHASE = 32  # the fewest new tokens a phase of the decode loop makes (see `decode_lengths`)
@@ -107,15 +106,12 @@ def sample_logits(
   argmax's and the draw's faster forms (transformer.kernels.argmax, .draw); `vocab_major`: the logits
   are the transpose of a V x B array (transformer.kernels.decode_head)."""
   if sampling.temperature == 0:
-    if forms == "cpu":
-      return fast_argmax.argmax(logits_BxV, vocab_major)
-    return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
+    fast = kernels.form("argmax", forms)
+    return fast(logits_BxV, vocab_major) if fast else jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
   logits_BxV = filter_logits(logits_BxV, sampling)
   rows_B = first_row + jnp.arange(logits_BxV.shape[0])
   u_B = jax.vmap(lambda b: jax.random.uniform(jax.random.fold_in(rng, b)))(rows_B)
-  if forms == "reference":
-    return inverse_cdf(logits_BxV, u_B)
-  return draw.inverse_cdf(logits_BxV, u_B)
+  return (kernels.form("draw", forms) or inverse_cdf)(logits_BxV, u_B)
 
 
 def inverse_cdf(logits_BxV: jax.Array, u_B: jax.Array) -> jax.Array:
@@ -205,7 +201,9 @@ def sample_padded(
       return logits_BxTxV[:, -1], variables["cache"]
 
     forms = _forms(model)
-    vocab_major = forms == "cpu" and _tied(model) and decode_head.vocab_major(B, *_head(model))
+    vocab_major = (
+      bool(kernels.form("tied_head_decode", forms)) and _tied(model) and decode_head.vocab_major(B, *_head(model))
+    )
 
     def emit(i, logits_BxV, done_B, tokens_BxN):
       token_B = sample_logits(logits_BxV, jax.random.fold_in(rng, i), sampling, forms, vocab_major, first_row)

@@ -32,28 +32,51 @@ one line (`describe`); each op then only reads the decided value:
 
 "auto" stays the default because the presets' numbers (the main job's loss in its 5 minutes, the
 speed tables) are those of the fast forms, and each form computes what the reference computes
-(tests/test_kernels.py). A change to the reference (`transformer/layers.py`) runs as written with
+(tests/test_kernels.py). A change to the reference (`transformer/layers/`) runs as written with
 `--config.model.kernels=reference`; the start-up line says which forms a run took.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 
 from transformer.errors import ConfigError
+from transformer.kernels import argmax, attention, decode_head, draw, lm_loss, projection
 
 KERNELS = ("auto", "reference", "cpu", "accelerator")
 PLATFORMS = ("cpu", "gpu", "tpu")  # what `for_platform` maps
 
 # What each resolved value replaces: the start-up line's words.
 FORMS = {
-  "reference": "none: transformer/layers.py, the sampler and the loss run as written",
+  "reference": "none: transformer/layers/, the sampler and the loss run as written",
   "cpu": "causal attention by blocks with its own backward pass, projection gradients in XLA:CPU's "
   "layouts, one-token attention and a batch-laid head when decoding, blocked argmax, two-level draws, "
   "a decoded batch split over the cores",
   "accelerator": "dot-product attention by block.attention's fused kernel (causal: by blocks), a "
   "recomputing backward pass for the language-model loss, a decode loop of fixed trip count",
 }
+
+
+# The one table of which op runs which form: op -> {resolved forms: the function that computes it}.
+# An op with no entry for a run's forms runs as the reference writes it. Each caller asks `form(op,
+# forms)` at the one place where its op is computed, and keeps the reference beside it.
+DISPATCH: dict[str, dict[str, Callable]] = {
+  "projection": {"cpu": projection.project},  # layers.Projection
+  "attention": {"cpu": attention.attend, "accelerator": attention.attend},  # layers.attend
+  "attention_one_token": {"cpu": attention.one_token_cpu},  # layers.attend_cached
+  "tied_head_decode": {"cpu": decode_head.tied_head_cpu},  # models.gpt, when decoding
+  "argmax": {"cpu": argmax.argmax},  # generation.sampling.next_token, greedy
+  "draw": {"cpu": draw.inverse_cdf, "accelerator": draw.inverse_cdf},  # sampled
+  "lm_loss": {"accelerator": lm_loss.next_token_nll},  # tasks.lm.next_token_nll
+}
+
+
+def form(op: str, forms: str) -> Callable | None:
+  """The function that computes `op` (a DISPATCH key) in `forms` ("reference", "cpu" or
+  "accelerator": `resolve`'s value), or None where the reference's own code runs."""
+  return DISPATCH[op].get(forms)
 
 
 def check(kernels: str) -> None:
@@ -83,5 +106,5 @@ def describe(kernels: str, platform: str | None = None) -> str:
   how = f"auto on {platform or jax.default_backend()}" if kernels == "auto" else "config.model.kernels"
   line = f"kernels: {forms} ({how}: {FORMS[forms]})"
   if forms != "reference":
-    line += " — --config.model.kernels=reference runs transformer/layers.py as written"
+    line += " — --config.model.kernels=reference runs transformer/layers/ as written"
   return line

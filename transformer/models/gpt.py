@@ -31,7 +31,6 @@ import jax.numpy as jnp
 
 from transformer import kernels, layers
 from transformer.errors import ConfigError
-from transformer.kernels import decode_head
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,8 +206,9 @@ class GPT(nn.Module):
   def _head(self, wte: nn.Embed, x_BxTxD, forms: str, decode: bool):
     """Float32 logits: the token embedding, transposed (tied), or a head of its own; softcapped."""
     cfg, dtype = self.config, jnp.dtype(self.config.block.dtype)
-    if cfg.tie_embeddings and decode and forms == "cpu":
-      logits_BxTxV = decode_head.tied_head_cpu(wte.embedding.astype(dtype), x_BxTxD)
+    fast_tied = kernels.form("tied_head_decode", forms) if decode else None
+    if cfg.tie_embeddings and fast_tied:
+      logits_BxTxV = fast_tied(wte.embedding.astype(dtype), x_BxTxD)
     elif cfg.tie_embeddings:
       logits_BxTxV = wte.attend(x_BxTxD)
     else:

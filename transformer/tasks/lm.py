@@ -18,7 +18,6 @@ from transformer.config import RunConfig, at, check_positive
 from transformer.data import pipeline
 from transformer.errors import ConfigError, TokenizerError
 from transformer.generation import sampling
-from transformer.kernels import lm_loss as lm_loss_kernel
 from transformer.models.gpt import GPT
 from transformer.models.lstm import LSTMLanguageModel
 from transformer.tasks.base import Task
@@ -111,8 +110,9 @@ def document_ids(tokens_BxL, eot_id: int):
 def next_token_nll(logits_BxTxV: jax.Array, targets_BxT: jax.Array, forms: str = "reference") -> jax.Array:
   """-log softmax(logits)[target] at each position, in float32. `forms` (kernels.resolve of
   config.model.kernels): the accelerators' form has its backward pass written out (kernels.lm_loss)."""
-  if forms == "accelerator":
-    return lm_loss_kernel.next_token_nll(logits_BxTxV, targets_BxT)
+  fast = kernels.form("lm_loss", forms)
+  if fast:
+    return fast(logits_BxTxV, targets_BxT)
   return optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV.astype(jnp.float32), targets_BxT)
 
 

@@ -1,0 +1,161 @@
+"""The block (self-attention, optional cross-attention, MLP, each a residual branch) and the stack of
+them, unrolled or scanned, with rematerialisation; params converted between the two layouts."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer.layers.attention import CrossAttention, SelfAttention
+from transformer.layers.config import ACTIVATIONS, REMAT_POLICIES, BlockConfig, check_remat_policy
+from transformer.layers.params import norm, projections
+from transformer.layers.points import point
+
+
+class MLP(nn.Module):
+  cfg: BlockConfig
+  residual_std: float = 0.02
+  forms: str = "reference"
+
+  @nn.compact
+  def __call__(self, x_BxTxD):
+    cfg, projection = self.cfg, projections(self.cfg, self.forms)
+    h_BxTxF = projection((cfg.mlp_width,), ("embed", "mlp"), name="fc")(x_BxTxD)
+    if cfg.activation == "swiglu":  # gated: silu of a second projection of x scales each hidden unit
+      gate_BxTxF = projection((cfg.mlp_width,), ("embed", "mlp"), name="gate")(x_BxTxD)
+      h_BxTxF = jax.nn.silu(gate_BxTxF) * h_BxTxF
+    else:
+      # The activation's backward pass recomputes it from its saved input (jax.checkpoint). Autodiff
+      # would save the tanh GELU's tanh instead and rebuild the input from the product's output and
+      # the bias, so that its backward pass would read three B x T x F tensors, not two. The same
+      # losses and gradients; without a gradient it is the plain activation.
+      h_BxTxF = jax.checkpoint(ACTIVATIONS[cfg.activation])(h_BxTxF)
+    h_BxTxF = nn.with_logical_constraint(point(self, "mlp_hidden", h_BxTxF), ("batch", "length", "mlp"))
+    return projection((cfg.d_model,), ("mlp", "embed"), std=self.residual_std, name="proj")(h_BxTxF)
+
+
+class Block(nn.Module):
+  """Self-attention, optional cross-attention, MLP; each a residual branch with LayerNorm before
+  it (pre-LN, GPT-2) or after the sum (post-LN, the 2017 paper). `forms`, `max_len` and `rope` are
+  the model's (see SelfAttention)."""
+
+  cfg: BlockConfig
+  cross_attention: bool = False
+  residual_std: float = 0.02
+  deterministic: bool = True  # no dropout; an attribute, not an argument, so scan/remat see no bool
+  decode: bool = False  # self-attention through a KV cache
+  forms: str = "reference"
+  max_len: int = 0
+  rope: bool = False
+
+  @nn.compact
+  def __call__(self, x_BxTxD, mask_BxTxT, context_BxSxD=None, context_mask_BxTxS=None, positions=None):
+    cfg, deterministic = self.cfg, self.deterministic
+    drop = nn.Dropout(cfg.dropout_rate)
+
+    def residual(x, branch, normalise, out: str):  # `out`: the named point of the branch's output
+      if cfg.pre_layer_norm:
+        return x + drop(point(self, out, branch(normalise(x))), deterministic=deterministic)
+      return normalise(x + drop(point(self, out, branch(x)), deterministic=deterministic))
+
+    common = dict(forms=self.forms, residual_std=self.residual_std, decode=self.decode)
+    attn = SelfAttention(cfg, max_len=self.max_len, rope=self.rope, name="attn", **common)
+    x_BxTxD = point(self, "resid_pre", x_BxTxD)
+    x_BxTxD = residual(
+      x_BxTxD,
+      lambda h: attn(h, mask_BxTxT, positions=positions, deterministic=deterministic),
+      norm(cfg, "ln_1"),
+      "attn_out",
+    )
+    x_BxTxD = point(self, "resid_mid", x_BxTxD)
+    if self.cross_attention:
+      cross = CrossAttention(cfg, name="cross_attn", **common)
+      x_BxTxD = residual(
+        x_BxTxD,
+        lambda h: cross(h, context_mask_BxTxS, context_BxSxD=context_BxSxD, deterministic=deterministic),
+        norm(cfg, "ln_cross"),
+        "cross_attn_out",
+      )
+      x_BxTxD = point(self, "resid_mid_cross", x_BxTxD)
+    if not cfg.attention_only:
+      x_BxTxD = residual(
+        x_BxTxD, MLP(cfg, residual_std=self.residual_std, forms=self.forms, name="mlp"), norm(cfg, "ln_2"), "mlp_out"
+      )
+    x_BxTxD = point(self, "resid_post", x_BxTxD)
+    return nn.with_logical_constraint(x_BxTxD, ("batch", "length", "embed"))
+
+
+class Stack(nn.Module):
+  """`num_layers` blocks, unrolled (`layer_0`, `layer_1`, ...) or scanned (`layers`, with a leading
+  `layers` axis on every parameter: one compiled block, faster compiles for deep models).
+  `deterministic` and `decode` are call arguments, as for every model (see transformer.models);
+  `forms`, `max_len` and `rope` are the model's (see SelfAttention)."""
+
+  cfg: BlockConfig
+  num_layers: int
+  scan: bool = False
+  remat_policy: str = "none"
+  cross_attention: bool = False
+  forms: str = "reference"
+  max_len: int = 0
+  rope: bool = False
+
+  @nn.compact
+  def __call__(
+    self,
+    x_BxTxD,
+    mask_BxTxT,
+    context_BxSxD=None,
+    context_mask_BxTxS=None,
+    *,
+    positions=None,
+    deterministic: bool = True,
+    decode: bool = False,
+  ):
+    """`positions`: (of the queries, of the keys) of self-attention (SelfAttention)."""
+    check_remat_policy(self.remat_policy)
+    block = Block
+    if self.remat_policy != "none" and not decode:  # no backward pass when decoding
+      block = nn.remat(Block, policy=REMAT_POLICIES[self.remat_policy], prevent_cse=not self.scan)
+    block = functools.partial(
+      block,
+      self.cfg,
+      cross_attention=self.cross_attention,
+      residual_std=0.02 / math.sqrt(2 * self.num_layers),  # GPT-2's init of the projections into the residual stream
+      deterministic=deterministic,
+      decode=decode,
+      forms=self.forms,
+      max_len=self.max_len,
+      rope=self.rope,
+    )
+    inputs = (x_BxTxD, mask_BxTxT, context_BxSxD, context_mask_BxTxS, positions)
+    if not self.scan:
+      for i in range(self.num_layers):
+        x_BxTxD = block(name=f"layer_{i}")(x_BxTxD, *inputs[1:])
+      return x_BxTxD
+    scanned = nn.scan(
+      lambda mdl, x, *args: (mdl(x, *args), None),
+      variable_axes={"params": 0, "cache": 0, "activations": 0, "patches": 0},
+      split_rngs={"params": True, "dropout": True},
+      length=self.num_layers,
+      in_axes=(nn.broadcast,) * 4,
+      metadata_params={nn.PARTITION_NAME: "layers"},
+    )
+    return scanned(block(name="layers"), *inputs)[0]
+
+
+def stack_layers(params: dict, num_layers: int) -> dict:
+  """Unrolled params (`layer_0` ... `layer_{n-1}`) -> scanned params (`layers`, leading axis n)."""
+  layers = [params[f"layer_{i}"] for i in range(num_layers)]
+  rest = {k: v for k, v in params.items() if not k.startswith("layer_")}
+  return {**rest, "layers": jax.tree.map(lambda *xs: jnp.stack(xs), *layers)}
+
+
+def unstack_layers(params: dict, num_layers: int) -> dict:
+  """The inverse of `stack_layers`."""
+  rest = {k: v for k, v in params.items() if k != "layers"}
+  return {**rest, **{f"layer_{i}": jax.tree.map(lambda x: x[i], params["layers"]) for i in range(num_layers)}}
