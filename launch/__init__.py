@@ -16,17 +16,49 @@ PROGRAMS = {
 }
 
 
-def restore(workdir: str, step: str, task: str | None = None, **options) -> inference.Trained:
-  """`inference.restore` for a program that uses `task`'s models (None: any task's): a workdir of
+def load(task: str | None = None, **where) -> inference.Trained:
+  """`inference.load(**where)` for a program that uses `task`'s models (None: any task's): a model of
   another task is one error naming the program for it. Says which kernels the model runs."""
   try:
-    trained = inference.restore(workdir, step, task=task, **options)
+    trained = inference.load(task=task, **where)
   except inference.WrongTaskError as e:
     if e.found not in PROGRAMS:  # a task registered from Python: no program of ours uses it
       raise
     raise CheckpointError(f"{e}; use python -m {PROGRAMS[e.found]}") from None
   say_kernels(trained.run.model)
   return trained
+
+
+class ModelFlags:
+  """The flags that say which model a program uses, the same in every program: --workdir, --step,
+  and, where the program takes Hugging Face weights, --hf and --tokenizer. `load()` reads them."""
+
+  def __init__(self, workdir_help: str, hf_help: str | None = None, required: bool = False, gpt2: bool = True):
+    self.workdir = flags.DEFINE_string("workdir", None, workdir_help, required=required)
+    self.step = flags.DEFINE_string(
+      "step",
+      None,
+      "With --workdir: 'latest', 'best' (by the task's evaluation: lowest validation loss, highest dev "
+      "BLEU or accuracy) or a step number. Default: 'best' for the tasks that end on their best "
+      "checkpoint (classification, tagging), else 'latest'.",
+    )
+    self.hf = self.tokenizer = None
+    if hf_help:
+      self.hf = flags.DEFINE_string("hf", None, hf_help)
+    if hf_help and gpt2:  # GPT-2's files hold no tokenizer
+      self.tokenizer = flags.DEFINE_string("tokenizer", "gpt2", "With --hf of GPT-2: the tokenizer (gpt2: OpenAI's).")
+
+  def where(self) -> dict:
+    """The model's place as `inference.load` takes it."""
+    where = {"workdir": self.workdir.value, "step": self.step.value}
+    if self.hf is not None:
+      where["hf"] = self.hf.value
+    if self.tokenizer is not None:
+      where["tokenizer"] = self.tokenizer.value
+    return where
+
+  def load(self, task: str | None = None, **options) -> inference.Trained:
+    return load(task, **self.where(), **options)
 
 
 def say_kernels(model_config) -> None:
@@ -36,13 +68,10 @@ def say_kernels(model_config) -> None:
 
 
 def define_text_labelling_flags(task_noun: str, verb: str):
-  """The flags of a program that labels texts with a trained run (launch.classify, launch.tag):
-  --workdir, --step ('best' by default), --text (repeatable), --input_file."""
+  """The flags of a program that labels texts with a trained run (launch.classify, launch.tag): the
+  model's (`ModelFlags`: --workdir, --step), --text (repeatable), --input_file."""
   return (
-    flags.DEFINE_string("workdir", None, f"A {task_noun} training workdir.", required=True),
-    flags.DEFINE_string(
-      "step", "best", "'best' (the highest dev accuracy: what the run's test scores are of), 'latest' or a step number."
-    ),
+    ModelFlags(f"A {task_noun} training workdir.", required=True),
     flags.DEFINE_multi_string("text", [], f"A text to {verb}; repeat the flag for several."),
     flags.DEFINE_string("input_file", None, "One text a line; '-' reads stdin."),
   )
@@ -50,8 +79,8 @@ def define_text_labelling_flags(task_noun: str, verb: str):
 
 def texts_and_run(labelling_flags, task: str, verb: str) -> tuple[list[str], inference.Trained]:
   """The texts of --text, then --input_file, and the run of --workdir at --step (`task`'s)."""
-  workdir, step, text, input_file = labelling_flags
+  model, text, input_file = labelling_flags
   texts = cli.read_inputs(text.value, input_file.value, "input_file")
   if not texts:
     raise UserError(f"nothing to {verb}: give --text or --input_file")
-  return texts, restore(workdir.value, step.value, task=task)
+  return texts, model.load(task)

@@ -29,24 +29,12 @@ from transformer import cli, evaluation, inference, metrics, sharding, tokenizer
 from transformer.data import sources
 from transformer.errors import ConfigError, InputWarning, UserError
 from transformer.generation.beam_search import PENALTIES
-from transformer.models.gpt import GPT
-from transformer.models.hf_gpt2 import import_hf_gpt2
-from transformer.models.hf_marian import is_marian
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir (launch.train's --workdir).")
-_STEP = flags.DEFINE_string(
-  "step",
-  None,
-  "With --workdir: 'latest', 'best' (by the run's dev metric) or a step number; by default 'best' for "
-  "classifiers and taggers (what their runs scored on test), 'latest' for the others.",
+_MODEL = launch.ModelFlags(
+  "A training workdir (launch.train's --workdir).",
+  hf_help="Instead of --workdir: a Hugging Face GPT-2 directory (model.safetensors + config.json) or file, or a "
+  "Marian model's directory (MarianMTModel + MarianTokenizer files: a translation model).",
 )
-_HF = flags.DEFINE_string(
-  "hf",
-  None,
-  "Instead of --workdir: a Hugging Face GPT-2 directory (model.safetensors + config.json) or file, or a Marian "
-  "model's directory (MarianMTModel + MarianTokenizer files: a translation model).",
-)
-_TOKENIZER = flags.DEFINE_string("tokenizer", "gpt2", "With --hf: the tokenizer (gpt2 for OpenAI's GPT-2).")
 _INPUT_FILE = flags.DEFINE_string("input_file", None, "The file to score (its format: the model's task, above).")
 _SPLIT = flags.DEFINE_enum(
   "split", None, ["train", "validation", "test"], "Instead of --input_file: this split of the run's data."
@@ -117,7 +105,7 @@ def _run_lm(trained: inference.Trained, text: str | None) -> None:
     raise ConfigError(f"--batch_size={_BATCH_SIZE.value} must be a multiple of the {rows} data-parallel devices")
   options = {"eot_id": trained.tokenizer.eot_id if task.config.segmented else None, "put": task.put_global}
   if _SPLIT.value:
-    options["split"] = inference.split_task(trained, _WORKDIR.value).data.tokens(_SPLIT.value)
+    options["split"] = inference.split_task(trained, _MODEL.workdir.value).data.tokens(_SPLIT.value)
   gpt = task.model_config.family == "gpt"
   score = _score_lm(
     task.model,
@@ -134,7 +122,7 @@ def _run_lm(trained: inference.Trained, text: str | None) -> None:
 def _run_labelled(trained: inference.Trained) -> None:
   kind = trained.run.task
   if _SPLIT.value:
-    result = evaluation.split_label_scores(trained, _WORKDIR.value, _SPLIT.value)
+    result = evaluation.split_label_scores(trained, _MODEL.workdir.value, _SPLIT.value)
   elif kind == "classification":
     rows = evaluation.labelled_rows(_INPUT_FILE.value, "classification")
     result = evaluation.classifier_scores(trained, rows, _INPUT_FILE.value)
@@ -146,7 +134,7 @@ def _run_labelled(trained: inference.Trained) -> None:
 
 def _run_translation(trained: inference.Trained) -> None:
   if _SPLIT.value:
-    pairs = inference.split_pairs(trained, _WORKDIR.value, _SPLIT.value)
+    pairs = inference.split_pairs(trained, _MODEL.workdir.value, _SPLIT.value)
     sources_ids, references = [s for s, _ in pairs], [trained.tokenizer.decode(t) for _, t in pairs]
   else:
     pairs = evaluation.labelled_rows(_INPUT_FILE.value, "pairs")
@@ -164,29 +152,15 @@ def _run_translation(trained: inference.Trained) -> None:
 
 def main(argv):
   del argv
-  if (_WORKDIR.value is None) == (_HF.value is None):
-    raise UserError("give exactly one of --workdir (a training run) or --hf (GPT-2 or Marian weights)")
   if (_INPUT_FILE.value is None) == (_SPLIT.value is None):
     raise UserError("give exactly one of --input_file (your file) or --split (the run's data)")
-  if _HF.value and _SPLIT.value:
+  if _MODEL.hf.value and _SPLIT.value:
     raise UserError("--split scores a run's own data; with --hf give --input_file")
   # Read first: a file that is not UTF-8 text is refused (naming the line and byte) before a model loads.
   text = "".join(sources.read_text(_INPUT_FILE.value)) if _INPUT_FILE.value else None
-  if _HF.value and is_marian(_HF.value):
-    trained = inference.import_marian(_HF.value)
-    print(f"# {_HF.value} (Marian, {trained.task.direction}) on {_INPUT_FILE.value}")
-    return _run_translation(trained)
-  if _HF.value:
-    config, params = import_hf_gpt2(_HF.value)
-    launch.say_kernels(config)
-    print(f"# {_HF.value} on {_INPUT_FILE.value}")
-    tokenizer = tokenizers.get_tokenizer(_TOKENIZER.value)
-    context = _CONTEXT.value or config.max_len
-    _print_text_score(_score_lm(GPT(config), params, tokenizer, text, context=context, max_context=config.max_len))
-    return
-  trained = launch.restore(_WORKDIR.value, _STEP.value or inference.default_step(_WORKDIR.value))
+  trained = _MODEL.load()
   kind = trained.run.task
-  print(f"# {_WORKDIR.value} step {trained.step} ({kind}) on {_INPUT_FILE.value or f'its {_SPLIT.value} split'}")
+  print(f"# {trained.source} ({kind}) on {_INPUT_FILE.value or f'its {_SPLIT.value} split'}")
   if kind == "lm":
     _run_lm(trained, text)
   elif kind in ("classification", "tagging"):
@@ -195,7 +169,7 @@ def main(argv):
     _run_translation(trained)
   else:  # a task registered from Python
     raise UserError(
-      f"{_WORKDIR.value} holds a {kind!r} model; launch.evaluate scores lm, classification, tagging and translation"
+      f"{trained.source} holds a {kind!r} model; launch.evaluate scores lm, classification, tagging and translation"
     )
 
 

@@ -40,20 +40,14 @@ import numpy as np
 from absl import flags
 
 import launch
-from transformer import cli, inference, interventions, probes, tokenizers
+from transformer import cli, inference, interventions, probes
 from transformer.errors import UserError
 from transformer.models.gpt import GPT
-from transformer.models.hf_gpt2 import import_hf_gpt2
-from transformer.models.hf_marian import is_marian
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir (launch.train's --workdir).")
-_STEP = flags.DEFINE_string("step", "latest", "With --workdir: 'latest', 'best' or a step number.")
-_HF = flags.DEFINE_string(
-  "hf",
-  None,
-  "Instead of --workdir: Hugging Face GPT-2 safetensors (a directory or file), or a Marian model's directory.",
+_MODEL = launch.ModelFlags(
+  "A training workdir (launch.train's --workdir).",
+  hf_help="Instead of --workdir: Hugging Face GPT-2 safetensors (a directory or file), or a Marian model's directory.",
 )
-_TOKENIZER = flags.DEFINE_string("tokenizer", "gpt2", "With --hf of GPT-2: the tokenizer.")
 _TEXT = flags.DEFINE_multi_string("text", [], "A text (a source sentence for a translation model); repeatable.")
 _TARGET = flags.DEFINE_string(
   "target",
@@ -65,7 +59,10 @@ _VERSUS = flags.DEFINE_string(
   "versus", None, "With --attribute or --patch: a second token; the logit difference target - versus is explained."
 )
 _OUT = flags.DEFINE_string(
-  "out", "probes", "Where the pictures and numbers go (one subdirectory per text when there are several)."
+  "out",
+  "probes",
+  "Where the pictures and numbers go (one subdirectory per text when there are several); by default "
+  "probes/ in the directory the program runs in.",
 )
 _COMPARE = flags.DEFINE_bool("compare", False, "Print the per-layer similarity of --word across the texts.")
 _WORD = flags.DEFINE_string("word", None, "With --compare: the word to follow through the layers.")
@@ -93,21 +90,11 @@ _ABLATE = flags.DEFINE_list(
 
 def load():
   """(model, params, tokenizer, description, the run's validation tokens or None) from --workdir or --hf."""
-  if (_WORKDIR.value is None) == (_HF.value is None):
-    raise UserError("give exactly one of --workdir (a training run) or --hf (GPT-2 or Marian weights)")
-  if _HF.value and is_marian(_HF.value):
-    trained = inference.import_marian(_HF.value)
-    launch.say_kernels(trained.run.model)
-    return trained.model, trained.params, trained.tokenizer, f"{_HF.value} (Marian)", None
-  if _WORKDIR.value:
-    trained = launch.restore(_WORKDIR.value, _STEP.value)
-    validation = None
-    if trained.run.task == "lm":
-      validation = inference.split_task(trained, _WORKDIR.value).data.tokens("validation")
-    return trained.model, trained.params, trained.tokenizer, f"{_WORKDIR.value} step {trained.step}", validation
-  config, params = import_hf_gpt2(_HF.value)
-  launch.say_kernels(config)
-  return GPT(config), params, tokenizers.get_tokenizer(_TOKENIZER.value), _HF.value, None
+  trained = _MODEL.load()
+  validation = None
+  if _MODEL.workdir.value and trained.run.task == "lm":
+    validation = inference.split_task(trained, _MODEL.workdir.value).data.tokens("validation")
+  return trained.model, trained.params, trained.tokenizer, trained.source, validation
 
 
 def compare(model, params, tokenizer, texts: list[str]) -> None:
@@ -282,27 +269,46 @@ def patch(model, params, tokenizer) -> None:
   print(out / "patching.png")
 
 
-def _head(name: str, num_layers: int, num_heads: int) -> tuple[int, int]:
-  """ "L1.H0" -> (1, 0), refused naming the model's range when it is not a head of this model."""
+# The verbs: what a run of the program does (without one, it looks inside each --text).
+_VERBS = {"compare": _COMPARE, "heads": _HEADS, "attribute": _ATTRIBUTE, "patch": _PATCH}
+
+
+def _head(name: str, num_layers: int | None = None, num_heads: int | None = None) -> tuple[int, int]:
+  """ "L1.H0" -> (1, 0), refused naming the model's range (when given) when it is not a head of this model."""
   try:
     layer, head = (int(part[1:]) for part in name.upper().split("."))
-    if not (0 <= layer < num_layers and 0 <= head < num_heads):
+    if num_layers is not None and not (0 <= layer < num_layers and 0 <= head < num_heads):
       raise ValueError
   except ValueError:
+    limits = "" if num_layers is None else f" with layer < {num_layers} and head < {num_heads}"
     raise UserError(
-      f"--ablate={name!r} is not a head of this model: write L<layer>.H<head> with layer < {num_layers} "
-      f"and head < {num_heads}, e.g. L0.H1"
+      f"--ablate={name!r} is not a head of this model: write L<layer>.H<head>{limits}, e.g. L0.H1"
     ) from None
   return layer, head
+
+
+def _check_verbs() -> None:
+  """One verb a run, and the flags of another verb only with it: refused before a model loads."""
+  verbs = [name for name, flag in _VERBS.items() if flag.value]
+  if len(verbs) > 1:
+    raise UserError(f"give one of {', '.join('--' + v for v in _VERBS)} at a time, not {' and '.join(verbs)}")
+  if _ABLATE.value and not _HEADS.value:
+    raise UserError("--ablate names heads to remove while --heads scores them: give --heads with it")
+  for name in _ABLATE.value:
+    _head(name)  # the form now; the model's range once it is loaded
 
 
 def main(argv):
   del argv
   texts = list(_TEXT.value)
+  _check_verbs()
   if not texts and not (_HEADS.value or _PATCH.value):
     raise UserError("give a --text to probe (or --heads, or --patch with --clean and --corrupt)")
   model, params, tokenizer, source, validation = load()
   print(f"# {source}", file=sys.stderr)
+  if _HEADS.value:  # before any table prints: a head this model does not have
+    for name in _ABLATE.value:
+      _head(name, model.config.num_layers, model.config.block.num_heads)
   if _HEADS.value:
     heads(model, params, validation)
     return

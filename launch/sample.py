@@ -18,22 +18,13 @@ import sys
 from absl import flags
 
 import launch
-from transformer import cli, tokenizers
-from transformer.errors import UserError
+from transformer import cli
 from transformer.generation import sampling
-from transformer.models.gpt import GPT
-from transformer.models.hf_gpt2 import import_hf_gpt2
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir (launch.train's --workdir).")
-_STEP = flags.DEFINE_string(
-  "step", "latest", "With --workdir: 'latest', 'best' (lowest validation loss) or a step number."
+_MODEL = launch.ModelFlags(
+  "A training workdir (launch.train's --workdir).",
+  hf_help="Instead of --workdir: a Hugging Face GPT-2 directory (model.safetensors + config.json) or its .safetensors.",
 )
-_HF = flags.DEFINE_string(
-  "hf",
-  None,
-  "Instead of --workdir: a Hugging Face GPT-2 directory (model.safetensors + config.json) or .safetensors file.",
-)
-_TOKENIZER = flags.DEFINE_string("tokenizer", "gpt2", "With --hf: the tokenizer (gpt2 for OpenAI's GPT-2).")
 _PROMPT = flags.DEFINE_multi_string("prompt", [], "A prompt; repeat the flag for several.")
 _PROMPTS_FILE = flags.DEFINE_string("prompts_file", None, "One prompt per line; '-' reads stdin.")
 _MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 200, "At most this many tokens per completion.")
@@ -61,29 +52,11 @@ def read_prompts() -> list[str]:
   return prompts or [""]
 
 
-def load():
-  """(model, params, tokenizer, mesh, rules, description) from --workdir or --hf."""
-  if (_WORKDIR.value is None) == (_HF.value is None):
-    raise UserError("give exactly one of --workdir (a training run) or --hf (GPT-2 safetensors)")
-  if _WORKDIR.value:
-    trained = launch.restore(_WORKDIR.value, _STEP.value, task="lm")
-    return (
-      trained.model,
-      trained.params,
-      trained.tokenizer,
-      trained.mesh,
-      trained.rules,
-      f"{_WORKDIR.value} step {trained.step}",
-    )
-  config, params = import_hf_gpt2(_HF.value)
-  launch.say_kernels(config)
-  return GPT(config), params, tokenizers.get_tokenizer(_TOKENIZER.value), None, (), _HF.value
-
-
 def main(argv):
   del argv
   prompts = read_prompts()
-  model, params, tokenizer, mesh, rules, source = load()
+  trained = _MODEL.load("lm")
+  model, params, tokenizer, source = trained.model, trained.params, trained.tokenizer, trained.source
   how = sampling.Sampling(temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value)
   print(f"# {source}: {len(prompts)} prompt(s) x {_NUM_SAMPLES.value}, {how}", file=sys.stderr)
   options = dict(
@@ -91,8 +64,8 @@ def main(argv):
     sampling=how,
     seed=_SEED.value,
     num_samples=_NUM_SAMPLES.value,
-    mesh=mesh,
-    rules=rules,
+    mesh=trained.mesh,
+    rules=trained.rules,
     sliding_window=_SLIDING_WINDOW.value,
     allow_special=_ALLOW_SPECIAL.value,
   )

@@ -30,17 +30,18 @@ from transformer.errors import UserError
 from transformer.generation.beam_search import PENALTIES
 from transformer.models.hf_marian import export_hf_marian
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "A translation training workdir (launch.train's --workdir).")
-_HF = flags.DEFINE_string(
-  "hf", None, "Instead of --workdir: a Marian model's directory (MarianMTModel + MarianTokenizer files, e.g. OPUS-MT)."
+_MODEL = launch.ModelFlags(
+  "A translation training workdir (launch.train's --workdir).",
+  hf_help="Instead of --workdir: a Marian model's directory (MarianMTModel + MarianTokenizer files, e.g. OPUS-MT).",
+  gpt2=False,
 )
+_WORKDIR, _HF, _STEP = _MODEL.workdir, _MODEL.hf, _MODEL.step  # read in main and _export
 _EXPORT = flags.DEFINE_string(
   "export",
   None,
   "Write the model (--workdir's, at --step) as a directory MarianMTModel and MarianTokenizer.from_pretrained load, "
   "instead of translating.",
 )
-_STEP = flags.DEFINE_string("step", "latest", "'latest', 'best' (highest dev BLEU) or a step number.")
 _AVERAGE = flags.DEFINE_integer(
   "average",
   1,
@@ -81,7 +82,7 @@ def _export() -> None:
   out = Path(_EXPORT.value)
   if out.exists() and any(out.iterdir()):
     raise UserError(f"--export={out} is not empty; give a new directory (nothing there is overwritten)")
-  trained = launch.restore(_WORKDIR.value, _STEP.value, task="translation", average=_AVERAGE.value)
+  trained = _MODEL.load("translation", average=_AVERAGE.value)
   export_hf_marian(trained.task.model_config, trained.params, trained.tokenizer, out)
   print(f"wrote {out}: MarianMTModel.from_pretrained({str(out)!r}), MarianTokenizer.from_pretrained({str(out)!r})")
 
@@ -99,18 +100,18 @@ def main(argv):
       if not sentences
       else "--split translates the run's data: give it without --sentence and --input_file"
     )
-  if _HF.value:
-    if _ENSEMBLE.value or _SPLIT.value or _AVERAGE.value > 1:
+  if _ENSEMBLE.value:
+    if _HF.value:
       raise UserError("--ensemble, --average and --split use training runs: give --workdir")
-    trained, name, which = inference.import_marian(_HF.value), _HF.value, "Marian"
-  elif _ENSEMBLE.value:
-    trained = inference.restore_ensemble([_WORKDIR.value, *_ENSEMBLE.value], _STEP.value, average=_AVERAGE.value)
+    step = _STEP.value or inference.default_step(_WORKDIR.value)
+    trained = inference.restore_ensemble([_WORKDIR.value, *_ENSEMBLE.value], step, average=_AVERAGE.value)
     launch.say_kernels(trained.run.model)
-    name, which = _WORKDIR.value, f"+ {len(_ENSEMBLE.value)} more workdir(s), an ensemble"
+    source = f"{_WORKDIR.value} + {len(_ENSEMBLE.value)} more workdir(s), an ensemble"
   else:
-    trained = launch.restore(_WORKDIR.value, _STEP.value, task="translation", average=_AVERAGE.value)
-    name = _WORKDIR.value
-    which = f"steps {list(trained.averaged)} averaged" if trained.averaged else f"step {trained.step}"
+    if _HF.value and (_SPLIT.value or _AVERAGE.value > 1):
+      raise UserError("--ensemble, --average and --split use training runs: give --workdir")
+    trained = _MODEL.load("translation", average=_AVERAGE.value)
+    source = trained.source
   references = None
   if _SPLIT.value:
     pairs = inference.split_pairs(trained, _WORKDIR.value, _SPLIT.value)
@@ -122,7 +123,7 @@ def main(argv):
   alpha = ev.alpha if _ALPHA.value is None else _ALPHA.value
   penalty = _LENGTH_PENALTY.value or ev.length_penalty
   print(
-    f"# {name} {which} ({trained.task.direction}): "
+    f"# {source} ({trained.task.direction}): "
     f"{len(sources)} sentence(s), beam {_BEAM_SIZE.value}, {penalty} length penalty, alpha {alpha}",
     file=sys.stderr,
   )

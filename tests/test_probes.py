@@ -216,3 +216,20 @@ def test_launch_probe_reads_hugging_face_gpt2_weights(tmp_path):
   assert "error: --attribute and --patch explain the logit of a --target token" in bad[2]["stderr"]
   scores = json.loads((tmp_path / "heads" / "heads.json").read_text())
   assert set(scores) == {"previous_token", "duplicate_token", "induction"} and np.shape(scores["induction"]) == (2, 2)
+
+
+@pytest.mark.slow
+def test_launch_probe_takes_one_verb_and_refuses_flags_without_theirs_before_loading(tmp_path):
+  """Two verbs, --ablate without --heads, and a malformed --ablate are each one error line, given
+  before any model is read (the workdir here does not exist) and before any table prints."""
+  missing = tmp_path / "no-such-run"
+  cases = [
+    {"args": [f"--workdir={missing}", "--heads", "--patch"]},
+    {"args": [f"--workdir={missing}", "--text=hi", "--ablate=L1.H0"]},
+    {"args": [f"--workdir={missing}", "--heads", "--ablate=layer1"]},
+  ]
+  stderrs = [r["stderr"] for r in run_cases("launch.probe", cases, tmp_path)]
+  assert "error: give one of --compare, --heads, --attribute, --patch at a time, not heads and patch" in stderrs[0]
+  assert "error: --ablate names heads to remove while --heads scores them: give --heads with it" in stderrs[1]
+  assert "error: --ablate='layer1' is not a head of this model: write L<layer>.H<head>, e.g. L0.H1" in stderrs[2]
+  assert all(str(missing) not in s for s in stderrs)  # refused before the workdir was looked at

@@ -4,6 +4,7 @@ resumes and restores through the same `train_and_evaluate` and `inference.restor
 tasks, without a change to either."""
 
 import dataclasses
+import json
 import types
 
 import jax
@@ -17,6 +18,8 @@ from transformer import config, inference, metrics, tasks, tokenizers, train
 from transformer.errors import ConfigError
 from transformer.generation import sampling
 from transformer.models.gpt import GPT
+
+from conftest import run_module
 
 DIGITS = "0123456789"
 
@@ -187,3 +190,49 @@ def test_a_task_that_finishes_with_its_best_checkpoint_scores_and_serves_it(tmp_
     assert inference.default_step(tmp_path / "w") == "best" and inference.restore(tmp_path / "w", "best").step == 30
   finally:
     tasks.TASKS.pop("early_stopped_copy")
+
+
+# A user's own module, outside the package: it registers an attention mechanism (the mean of the
+# dot-product scores subtracted, a change that keeps the softmax's result and so learns like dot products).
+_USER_MODULE = """
+from transformer import layers
+
+def centred_scores(attn, x_BxTxD, q_BxTxHxK, k_BxSxHxK, positions):
+  scores_BxHxTxS = layers.dot_product_scores(attn, x_BxTxD, q_BxTxHxK, k_BxSxHxK, positions)
+  return scores_BxHxTxS - scores_BxHxTxS.mean(axis=-1, keepdims=True)
+
+layers.register_mechanism("centred", layers.Mechanism(centred_scores))
+"""
+
+
+@pytest.mark.slow
+def test_a_mechanism_registered_in_a_users_module_crosses_the_process_boundary(tmp_path):
+  """launch.train with --config.imports=the user's module, then launch.sample, launch.probe and
+  launch.evaluate on that run, each a new process that never imported the module itself: each reads
+  config.imports from the run and imports it. Without the module on the path, one error naming it."""
+  (tmp_path / "user_code").mkdir()
+  (tmp_path / "user_code" / "my_mechanisms.py").write_text(_USER_MODULE)
+  env = {"PYTHONPATH": str(tmp_path / "user_code")}
+  workdir = tmp_path / "w"
+  trained = run_module(
+    "launch.train",
+    "--config=experiments/shakespeare.py:tiny",
+    f"--config.data.root={tmp_path / 'data'}",
+    "--config.imports=my_mechanisms",
+    "--config.model.block.attention_mechanism=centred",
+    "--config.num_train_steps=20",
+    f"--workdir={workdir}",
+    env=env,
+  )
+  assert trained.returncode == 0, trained.stderr[-3000:]
+  assert json.loads((workdir / "config.json").read_text())["imports"] == ["my_mechanisms"]
+  sample = run_module("launch.sample", f"--workdir={workdir}", "--prompt=ROMEO:", "--max_new_tokens=8", env=env)
+  assert sample.returncode == 0 and sample.stdout.startswith("ROMEO:"), sample.stderr[-3000:]
+  probe = run_module("launch.probe", f"--workdir={workdir}", "--text=ROMEO: O", f"--out={tmp_path / 'p'}", env=env)
+  assert probe.returncode == 0 and (tmp_path / "p" / "attention.png").exists(), probe.stderr[-3000:]
+  evaluate = run_module("launch.evaluate", f"--workdir={workdir}", "--split=validation", env=env)
+  assert evaluate.returncode == 0 and "bits per char" in evaluate.stdout, evaluate.stderr[-3000:]
+  lost = run_module("launch.sample", f"--workdir={workdir}", "--prompt=ROMEO:", "--max_new_tokens=8")
+  assert lost.returncode == 1 and lost.stderr.strip().splitlines()[-1].startswith(
+    "error: --config.imports: module 'my_mechanisms' cannot be imported"
+  ), lost.stderr[-3000:]

@@ -513,7 +513,7 @@ def test_workdirs_of_the_other_task_are_refused_by_name(trained):
     inference.restore(root / "w", task="lm")
   # The launch programs name the one that can (the library names none).
   with pytest.raises(UserError, match=r"not a 'lm' one; use python -m launch.translate"):
-    launch.restore(str(root / "w"), "latest", task="lm")
+    launch.load("lm", workdir=str(root / "w"), step="latest")
 
 
 @pytest.mark.parametrize(

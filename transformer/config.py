@@ -61,8 +61,15 @@ class LoopConfig:
   # (log it in metrics.jsonl, go on), stopping after more than max_consecutive_skips in a row.
   on_nonfinite: str = "stop"
   max_consecutive_skips: int = 5
+  # Python modules imported before the config is read, by every program that trains, restores or uses
+  # the run (transformer.tasks.resolve does it): where a task (tasks.register) or an attention
+  # mechanism (layers.register_mechanism) of one's own is registered. config.json records them, so a
+  # run's extensions cross the process boundary with it. Importable names: on PYTHONPATH, or in the
+  # directory a program runs in. `--config.imports=my_mechanisms` (several: a,b).
+  imports: tuple[str, ...] = ()
 
   may_change: ClassVar[tuple[str, ...]] = (
+    "imports",
     "num_train_steps",
     "log_every_steps",
     "eval_every_steps",

@@ -2,7 +2,7 @@
 mean of several, no optimizer state; the tokenizer; and the task that says what the model is, on
 this machine's devices), ensembles, and what the launch programs ask of each kind of model.
 
-    >>> trained = restore("workdirs/shakespeare-char", step="best")
+    >>> trained = load(workdir="workdirs/shakespeare-char", step="best")  # or load(hf="path/to/gpt2")
     >>> sampling.generate(trained.model, trained.params, ...)
     >>> classify(restore("workdirs/sentiment-encoder"), ["A gorgeous, witty film."])  # (1, classes)
 
@@ -28,12 +28,14 @@ from absl import logging
 
 from transformer import checkpoints, sharding, tasks, tokenizers
 from transformer import workdir as workdir_files
-from transformer.config import MeshConfig, RunConfig
+from transformer.config import MeshConfig, RunConfig, defaults_for, model_dict
 from transformer.errors import CheckpointError, ConfigError, DataError, InputWarning, UserError, WorkdirError
 from transformer.generation import beam_search
 from transformer.models import seq2seq
-from transformer.models.hf_marian import import_hf_marian
+from transformer.models.hf_gpt2 import import_hf_gpt2
+from transformer.models.hf_marian import import_hf_marian, is_marian
 from transformer.tasks import labelled
+from transformer.tasks.lm import LanguageModel
 from transformer.tasks.translation import marian_defaults
 from transformer.tokenizers import CONFIG_FILE, load_tokenizer
 
@@ -58,6 +60,7 @@ class Trained:
   run: RunConfig
   averaged: tuple[int, ...] = ()  # the steps whose params were averaged into `params`, if any
   members: tuple[Trained, ...] = ()  # restore_ensemble's members, each as `restore` gave it
+  source: str = ""  # where it came from, as the launch programs print it ("workdirs/x step 820")
 
   @property
   def model(self):
@@ -95,6 +98,7 @@ def saved_run(workdir: Path) -> RunConfig | None:
   config_dict = workdir_files.saved_config_dict(workdir)
   if config_dict is None:
     return None
+  tasks.import_extensions(config_dict)  # the run's own tasks and mechanisms, before its config is read
   try:
     return tasks.resolve(config_dict)
   except UserError as e:  # a field this version does not know
@@ -103,6 +107,34 @@ def saved_run(workdir: Path) -> RunConfig | None:
     raise WorkdirError(
       f"{workdir / workdir_files.CONFIG} is unreadable ({e}); restore it, or use another --workdir"
     ) from None
+
+
+def load(
+  *,
+  workdir: str | Path | None = None,
+  hf: str | Path | None = None,
+  step: str | int | None = None,
+  tokenizer: str = "gpt2",
+  task: str | None = None,
+  average: int = 1,
+) -> Trained:
+  """A trained model, whatever made it: a training run's `workdir` (at `step`: None is
+  `default_step`'s choice; `average` > 1 averages that many checkpoints) or a Hugging Face directory
+  `hf` (Marian's files, or GPT-2's read with the tokenizer named `tokenizer`). `task` (a config.task
+  name), when given, is what the caller can use: another one is a `WrongTaskError`. What every
+  launch program and the notebook load a model with."""
+  if (workdir is None) == (hf is None):
+    raise UserError("give exactly one of --workdir (a training run) or --hf (GPT-2 or Marian weights)")
+  if workdir is not None:
+    trained = restore(workdir, default_step(workdir) if step is None else step, task=task, average=average)
+    which = f"steps {list(trained.averaged)} averaged" if trained.averaged else f"step {trained.step}"
+    return dataclasses.replace(trained, source=f"{workdir} {which}")
+  if step is not None or average > 1:
+    raise UserError("--step and --average choose a training run's checkpoints: give --workdir, or leave them out")
+  trained = import_marian(hf) if is_marian(hf) else import_gpt2(hf, tokenizer)
+  if task is not None and trained.run.task != task:
+    raise WrongTaskError(Path(hf), trained.run.task, task)
+  return trained
 
 
 def restore(workdir: str | Path, step: str | int = "latest", task: str | None = None, average: int = 1) -> Trained:
@@ -155,9 +187,26 @@ def import_marian(directory: str | Path) -> Trained:
     )
   config_dict = marian_defaults(str(directory))
   config_dict.data.dataset = ""  # no data is read: its sides are "source" and "target"
+  return _imported(config_dict, params, tokenizer, f"{directory} (Marian)")
+
+
+def import_gpt2(directory: str | Path, tokenizer: str = "gpt2") -> Trained:
+  """Hugging Face GPT-2 weights (config.json + model.safetensors) as a trained language model on this
+  machine's devices, read with the tokenizer named `tokenizer` (gpt2 for OpenAI's): what
+  launch.sample, launch.evaluate and launch.probe use with --hf."""
+  config, params = import_hf_gpt2(directory)
+  config_dict = defaults_for(LanguageModel)
+  config_dict.model = model_dict(config)
+  config_dict.data.tokenizer, config_dict.data.dataset = tokenizer, ""  # no data is read
+  config_dict.seq_len = config.max_len  # what a window of launch.evaluate reads by default
+  return _imported(config_dict, params, tokenizers.get_tokenizer(tokenizer), str(directory))
+
+
+def _imported(config_dict, params, tokenizer, source: str) -> Trained:
+  """An imported model's params, placed as a run of `config_dict` would shard them on this machine."""
   run, task, mesh, abstract = _on_this_machine(tasks.resolve(config_dict), tokenizer)
   params = jax.tree.map(lambda x, a: jax.device_put(x, a.sharding), params, abstract)
-  return Trained(task, params, tokenizer, mesh, 0, run)
+  return Trained(task, params, tokenizer, mesh, 0, run, source=source)
 
 
 def default_step(workdir: str | Path) -> str:

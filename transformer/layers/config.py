@@ -118,7 +118,8 @@ def check_block_config(cfg: BlockConfig) -> None:
   ):
     value = getattr(cfg, name.split()[0])
     if value not in allowed:
-      raise ConfigError(f"unknown block.{name} {value!r}; choose one of {', '.join(allowed)}")
+      registered = " (one registered from Python: name its module in --config.imports)" if allowed is MECHANISMS else ""
+      raise ConfigError(f"unknown block.{name} {value!r}; choose one of {', '.join(allowed)}{registered}")
   if cfg.attention_dropout_rate > 0 and cfg.attention != "einsum":
     raise ConfigError(
       f"block.attention_dropout_rate={cfg.attention_dropout_rate} needs block.attention='einsum' "

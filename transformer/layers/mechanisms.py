@@ -99,7 +99,9 @@ MECHANISMS: dict[str, Mechanism] = {
 
 def register_mechanism(name: str, mechanism: Mechanism) -> None:
   """Adds an attention mechanism under `name` (config.model.block.attention_mechanism=name): it then
-  trains, decodes with the KV cache, probes and shards like the built-in ones."""
+  trains, decodes with the KV cache, probes and shards like the built-in ones. Called in a module of
+  one's own, that module named in config.imports makes every launch program that uses the run
+  register it too."""
   if not isinstance(mechanism, Mechanism):
     raise TypeError(f"register_mechanism({name!r}, ...) takes a layers.Mechanism, got {type(mechanism).__name__}")
   MECHANISMS[name] = mechanism

@@ -15,6 +15,8 @@ tasks are known: `resolve(config)` gives the typed, checked RunConfig (transform
 
 from __future__ import annotations
 
+import importlib
+
 import ml_collections
 
 from transformer.config import RunConfig, defaults_for, resolve_for
@@ -43,13 +45,34 @@ def register(task: type[Task]) -> type[Task]:
 
 def get(name: str) -> type[Task]:
   if name not in TASKS:
-    raise ConfigError(f"--config.task={name!r} is unknown; choose one of {', '.join(TASKS)}")
+    raise ConfigError(
+      f"--config.task={name!r} is unknown; choose one of {', '.join(TASKS)} (a task registered from Python: "
+      f"name the module that registers it in --config.imports)"
+    )
   return TASKS[name]
 
 
+def import_extensions(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+  """Imports the modules config.imports names (LoopConfig.imports: where a run's own tasks and
+  attention mechanisms are registered); returns their names. One that cannot be imported is one
+  error naming it."""
+  names = tuple(n.strip() for entry in config.get("imports", ()) or () for n in str(entry).split(",") if n.strip())
+  for name in names:
+    try:
+      importlib.import_module(name)
+    except ImportError as e:
+      raise ConfigError(
+        f"--config.imports: module {name!r} cannot be imported ({e}); put it on PYTHONPATH or in the "
+        f"directory the program runs in"
+      ) from None
+  return names
+
+
 def resolve(config: ml_collections.ConfigDict, *, num_devices: int | None = None) -> RunConfig:
-  """The ConfigDict as a checked RunConfig of the task it names (`config.resolve_for`). With
-  `num_devices` (training), the mesh is fitted to that many devices; see resolve_for."""
+  """The ConfigDict as a checked RunConfig of the task it names (`config.resolve_for`), after
+  importing the modules it names (`import_extensions`). With `num_devices` (training), the mesh is
+  fitted to that many devices; see resolve_for."""
+  import_extensions(config)
   return resolve_for(get(config.get("task", "lm")), config, num_devices=num_devices)
 
 
@@ -67,6 +90,7 @@ __all__ = [
   "Translation",
   "defaults",
   "get",
+  "import_extensions",
   "register",
   "resolve",
 ]
