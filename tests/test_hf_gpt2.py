@@ -67,6 +67,8 @@ def test_import_export_import_is_identical(name, tmp_path):
   assert ours.keys() == theirs.keys()
   for k in theirs:
     np.testing.assert_array_equal(ours[k], theirs[k], err_msg=k)
+  config_mode = (tmp_path / "config.json").stat().st_mode & 0o777
+  assert (tmp_path / "model.safetensors").stat().st_mode & 0o777 == config_mode  # not safetensors' own 0600
   exported = json.loads((tmp_path / "config.json").read_text())
   hf = json.loads((FIXTURES / name / "config.json").read_text())
   for field in (

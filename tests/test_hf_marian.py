@@ -218,6 +218,8 @@ def test_an_export_is_the_one_transformers_loaded_with_our_logits_and_translatio
   tensors = load_file(tmp_path / "model.safetensors")
   assert {k: sha(v.tobytes()) for k, v in sorted(tensors.items())} == checked["tensors_sha256"]
   assert sha((tmp_path / "config.json").read_bytes()) == checked["config_sha256"]
+  # Every file as readable as the others (safetensors alone would write its file 0600).
+  assert {p.stat().st_mode & 0o777 for p in tmp_path.iterdir()} == {(tmp_path / "config.json").stat().st_mode & 0o777}
   # Our translations of the exported model are transformers' generate() under the export's own
   # generation_config.json (the <pad> start, </s>, <pad> banned), greedy and with 4 beams.
   reference = np.load(FIXTURE / "reference.npz")

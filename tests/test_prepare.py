@@ -358,8 +358,16 @@ def test_bad_options():
 def test_too_small_input_names_the_split(tmp_path):
   small = tmp_path / "small.txt"
   small.write_text("just one line\n")
-  with pytest.raises(DataError, match="split of small came out empty"):
+  with pytest.raises(DataError, match="split of small came out empty: .* or lower piece_chars"):
     data.prepare(data.file_source([small]), tmp_path / "o", PrepareOptions(tokenizer="char"), progress=False)
+  # Pairs are split line by line: the advice is about lines and the validation fraction, not piece_chars.
+  pairs = tmp_path / "pairs.tsv"
+  pairs.write_text("".join(f"Ein Satz {i}.\tA sentence {i}.\n" for i in range(3)))
+  with pytest.raises(DataError, match=r"its lines are too few .* or a larger validation_fraction") as e:
+    data.prepare(
+      data.file_source([pairs], "pairs"), tmp_path / "p", PrepareOptions(tokenizer="char"), progress=False
+    )
+  assert "piece_chars" not in str(e.value)
 
 
 @pytest.mark.slow

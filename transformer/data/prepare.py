@@ -159,6 +159,21 @@ class _Writer:
       np.save(directory / f"{split}.labels.npy", np.asarray(self.labels, dtype=np.int16))
 
 
+def _too_small(kind: str, options: PrepareOptions) -> str:
+  """What to do when a split came out empty: text is split by pieces of piece_chars characters, the
+  other kinds (pairs, labelled texts, tagged sentences) line by line."""
+  if kind == "text":
+    return (
+      f"the input is too small for the split (piece_chars={options.piece_chars}); give more text, or lower "
+      f"piece_chars (--piece_chars; config.data.piece_chars when training)"
+    )
+  return (
+    f"its lines are too few for the split (a line goes to validation with probability "
+    f"validation_fraction={options.validation_fraction}); give more lines, or a larger validation_fraction "
+    f"(--validation_fraction; config.data.validation_fraction when training)"
+  )
+
+
 def _text_pieces(source: Source, piece_chars: int) -> Iterator[tuple[int, int, str, bool, int]]:
   """(document, piece, text, is_last_piece, bytes read) for every document of a text source."""
   for doc, path in enumerate(source.files):
@@ -388,11 +403,7 @@ def prepare(
       counts, dropped, tags = _write_splits(source, options, tokenizer, dtype, staging, progress, lexicon)
       for split in SPLITS:
         if split != "test" and counts[split]["records"] == 0 and (split == "train" or options.validation_fraction > 0):
-          raise DataError(
-            f"the {split} split of {source.name} came out empty: the input is too small "
-            f"for the split (piece_chars={options.piece_chars}); give more text, or lower "
-            f"piece_chars (--piece_chars; config.data.piece_chars when training)"
-          )
+          raise DataError(f"the {split} split of {source.name} came out empty: {_too_small(source.kind, options)}")
       if lexicon is not None and counts[LEXICON]["records"] == 0:
         c = counts[LEXICON]
         raise DataError(

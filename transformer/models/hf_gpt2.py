@@ -21,11 +21,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from safetensors import SafetensorError
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 
 from transformer import layers
 from transformer.errors import CheckpointError, ConfigError
 from transformer.models.gpt import GPTConfig, param_shapes
+from transformer.models.hf_files import save_safetensors
 
 # d_model -> heads of the four OpenAI GPT-2 sizes: heads cannot be read off any tensor shape.
 _GPT2_HEADS = {768: 12, 1024: 16, 1280: 20, 1600: 25}
@@ -187,7 +188,7 @@ def export_hf_gpt2(config: GPTConfig, params: dict, out_dir: str | Path) -> Path
     tensors[f"transformer.{key}" if not key.startswith("lm_head") else key] = np.ascontiguousarray(value)
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
-  save_file(tensors, out_dir / "model.safetensors", metadata={"format": "pt"})
+  save_safetensors(tensors, out_dir / "model.safetensors")
   hf_config = {
     "architectures": ["GPT2LMHeadModel"],
     "model_type": "gpt2",

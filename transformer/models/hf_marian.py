@@ -26,10 +26,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from safetensors import SafetensorError
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 
 from transformer import layers
 from transformer.errors import CheckpointError, ConfigError
+from transformer.models.hf_files import save_safetensors
 from transformer.models.seq2seq import Seq2SeqConfig, Transformer
 
 _ACTIVATIONS = {"swish": "swish", "silu": "swish", "gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh"}
@@ -338,7 +339,7 @@ def export_hf_marian(cfg: Seq2SeqConfig, params: dict, tokenizer, out_dir: str |
       norm(f"{key}.final_layer_norm", block["ln_2"])
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
-  save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, out_dir / "model.safetensors", {"format": "pt"})
+  save_safetensors(tensors, out_dir / "model.safetensors")
   (out_dir / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
   generation = {k: hf[k] for k in ("decoder_start_token_id", "eos_token_id", "forced_eos_token_id", "pad_token_id")}
   generation["bad_words_ids"] = [[tokenizer.pad_id]]  # the decoder's start, never generated
