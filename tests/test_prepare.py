@@ -364,9 +364,7 @@ def test_too_small_input_names_the_split(tmp_path):
   pairs = tmp_path / "pairs.tsv"
   pairs.write_text("".join(f"Ein Satz {i}.\tA sentence {i}.\n" for i in range(3)))
   with pytest.raises(DataError, match=r"its lines are too few .* or a larger validation_fraction") as e:
-    data.prepare(
-      data.file_source([pairs], "pairs"), tmp_path / "p", PrepareOptions(tokenizer="char"), progress=False
-    )
+    data.prepare(data.file_source([pairs], "pairs"), tmp_path / "p", PrepareOptions(tokenizer="char"), progress=False)
   assert "piece_chars" not in str(e.value)
 
 
