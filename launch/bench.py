@@ -91,9 +91,8 @@ _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 32, "Generation: prompt tokens.
 _NEW_TOKENS = flags.DEFINE_integer("new_tokens", 128, "Generation: new tokens per sequence.")
 _TRAIN_BATCH = flags.DEFINE_integer("train_batch", 16, "Training step: sequences per batch (0: skip it).")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repeats (the median is reported).")
-# The first steps of a process still grow its host heap (transformer/hostmem.py: the main job's step
-# faults its 327 MB block in again at ~6 of its first 15 steps, then at none); a run's 1,200 steps
-# are in the steady state, and so are the timed ones, ours and the peers'.
+# The first steps of a process still grow its host heap (transformer/hostmem.py; launch/BENCHMARKS.md
+# has the counts); a run's steps are in the steady state, and so are the timed ones, ours and the peers'.
 _TRAIN_WARMUP = flags.DEFINE_float(
   "train_warmup_s", 5.0, "Training steps, ours and the peers': untimed steps for at least this many seconds first."
 )

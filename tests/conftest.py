@@ -3,7 +3,6 @@
 
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,15 +15,19 @@ REPO = Path(__file__).resolve().parents[1]
 # (before any computation starts XLA's threads).
 hostmem.keep_freed_blocks()
 
-# One persistent XLA compilation cache for the whole run, shared by the test processes (pytest-xdist
-# workers inherit the controller's environment) and every program they launch: the suite compiles
-# the same tiny models in dozens of processes. A fresh directory per run: no entry outlives it.
-_OWN_XLA_CACHE = None
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-  _OWN_XLA_CACHE = tempfile.mkdtemp(prefix="transformer-tests-xla-cache-")
-  os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_XLA_CACHE
+# One persistent XLA compilation cache, shared by the test processes (pytest-xdist workers inherit the
+# controller's environment) and every program they launch, and kept from one run to the next in the
+# checkout's git-ignored .xla_cache/: the suite compiles the same tiny models in dozens of processes,
+# and a second run reads what the first compiled instead of compiling it again. JAX's key for an
+# entry holds the program, the jax version and the compiler's flags, so an entry is only read by the
+# same compilation; the oldest entries go past 2 GB. TRANSFORMER_TEST_XLA_CACHE=0: none at all.
+XLA_CACHE = REPO / ".xla_cache" / "tests"
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ and os.environ.get("TRANSFORMER_TEST_XLA_CACHE", "1") != "0":
+  XLA_CACHE.mkdir(parents=True, exist_ok=True)
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = str(XLA_CACHE)
   os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
   os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+  os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(2 * 2**30)
 
 
 # XLA's LLVM backend at -O0 for the whole run, in the test processes and every program they start:
@@ -33,13 +36,6 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 # ~16%). XLA's own optimisations of the program (fusion, layouts, simplification) are unchanged.
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
-
-
-def pytest_unconfigure(config):
-  if _OWN_XLA_CACHE is not None:  # the process that made it (the controller, after its workers) removes it
-    import shutil
-
-    shutil.rmtree(_OWN_XLA_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,11 @@ same program as a model without them.
 
 A model with several stacks names its points by stack: `encoder.resid_pre`, `decoder.pattern`,
 `decoder.cross_attn.pattern`. Reading or patching a point takes attention's reference path (its
-scores exist only there), whatever config.model.kernels says.
+scores exist only there), whatever config.model.kernels and block.attention say.
+
+"Cache" here is TransformerLens's word: the activations a run recorded (the flax collection
+"activations"). Decoding's KV cache is another thing: the flax collection "cache"
+(transformer.layers.kv_cache), which no function here reads.
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ from transformer.errors import DataError
 SPLITS = ("train", "validation", "test")
 BATCH_CHARS = 1 << 22  # text tokenized at a time (on threads): ~4 MB
 # A Python tokenizer (char, word) tokenizes in worker processes from this much input on: starting
-# them takes about a second, which less text does not repay (it tokenizes at ~7-13 MB/s a core).
+# them takes about a second, which less text does not repay (launch/BENCHMARKS.md, "Data preparation").
 PROCESSES_FROM_BYTES = 1 << 25
 LEXICON = "lexicon"  # the training-only pairs of a lexicon source, when one was prepared
 MANIFEST = "manifest.json"

@@ -134,7 +134,7 @@ def decode_lengths(prompt_len: int, max_new_tokens: int, phase_tokens: int = DEC
   """The cache lengths the decode loop grows through, the last P + max_new_tokens. A step attends over
   every slot of the cache (its shape is static), so one cache of the final length makes the early
   steps read slots that hold nothing yet. Up to MAX_DECODE_PHASES phases of at least `phase_tokens`
-  tokens: main-job shape (32 + 96 tokens) attends over 64, 96, 128 slots instead of 128 throughout."""
+  tokens: e.g. 32 prompt + 96 new tokens in three phases attend over 64, 96, then 128 slots, not 128 throughout."""
   phases = max(1, min(MAX_DECODE_PHASES, max_new_tokens // phase_tokens))
   return [prompt_len + -(-max_new_tokens * j // phases) for j in range(1, phases + 1)]
 

@@ -1,11 +1,14 @@
 """Model families, pure Flax linen modules (`init`/`apply`, no hidden state).
 
   gpt        decoder-only GPT-2 (language modelling); presets gpt2 ... gpt2-xl, cpu-small, cpu-tiny
-  seq2seq    the encoder-decoder Transformer of "Attention Is All You Need" (translation)
+  seq2seq    the encoder-decoder Transformer of "Attention Is All You Need" (translation): the class
+             `seq2seq.Transformer`, the paper's name for it (the package `transformer` is the library)
   encoder    the encoder-only Transformer (classification, tagging)
   lstm       stacked LSTMs, one-way or bidirectional: the recurrent baselines
   classifier heads on a body (gpt, encoder, lstm): a label per text or per token
   hf_gpt2    Hugging Face GPT-2 safetensors <-> GPT params
+  hf_marian  Hugging Face Marian (OPUS-MT) files <-> seq2seq params and config
+  hf_files   what the two weight formats share (writing model.safetensors)
 
 A run's config.model names its family (`config.model.family`, `families()` below) and holds that
 family's config fields; the task says which families it can train.

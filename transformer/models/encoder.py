@@ -29,7 +29,7 @@ from transformer.models import seq2seq
 
 @dataclasses.dataclass(frozen=True)
 class EncoderConfig:
-  family: ClassVar[str] = "encoder"  # config.model.family (transformer.models.FAMILIES)
+  family: ClassVar[str] = "encoder"  # config.model.family (transformer.models.families())
   vocab_size: int = 0  # 0: taken from the tokenizer
   max_len: int = 256  # longest sequence (positions are sinusoidal, not learned)
   num_layers: int = 4

@@ -4,7 +4,7 @@
              -> N pre-LayerNorm blocks (causal self-attention, GELU-tanh MLP, each residual)
              -> final LayerNorm -> logits over the vocabulary (head tied to the token embedding)
 
-That is GPT-2, the defaults. Each of today's changes is one config value away (and GPT-2's
+That is GPT-2, the defaults. Each later change of the recipe is one config value away (and GPT-2's
 checkpoint format holds none of them): `positions` ("rope", "sinusoidal", "none"),
 `block.norm="rms_norm"`, `block.activation` ("relu2", "swiglu"), `block.qk_norm`, an untied head
 (`tie_embeddings=False`), `logits_softcap`.
@@ -35,7 +35,7 @@ from transformer.errors import ConfigError
 
 @dataclasses.dataclass(frozen=True)
 class GPTConfig:
-  family: ClassVar[str] = "gpt"  # config.model.family (transformer.models.FAMILIES)
+  family: ClassVar[str] = "gpt"  # config.model.family (transformer.models.families())
   vocab_size: int = 50257
   max_len: int = 1024  # size of the learned position table: the longest sequence (GPT-2's n_ctx)
   num_layers: int = 12

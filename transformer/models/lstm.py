@@ -31,7 +31,7 @@ from transformer.kernels import check as kernel_check
 
 @dataclasses.dataclass(frozen=True)
 class LSTMConfig:
-  family: ClassVar[str] = "lstm"  # config.model.family (transformer.models.FAMILIES)
+  family: ClassVar[str] = "lstm"  # config.model.family (transformer.models.families())
   vocab_size: int = 0  # 0: taken from the tokenizer
   max_len: int = 1024  # longest sequence it is trained or sampled on (no position table)
   num_layers: int = 2

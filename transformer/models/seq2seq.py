@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import flax.linen as nn
 import jax
@@ -44,13 +44,13 @@ PAPER_BLOCK = layers.BlockConfig(
 
 @dataclasses.dataclass(frozen=True)
 class Seq2SeqConfig:
-  family: ClassVar[str] = "transformer"  # config.model.family (transformer.models.FAMILIES)
+  family: ClassVar[str] = "transformer"  # config.model.family (transformer.models.families())
   vocab_size: int = 0  # joint source/target vocabulary (0: taken from the tokenizer)
   max_len: int = 256  # longest source or target sequence (positions are sinusoidal, not learned)
   num_layers: int = 6  # encoder layers, and decoder layers unless num_decoder_layers says otherwise
   # 0: num_layers. A deep encoder with a shallow decoder (Kasai et al. 2021, "Deep Encoder, Shallow
   # Decoder") decodes faster, as the decoder runs once per output token; whether it translates as
-  # well depends on the data (on the README's Ding runs, 3+1 layers did worse than 2+2).
+  # well depends on the data (experiments/README.md, the translation levers).
   num_decoder_layers: int = 0
   # The encoder's and the decoder's blocks (block.pre_layer_norm=True: pre-LN, easier to train deep;
   # block.attention_mechanism applies to self-attention, cross-attention is dot-product).
@@ -109,12 +109,20 @@ def preset(name: str, **overrides) -> Seq2SeqConfig:
   return PRESETS[name].replace(**overrides).check()
 
 
+class EmbeddedConfig(Protocol):
+  """What `Embed` reads of a model config: the encoder-decoder's and the encoder-only model's have it."""
+
+  vocab_size: int
+  max_len: int
+  block: layers.BlockConfig
+
+
 class Embed(nn.Module):
   """Token embedding * sqrt(d_model) + sinusoidal position, then dropout (the paper's section 3.4).
   `config`: a model config with vocab_size, max_len and a block (the encoder's too); `sinusoids` and
   `scale` are Seq2SeqConfig.sinusoids and .scale_embeddings (Marian's variants)."""
 
-  config: Seq2SeqConfig
+  config: EmbeddedConfig  # Seq2SeqConfig, or models.encoder's EncoderConfig
   sinusoids: str = "interleaved"
   scale: bool = True
 
@@ -308,8 +316,8 @@ class Ensemble(nn.Module):
   takes the argmax of their geometric mean and beam search ranks hypotheses by it.
 
   Independently trained models make different errors, and averaging their distributions cancels
-  part of them, at the members' decoding cost: on the Ding pairs, two runs of one recipe that differ
-  only in seed gain ~1 BLEU over either, six ~2 (README, "What each lever gives"). The members may
+  part of them, at the members' decoding cost (what it gains on the Ding pairs: experiments/README.md,
+  the translation levers). The members may
   differ in depth, width or norm placement; they must share the tokenizer
   (transformer.inference.restore_ensemble checks it). Params: {"member_0": the first's params, ...}.
   It has the decoding methods of `Transformer` (encode, decode_logits and __call__ with
