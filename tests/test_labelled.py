@@ -444,7 +444,7 @@ def test_init_from_loads_the_pretrained_body_exactly_and_can_freeze_it(reviews, 
   chex.assert_trees_all_equal(loaded["head"], fresh["head"])  # the new head keeps its initialisation
   tokens = jnp.asarray([run.task.tokenizer.encode("the film was great")])
   hidden = classifier.body_hidden(run.task.model_config, loaded["body"], tokens)
-  expected = GPT(lm.model.config).apply({"params": lm.params}, tokens, features=True)
+  expected = GPT(lm.model.config).apply({"params": lm.params}, tokens, method="hidden_states")
   np.testing.assert_array_equal(hidden, expected)
   # Frozen (body_lr_scale=0): training changes the head, not the body.
   train.train_and_evaluate(c, tmp_path / "w")
@@ -487,8 +487,8 @@ def test_init_from_a_hugging_face_gpt2_directory(reviews, tmp_path):
   chex.assert_trees_all_close(loaded["body"], jax.device_get(weights), atol=0)
   # The body computes what the source model computes: its hidden states, token for token.
   tokens = jnp.asarray([tokenizers.get_tokenizer("gpt2").encode("Every effort moves you, and the film too.")])
-  source_hidden = GPT(gpt2_like).apply({"params": weights}, tokens, features=True)
-  body_hidden = GPT(run.task.model_config).apply({"params": loaded["body"]}, tokens, features=True)
+  source_hidden = GPT(gpt2_like).apply({"params": weights}, tokens, method="hidden_states")
+  body_hidden = GPT(run.task.model_config).apply({"params": loaded["body"]}, tokens, method="hidden_states")
   np.testing.assert_allclose(body_hidden, source_hidden, rtol=1e-5, atol=1e-5)
   # And a classification run from it trains.
   result = train.train_and_evaluate(_set(c, num_train_steps=30, eval_every_steps=30), tmp_path / "from-hf")

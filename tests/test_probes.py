@@ -55,7 +55,7 @@ def test_attention_rows_are_causal_probabilities_and_the_lens_ends_at_the_logits
   np.testing.assert_allclose(inside.logits_TxV, plain_logits, atol=1e-5)  # probing changes nothing
   # The last layer's residual through the final norm and head is the model's output; so the lens's
   # last row predicts what the model predicts.
-  last = probes.gpt_output_logits(model, params, jnp.asarray(inside.residual_LxTxD[-1:]))[0]
+  last = model.apply({"params": params}, jnp.asarray(inside.residual_LxTxD[-1:]), method="output_logits")[0]
   np.testing.assert_allclose(last, inside.logits_TxV, atol=1e-5)
   np.testing.assert_array_equal(inside.lens_LxTxV[-1].argmax(-1), inside.logits_TxV.argmax(-1))
   top = inside.lens_top(2, tokenizer)

@@ -131,7 +131,9 @@ def load(
     return dataclasses.replace(trained, source=f"{workdir} {which}")
   if step is not None or average > 1:
     raise UserError("--step and --average choose a training run's checkpoints: give --workdir, or leave them out")
-  trained = import_marian(hf) if is_marian(hf) else import_gpt2(hf, tokenizer)
+  # The format: what the caller can use, else what the directory holds (Marian's config, or GPT-2's).
+  marian = task == "translation" or (task is None and is_marian(hf))
+  trained = import_marian(hf) if marian else import_gpt2(hf, tokenizer)
   if task is not None and trained.run.task != task:
     raise WrongTaskError(Path(hf), trained.run.task, task)
   return trained

@@ -23,10 +23,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import interventions, layers
+from transformer import interventions
 from transformer.errors import UserError
 from transformer.generation import beam_search
-from transformer.models.gpt import GPT, softcap
+from transformer.models.gpt import GPT
 from transformer.models.seq2seq import Transformer
 
 
@@ -72,15 +72,6 @@ def _read(model, params, *inputs: list[int]) -> tuple[np.ndarray, dict[str, np.n
   return np.asarray(output[0]), {name: np.asarray(x[:, 0]) for name, x in points.items() if name.endswith(blocks)}
 
 
-def gpt_output_logits(model: GPT, params, x_BxTxD) -> jax.Array:
-  """The GPT's final norm and head applied to a residual stream (what GPT.__call__ does last)."""
-  cfg = model.config
-  x_BxTxD = layers.norm(cfg.block).apply({"params": params["ln_f"]}, x_BxTxD)
-  dtype = jnp.dtype(cfg.block.dtype)
-  head_DxV = params["wte"]["embedding"].T if cfg.tie_embeddings else params["lm_head"]["kernel"]
-  return softcap((x_BxTxD.astype(dtype) @ head_DxV.astype(dtype)).astype(jnp.float32), cfg.logits_softcap)
-
-
 def look_inside(model, params, tokenizer, text: str, *, target: str | None = None) -> Inside:
   """One text through a GPT, or a source sentence and its translation through an encoder-decoder
   (`target`, or else the model's greedy translation, kept in `Inside.translation`): attention,
@@ -100,7 +91,7 @@ def look_inside(model, params, tokenizer, text: str, *, target: str | None = Non
   ids = encode(model, tokenizer, text)
   logits_TxV, point = _read(model, params, ids)
   residual = np.concatenate([point["resid_pre"][:1], point["resid_post"]])  # the embeddings, then each block's
-  lens = jax.nn.log_softmax(gpt_output_logits(model, params, jnp.asarray(residual)), axis=-1)
+  lens = jax.nn.log_softmax(model.apply({"params": params}, jnp.asarray(residual), method="output_logits"), axis=-1)
   return Inside(token_texts(tokenizer, ids), point["pattern"], residual, np.asarray(lens), logits_TxV)
 
 

@@ -49,8 +49,8 @@ def _hidden(config, tokens_BxT, valid_BxT, deterministic: bool):
     raise ConfigError(f"config.model.family={config.family!r} cannot be a body; choose one of {', '.join(BODIES)}")
   valid_BxT = jnp.ones(tokens_BxT.shape, bool) if valid_BxT is None else valid_BxT
   body = BODIES[config.family](config, name="body")
-  features = {"features": True} if config.family == "gpt" else {}
-  return body(tokens_BxT, valid_BxT=valid_BxT, deterministic=deterministic, **features), valid_BxT
+  states = body.hidden_states if config.family == "gpt" else body  # a GPT's call gives logits
+  return states(tokens_BxT, valid_BxT=valid_BxT, deterministic=deterministic), valid_BxT
 
 
 def _head(num_outputs: int, config, x_BxD):

@@ -97,9 +97,13 @@ def preset(name: str, **overrides) -> GPTConfig:
 
 
 class GPT(nn.Module):
+  """GPT-2 and its variants (`GPTConfig`). Three entry points, one set of parameters:
+  `__call__` (tokens -> logits), `hidden_states` (tokens -> the final norm's output, what a
+  classification head reads) and `output_logits` (a residual stream -> logits: the final norm and the
+  head, which the logit lens applies to every layer). All three run `_forward`."""
+
   config: GPTConfig
 
-  @nn.compact
   def __call__(
     self,
     tokens_BxT: jax.Array,
@@ -108,10 +112,8 @@ class GPT(nn.Module):
     segments_BxT: jax.Array | None = None,
     deterministic: bool = True,
     decode: bool = False,
-    features: bool = False,
   ) -> jax.Array:
-    """Float32 logits for every position (or, with `features`, the final LayerNorm's output
-    `BxTxD`: what a classification head reads; the parameters are the same).
+    """Float32 logits for every position.
 
     valid_BxT: False marks padding (e.g. left-padded prompts of different lengths). Padding takes no
       position and no token attends to it, so a sequence's logits do not depend on its padding.
@@ -122,15 +124,36 @@ class GPT(nn.Module):
       `apply(..., mutable=["cache"])`, made by `generation.sampling.init_cache`). Returns the logits
       of the last position only, (B, 1, V): all that sampling the next token needs.
     """
+    return self._forward(tokens_BxT, valid_BxT, segments_BxT, deterministic, decode, until="logits")
+
+  def hidden_states(self, tokens_BxT, *, valid_BxT=None, segments_BxT=None, deterministic: bool = True):
+    """The final norm's output B x T x D (what `__call__` turns into logits)."""
+    return self._forward(tokens_BxT, valid_BxT, segments_BxT, deterministic, False, until="hidden")
+
+  def output_logits(self, x_BxTxD: jax.Array) -> jax.Array:
+    """A residual stream B x T x D -> float32 logits: the final norm, the head (tied or its own) and
+    the soft-cap, as `__call__` ends."""
+    return self._forward(None, None, None, True, False, until="logits", residual_BxTxD=x_BxTxD)
+
+  @nn.compact
+  def _forward(self, tokens_BxT, valid_BxT, segments_BxT, deterministic, decode, *, until, residual_BxTxD=None):
+    """Tokens (or, given `residual_BxTxD`, the residual stream after the blocks) through the model,
+    `until` "hidden" (the final norm's output) or "logits"."""
     cfg = self.config
     forms = kernels.resolve(cfg.kernels)  # the fast forms, decided once for the whole model
-    positions_BxT, key_positions_BxS, mask_BxTxS = self._positions_and_mask(tokens_BxT, valid_BxT, segments_BxT, decode)
     wte = self._token_embedding()
-    x_BxTxD = self._embed(wte(tokens_BxT), positions_BxT, deterministic)
-    positions = (positions_BxT, key_positions_BxS)
-    x_BxTxD = self._blocks(forms)(x_BxTxD, mask_BxTxS, positions=positions, deterministic=deterministic, decode=decode)
+    x_BxTxD = residual_BxTxD
+    if x_BxTxD is None:
+      positions_BxT, key_positions_BxS, mask_BxTxS = self._positions_and_mask(
+        tokens_BxT, valid_BxT, segments_BxT, decode
+      )
+      x_BxTxD = self._embed(wte(tokens_BxT), positions_BxT, deterministic)
+      positions = (positions_BxT, key_positions_BxS)
+      x_BxTxD = self._blocks(forms)(
+        x_BxTxD, mask_BxTxS, positions=positions, deterministic=deterministic, decode=decode
+      )
     x_BxTxD = layers.point(self, "final_norm", layers.norm(cfg.block, "ln_f")(x_BxTxD))
-    if features:
+    if until == "hidden":
       return x_BxTxD
     if decode:  # only the next token's logits are needed
       x_BxTxD = x_BxTxD[:, -1:]
