@@ -150,16 +150,17 @@ def test_errors_name_the_tensor(tmp_path):
 
 
 def test_export_refuses_what_the_gpt2_format_cannot_hold(tmp_path):
-  """Today's options have no place in a GPT-2 file: one error naming each, and no file written."""
+  """The later options have no place in a GPT-2 file: one error naming each (what the written files
+  would read back as differs there), and no file written."""
   cfg = GPTConfig().replace(vocab_size=50, max_len=16, num_layers=1, num_heads=2, d_model=16)
   modern = cfg.replace(positions="rope", norm="rms_norm", activation="swiglu", qk_norm=True, logits_softcap=30.0)
   params = jax.eval_shape(GPT(modern).init, jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"]
   with pytest.raises(ConfigError) as refused:
     export_hf_gpt2(modern, params, tmp_path / "out")
   assert str(refused.value) == (
-    "the Hugging Face GPT-2 format cannot hold this model: positions='rope' (GPT-2: 'learned'); "
-    "logits_softcap=30.0 (GPT-2: 0.0); block.norm='rms_norm' (GPT-2: 'layer_norm'); "
-    "block.activation='swiglu' (GPT-2: 'gelu_tanh'); block.qk_norm=True (GPT-2: False)"
+    "the Hugging Face GPT-2 format cannot hold this model: block.norm='rms_norm' (GPT-2's: 'layer_norm'); "
+    "block.activation='swiglu' (GPT-2's: 'gelu_tanh'); block.qk_norm=True (GPT-2's: False); "
+    "positions='rope' (GPT-2's: 'learned'); logits_softcap=30.0 (GPT-2's: 0.0)"
   )
   assert not (tmp_path / "out").exists()
 

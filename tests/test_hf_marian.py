@@ -101,11 +101,11 @@ def _edit_tensors(directory, edit):
     (lambda d: _edit_config(d, activation_function="tanh"), "activation_function 'tanh' is not one of ours"),
     (
       lambda d: _edit_tensors(d, lambda t: t.pop("model.decoder.layers.2.fc1.weight")),
-      "is missing tensor 'decoder.layers.2.fc1.weight' for 2+3 layers",
+      "is missing tensor 'model.decoder.layers.2.fc1.weight' for 2+3 layers",
     ),
     (
       lambda d: _edit_tensors(d, lambda t: t.update({"model.encoder.layers.0.fc1.bias": np.zeros(81, np.float32)})),
-      "['encoder']['layer_0']['mlp']['fc']['bias'] comes out (81,), our model needs (80,)",
+      "model.encoder.layers.0.fc1.bias has shape (81,), our model needs (80,)",
     ),
     (
       lambda d: _edit_tensors(d, lambda t: t.update({"model.encoder.layers.2.fc1.bias": np.zeros(80, np.float32)})),

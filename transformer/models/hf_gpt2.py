@@ -25,6 +25,7 @@ from safetensors.numpy import load_file
 
 from transformer import layers
 from transformer.errors import CheckpointError, ConfigError
+from transformer.models import hf_files
 from transformer.models.gpt import GPTConfig, param_shapes
 from transformer.models.hf_files import save_safetensors
 
@@ -75,6 +76,29 @@ def _set(tree, path, value):
   tree[path[-1]] = value
 
 
+def _gpt2_config(shapes: dict[str, tuple[int, ...]], hf: dict, where: str) -> GPTConfig:
+  """The GPTConfig that GPT-2 tensors of these `shapes` (keys without "transformer.") and a config.json
+  `hf` describe: what the importer builds, and what an export must read back as."""
+  V, D = shapes["wte.weight"]
+  heads = hf.get("n_head") or _GPT2_HEADS.get(D)
+  if heads is None:
+    raise CheckpointError(
+      f"cannot tell the number of heads of {where} (d_model={D}): put its config.json "
+      f"(with n_head) beside it, or pass num_heads="
+    )
+  block = layers.BlockConfig(
+    d_model=D,
+    num_heads=heads,
+    d_mlp=shapes["h.0.mlp.c_fc.weight"][1],
+    layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-5),
+  )
+  num_layers = 1 + max(int(m.group(1)) for k in shapes if (m := re.match(r"h\.(\d+)\.", k)))
+  tied = "lm_head.weight" not in shapes
+  return GPTConfig(
+    vocab_size=V, max_len=shapes["wpe.weight"][0], num_layers=num_layers, block=block, tie_embeddings=tied
+  )
+
+
 def _read_config_json(directory: Path) -> dict:
   path = directory / "config.json"
   return json.loads(path.read_text()) if path.exists() else {}
@@ -104,25 +128,11 @@ def import_hf_gpt2(path: str | Path, **overrides) -> tuple[GPTConfig, dict]:
   for key in ("wte.weight", "wpe.weight", "h.0.mlp.c_fc.weight"):
     if key not in tensors:
       raise CheckpointError(f"{file} has no tensor {key!r}: not a GPT-2 checkpoint")
-  V, D = tensors["wte.weight"].shape
-  table_length = tensors["wpe.weight"].shape[0]
-  num_layers = 1 + max(int(m.group(1)) for k in tensors if (m := re.match(r"h\.(\d+)\.", k)))
-  heads = hf.get("n_head") or _GPT2_HEADS.get(D)
-  if heads is None:
-    raise CheckpointError(
-      f"cannot tell the number of heads of {file} (d_model={D}): put its config.json "
-      f"(with n_head) beside it, or pass num_heads="
-    )
   tied = "lm_head.weight" not in tensors or np.array_equal(tensors["lm_head.weight"], tensors["wte.weight"])
   if tied:
     tensors.pop("lm_head.weight", None)
-  block = layers.BlockConfig(
-    d_model=D,
-    num_heads=heads,
-    d_mlp=tensors["h.0.mlp.c_fc.weight"].shape[1],
-    layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-5),
-  )
-  cfg = GPTConfig(vocab_size=V, max_len=table_length, num_layers=num_layers, block=block, tie_embeddings=tied)
+  cfg = _gpt2_config({k: v.shape for k, v in tensors.items()}, hf, str(file))
+  table_length = cfg.max_len
   scan = overrides.pop("scan_layers", False)
   cfg = cfg.replace(**overrides)
   if cfg.max_len > table_length:
@@ -145,7 +155,7 @@ def import_hf_gpt2(path: str | Path, **overrides) -> tuple[GPTConfig, dict]:
     if value.shape != hf_shape:
       raise CheckpointError(
         f"tensor {key!r} in {file} has shape {value.shape}, expected {hf_shape} "
-        f"for a GPT-2 with {cfg.num_layers} layers, d_model={D}, vocab={V}"
+        f"for a GPT-2 with {cfg.num_layers} layers, d_model={cfg.block.d_model}, vocab={cfg.vocab_size}"
       )
     value = value.T if _is_lm_head(ours) else value
     target = _get(shapes, ours)
@@ -159,37 +169,10 @@ def import_hf_gpt2(path: str | Path, **overrides) -> tuple[GPTConfig, dict]:
   return cfg, params
 
 
-def export_hf_gpt2(config: GPTConfig, params: dict, out_dir: str | Path) -> Path:
-  """Writes `model.safetensors` + `config.json` that `GPT2LMHeadModel.from_pretrained` loads."""
+def _export_config(config: GPTConfig) -> dict:
+  """The config.json of GPT2Config for `config`."""
   block = config.block
-  gpt2 = {  # what GPT-2's format holds: each field's one value there
-    "positions": (config.positions, "learned"),
-    "logits_softcap": (config.logits_softcap, 0.0),
-    "block.attention_mechanism": (block.attention_mechanism, "dot_product"),
-    "block.norm": (block.norm, "layer_norm"),
-    "block.pre_layer_norm": (block.pre_layer_norm, True),
-    "block.activation": (block.activation, "gelu_tanh"),
-    "block.qk_norm": (block.qk_norm, False),
-    "block.attention_only": (block.attention_only, False),
-  }
-  other = [f"{name}={ours!r} (GPT-2: {theirs!r})" for name, (ours, theirs) in gpt2.items() if ours != theirs]
-  if other:
-    raise ConfigError(f"the Hugging Face GPT-2 format cannot hold this model: {'; '.join(other)}")
-  params = nn.unbox(params)
-  if config.scan_layers:
-    params = {**params, "h": layers.unstack_layers(params["h"], config.num_layers)}
-  tensors = {}
-  for key, ours, hf_shape in _hf_layout(config):
-    if ours[-1] == "bias" and not block.use_bias:
-      value = np.zeros(hf_shape, np.float32)  # the same function: GPT-2 always has biases
-    else:
-      value = np.asarray(jax.device_get(_get(params, ours)), dtype=np.float32)
-      value = value.T if _is_lm_head(ours) else value.reshape(hf_shape)
-    tensors[f"transformer.{key}" if not key.startswith("lm_head") else key] = np.ascontiguousarray(value)
-  out_dir = Path(out_dir)
-  out_dir.mkdir(parents=True, exist_ok=True)
-  save_safetensors(tensors, out_dir / "model.safetensors")
-  hf_config = {
+  return {
     "architectures": ["GPT2LMHeadModel"],
     "model_type": "gpt2",
     "activation_function": "gelu_new",
@@ -208,5 +191,35 @@ def export_hf_gpt2(config: GPTConfig, params: dict, out_dir: str | Path) -> Path
     "eos_token_id": config.vocab_size - 1,
     "scale_attn_weights": True,
   }
+
+
+def export_hf_gpt2(config: GPTConfig, params: dict, out_dir: str | Path) -> Path:
+  """Writes `model.safetensors` + `config.json` that `GPT2LMHeadModel.from_pretrained` loads. A model
+  GPT-2's format cannot hold is refused, each such field named: what is written must read back (as
+  `import_hf_gpt2` reads it) as this model."""
+  block = config.block
+  hf_config = _export_config(config)
+  shapes = {key: shape for key, _, shape in _hf_layout(config)}
+  theirs = _gpt2_config(shapes, hf_config, "the export")
+  # The MLP's width as a number on both sides (d_mlp 0 means 4 * d_model); biases of zeros where the
+  # model has none compute the same function (GPT-2 always has them).
+  ours = layers.replace_model(config, {"d_mlp": block.mlp_width})
+  other = hf_files.differences(ours, theirs, "GPT-2", hf_files.FREE | {"use_bias"})
+  if other:
+    raise ConfigError(f"the Hugging Face GPT-2 format cannot hold this model: {'; '.join(other)}")
+  params = nn.unbox(params)
+  if config.scan_layers:
+    params = {**params, "h": layers.unstack_layers(params["h"], config.num_layers)}
+  tensors = {}
+  for key, ours, hf_shape in _hf_layout(config):
+    if ours[-1] == "bias" and not block.use_bias:
+      value = np.zeros(hf_shape, np.float32)  # the same function: GPT-2 always has biases
+    else:
+      value = np.asarray(jax.device_get(_get(params, ours)), dtype=np.float32)
+      value = value.T if _is_lm_head(ours) else value.reshape(hf_shape)
+    tensors[f"transformer.{key}" if not key.startswith("lm_head") else key] = np.ascontiguousarray(value)
+  out_dir = Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  save_safetensors(tensors, out_dir / "model.safetensors")
   (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
   return out_dir

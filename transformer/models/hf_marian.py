@@ -22,6 +22,7 @@ import json
 from pathlib import Path
 
 import flax.linen as nn
+import flax.traverse_util
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,6 +31,7 @@ from safetensors.numpy import load_file
 
 from transformer import layers
 from transformer.errors import CheckpointError, ConfigError
+from transformer.models import hf_files
 from transformer.models.hf_files import save_safetensors
 from transformer.models.seq2seq import Seq2SeqConfig, Transformer
 
@@ -111,62 +113,79 @@ def read_config(directory: str | Path) -> Seq2SeqConfig:
   return marian_config(hf, str(path))
 
 
-# What may differ from a Marian directory's config without changing the function the model computes
-# (or changes it only in training): dropout, precision, the attention's implementation, initialisation,
-# scanning and rematerialisation.
-_FREE = {"dropout_rate", "attention_dropout_rate", "dtype", "param_dtype", "attention", "kernel_init"}
-_FREE |= {"kernels", "scan_layers", "remat_policy", "source_word_dropout"}
-
-
 def differences(ours: Seq2SeqConfig, marian: Seq2SeqConfig) -> list[str]:
   """ "field=ours (Marian's: theirs)" for every field of ours that makes another model than `marian`."""
-  out = []
-  for name, mine, theirs in _fields(ours, marian):
-    if mine != theirs and name.split(".")[-1] not in _FREE:
-      out.append(f"{name}={mine!r} (Marian's: {theirs!r})")
-  return out
+  return hf_files.differences(ours, marian, "Marian")
 
 
-def _fields(a, b, prefix: str = ""):
-  for f in dataclasses.fields(a):
-    x, y = getattr(a, f.name), getattr(b, f.name)
-    if dataclasses.is_dataclass(x):
-      yield from _fields(x, y, f"{prefix}{f.name}.")
-    else:
-      yield f"{prefix}{f.name}", x, y
+@dataclasses.dataclass(frozen=True)
+class Tensor:
+  """One tensor of Marian's model.safetensors and where it lives in our params: `ours`, the path; `part`,
+  for a fused projection (q, k and v in one kernel), (axis, index) of its piece; `linear`, a torch
+  Linear's weight ([out, in]: ours is its transpose, reshaped); `shape`, the file's."""
+
+  key: str
+  ours: tuple[str, ...]
+  shape: tuple[int, ...]
+  part: tuple[int, int] | None = None
+  linear: bool = False
+
+  def to_ours(self, x: np.ndarray, piece_shape: tuple[int, ...]) -> np.ndarray:
+    return (x.T if self.linear else x).reshape(piece_shape)
+
+  def to_theirs(self, x: np.ndarray) -> np.ndarray:
+    return x.reshape(self.shape[::-1]).T if self.linear else x.reshape(self.shape)
 
 
-def _attention(tensors, key: str, D: int, H: int, cross: bool) -> dict:
-  """A Marian attention's q/k/v/out projections (torch Linear, [out, in]) as our kernels: self-attention
-  one fused `qkv`, cross-attention `q` and a fused `kv`."""
-  K = D // H
-  kernel = lambda name: tensors[f"{key}.{name}_proj.weight"].T.reshape(D, H, K)  # in -> heads
-  bias = lambda name: tensors[f"{key}.{name}_proj.bias"].reshape(H, K)
-  fused = lambda names: {"kernel": np.stack([kernel(n) for n in names], 1), "bias": np.stack([bias(n) for n in names])}
-  out_weight = tensors[f"{key}.out_proj.weight"].T.reshape(H, K, D)
-  projections = {"q": {"kernel": kernel("q"), "bias": bias("q")}, "kv": fused("kv")} if cross else {"qkv": fused("qkv")}
-  return {**projections, "out": {"kernel": out_weight, "bias": tensors[f"{key}.out_proj.bias"]}}
+def _layout(cfg: Seq2SeqConfig):
+  """Every tensor of the Marian model with config `cfg` (Tensor), what drives import and export alike:
+  the shared embedding, the logits bias, an untied head, and each layer's attention, norms and MLP.
+  (The copies older files keep of the embedding and the sinusoid tables are checked on import.)"""
+  D, F, V = cfg.block.d_model, cfg.block.mlp_width, cfg.vocab_size
+  yield Tensor("model.shared.weight", ("source_embed", "table", "embedding"), (V, D))
+  yield Tensor("final_logits_bias", ("final_logits_bias",), (1, V))
+  if not cfg.tie_output:
+    yield Tensor("lm_head.weight", ("head", "kernel"), (V, D), linear=True)
+  for side, count in (("encoder", cfg.num_layers), ("decoder", cfg.decoder_layers())):
+    for i in range(count):
+      key, ours = f"model.{side}.layers.{i}", (side, f"layer_{i}")
+      attentions = [("self_attn", "attn", "qkv")] + (
+        [("encoder_attn", "cross_attn", "kv")] if side == "decoder" else []
+      )
+      norms = [("self_attn_layer_norm", "ln_1"), ("final_layer_norm", "ln_2")]
+      norms += [("encoder_attn_layer_norm", "ln_cross")] if side == "decoder" else []
+      for theirs, mine, fused in attentions:
+        # Self-attention's q, k, v are one fused projection of ours (`qkv`); cross-attention's `q`
+        # stands alone and its k, v are fused (`kv`), the encoder's output being their one input.
+        pieces = {"q": ("q", None)} if fused == "kv" else {}
+        pieces |= {name: (fused, i) for i, name in enumerate(fused)}
+        for name, (projection, index) in pieces.items():
+          at = ours + (mine, projection)
+          kernel_part = None if index is None else (1, index)
+          bias_part = None if index is None else (0, index)
+          yield Tensor(f"{key}.{theirs}.{name}_proj.weight", at + ("kernel",), (D, D), kernel_part, linear=True)
+          yield Tensor(f"{key}.{theirs}.{name}_proj.bias", at + ("bias",), (D,), bias_part)
+        yield Tensor(f"{key}.{theirs}.out_proj.weight", ours + (mine, "out", "kernel"), (D, D), linear=True)
+        yield Tensor(f"{key}.{theirs}.out_proj.bias", ours + (mine, "out", "bias"), (D,))
+      for theirs, mine in norms:
+        yield Tensor(f"{key}.{theirs}.weight", ours + (mine, "scale"), (D,))
+        yield Tensor(f"{key}.{theirs}.bias", ours + (mine, "bias"), (D,))
+      for theirs, mine, shape in (("fc1", "fc", (F, D)), ("fc2", "proj", (D, F))):
+        yield Tensor(f"{key}.{theirs}.weight", ours + ("mlp", mine, "kernel"), shape, linear=True)
+        yield Tensor(f"{key}.{theirs}.bias", ours + ("mlp", mine, "bias"), shape[:1])
 
 
-def _norm(tensors, key: str) -> dict:
-  return {"scale": tensors[f"{key}.weight"], "bias": tensors[f"{key}.bias"]}
+def _piece(part: tuple[int, int] | None):
+  """The index of a fused tensor's piece (everything where `part` is None)."""
+  if part is None:
+    return ...
+  axis, index = part
+  return (slice(None),) * axis + (index,)
 
 
-def _block(tensors, key: str, cfg: Seq2SeqConfig, cross: bool) -> dict:
-  D, H = cfg.block.d_model, cfg.block.num_heads
-  block = {
-    "attn": _attention(tensors, f"{key}.self_attn", D, H, cross=False),
-    "ln_1": _norm(tensors, f"{key}.self_attn_layer_norm"),
-    "mlp": {
-      "fc": {"kernel": tensors[f"{key}.fc1.weight"].T, "bias": tensors[f"{key}.fc1.bias"]},
-      "proj": {"kernel": tensors[f"{key}.fc2.weight"].T, "bias": tensors[f"{key}.fc2.bias"]},
-    },
-    "ln_2": _norm(tensors, f"{key}.final_layer_norm"),
-  }
-  if cross:
-    block["cross_attn"] = _attention(tensors, f"{key}.encoder_attn", D, H, cross=True)
-    block["ln_cross"] = _norm(tensors, f"{key}.encoder_attn_layer_norm")
-  return block
+def _param_shapes(cfg: Seq2SeqConfig) -> dict:
+  tokens = jnp.zeros((1, 2), jnp.int32)
+  return nn.unbox(jax.eval_shape(lambda: Transformer(cfg).init(jax.random.key(0), tokens, tokens)))["params"]
 
 
 def import_hf_marian(directory: str | Path) -> tuple[Seq2SeqConfig, dict]:
@@ -201,39 +220,28 @@ def import_hf_marian(directory: str | Path) -> tuple[Seq2SeqConfig, dict]:
     if key in tensors and not np.allclose(tensors[key], sinusoids, atol=1e-5):
       raise CheckpointError(f"{weights}: {key} is not Marian's sinusoid table; ours computes that table")
 
-  try:
-    params = {
-      "source_embed": {"table": {"embedding": shared}},
-      "final_logits_bias": tensors["final_logits_bias"].reshape(-1),
-      "encoder": {f"layer_{i}": _block(tensors, f"encoder.layers.{i}", cfg, False) for i in range(cfg.num_layers)},
-      "decoder": {f"layer_{i}": _block(tensors, f"decoder.layers.{i}", cfg, True) for i in range(cfg.decoder_layers())},
-    }
-    if not cfg.tie_output:
-      params["head"] = {"kernel": tensors["lm_head.weight"].T}
-  except KeyError as e:
-    raise CheckpointError(
-      f"{weights} is missing tensor {e.args[0]!r} for {cfg.num_layers}+{cfg.decoder_layers()} layers"
-    ) from None
+  shapes = _param_shapes(cfg)
+  flat_shapes = flax.traverse_util.flatten_dict(shapes)
+  arrays = {path: np.zeros(x.shape, np.float32) for path, x in flat_shapes.items()}
+  layout = list(_layout(cfg.replace(scan_layers=False)))
+  uncovered = set(arrays) - {t.ours for t in layout}
+  if uncovered:  # the table and the model disagree: a bug here, not in the file
+    raise AssertionError(f"the Marian layout has no tensor for {sorted(uncovered)[:3]}")
+  for t in layout:
+    if t.key.removeprefix("model.") not in tensors:
+      raise CheckpointError(f"{weights} is missing tensor {t.key!r} for {cfg.num_layers}+{cfg.decoder_layers()} layers")
+    value = tensors[t.key.removeprefix("model.")]
+    if value.shape != t.shape:
+      raise CheckpointError(f"{weights}: {t.key} has shape {value.shape}, our model needs {t.shape}")
+    target = arrays[t.ours]
+    target[_piece(t.part)] = t.to_ours(value, target[_piece(t.part)].shape)
   unexpected = sorted(set(tensors) - tensors.read)
   if unexpected:
     raise CheckpointError(f"{weights} has tensors our model does not: {', '.join(unexpected[:5])}")
-
-  shapes = nn.unbox(
-    jax.eval_shape(
-      lambda: Transformer(cfg).init(jax.random.key(0), jnp.zeros((1, 2), jnp.int32), jnp.zeros((1, 2), jnp.int32))
-    )
-  )["params"]
-  flat_shapes = dict(jax.tree_util.tree_flatten_with_path(shapes)[0])
-  flat_params = dict(jax.tree_util.tree_flatten_with_path(params)[0])
-  if set(flat_shapes) != set(flat_params):
-    missing = sorted(jax.tree_util.keystr(k) for k in set(flat_shapes) ^ set(flat_params))
-    raise CheckpointError(f"{weights}: the tensors do not make our model's parameters ({', '.join(missing[:3])})")
-  for path, want in flat_shapes.items():
-    if flat_params[path].shape != want.shape:
-      raise CheckpointError(
-        f"{weights}: {jax.tree_util.keystr(path)} comes out {flat_params[path].shape}, our model needs {want.shape}"
-      )
-  return cfg, jax.tree.map(lambda x, want: jnp.asarray(x, want.dtype), params, shapes)
+  params = flax.traverse_util.unflatten_dict(
+    {path: jnp.asarray(x, flat_shapes[path].dtype) for path, x in arrays.items()}
+  )
+  return cfg, params
 
 
 # ---------------------------------------------------------------------------------------------
@@ -306,37 +314,13 @@ def export_hf_marian(cfg: Seq2SeqConfig, params: dict, tokenizer, out_dir: str |
   is refused, each such field named."""
   hf = _export_checked(cfg, tokenizer)
   params = jax.tree.map(lambda x: np.asarray(jax.device_get(x), np.float32), nn.unbox(params))
-  D = cfg.block.d_model
-  tensors = {"model.shared.weight": params["source_embed"]["table"]["embedding"]}
-  tensors["final_logits_bias"] = params["final_logits_bias"].reshape(1, -1)
-  if not cfg.tie_output:
-    tensors["lm_head.weight"] = params["head"]["kernel"].T
-
-  def attention(key: str, ours: dict) -> None:
-    parts = {"q": ours["q"], **_unfused(ours["kv"], "kv")} if "kv" in ours else _unfused(ours["qkv"], "qkv")
-    for name, p in parts.items():
-      tensors[f"{key}.{name}_proj.weight"] = p["kernel"].reshape(D, D).T
-      tensors[f"{key}.{name}_proj.bias"] = p["bias"].reshape(D)
-    tensors[f"{key}.out_proj.weight"] = ours["out"]["kernel"].reshape(D, D).T
-    tensors[f"{key}.out_proj.bias"] = ours["out"]["bias"]
-
-  def norm(key: str, ours: dict) -> None:
-    tensors[f"{key}.weight"], tensors[f"{key}.bias"] = ours["scale"], ours["bias"]
-
-  for side, count in (("encoder", cfg.num_layers), ("decoder", cfg.decoder_layers())):
-    stack = params[side]
-    stack = layers.unstack_layers(stack, count) if cfg.scan_layers else stack
-    for i in range(count):
-      key, block = f"model.{side}.layers.{i}", stack[f"layer_{i}"]
-      attention(f"{key}.self_attn", block["attn"])
-      norm(f"{key}.self_attn_layer_norm", block["ln_1"])
-      if side == "decoder":
-        attention(f"{key}.encoder_attn", block["cross_attn"])
-        norm(f"{key}.encoder_attn_layer_norm", block["ln_cross"])
-      for fc, ours in (("fc1", "fc"), ("fc2", "proj")):
-        tensors[f"{key}.{fc}.weight"] = block["mlp"][ours]["kernel"].T
-        tensors[f"{key}.{fc}.bias"] = block["mlp"][ours]["bias"]
-      norm(f"{key}.final_layer_norm", block["ln_2"])
+  if cfg.scan_layers:
+    params |= {
+      side: layers.unstack_layers(params[side], n)
+      for side, n in (("encoder", cfg.num_layers), ("decoder", cfg.decoder_layers()))
+    }
+  flat = flax.traverse_util.flatten_dict(params)
+  tensors = {t.key: t.to_theirs(flat[t.ours][_piece(t.part)]) for t in _layout(cfg.replace(scan_layers=False))}
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   save_safetensors(tensors, out_dir / "model.safetensors")
@@ -349,8 +333,3 @@ def export_hf_marian(cfg: Seq2SeqConfig, params: dict, tokenizer, out_dir: str |
   tokenizer_config |= {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
   (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
   return out_dir
-
-
-def _unfused(fused: dict, names: str) -> dict:
-  """A fused projection ({kernel [D, n, H, K], bias [n, H, K]}) as one per name."""
-  return {n: {"kernel": fused["kernel"][:, i], "bias": fused["bias"][i]} for i, n in enumerate(names)}
