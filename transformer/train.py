@@ -23,7 +23,7 @@ import functools
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import flax.struct
@@ -226,6 +226,16 @@ class _Preemption:
     signal.signal(signal.SIGTERM, self._previous)
 
 
+class _Reported(NamedTuple):
+  """What a step reported that the host has not read yet (on the device until `check` reads it)."""
+
+  step: int
+  finite: jax.Array
+  loss: jax.Array
+  grad_norm: jax.Array
+  position: dict  # the data position of the step's batch
+
+
 class _NonFiniteGuard:
   """The host side of the non-finite check. Each step reports `finite` on the device; the host reads
   the flags only where it waits for the device anyway (logging, evaluation, checkpoints), so there is
@@ -235,14 +245,16 @@ class _NonFiniteGuard:
 
   def __init__(self, loop: LoopConfig, writer: metrics.MetricsWriter, ckpt: checkpoints.Checkpointer):
     self.loop, self.writer, self.ckpt = loop, writer, ckpt
-    self.pending: list = []  # (step, finite, loss, grad_norm on device, the data position of its batch)
+    self.pending: list[_Reported] = []
     self.in_a_row = 0
 
   def add(self, step: int, step_metrics: dict, position: dict) -> None:
-    self.pending.append((step, step_metrics["finite"], step_metrics["loss"], step_metrics["grad_norm"], position))
+    self.pending.append(
+      _Reported(step, step_metrics["finite"], step_metrics["loss"], step_metrics["grad_norm"], position)
+    )
 
   def check(self) -> None:
-    read = jax.device_get([p[1:4] for p in self.pending])
+    read = jax.device_get([(p.finite, p.loss, p.grad_norm) for p in self.pending])
     for (step, *_, position), (finite, loss, grad_norm) in zip(self.pending, read):
       if finite:
         self.in_a_row = 0
@@ -389,6 +401,19 @@ def _restore_or_init(run: Run, ckpt: checkpoints.Checkpointer, train_batches) ->
   )
 
 
+@dataclasses.dataclass
+class _Window:
+  """The training steps since the last log line: when they started, how many, how many tokens."""
+
+  start: float = dataclasses.field(default_factory=time.perf_counter)
+  steps: int = 0
+  tokens: int = 0
+
+  def restart_clock(self) -> None:
+    """Time spent since (an evaluation) is not training time: the window's clock restarts, its counts stay."""
+    self.start = time.perf_counter()
+
+
 class _Loop:
   """One launch's steps from `progress.step` on: logging, evaluation, checkpoints, SIGTERM, the end.
   Runs inside the run's mesh and logical axis rules."""
@@ -406,8 +431,8 @@ class _Loop:
     self.last_eval: dict = {}
     steps = run.config.loop.num_train_steps
     self.bar = tqdm(total=steps, initial=progress.step, disable=not lead, desc="train", dynamic_ncols=True)
-    # Since the last log line: (its time, steps, tokens); the batch shapes compiled (bucketed batches make several).
-    self.since, self.batch_shapes = (time.perf_counter(), 0, 0), set()
+    # The steps since the last log line; the batch shapes compiled (bucketed batches make several).
+    self.since, self.batch_shapes = _Window(), set()
 
   def train(self) -> bool:
     """The steps to config.num_train_steps; True if SIGTERM stopped them (a checkpoint is saved)."""
@@ -421,7 +446,7 @@ class _Loop:
       self.guard.add(done, step_metrics, position)
       tokens = self.task.count_tokens(host_batch)
       progress.tokens_seen += tokens
-      self.since = (self.since[0], self.since[1] + 1, self.since[2] + tokens)
+      self.since.steps, self.since.tokens = self.since.steps + 1, self.since.tokens + tokens
       if done % loop.log_every_steps == 0 or done == loop.num_train_steps:
         self.log(done, step_metrics)
       self.bar.update(1)
@@ -430,7 +455,7 @@ class _Loop:
       if is_eval:
         self.guard.check()
         progress.evaluated = self.evaluate(done)
-        self.since = (time.perf_counter(), *self.since[1:])  # evaluation time is not training time
+        self.since.restart_clock()  # evaluation time is not training time
       if done % loop.checkpoint_every_steps == 0 or done == loop.num_train_steps or self.preemption.requested:
         self.save(done, is_eval)
       if self.preemption.requested:
@@ -443,8 +468,8 @@ class _Loop:
     """One metrics record of the steps since the last: the step's metrics, speed, MFU."""
     self.guard.check()  # waits for the step: timings are real
     step_metrics = jax.device_get(step_metrics)
-    start, steps, tokens = self.since
-    elapsed = time.perf_counter() - start
+    steps, tokens = self.since.steps, self.since.tokens
+    elapsed = time.perf_counter() - self.since.start
     self.progress.train_seconds += elapsed
     util = metrics.mfu(tokens / elapsed, self.flops_token, jax.devices())
     record = {
@@ -458,7 +483,7 @@ class _Loop:
     self.writer.write(done, record)
     mfu = "n/a" if util is None else f"{util:.1%}"
     self.bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:,.0f}", mfu=mfu)
-    self.since = (time.perf_counter(), 0, 0)
+    self.since = _Window()
 
   def evaluate(self, step: int) -> bool:
     """Evaluates the state after `step` into `last_eval`; False if SIGTERM interrupted it."""

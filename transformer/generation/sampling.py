@@ -35,6 +35,7 @@ import dataclasses
 import functools
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -162,6 +163,16 @@ class Relay:
         self._on_token = None
 
 
+class DecodeState(NamedTuple):
+  """The decode loop's state between steps (a pytree: the loops carry it)."""
+
+  step: jax.Array  # the index of the token the next step makes
+  cache: Any  # the KV cache ("cache" collection), grown phase by phase
+  token_B: jax.Array  # each row's last token, the next step's input
+  done_B: jax.Array  # which rows have emitted stop_id
+  tokens_BxN: jax.Array  # the new tokens so far (stop_id after a row's stop)
+
+
 def sample_padded(
   params,
   prompt_BxP,
@@ -192,49 +203,58 @@ def sample_padded(
   accelerator runs step after step without copying the stop condition to the host each token."""
   B, P = prompt_BxP.shape
   N = max_new_tokens
-  with nn.logical_axis_rules(rules):
+  forms = _forms(model)
+  vocab_major = (
+    bool(kernels.form("tied_head_decode", forms)) and _tied(model) and decode_head.vocab_major(B, *_head(model))
+  )
 
-    def forward(cache, tokens_BxT, valid_BxT):
-      logits_BxTxV, variables = model.apply(
-        {"params": params, "cache": cache}, tokens_BxT, valid_BxT=valid_BxT, decode=True, mutable=["cache"]
-      )
-      return logits_BxTxV[:, -1], variables["cache"]
-
-    forms = _forms(model)
-    vocab_major = (
-      bool(kernels.form("tied_head_decode", forms)) and _tied(model) and decode_head.vocab_major(B, *_head(model))
+  def forward(cache, tokens_BxT, valid_BxT):
+    """The next token's logits after `tokens_BxT`, and the cache with them written."""
+    logits_BxTxV, variables = model.apply(
+      {"params": params, "cache": cache}, tokens_BxT, valid_BxT=valid_BxT, decode=True, mutable=["cache"]
     )
+    return logits_BxTxV[:, -1], variables["cache"]
 
-    def emit(i, logits_BxV, done_B, tokens_BxN):
-      token_B = sample_logits(logits_BxV, jax.random.fold_in(rng, i), sampling, forms, vocab_major, first_row)
-      if stop_id is not None:
-        token_B = jnp.where(done_B, stop_id, token_B)
-        done_B = done_B | (token_B == stop_id)
-      if stream is not None:
-        io_callback(stream, None, i, token_B, ordered=True)
-      return token_B, done_B, tokens_BxN.at[:, i].set(token_B)
+  def emit(i, logits_BxV, done_B, tokens_BxN):
+    """Token i of every row drawn from its logits (stop_id for rows already stopped), streamed if asked."""
+    token_B = sample_logits(logits_BxV, jax.random.fold_in(rng, i), sampling, forms, vocab_major, first_row)
+    if stop_id is not None:
+      token_B = jnp.where(done_B, stop_id, token_B)
+      done_B = done_B | (token_B == stop_id)
+    if stream is not None:
+      io_callback(stream, None, i, token_B, ordered=True)
+    return token_B, done_B, tokens_BxN.at[:, i].set(token_B)
 
+  def step(state: DecodeState) -> DecodeState:
+    logits_BxV, cache = forward(state.cache, state.token_B[:, None], jnp.ones((B, 1), bool))
+    return DecodeState(state.step + 1, cache, *emit(state.step, logits_BxV, state.done_B, state.tokens_BxN))
+
+  with nn.logical_axis_rules(rules):
     lengths = decode_lengths(P, N, decode_phase)
+    # The prompt: one forward pass fills the first phase's cache and gives token 0.
     logits_BxV, cache = forward(init_cache(model, B, lengths[0]), prompt_BxP, valid_BxP)
-    token_B, done_B, tokens_BxN = emit(0, logits_BxV, jnp.zeros((B,), bool), jnp.zeros((B, N), jnp.int32))
-
-    def step(carry):
-      i, cache, token_B, done_B, tokens_BxN = carry
-      logits_BxV, cache = forward(cache, token_B[:, None], jnp.ones((B, 1), bool))
-      return i + 1, cache, *emit(i, logits_BxV, done_B, tokens_BxN)
-
+    first = emit(0, logits_BxV, jnp.zeros((B,), bool), jnp.zeros((B, N), jnp.int32))
+    state = DecodeState(jnp.int32(1), cache, *first)
     fixed_trips = forms == "accelerator" if fixed_trips is None else fixed_trips
-    carry, start = (jnp.int32(1), cache, token_B, done_B, tokens_BxN), 1
-    for length in lengths:  # step i writes slot P + i - 1: a cache of `length` slots takes i <= length - P
-      carry = (carry[0], grow_cache(carry[1], jax.eval_shape(lambda: init_cache(model, B, length))), *carry[2:])
-      end = min(length - P + 1, N)
-      if fixed_trips:
-        carry = jax.lax.fori_loop(start, max(start, end), lambda _, carry: step(carry), carry)
-      else:
-        keep_going = lambda carry, end=end: (carry[0] < end) & ~jnp.all(carry[3])
-        carry = jax.lax.while_loop(keep_going, step, carry)
-      start = max(start, end)
-  return carry[-1]
+    state = _decode_phases(step, state, lengths, P, N, lambda length: init_cache(model, B, length), fixed_trips)
+  return state.tokens_BxN
+
+
+def _decode_phases(step, state: DecodeState, lengths, P: int, N: int, cache_of, fixed_trips: bool) -> DecodeState:
+  """Tokens 1 .. N - 1 by `step`, phase by phase (`decode_lengths`): each phase grows the cache to its
+  length (`cache_of(length)`: a cache of that many slots) and runs the steps whose slots it holds,
+  a fixed trip count or stopping once every row has stopped."""
+  start = 1
+  for length in lengths:  # step i writes slot P + i - 1: a cache of `length` slots takes i <= length - P
+    state = state._replace(cache=grow_cache(state.cache, jax.eval_shape(lambda length=length: cache_of(length))))
+    end = min(length - P + 1, N)
+    if fixed_trips:
+      state = jax.lax.fori_loop(start, max(start, end), lambda _, s: step(s), state)
+    else:
+      keep_going = lambda s, end=end: (s.step < end) & ~jnp.all(s.done_B)
+      state = jax.lax.while_loop(keep_going, step, state)
+    start = max(start, end)
+  return state
 
 
 # Compiled once per (model, lengths, sampling, ...): `generate` keeps the shapes to a few buckets.
