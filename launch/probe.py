@@ -30,17 +30,14 @@ transformer.probes, transformer.interventions.
       --corrupt="ROMEO: O Julian! JULIAN: O Romeo! ROMEO: O Juli"
 """
 
-import json
 import sys
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
 import launch
-from transformer import cli, inference, interventions, probes
+from transformer import cli, inference, probes, studies
 from transformer.errors import UserError
 from transformer.models.gpt import GPT
 
@@ -100,173 +97,69 @@ def load():
 def compare(model, params, tokenizer, texts: list[str]) -> None:
   if _WORD.value is None or len(texts) < 2:
     raise UserError("--compare needs --word and at least two --text")
-  similarity_LxNxN = probes.similarity_by_layer(model, params, tokenizer, texts, _WORD.value)
+  similarity_LxNxN = studies.compare(model, params, tokenizer, texts, _WORD.value, out=Path(_OUT.value))
   print(f"cosine similarity of {_WORD.value!r} (its last token) to text 1's, by layer")
   print("layer     " + "".join(f"  text {j + 1:<3}" for j in range(1, len(texts))))
   for l, sims in enumerate(similarity_LxNxN):
     name = "embed" if l == 0 else f"block {l - 1}"
     print(f"{name:<10}" + "".join(f"  {sims[0, j]:8.4f}" for j in range(1, len(texts))))
-  out = Path(_OUT.value)
-  out.mkdir(parents=True, exist_ok=True)
-  (out / "similarity.json").write_text(
-    json.dumps({"word": _WORD.value, "texts": texts, "cosine_LxNxN": similarity_LxNxN.round(6).tolist()}) + "\n"
-  )
 
 
 def heads(model, params, validation=None) -> None:
-  """The head detectors' table (transformer.interventions.head_scores) on 16 rows of random tokens,
-  each repeated twice, as long as fits the context (at most 2 x 50); heads.json in --out. With
-  --ablate, the loss on those tokens (and on the run's validation text, when there is one) without
-  the heads named."""
-  if not isinstance(model, GPT):
-    raise UserError(f"--heads scores the heads of a GPT; this is a {type(model).__name__}")
-  length = min(50, model.config.max_len // 2)
-  ids = None if validation is None else np.unique(np.asarray(validation[:100_000]))  # tokens the text has
-  tokens = interventions.repeated_random_tokens(model.config.vocab_size, length, batch=16, ids=ids)
-  scores = {kind: np.asarray(s) for kind, s in interventions.head_scores(model, params, tokens).items()}
-  print(f"attention on {length} random tokens repeated twice (1: all of a head's attention there)")
-  print(f"{'head':<8}" + "".join(f"{kind:>17}" for kind in scores))
-  for l, h in np.ndindex(scores["induction"].shape):
-    print(f"{f'L{l}.H{h}':<8}" + "".join(f"{s[l, h]:17.3f}" for s in scores.values()))
-  runs = {"all heads": None}
-  if _ABLATE.value:
-    heads_ = [_head(name, *scores["induction"].shape) for name in _ABLATE.value]
-    mean_z = None
-    if _ABLATION.value == "mean":  # each head's mean output over other random tokens repeated (seed 1)
-      reference = interventions.repeated_random_tokens(model.config.vocab_size, length, batch=16, seed=1, ids=ids)
-      mean_z = interventions.run_with_cache(model, params, reference, names=("z",))[1]["z"]
-    patches = interventions.ablating(heads_, scores["induction"].shape[1], mean_z)
-    runs[f"without {','.join(_ABLATE.value)} ({_ABLATION.value} ablation)"] = patches
-  for what, patches in runs.items():  # position t predicts token t + 1; the second copy's first token is random
-    nll_T = interventions.next_token_losses(model, params, tokens, patches)
-    first, second = float(nll_T[: length - 1].mean()), float(nll_T[length:].mean())
+  """studies.head_scores_and_ablations as a table; heads.json in --out."""
+  ablate = [_head(name) for name in _ABLATE.value]
+  report = studies.head_scores_and_ablations(
+    model, params, ablate=ablate, ablation=_ABLATION.value, validation=validation, out=Path(_OUT.value)
+  )
+  print(f"attention on {report.length} random tokens repeated twice (1: all of a head's attention there)")
+  print(f"{'head':<8}" + "".join(f"{kind:>17}" for kind in report.scores))
+  for l, h in np.ndindex(report.scores["induction"].shape):
+    print(f"{f'L{l}.H{h}':<8}" + "".join(f"{s[l, h]:17.3f}" for s in report.scores.values()))
+  for what, (first, second, held_out) in report.losses.items():
     line = f"loss ({what}): first copy {first:.3f} nats a token, second copy {second:.3f}"
-    if validation is not None:
-      line += f", validation {_validation_loss(model, params, validation, patches):.3f}"
-    print(line)
+    print(line + ("" if held_out is None else f", validation {held_out:.3f}"))
+
+
+def _answer(tokenizer) -> tuple[str, str | None]:
+  """--target and --versus, each checked to be one token before anything runs."""
+  if _TARGET.value is None:
+    raise UserError("--attribute and --patch explain the logit of a --target token (and optionally --versus)")
+  for flag, value in (("--target", _TARGET.value), ("--versus", _VERSUS.value)):
+    if value is not None:
+      studies.one_token(tokenizer, value, flag)
+  return _TARGET.value, _VERSUS.value
+
+
+def attribute(model, params, tokenizer, text: str, out: Path) -> None:
+  """studies.attribute as a table of the largest shares; attribution.png and .json in `out`."""
+  _gpt(model, "attribute")
+  result = studies.attribute(model, params, tokenizer, text, *_answer(tokenizer), out=out)
+  capped = " (the model's, soft-capped; the sum is before the cap)" if model.config.logits_softcap else ""
+  print(
+    f"{result.metric} after {text!r}: {result.logit:.3f}{capped}; the components' sum {sum(result.share.values()):.3f}"
+  )
+  for name, value in sorted(result.share.items(), key=lambda kv: -abs(kv[1]))[:12]:
+    print(f"  {name:<18}{value:9.3f}")
+  print(out / "attribution.png")
+
+
+def patch(model, params, tokenizer) -> None:
+  """studies.patch, the largest effect of each map; patching.png and .json in --out."""
+  _gpt(model, "patch")
+  if not (_CLEAN.value and _CORRUPT.value):
+    raise UserError("--patch needs a --clean and a --corrupt text (and a --target token)")
   out = Path(_OUT.value)
-  out.mkdir(parents=True, exist_ok=True)
-  (out / "heads.json").write_text(json.dumps({k: s.round(6).tolist() for k, s in scores.items()}) + "\n")
-
-
-def _validation_loss(model, params, validation, patches, rows: int = 64) -> float:
-  """The mean next-token loss on the first `rows` windows of the validation tokens, each as long as the context."""
-  T = model.config.max_len
-  count = min(rows, len(validation) // T)
-  windows_BxT = jnp.asarray(np.asarray(validation[: count * T], np.int32).reshape(count, T))
-  return float(interventions.next_token_losses(model, params, windows_BxT, patches).mean())
+  result = studies.patch(model, params, tokenizer, _CLEAN.value, _CORRUPT.value, *_answer(tokenizer), out=out)
+  print(f"{result.metric}: clean {result.runs['clean']:.3f}, corrupt {result.runs['corrupt']:.3f}")
+  for name, map_LxC in result.maps.items():
+    l, c = np.unravel_index(np.abs(map_LxC).argmax(), map_LxC.shape)
+    print(f"  {name}: largest effect {map_LxC[l, c]:+.3f} at layer {l}, {result.columns[name][c]!r}")
+  print(out / "patching.png")
 
 
 def _gpt(model, verb: str) -> None:
   if not isinstance(model, GPT):
     raise UserError(f"--{verb} works on a GPT's heads and residual stream; this is a {type(model).__name__}")
-
-
-def _one_token(tokenizer, text: str, flag: str) -> int:
-  ids = tokenizer.encode(text)
-  if len(ids) != 1:
-    pieces = [tokenizer.decode([i]) for i in ids]
-    raise UserError(
-      f"--{flag}={text!r} is {len(ids)} tokens for this tokenizer {pieces}; give one token (with GPT-2's, a "
-      f"word usually starts with its space: ' Juliet')"
-    )
-  return ids[0]
-
-
-def _answer(tokenizer) -> tuple[int, int | None, str]:
-  """The --target token, the --versus token (or None) and what the metric is, in words."""
-  if _TARGET.value is None:
-    raise UserError("--attribute and --patch explain the logit of a --target token (and optionally --versus)")
-  target = _one_token(tokenizer, _TARGET.value, "target")
-  if _VERSUS.value is None:
-    return target, None, f"logit of {_TARGET.value!r}"
-  return target, _one_token(tokenizer, _VERSUS.value, "versus"), f"logit {_TARGET.value!r} - logit {_VERSUS.value!r}"
-
-
-def attribute(model, params, tokenizer, text: str, out: Path) -> None:
-  """The --target logit (or target - versus) at the text's last position, split into the direct
-  contributions of the embeddings, every head and every MLP (interventions.direct_logit_attribution);
-  attribution.png and attribution.json in `out`."""
-  _gpt(model, "attribute")
-  tokens_1xT = jnp.asarray([probes.encode(model, tokenizer, text)])
-  target, versus, what = _answer(tokenizer)
-
-  def last(token):
-    at_1xT = jnp.full_like(tokens_1xT, token)
-    return {
-      k: float(x[0, -1]) for k, x in interventions.direct_logit_attribution(model, params, tokens_1xT, at_1xT).items()
-    }
-
-  share = last(target)
-  if versus is not None:
-    share = {k: v - u for (k, v), u in zip(share.items(), last(versus).values())}
-  logits_V = interventions.run_with_cache(model, params, tokens_1xT, names=())[0][0, -1]
-  logit = float(logits_V[target] - (0.0 if versus is None else logits_V[versus]))
-  capped = " (the model's, soft-capped; the sum is before the cap)" if model.config.logits_softcap else ""
-  print(f"{what} after {text!r}: {logit:.3f}{capped}; the components' sum {sum(share.values()):.3f}")
-  for name, value in sorted(share.items(), key=lambda kv: -abs(kv[1]))[:12]:
-    print(f"  {name:<18}{value:9.3f}")
-  out.mkdir(parents=True, exist_ok=True)
-  probes.draw_logit_attribution(share, out / "attribution.png", f"{what} after {text[-40:]!r}")
-  (out / "attribution.json").write_text(
-    json.dumps({"text": text, "metric": what, "logit": logit, "share": share}) + "\n"
-  )
-  print(out / "attribution.png")
-
-
-def patch(model, params, tokenizer) -> None:
-  """Activation patching from --clean into --corrupt (interventions.patching_sweep), the residual
-  stream by layer x position and the heads by layer x head, beside attribution patching's estimate of
-  the same; the metric is --target's log-probability (or its logit minus --versus's) at the last
-  position. patching.png and patching.json in --out."""
-  _gpt(model, "patch")
-  if not (_CLEAN.value and _CORRUPT.value):
-    raise UserError("--patch needs a --clean and a --corrupt text (and a --target token)")
-  clean, corrupt = (probes.encode(model, tokenizer, text) for text in (_CLEAN.value, _CORRUPT.value))
-  if len(clean) != len(corrupt):
-    raise UserError(
-      f"--clean is {len(clean)} tokens and --corrupt {len(corrupt)}: patching pairs their positions, so give "
-      f"texts of as many tokens (change a word for another of as many tokens)"
-    )
-  target, versus, what = _answer(tokenizer)
-  if versus is None:  # a logit alone moves with every logit; its log-probability says what patching changed
-    what = f"log-probability of {_TARGET.value!r}"
-
-  def metric(logits_BxTxV):
-    last_V = logits_BxTxV[0, -1]
-    return jax.nn.log_softmax(last_V)[target] if versus is None else last_V[target] - last_V[versus]
-
-  clean_1xT, corrupt_1xT = jnp.asarray([clean]), jnp.asarray([corrupt])
-  runs = {
-    name: float(metric(interventions.run_with_cache(model, params, x, names=())[0]))
-    for name, x in (("clean", clean_1xT), ("corrupt", corrupt_1xT))
-  }
-  print(f"{what}: clean {runs['clean']:.3f}, corrupt {runs['corrupt']:.3f}")
-  maps, columns = {}, {}
-  labels = [
-    c if c == d else f"{c}/{d}"
-    for c, d in zip(probes.token_texts(tokenizer, clean), probes.token_texts(tokenizer, corrupt))
-  ]
-  for over, cols in (("positions", labels), ("heads", [f"H{h}" for h in range(model.config.block.num_heads)])):
-    swept = interventions.patching_sweep(model, params, clean_1xT, corrupt_1xT, metric, over=over)
-    estimated = interventions.attribution_patching(model, params, clean_1xT, corrupt_1xT, metric, over=over)
-    name = "resid_pre" if over == "positions" else "z"
-    maps[f"patched {name}, layer x {over[:-1]}"] = np.asarray(swept) - runs["corrupt"]
-    maps[f"attribution patching, {name}"] = np.asarray(estimated)
-    columns.update(dict.fromkeys(list(maps)[-2:], cols))
-  for name, map_LxC in maps.items():
-    l, c = np.unravel_index(np.abs(map_LxC).argmax(), map_LxC.shape)
-    print(f"  {name}: largest effect {map_LxC[l, c]:+.3f} at layer {l}, {columns[name][c]!r}")
-  out = Path(_OUT.value)
-  out.mkdir(parents=True, exist_ok=True)
-  probes.draw_patching(maps, columns, out / "patching.png", f"effect on the {what} of patching clean into corrupt")
-  (out / "patching.json").write_text(
-    json.dumps(
-      {"metric": what, "runs": runs, "columns": columns, "maps": {k: v.round(6).tolist() for k, v in maps.items()}}
-    )
-    + "\n"
-  )
-  print(out / "patching.png")
 
 
 # The verbs: what a run of the program does (without one, it looks inside each --text).
@@ -306,10 +199,10 @@ def main(argv):
     raise UserError("give a --text to probe (or --heads, or --patch with --clean and --corrupt)")
   model, params, tokenizer, source, validation = load()
   print(f"# {source}", file=sys.stderr)
-  if _HEADS.value:  # before any table prints: a head this model does not have
-    for name in _ABLATE.value:
-      _head(name, model.config.num_layers, model.config.block.num_heads)
   if _HEADS.value:
+    _gpt(model, "heads")
+    for name in _ABLATE.value:  # before any table prints: a head this model does not have
+      _head(name, model.config.num_layers, model.config.block.num_heads)
     heads(model, params, validation)
     return
   if _PATCH.value:

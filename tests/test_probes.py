@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import probes
+from transformer import probes, studies
 from transformer.errors import UserError
 from transformer.layers import stack_layers
 from transformer.models.gpt import GPT, GPTConfig
@@ -211,7 +211,7 @@ def test_launch_probe_reads_hugging_face_gpt2_weights(tmp_path):
   assert numbers["columns"]["patched resid_pre, layer x position"][6] == " John/ Mary"
   nontrivial_png(tmp_path / "patch" / "patching.png")
   assert [b["status"] for b in bad] == [1, 1, 1]
-  assert "error: --clean is 10 tokens and --corrupt 5: patching pairs their positions" in bad[0]["stderr"]
+  assert "error: the clean text is 10 tokens and the corrupt one 5: patching pairs their positions" in bad[0]["stderr"]
   assert "error: --target=' Marylebone' is 3 tokens for this tokenizer" in bad[1]["stderr"]
   assert "error: --attribute and --patch explain the logit of a --target token" in bad[2]["stderr"]
   scores = json.loads((tmp_path / "heads" / "heads.json").read_text())
@@ -233,3 +233,24 @@ def test_launch_probe_takes_one_verb_and_refuses_flags_without_theirs_before_loa
   assert "error: --ablate names heads to remove while --heads scores them: give --heads with it" in stderrs[1]
   assert "error: --ablate='layer1' is not a head of this model: write L<layer>.H<head>, e.g. L0.H1" in stderrs[2]
   assert all(str(missing) not in s for s in stderrs)  # refused before the workdir was looked at
+
+
+def test_the_probe_verbs_are_library_calls_with_arguments(tokenizer, tmp_path):
+  """transformer.studies: what launch.probe's verbs compute, called as a notebook would (no flags):
+  the head scores with an ablation, a logit's shares (summing to it), patching, a word compared."""
+  cfg = GPTConfig().replace(vocab_size=tokenizer.vocab_size, max_len=64, num_layers=2, num_heads=2, d_model=32)
+  model = GPT(cfg)
+  params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
+  report = studies.head_scores_and_ablations(model, params, ablate=[(1, 0)], ablation="mean")
+  assert report.scores["induction"].shape == (2, 2)
+  assert list(report.losses) == ["all heads", "without L1.H0 (mean ablation)"]
+  assert report.losses["all heads"] != report.losses["without L1.H0 (mean ablation)"]
+  shares = studies.attribute(model, params, tokenizer, "Harry stood at th", target="e", versus="a", out=tmp_path)
+  assert sum(shares.share.values()) == pytest.approx(shares.logit, abs=1e-3)
+  assert shares.metric == "logit 'e' - logit 'a'" and (tmp_path / "attribution.json").exists()
+  patched = studies.patch(model, params, tokenizer, "Harry stood", "Harry stool", target="a")
+  assert patched.maps["patched resid_pre, layer x position"].shape == (2, 11)
+  similarity = studies.compare(model, params, tokenizer, [TEXT, OTHER], "Harry")
+  assert similarity.shape == (3, 2, 2) and similarity[0, 0, 0] == pytest.approx(1.0)
+  with pytest.raises(UserError, match="the target='ee' is 2 tokens"):
+    studies.attribute(model, params, tokenizer, "Harry", target="ee")

@@ -1,0 +1,224 @@
+"""What launch.probe's verbs compute, as functions a notebook calls with arguments: every head's
+detector scores (and the loss without some heads), a next-token logit split into its components'
+shares, activation patching beside attribution patching, and a word's similarity across texts. Each
+returns its numbers as a dataclass and, given `out`, writes its picture and JSON there; the launch
+program only reads its flags, calls one of them and prints the result.
+
+    >>> report = head_scores_and_ablations(model, params, ablate=[(1, 0)], validation=tokens)
+    >>> report.scores["induction"][1, 0], report.losses
+    >>> attribute(model, params, tokenizer, "ROMEO: O Juli", target="e", out=Path("probes/romeo"))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer import interventions, probes
+from transformer.errors import UserError
+from transformer.models.gpt import GPT
+
+ABLATIONS = ("zero", "mean")
+
+
+def _gpt(model, what: str) -> None:
+  if not isinstance(model, GPT):
+    raise UserError(f"{what} works on a GPT's heads and residual stream; this is a {type(model).__name__}")
+
+
+def _write_json(out: Path | None, name: str, record: dict) -> None:
+  if out is not None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / name).write_text(json.dumps(record) + "\n")
+
+
+# --- heads ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class HeadReport:
+  """Every head's scores on random tokens repeated twice, and the next-token losses with all heads
+  and without the ablated ones: `losses[what] = (first copy, second copy, validation or None)`."""
+
+  length: int  # the random tokens a row repeats
+  scores: dict[str, np.ndarray]  # kind -> L x H (interventions.head_scores)
+  losses: dict[str, tuple[float, float, float | None]]
+
+
+def head_scores_and_ablations(
+  model, params, *, ablate=(), ablation: str = "zero", validation=None, out: Path | None = None
+) -> HeadReport:
+  """The head detectors (interventions.head_scores) on 16 rows of random tokens, each repeated twice,
+  as long as fits the context (at most 2 x 50); the loss on those tokens (and on the first windows of
+  `validation`, a run's validation tokens, when given) with all heads and without the heads `ablate`
+  names ((layer, head) pairs, `ablation` "zero" or "mean": their mean output over other random
+  tokens). The random tokens are drawn among those `validation` has (a BPE's unused pieces never
+  trained). heads.json in `out`."""
+  _gpt(model, "scoring heads")
+  if ablation not in ABLATIONS:
+    raise UserError(f"unknown ablation {ablation!r}; choose one of {', '.join(ABLATIONS)}")
+  length = min(50, model.config.max_len // 2)
+  ids = None if validation is None else np.unique(np.asarray(validation[:100_000]))
+  tokens = interventions.repeated_random_tokens(model.config.vocab_size, length, batch=16, ids=ids)
+  scores = {kind: np.asarray(s) for kind, s in interventions.head_scores(model, params, tokens).items()}
+  runs = {"all heads": None}
+  if ablate:
+    mean_z = None
+    if ablation == "mean":  # each head's mean output over other random tokens repeated (seed 1)
+      reference = interventions.repeated_random_tokens(model.config.vocab_size, length, batch=16, seed=1, ids=ids)
+      mean_z = interventions.run_with_cache(model, params, reference, names=("z",))[1]["z"]
+    named = ",".join(f"L{layer}.H{head}" for layer, head in ablate)
+    runs[f"without {named} ({ablation} ablation)"] = interventions.ablating(
+      ablate, model.config.block.num_heads, mean_z
+    )
+  losses = {}
+  for what, patches in runs.items():  # position t predicts token t + 1; the second copy's first token is random
+    nll_T = interventions.next_token_losses(model, params, tokens, patches)
+    held_out = None if validation is None else validation_loss(model, params, validation, patches)
+    losses[what] = (float(nll_T[: length - 1].mean()), float(nll_T[length:].mean()), held_out)
+  _write_json(out, "heads.json", {k: s.round(6).tolist() for k, s in scores.items()})
+  return HeadReport(length, scores, losses)
+
+
+def validation_loss(model, params, validation, patches=None, rows: int = 64) -> float:
+  """The mean next-token loss on the first `rows` windows of the validation tokens, each as long as the context."""
+  T = model.config.max_len
+  count = min(rows, len(validation) // T)
+  windows_BxT = jnp.asarray(np.asarray(validation[: count * T], np.int32).reshape(count, T))
+  return float(interventions.next_token_losses(model, params, windows_BxT, patches).mean())
+
+
+# --- a logit and its components --------------------------------------------------------------
+
+
+def one_token(tokenizer, text: str, what: str) -> int:
+  """The id of `text`, which must be one token (`what` names it in the error)."""
+  ids = tokenizer.encode(text)
+  if len(ids) != 1:
+    pieces = [tokenizer.decode([i]) for i in ids]
+    raise UserError(
+      f"{what}={text!r} is {len(ids)} tokens for this tokenizer {pieces}; give one token (with GPT-2's, a "
+      f"word usually starts with its space: ' Juliet')"
+    )
+  return ids[0]
+
+
+@dataclasses.dataclass
+class Attribution:
+  """A next-token logit (or a difference of two) at a text's last position, and each component's
+  direct share of it (embeddings, every head, every MLP: they sum to it before a soft-cap)."""
+
+  metric: str  # in words: "logit of 'e'" or "logit 'e' - logit 'a'"
+  logit: float  # the model's own (soft-capped, if it caps)
+  share: dict[str, float]
+
+
+def attribute(model, params, tokenizer, text: str, target: str, versus: str | None = None, out=None) -> Attribution:
+  """The `target` token's logit (minus `versus`'s) after `text`, split into the direct contributions
+  of the embeddings, every head and every MLP (interventions.direct_logit_attribution);
+  attribution.png and attribution.json in `out`."""
+  _gpt(model, "attribution")
+  tokens_1xT = jnp.asarray([probes.encode(model, tokenizer, text)])
+  target_id = one_token(tokenizer, target, "the target")
+  versus_id = None if versus is None else one_token(tokenizer, versus, "the versus token")
+  metric = f"logit of {target!r}" if versus is None else f"logit {target!r} - logit {versus!r}"
+
+  def last(token):
+    at_1xT = jnp.full_like(tokens_1xT, token)
+    attributed = interventions.direct_logit_attribution(model, params, tokens_1xT, at_1xT)
+    return {k: float(x[0, -1]) for k, x in attributed.items()}
+
+  share = last(target_id)
+  if versus_id is not None:
+    share = {k: v - u for (k, v), u in zip(share.items(), last(versus_id).values())}
+  logits_V = interventions.run_with_cache(model, params, tokens_1xT, names=())[0][0, -1]
+  logit = float(logits_V[target_id] - (0.0 if versus_id is None else logits_V[versus_id]))
+  if out is not None:
+    out.mkdir(parents=True, exist_ok=True)
+    probes.draw_logit_attribution(share, out / "attribution.png", f"{metric} after {text[-40:]!r}")
+  _write_json(out, "attribution.json", {"text": text, "metric": metric, "logit": logit, "share": share})
+  return Attribution(metric, logit, share)
+
+
+# --- activation patching ---------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Patching:
+  """The metric on the clean and the corrupt run, and what patching each piece of the clean run into
+  the corrupt one does to it: `maps[name]` (layers x columns, `columns[name]`), measured and as
+  attribution patching estimates it."""
+
+  metric: str
+  runs: dict[str, float]  # "clean", "corrupt"
+  maps: dict[str, np.ndarray]
+  columns: dict[str, list[str]]
+
+
+def patch(
+  model, params, tokenizer, clean: str, corrupt: str, target: str, versus: str | None = None, out=None
+) -> Patching:
+  """Activation patching from `clean` into `corrupt` (interventions.patching_sweep), the residual
+  stream by layer x position and the heads by layer x head, beside attribution patching's estimate of
+  the same; the metric is `target`'s log-probability (or its logit minus `versus`'s) at the last
+  position. patching.png and patching.json in `out`."""
+  _gpt(model, "patching")
+  clean_ids, corrupt_ids = (probes.encode(model, tokenizer, text) for text in (clean, corrupt))
+  if len(clean_ids) != len(corrupt_ids):
+    raise UserError(
+      f"the clean text is {len(clean_ids)} tokens and the corrupt one {len(corrupt_ids)}: patching pairs their "
+      f"positions, so give texts of as many tokens (change a word for another of as many tokens)"
+    )
+  target_id = one_token(tokenizer, target, "the target")
+  versus_id = None if versus is None else one_token(tokenizer, versus, "the versus token")
+  # A logit alone moves with every logit; its log-probability says what patching changed.
+  metric_name = f"log-probability of {target!r}" if versus is None else f"logit {target!r} - logit {versus!r}"
+
+  def metric(logits_BxTxV):
+    last_V = logits_BxTxV[0, -1]
+    return jax.nn.log_softmax(last_V)[target_id] if versus_id is None else last_V[target_id] - last_V[versus_id]
+
+  clean_1xT, corrupt_1xT = jnp.asarray([clean_ids]), jnp.asarray([corrupt_ids])
+  runs = {
+    name: float(metric(interventions.run_with_cache(model, params, x, names=())[0]))
+    for name, x in (("clean", clean_1xT), ("corrupt", corrupt_1xT))
+  }
+  maps, columns = {}, {}
+  labels = [
+    c if c == d else f"{c}/{d}"
+    for c, d in zip(probes.token_texts(tokenizer, clean_ids), probes.token_texts(tokenizer, corrupt_ids))
+  ]
+  for over, cols in (("positions", labels), ("heads", [f"H{h}" for h in range(model.config.block.num_heads)])):
+    swept = interventions.patching_sweep(model, params, clean_1xT, corrupt_1xT, metric, over=over)
+    estimated = interventions.attribution_patching(model, params, clean_1xT, corrupt_1xT, metric, over=over)
+    name = "resid_pre" if over == "positions" else "z"
+    maps[f"patched {name}, layer x {over[:-1]}"] = np.asarray(swept) - runs["corrupt"]
+    maps[f"attribution patching, {name}"] = np.asarray(estimated)
+    columns.update(dict.fromkeys(list(maps)[-2:], cols))
+  if out is not None:
+    out.mkdir(parents=True, exist_ok=True)
+    title = f"effect on the {metric_name} of patching clean into corrupt"
+    probes.draw_patching(maps, columns, out / "patching.png", title)
+  record = {"metric": metric_name, "runs": runs, "columns": columns}
+  _write_json(out, "patching.json", record | {"maps": {k: v.round(6).tolist() for k, v in maps.items()}})
+  return Patching(metric_name, runs, maps, columns)
+
+
+# --- a word across texts ---------------------------------------------------------------------
+
+
+def compare(model, params, tokenizer, texts: list[str], word: str, out=None) -> np.ndarray:
+  """The cosine similarity of `word` (its last token's residual stream) in each text to text 1's, by
+  layer (probes.similarity_by_layer: L x N x N); similarity.json in `out`."""
+  if len(texts) < 2:
+    raise UserError("comparing a word needs at least two texts")
+  similarity_LxNxN = probes.similarity_by_layer(model, params, tokenizer, texts, word)
+  _write_json(
+    out, "similarity.json", {"word": word, "texts": texts, "cosine_LxNxN": similarity_LxNxN.round(6).tolist()}
+  )
+  return similarity_LxNxN
