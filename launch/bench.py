@@ -28,9 +28,16 @@ KV cache). --what=vs_torch does the same on the README main job's shape and on c
 minimal nanoGPT-style PyTorch GPT beside HF's. The peers (launch/torch_peer.py) run in a Python 3.11
 venv with torch's CPU wheel, created on first use under the asset cache
 ($TRANSFORMER_CACHE/torch-peer-venv) or given by --peer_python.
+
+Every table is a function of one `Options` (a field per flag, the flags' defaults), so Python and a
+notebook call them with the settings they change:
+
+    >>> from launch import bench
+    >>> print(bench.generate_table(bench.Options(preset="cpu-tiny", batch_sizes=("1", "8"))))
 """
 
 import collections
+import dataclasses
 import faulthandler
 import functools
 import json
@@ -162,23 +169,49 @@ _PEER_PYTHON = flags.DEFINE_string(
 )
 
 
-def model_config() -> gpt.GPTConfig:
-  sizes = {k: f.value for k, f in (("d_model", _D_MODEL), ("max_len", _CONTEXT)) if f.value}
+# Every setting above but --what, as one value the table functions take: `Options` has a field per
+# flag, its default the flag's, so that Python (a notebook) calls a table with the settings it
+# changes, e.g. `bench.train_table(bench.Options(preset="cpu-tiny", batch_sizes=("8",)))`, and `main`
+# reads the flags into one (`Options.from_flags()`). Lists are tuples.
+_SETTINGS = {h.name: h for h in list(globals().values()) if isinstance(h, flags.FlagHolder) and h is not _WHAT}
+
+
+def _frozen(value):
+  return tuple(value) if isinstance(value, list) else value
+
+
+@dataclasses.dataclass(frozen=True)
+class _OptionsBase:
+  @classmethod
+  def from_flags(cls):
+    return cls(**{name: _frozen(flag.value) for name, flag in _SETTINGS.items()})
+
+
+Options = dataclasses.make_dataclass(
+  "Options",
+  [(name, object, dataclasses.field(default=_frozen(flag.default))) for name, flag in _SETTINGS.items()],
+  bases=(_OptionsBase,),
+  frozen=True,
+)
+
+
+def model_config(o: Options) -> gpt.GPTConfig:
+  sizes = {k: getattr(o, k) for k in ("d_model", "max_len") if getattr(o, k)}
   return gpt.preset(
-    _PRESET.value,
-    vocab_size=_VOCAB.value,
-    attention=_ATTENTION.value,
-    dtype=_DTYPE.value,
-    kernels=_KERNELS.value,
+    o.preset,
+    vocab_size=o.vocab_size,
+    attention=o.attention,
+    dtype=o.dtype,
+    kernels=o.kernels,
     **sizes,
   )
 
 
-def _header(what: str, cfg: gpt.GPTConfig) -> str:
+def _header(o: Options, what: str, cfg: gpt.GPTConfig) -> str:
   return (
-    f"{what}: {_PRESET.value} ({gpt.count_params(cfg):,} params, vocab {cfg.vocab_size}, {cfg.block.dtype}, "
+    f"{what}: {o.preset} ({gpt.count_params(cfg):,} params, vocab {cfg.vocab_size}, {cfg.block.dtype}, "
     f"attention={cfg.block.attention}, kernels={cfg.kernels}) on {jax.device_count()}x "
-    f"{jax.devices()[0].device_kind}, median of {_REPEATS.value}"
+    f"{jax.devices()[0].device_kind}, median of {o.repeats}"
   )
 
 
@@ -191,38 +224,40 @@ def _serving_params(cfg):
   return jax.tree.map(lambda x: x.astype(cfg.block.dtype), _params(cfg))
 
 
-def forward_seconds(cfg, params, batch: int) -> float:
+def forward_seconds(o: Options, cfg, params, batch: int) -> float:
   apply = jax.jit(gpt.GPT(cfg).apply)
-  tokens = jax.random.randint(jax.random.key(batch), (batch, _SEQ_LEN.value), 0, cfg.vocab_size)
-  return benchmark.median_seconds(lambda: apply({"params": params}, tokens), repeats=_REPEATS.value)
+  tokens = jax.random.randint(jax.random.key(batch), (batch, o.seq_len), 0, cfg.vocab_size)
+  return benchmark.median_seconds(lambda: apply({"params": params}, tokens), repeats=o.repeats)
 
 
-def generate_seconds(cfg, params, batch: int, new_tokens: int = 0, fixed_trips: bool | None = None) -> float:
+def generate_seconds(
+  o: Options, cfg, params, batch: int, new_tokens: int = 0, fixed_trips: bool | None = None
+) -> float:
   """One `sampling.generate` call, greedy, exactly new_tokens (default --new_tokens) per sequence
   (no stop token; `fixed_trips`: the decode loop's form, by default the kernels')."""
-  prompts = np.random.default_rng(batch).integers(0, cfg.vocab_size, (batch, _PROMPT_LEN.value)).tolist()
+  prompts = np.random.default_rng(batch).integers(0, cfg.vocab_size, (batch, o.prompt_len)).tolist()
   run = lambda: sampling.generate(
     gpt.GPT(cfg),
     params,
     prompts,
-    max_new_tokens=new_tokens or _NEW_TOKENS.value,
+    max_new_tokens=new_tokens or o.new_tokens,
     sampling=sampling.Sampling(temperature=0),
     fixed_trips=fixed_trips,
   )
   # `generate` returns host lists, complete when it returns: time it without median_seconds' wait on
   # the result, which walks a list of lists as a pytree (~1.7 ms for 32 x 96 ids, ~4% of the main
   # job's batch-32 call; the peers' times include no such walk).
-  return benchmark.median_seconds(lambda: len(run()), repeats=_REPEATS.value)
+  return benchmark.median_seconds(lambda: len(run()), repeats=o.repeats)
 
 
-def train_step_seconds(cfg, params, batch_size: int = 0, seq_len: int = 0, microbatches: int = 0) -> float:
+def train_step_seconds(o: Options, cfg, params, batch_size: int = 0, seq_len: int = 0, microbatches: int = 0) -> float:
   """One jit-compiled `train.train_step` (AdamW, clipping at 1.0) on batch_size x seq_len tokens
   in `microbatches` (defaults: --train_batch x --seq_len, --microbatches), after --train_warmup_s of steps."""
-  run, _ = _train_step(cfg, params, batch_size, seq_len, microbatches)
-  return benchmark.median_seconds(run, repeats=_REPEATS.value, warmup_seconds=_TRAIN_WARMUP.value)
+  run, _ = _train_step(o, cfg, params, batch_size, seq_len, microbatches)
+  return benchmark.median_seconds(run, repeats=o.repeats, warmup_seconds=o.train_warmup_s)
 
 
-def _train_step(cfg, params, batch_size: int = 0, seq_len: int = 0, microbatches: int = 0):
+def _train_step(o: Options, cfg, params, batch_size: int = 0, seq_len: int = 0, microbatches: int = 0):
   """(a function that runs one training step and returns its loss, the step's optimised HLO text)."""
   opt = OptimizerConfig(lr=1e-4, schedule="constant", warmup_steps=0)
   tx, schedule = optim.make_optimizer(opt, 1000), optim.learning_rate(opt, 1000)
@@ -236,12 +271,12 @@ def _train_step(cfg, params, batch_size: int = 0, seq_len: int = 0, microbatches
       loss_fn=loss_fn,
       tx=tx,
       schedule=schedule,
-      accumulation_steps=microbatches or _MICROBATCHES.value,
+      accumulation_steps=microbatches or o.microbatches,
     ),
     donate_argnums=0,
   )
   batch = jax.random.randint(
-    jax.random.key(1), (batch_size or _TRAIN_BATCH.value, (seq_len or _SEQ_LEN.value) + 1), 0, cfg.vocab_size
+    jax.random.key(1), (batch_size or o.train_batch, (seq_len or o.seq_len) + 1), 0, cfg.vocab_size
   )
   compiled = step.lower(state, batch).compile()  # run as is: calling `step` would compile it again
   holder = [state]
@@ -253,40 +288,40 @@ def _train_step(cfg, params, batch_size: int = 0, seq_len: int = 0, microbatches
   return run, compiled.as_text()
 
 
-def forward_table() -> str:
-  cfg = model_config()
+def forward_table(o: Options) -> str:
+  cfg = model_config(o)
   params = _params(cfg)
   rows = []
-  for b in map(int, _BATCH_SIZES.value):
-    seconds = forward_seconds(cfg, params, b)
-    rows.append([b, _SEQ_LEN.value, seconds * 1000, b * _SEQ_LEN.value / seconds])
-  return _header("forward pass", cfg) + "\n" + benchmark.table(["batch", "seq", "ms/forward", "tokens/s"], rows)
+  for b in map(int, o.batch_sizes):
+    seconds = forward_seconds(o, cfg, params, b)
+    rows.append([b, o.seq_len, seconds * 1000, b * o.seq_len / seconds])
+  return _header(o, "forward pass", cfg) + "\n" + benchmark.table(["batch", "seq", "ms/forward", "tokens/s"], rows)
 
 
-def _roofline_ms(cfg, weight_bytes: int, batch: int, bandwidth: float) -> float:
+def _roofline_ms(o: Options, cfg, weight_bytes: int, batch: int, bandwidth: float) -> float:
   """The fastest a decoding step can be: every weight and the KV cache up to the mean position of
   the --prompt_len + --new_tokens run read once, at the chip's bandwidth."""
-  mean_position = _PROMPT_LEN.value + _NEW_TOKENS.value / 2
+  mean_position = o.prompt_len + o.new_tokens / 2
   cache_bytes = 2 * cfg.num_layers * batch * mean_position * cfg.block.d_model * jnp.dtype(cfg.block.dtype).itemsize
   return (weight_bytes + cache_bytes) / bandwidth * 1000
 
 
-def generate_table() -> str:
+def generate_table(o: Options) -> str:
   """New tokens/s; on a chip with a known memory bandwidth also the HBM roofline: each decoding step
   must read every weight (in the compute dtype: the weights are cast to it first, as a server
   would) and the KV cache up to the current position once, so bytes / bandwidth is the fastest a
   step can be."""
-  cfg = model_config()
+  cfg = model_config(o)
   params = _serving_params(cfg)
   weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
   bandwidth = metrics.peak_bandwidth(jax.devices()[0])
   rows = []
-  for b in map(int, _BATCH_SIZES.value):
-    seconds = generate_seconds(cfg, params, b)
-    ms_token = seconds * 1000 / _NEW_TOKENS.value
-    row = [b, _PROMPT_LEN.value, _NEW_TOKENS.value, seconds * 1000, ms_token, b * _NEW_TOKENS.value / seconds]
+  for b in map(int, o.batch_sizes):
+    seconds = generate_seconds(o, cfg, params, b)
+    ms_token = seconds * 1000 / o.new_tokens
+    row = [b, o.prompt_len, o.new_tokens, seconds * 1000, ms_token, b * o.new_tokens / seconds]
     if bandwidth:
-      roofline_ms = _roofline_ms(cfg, weight_bytes, b, bandwidth)
+      roofline_ms = _roofline_ms(o, cfg, weight_bytes, b, bandwidth)
       row += [roofline_ms, f"{roofline_ms / ms_token:.1%}"]
     rows.append(row)
   headers = ["batch", "prompt", "new", "ms/call", "ms/token", "new tokens/s"]
@@ -295,25 +330,27 @@ def generate_table() -> str:
   note = f"\nweights {weight_bytes / 1e6:,.0f} MB in {cfg.block.dtype}" + (
     f"; roofline at {bandwidth / 1e12:.2f} TB/s (data sheet)" if bandwidth else ""
   )
-  return _header("KV-cache generation (greedy, prefill included)", cfg) + note + "\n" + benchmark.table(headers, rows)
+  return (
+    _header(o, "KV-cache generation (greedy, prefill included)", cfg) + note + "\n" + benchmark.table(headers, rows)
+  )
 
 
-def train_table() -> str:
+def train_table(o: Options) -> str:
   """The training step (AdamW, clipping; float32 master weights) for each scan_layers x remat policy
   x batch size: tokens/s, model FLOP/s (6N + 12·L·d·T per token, as the training loop counts them)
   and MFU against the chip's dense bf16 peak."""
   rows = []
-  for scan in (s.lower() in ("true", "1") for s in _SCAN.value):
-    for remat in _REMAT.value:
-      cfg = model_config().replace(scan_layers=scan, remat_policy=remat)
-      flops_token = metrics.flops_per_token(gpt.count_params(cfg), cfg.num_layers, cfg.block.d_model, _SEQ_LEN.value)
-      for b in map(int, _BATCH_SIZES.value):
+  for scan in (s.lower() in ("true", "1") for s in o.scan_layers):
+    for remat in o.remat_policies:
+      cfg = model_config(o).replace(scan_layers=scan, remat_policy=remat)
+      flops_token = metrics.flops_per_token(gpt.count_params(cfg), cfg.num_layers, cfg.block.d_model, o.seq_len)
+      for b in map(int, o.batch_sizes):
         try:
-          seconds = train_step_seconds(cfg, _params(cfg), b)
+          seconds = train_step_seconds(o, cfg, _params(cfg), b)
         except jax.errors.JaxRuntimeError as e:  # out of memory: a row that says so, then the next
           rows.append([scan, remat, b, str(e).split(":")[0][:40], "", "", ""])
           continue
-        tokens_s = b * _SEQ_LEN.value / seconds
+        tokens_s = b * o.seq_len / seconds
         util = metrics.mfu(tokens_s, flops_token, jax.devices()[:1])
         rows.append(
           [
@@ -327,7 +364,7 @@ def train_table() -> str:
           ]
         )
   return (
-    _header(f"training step, seq {_SEQ_LEN.value}", model_config())
+    _header(o, f"training step, seq {o.seq_len}", model_config(o))
     + "\n"
     + benchmark.table(["scan", "remat", "batch", "ms/step", "tokens/s", "TFLOP/s", "MFU"], rows)
   )
@@ -344,26 +381,25 @@ def _peer_shape(cfg: gpt.GPTConfig) -> dict:
   }
 
 
-def vs_hf_table() -> str:
-  cfg = model_config()
-  batch_sizes = [int(b) for b in _BATCH_SIZES.value]
+def vs_hf_table(o: Options) -> str:
+  cfg = model_config(o)
+  batch_sizes = [int(b) for b in o.batch_sizes]
   spec = {
     "model": _peer_shape(cfg),
-    "generate": {"batch_sizes": batch_sizes, "prompt_len": _PROMPT_LEN.value, "new_tokens": _NEW_TOKENS.value},
-    "train": _TRAIN_BATCH.value
-    and {"batch_size": _TRAIN_BATCH.value, "seq_len": _SEQ_LEN.value, "warmup_seconds": _TRAIN_WARMUP.value},
-    "repeats": _REPEATS.value,
+    "generate": {"batch_sizes": batch_sizes, "prompt_len": o.prompt_len, "new_tokens": o.new_tokens},
+    "train": o.train_batch and {"batch_size": o.train_batch, "seq_len": o.seq_len, "warmup_seconds": o.train_warmup_s},
+    "repeats": o.repeats,
   }
-  result = peer_env.run_peers(peer_env.peer_python(_PEER_PYTHON.value), spec)
+  result = peer_env.run_peers(peer_env.peer_python(o.peer_python), spec)
   peer = result["hf"]
   params = _params(cfg)
   rows = []
   for b in batch_sizes:
-    ours = b * _NEW_TOKENS.value / generate_seconds(cfg, params, b)
-    theirs = b * _NEW_TOKENS.value / peer["generate"][str(b)]
+    ours = b * o.new_tokens / generate_seconds(o, cfg, params, b)
+    theirs = b * o.new_tokens / peer["generate"][str(b)]
     rows.append(
       [
-        f"generate, {_PROMPT_LEN.value}+{_NEW_TOKENS.value} tokens",
+        f"generate, {o.prompt_len}+{o.new_tokens} tokens",
         b,
         "new tokens/s",
         ours,
@@ -371,28 +407,26 @@ def vs_hf_table() -> str:
         f"{ours / theirs:.2f}x",
       ]
     )
-  if _TRAIN_BATCH.value:
-    tokens = _TRAIN_BATCH.value * _SEQ_LEN.value
-    ours, theirs = tokens / train_step_seconds(cfg, params), tokens / peer["train"]
-    rows.append(
-      [f"train step, seq {_SEQ_LEN.value}", _TRAIN_BATCH.value, "tokens/s", ours, theirs, f"{ours / theirs:.2f}x"]
-    )
+  if o.train_batch:
+    tokens = o.train_batch * o.seq_len
+    ours, theirs = tokens / train_step_seconds(o, cfg, params), tokens / peer["train"]
+    rows.append([f"train step, seq {o.seq_len}", o.train_batch, "tokens/s", ours, theirs, f"{ours / theirs:.2f}x"])
   header = (
-    _header("ours (JAX, jit) vs HF transformers (PyTorch eager)", cfg)
+    _header(o, "ours (JAX, jit) vs HF transformers (PyTorch eager)", cfg)
     + f"\npeer: torch {result['torch']}, transformers {result['transformers']}, {result['threads']} threads; "
     f"ours: jax {jax.__version__}"
   )
   return header + "\n" + benchmark.table(["benchmark", "batch", "unit", "ours", "HF", "ours/HF"], rows)
 
 
-def profile_table() -> str:
+def profile_table(o: Options) -> str:
   """The training step of --train_batch x --seq_len tokens (first of --remat_policies and
   --scan_layers), its time split by XLA op."""
-  cfg = model_config().replace(scan_layers=_SCAN.value[0].lower() in ("true", "1"), remat_policy=_REMAT.value[0])
-  run, hlo = _train_step(cfg, _params(cfg))
-  if _HLO_OUT.value:
-    Path(_HLO_OUT.value).write_text(hlo)
-  rows = benchmark.op_profile(run, hlo, calls=_REPEATS.value)
+  cfg = model_config(o).replace(scan_layers=o.scan_layers[0].lower() in ("true", "1"), remat_policy=o.remat_policies[0])
+  run, hlo = _train_step(o, cfg, _params(cfg))
+  if o.hlo_out:
+    Path(o.hlo_out).write_text(hlo)
+  rows = benchmark.op_profile(run, hlo, calls=o.repeats)
   library = benchmark.library_calls(hlo)
   by_primitive = collections.defaultdict(lambda: [0.0, 0])
   for op, what, ms, _ in rows:  # a library call by its routine, else "layer_0/attn/qkv/dot_general" -> "dot_general"
@@ -403,34 +437,35 @@ def profile_table() -> str:
   grouped = sorted(([p, n, ms, f"{ms / total:.1%}"] for p, (ms, n) in by_primitive.items()), key=lambda r: -r[2])
   return (
     _header(
-      f"training step by XLA op, batch {_TRAIN_BATCH.value} x seq {_SEQ_LEN.value}, remat "
+      o,
+      f"training step by XLA op, batch {o.train_batch} x seq {o.seq_len}, remat "
       f"{cfg.remat_policy}, scan {cfg.scan_layers}",
       cfg,
     )
-    + f"\nsum of the ops' times: {total:.1f} ms/step (the {_TOP_OPS.value} largest, then by the JAX primitive "
+    + f"\nsum of the ops' times: {total:.1f} ms/step (the {o.top_ops} largest, then by the JAX primitive "
     "each op was fused around, or the library routine it calls)\n"
-    + benchmark.table(["HLO op", "JAX operation", "ms/step", "share"], rows[: _TOP_OPS.value])
+    + benchmark.table(["HLO op", "JAX operation", "ms/step", "share"], rows[: o.top_ops])
     + "\n\n"
-    + benchmark.table(["library routine or JAX primitive", "ops", "ms/step", "share"], grouped[: _TOP_OPS.value])
+    + benchmark.table(["library routine or JAX primitive", "ops", "ms/step", "share"], grouped[: o.top_ops])
   )
 
 
-def profile_generate_table() -> str:
+def profile_generate_table(o: Options) -> str:
   """One `generate` call (first of --batch_sizes; --prompt_len + --new_tokens, greedy, weights in
   the compute dtype), its time split by XLA op."""
-  cfg = model_config()
+  cfg = model_config(o)
   params = _serving_params(cfg)
-  b = int(_BATCH_SIZES.value[0])
-  prompt_BxP = jax.random.randint(jax.random.key(b), (b, _PROMPT_LEN.value), 0, cfg.vocab_size)
+  b = int(o.batch_sizes[0])
+  prompt_BxP = jax.random.randint(jax.random.key(b), (b, o.prompt_len), 0, cfg.vocab_size)
   args = (params, prompt_BxP, jnp.ones_like(prompt_BxP, bool), jax.random.key(0))
-  kwargs = dict(model=gpt.GPT(cfg), max_new_tokens=_NEW_TOKENS.value, sampling=sampling.Sampling(temperature=0))
+  kwargs = dict(model=gpt.GPT(cfg), max_new_tokens=o.new_tokens, sampling=sampling.Sampling(temperature=0))
   compiled = sampling.jitted_sampler(kwargs["model"]).lower(*args, **kwargs).compile()
-  rows = benchmark.op_profile(lambda: compiled(*args), compiled.as_text(), calls=_REPEATS.value)
+  rows = benchmark.op_profile(lambda: compiled(*args), compiled.as_text(), calls=o.repeats)
   total = sum(ms for _, _, ms, _ in rows)
   return (
-    _header(f"generate by XLA op, batch {b}, {_PROMPT_LEN.value}+{_NEW_TOKENS.value} tokens", cfg)
+    _header(o, f"generate by XLA op, batch {b}, {o.prompt_len}+{o.new_tokens} tokens", cfg)
     + f"\nsum of the ops' times: {total:.1f} ms/call\n"
-    + benchmark.table(["HLO op", "JAX operation", "ms/call", "share"], rows[: _TOP_OPS.value])
+    + benchmark.table(["HLO op", "JAX operation", "ms/call", "share"], rows[: o.top_ops])
   )
 
 
@@ -443,34 +478,34 @@ VS_TORCH_SHAPES = (
 )
 
 
-def vs_torch_table() -> str:
+def vs_torch_table(o: Options) -> str:
   """Ours beside the minimal PyTorch GPT and HF's GPT-2 (launch/torch_peer.py) on both shapes:
   a training step, and greedy generation at --batch_sizes; --rounds times, alternating."""
-  batch_sizes = [int(b) for b in _BATCH_SIZES.value]
-  python = peer_env.peer_python(_PEER_PYTHON.value)
+  batch_sizes = [int(b) for b in o.batch_sizes]
+  python = peer_env.peer_python(o.peer_python)
   rows, versions = [], ""
   for name, preset, overrides, train_batch, seq_len, microbatches, new_tokens in VS_TORCH_SHAPES:
-    cfg = gpt.preset(preset, attention=_ATTENTION.value, dtype=_DTYPE.value, kernels=_KERNELS.value, **overrides)
+    cfg = gpt.preset(preset, attention=o.attention, dtype=o.dtype, kernels=o.kernels, **overrides)
     spec = {
       "peers": ["minimal", "hf"],
       "model": _peer_shape(cfg),
-      "generate": {"batch_sizes": batch_sizes, "prompt_len": _PROMPT_LEN.value, "new_tokens": new_tokens},
-      "train": {"batch_size": train_batch, "seq_len": seq_len, "warmup_seconds": _TRAIN_WARMUP.value},
-      "repeats": _REPEATS.value,
+      "generate": {"batch_sizes": batch_sizes, "prompt_len": o.prompt_len, "new_tokens": new_tokens},
+      "train": {"batch_size": train_batch, "seq_len": seq_len, "warmup_seconds": o.train_warmup_s},
+      "repeats": o.repeats,
     }
     # seconds[(benchmark, batch)][side]: one median per round
     seconds = collections.defaultdict(lambda: collections.defaultdict(list))
-    for _ in range(_ROUNDS.value):
+    for _ in range(o.rounds):
       peers = peer_env.run_peers(python, spec)
       versions = f"torch {peers['torch']}, transformers {peers['transformers']}, {peers['threads']} threads"
       params = _params(cfg)
       for b in batch_sizes:
         cell = seconds[("generate", b)]
-        cell["ours"].append(generate_seconds(cfg, params, b, new_tokens))
+        cell["ours"].append(generate_seconds(o, cfg, params, b, new_tokens))
         for peer in ("minimal", "hf"):
           cell[peer].append(peers[peer]["generate"][str(b)])
       cell = seconds[("train", train_batch)]
-      cell["ours"].append(train_step_seconds(cfg, params, train_batch, seq_len, microbatches))  # donates: last
+      cell["ours"].append(train_step_seconds(o, cfg, params, train_batch, seq_len, microbatches))  # donates: last
       for peer in ("minimal", "hf"):
         cell[peer].append(peers[peer]["train"])
     shape = f"{name}: d {cfg.block.d_model}, {cfg.num_layers} layers, vocab {cfg.vocab_size}"
@@ -480,7 +515,7 @@ def vs_torch_table() -> str:
       label = (
         f"train step, seq {seq_len}" + (f", {microbatches} microbatches" if microbatches > 1 else "")
         if what == "train"
-        else f"generate {_PROMPT_LEN.value}+{new_tokens}"
+        else f"generate {o.prompt_len}+{new_tokens}"
       )
       rows.append(
         [
@@ -497,8 +532,8 @@ def vs_torch_table() -> str:
       )
   header = (
     f"ours (JAX, jit) vs a minimal PyTorch GPT and HF transformers' GPT-2 (PyTorch eager) on "
-    f"{jax.devices()[0].device_kind}, median of {_REPEATS.value}"
-    + (f", then the median of {_ROUNDS.value} alternating rounds" if _ROUNDS.value > 1 else "")
+    f"{jax.devices()[0].device_kind}, median of {o.repeats}"
+    + (f", then the median of {o.rounds} alternating rounds" if o.rounds > 1 else "")
     + f"\npeers: {versions}; ours: jax {jax.__version__}"
   )
   return (
@@ -510,27 +545,27 @@ def vs_torch_table() -> str:
   )
 
 
-def mechanisms_table() -> str:
+def mechanisms_table(o: Options) -> str:
   """The training step and the forward pass with each self-attention mechanism (layers.MECHANISMS)."""
   rows, base = [], None
   for mechanism in layers.MECHANISMS:
-    cfg = model_config().replace(attention_mechanism=mechanism)
+    cfg = model_config(o).replace(attention_mechanism=mechanism)
     params = _params(cfg)
-    forward_s = forward_seconds(cfg, params, _TRAIN_BATCH.value)
-    train_s = train_step_seconds(cfg, params)  # donates the params: last
+    forward_s = forward_seconds(o, cfg, params, o.train_batch)
+    train_s = train_step_seconds(o, cfg, params)  # donates the params: last
     base = base or train_s
     rows.append(
       [
         mechanism,
         f"{gpt.count_params(cfg):,}",
         train_s * 1000,
-        _TRAIN_BATCH.value * _SEQ_LEN.value / train_s,
+        o.train_batch * o.seq_len / train_s,
         forward_s * 1000,
         f"{base / train_s:.2f}x",
       ]
     )
   return (
-    _header(f"attention mechanisms, batch {_TRAIN_BATCH.value} x seq {_SEQ_LEN.value}", model_config())
+    _header(o, f"attention mechanisms, batch {o.train_batch} x seq {o.seq_len}", model_config(o))
     + "\n"
     + benchmark.table(
       ["mechanism", "params", "ms/train step", "train tokens/s", "ms/forward", "speed vs dot_product"], rows
@@ -538,7 +573,7 @@ def mechanisms_table() -> str:
   )
 
 
-def ceilings_table() -> str:
+def ceilings_table(o: Options) -> str:
   """The chip's two ceilings, measured: a large bf16 matrix product's FLOP/s (random data: zeros
   run faster) and a large copy's memory bandwidth (bytes read plus bytes written), beside the data
   sheet's peaks that `metrics` divides by. A step's MFU over the measured product rate says how far
@@ -559,7 +594,7 @@ def ceilings_table() -> str:
         result = fn(*args)
       return result
 
-    return benchmark.median_seconds(sample, repeats=_REPEATS.value, warmup=2) / calls
+    return benchmark.median_seconds(sample, repeats=o.repeats, warmup=2) / calls
 
   matmul_s, copy_s = seconds(matmul, a_NxN, b_NxN), seconds(copy, x_N)
   peak_flops, peak_bytes = metrics.peak_flops(device), metrics.peak_bandwidth(device)
@@ -578,7 +613,7 @@ def ceilings_table() -> str:
     ],
   ]
   return (
-    f"ceilings of 1x {device.device_kind}, jax {jax.__version__}, median of {_REPEATS.value} samples of "
+    f"ceilings of 1x {device.device_kind}, jax {jax.__version__}, median of {o.repeats} samples of "
     f"{calls} calls\n" + benchmark.table(["what", "unit", "measured", "data sheet"], rows)
   )
 
@@ -630,19 +665,19 @@ def _prepare_process(path: Path, out_dir: Path) -> tuple[float, int]:
   return seconds, usage.ru_maxrss * 1024
 
 
-def prepare_table() -> str:
+def prepare_table(o: Options) -> str:
   """launch.prepare (the whole program: start, sha256 of the input, reading, tokenizing on every core,
   writing) against tiktoken's bare batch encoding of the same text on the same cores, per file size;
   then the training loader's tokens/s on the largest preparation, against what a GPT-2 124M step
   consumes on an H200 (64 x 1,024 tokens every 121 ms, README "On accelerators": ~540k tokens/s)."""
   threads = os.cpu_count() or 1
-  root = Path(_PREPARE_DIR.value or tempfile.mkdtemp(prefix="bench-prepare-"))
+  root = Path(o.prepare_dir or tempfile.mkdtemp(prefix="bench-prepare-"))
   root.mkdir(parents=True, exist_ok=True)
   rows = []
-  for mb in map(float, _PREPARE_MB.value):
+  for mb in map(float, o.prepare_mb):
     path = _repeated_text(root / f"shakespeare-{mb:g}MB.txt", mb)
     raw, prep, rss = [], [], []
-    for _ in range(_REPEATS.value):  # alternating: both sides in the same minutes
+    for _ in range(o.repeats):  # alternating: both sides in the same minutes
       seconds, tokens = _raw_tiktoken_seconds(path, threads)
       raw.append(seconds)
       seconds, peak = _prepare_process(path, root / "prepared")
@@ -668,11 +703,11 @@ def prepare_table() -> str:
   batch, seq_len = 64, 1024
   batches = pipeline.lm_train_dataset(prepared, seq_len=seq_len, global_batch=batch, seed=0)
   step = lambda: [batches[i] for i in range(20)]
-  loader_s = benchmark.median_seconds(step, repeats=_REPEATS.value) / 20
+  loader_s = benchmark.median_seconds(step, repeats=o.repeats) / 20
   loader = batch * seq_len / loader_s
   return (
     f"prepare: launch.prepare --tokenizer=gpt2 (a process each: start to exit) vs tiktoken "
-    f"encode_ordinary_batch alone, {threads} threads each, median of {_REPEATS.value}\n{table}\n"
+    f"encode_ordinary_batch alone, {threads} threads each, median of {o.repeats}\n{table}\n"
     f"training loader (windows, {batch} x {seq_len} tokens a batch, one thread): {loader / 1e6:.2f}M tokens/s, "
     f"{loader / 540e3:.1f}x what a GPT-2 124M step on an H200 reads (~540k tokens/s)"
   )
@@ -682,26 +717,26 @@ def prepare_table() -> str:
 # --what=accelerator: the whole accelerator path in one table, for the short time a chip is lent.
 
 
-def _check_tests() -> list[list]:
+def _check_tests(o: Options) -> list[list]:
   """The kernel-equivalence (and decoding, attention) tests, on this machine's devices: a pytest
   process of the --check_tests selection, not marked slow."""
-  if not _CHECK_TESTS.value.strip():
+  if not o.check_tests.strip():
     return []
   start = time.perf_counter()
   try:
     proc = subprocess.run(
-      [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", *_CHECK_TESTS.value.split()],
+      [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", *o.check_tests.split()],
       capture_output=True,
       text=True,
-      timeout=_CHECK_TESTS_S.value,
+      timeout=o.check_tests_s,
     )
   except subprocess.TimeoutExpired as e:
     lines = (e.stdout.decode() if isinstance(e.stdout, bytes) else e.stdout or "").strip().splitlines()
     progress = lines[-1] if lines else "no output"
-    return [["tests", _CHECK_TESTS.value, f"stopped after {_CHECK_TESTS_S.value} s at: {progress}", "all pass", False]]
+    return [["tests", o.check_tests, f"stopped after {o.check_tests_s} s at: {progress}", "all pass", False]]
   summary = (proc.stdout.strip().splitlines() or ["no output"])[-1]
   seconds = time.perf_counter() - start
-  return [["tests", _CHECK_TESTS.value, f"{summary} ({seconds:.0f} s in all)", "all pass", proc.returncode == 0]]
+  return [["tests", o.check_tests, f"{summary} ({seconds:.0f} s in all)", "all pass", proc.returncode == 0]]
 
 
 def _check_cudnn_segments() -> list[list]:
@@ -741,13 +776,13 @@ def _check_run(preset: str, batch: int, remat: str) -> train.Run:
   return train.build(run_config, no_data)
 
 
-def _check_train(preset: str) -> list[list]:
+def _check_train(o: Options, preset: str) -> list[list]:
   """Training MFU at the batch and remat the planner fits into the chip's memory (the recipe's
   microbatch, else remat "dots", else halved), the median step of real steps, and the planner's
   per-device bytes against the chip's peak after them."""
   device = jax.devices()[0]
   stats = device.memory_stats() or {}
-  budget = int(_CHECK_BUDGET.value * plan.GIB) or int(0.9 * stats.get("bytes_limit", 0)) or 2 * plan.GIB
+  budget = int(o.check_memory_gib * plan.GIB) or int(0.9 * stats.get("bytes_limit", 0)) or 2 * plan.GIB
   batch = gpt2_experiment.MICROBATCH.get(preset, 8)
   while True:
     for remat in ("none", "dots"):
@@ -775,7 +810,7 @@ def _check_train(preset: str) -> list[list]:
       return step_metrics["loss"]
 
     with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.config.mesh.rules):  # as the training loop runs it
-      seconds = benchmark.median_seconds(step, repeats=_REPEATS.value, warmup=3)
+      seconds = benchmark.median_seconds(step, repeats=o.repeats, warmup=3)
     tokens_s = batch * run.config.task_config.seq_len / seconds
     return seconds, metrics.mfu(tokens_s, run.task.flops_per_token(num_params), jax.devices())
 
@@ -786,7 +821,7 @@ def _check_train(preset: str) -> list[list]:
     [name, "median step, tokens/s", f"{seconds * 1000:.1f} ms, {tokens_s:,.0f}", "", None],
     [name, "MFU", "n/a" if util is None else f"{util:.1%}", ">= 55%", None if util is None else util >= 0.55],
   ]
-  variants = [o for o in _CHECK_XLA.value if o] if preset == _CHECK_TRAIN.value[0] else []
+  variants = [o for o in o.check_xla_options if o] if preset == o.check_train[0] else []
   for option in variants if jax.default_backend() == "gpu" else []:
     tried, tried_util = measure({option: True})
     mfu_text = "" if tried_util is None else f", MFU {tried_util:.1%}"
@@ -806,7 +841,7 @@ def _check_train(preset: str) -> list[list]:
   return rows
 
 
-def _check_decode(preset: str) -> list[list]:
+def _check_decode(o: Options, preset: str) -> list[list]:
   """Greedy KV-cache decoding at each --batch_sizes: new tokens/s and the share of the HBM roofline
   (every weight and the cache read once a token), with the decode loop the kernels choose (on an
   accelerator: a fixed trip count) and, at batch 1, the stopping loop beside it (before/after)."""
@@ -815,9 +850,9 @@ def _check_decode(preset: str) -> list[list]:
   weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
   bandwidth = metrics.peak_bandwidth(jax.devices()[0])
   rows = []
-  runs = [(b, None) for b in map(int, _BATCH_SIZES.value)] + [(1, False)]
+  runs = [(b, None) for b in map(int, o.batch_sizes)] + [(1, False)]
   for b, fixed in runs:
-    ms_token = generate_seconds(cfg, params, b, fixed_trips=fixed) * 1000 / _NEW_TOKENS.value
+    ms_token = generate_seconds(o, cfg, params, b, fixed_trips=fixed) * 1000 / o.new_tokens
     loop = "the stopping loop" if fixed is False else "the kernels' loop"
     row = [
       f"decode {preset}, batch {b}, {loop}",
@@ -825,7 +860,7 @@ def _check_decode(preset: str) -> list[list]:
       f"{ms_token:.3f}, {b * 1000 / ms_token:,.0f}",
     ]
     if bandwidth:
-      share = _roofline_ms(cfg, weight_bytes, b, bandwidth) / ms_token
+      share = _roofline_ms(o, cfg, weight_bytes, b, bandwidth) / ms_token
       target = b == 1 and fixed is None and preset == "gpt2-xl"
       row += [f"{share:.1%} of the HBM roofline" + (" (>= 60%)" if target else ""), share >= 0.6 if target else None]
     else:
@@ -834,7 +869,7 @@ def _check_decode(preset: str) -> list[list]:
   return rows
 
 
-def accelerator_table() -> str:
+def accelerator_table(o: Options) -> str:
   """The accelerator path in one table (and --check_json): the tests on the chip, cuDNN attention
   on packed rows, GPT-2 training MFU with the planner's batch and its memory against the chip's,
   and decoding against the HBM roofline. Each section runs whatever the ones before it found: one
@@ -844,19 +879,19 @@ def accelerator_table() -> str:
   stack (stderr), so that a run cut short still says what it measured and where it was."""
   headers = ["check", "what", "measured", "target", "ok"]
   rows, start = [], time.perf_counter()
-  faulthandler.dump_traceback_later(_CHECK_STACK_S.value, repeat=True)
-  sections = [_check_tests, _check_cudnn_segments]
-  sections += [functools.partial(_check_train, p) for p in _CHECK_TRAIN.value]
-  sections += [functools.partial(_check_decode, p) for p in _CHECK_DECODE.value]
+  faulthandler.dump_traceback_later(o.check_stack_s, repeat=True)
+  sections = [functools.partial(_check_tests, o), _check_cudnn_segments]
+  sections += [functools.partial(_check_train, o, p) for p in o.check_train]
+  sections += [functools.partial(_check_decode, o, p) for p in o.check_decode]
   try:
     for section in sections:
       for row in section():
         rows.append(row)
         print(f"[{time.perf_counter() - start:.0f} s] " + " | ".join(map(str, row)), flush=True)
-      if _CHECK_JSON.value:
+      if o.check_json:
         record = {"device": metrics.device_summary(), "jax": jax.__version__}
         record["rows"] = [dict(zip(headers, r)) for r in rows]
-        Path(_CHECK_JSON.value).write_text(json.dumps(record, indent=1) + "\n")
+        Path(o.check_json).write_text(json.dumps(record, indent=1) + "\n")
   finally:
     faulthandler.cancel_dump_traceback_later()
   table = benchmark.table(headers, [[*r[:4], "" if r[4] is None else ("yes" if r[4] else "NO")] for r in rows])
@@ -865,6 +900,7 @@ def accelerator_table() -> str:
 
 def main(argv):
   del argv
+  options = Options.from_flags()
   tables = {
     "forward": forward_table,
     "generate": generate_table,
@@ -879,7 +915,7 @@ def main(argv):
     "accelerator": accelerator_table,
   }
   for i, what in enumerate(_WHAT.value):
-    print(("\n" if i else "") + tables[what](), flush=True)
+    print(("\n" if i else "") + tables[what](options), flush=True)
 
 
 if __name__ == "__main__":
