@@ -103,6 +103,7 @@ def compare(model, params, tokenizer, texts: list[str]) -> None:
   for l, sims in enumerate(similarity_LxNxN):
     name = "embed" if l == 0 else f"block {l - 1}"
     print(f"{name:<10}" + "".join(f"  {sims[0, j]:8.4f}" for j in range(1, len(texts))))
+  print(Path(_OUT.value) / "similarity.json")
 
 
 def heads(model, params, validation=None) -> None:
@@ -118,6 +119,7 @@ def heads(model, params, validation=None) -> None:
   for what, (first, second, held_out) in report.losses.items():
     line = f"loss ({what}): first copy {first:.3f} nats a token, second copy {second:.3f}"
     print(line + ("" if held_out is None else f", validation {held_out:.3f}"))
+  print(Path(_OUT.value) / "heads.json")
 
 
 def _answer(tokenizer) -> tuple[str, str | None]:

@@ -126,6 +126,15 @@ def test_no_module_of_the_library_narrates_a_measurement():
   assert _MEASUREMENTS.search("a step 1.7× faster (Zen 3: 523 → 244 ms), BLEU 5.39 on 2026-11-28")
 
 
+def test_each_layers_module_is_one_idea_a_reader_can_hold():
+  """transformer/layers/ is split by concern (its __init__ lists them); a module that grows past
+  ~300 lines is holding a second idea."""
+  long = {
+    p.name: n for p in (REPO / "transformer" / "layers").glob("*.py") if (n := len(p.read_text().splitlines())) > 300
+  }
+  assert long == {}
+
+
 def test_the_linter_and_the_formatter_are_clean():
   """ruff's linter and formatter, configured in pyproject.toml, change nothing (CI runs them too,
   before the tests); `ruff format` writes what the formatter wants."""
