@@ -371,23 +371,9 @@ def prepare(
   request = _request(source, options, lexicon)
   if options.saved_tokenizer is not None:  # a saved tokenizer is part of what was prepared
     request["tokenizer_sha256"] = tokenizers.saved_sha256(options.saved_tokenizer)
-  manifest_path = out_dir / MANIFEST
-  if manifest_path.exists():
-    old = json.loads(manifest_path.read_text())
-    if old.get("request") == request:
-      logging.info("%s already holds this preparation; reusing it", out_dir)
-      return manifest_path
-    if not overwrite:
-      raise DataError(
-        f"{out_dir} already holds a different preparation ({old.get('request', {}).get('source')}"
-        f", tokenizer {old.get('tokenizer', {}).get('name')}); choose another output "
-        f"directory or pass overwrite=True (--overwrite)"
-      )
-  elif out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
-    raise DataError(
-      f"{out_dir} exists, is not empty and holds no {MANIFEST}; choose another output "
-      f"directory or pass overwrite=True (--overwrite)"
-    )
+  if _already_there(out_dir, request, overwrite):
+    logging.info("%s already holds this preparation; reusing it", out_dir)
+    return out_dir / MANIFEST
 
   # A refused preparation (bad bytes in a file, say) leaves no new directory behind.
   with removed_if_left_empty(out_dir.parent):
@@ -401,16 +387,7 @@ def prepare(
       tokenizer.save(staging / "tokenizer")
       dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
       counts, dropped, tags = _write_splits(source, options, tokenizer, dtype, staging, progress, lexicon)
-      for split in SPLITS:
-        if split != "test" and counts[split]["records"] == 0 and (split == "train" or options.validation_fraction > 0):
-          raise DataError(f"the {split} split of {source.name} came out empty: {_too_small(source.kind, options)}")
-      if lexicon is not None and counts[LEXICON]["records"] == 0:
-        c = counts[LEXICON]
-        raise DataError(
-          f"the lexicon {lexicon.name} has no pairs left ({c['duplicates']} repeat a sentence pair or "
-          f"each other, {c['held_out']} share a side with a validation or test pair); give another "
-          f"lexicon or none"
-        )
+      _check_counts(source, options, counts, lexicon)
       manifest = {
         "format": FORMAT_VERSION,
         "kind": source.kind,
@@ -431,16 +408,59 @@ def prepare(
       if source.kind == "tagged":
         manifest["tags"] = tags  # in order of first appearance: a tag's index is its id in labels.npy
       (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-      if out_dir.exists():
-        old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
-        os.rename(out_dir, old)
-        os.rename(staging, out_dir)
-        shutil.rmtree(old)
-      else:
-        os.rename(staging, out_dir)
+      _put_in_place(staging, out_dir)
     finally:
       shutil.rmtree(staging, ignore_errors=True)
-  return manifest_path
+  return out_dir / MANIFEST
+
+
+def _already_there(out_dir: Path, request: dict, overwrite: bool) -> bool:
+  """Whether `out_dir` holds this very preparation (`request`); one that holds another, or other
+  files, is refused unless `overwrite`."""
+  manifest_path = out_dir / MANIFEST
+  if manifest_path.exists():
+    old = json.loads(manifest_path.read_text())
+    if old.get("request") == request:
+      return True
+    if not overwrite:
+      raise DataError(
+        f"{out_dir} already holds a different preparation ({old.get('request', {}).get('source')}"
+        f", tokenizer {old.get('tokenizer', {}).get('name')}); choose another output "
+        f"directory or pass overwrite=True (--overwrite)"
+      )
+  elif out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
+    raise DataError(
+      f"{out_dir} exists, is not empty and holds no {MANIFEST}; choose another output "
+      f"directory or pass overwrite=True (--overwrite)"
+    )
+  return False
+
+
+def _check_counts(source: Source, options: PrepareOptions, counts: dict, lexicon: Source | None) -> None:
+  """A split that came out empty (the training split, or validation when asked for), or a lexicon of
+  no pairs, is one error saying what to do."""
+  for split in SPLITS:
+    if split != "test" and counts[split]["records"] == 0 and (split == "train" or options.validation_fraction > 0):
+      raise DataError(f"the {split} split of {source.name} came out empty: {_too_small(source.kind, options)}")
+  if lexicon is not None and counts[LEXICON]["records"] == 0:
+    c = counts[LEXICON]
+    raise DataError(
+      f"the lexicon {lexicon.name} has no pairs left ({c['duplicates']} repeat a sentence pair or "
+      f"each other, {c['held_out']} share a side with a validation or test pair); give another "
+      f"lexicon or none"
+    )
+
+
+def _put_in_place(staging: Path, out_dir: Path) -> None:
+  """The finished `staging` directory becomes `out_dir`, replacing an old one by renames (a kill
+  leaves the old or the new, never half of one)."""
+  if out_dir.exists():
+    old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
+    os.rename(out_dir, old)
+    os.rename(staging, out_dir)
+    shutil.rmtree(old)
+  else:
+    os.rename(staging, out_dir)
 
 
 def ensure_prepared(
