@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import flax
 import flax.linen as nn
@@ -119,6 +120,17 @@ def _gather_beams(cache, beam_BxK, old_beams: int):
   return flax.traverse_util.unflatten_dict(out)
 
 
+class BeamState(NamedTuple):
+  """Beam search's state between steps (a pytree: the loop carries it)."""
+
+  step: jax.Array  # the target position the next step writes
+  cache: Any  # the decoder's KV cache, B * K rows
+  alive_BxKxL: jax.Array  # the K live hypotheses of each source (eos after their end)
+  alive_lp_BxK: jax.Array  # their log-probabilities (NEG_INF: no such hypothesis yet)
+  finished_BxKxL: jax.Array  # the K best finished ones so far
+  finished_score_BxK: jax.Array  # their length-penalised scores
+
+
 @functools.partial(
   jax.jit,
   static_argnames=(
@@ -159,59 +171,59 @@ def beam_search(
   encoded_BxSxD = model.apply({"params": params}, source_BxS, source_valid_BxS=source_valid_BxS, method="encode")
   repeat = lambda x: jnp.repeat(x, K, axis=0)
   encoded_NxSxD, valid_NxS = jax.tree.map(repeat, encoded_BxSxD), repeat(source_valid_BxS)  # a tuple for an Ensemble
-  cache = init_cache(model, B * K, S, L)
 
-  def log_probs(cache, tokens_N, encoded):
-    logits_NxV, cache = decode_step(model, params, cache, encoded, tokens_N, valid_NxS)
-    return jax.nn.log_softmax(logits_NxV), cache
-
-  def step(state, encoded=None):
-    i, cache, alive_BxKxL, alive_lp_BxK, fin_BxKxL, fin_score_BxK = state
-    last_N = jnp.where(i == 0, bos_id, alive_BxKxL[:, :, jnp.maximum(i - 1, 0)]).reshape(B * K)
-    lp_NxV, cache = log_probs(cache, last_N, encoded)
-    lp_NxV = lp_NxV.at[:, list(banned_ids)].set(NEG_INF)
-    V = lp_NxV.shape[-1]
+  def next_log_probs(state: BeamState, encoded):
+    """Each live hypothesis's next-token log-probabilities (N = B * K rows), with what may not come
+    next at -inf, and the cache with its last token written."""
+    i = state.step
+    last_N = jnp.where(i == 0, bos_id, state.alive_BxKxL[:, :, jnp.maximum(i - 1, 0)]).reshape(B * K)
+    logits_NxV, cache = decode_step(model, params, state.cache, encoded, last_N, valid_NxS)
+    lp_NxV = jax.nn.log_softmax(logits_NxV).at[:, list(banned_ids)].set(NEG_INF)
     if no_repeat_ngram:
-      lp_NxV = ban_repeated_ngrams(lp_NxV, alive_BxKxL.reshape(B * K, L), i, no_repeat_ngram, eos_id, NEG_INF)
-    cand_BxKV = (alive_lp_BxK[:, :, None] + lp_NxV.reshape(B, K, V)).reshape(B, K * V)
+      lp_NxV = ban_repeated_ngrams(lp_NxV, state.alive_BxKxL.reshape(B * K, L), i, no_repeat_ngram, eos_id, NEG_INF)
+    return lp_NxV, cache
+
+  def step(state: BeamState, encoded=None) -> BeamState:
+    i = state.step
+    lp_NxV, cache = next_log_probs(state, encoded)
+    # The 2K best continuations of the K live hypotheses: enough that K of them have not ended.
+    V = lp_NxV.shape[-1]
+    cand_BxKV = (state.alive_lp_BxK[:, :, None] + lp_NxV.reshape(B, K, V)).reshape(B, K * V)
     top_lp_Bx2K, top_idx_Bx2K = jax.lax.top_k(cand_BxKV, 2 * K)
     beam_Bx2K, token_Bx2K = top_idx_Bx2K // V, top_idx_Bx2K % V
-    seq_Bx2KxL = jnp.take_along_axis(alive_BxKxL, beam_Bx2K[:, :, None], axis=1)
+    seq_Bx2KxL = jnp.take_along_axis(state.alive_BxKxL, beam_Bx2K[:, :, None], axis=1)
     seq_Bx2KxL = seq_Bx2KxL.at[:, :, i].set(token_Bx2K)
     ended_Bx2K = token_Bx2K == eos_id
     # Live: the K best that did not end (ending at max_len is forced below).
-    alive_lp_Bx2K = jnp.where(ended_Bx2K, NEG_INF, top_lp_Bx2K)
-    alive_lp_BxK, pick_BxK = jax.lax.top_k(alive_lp_Bx2K, K)
+    alive_lp_BxK, pick_BxK = jax.lax.top_k(jnp.where(ended_Bx2K, NEG_INF, top_lp_Bx2K), K)
     alive_BxKxL = jnp.take_along_axis(seq_Bx2KxL, pick_BxK[:, :, None], axis=1)
     cache = _gather_beams(cache, jnp.take_along_axis(beam_Bx2K, pick_BxK, axis=1), K)
     # Finished: those among the K best that ended now (all K at the last step), merged with earlier
     # ones. Only the K best may finish (fairseq's rule): with beam_size 1 that is greedy decoding.
     ends = (ended_Bx2K | (i == L - 1)) & (jnp.arange(2 * K) < K)[None]
     score_Bx2K = jnp.where(ends, top_lp_Bx2K / length_penalty(i + 1, alpha, penalty), NEG_INF)
-    all_score = jnp.concatenate([fin_score_BxK, score_Bx2K], axis=1)
-    all_seq = jnp.concatenate([fin_BxKxL, seq_Bx2KxL], axis=1)
-    fin_score_BxK, keep_BxK = jax.lax.top_k(all_score, K)
-    fin_BxKxL = jnp.take_along_axis(all_seq, keep_BxK[:, :, None], axis=1)
-    return i + 1, cache, alive_BxKxL, alive_lp_BxK, fin_BxKxL, fin_score_BxK
+    all_score = jnp.concatenate([state.finished_score_BxK, score_Bx2K], axis=1)
+    all_seq = jnp.concatenate([state.finished_BxKxL, seq_Bx2KxL], axis=1)
+    finished_score_BxK, keep_BxK = jax.lax.top_k(all_score, K)
+    finished_BxKxL = jnp.take_along_axis(all_seq, keep_BxK[:, :, None], axis=1)
+    return BeamState(i + 1, cache, alive_BxKxL, alive_lp_BxK, finished_BxKxL, finished_score_BxK)
 
-  def keep_going(state):
-    i, _, _, alive_lp_BxK, _, fin_score_BxK = state
+  def keep_going(state: BeamState):
     # The best a live hypothesis can still reach: its log-prob only falls, the penalty grows to max_len's.
-    best_alive_B = alive_lp_BxK[:, 0] / length_penalty(L, alpha, penalty)
-    return (i < L) & ~jnp.all(fin_score_BxK[:, -1] >= best_alive_B)
+    best_alive_B = state.alive_lp_BxK[:, 0] / length_penalty(L, alpha, penalty)
+    return (state.step < L) & ~jnp.all(state.finished_score_BxK[:, -1] >= best_alive_B)
 
-  alive_lp_BxK = jnp.tile(jnp.array([0.0] + [NEG_INF] * (K - 1)), (B, 1))  # one live beam at first
-  state = (
-    jnp.int32(0),
-    cache,
-    jnp.full((B, K, L), eos_id, jnp.int32),
-    alive_lp_BxK,
-    jnp.full((B, K, L), eos_id, jnp.int32),
-    jnp.full((B, K), NEG_INF),
+  state = BeamState(
+    step=jnp.int32(0),
+    cache=init_cache(model, B * K, S, L),
+    alive_BxKxL=jnp.full((B, K, L), eos_id, jnp.int32),
+    alive_lp_BxK=jnp.tile(jnp.array([0.0] + [NEG_INF] * (K - 1)), (B, 1)),  # one live beam at first
+    finished_BxKxL=jnp.full((B, K, L), eos_id, jnp.int32),
+    finished_score_BxK=jnp.full((B, K), NEG_INF),
   )
   state = step(state, encoded_NxSxD)  # the first step passes the encoder output (cached from then on)
-  _, _, _, _, fin_BxKxL, fin_score_BxK = jax.lax.while_loop(keep_going, step, state)
-  return fin_BxKxL, fin_score_BxK
+  state = jax.lax.while_loop(keep_going, step, state)
+  return state.finished_BxKxL, state.finished_score_BxK
 
 
 @functools.partial(jax.jit, static_argnames=("model", "max_len", "bos_id", "eos_id", "no_repeat_ngram", "banned_ids"))
