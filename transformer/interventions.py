@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer import layers
+from transformer.models import gpt
 
 _LAYER = re.compile(r"layer_(\d+)$")
 # What a patching sweep patches, by what it sweeps over: the point and the axis of the swept piece.
@@ -180,7 +181,7 @@ def direct_logit_attribution(model, params, tokens_BxT, target_BxT) -> dict[str,
   else:
     centre = lambda x: x - jnp.mean(x, -1, keepdims=True)
     scale_BxTx1 = jnp.sqrt(jnp.var(stream_BxTxD, -1, keepdims=True) + eps)
-  head_VxD = params["wte"]["embedding"] if cfg.tie_embeddings else params["lm_head"]["kernel"].T
+  head_VxD = gpt.unembedding(cfg, params)
   unembed_BxTxD = head_VxD[target_BxT]
   logit = lambda x_BxTxD: jnp.sum(x_BxTxD * unembed_BxTxD, -1)
   out = {name: logit(centre(x.astype(jnp.float32)) / scale_BxTx1 * ln_f["scale"]) for name, x in parts.items()}

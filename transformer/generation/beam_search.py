@@ -310,27 +310,21 @@ def translate_ids(
   (transformer.kernels.decode_threads)."""
   cfg = model.config
   max_len = max_len or cfg.max_len
-  if beam_size < 1 or not 2 <= max_len <= cfg.max_len:
-    raise ConfigError(f"beam_size must be >= 1 and max_len in [2, {cfg.max_len}], got {beam_size} and {max_len}")
-  if no_repeat_ngram < 0:
-    raise ConfigError(f"no_repeat_ngram must be >= 0 (0: repeats allowed), got {no_repeat_ngram}")
-  if penalty not in PENALTIES:
-    raise ConfigError(f"unknown length penalty {penalty!r}; choose one of {', '.join(PENALTIES)}")
-  bos_id = eos_id if bos_id is None else bos_id
-  banned_ids = tuple(sorted(int(i) for i in banned_ids))
+  search = _search(
+    model,
+    beam_size=beam_size,
+    max_len=max_len,
+    alpha=alpha,
+    penalty=penalty,
+    bos_id=eos_id if bos_id is None else bos_id,
+    eos_id=eos_id,
+    no_repeat_ngram=no_repeat_ngram,
+    banned_ids=tuple(sorted(int(i) for i in banned_ids)),
+  )
   sources = check_sources(sources, cfg.max_len, cfg.vocab_size)
   B = batch_rows(batch_size, mesh, rules)
   order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
   out: list[list[int]] = [[] for _ in sources]
-  # What greedy decoding and beam search share; beam search also ranks by a length penalty.
-  decoding = dict(
-    model=model, max_len=max_len, bos_id=bos_id, eos_id=eos_id, no_repeat_ngram=no_repeat_ngram, banned_ids=banned_ids
-  )
-  if beam_size == 1:
-    search = functools.partial(greedy, **decoding)
-  else:
-    beams = functools.partial(beam_search, beam_size=beam_size, alpha=float(alpha), penalty=penalty, **decoding)
-    search = lambda *args: beams(*args)[0][:, 0]  # the best of each sentence's beams
   batches = [order[start : start + B] for start in range(0, len(order), B)]
 
   def decode(rows: list[int]) -> np.ndarray:  # the best hypotheses of these sources, B x L on the host
@@ -348,6 +342,25 @@ def translate_ids(
     for r, i in enumerate(rows):
       out[i] = until_stop(best_BxL[r], eos_id)
   return out
+
+
+def _search(model: Transformer, *, beam_size: int, alpha: float, penalty: str, **decoding):
+  """(params, source_BxS, valid_BxS) -> the best translation of each source (B x max_len): greedy
+  decoding for beam_size 1, else beam search's best beam. `decoding`: what the two share (max_len,
+  bos_id, eos_id, no_repeat_ngram, banned_ids), checked here once."""
+  max_len, limit = decoding["max_len"], model.config.max_len
+  if beam_size < 1 or not 2 <= max_len <= limit:
+    raise ConfigError(f"beam_size must be >= 1 and max_len in [2, {limit}], got {beam_size} and {max_len}")
+  if decoding["no_repeat_ngram"] < 0:
+    raise ConfigError(f"no_repeat_ngram must be >= 0 (0: repeats allowed), got {decoding['no_repeat_ngram']}")
+  if penalty not in PENALTIES:
+    raise ConfigError(f"unknown length penalty {penalty!r}; choose one of {', '.join(PENALTIES)}")
+  if beam_size == 1:
+    return functools.partial(greedy, model=model, **decoding)
+  beams = functools.partial(
+    beam_search, model=model, beam_size=beam_size, alpha=float(alpha), penalty=penalty, **decoding
+  )
+  return lambda *args: beams(*args)[0][:, 0]  # the best of each sentence's beams
 
 
 def translate_texts(model: Transformer, params, tokenizer, texts: Sequence[str], **options) -> list[str]:

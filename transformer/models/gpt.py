@@ -248,6 +248,13 @@ class GPT(nn.Module):
     return nn.with_logical_constraint(logits_BxTxV, ("batch", "length", "vocab"))
 
 
+def unembedding(config: GPTConfig, params) -> jax.Array:
+  """The head's matrix, V x D: a token's row is the direction its logit reads off the final norm's
+  output (the token embedding when tied, else lm_head's kernel transposed). What `GPT.output_logits`
+  multiplies by, for the attributions that split it into components (transformer.interventions)."""
+  return params["wte"]["embedding"] if config.tie_embeddings else params["lm_head"]["kernel"].T
+
+
 def param_shapes(config: GPTConfig):
   """The parameter tree as ShapeDtypeStructs (with their logical axis metadata), allocating nothing."""
   model = GPT(config.check())
