@@ -172,7 +172,7 @@ _PEER_PYTHON = flags.DEFINE_string(
 # Every setting above but --what, as one value the table functions take: `Options` has a field per
 # flag, its default the flag's, so that Python (a notebook) calls a table with the settings it
 # changes, e.g. `bench.train_table(bench.Options(preset="cpu-tiny", batch_sizes=("8",)))`, and `main`
-# reads the flags into one (`Options.from_flags()`). Lists are tuples.
+# reads the flags into one (`options_from_flags()`). Lists are tuples.
 _SETTINGS = {h.name: h for h in list(globals().values()) if isinstance(h, flags.FlagHolder) and h is not _WHAT}
 
 
@@ -180,19 +180,16 @@ def _frozen(value):
   return tuple(value) if isinstance(value, list) else value
 
 
-@dataclasses.dataclass(frozen=True)
-class _OptionsBase:
-  @classmethod
-  def from_flags(cls):
-    return cls(**{name: _frozen(flag.value) for name, flag in _SETTINGS.items()})
-
-
 Options = dataclasses.make_dataclass(
   "Options",
   [(name, object, dataclasses.field(default=_frozen(flag.default))) for name, flag in _SETTINGS.items()],
-  bases=(_OptionsBase,),
   frozen=True,
 )
+
+
+def options_from_flags() -> Options:
+  """The parsed flags as one Options (main's only read of them)."""
+  return Options(**{name: _frozen(flag.value) for name, flag in _SETTINGS.items()})
 
 
 def model_config(o: Options) -> gpt.GPTConfig:
@@ -900,7 +897,7 @@ def accelerator_table(o: Options) -> str:
 
 def main(argv):
   del argv
-  options = Options.from_flags()
+  options = options_from_flags()
   tables = {
     "forward": forward_table,
     "generate": generate_table,

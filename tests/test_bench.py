@@ -2,10 +2,12 @@
 is measured there, never asserted in tests)."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 
-from conftest import run_module
+from conftest import REPO, run_module
 
 
 @pytest.mark.slow
@@ -138,3 +140,17 @@ def test_the_accelerator_check_runs_end_to_end_on_a_cpu(tmp_path):
   assert rows[1]["measured"].startswith("skipped: cuDNN attention needs an NVIDIA GPU")
   assert rows[3]["measured"] == "n/a" and "MiB / n/a" in rows[4]["measured"]  # no peak FLOP/s or memory_stats on a CPU
   assert all(r["measured"] for r in rows)
+
+
+@pytest.mark.slow
+def test_a_table_is_a_function_of_its_options_callable_from_python():
+  """What a notebook does: one table with the settings it changes (`bench.Options`), no flags parsed."""
+  code = (
+    "from launch import bench\n"
+    "o = bench.Options(preset='cpu-tiny', vocab_size=64, batch_sizes=('2',), seq_len=32, repeats=1)\n"
+    "assert o.check_train == ('gpt2', 'gpt2-medium')  # the flags' defaults\n"
+    "print(bench.forward_table(o))\n"
+  )
+  proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.startswith("forward pass: cpu-tiny (") and "\n    2   32 " in proc.stdout
