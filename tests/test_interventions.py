@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import interventions, layers, probes, tokenizers
+from transformer import activation_cache, interventions, layers, patching, probes, tokenizers
 from transformer.interventions import Patch
 from transformer.models.gpt import GPT, GPTConfig
 from transformer.models.seq2seq import Transformer, preset
@@ -46,17 +46,26 @@ def test_every_named_point_is_read_with_a_layer_axis():
     "embed": (B, T, D),
     "pos_embed": (1, T, D),  # the same positions for every row (none given)
     "resid_pre": (L, B, T, D),
+    "ln_1.scale": (L, B, T, 1),
+    "ln_1.normalized": (L, B, T, D),
     "q": (L, B, T, H, K),
     "k": (L, B, T, H, K),
     "v": (L, B, T, H, K),
-    "scores": (L, B, H, T, T),
+    "attn_scores": (L, B, H, T, T),
     "pattern": (L, B, H, T, T),
     "z": (L, B, T, H, K),
+    "result": (L, B, T, H, D),
     "attn_out": (L, B, T, D),
     "resid_mid": (L, B, T, D),
-    "mlp_hidden": (L, B, T, 4 * D),
+    "mlp_in": (L, B, T, D),
+    "ln_2.scale": (L, B, T, 1),
+    "ln_2.normalized": (L, B, T, D),
+    "mlp_pre": (L, B, T, 4 * D),
+    "mlp_post": (L, B, T, 4 * D),
     "mlp_out": (L, B, T, D),
     "resid_post": (L, B, T, D),
+    "ln_f.scale": (B, T, 1),
+    "ln_f.normalized": (B, T, D),
     "final_norm": (B, T, D),
     "logits": (B, T, CFG.vocab_size),
   }
@@ -64,9 +73,14 @@ def test_every_named_point_is_read_with_a_layer_axis():
   np.testing.assert_allclose(cache["logits"], logits, atol=1e-6)
   np.testing.assert_allclose(cache["resid_pre"][1], cache["resid_post"][0], atol=1e-6)  # the stream flows on
   np.testing.assert_allclose(cache["pattern"].sum(-1), 1.0, atol=1e-5)
+  np.testing.assert_allclose(cache["result"].sum(3), cache["attn_out"], atol=1e-5)  # the biases start at zero
+  # Each head's copies of the stream are read by name (a cache that names nothing leaves them out).
+  _, heads_in = interventions.run_with_cache(GPT(CFG), _params(), TOKENS, names=("q_input", "v_input"))
+  assert heads_in["q_input"].shape == (L, B, T, H, D)
+  np.testing.assert_allclose(heads_in["v_input"][:, :, :, 1], cache["resid_pre"], atol=1e-6)
   _, some = interventions.run_with_cache(GPT(CFG), _params(), TOKENS, names=("pattern",))
   assert list(some) == ["pattern"]
-  np.testing.assert_array_equal(some["pattern"], cache["pattern"])
+  np.testing.assert_allclose(some["pattern"], cache["pattern"], atol=1e-7)
   with pytest.raises(KeyError, match="no named point 'hook_q'"):
     interventions.run_with_cache(GPT(CFG), _params(), TOKENS, names=("hook_q",))
 
@@ -91,7 +105,7 @@ def test_scanned_layers_read_and_patch_as_unrolled_ones():
   _, scanned_cache = interventions.run_with_cache(GPT(scanned), stacked, TOKENS)
   for name, x in unrolled_cache.items():
     np.testing.assert_allclose(scanned_cache[name], x, atol=1e-5, err_msg=name)
-  patch = {("z", 1): Patch(value=0.0, where=jnp.arange(2)[:, None] == 0)}  # ablate head 0 of layer 1
+  patch = {("z", 1): Patch.ablate(where=jnp.arange(2)[:, None] == 0)}  # ablate head 0 of layer 1
   np.testing.assert_allclose(
     interventions.run_with_patches(GPT(scanned), stacked, TOKENS, patches=patch),
     interventions.run_with_patches(GPT(CFG), params, TOKENS, patches=patch),
@@ -128,7 +142,7 @@ def _sharded_case(params=None, tokens=None):
   _, cache = interventions.run_with_cache(model, params, tokens, names=("resid_pre", "pattern"))
   patches = {
     **interventions.ablating([(1, 0)], CFG.block.num_heads),
-    ("resid_pre", 1): Patch(value=cache["resid_pre"][1][::-1], where=(jnp.arange(8) == 3)[:, None]),
+    ("resid_pre", 1): Patch.replace(cache["resid_pre"][1][::-1], where=(jnp.arange(8) == 3)[:, None]),
   }
   patched = interventions.run_with_patches(model, params, tokens, patches=patches)
   return {"patched": patched, "pattern": cache["pattern"]}
@@ -151,17 +165,17 @@ def test_a_patched_run_on_8_devices_equals_one_on_1():
 def test_patches_replace_exactly_what_they_name():
   model, params = GPT(CFG), _params()
   plain, clean = interventions.run_with_cache(model, params, TOKENS)
-  # A patch that replaces nothing and adds zero: the plain logits, exactly.
-  nothing = {("resid_pre", 0): Patch(value=5.0, where=False), ("mlp_hidden", 1): Patch(value=1.0, where=False)}
-  np.testing.assert_array_equal(interventions.run_with_patches(model, params, TOKENS, patches=nothing), plain)
+  # A patch that replaces nothing and adds nothing: the plain logits (to rounding: another program).
+  nothing = {("resid_pre", 0): Patch.replace(5.0, where=False), ("mlp_post", 1): Patch.steer(1.0, where=False)}
+  np.testing.assert_allclose(interventions.run_with_patches(model, params, TOKENS, patches=nothing), plain, atol=1e-6)
   # Every position of resid_pre at layer 0 from the clean run, into a corrupted run: the clean logits.
   corrupt = TOKENS.at[:, 2].set(30)
-  everywhere = {("resid_pre", 0): Patch(value=clean["resid_pre"][0])}
+  everywhere = {("resid_pre", 0): Patch.replace(clean["resid_pre"][0])}
   np.testing.assert_allclose(
     interventions.run_with_patches(model, params, corrupt, patches=everywhere), plain, atol=1e-5
   )
   # Ablating a head at layer 1 leaves everything below it as it was, and changes the output.
-  ablate = Patch(value=0.0, where=jnp.arange(2)[:, None] == 1)  # z is B x T x H x K: head 1
+  ablate = Patch.ablate(where=jnp.arange(2)[:, None] == 1)  # z is B x T x H x K: head 1
   collection = interventions.patches_collection(model, params, {("z", 1): ablate}, TOKENS)
   output, state = jax.jit(lambda p, c: model.apply({"params": p, "patches": c}, TOKENS, mutable=["activations"]))(
     params, collection
@@ -179,7 +193,7 @@ def test_an_attention_only_gpt_has_no_mlp():
   params = _params(cfg)
   assert "mlp" not in params["h"]["layer_0"] and "ln_2" not in params["h"]["layer_0"]
   _, cache = interventions.run_with_cache(GPT(cfg), params, TOKENS)
-  assert "mlp_hidden" not in cache and "mlp_out" not in cache
+  assert "mlp_post" not in cache and "mlp_out" not in cache
   np.testing.assert_array_equal(cache["resid_mid"], cache["resid_post"])
 
 
@@ -203,7 +217,7 @@ def test_the_logit_attribution_sums_to_the_logit(changes):
   cfg = CFG.replace(**changes)
   model, params = GPT(cfg), _params(cfg)
   target = (TOKENS * 3 + 1) % cfg.vocab_size
-  parts = interventions.direct_logit_attribution(model, params, TOKENS, target)
+  parts = activation_cache.direct_logit_attribution(model, params, TOKENS, target)
   _, cache = interventions.run_with_cache(model, params, TOKENS, names=("logits",))
   want = jnp.take_along_axis(cache["logits"], target[..., None], -1)[..., 0]
   np.testing.assert_allclose(sum(parts.values()), want, atol=1e-4)
@@ -261,7 +275,7 @@ def test_a_patching_sweep_is_each_patch_run_alone(over, name):
   model, params = GPT(CFG), _params()
   corrupt = TOKENS.at[:, 2].set(30)
   metric = lambda logits: logits[:, -1, 5].mean() - logits[:, -1, 7].mean()  # a logit difference
-  sweep = interventions.patching_sweep(model, params, TOKENS, corrupt, metric, over=over)
+  sweep = patching.patching_sweep(model, params, TOKENS, corrupt, metric, over=over)
   _, clean = interventions.run_with_cache(model, params, TOKENS, names=(name,))
   pieces = clean[name].shape[2] if over == "positions" else clean[name].shape[3]
   assert sweep.shape == (CFG.num_layers, pieces)
@@ -269,7 +283,7 @@ def test_a_patching_sweep_is_each_patch_run_alone(over, name):
     where = jnp.arange(pieces) == piece
     where = where[None, :, None] if over == "positions" else where[:, None]
     alone = interventions.run_with_patches(
-      model, params, corrupt, patches={(name, layer): Patch(value=clean[name][layer], where=where)}
+      model, params, corrupt, patches={(name, layer): Patch.replace(clean[name][layer], where=where)}
     )
     np.testing.assert_allclose(sweep[layer, piece], metric(alone), atol=1e-5)
   if over == "positions":  # the corrupted token's own position at layer 0 restores the clean run
@@ -283,8 +297,8 @@ def test_attribution_patching_approximates_real_patching(over):
   corrupt = TOKENS.at[:, 2].set(30)
   metric = lambda logits: logits[:, -1, 5].mean() - logits[:, -1, 7].mean()
   corrupted, _ = interventions.run_with_cache(model, params, corrupt, names=())
-  real = interventions.patching_sweep(model, params, TOKENS, corrupt, metric, over=over) - metric(corrupted)
-  approx = interventions.attribution_patching(model, params, TOKENS, corrupt, metric, over=over)
+  real = patching.patching_sweep(model, params, TOKENS, corrupt, metric, over=over) - metric(corrupted)
+  approx = patching.attribution_patching(model, params, TOKENS, corrupt, metric, over=over)
   assert approx.shape == real.shape
   assert np.corrcoef(np.ravel(real), np.ravel(approx))[0, 1] > 0.9, (real, approx)
 
@@ -336,7 +350,7 @@ def test_ablating_zeroes_the_named_heads_and_losses_come_per_position():
   reference = interventions.repeated_random_tokens(8, 8, batch=4, seed=1, ids=[2, 3, 5])
   assert set(np.unique(np.asarray(reference))) <= {2, 3, 5}
   _, ref = interventions.run_with_cache(model, params, reference, names=("z",))
-  patches = interventions.ablating([(0, 1)], 2, mean_z=ref["z"])
+  patches = interventions.ablating([(0, 1)], 2, "mean", ref["z"])
   collection = interventions.patches_collection(model, params, patches, tokens)
   _, state = model.apply({"params": params, "patches": collection}, tokens, mutable=["activations"])
   z = interventions.flatten(state["activations"])["z"]

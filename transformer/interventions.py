@@ -1,17 +1,38 @@
 """Reading and changing a model's activations at its named points (`layers.point`).
 
-Every model family passes its activations through named points, with the names TransformerLens
-users know: per block `resid_pre`, `q`, `k`, `v` (after rotary positions and qk_norm), `scores`
-(masked, before the softmax), `pattern` (the attention probabilities), `z` (each head's output,
-before the output projection), `attn_out`, `resid_mid`, `mlp_hidden`, `mlp_out`, `resid_post` (a
-decoder block's cross-attention adds `cross_attn.q`, ..., `cross_attn_out`, `resid_mid_cross`); a
-GPT's `embed`, `pos_embed`, `final_norm` and `logits`. A run that asks for nothing compiles to the
-same program as a model without them.
+Every model family passes its activations through named points. Per block (ours, then
+TransformerLens's name, `blocks.{l}.` before it):
+
+| ours | TransformerLens | shape (a block's points get a leading layer axis L when read) |
+|---|---|---|
+| `resid_pre`, `resid_mid`, `resid_post` | `hook_resid_pre`, `hook_resid_mid`, `hook_resid_post` | B x T x D |
+| `ln_1.scale`, `ln_1.normalized` (`ln_2.` for the MLP's) | `ln1.hook_scale`, `ln1.hook_normalized` | B x T x 1, B x T x D |
+| `q_input`, `k_input`, `v_input` (each head's copy of the stream) | `hook_q_input`, `hook_k_input`, `hook_v_input` | B x T x H x D |
+| `q`, `k`, `v` (after qk_norm, before rotary) | `attn.hook_q`, `attn.hook_k`, `attn.hook_v` | B x T x H x K |
+| `rot_q`, `rot_k` (after rotary; positions == "rope" only) | `attn.hook_rot_q`, `attn.hook_rot_k` | B x T x H x K |
+| `attn_scores` (masked, before the softmax) | `attn.hook_attn_scores` | B x H x T x S |
+| `pattern` (the attention probabilities) | `attn.hook_pattern` | B x H x T x S |
+| `z` (each head's output, before the output projection) | `attn.hook_z` | B x T x H x K |
+| `result` (each head's output projected, bias apart) | `attn.hook_result` | B x T x H x D |
+| `attn_out`, `mlp_out` | `hook_attn_out`, `hook_mlp_out` | B x T x D |
+| `mlp_pre`, `mlp_post` (`mlp_pre_linear`: a gated MLP's ungated half) | `mlp.hook_pre`, `mlp.hook_post` (`mlp.hook_pre_linear`) | B x T x F |
+
+and a GPT's `embed` (`hook_embed`), `pos_embed` (`hook_pos_embed`), `ln_f.scale`,
+`ln_f.normalized` (`ln_final.hook_scale`, `ln_final.hook_normalized`), `final_norm` (its output)
+and `logits`. A decoder block's cross-attention adds `cross_attn.q`, ..., `cross_attn_out`,
+`resid_mid_cross`. A run that asks for nothing compiles to the same program as a model without them.
 
     >>> logits, cache = run_with_cache(model, params, tokens_BxT, names=("pattern", "resid_post"))
-    >>> cache["pattern"].shape          # L x B x H x T x T: a block's points have a leading layer axis
+    >>> cache["pattern"].shape          # L x B x H x T x T
+    >>> steered = run_with_patches(model, params, tokens_BxT, patches={("resid_pre", 1): Patch.steer(v_D)})
     >>> patched = run_with_patches(model, params, corrupt_BxT,
-    ...                            patches={("resid_pre", 0): Patch(value=cache["resid_pre"][0])})
+    ...                            patches={("resid_pre", 0): Patch.replace(cache["resid_pre"][0])})
+
+`cache` is an `ActivationCache` (transformer.activation_cache): a mapping of name to array that also
+does the residual stream's algebra (`decompose_resid`, `stack_head_results`, `logit_attrs`, ...).
+The per-head inputs `q_input`, `k_input`, `v_input` (H copies of the stream) are left out of a cache
+that names nothing: ask for them by name, or patch them (then each head's queries, keys and values
+read their own copy: what path patching needs, transformer.patching).
 
 A model with several stacks names its points by stack: `encoder.resid_pre`, `decoder.pattern`,
 `decoder.cross_attn.pattern`. Reading or patching a point takes attention's reference path (its
@@ -34,23 +55,49 @@ import flax.traverse_util
 import jax
 import jax.numpy as jnp
 
-from transformer import layers
-from transformer.models import gpt
 
 _LAYER = re.compile(r"layer_(\d+)$")
-# What a patching sweep patches, by what it sweeps over: the point and the axis of the swept piece.
-_SWEPT = {"positions": ("resid_pre", 1), "heads": ("z", 2)}
 _SUBMODULES = ("attn", "mlp")  # a point of theirs is named without them: `q`, not `attn.q`
 
 
 @dataclasses.dataclass(frozen=True)
 class Patch:
-  """What a patch does at one point (of one layer): `value` where `where` is True (broadcast to the
-  activation: e.g. True everywhere, one position, one head), then `add` everywhere (steering)."""
+  """What a patch does at one point (of one layer), where `where` is True (broadcast to the
+  activation: True everywhere, one position, one head, ...): the activation replaced by `value`
+  (None: kept), then `add` added. Say which with a constructor: `Patch.replace(value, where)`,
+  `Patch.steer(vector, where)`, `Patch.ablate(where, mean=None)`."""
 
-  value: Any = 0.0
+  value: Any = None
   where: Any = True
   add: Any = 0.0
+
+  @classmethod
+  def replace(cls, value, where=True) -> Patch:
+    """The activation set to `value` (e.g. another run's activation there) where `where` is True."""
+    return cls(value=value, where=where)
+
+  @classmethod
+  def steer(cls, vector, where=True) -> Patch:
+    """`vector` added to the activation where `where` is True (activation steering, Turner et al.
+    2023): the activation itself is kept."""
+    return cls(add=vector, where=where)
+
+  @classmethod
+  def ablate(cls, where=True, mean=None) -> Patch:
+    """The activation set to zero where `where` is True, or to `mean` (mean ablation: a typical value,
+    e.g. the point's mean over a reference batch); resample ablation is `replace` with another
+    input's activation."""
+    return cls(value=0.0 if mean is None else mean, where=where)
+
+  def collection_entry(self, shape) -> dict:
+    """This patch as `layers.point` applies it: {"replace": bool, "value", "add"}, each of `shape`."""
+    where = jnp.broadcast_to(jnp.asarray(self.where, bool), shape)
+    value = jnp.zeros(shape) if self.value is None else jnp.broadcast_to(jnp.asarray(self.value), shape)
+    return {
+      "replace": where & (self.value is not None),
+      "value": value,
+      "add": jnp.where(where, jnp.broadcast_to(jnp.asarray(self.add), shape), 0.0),
+    }
 
 
 def _split(path: tuple[str, ...]) -> tuple[str, int | None, str]:
@@ -82,33 +129,74 @@ def flatten(activations: dict) -> dict[str, jax.Array]:
   return out
 
 
-@functools.partial(jax.jit, static_argnames=("model", "names"))
-def _cached_run(model, params, args, kwargs, names):
-  output, state = model.apply({"params": params}, *args, mutable=["activations"], **kwargs)
-  cache = flatten(state["activations"])
-  if names is not None:
-    missing = sorted(set(names) - set(cache))
-    if missing:
-      raise KeyError(f"no named point {missing[0]!r} in this model; it has {', '.join(sorted(cache))}")
-    cache = {name: cache[name] for name in names}  # the rest is never computed (jit drops it)
-  return output, cache
+def _is_static(x) -> bool:
+  """A Python value (bool, int, str, None, ...) that configures a call rather than carrying data:
+  passed to jit as static (`decode=False` stays a Python bool, not a traced array)."""
+  return x is None or isinstance(x, (bool, int, float, str))
+
+
+def _split_static(args: tuple, kwargs: dict):
+  """(the array arguments, the static ones as a hashable description) of a model call."""
+  static = tuple((i, a) for i, a in enumerate(args) if _is_static(a)) + tuple(
+    sorted((k, v) for k, v in kwargs.items() if _is_static(v))
+  )
+  arrays = (tuple(a for a in args if not _is_static(a)), {k: v for k, v in kwargs.items() if not _is_static(v)})
+  return arrays, static
+
+
+def _join_static(array_args: tuple, array_kwargs: dict, static: tuple):
+  positional = {i: a for i, a in static if isinstance(i, int)}
+  rest = iter(array_args)
+  args = tuple(positional[i] if i in positional else next(rest) for i in range(len(array_args) + len(positional)))
+  return args, {**array_kwargs, **{k: v for k, v in static if isinstance(k, str)}}
+
+
+_PER_HEAD_INPUTS = ("q_input", "k_input", "v_input")
+
+
+def _kept(cache: dict, names) -> dict:
+  """The points a run asked for (`names`; None: every point but the per-head copies of the stream)."""
+  if names is None:
+    return {name: x for name, x in cache.items() if name.rsplit(".", 1)[-1] not in _PER_HEAD_INPUTS}
+  missing = sorted(set(names) - set(cache))
+  if missing:
+    raise KeyError(f"no named point {missing[0]!r} in this model; it has {', '.join(sorted(cache))}")
+  return {name: cache[name] for name in names}  # the rest is never computed (jit drops it)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "names", "static"))
+def _cached_run(model, params, args, kwargs, names, static, collection=None):
+  args, kwargs = _join_static(args, kwargs, static)
+  variables = {"params": params} if collection is None else {"params": params, "patches": collection}
+  output, state = model.apply(variables, *args, mutable=["activations"], **kwargs)
+  return output, _kept(flatten(state["activations"]), names)
 
 
 def run_with_cache(model, params, *args, names: tuple[str, ...] | None = None, **kwargs):
-  """(the model's output, {name: activation}) of `model.apply({"params": params}, *args, **kwargs)`,
-  jit-compiled; `names` keeps only those points (memory stays that of the run and those arrays)."""
-  return _cached_run(model, nn.unbox(params), args, kwargs, None if names is None else tuple(names))
+  """(the model's output, its `ActivationCache`) of `model.apply({"params": params}, *args, **kwargs)`,
+  jit-compiled (Python values among the arguments, e.g. `decode=False`, static); `names` keeps only
+  those points (memory stays that of the run and those arrays)."""
+  from transformer.activation_cache import ActivationCache
+
+  (arrays, array_kwargs), static = _split_static(args, kwargs)
+  params = nn.unbox(params)
+  names = None if names is None else tuple(names)
+  output, cache = _cached_run(model, params, arrays, array_kwargs, names, static)
+  return output, ActivationCache(cache, model, params)
 
 
 def patches_collection(model, params, patches: dict, *args, **kwargs) -> dict:
   """The "patches" collection that applies `patches` ({(name, layer): Patch}; layer None for a point
   outside the blocks) to a run of `model` on these inputs. Scanned blocks take one entry per point
-  with a leading layer axis, in which only the patched layers' `where` is True."""
+  with a leading layer axis, in which only the patched layers' entries act."""
   nn_params = nn.unbox(params)
-  shapes = jax.eval_shape(lambda p: model.apply({"params": p}, *args, mutable=["activations"], **kwargs)[1], nn_params)[
-    "activations"
-  ]
-  flat_shapes = flax.traverse_util.flatten_dict(shapes)
+  (arrays, array_kwargs), static = _split_static(args, kwargs)
+
+  def activations(p):
+    a, k = _join_static(arrays, array_kwargs, static)
+    return model.apply({"params": p}, *a, mutable=["activations"], **k)[1]["activations"]
+
+  flat_shapes = flax.traverse_util.flatten_dict(jax.eval_shape(activations, nn_params))
   by_point = {_split(path)[:2]: path for path in flat_shapes}
   scanned = {(_split(path)[0]): path for path in flat_shapes if _split(path)[2] == "layers"}
   out = {}
@@ -116,78 +204,29 @@ def patches_collection(model, params, patches: dict, *args, **kwargs) -> dict:
     if name in scanned:
       path = scanned[name]
       L, shape = flat_shapes[path].shape[0], flat_shapes[path].shape[1:]
-      entry = out.setdefault(path, _empty_scanned(L, shape))
-      for field in ("value", "where", "add"):
-        entry[field] = entry[field].at[layer].set(jnp.broadcast_to(getattr(patch, field), shape))
+      entry = out.setdefault(path, Patch(where=False).collection_entry((L, *shape)))
+      for field, x in patch.collection_entry(shape).items():
+        entry[field] = entry[field].at[layer].set(x)
       continue
     if (name, layer) not in by_point:
       raise KeyError(f"no named point {name!r} at layer {layer} in this model")
-    shape = flat_shapes[by_point[(name, layer)]].shape
-    out[by_point[(name, layer)]] = {
-      field: jnp.broadcast_to(jnp.asarray(getattr(patch, field)), shape) for field in ("value", "where", "add")
-    }
+    out[by_point[(name, layer)]] = patch.collection_entry(flat_shapes[by_point[(name, layer)]].shape)
   return flax.traverse_util.unflatten_dict(out)
 
 
-def _empty_scanned(L: int, shape) -> dict:
-  return {"value": jnp.zeros((L, *shape)), "where": jnp.zeros((L, *shape), bool), "add": jnp.zeros((L, *shape))}
-
-
-@functools.partial(jax.jit, static_argnames=("model",))
-def _patched_run(model, params, collection, args, kwargs):
-  # Read as well (nothing kept): every patched run takes the reference path, as the runs it is
-  # compared with (run_with_cache) do.
-  return model.apply({"params": params, "patches": collection}, *args, mutable=["activations"], **kwargs)[0]
-
-
-def run_with_patches(model, params, *args, patches: dict, **kwargs):
+def run_with_patches(model, params, *args, patches: dict, names=(), return_cache: bool = False, **kwargs):
   """The model's output with `patches` ({(name, layer): Patch}) applied at its named points,
-  jit-compiled, on attention's reference path (as `run_with_cache`'s runs)."""
+  jit-compiled, on attention's reference path (as `run_with_cache`'s runs). `return_cache=True`:
+  (output, the patched run's ActivationCache of `names`, None: every point), for methods of two
+  stages (path patching: freeze and patch, then read the receivers)."""
+  from transformer.activation_cache import ActivationCache
+
   collection = patches_collection(model, params, patches, *args, **kwargs)
-  return _patched_run(model, nn.unbox(params), collection, args, kwargs)
-
-
-def direct_logit_attribution(model, params, tokens_BxT, target_BxT) -> dict[str, jax.Array]:
-  """Each component's direct contribution to the logit of `target_BxT` (a token id per position) of a
-  pre-LN GPT, {component: B x T}: the token and position embeddings, every head (`L0.H1`: its `z`
-  through its slice of the output projection), each layer's attention output bias and MLP, and the
-  final norm's bias. Each passes through the final norm with the run's own scale (its mean and
-  deviation held at their values, which makes the norm linear in the residual stream), then the head;
-  the contributions sum to the logit before any soft-capping."""
-  cfg = model.config
-  if not cfg.block.pre_layer_norm:
-    raise ValueError("direct logit attribution reads a pre-LN residual stream; this model is post-LN")
+  (arrays, array_kwargs), static = _split_static(args, kwargs)
   params = nn.unbox(params)
-  blocks = layers.unstack_layers(params["h"], cfg.num_layers) if cfg.scan_layers else params["h"]
-  _, cache = run_with_cache(model, params, tokens_BxT)
-  stream_BxTxD = cache["resid_post"][-1].astype(jnp.float32)
-  parts = {"embed": cache["embed"]}
-  if "pos_embed" in cache:
-    parts["pos_embed"] = cache["pos_embed"]
-  for i in range(cfg.num_layers):
-    out = blocks[f"layer_{i}"]["attn"]["out"]
-    per_head_BxTxHxD = jnp.einsum("bthk,hkd->bthd", cache["z"][i], out["kernel"])
-    for h in range(cfg.block.num_heads):
-      parts[f"L{i}.H{h}"] = per_head_BxTxHxD[:, :, h]
-    if "bias" in out:
-      parts[f"L{i}.attn_bias"] = jnp.broadcast_to(out["bias"], stream_BxTxD.shape)
-    if not cfg.block.attention_only:
-      parts[f"L{i}.mlp"] = cache["mlp_out"][i]
-  ln_f = params["ln_f"]
-  eps = cfg.block.layer_norm_epsilon
-  if cfg.block.norm == "rms_norm":
-    centre = lambda x: x
-    scale_BxTx1 = jnp.sqrt(jnp.mean(jnp.square(stream_BxTxD), -1, keepdims=True) + eps)
-  else:
-    centre = lambda x: x - jnp.mean(x, -1, keepdims=True)
-    scale_BxTx1 = jnp.sqrt(jnp.var(stream_BxTxD, -1, keepdims=True) + eps)
-  head_VxD = gpt.unembedding(cfg, params)
-  unembed_BxTxD = head_VxD[target_BxT]
-  logit = lambda x_BxTxD: jnp.sum(x_BxTxD * unembed_BxTxD, -1)
-  out = {name: logit(centre(x.astype(jnp.float32)) / scale_BxTx1 * ln_f["scale"]) for name, x in parts.items()}
-  if "bias" in ln_f:
-    out["final_norm_bias"] = logit(jnp.broadcast_to(ln_f["bias"], stream_BxTxD.shape))
-  return out
+  names = None if names is None else tuple(names)
+  output, cache = _cached_run(model, params, arrays, array_kwargs, names if return_cache else (), static, collection)
+  return (output, ActivationCache(cache, model, params)) if return_cache else output
 
 
 def repeated_random_tokens(vocab_size: int, length: int, batch: int, seed: int = 0, ids=None) -> jax.Array:
@@ -231,49 +270,6 @@ def in_context_score(model, params, tokens_BxT) -> jax.Array:
   return nll_T[-tenth:].mean() - nll_T[:tenth].mean()
 
 
-def patching_sweep(model, params, clean_BxT, corrupt_BxT, metric, *, over: str = "positions"):
-  """Activation patching (Meng et al. 2022; Wang et al. 2023): `metric(logits_BxTxV) -> scalar` of the
-  corrupted run with one piece of one layer taken from the clean run, for every piece, in one
-  compiled call (vmapped over the patches, not a loop of forward passes). `over="positions"`: the
-  residual stream (`resid_pre`) at each layer × position (L x T); `over="heads"`: each head's output
-  (`z`, every position) at each layer × head (L x H)."""
-  name, axis = _SWEPT[over]
-  _, clean = run_with_cache(model, params, clean_BxT, names=(name,))
-  clean_LxBx = clean[name]
-  L, pieces = clean_LxBx.shape[0], clean_LxBx.shape[1 + axis]
-
-  def patched(layer, piece):
-    mask_shape = [1] * (clean_LxBx.ndim - 1)
-    mask_shape[axis] = pieces
-    chosen = (jnp.arange(pieces) == piece).reshape(mask_shape)
-    patches = {(name, l): Patch(value=clean_LxBx[l], where=chosen & (l == layer)) for l in range(L)}
-    collection = patches_collection(model, params, patches, corrupt_BxT)
-    return metric(_patched_run(model, nn.unbox(params), collection, (corrupt_BxT,), {}))
-
-  layer_LxP, piece_LxP = jnp.meshgrid(jnp.arange(L), jnp.arange(pieces), indexing="ij")
-  sweep = jax.vmap(jax.vmap(patched))
-  return jax.jit(sweep)(layer_LxP, piece_LxP)
-
-
-def attribution_patching(model, params, clean_BxT, corrupt_BxT, metric, *, over: str = "positions"):
-  """`patching_sweep`'s effects (metric of the patched run minus the corrupted run's) to first order,
-  from one forward and one backward pass (Nanda 2023, "attribution patching"): (clean - corrupt
-  activation) · d metric / d activation at the corrupted run, summed over each piece. L x T or L x H."""
-  name, axis = _SWEPT[over]
-  _, clean = run_with_cache(model, params, clean_BxT, names=(name,))
-  _, corrupt = run_with_cache(model, params, corrupt_BxT, names=(name,))
-  L = clean[name].shape[0]
-
-  def metric_with(add_LxBx):
-    patches = {(name, l): Patch(where=False, add=add_LxBx[l]) for l in range(L)}
-    collection = patches_collection(model, params, patches, corrupt_BxT)
-    return metric(_patched_run(model, nn.unbox(params), collection, (corrupt_BxT,), {}))
-
-  grad_LxBx = jax.jit(jax.grad(metric_with))(jnp.zeros_like(corrupt[name]))
-  effect_LxBx = (clean[name] - corrupt[name]) * grad_LxBx
-  return effect_LxBx.sum(axis=tuple(i for i in range(1, effect_LxBx.ndim) if i != 1 + axis))
-
-
 def next_token_losses(model, params, tokens_BxT, patches: dict | None = None) -> jax.Array:
   """The next-token cross-entropy at each position (T - 1: position t predicts token t + 1), averaged
   over the batch, with `patches` ({(name, layer): Patch}) applied."""
@@ -285,16 +281,22 @@ def next_token_losses(model, params, tokens_BxT, patches: dict | None = None) ->
   return -jnp.take_along_axis(logp_BxTxV, tokens_BxT[:, 1:, None], -1)[..., 0].mean(0)
 
 
-def ablating(heads: list[tuple[int, int]], num_heads: int, mean_z=None) -> dict:
-  """The patches that ablate `heads` [(layer, head), ...]: their outputs (`z`) set to zero, or with
-  `mean_z` (`run_with_cache(...)["z"]` of a reference batch, L x B x T x H x K) to each head's mean
-  output over that batch and its positions (mean ablation: the head still writes its typical vector,
-  only what it read from this input is gone)."""
+def ablating(heads: list[tuple[int, int]], num_heads: int, how: str = "zero", reference_z=None) -> dict:
+  """The patches that ablate `heads` [(layer, head), ...]: their outputs (`z`) set to zero (`how="zero"`),
+  to each head's mean output over a reference batch and its positions (`"mean"`, `reference_z` =
+  `run_with_cache(...)["z"]` of that batch, L x B x T x H x K: the head still writes its typical vector,
+  only what it read from this input is gone), or to its output on another input (`"resample"`,
+  `reference_z` of a batch of the same shape: Chan et al. 2022's resampling ablation)."""
+  if how not in ("zero", "mean", "resample"):
+    raise ValueError(f"how={how!r}: ablate by 'zero', 'mean' or 'resample'")
+  if how != "zero" and reference_z is None:
+    raise ValueError(f"a {how} ablation needs reference_z: run_with_cache(model, params, reference, names=('z',))[1]['z']")
   by_layer: dict[int, list[int]] = {}
   for layer, head in heads:
     by_layer.setdefault(layer, []).append(head)
-  value = lambda layer: 0.0 if mean_z is None else jnp.mean(mean_z[layer], axis=(0, 1))
+  means = {"zero": lambda layer: 0.0, "mean": lambda layer: jnp.mean(reference_z[layer], axis=(0, 1))}
+  value = means.get(how, lambda layer: reference_z[layer])
   return {
-    ("z", layer): Patch(value=value(layer), where=jnp.isin(jnp.arange(num_heads), jnp.asarray(hs))[:, None])
+    ("z", layer): Patch.ablate(jnp.isin(jnp.arange(num_heads), jnp.asarray(hs))[:, None], mean=value(layer))
     for layer, hs in by_layer.items()
   }

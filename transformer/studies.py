@@ -19,11 +19,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import interventions, probes
+from transformer import activation_cache, interventions, patching, probes
 from transformer.errors import UserError
 from transformer.models.gpt import GPT
 
-ABLATIONS = ("zero", "mean")
+ABLATIONS = ("zero", "mean", "resample")
 
 
 def _gpt(model, what: str) -> None:
@@ -68,13 +68,13 @@ def head_scores_and_ablations(
   scores = {kind: np.asarray(s) for kind, s in interventions.head_scores(model, params, tokens).items()}
   runs = {"all heads": None}
   if ablate:
-    mean_z = None
-    if ablation == "mean":  # each head's mean output over other random tokens repeated (seed 1)
+    reference_z = None
+    if ablation != "zero":  # other random tokens repeated (seed 1): their mean, or their own outputs
       reference = interventions.repeated_random_tokens(model.config.vocab_size, length, batch=16, seed=1, ids=ids)
-      mean_z = interventions.run_with_cache(model, params, reference, names=("z",))[1]["z"]
+      reference_z = interventions.run_with_cache(model, params, reference, names=("z",))[1]["z"]
     named = ",".join(f"L{layer}.H{head}" for layer, head in ablate)
     runs[f"without {named} ({ablation} ablation)"] = interventions.ablating(
-      ablate, model.config.block.num_heads, mean_z
+      ablate, model.config.block.num_heads, ablation, reference_z
     )
   losses = {}
   for what, patches in runs.items():  # position t predicts token t + 1; the second copy's first token is random
@@ -120,7 +120,7 @@ class Attribution:
 
 def attribute(model, params, tokenizer, text: str, target: str, versus: str | None = None, out=None) -> Attribution:
   """The `target` token's logit (minus `versus`'s) after `text`, split into the direct contributions
-  of the embeddings, every head and every MLP (interventions.direct_logit_attribution);
+  of the embeddings, every head and every MLP (activation_cache.direct_logit_attribution);
   attribution.png and attribution.json in `out`."""
   _gpt(model, "attribution")
   tokens_1xT = jnp.asarray([probes.encode(model, tokenizer, text)])
@@ -130,7 +130,7 @@ def attribute(model, params, tokenizer, text: str, target: str, versus: str | No
 
   def last(token):
     at_1xT = jnp.full_like(tokens_1xT, token)
-    attributed = interventions.direct_logit_attribution(model, params, tokens_1xT, at_1xT)
+    attributed = activation_cache.direct_logit_attribution(model, params, tokens_1xT, at_1xT)
     return {k: float(x[0, -1]) for k, x in attributed.items()}
 
   share = last(target_id)
@@ -163,7 +163,7 @@ class Patching:
 def patch(
   model, params, tokenizer, clean: str, corrupt: str, target: str, versus: str | None = None, out=None
 ) -> Patching:
-  """Activation patching from `clean` into `corrupt` (interventions.patching_sweep), the residual
+  """Activation patching from `clean` into `corrupt` (patching.patching_sweep), the residual
   stream by layer x position and the heads by layer x head, beside attribution patching's estimate of
   the same; the metric is `target`'s log-probability (or its logit minus `versus`'s) at the last
   position. patching.png and patching.json in `out`."""
@@ -194,8 +194,8 @@ def patch(
     for c, d in zip(probes.token_texts(tokenizer, clean_ids), probes.token_texts(tokenizer, corrupt_ids))
   ]
   for over, cols in (("positions", labels), ("heads", [f"H{h}" for h in range(model.config.block.num_heads)])):
-    swept = interventions.patching_sweep(model, params, clean_1xT, corrupt_1xT, metric, over=over)
-    estimated = interventions.attribution_patching(model, params, clean_1xT, corrupt_1xT, metric, over=over)
+    swept = patching.patching_sweep(model, params, clean_1xT, corrupt_1xT, metric, over=over)
+    estimated = patching.attribution_patching(model, params, clean_1xT, corrupt_1xT, metric, over=over)
     name = "resid_pre" if over == "positions" else "z"
     maps[f"patched {name}, layer x {over[:-1]}"] = np.asarray(swept) - runs["corrupt"]
     maps[f"attribution patching, {name}"] = np.asarray(estimated)

@@ -16,7 +16,7 @@ from transformer.layers import kv_cache
 from transformer.layers.config import BlockConfig, dtype
 from transformer.layers.mechanisms import MECHANISMS, dot_product_scores
 from transformer.layers.params import Projection, projections
-from transformer.layers.points import point, points_of
+from transformer.layers.points import intervened, point, points_of
 from transformer.layers.positions import causal_mask, rotary
 
 
@@ -32,13 +32,14 @@ def mix(
   """softmax(scores) V over the keys that `mask` allows (True = attend; None: causal), however the
   scores were made. Scores in float32; masking by jnp.where, never by adding a large negative number
   (which overflows in half precision). `at(name, x) -> x`, when given, is the attention module's
-  named points (`point`): the masked "scores" and the probabilities, "pattern", pass through it.
+  named points (`point`): the masked scores, "attn_scores", and the probabilities, "pattern", pass
+  through it.
   `values`: the layout of V ("bhsk": a KV cache's)."""
   if mask_BxTxS is None:
     mask_BxTxS = causal_mask(*scores_BxHxTxS.shape[-2:])
   scores_BxHxTxS = jnp.where(mask_BxTxS[:, None], scores_BxHxTxS.astype(jnp.float32), jnp.finfo(jnp.float32).min)
   if at is not None:
-    scores_BxHxTxS = at("scores", scores_BxHxTxS)
+    scores_BxHxTxS = at("attn_scores", scores_BxHxTxS)
   probs_BxHxTxS = jax.nn.softmax(scores_BxHxTxS, axis=-1)
   if at is not None:
     probs_BxHxTxS = at("pattern", probs_BxHxTxS)
@@ -111,6 +112,29 @@ def _normalised(cfg: BlockConfig, q_BxTxHxK, k_BxSxHxK):
   return head_norm(name="q_norm")(q_BxTxHxK), head_norm(name="k_norm")(k_BxSxHxK)
 
 
+def _per_head_projection(qkv: Projection, inputs) -> jax.Array:
+  """The fused q/k/v projection (kernel D x 3 x H x K) of three inputs per head (queries', keys',
+  values', each B x T x H x D): head h's queries read its own copy of the stream, and so on."""
+  kernel_Dx3xHxK, bias_3xHxK = qkv.weights()
+  qkv_BxTx3xHxK = jnp.stack(
+    [jnp.einsum("bthd,dhk->bthk", x_BxTxHxD.astype(kernel_Dx3xHxK.dtype), kernel_Dx3xHxK[:, i]) for i, x_BxTxHxD in enumerate(inputs)],
+    axis=2,
+  )
+  return qkv_BxTx3xHxK if bias_3xHxK is None else qkv_BxTx3xHxK + bias_3xHxK
+
+
+def _output(module: nn.Module, out: Projection, z_BxTxHxK) -> jax.Array:
+  """The output projection of the heads' outputs. A run that reads or patches takes it head by head:
+  each head's `result` (B x T x H x D, what it adds to the residual stream, TransformerLens's
+  `attn.hook_result`) is a named point, summed over heads, plus the bias."""
+  if not intervened(module) or module.is_initializing():
+    return out(z_BxTxHxK)
+  kernel_HxKxD, bias_D = out.weights()
+  result_BxTxHxD = point(module, "result", jnp.einsum("bthk,hkd->bthd", z_BxTxHxK.astype(kernel_HxKxD.dtype), kernel_HxKxD))
+  out_BxTxD = result_BxTxHxD.sum(axis=2)
+  return out_BxTxD if bias_D is None else out_BxTxD + bias_D
+
+
 class SelfAttention(nn.Module):
   """Multi-head self-attention, its scores made by the block's mechanism (MECHANISMS).
 
@@ -132,18 +156,29 @@ class SelfAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxTxD, mask_BxTxS, *, positions, deterministic: bool = True):
-    """`positions`: (of the queries B x T, of the keys B x S), as `Mechanism.scores` takes them."""
+    """`positions`: (of the queries B x T, of the keys B x S), as `Mechanism.scores` takes them.
+    `x_BxTxD` may instead be three inputs per head, (queries', keys', values') each B x T x H x D: a
+    run that patches the block's `q_input`, `k_input` or `v_input` (Block), where one head's queries,
+    keys or values see another residual stream than the rest."""
     cfg, mechanism = self.cfg, MECHANISMS[self.cfg.attention_mechanism]
     H, K = cfg.num_heads, cfg.head_dim
+    per_head_inputs = isinstance(x_BxTxD, tuple)
+    if per_head_inputs and not mechanism.keys:
+      raise ValueError(f"per-head inputs (q_input, k_input, v_input) need queries and keys; {cfg.attention_mechanism!r} has none")
     q_BxTxHxK = k_BxSxHxK = None
     if mechanism.keys:
-      qkv_BxTx3xHxK = self.projection((3, H, K), ("embed", None, "heads", "kv"), name="qkv")(x_BxTxD)
+      qkv = self.projection((3, H, K), ("embed", None, "heads", "kv"), name="qkv")
+      if per_head_inputs:
+        qkv_BxTx3xHxK = _per_head_projection(qkv, x_BxTxD)
+      else:
+        qkv_BxTx3xHxK = qkv(x_BxTxD)
       q_BxTxHxK, k_BxSxHxK, v_BxSxHxK = (qkv_BxTx3xHxK[:, :, i] for i in range(3))
       q_BxTxHxK, k_BxSxHxK = _normalised(cfg, q_BxTxHxK, k_BxSxHxK)
+      q_BxTxHxK, k_BxSxHxK = point(self, "q", q_BxTxHxK), point(self, "k", k_BxSxHxK)
       if self.rope:  # this call's keys are its queries' tokens: both at the queries' positions
-        q_BxTxHxK, k_BxSxHxK = rotary(q_BxTxHxK, positions[0]), rotary(k_BxSxHxK, positions[0])
-      q_BxTxHxK = nn.with_logical_constraint(point(self, "q", q_BxTxHxK), ("batch", "length", "heads", "kv"))
-      k_BxSxHxK = point(self, "k", k_BxSxHxK)
+        q_BxTxHxK = point(self, "rot_q", rotary(q_BxTxHxK, positions[0]))
+        k_BxSxHxK = point(self, "rot_k", rotary(k_BxSxHxK, positions[0]))
+      q_BxTxHxK = nn.with_logical_constraint(q_BxTxHxK, ("batch", "length", "heads", "kv"))
     else:
       v_BxSxHxK = self.projection((H, K), ("embed", "heads", "kv"), name="v")(x_BxTxD)
     v_BxSxHxK = point(self, "v", v_BxSxHxK)
@@ -158,9 +193,8 @@ class SelfAttention(nn.Module):
       scores_BxHxTxS = mechanism.scores(self, x_BxTxD, q_BxTxHxK, k_BxSxHxK, positions)
       out_BxTxHxK = mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, *mixing)
     z_BxTxHxK = point(self, "z", out_BxTxHxK)  # each head's output, before the output projection
-    return self.projection((cfg.d_model,), ("heads", "kv", "embed"), contract=2, std=self.residual_std, name="out")(
-      z_BxTxHxK
-    )
+    out = self.projection((cfg.d_model,), ("heads", "kv", "embed"), contract=2, std=self.residual_std, name="out")
+    return _output(self, out, z_BxTxHxK)
 
   def _over_the_cache(self, mechanism, x_BxTxD, q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, mask_BxTxS, positions, mixing):
     """Decoding: this call's keys and values (values alone without keys) written into the cache (kv_cache),
@@ -214,6 +248,5 @@ class CrossAttention(nn.Module):
       points_of(self),
     )
     z_BxTxHxK = point(self, "z", out_BxTxHxK)
-    return projection((cfg.d_model,), ("heads", "kv", "embed"), contract=2, std=self.residual_std, name="out")(
-      z_BxTxHxK
-    )
+    out = projection((cfg.d_model,), ("heads", "kv", "embed"), contract=2, std=self.residual_std, name="out")
+    return _output(self, out, z_BxTxHxK)

@@ -26,15 +26,15 @@ class MLP(nn.Module):
     cfg, projection = self.cfg, projections(self.cfg, self.forms)
     h_BxTxF = projection((cfg.mlp_width,), ("embed", "mlp"), name="fc")(x_BxTxD)
     if cfg.activation == "swiglu":  # gated: silu of a second projection of x scales each hidden unit
-      gate_BxTxF = projection((cfg.mlp_width,), ("embed", "mlp"), name="gate")(x_BxTxD)
-      h_BxTxF = jax.nn.silu(gate_BxTxF) * h_BxTxF
+      gate_BxTxF = point(self, "mlp_pre", projection((cfg.mlp_width,), ("embed", "mlp"), name="gate")(x_BxTxD))
+      h_BxTxF = jax.nn.silu(gate_BxTxF) * point(self, "mlp_pre_linear", h_BxTxF)
     else:
       # The activation's backward pass recomputes it from its saved input (jax.checkpoint). Autodiff
       # would save the tanh GELU's tanh instead and rebuild the input from the product's output and
       # the bias, so that its backward pass would read three B x T x F tensors, not two. The same
       # losses and gradients; without a gradient it is the plain activation.
-      h_BxTxF = jax.checkpoint(ACTIVATIONS[cfg.activation])(h_BxTxF)
-    h_BxTxF = nn.with_logical_constraint(point(self, "mlp_hidden", h_BxTxF), ("batch", "length", "mlp"))
+      h_BxTxF = jax.checkpoint(ACTIVATIONS[cfg.activation])(point(self, "mlp_pre", h_BxTxF))
+    h_BxTxF = nn.with_logical_constraint(point(self, "mlp_post", h_BxTxF), ("batch", "length", "mlp"))
     return projection((cfg.d_model,), ("mlp", "embed"), std=self.residual_std, name="proj")(h_BxTxF)
 
 
@@ -57,20 +57,26 @@ class Block(nn.Module):
     cfg, deterministic = self.cfg, self.deterministic
     drop = nn.Dropout(cfg.dropout_rate)
 
-    def residual(x, branch, normalise, out: str):  # `out`: the named point of the branch's output
+    def residual(x, branch, normalise, out: str, into: str | None = None):
+      """x + the branch's output (the named point `out`); `into`: a named point of the branch's own
+      copy of its input (before the norm), which a patch changes for this branch alone."""
+      branch_input = point(self, into, x) if into else x
       if cfg.pre_layer_norm:
-        return x + drop(point(self, out, branch(normalise(x))), deterministic=deterministic)
-      return normalise(x + drop(point(self, out, branch(x)), deterministic=deterministic))
+        return x + drop(point(self, out, branch(normalise(branch_input))), deterministic=deterministic)
+      return normalise(x + drop(point(self, out, branch(branch_input)), deterministic=deterministic))
 
     common = dict(forms=self.forms, residual_std=self.residual_std, decode=self.decode)
     attn = SelfAttention(cfg, max_len=self.max_len, rope=self.rope, name="attn", **common)
     x_BxTxD = point(self, "resid_pre", x_BxTxD)
-    x_BxTxD = residual(
-      x_BxTxD,
-      lambda h: attn(h, mask_BxTxT, positions=positions, deterministic=deterministic),
-      norm(cfg, "ln_1"),
-      "attn_out",
-    )
+    ln_1 = norm(cfg, "ln_1")
+    per_head_inputs = self._per_head_inputs(x_BxTxD)
+
+    def self_attention(h):
+      if per_head_inputs is not None:  # each head's queries, keys and values from their own streams
+        h = tuple(ln_1(x) if cfg.pre_layer_norm else x for x in per_head_inputs)
+      return attn(h, mask_BxTxT, positions=positions, deterministic=deterministic)
+
+    x_BxTxD = residual(x_BxTxD, self_attention, ln_1, "attn_out")
     x_BxTxD = point(self, "resid_mid", x_BxTxD)
     if self.cross_attention:
       cross = CrossAttention(cfg, name="cross_attn", **common)
@@ -82,11 +88,27 @@ class Block(nn.Module):
       )
       x_BxTxD = point(self, "resid_mid_cross", x_BxTxD)
     if not cfg.attention_only:
-      x_BxTxD = residual(
-        x_BxTxD, MLP(cfg, residual_std=self.residual_std, forms=self.forms, name="mlp"), norm(cfg, "ln_2"), "mlp_out"
-      )
+      mlp = MLP(cfg, residual_std=self.residual_std, forms=self.forms, name="mlp")
+      # `mlp_in` (TransformerLens's hook_mlp_in): a patch there reaches the MLP and nothing else
+      # (path patching's receivers).
+      x_BxTxD = residual(x_BxTxD, mlp, norm(cfg, "ln_2"), "mlp_out", into="mlp_in")
     x_BxTxD = point(self, "resid_post", x_BxTxD)
     return nn.with_logical_constraint(x_BxTxD, ("batch", "length", "embed"))
+
+
+  def _per_head_inputs(self, x_BxTxD):
+    """The residual stream as each head's queries', keys' and values' input (`q_input`, `k_input`,
+    `v_input`: B x T x H x D copies, TransformerLens's split qkv inputs), when a run patches one of
+    them: then they replace the shared input of attention (None otherwise). A run that only reads
+    records the copies (they are the stream itself) and computes attention as always."""
+    names = ("q_input", "k_input", "v_input")
+    patched = any(self.has_variable("patches", name) for name in names)
+    if not patched and not self.is_mutable_collection("activations"):
+      return None
+    H, D = self.cfg.num_heads, x_BxTxD.shape[-1]
+    x_BxTxHxD = jnp.broadcast_to(x_BxTxD[:, :, None], (*x_BxTxD.shape[:2], H, D))
+    copies = tuple(point(self, name, x_BxTxHxD) for name in names)
+    return copies if patched else None
 
 
 class Stack(nn.Module):

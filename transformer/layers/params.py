@@ -9,10 +9,12 @@ from __future__ import annotations
 import functools
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from transformer import kernels
 from transformer.layers.config import BlockConfig, dtype
+from transformer.layers.points import intervened, point
 
 
 def kernel_init(kind: str, std: float, names: tuple[str | None, ...], contract: int):
@@ -67,6 +69,13 @@ class Projection(nn.Module):
       y = y + bias.astype(self.dtype)
     return y
 
+  def weights(self) -> tuple[jax.Array, jax.Array | None]:
+    """(kernel, bias or None), in the compute dtype: for the per-head forms of a projection that a
+    read or patched run takes (transformer.layers.attention: each head's input, each head's result)."""
+    params = nn.unbox(self.variables["params"])
+    bias = params.get("bias")
+    return params["kernel"].astype(self.dtype), None if bias is None else bias.astype(self.dtype)
+
 
 def projections(cfg: BlockConfig, forms: str):
   """`Projection` with the block's bias, dtypes and initialisation and the model's forms: what every
@@ -81,23 +90,40 @@ def projections(cfg: BlockConfig, forms: str):
   )
 
 
+class Norm(nn.Module):
+  """LayerNorm (`cfg.norm == "layer_norm"`) or RMSNorm over the model width, computed as Flax's (statistics
+  in float32, variance as E[x²] - E[x]²), with TransformerLens's two named points when a run reads or
+  patches: `scale`, the divisor √(var + ε) (B x T x 1), and `normalized`, the input centred and divided
+  by it, before the learned scale and bias. Fixing `scale` at a run's value makes the norm linear in
+  its input: what direct logit attribution and `ActivationCache.apply_ln` use."""
+
+  cfg: BlockConfig
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.cfg
+    x32 = x.astype(jnp.promote_types(dtype(cfg.dtype), jnp.float32))
+    if cfg.norm == "rms_norm":
+      mean, var = 0.0, jnp.mean(jnp.square(x32), -1, keepdims=True)
+    else:
+      mean = jnp.mean(x32, -1, keepdims=True)
+      var = jnp.maximum(0.0, jnp.mean(jnp.square(x32), -1, keepdims=True) - jnp.square(mean))
+    ones = nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",))
+    weight = self.param("scale", ones, (x.shape[-1],), dtype(cfg.param_dtype))
+    bias = None
+    if cfg.norm != "rms_norm" and cfg.use_bias:
+      bias = self.param("bias", zeros(("embed",)), (x.shape[-1],), dtype(cfg.param_dtype))
+    if intervened(self):
+      scale = point(self, "scale", jnp.sqrt(var + cfg.layer_norm_epsilon))
+      y = point(self, "normalized", (x32 - mean) / scale) * weight
+    else:  # Flax's order of operations: the same numbers as nn.LayerNorm / nn.RMSNorm
+      y = (x32 - mean) * (jax.lax.rsqrt(var + cfg.layer_norm_epsilon) * weight)
+    if bias is not None:
+      y = y + bias
+    return y.astype(dtype(cfg.dtype))
+
+
 def norm(cfg: BlockConfig, name: str | None = None) -> nn.Module:
-  """The block's normalisation (`cfg.norm`) over the model width: LayerNorm or RMSNorm."""
-  if cfg.norm == "rms_norm":
-    return nn.RMSNorm(
-      epsilon=cfg.layer_norm_epsilon,
-      dtype=dtype(cfg.dtype),
-      param_dtype=dtype(cfg.param_dtype),
-      name=name,
-      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
-    )
-  # epsilon explicitly: GPT-2 uses 1e-5, Flax's default is 1e-6.
-  return nn.LayerNorm(
-    epsilon=cfg.layer_norm_epsilon,
-    dtype=dtype(cfg.dtype),
-    use_bias=cfg.use_bias,
-    param_dtype=dtype(cfg.param_dtype),
-    name=name,
-    scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
-    bias_init=zeros(("embed",)),
-  )
+  """The block's normalisation (`cfg.norm`) over the model width: LayerNorm or RMSNorm (`Norm`).
+  GPT-2's epsilon is 1e-5 (Flax's default 1e-6): the config's, always."""
+  return Norm(cfg, name=name)

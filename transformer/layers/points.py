@@ -14,13 +14,14 @@ import jax.numpy as jnp
 
 
 def point(module: nn.Module, name: str, x: jax.Array) -> jax.Array:
-  """A named activation (`module`'s `name`), where transformer.interventions acts: replaced where the
-  "patches" collection has an entry of this name ({"where": bool, "value": x's values there, "add":
-  added everywhere}, each broadcast to x), then recorded in "activations" when a run asks for that
-  collection. Otherwise x itself: a run that asks for neither compiles to the same program."""
+  """A named activation (`module`'s `name`), where transformer.interventions acts: changed where the
+  "patches" collection has an entry of this name ({"replace": bool, "value": x's values where replace
+  is True, "add": added}, each of x's shape: `Patch.collection_entry`), then recorded in
+  "activations" when a run asks for that collection. Otherwise x itself: a run that asks for neither
+  compiles to the same program."""
   if module.has_variable("patches", name):
     patch = module.get_variable("patches", name)
-    x = jnp.where(patch["where"], patch["value"].astype(x.dtype), x) + patch["add"].astype(x.dtype)
+    x = jnp.where(patch["replace"], patch["value"].astype(x.dtype), x) + patch["add"].astype(x.dtype)
   if module.is_mutable_collection("activations"):
     module.put_variable("activations", name, x)
   return x

@@ -1,0 +1,214 @@
+"""Which activations, and which paths between components, carry a behaviour: activation patching
+sweeps, attribution patching, path patching and edge attribution patching.
+
+Each compares two runs: `clean` (the behaviour happens) and `corrupt` (it does not), scored by a
+`metric(logits_BxTxV) -> scalar` (e.g. a logit difference, or a loss). A patch takes a piece of one
+run into the other and asks how much of the metric's difference comes back:
+
+    >>> sweep_LxT = patching.patching_sweep(model, params, clean_BxT, corrupt_BxT, metric)
+    >>> recovered_LxT = patching.fraction_recovered(sweep_LxT, model, params, clean_BxT, corrupt_BxT, metric)
+    >>> effect = patching.path_patching(model, params, clean_BxT, metric, sender=(0, 3),
+    ...                                 receivers=[(1, h, "k") for h in range(H)], source_BxT=corrupt_BxT)
+    >>> edges = patching.edge_attribution_patching(model, params, clean_BxT, corrupt_BxT, metric)
+
+Sweeps run every patch in one compiled call, in chunks (`chunk_size` patched runs at a time, so a
+sweep's memory is that of a chunk, not of the whole sweep). Names of the points: transformer.interventions.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer.interventions import Patch, patches_collection, run_with_cache, run_with_patches
+
+# The axes of a point's activation (without its layer axis) that a sweep can go over.
+_BY_HEAD_FIRST = ("attn_scores", "pattern")  # B x H x T x S
+_PER_HEAD = ("q", "k", "v", "rot_q", "rot_k", "z", "result", "q_input", "k_input", "v_input")  # B x T x H x ...
+
+
+def _axes(point: str, over: str) -> tuple[int, ...]:
+  """The axes of `point`'s activation (B first) that `over` names: "positions", "heads", or
+  "positions_and_heads" (swept in that order)."""
+  heads_first = point.rsplit(".", 1)[-1] in _BY_HEAD_FIRST
+  per_head = heads_first or point.rsplit(".", 1)[-1] in _PER_HEAD
+  axis = {"positions": 2 if heads_first else 1, "heads": 1 if heads_first else 2}
+  wanted = {"positions": ("positions",), "heads": ("heads",), "positions_and_heads": ("positions", "heads")}
+  if over not in wanted:
+    raise ValueError(f"over={over!r}: sweep over 'positions', 'heads' or 'positions_and_heads'")
+  if "heads" in wanted[over] and not per_head:
+    raise ValueError(f"{point!r} has no head axis to sweep over; per-head points: {', '.join(_PER_HEAD + _BY_HEAD_FIRST)}")
+  return tuple(axis[a] for a in wanted[over])
+
+
+def _metric_of(model, params, tokens_BxT, metric) -> jax.Array:
+  return metric(run_with_cache(model, params, tokens_BxT, names=())[0])
+
+
+def patching_sweep(
+  model,
+  params,
+  clean_BxT,
+  corrupt_BxT,
+  metric,
+  *,
+  point: str | None = None,
+  over: str = "positions",
+  chunk_size: int = 32,
+  source_BxT=None,
+  value_LxBx=None,
+):
+  """Activation patching (Meng et al. 2022; Wang et al. 2023): `metric` of the corrupted run with one
+  piece of one layer's `point` taken from the clean run, for every layer and piece (L x P, or
+  L x T x H for `over="positions_and_heads"`), in one compiled call. `point` defaults to `resid_pre`
+  over positions and `z` over heads. `chunk_size`: patched runs computed at once (lax.map's batch).
+  The piece's new value is the clean run's, or `value_LxBx` (the whole point, every layer: e.g. a
+  resample ablation's other input, a mean), or another input's (`source_BxT`)."""
+  point = point or ("resid_pre" if over == "positions" else "z")
+  axes = _axes(point, over)
+  if value_LxBx is None:
+    _, cache = run_with_cache(model, params, clean_BxT if source_BxT is None else source_BxT, names=(point,))
+    value_LxBx = cache[point]
+  L, shape = value_LxBx.shape[0], value_LxBx.shape[1:]
+  sizes = tuple(shape[a] for a in axes)
+  params = nn.unbox(params)
+
+  def patched(cell):
+    layer, *pieces = jnp.unravel_index(cell, (L, *sizes))
+    chosen = jnp.ones((), bool)
+    for axis, size, piece in zip(axes, sizes, pieces):
+      mask_shape = [1] * len(shape)
+      mask_shape[axis] = size
+      chosen = chosen & (jnp.arange(size) == piece).reshape(mask_shape)
+    patches = {(point, l): Patch.replace(value_LxBx[l], where=chosen & (l == layer)) for l in range(L)}
+    return metric(_patched_logits(model, params, patches, corrupt_BxT))
+
+  cells = jnp.arange(L * math.prod(sizes))
+  sweep = jax.jit(lambda c: jax.lax.map(patched, c, batch_size=chunk_size))(cells)
+  return sweep.reshape(L, *sizes)
+
+
+def _patched_logits(model, params, patches: dict, tokens_BxT):
+  """The patched run's output, traceable inside a sweep's vmap or a gradient (run_with_patches is the
+  same run, jit-compiled on its own)."""
+  collection = patches_collection(model, params, patches, tokens_BxT)
+  return model.apply({"params": params, "patches": collection}, tokens_BxT, mutable=["activations"])[0]
+
+
+def fraction_recovered(values, model, params, clean_BxT, corrupt_BxT, metric) -> jax.Array:
+  """Patched metric values as the fraction of the clean-corrupt difference they bring back:
+  (patched - corrupt) / (clean - corrupt); 1: the patch restores the clean behaviour, 0: nothing."""
+  clean, corrupt = _metric_of(model, params, clean_BxT, metric), _metric_of(model, params, corrupt_BxT, metric)
+  return (values - corrupt) / (clean - corrupt)
+
+
+def attribution_patching(model, params, clean_BxT, corrupt_BxT, metric, *, point: str | None = None, over="positions"):
+  """`patching_sweep`'s effects (metric of the patched run minus the corrupted run's) to first order,
+  from one forward and one backward pass (Nanda 2023, "attribution patching"): (clean - corrupt
+  activation) · d metric / d activation at the corrupted run, summed over each piece."""
+  point = point or ("resid_pre" if over == "positions" else "z")
+  axes = _axes(point, over)
+  _, clean = run_with_cache(model, params, clean_BxT, names=(point,))
+  _, corrupt = run_with_cache(model, params, corrupt_BxT, names=(point,))
+  L = clean[point].shape[0]
+  params = nn.unbox(params)
+
+  def metric_with(add_LxBx):
+    patches = {(point, l): Patch.steer(add_LxBx[l]) for l in range(L)}
+    return metric(_patched_logits(model, params, patches, corrupt_BxT))
+
+  grad_LxBx = jax.jit(jax.grad(metric_with))(jnp.zeros_like(corrupt[point]))
+  effect_LxBx = (clean[point] - corrupt[point]) * grad_LxBx
+  return effect_LxBx.sum(axis=tuple(i for i in range(1, effect_LxBx.ndim) if i - 1 not in axes))
+
+
+def _sender_delta(model, params, sender, base, source, sender_value=None):
+  """What the sender (head `(layer, head)` or MLP `(layer, "mlp")`) writes into the stream with its
+  new value minus what it writes in the base run (B x T x D): its `result` for a head, `mlp_out`."""
+  layer, which = sender
+  if which == "mlp":
+    new = source["mlp_out"][layer] if sender_value is None else sender_value
+    return new - base["mlp_out"][layer]
+  new = source["result"][layer][:, :, which] if sender_value is None else sender_value
+  return new - base["result"][layer][:, :, which]
+
+
+def _receiver_patch(receiver, num_heads: int, delta_BxTxD) -> tuple[tuple[str, int | None], Patch]:
+  """A receiver's patch: the sender's change added to the input that it alone reads. `(layer, head,
+  "q"|"k"|"v")`: that head's queries', keys' or values' copy of the stream; `(layer, "mlp")`: the MLP's
+  input; `"logits"`: the stream the final norm reads (the direct path to the output)."""
+  if receiver == "logits":
+    return ("resid_post", -1), Patch.steer(delta_BxTxD)
+  if len(receiver) == 2 and receiver[1] == "mlp":
+    return ("mlp_in", receiver[0]), Patch.steer(delta_BxTxD)
+  layer, head, role = receiver
+  if role not in ("q", "k", "v"):
+    raise ValueError(f"receiver {receiver!r}: a head's role is 'q', 'k' or 'v'")
+  only_head = (jnp.arange(num_heads) == head)[:, None]  # B x T x H x D: this head's copy alone
+  return (f"{role}_input", layer), Patch.steer(delta_BxTxD[:, :, None], where=only_head)
+
+
+def path_patching(
+  model, params, base_BxT, metric, *, sender, receivers, source_BxT=None, sender_value=None
+) -> jax.Array:
+  """Path patching (Wang et al. 2022; Goldowsky-Dill et al. 2023): `metric` of the base run where only
+  `receivers` see the sender's change, everything else as in the base run. The sender: a head
+  `(layer, head)` or an MLP `(layer, "mlp")`, its new value its activation on `source_BxT` or
+  `sender_value` (B x T x D, what it writes: zeros, a mean). Receivers: `(layer, head, "q"|"k"|"v")`,
+  `(layer, "mlp")`, `"logits"` (see `_receiver_patch`); each reads the base stream plus the change
+  in what the sender writes (the direct path; with every reader downstream of the sender a receiver,
+  this is patching the sender itself). Three runs: base, source, and the patched one."""
+  if source_BxT is None and sender_value is None:
+    raise ValueError("path_patching needs the sender's new value: source_BxT (another input) or sender_value")
+  names = ("result", "mlp_out") if not model.config.block.attention_only else ("result",)
+  _, base = run_with_cache(model, params, base_BxT, names=names)
+  source = base if source_BxT is None else run_with_cache(model, params, source_BxT, names=names)[1]
+  delta_BxTxD = _sender_delta(model, params, sender, base, source, sender_value)
+  H = model.config.block.num_heads
+  patches: dict = {}
+  for receiver in receivers:
+    key, patch = _receiver_patch(receiver, H, delta_BxTxD)
+    if key[1] == -1:
+      key = (key[0], model.config.num_layers - 1)
+    if key in patches:  # several heads of one layer read the same point: their patches add up
+      old = patches[key]
+      patch = Patch.steer(old.add * jnp.asarray(old.where) + patch.add * jnp.asarray(patch.where))
+    patches[key] = patch
+  if not patches:
+    return _metric_of(model, params, base_BxT, metric)
+  return metric(run_with_patches(model, params, base_BxT, patches=patches))
+
+
+def edge_attribution_patching(model, params, clean_BxT, corrupt_BxT, metric) -> dict[str, jax.Array]:
+  """Edge attribution patching (Syed et al. 2023): every head → head edge's effect on `metric` of
+  patching it from the clean run into the corrupted one, to first order, from one forward and one
+  backward pass: (clean - corrupt result of the sending head) · d metric / d (the receiving head's
+  query, key or value input) at the corrupted run. {"q", "k", "v": L x H x L x H (sender layer and
+  head, receiver layer and head; zero where the receiver is not above the sender), "logits": L x H
+  (each head's direct path to the output)}."""
+  cfg = model.config
+  L, H = cfg.num_layers, cfg.block.num_heads
+  params = nn.unbox(params)
+  _, clean = run_with_cache(model, params, clean_BxT, names=("result",))
+  _, corrupt = run_with_cache(model, params, corrupt_BxT, names=("result", "resid_pre"))
+  B, T, D = corrupt["resid_pre"].shape[1:]
+  roles = ("q_input", "k_input", "v_input")
+
+  def metric_with(adds):
+    patches = {(role, l): Patch.steer(adds[role][l]) for role in roles for l in range(L)}
+    patches[("resid_post", L - 1)] = Patch.steer(adds["logits"])
+    return metric(_patched_logits(model, params, patches, corrupt_BxT))
+
+  zeros = {role: jnp.zeros((L, B, T, H, D)) for role in roles} | {"logits": jnp.zeros((B, T, D))}
+  grads = jax.jit(jax.grad(metric_with))(zeros)
+  delta_LxBxTxHxD = clean["result"] - corrupt["result"]
+  causal_LxL = jnp.arange(L)[:, None] < jnp.arange(L)[None, :]  # sender layer below the receiver's
+  edges = {}
+  for role in roles:
+    score_LxHxLxH = jnp.einsum("lbthd,mbtgd->lhmg", delta_LxBxTxHxD, grads[role])
+    edges[role[0]] = jnp.where(causal_LxL[:, None, :, None], score_LxHxLxH, 0.0)
+  edges["logits"] = jnp.einsum("lbthd,btd->lh", delta_LxBxTxHxD, grads["logits"])
+  return edges
