@@ -224,17 +224,18 @@ def test_the_logit_attribution_sums_to_the_logit(changes):
   assert {"L0.H0", "L1.H1", "L1.mlp", "embed"} <= set(parts)
 
 
-def _planted(num_layers: int):
+def _planted(num_layers: int, a: float = 3.0):
   """An attention-only GPT whose weights are set by hand (Elhage et al. 2021's circuits, in a
   residual stream of 32 dims: 0-15 the position, one-hot; 16-23 the token, one-hot; 24-31 the
   token before it, copied there). Layer 0, head 0 attends to the previous token and copies its
-  identity; layer 1, head 0 attends to where the token before was the current one (induction).
+  identity; layer 1, head 0 attends to where the token before was the current one (induction) and
+  copies the token there into the output (the head reads token directions through the tied embedding).
   Every other head has zero queries and keys: it attends uniformly."""
   cfg = GPTConfig(vocab_size=8, max_len=16, num_layers=num_layers).replace(d_model=32, num_heads=2, attention_only=True)
   params = jax.tree.map(np.array, nn.unbox(_params(cfg)))
   params["wpe"][:] = np.eye(16, 32)
   params["wte"]["embedding"][:] = np.eye(8, 32, k=16)
-  a = 3.0  # query and key scale: sharp attention
+  # `a`: the query and key scale (3: sharp attention)
   for i in range(num_layers):
     attn = params["h"][f"layer_{i}"]["attn"]
     attn["qkv"]["kernel"][:] = 0.0
@@ -252,6 +253,8 @@ def _planted(num_layers: int):
       for v in range(8):
         qkv[16 + v, 0, 0, v] = a  # query: "my token is v"
         qkv[24 + v, 1, 0, v] = a  # key: "the token before me was v"
+        qkv[16 + v, 2, 0, v] = 1.0  # value: the token's identity, copied where the (tied) head reads
+        attn["out"]["kernel"][0, v, 16 + v] = 4.0  # tokens: the next token is predicted
   return GPT(cfg), params
 
 

@@ -6,7 +6,7 @@ MLP adds. With a norm's scale held at the value the run recorded (`ln_f.scale`: 
 stream contributes (direct logit attribution):
 
     >>> logits, cache = interventions.run_with_cache(model, params, tokens_BxT)
-    >>> parts_NxBxTxD, labels = cache.decompose_resid(apply_ln=True, return_labels=True)
+    >>> parts_NxBxTxD, labels = cache.decompose_resid(return_labels=True)
     >>> attrs_NxBxT = cache.logit_attrs(parts_NxBxTxD, tokens=answer_B[:, None], incorrect_tokens=wrong_B[:, None])
     >>> heads_NxBxTxD = cache.stack_head_results(layer=2)   # every head of layers 0 and 1
     >>> lens_LxBxTxV = cache.logit_lens()                   # what the stream predicts after each layer
@@ -190,11 +190,22 @@ class ActivationCache(collections.abc.Mapping):
       head_VxD = head_VxD * self.params["ln_f"]["scale"]
     return head_VxD[jnp.asarray(tokens)]
 
-  def logit_attrs(self, stack_NxBxTxD, tokens=None, incorrect_tokens=None, *, direction=None, fold_norm: bool = True):
+  def logit_attrs(
+    self,
+    stack_NxBxTxD,
+    tokens=None,
+    incorrect_tokens=None,
+    *,
+    direction=None,
+    layer: int | None = None,
+    apply_ln: bool = True,
+    fold_norm: bool = True,
+  ):
     """Each piece's contribution (N x B x T) along a direction of the stream: a token's logit
     (`tokens`: an id, or ids broadcast to B x T), the difference of two (`incorrect_tokens`), or any
-    `direction` (D, or B x T x D: e.g. a probe's weight). Pass pieces through `apply_ln` first to
-    attribute the logit itself (the norm's scale held at the run's)."""
+    `direction` (D, or B x T x D: e.g. a probe's weight). The pieces first pass through `apply_ln` at
+    `layer` (None: the final norm, as for a logit; `apply_ln=False`: as they are), as
+    TransformerLens's `logit_attrs` does."""
     if direction is None:
       if tokens is None:
         raise ValueError("logit_attrs needs tokens (and optionally incorrect_tokens) or a direction")
@@ -203,6 +214,8 @@ class ActivationCache(collections.abc.Mapping):
         direction = direction - self.residual_directions(incorrect_tokens, fold_norm)
     elif tokens is not None or incorrect_tokens is not None:
       raise ValueError("logit_attrs takes tokens or a direction, not both")
+    if apply_ln:
+      stack_NxBxTxD = self.apply_ln(stack_NxBxTxD, layer)
     return jnp.sum(stack_NxBxTxD * direction, axis=-1)
 
   def logit_lens(self, incl_mid: bool = False) -> jax.Array:
@@ -245,8 +258,9 @@ def direct_logit_attribution(model, params, tokens_BxT, target_BxT) -> dict[str,
     if not cfg.block.attention_only:
       parts.append(cache["mlp_out"][i])
       names.append(f"L{i}.mlp")
-  attrs_NxBxT = cache.logit_attrs(cache.apply_ln(jnp.stack(parts).astype(jnp.float32)), target_BxT)
+  attrs_NxBxT = cache.logit_attrs(jnp.stack(parts).astype(jnp.float32), target_BxT)
   out = dict(zip(names, attrs_NxBxT))
   if "bias" in params["ln_f"]:
-    out["final_norm_bias"] = cache.logit_attrs(params["ln_f"]["bias"][None, None, None], target_BxT, fold_norm=False)[0]
+    bias_1x1x1xD = params["ln_f"]["bias"][None, None, None]
+    out["final_norm_bias"] = cache.logit_attrs(bias_1x1x1xD, target_BxT, apply_ln=False, fold_norm=False)[0]
   return out

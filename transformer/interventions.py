@@ -214,7 +214,7 @@ def patches_collection(model, params, patches: dict, *args, **kwargs) -> dict:
   return flax.traverse_util.unflatten_dict(out)
 
 
-def run_with_patches(model, params, *args, patches: dict, names=(), return_cache: bool = False, **kwargs):
+def run_with_patches(model, params, *args, patches: dict, names=None, return_cache: bool = False, **kwargs):
   """The model's output with `patches` ({(name, layer): Patch}) applied at its named points,
   jit-compiled, on attention's reference path (as `run_with_cache`'s runs). `return_cache=True`:
   (output, the patched run's ActivationCache of `names`, None: every point), for methods of two

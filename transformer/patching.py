@@ -74,7 +74,7 @@ def patching_sweep(
     value_LxBx = cache[point]
   L, shape = value_LxBx.shape[0], value_LxBx.shape[1:]
   sizes = tuple(shape[a] for a in axes)
-  params = nn.unbox(params)
+  params = _arrays(params)
 
   def patched(cell):
     layer, *pieces = jnp.unravel_index(cell, (L, *sizes))
@@ -89,6 +89,11 @@ def patching_sweep(
   cells = jnp.arange(L * math.prod(sizes))
   sweep = jax.jit(lambda c: jax.lax.map(patched, c, batch_size=chunk_size))(cells)
   return sweep.reshape(L, *sizes)
+
+
+def _arrays(params):
+  """Params as jax arrays (numpy ones, closed over by a traced function, cannot be indexed by tracers)."""
+  return jax.tree.map(jnp.asarray, nn.unbox(params))
 
 
 def _patched_logits(model, params, patches: dict, tokens_BxT):
@@ -114,7 +119,7 @@ def attribution_patching(model, params, clean_BxT, corrupt_BxT, metric, *, point
   _, clean = run_with_cache(model, params, clean_BxT, names=(point,))
   _, corrupt = run_with_cache(model, params, corrupt_BxT, names=(point,))
   L = clean[point].shape[0]
-  params = nn.unbox(params)
+  params = _arrays(params)
 
   def metric_with(add_LxBx):
     patches = {(point, l): Patch.steer(add_LxBx[l]) for l in range(L)}
@@ -191,7 +196,7 @@ def edge_attribution_patching(model, params, clean_BxT, corrupt_BxT, metric) -> 
   (each head's direct path to the output)}."""
   cfg = model.config
   L, H = cfg.num_layers, cfg.block.num_heads
-  params = nn.unbox(params)
+  params = _arrays(params)
   _, clean = run_with_cache(model, params, clean_BxT, names=("result",))
   _, corrupt = run_with_cache(model, params, corrupt_BxT, names=("result", "resid_pre"))
   B, T, D = corrupt["resid_pre"].shape[1:]

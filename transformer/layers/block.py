@@ -73,7 +73,7 @@ class Block(nn.Module):
 
     def self_attention(h):
       if per_head_inputs is not None:  # each head's queries, keys and values from their own streams
-        h = tuple(ln_1(x) if cfg.pre_layer_norm else x for x in per_head_inputs)
+        h = tuple(ln_1(x, points=False) if cfg.pre_layer_norm else x for x in per_head_inputs)
       return attn(h, mask_BxTxT, positions=positions, deterministic=deterministic)
 
     x_BxTxD = residual(x_BxTxD, self_attention, ln_1, "attn_out")

@@ -100,7 +100,9 @@ class Norm(nn.Module):
   cfg: BlockConfig
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, points: bool = True):
+    """`points=False`: no named points (each head's own copy of the stream, B x T x H x D, which the
+    block normalises apart from the stream itself: its points stay the stream's)."""
     cfg = self.cfg
     x32 = x.astype(jnp.promote_types(dtype(cfg.dtype), jnp.float32))
     if cfg.norm == "rms_norm":
@@ -113,7 +115,7 @@ class Norm(nn.Module):
     bias = None
     if cfg.norm != "rms_norm" and cfg.use_bias:
       bias = self.param("bias", zeros(("embed",)), (x.shape[-1],), dtype(cfg.param_dtype))
-    if intervened(self):
+    if points and intervened(self):
       scale = point(self, "scale", jnp.sqrt(var + cfg.layer_norm_epsilon))
       y = point(self, "normalized", (x32 - mean) / scale) * weight
     else:  # Flax's order of operations: the same numbers as nn.LayerNorm / nn.RMSNorm
