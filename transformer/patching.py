@@ -74,7 +74,7 @@ def patching_sweep(
     value_LxBx = cache[point]
   L, shape = value_LxBx.shape[0], value_LxBx.shape[1:]
   sizes = tuple(shape[a] for a in axes)
-  params = _arrays(params)
+  params = jax_params(params)
 
   def patched(cell):
     layer, *pieces = jnp.unravel_index(cell, (L, *sizes))
@@ -84,21 +84,22 @@ def patching_sweep(
       mask_shape[axis] = size
       chosen = chosen & (jnp.arange(size) == piece).reshape(mask_shape)
     patches = {(point, l): Patch.replace(value_LxBx[l], where=chosen & (l == layer)) for l in range(L)}
-    return metric(_patched_logits(model, params, patches, corrupt_BxT))
+    return metric(patched_logits(model, params, patches, corrupt_BxT))
 
   cells = jnp.arange(L * math.prod(sizes))
   sweep = jax.jit(lambda c: jax.lax.map(patched, c, batch_size=chunk_size))(cells)
   return sweep.reshape(L, *sizes)
 
 
-def _arrays(params):
+def jax_params(params):
   """Params as jax arrays (numpy ones, closed over by a traced function, cannot be indexed by tracers)."""
   return jax.tree.map(jnp.asarray, nn.unbox(params))
 
 
-def _patched_logits(model, params, patches: dict, tokens_BxT):
-  """The patched run's output, traceable inside a sweep's vmap or a gradient (run_with_patches is the
-  same run, jit-compiled on its own)."""
+def patched_logits(model, params, patches: dict, tokens_BxT):
+  """The patched run's output, traceable: inside a sweep's lax.map, a gradient with respect to the
+  patches' values (attribution patching, distributed alignment search). run_with_patches is the
+  same run, jit-compiled on its own."""
   collection = patches_collection(model, params, patches, tokens_BxT)
   return model.apply({"params": params, "patches": collection}, tokens_BxT, mutable=["activations"])[0]
 
@@ -119,11 +120,11 @@ def attribution_patching(model, params, clean_BxT, corrupt_BxT, metric, *, point
   _, clean = run_with_cache(model, params, clean_BxT, names=(point,))
   _, corrupt = run_with_cache(model, params, corrupt_BxT, names=(point,))
   L = clean[point].shape[0]
-  params = _arrays(params)
+  params = jax_params(params)
 
   def metric_with(add_LxBx):
     patches = {(point, l): Patch.steer(add_LxBx[l]) for l in range(L)}
-    return metric(_patched_logits(model, params, patches, corrupt_BxT))
+    return metric(patched_logits(model, params, patches, corrupt_BxT))
 
   grad_LxBx = jax.jit(jax.grad(metric_with))(jnp.zeros_like(corrupt[point]))
   effect_LxBx = (clean[point] - corrupt[point]) * grad_LxBx
@@ -189,27 +190,27 @@ def path_patching(
 
 def edge_attribution_patching(model, params, clean_BxT, corrupt_BxT, metric) -> dict[str, jax.Array]:
   """Edge attribution patching (Syed et al. 2023): every head → head edge's effect on `metric` of
-  patching it from the clean run into the corrupted one, to first order, from one forward and one
-  backward pass: (clean - corrupt result of the sending head) · d metric / d (the receiving head's
-  query, key or value input) at the corrupted run. {"q", "k", "v": L x H x L x H (sender layer and
-  head, receiver layer and head; zero where the receiver is not above the sender), "logits": L x H
-  (each head's direct path to the output)}."""
+  corrupting it alone, to first order, from one forward and one backward pass on the clean run:
+  (corrupt - clean result of the sending head) · d metric / d (the receiving head's query, key or
+  value input). {"q", "k", "v": L x H x L x H (sender layer and head, receiver layer and head; zero
+  where the receiver is not above the sender), "logits": L x H (each head's direct path to the
+  output)}. Rank edges by magnitude; a first-order estimate misses what saturated softmaxes do."""
   cfg = model.config
   L, H = cfg.num_layers, cfg.block.num_heads
-  params = _arrays(params)
-  _, clean = run_with_cache(model, params, clean_BxT, names=("result",))
-  _, corrupt = run_with_cache(model, params, corrupt_BxT, names=("result", "resid_pre"))
-  B, T, D = corrupt["resid_pre"].shape[1:]
+  params = jax_params(params)
+  _, corrupt = run_with_cache(model, params, corrupt_BxT, names=("result",))
+  _, clean = run_with_cache(model, params, clean_BxT, names=("result", "resid_pre"))
+  B, T, D = clean["resid_pre"].shape[1:]
   roles = ("q_input", "k_input", "v_input")
 
   def metric_with(adds):
     patches = {(role, l): Patch.steer(adds[role][l]) for role in roles for l in range(L)}
     patches[("resid_post", L - 1)] = Patch.steer(adds["logits"])
-    return metric(_patched_logits(model, params, patches, corrupt_BxT))
+    return metric(patched_logits(model, params, patches, clean_BxT))
 
   zeros = {role: jnp.zeros((L, B, T, H, D)) for role in roles} | {"logits": jnp.zeros((B, T, D))}
   grads = jax.jit(jax.grad(metric_with))(zeros)
-  delta_LxBxTxHxD = clean["result"] - corrupt["result"]
+  delta_LxBxTxHxD = corrupt["result"] - clean["result"]
   causal_LxL = jnp.arange(L)[:, None] < jnp.arange(L)[None, :]  # sender layer below the receiver's
   edges = {}
   for role in roles:
