@@ -69,8 +69,9 @@ _HEADS = flags.DEFINE_bool(
 _ABLATION = flags.DEFINE_enum(
   "ablation",
   "zero",
-  ["zero", "mean"],
-  "With --ablate: zero the heads' outputs, or set them to their mean over other random tokens.",
+  ["zero", "mean", "resample"],
+  "With --ablate: zero the heads' outputs, set them to their mean over other random tokens, or to their "
+  "outputs on other random tokens (resample).",
 )
 _ATTRIBUTE = flags.DEFINE_bool(
   "attribute", False, "A GPT: the --target logit at the --text's last position, split into each component's share."
@@ -78,8 +79,24 @@ _ATTRIBUTE = flags.DEFINE_bool(
 _PATCH = flags.DEFINE_bool(
   "patch", False, "A GPT: activation patching from --clean into --corrupt, by layer x position and layer x head."
 )
-_CLEAN = flags.DEFINE_string("clean", None, "With --patch: the clean text.")
-_CORRUPT = flags.DEFINE_string("corrupt", None, "With --patch: the corrupted text, as many tokens as --clean.")
+_PATH = flags.DEFINE_bool(
+  "path",
+  False,
+  "A GPT: path patching from --clean into --corrupt: the --sender head's corrupt output seen only by the "
+  "--receivers (queries, keys or values of heads in later layers).",
+)
+_SENDER = flags.DEFINE_string("sender", None, "With --path: the sending head, e.g. L0.H1.")
+_RECEIVERS = flags.DEFINE_list(
+  "receivers", [], "With --path: receiving inputs, L<layer>.H<head>.<q|k|v> or L<layer>.<q|k|v> (every head), e.g. L1.k"
+)
+_CIRCUIT = flags.DEFINE_bool(
+  "circuit",
+  False,
+  "A 2-layer attention-only GPT (experiments/induction.py): trace its induction circuit (path patching, edge "
+  "attribution patching, probes, alignment search); circuit.json in --out.",
+)
+_CLEAN = flags.DEFINE_string("clean", None, "With --patch or --path: the clean text.")
+_CORRUPT = flags.DEFINE_string("corrupt", None, "With --patch or --path: the corrupted text, as many tokens as --clean.")
 _ABLATE = flags.DEFINE_list(
   "ablate", [], "With --heads: heads to zero (e.g. L1.H0,L1.H3), for the loss on the repeated tokens without them."
 )
@@ -159,16 +176,61 @@ def patch(model, params, tokenizer) -> None:
   print(out / "patching.png")
 
 
+def path(model, params, tokenizer) -> None:
+  """studies.path: the effect of the sender along the receivers' paths, beside patching it outright."""
+  _gpt(model, "path")
+  cfg = model.config
+  sender = _head(_SENDER.value, cfg.num_layers, cfg.block.num_heads, "sender")
+  receivers = _receivers(_RECEIVERS.value, cfg.num_layers, cfg.block.num_heads)
+  if _CLEAN.value is None or _CORRUPT.value is None or _TARGET.value is None:
+    raise UserError("--path needs --clean, --corrupt and --target (optionally --versus)")
+  found = studies.path(
+    model, params, tokenizer, _CLEAN.value, _CORRUPT.value, _TARGET.value, _VERSUS.value, sender, receivers,
+    out=Path(_OUT.value),
+  )
+  print(f"{found.metric}: clean {found.runs['clean']:.4f}, corrupt {found.runs['corrupt']:.4f}")
+  print(f"L{sender[0]}.H{sender[1]} patched outright:      {found.runs['sender']:.4f}")
+  print(f"only along {', '.join(_RECEIVERS.value)}: {found.runs['path']:.4f}")
+  print(Path(_OUT.value) / "path.json")
+
+
+def circuit(model, params, validation) -> None:
+  """studies.induction_circuit, printed; circuit.json in --out."""
+  _gpt(model, "circuit")
+  found = studies.induction_circuit(model, params, validation=validation, out=Path(_OUT.value))
+  (pl, ph), (il, ih) = found.previous_token_head, found.induction_head
+  print(f"previous-token head L{pl}.H{ph}, induction head L{il}.H{ih}")
+  print("second-copy loss rise (nats), the previous-token head mean-ablated:")
+  for where, rise in found.loss_rise.items():
+    print(f"  {where:<14} {rise:8.4f}")
+  print("strongest edges (edge attribution patching): " + ", ".join(f"{e} ({v:+.3f})" for e, v in found.top_edges[:3]))
+  for where, accuracy in found.probes.items():
+    print(f"previous token from the {where}: {accuracy['test_accuracy']:.3f} held out (control {accuracy['control_accuracy']:.3f})")
+  a = found.alignment
+  print(
+    f"copied token in layer 1's values, a subspace of rank {a['rank']}: {a['accuracy']:.3f} interchange accuracy "
+    f"(random subspace {a['random_accuracy']:.3f}, the whole point {a['full_accuracy']:.3f})"
+  )
+  print(Path(_OUT.value) / "circuit.json")
+
+
 def _gpt(model, verb: str) -> None:
   if not isinstance(model, GPT):
     raise UserError(f"--{verb} works on a GPT's heads and residual stream; this is a {type(model).__name__}")
 
 
 # The verbs: what a run of the program does (without one, it looks inside each --text).
-_VERBS = {"compare": _COMPARE, "heads": _HEADS, "attribute": _ATTRIBUTE, "patch": _PATCH}
+_VERBS = {
+  "compare": _COMPARE,
+  "heads": _HEADS,
+  "attribute": _ATTRIBUTE,
+  "patch": _PATCH,
+  "path": _PATH,
+  "circuit": _CIRCUIT,
+}
 
 
-def _head(name: str, num_layers: int | None = None, num_heads: int | None = None) -> tuple[int, int]:
+def _head(name: str, num_layers: int | None = None, num_heads: int | None = None, flag: str = "ablate") -> tuple[int, int]:
   """ "L1.H0" -> (1, 0), refused naming the model's range (when given) when it is not a head of this model."""
   try:
     layer, head = (int(part[1:]) for part in name.upper().split("."))
@@ -177,9 +239,24 @@ def _head(name: str, num_layers: int | None = None, num_heads: int | None = None
   except ValueError:
     limits = "" if num_layers is None else f" with layer < {num_layers} and head < {num_heads}"
     raise UserError(
-      f"--ablate={name!r} is not a head of this model: write L<layer>.H<head>{limits}, e.g. L0.H1"
+      f"--{flag}={name!r} is not a head of this model: write L<layer>.H<head>{limits}, e.g. L0.H1"
     ) from None
   return layer, head
+
+
+def _receivers(names: list[str], num_layers: int, num_heads: int) -> list[tuple[int, int, str]]:
+  """ "L1.H0.k" -> [(1, 0, "k")], "L1.q" -> every head of layer 1's queries; refused when malformed."""
+  receivers = []
+  for name in names:
+    *where, role = name.split(".")
+    if role not in ("q", "k", "v") or len(where) not in (1, 2):
+      raise UserError(f"--receivers={name!r}: write L<layer>.H<head>.<q|k|v> or L<layer>.<q|k|v>, e.g. L1.H0.k")
+    if len(where) == 2:
+      receivers.append((*_head(".".join(where), num_layers, num_heads, "receivers"), role))
+      continue
+    layer, _ = _head(where[0] + ".H0", num_layers, num_heads, "receivers")
+    receivers.extend((layer, h, role) for h in range(num_heads))
+  return receivers
 
 
 def _check_verbs() -> None:
@@ -189,6 +266,8 @@ def _check_verbs() -> None:
     raise UserError(f"give one of {', '.join('--' + v for v in _VERBS)} at a time, not {' and '.join(verbs)}")
   if _ABLATE.value and not _HEADS.value:
     raise UserError("--ablate names heads to remove while --heads scores them: give --heads with it")
+  if _PATH.value and (_SENDER.value is None or not _RECEIVERS.value):
+    raise UserError("--path needs --sender (a head, e.g. L0.H1) and --receivers (e.g. L1.k)")
   for name in _ABLATE.value:
     _head(name)  # the form now; the model's range once it is loaded
 
@@ -197,8 +276,8 @@ def main(argv):
   del argv
   texts = list(_TEXT.value)
   _check_verbs()
-  if not texts and not (_HEADS.value or _PATCH.value):
-    raise UserError("give a --text to probe (or --heads, or --patch with --clean and --corrupt)")
+  if not texts and not (_HEADS.value or _PATCH.value or _PATH.value or _CIRCUIT.value):
+    raise UserError("give a --text to probe (or --heads, --circuit, or --patch or --path with --clean and --corrupt)")
   model, params, tokenizer, source, validation = load()
   print(f"# {source}", file=sys.stderr)
   if _HEADS.value:
@@ -209,6 +288,12 @@ def main(argv):
     return
   if _PATCH.value:
     patch(model, params, tokenizer)
+    return
+  if _PATH.value:
+    path(model, params, tokenizer)
+    return
+  if _CIRCUIT.value:
+    circuit(model, params, validation)
     return
   if _COMPARE.value:
     compare(model, params, tokenizer, texts)

@@ -81,15 +81,18 @@ def fit_probe(
   labels_N,
   token_types_N,
   *,
+  groups_N=None,
   num_classes: int | None = None,
   test_fraction: float = 0.25,
-  steps: int = 500,
-  learning_rate: float = 1e-2,
+  steps: int = 1000,
+  learning_rate: float = 3e-2,
   seed: int = 0,
 ) -> Probe:
-  """A linear probe from features to labels, tested on a held-out `test_fraction` of the rows, and
-  its control task: each token type (`token_types_N`, e.g. the input token at each row) given a
-  random label drawn from the labels' own distribution, the same for every occurrence."""
+  """A linear probe from features to labels, tested on a held-out `test_fraction` of the rows (of the
+  groups `groups_N`, e.g. the sequence each row comes from, when given: no group on both sides, so
+  that a pair seen in training is not a test row of the same sequence), and its control task: each
+  token type (`token_types_N`, e.g. the input token at each row) given a random label drawn from the
+  labels' own distribution, the same for every occurrence."""
   features_NxD = jnp.asarray(features_NxD, jnp.float32)
   labels_N, token_types_N = np.asarray(labels_N), np.asarray(token_types_N)
   N = len(labels_N)
@@ -97,8 +100,10 @@ def fit_probe(
     raise ValueError(f"a probe needs rows to train and test on; got {N}")
   num_classes = int(num_classes or labels_N.max() + 1)
   rng = np.random.default_rng(seed)
-  order = rng.permutation(N)
-  test_N, train_N = order[: int(N * test_fraction)], order[int(N * test_fraction) :]
+  groups_N = np.arange(N) if groups_N is None else np.asarray(groups_N)
+  groups = rng.permutation(np.unique(groups_N))
+  held_out = np.isin(groups_N, groups[: max(1, int(len(groups) * test_fraction))])
+  test_N, train_N = np.flatnonzero(held_out), np.flatnonzero(~held_out)
   fitted = _fit(features_NxD, jnp.asarray(labels_N), num_classes, train_N, steps, learning_rate, seed)
   types = np.unique(token_types_N)
   control_of_type = dict(zip(types, rng.choice(labels_N, size=len(types))))
@@ -115,24 +120,29 @@ def fit_probe(
 
 def linear_probe(model, params, tokens_BxT, labels_BxT, *, point: str, layer: int | None = None, mask_BxT=None, **fit):
   """`fit_probe` on a point's activations (B x T x D; `layer`: which block's), one row per position
-  where `mask_BxT` is True (default: all), the control task's token types the input tokens there."""
+  where `mask_BxT` is True (default: all), held out by sequence, the control task's token types the
+  input tokens there."""
   _, cache = run_with_cache(model, params, tokens_BxT, names=(point,))
   x_BxTxD = cache[point] if layer is None else cache[point][layer]
   if x_BxTxD.ndim != 3:
     raise ValueError(f"a probe reads a point of B x T x D; {point!r} is {tuple(x_BxTxD.shape)}")
   mask_BxT = np.ones(tokens_BxT.shape, bool) if mask_BxT is None else np.asarray(mask_BxT)
   features_NxD = np.asarray(x_BxTxD)[mask_BxT]
-  return fit_probe(features_NxD, np.asarray(labels_BxT)[mask_BxT], np.asarray(tokens_BxT)[mask_BxT], **fit)
+  rows_BxT = np.broadcast_to(np.arange(tokens_BxT.shape[0])[:, None], tokens_BxT.shape)
+  labels_N, tokens_N = np.asarray(labels_BxT)[mask_BxT], np.asarray(tokens_BxT)[mask_BxT]
+  return fit_probe(features_NxD, labels_N, tokens_N, groups_N=rows_BxT[mask_BxT], **fit)
 
 
 @dataclasses.dataclass
 class Alignment:
   """A distributed alignment search: the subspace found (D x r, orthonormal columns), the
-  interchange-intervention accuracy with it and with a random subspace of the same rank."""
+  interchange-intervention accuracy with it, with a random subspace of the same rank, and with the
+  whole point (the ceiling: every coordinate interchanged)."""
 
   subspace_Dxr: np.ndarray
   accuracy: float
   random_accuracy: float
+  full_accuracy: float
   losses: list[float]
 
 
@@ -209,4 +219,5 @@ def distributed_alignment_search(
     losses.append(float(value))
   found_Dxr = _orthonormal(w_Dxr)
   random_Dxr = _orthonormal(jax.random.normal(key_random, (D, rank)))
-  return Alignment(np.asarray(found_Dxr), accuracy(found_Dxr), accuracy(random_Dxr), losses)
+  full = accuracy(jnp.eye(D))
+  return Alignment(np.asarray(found_Dxr), accuracy(found_Dxr), accuracy(random_Dxr), full, losses)

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import activation_cache, interventions, patching, probes
+from transformer import activation_cache, interventions, patching, probes, probing
 from transformer.errors import UserError
 from transformer.models.gpt import GPT
 
@@ -160,14 +160,9 @@ class Patching:
   columns: dict[str, list[str]]
 
 
-def patch(
-  model, params, tokenizer, clean: str, corrupt: str, target: str, versus: str | None = None, out=None
-) -> Patching:
-  """Activation patching from `clean` into `corrupt` (patching.patching_sweep), the residual
-  stream by layer x position and the heads by layer x head, beside attribution patching's estimate of
-  the same; the metric is `target`'s log-probability (or its logit minus `versus`'s) at the last
-  position. patching.png and patching.json in `out`."""
-  _gpt(model, "patching")
+def _pair(model, tokenizer, clean: str, corrupt: str, target: str, versus: str | None):
+  """(clean ids, corrupt ids, metric of logits, its name) of a clean/corrupt pair of texts: the metric is
+  `target`'s log-probability (or its logit minus `versus`'s) at the last position."""
   clean_ids, corrupt_ids = (probes.encode(model, tokenizer, text) for text in (clean, corrupt))
   if len(clean_ids) != len(corrupt_ids):
     raise UserError(
@@ -183,6 +178,49 @@ def patch(
     last_V = logits_BxTxV[0, -1]
     return jax.nn.log_softmax(last_V)[target_id] if versus_id is None else last_V[target_id] - last_V[versus_id]
 
+  return clean_ids, corrupt_ids, metric, metric_name
+
+
+@dataclasses.dataclass
+class Path_:
+  """Path patching's result: the metric on the clean and corrupt runs, with the sender patched outright
+  (`sender`) and only along the receivers' paths (`path`)."""
+
+  metric: str
+  runs: dict[str, float]  # "clean", "corrupt", "sender", "path"
+
+
+def path(model, params, tokenizer, clean, corrupt, target, versus, sender, receivers, out=None) -> Path_:
+  """Path patching (patching.path_patching) on the clean text: the `sender` head's output from the
+  corrupt text, seen only by `receivers` [(layer, head, "q"|"k"|"v")], beside patching the sender
+  outright. path.json in `out`."""
+  _gpt(model, "path patching")
+  clean_ids, corrupt_ids, metric, metric_name = _pair(model, tokenizer, clean, corrupt, target, versus)
+  clean_1xT, corrupt_1xT = jnp.asarray([clean_ids]), jnp.asarray([corrupt_ids])
+  runs = {
+    name: float(metric(interventions.run_with_cache(model, params, x, names=())[0]))
+    for name, x in (("clean", clean_1xT), ("corrupt", corrupt_1xT))
+  }
+  _, source = interventions.run_with_cache(model, params, corrupt_1xT, names=("z",))
+  only = (jnp.arange(model.config.block.num_heads) == sender[1])[:, None]
+  outright = {("z", sender[0]): interventions.Patch.replace(source["z"][sender[0]], where=only)}
+  runs["sender"] = float(metric(interventions.run_with_patches(model, params, clean_1xT, patches=outright)))
+  runs["path"] = float(
+    patching.path_patching(model, params, clean_1xT, metric, sender=sender, receivers=receivers, source_BxT=corrupt_1xT)
+  )
+  _write_json(out, "path.json", {"metric": metric_name, "sender": list(sender), "receivers": receivers, "runs": runs})
+  return Path_(metric_name, runs)
+
+
+def patch(
+  model, params, tokenizer, clean: str, corrupt: str, target: str, versus: str | None = None, out=None
+) -> Patching:
+  """Activation patching from `clean` into `corrupt` (patching.patching_sweep), the residual
+  stream by layer x position and the heads by layer x head, beside attribution patching's estimate of
+  the same; the metric is `target`'s log-probability (or its logit minus `versus`'s) at the last
+  position. patching.png and patching.json in `out`."""
+  _gpt(model, "patching")
+  clean_ids, corrupt_ids, metric, metric_name = _pair(model, tokenizer, clean, corrupt, target, versus)
   clean_1xT, corrupt_1xT = jnp.asarray([clean_ids]), jnp.asarray([corrupt_ids])
   runs = {
     name: float(metric(interventions.run_with_cache(model, params, x, names=())[0]))
@@ -207,6 +245,97 @@ def patch(
   record = {"metric": metric_name, "runs": runs, "columns": columns}
   _write_json(out, "patching.json", record | {"maps": {k: v.round(6).tolist() for k, v in maps.items()}})
   return Patching(metric_name, runs, maps, columns)
+
+
+# --- the induction circuit --------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Circuit:
+  """An induction circuit traced (`induction_circuit`): the heads it names, the second copy's loss rise
+  of ablating the previous-token head everywhere and along each path into the next layer, the
+  strongest edges by edge attribution patching, the probes' held-out accuracies and the alignment
+  search's interchange accuracies."""
+
+  previous_token_head: tuple[int, int]
+  induction_head: tuple[int, int]
+  loss_rise: dict[str, float]  # "everywhere", "into keys", "into queries", "into values"
+  top_edges: list[tuple[str, float]]  # "L0.H1 -> L1 k" (summed over layer 1's heads), estimated effect
+  probes: dict[str, dict[str, float]]  # where -> test and control accuracy
+  alignment: dict[str, float]  # rank; interchange accuracy of the subspace found, a random one, the whole point
+
+
+def _second_copy_loss(tokens_BxT):
+  """The mean next-token loss over the second copy of repeated tokens, as a metric of logits."""
+  T = tokens_BxT.shape[1]
+
+  def metric(logits_BxTxV):
+    logp = jax.nn.log_softmax(logits_BxTxV[:, T // 2 : -1].astype(jnp.float32))
+    return -jnp.take_along_axis(logp, tokens_BxT[:, T // 2 + 1 :, None], -1).mean()
+
+  return metric
+
+
+def induction_circuit(model, params, *, validation=None, rank: int = 16, out: Path | None = None) -> Circuit:
+  """The induction circuit of a 2-layer attention-only GPT (experiments/induction.py), traced on random
+  tokens repeated twice: path patching from the previous-token head into the next layer's keys,
+  queries and values (K-composition: Olsson et al. 2022), edge attribution patching of every head ->
+  head edge, linear probes for the previous token on the embeddings and on layer 0's output, and a
+  distributed alignment search at layer 1's values for the copied token. circuit.json in `out`."""
+  _gpt(model, "the circuit study")
+  cfg = model.config
+  L, H, D = cfg.num_layers, cfg.block.num_heads, cfg.block.d_model
+  if L < 2:
+    raise UserError("an induction circuit needs two layers: a previous-token head below an induction head")
+  length = min(50, cfg.max_len // 2)
+  ids = None if validation is None else np.unique(np.asarray(validation[:100_000]))
+  tokens = interventions.repeated_random_tokens(cfg.vocab_size, length, batch=16, ids=ids)
+  reference = interventions.repeated_random_tokens(cfg.vocab_size, length, batch=16, seed=1, ids=ids)
+  scores = interventions.head_scores(model, params, tokens)
+  previous = (0, int(np.argmax(np.asarray(scores["previous_token"][0]))))
+  induction = (1, int(np.argmax(np.asarray(scores["induction"][1]))))
+  metric = _second_copy_loss(tokens)
+  plain = float(metric(interventions.run_with_cache(model, params, tokens, names=())[0]))
+  _, ref = interventions.run_with_cache(model, params, reference, names=("result", "z"))
+  mean_result = jnp.broadcast_to(ref["result"][previous[0]][:, :, previous[1]].mean((0, 1)), (*tokens.shape, D))
+  ablated = interventions.ablating([previous], H, "mean", ref["z"])
+  rise = {"everywhere": float(metric(interventions.run_with_patches(model, params, tokens, patches=ablated))) - plain}
+  for role, name in (("k", "into keys"), ("q", "into queries"), ("v", "into values")):
+    receivers = [(1, h, role) for h in range(H)]
+    value = patching.path_patching(model, params, tokens, metric, sender=previous, receivers=receivers, sender_value=mean_result)
+    rise[name] = float(value) - plain
+  # Edges: the first copy corrupted (other tokens), so that nothing earlier predicts the second.
+  corrupt = jnp.concatenate([reference[:, :length], tokens[:, length:]], axis=1)
+  edges = patching.edge_attribution_patching(model, params, tokens, corrupt, metric)
+  # Each head's edges into a layer's queries, keys or values, summed over the receiving heads.
+  ranked = sorted(
+    ((f"L{a}.H{b} -> L{c} {role}", float(edges[role][a, b, c].sum())) for role in "qkv"
+     for a in range(L) for b in range(H) for c in range(a + 1, L)),
+    key=lambda edge: -abs(edge[1]),
+  )
+  # Probes: more rows (64 sequences), held out by sequence.
+  rows = interventions.repeated_random_tokens(cfg.vocab_size, length, batch=64, seed=2, ids=ids)
+  previous_BxT = jnp.concatenate([rows[:, :1], rows[:, :-1]], axis=1)
+  mask = np.ones(rows.shape, bool)
+  mask[:, 0] = False
+  probes_ = {}
+  for where, point, layer in (("embeddings", "embed", None), ("layer 0 output", "resid_post", 0)):
+    probe = probing.linear_probe(model, params, rows, previous_BxT, point=point, layer=layer, mask_BxT=mask, num_classes=cfg.vocab_size)
+    probes_[where] = {"test_accuracy": probe.test_accuracy, "control_accuracy": probe.control_accuracy}
+  # The copied token: layer 1's values (every head's copy of the stream) in the first copy from another
+  # row's tokens; in the second copy the model should then predict that row's next token.
+  source = jnp.roll(tokens, 1, axis=0)
+  in_first = (jnp.arange(2 * length) < length)[:, None, None]
+  counterfactual = jnp.concatenate([source[:, 1:], source[:, :1]], axis=1)
+  loss_mask = (jnp.arange(2 * length) >= length)[None] & (jnp.arange(2 * length) < 2 * length - 1)[None]
+  found = probing.distributed_alignment_search(
+    model, params, tokens, source, counterfactual, point="v_input", layer=1, rank=rank,
+    where=in_first, loss_mask_BxT=jnp.broadcast_to(loss_mask, tokens.shape), steps=300, learning_rate=0.02,
+  )
+  alignment = {"rank": rank, "accuracy": found.accuracy, "random_accuracy": found.random_accuracy, "full_accuracy": found.full_accuracy}
+  circuit = Circuit(previous, induction, rise, ranked[:6], probes_, alignment)
+  _write_json(out, "circuit.json", dataclasses.asdict(circuit))
+  return circuit
 
 
 # --- a word across texts ---------------------------------------------------------------------
