@@ -176,7 +176,7 @@ def patch(model, params, tokenizer) -> None:
   print(out / "patching.png")
 
 
-def path(model, params, tokenizer) -> None:
+def path_patch(model, params, tokenizer) -> None:
   """studies.path: the effect of the sender along the receivers' paths, beside patching it outright."""
   _gpt(model, "path")
   cfg = model.config
@@ -290,7 +290,7 @@ def main(argv):
     patch(model, params, tokenizer)
     return
   if _PATH.value:
-    path(model, params, tokenizer)
+    path_patch(model, params, tokenizer)
     return
   if _CIRCUIT.value:
     circuit(model, params, validation)

@@ -168,7 +168,7 @@ def test_launch_probe_reads_hugging_face_gpt2_weights(tmp_path):
     "--clean=When Mary and John went, John gave it to",
     "--corrupt=When Mary and John went, Mary gave it to",
   )
-  heads, mean, attribute, patch, *bad = run_cases(
+  heads, mean, attribute, patch, path, *bad = run_cases(
     "launch.probe",
     [
       {"args": [hf, "--heads", "--ablate=L1.H0", f"--out={tmp_path / 'heads'}"]},
@@ -184,6 +184,12 @@ def test_launch_probe_reads_hugging_face_gpt2_weights(tmp_path):
         ]
       },
       {"args": [hf, "--patch", clean, corrupt, "--target= Mary", "--versus= John", f"--out={tmp_path / 'patch'}"]},
+      {
+        "args": [
+          hf, "--path", clean, corrupt, "--target= Mary", "--versus= John", "--sender=L0.H1",
+          "--receivers=L1.k,L1.H0.q", f"--out={tmp_path / 'path'}",
+        ]
+      },
       {"args": [hf, "--patch", clean, "--corrupt=When Mary and John went", "--target= Mary"]},
       {"args": [hf, "--attribute", "--text=When Mary", "--target= Marylebone"]},
       {"args": [hf, "--patch", clean, corrupt]},
@@ -210,6 +216,10 @@ def test_launch_probe_reads_hugging_face_gpt2_weights(tmp_path):
   assert positions[0, 6] == pytest.approx(numbers["runs"]["clean"] - numbers["runs"]["corrupt"], abs=1e-4)
   assert numbers["columns"]["patched resid_pre, layer x position"][6] == " John/ Mary"
   nontrivial_png(tmp_path / "patch" / "patching.png")
+  assert path["status"] == 0, path["stderr"][-3000:]
+  found = json.loads((tmp_path / "path" / "path.json").read_text())
+  assert found["receivers"] == [[1, 0, "k"], [1, 1, "k"], [1, 0, "q"]] and set(found["runs"]) == {"clean", "corrupt", "sender", "path"}
+  assert "only along L1.k, L1.H0.q:" in path["stdout"]
   assert [b["status"] for b in bad] == [1, 1, 1]
   assert "error: the clean text is 10 tokens and the corrupt one 5: patching pairs their positions" in bad[0]["stderr"]
   assert "error: --target=' Marylebone' is 3 tokens for this tokenizer" in bad[1]["stderr"]
@@ -227,11 +237,13 @@ def test_launch_probe_takes_one_verb_and_refuses_flags_without_theirs_before_loa
     {"args": [f"--workdir={missing}", "--heads", "--patch"]},
     {"args": [f"--workdir={missing}", "--text=hi", "--ablate=L1.H0"]},
     {"args": [f"--workdir={missing}", "--heads", "--ablate=layer1"]},
+    {"args": [f"--workdir={missing}", "--path", "--sender=L0.H1"]},
   ]
   stderrs = [r["stderr"] for r in run_cases("launch.probe", cases, tmp_path)]
-  assert "error: give one of --compare, --heads, --attribute, --patch at a time, not heads and patch" in stderrs[0]
+  assert "error: give one of --compare, --heads, --attribute, --patch, --path, --circuit at a time, not heads and patch" in stderrs[0]
   assert "error: --ablate names heads to remove while --heads scores them: give --heads with it" in stderrs[1]
   assert "error: --ablate='layer1' is not a head of this model: write L<layer>.H<head>, e.g. L0.H1" in stderrs[2]
+  assert "error: --path needs --sender (a head, e.g. L0.H1) and --receivers (e.g. L1.k)" in stderrs[3]
   assert all(str(missing) not in s for s in stderrs)  # refused before the workdir was looked at
 
 
@@ -250,6 +262,8 @@ def test_the_probe_verbs_are_library_calls_with_arguments(tokenizer, tmp_path):
   assert shares.metric == "logit 'e' - logit 'a'" and (tmp_path / "attribution.json").exists()
   patched = studies.patch(model, params, tokenizer, "Harry stood", "Harry stool", target="a")
   assert patched.maps["patched resid_pre, layer x position"].shape == (2, 11)
+  path = studies.path(model, params, tokenizer, "Harry stood", "Harry stool", "a", None, (0, 1), [(1, 0, "k")])
+  assert set(path.runs) == {"clean", "corrupt", "sender", "path"} and path.runs["path"] != path.runs["sender"]
   similarity = studies.compare(model, params, tokenizer, [TEXT, OTHER], "Harry")
   assert similarity.shape == (3, 2, 2) and similarity[0, 0, 0] == pytest.approx(1.0)
   with pytest.raises(UserError, match="the target='ee' is 2 tokens"):
