@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import activation_cache, interventions, patching, probing
+from transformer import activation_cache, interventions, layers, patching, probing
 from transformer.interventions import Patch
 from transformer.models.gpt import GPT
 from transformer.models.hf_gpt2 import import_hf_gpt2
@@ -140,6 +140,14 @@ def test_a_chunked_sweep_equals_one_at_once_and_fractions_run_from_corrupt_to_cl
   metric = lambda logits: logits[:, -1, 5].mean() - logits[:, -1, 7].mean()
   whole = patching.patching_sweep(model, params, TOKENS, corrupt, metric, chunk_size=1000)
   np.testing.assert_allclose(patching.patching_sweep(model, params, TOKENS, corrupt, metric, chunk_size=3), whole, atol=1e-6)
+  # The sweep runs each patch from its layer up (GPT.from_layer, the head from the first position the
+  # metric reads); a scanned model runs every patch whole: the same numbers.
+  scanned, stacked = GPT(CFG.replace(scan_layers=True)), {**params, "h": layers.stack_layers(params["h"], CFG.num_layers)}
+  early = lambda logits: logits[:, 4, 5].mean() - logits[:, -1, 7].mean()
+  np.testing.assert_allclose(
+    patching.patching_sweep(scanned, stacked, TOKENS, corrupt, early),
+    patching.patching_sweep(model, params, TOKENS, corrupt, early), atol=1e-5,
+  )
   fraction = patching.fraction_recovered(whole, model, params, TOKENS, corrupt, metric)
   np.testing.assert_allclose(fraction[0, 2], 1.0, atol=1e-4)  # the corrupted position at layer 0: all of it
   np.testing.assert_allclose(fraction[:, 0], 0.0, atol=1e-4)  # a position before it: nothing

@@ -22,6 +22,7 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from transformer.interventions import Patch, patches_collection, run_with_cache, run_with_patches
 
@@ -76,19 +77,63 @@ def patching_sweep(
   sizes = tuple(shape[a] for a in axes)
   params = jax_params(params)
 
-  def patched(cell):
-    layer, *pieces = jnp.unravel_index(cell, (L, *sizes))
-    chosen = jnp.ones((), bool)
+  def chosen(pieces):  # True at the swept piece, broadcast to the point's shape
+    where = jnp.ones((), bool)
     for axis, size, piece in zip(axes, sizes, pieces):
       mask_shape = [1] * len(shape)
       mask_shape[axis] = size
-      chosen = chosen & (jnp.arange(size) == piece).reshape(mask_shape)
-    patches = {(point, l): Patch.replace(value_LxBx[l], where=chosen & (l == layer)) for l in range(L)}
+      where = where & (jnp.arange(size) == piece).reshape(mask_shape)
+    return where
+
+  if _resumable(model, point):
+    # Every patch at layer l leaves the corrupted run below l as it was: run the blocks from l on the
+    # corrupted stream entering l (GPT.from_layer), for each of l's patches.
+    # And the head only from the first position the metric reads.
+    logits, below = run_with_cache(model, params, corrupt_BxT, names=("resid_pre",))
+    first = _first_position_read(metric, logits.shape)
+
+    def layer_sweep(params, value_LxBx, stream_LxBxTxD, layer):
+      def patched(cell):
+        patch = {(point, layer): Patch.replace(value_LxBx[layer], where=chosen(jnp.unravel_index(cell, sizes)))}
+        collection = patches_collection(model, params, patch, corrupt_BxT)
+        variables = {"params": params, "patches": collection}
+        method = type(model).from_layer
+        read = model.apply(variables, stream_LxBxTxD[layer], layer, first, method=method, mutable=["activations"])[0]
+        B, _, V = read.shape
+        return metric(jnp.concatenate([jnp.zeros((B, first, V), read.dtype), read], axis=1))
+
+      return jax.lax.map(patched, jnp.arange(math.prod(sizes)), batch_size=chunk_size)
+
+    # The arrays as arguments, not constants of the program: XLA would fold a model's weights into it.
+    sweep = jax.jit(lambda *a: jnp.stack([layer_sweep(*a, layer) for layer in range(L)]))
+    return sweep(params, value_LxBx, below["resid_pre"]).reshape(L, *sizes)
+
+  def patched(params, value_LxBx, cell):
+    layer, *pieces = jnp.unravel_index(cell, (L, *sizes))
+    patches = {(point, l): Patch.replace(value_LxBx[l], where=chosen(pieces) & (l == layer)) for l in range(L)}
     return metric(patched_logits(model, params, patches, corrupt_BxT))
 
   cells = jnp.arange(L * math.prod(sizes))
-  sweep = jax.jit(lambda c: jax.lax.map(patched, c, batch_size=chunk_size))(cells)
-  return sweep.reshape(L, *sizes)
+  sweep = jax.jit(lambda p, v, c: jax.lax.map(lambda cell: patched(p, v, cell), c, batch_size=chunk_size))
+  return sweep(params, value_LxBx, cells).reshape(L, *sizes)
+
+
+def _first_position_read(metric, shape) -> int:
+  """The first position whose logits `metric` depends on (0 when it reads none: e.g. an argmax, whose
+  gradient is zero everywhere): where its gradient at random logits is not zero."""
+  logits_BxTxV = jax.random.normal(jax.random.key(0), shape)
+  grad_BxTxV = jax.grad(lambda x: jnp.sum(metric(x)))(logits_BxTxV)
+  read_T = np.flatnonzero(np.any(np.asarray(grad_BxTxV) != 0, axis=(0, 2)))
+  return int(read_T[0]) if len(read_T) else 0
+
+
+def _resumable(model, point: str) -> bool:
+  """Whether a sweep of `point` can start each patched run at the patched layer: a block's point of a
+  GPT of unrolled blocks (GPT.from_layer)."""
+  from transformer.models.gpt import GPT
+
+  outside_blocks = point in ("embed", "pos_embed", "final_norm", "logits") or point.startswith("ln_f.")
+  return isinstance(model, GPT) and not model.config.scan_layers and not outside_blocks
 
 
 def jax_params(params):

@@ -137,8 +137,10 @@ class Stack(nn.Module):
     positions=None,
     deterministic: bool = True,
     decode: bool = False,
+    start: int = 0,
   ):
-    """`positions`: (of the queries, of the keys) of self-attention (SelfAttention)."""
+    """`positions`: (of the queries, of the keys) of self-attention (SelfAttention). `start`: the first
+    block to run (unrolled only; x is the stream entering it)."""
     check_remat_policy(self.remat_policy)
     block = Block
     if self.remat_policy != "none" and not decode:  # no backward pass when decoding
@@ -156,9 +158,11 @@ class Stack(nn.Module):
     )
     inputs = (x_BxTxD, mask_BxTxT, context_BxSxD, context_mask_BxTxS, positions)
     if not self.scan:
-      for i in range(self.num_layers):
+      for i in range(start, self.num_layers):
         x_BxTxD = block(name=f"layer_{i}")(x_BxTxD, *inputs[1:])
       return x_BxTxD
+    if start:
+      raise ValueError("a scanned stack runs every block: start from a block only with scan_layers=False")
     scanned = nn.scan(
       lambda mdl, x, *args: (mdl(x, *args), None),
       variable_axes={"params": 0, "cache": 0, "activations": 0, "patches": 0},
