@@ -14,6 +14,7 @@ r"""Benchmarks that print tables (medians of several runs). Speed is measured he
   python -m launch.bench --what=generate --what=train --preset=gpt2           # several tables, one process
   python -m launch.bench --what=prepare --prepare_mb=10,100,1000 --repeats=1  # launch.prepare vs raw tiktoken
   python -m launch.bench --what=accelerator --batch_sizes=1,8,32 --new_tokens=256  # the accelerator check (a GPU)
+  python -m launch.bench --what=patching --preset=gpt2 --seq_len=64  # patching sweeps vs TransformerLens
 
 --what=accelerator is the whole accelerator path in one table and --check_json, for the few minutes a
 chip is lent (launch/accelerator_check.sh carries what the machine lacks and runs it): the kernel
@@ -59,7 +60,7 @@ from absl import flags
 
 from experiments import base, shakespeare
 from experiments import gpt2 as gpt2_experiment
-from launch import peer_env
+from launch import bench_patching, peer_env
 from transformer import benchmark, cli, data, layers, metrics, optim, plan, tasks, tokenizers, train
 from transformer.config import OptimizerConfig
 from transformer.data import pipeline
@@ -83,6 +84,7 @@ _WHAT = flags.DEFINE_multi_enum(
     "ceilings",
     "prepare",
     "accelerator",
+    "patching",
   ],
   "Which benchmark; repeat the flag for several in one process (tables in the order given, a blank line apart).",
 )
@@ -895,6 +897,13 @@ def accelerator_table(o: Options) -> str:
   return f"accelerator check on {metrics.device_summary()}, jax {jax.__version__}\n{table}"
 
 
+def patching_table(o: Options) -> str:
+  """Patching sweeps, ours beside TransformerLens's (launch/bench_patching.py)."""
+  cfg = model_config(o)
+  header = _header(o, f"patching sweeps, one pair of {o.seq_len} tokens", cfg).replace(f", median of {o.repeats}", "")
+  return bench_patching.patching_table(o, cfg, _params(cfg), header)
+
+
 def main(argv):
   del argv
   options = options_from_flags()
@@ -910,6 +919,7 @@ def main(argv):
     "ceilings": ceilings_table,
     "prepare": prepare_table,
     "accelerator": accelerator_table,
+    "patching": patching_table,
   }
   for i, what in enumerate(_WHAT.value):
     print(("\n" if i else "") + tables[what](options), flush=True)

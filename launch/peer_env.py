@@ -19,6 +19,8 @@ from transformer.errors import UserError
 # Python 3.11 only, and neither torch nor transformers is a dependency of this project.
 PEER_PYTHON_VERSION = (3, 11)
 PEER_REQUIREMENTS = ("torch==2.13.0", "transformers==5.23.0")
+# TransformerLens for `--what=patching` (launch/lens_peer.py), in a venv of its own beside the first.
+LENS_REQUIREMENTS = (*PEER_REQUIREMENTS, "transformer-lens==4.3.0")
 
 
 def _is_python(python: str, version: tuple[int, int]) -> bool:
@@ -38,33 +40,33 @@ def _find_peer_base_python() -> str | None:
   return next((c for c in candidates if c and _is_python(c, PEER_PYTHON_VERSION)), None)
 
 
-def peer_python(explicit: str | None = None) -> str:
-  """A Python with torch (CPU) and transformers for the peers: `explicit` if given, else a venv
-  created once under the asset cache (<cache>/torch-peer-venv; about 1 GB of wheels)."""
+def peer_python(explicit: str | None = None, requirements=PEER_REQUIREMENTS, name: str = "torch-peer-venv") -> str:
+  """A Python with torch (CPU) and transformers (the `requirements`) for the peers: `explicit` if
+  given, else a venv created once under the asset cache (<cache>/<name>; about 1 GB of wheels)."""
   if explicit:
     return explicit
-  venv = assets.cache_dir() / "torch-peer-venv"
+  venv = assets.cache_dir() / name
   python = venv / "bin" / "python"
   stamp = venv / ".installed"
-  if python.exists() and stamp.exists() and stamp.read_text() == " ".join(PEER_REQUIREMENTS):
+  if python.exists() and stamp.exists() and stamp.read_text() == " ".join(requirements):
     return str(python)
   base = _find_peer_base_python()
   if base is None:
     raise UserError(
       f"the PyTorch peers need Python {'.'.join(map(str, PEER_PYTHON_VERSION))} (torch's CPU "
       f"wheels): install it (e.g. 'pyenv install 3.11') or pass --peer_python=/path/to/python "
-      f"that has {' and '.join(PEER_REQUIREMENTS)}"
+      f"that has {' and '.join(requirements)}"
     )
-  print(f"bench: creating {venv} with {base} and installing {' '.join(PEER_REQUIREMENTS)} ...", flush=True)
+  print(f"bench: creating {venv} with {base} and installing {' '.join(requirements)} ...", flush=True)
   subprocess.run([base, "-m", "venv", "--clear", str(venv)], check=True)
-  subprocess.run([str(python), "-m", "pip", "install", "-q", *PEER_REQUIREMENTS], check=True)
-  stamp.write_text(" ".join(PEER_REQUIREMENTS))
+  subprocess.run([str(python), "-m", "pip", "install", "-q", *requirements], check=True)
+  stamp.write_text(" ".join(requirements))
   return str(python)
 
 
-def run_peers(python: str, spec: dict) -> dict:
-  """Runs launch/torch_peer.py under `python` with `spec`; returns its JSON result."""
-  script = Path(__file__).resolve().parent / "torch_peer.py"
+def run_peers(python: str, spec: dict, script: str = "torch_peer.py") -> dict:
+  """Runs launch/<script> (torch_peer.py, lens_peer.py) under `python` with `spec`; returns its JSON result."""
+  script = Path(__file__).resolve().parent / script
   proc = subprocess.run([python, str(script), json.dumps(spec)], capture_output=True, text=True)
   if proc.returncode:
     raise UserError(f"the PyTorch peer failed ({python} {script}):\n{proc.stderr[-2000:]}")

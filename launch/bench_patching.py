@@ -1,0 +1,57 @@
+"""`launch.bench --what=patching`: activation patching sweeps, ours beside TransformerLens's, on one
+random-weight GPT (default cpu-small; the results page uses --preset=gpt2) and one clean/corrupt pair
+of --seq_len tokens: the full layer x position sweep of `resid_pre` and the layer x head sweep of
+each head's output (`z`, every position). Ours is timed on its first call, compilation included; the
+peer (launch/lens_peer.py, TransformerLens on Hugging Face's GPT-2 with the same weights, exported
+by transformer.models.hf_gpt2) in a Python 3.11 venv with torch's CPU wheel and transformer-lens,
+made once under the asset cache ($TRANSFORMER_CACHE/lens-peer-venv) or given by --peer_python.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from launch import peer_env
+from transformer import benchmark, patching
+from transformer.models import gpt
+from transformer.models.hf_gpt2 import export_hf_gpt2
+
+ANSWER, WRONG = 11, 13  # the metric: logit of ANSWER minus logit of WRONG at the last position
+
+
+def patching_table(o, cfg: gpt.GPTConfig, params, header: str) -> str:
+  """The table, for launch.bench's options `o` (seq_len, peer_python), model `cfg` and `params`."""
+  model = gpt.GPT(cfg)
+  clean = jax.random.randint(jax.random.key(1), (1, o.seq_len), 0, cfg.vocab_size)
+  corrupt = clean.at[:, o.seq_len // 2].set((clean[0, o.seq_len // 2] + 1) % cfg.vocab_size)
+
+  def metric(logits_BxTxV):
+    return (logits_BxTxV[:, -1, ANSWER] - logits_BxTxV[:, -1, WRONG]).mean()
+
+  ours = {}
+  for over in ("positions", "heads"):
+    start = time.perf_counter()
+    values = np.asarray(patching.patching_sweep(model, params, clean, corrupt, metric, over=over))
+    ours[over] = (time.perf_counter() - start, values)
+  with tempfile.TemporaryDirectory() as tmp:
+    export_hf_gpt2(cfg, params, Path(tmp))
+    python = peer_env.peer_python(o.peer_python, peer_env.LENS_REQUIREMENTS, "lens-peer-venv")
+    spec = {"model_dir": tmp, "clean": clean[0].tolist(), "corrupt": corrupt[0].tolist(), "answer": ANSWER, "wrong": WRONG}
+    theirs = peer_env.run_peers(python, spec, "lens_peer.py")
+  rows = []
+  for over, name in (("positions", "resid_pre, layer x position"), ("heads", "z, layer x head")):
+    seconds, values = ours[over]
+    peer_seconds, peer_values = theirs[over]["seconds"], np.asarray(theirs[over]["values"])
+    difference = float(np.abs(values - peer_values).max())
+    rows.append([name, f"{values.size}", f"{seconds:.1f}", f"{peer_seconds:.1f}", f"{peer_seconds / seconds:.2f}x", f"{difference:.1e}"])
+  table = benchmark.table(
+    ["sweep", "patched runs", "ours s (1st call)", "TransformerLens s", "ours faster", "max |difference|"], rows
+  )
+  return (
+    header + f"\n{table}\npeer: {theirs['versions']}, {theirs['threads']} threads; ours: jax {jax.__version__}"
+  )
