@@ -20,10 +20,12 @@ from __future__ import annotations
 import math
 
 import flax.linen as nn
+import flax.traverse_util
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer import kernels, layers
 from transformer.interventions import Patch, patches_collection, run_with_cache, run_with_patches
 
 # The axes of a point's activation (without its layer axis) that a sweep can go over.
@@ -86,27 +88,7 @@ def patching_sweep(
     return where
 
   if _resumable(model, point):
-    # Every patch at layer l leaves the corrupted run below l as it was: run the blocks from l on the
-    # corrupted stream entering l (GPT.from_layer), for each of l's patches.
-    # And the head only from the first position the metric reads.
-    logits, below = run_with_cache(model, params, corrupt_BxT, names=("resid_pre",))
-    first = _first_position_read(metric, logits.shape)
-
-    def layer_sweep(params, value_LxBx, stream_LxBxTxD, layer):
-      def patched(cell):
-        patch = {(point, layer): Patch.replace(value_LxBx[layer], where=chosen(jnp.unravel_index(cell, sizes)))}
-        collection = patches_collection(model, params, patch, corrupt_BxT)
-        variables = {"params": params, "patches": collection}
-        method = type(model).from_layer
-        read = model.apply(variables, stream_LxBxTxD[layer], layer, first, method=method, mutable=["activations"])[0]
-        B, _, V = read.shape
-        return metric(jnp.concatenate([jnp.zeros((B, first, V), read.dtype), read], axis=1))
-
-      return jax.lax.map(patched, jnp.arange(math.prod(sizes)), batch_size=chunk_size)
-
-    # The arrays as arguments, not constants of the program: XLA would fold a model's weights into it.
-    sweep = jax.jit(lambda *a: jnp.stack([layer_sweep(*a, layer) for layer in range(L)]))
-    return sweep(params, value_LxBx, below["resid_pre"]).reshape(L, *sizes)
+    return _sweep_from_each_layer(model, params, corrupt_BxT, metric, point, value_LxBx, chosen, sizes, chunk_size)
 
   def patched(params, value_LxBx, cell):
     layer, *pieces = jnp.unravel_index(cell, (L, *sizes))
@@ -116,24 +98,6 @@ def patching_sweep(
   cells = jnp.arange(L * math.prod(sizes))
   sweep = jax.jit(lambda p, v, c: jax.lax.map(lambda cell: patched(p, v, cell), c, batch_size=chunk_size))
   return sweep(params, value_LxBx, cells).reshape(L, *sizes)
-
-
-def _first_position_read(metric, shape) -> int:
-  """The first position whose logits `metric` depends on (0 when it reads none: e.g. an argmax, whose
-  gradient is zero everywhere): where its gradient at random logits is not zero."""
-  logits_BxTxV = jax.random.normal(jax.random.key(0), shape)
-  grad_BxTxV = jax.grad(lambda x: jnp.sum(metric(x)))(logits_BxTxV)
-  read_T = np.flatnonzero(np.any(np.asarray(grad_BxTxV) != 0, axis=(0, 2)))
-  return int(read_T[0]) if len(read_T) else 0
-
-
-def _resumable(model, point: str) -> bool:
-  """Whether a sweep of `point` can start each patched run at the patched layer: a block's point of a
-  GPT of unrolled blocks (GPT.from_layer)."""
-  from transformer.models.gpt import GPT
-
-  outside_blocks = point in ("embed", "pos_embed", "final_norm", "logits") or point.startswith("ln_f.")
-  return isinstance(model, GPT) and not model.config.scan_layers and not outside_blocks
 
 
 def jax_params(params):
@@ -263,3 +227,70 @@ def edge_attribution_patching(model, params, clean_BxT, corrupt_BxT, metric) -> 
     edges[role[0]] = jnp.where(causal_LxL[:, None, :, None], score_LxHxLxH, 0.0)
   edges["logits"] = jnp.einsum("lbthd,btd->lh", delta_LxBxTxHxD, grads["logits"])
   return edges
+
+
+def _sweep_from_each_layer(model, params, corrupt_BxT, metric, point, value_LxBx, chosen, sizes, chunk_size):
+  """`patching_sweep` of a block's point, each patched run started at the patched layer: every patch at
+  layer l leaves the corrupted run below l as it was, so the blocks from l run on the corrupted stream
+  entering l, one block at a time in a loop of dynamic length (one block compiled, not a program per
+  layer), and the head from the first position the metric reads."""
+  from transformer.models import gpt
+
+  cfg = model.config
+  L = cfg.num_layers
+  logits, below = run_with_cache(model, params, corrupt_BxT, names=("resid_pre",))
+  first = _first_position_read(metric, logits.shape)
+  block = gpt.blocks(cfg, kernels.resolve(cfg.kernels), parent=None).block()
+  # The patch's entry inside a block ("attn", "z"), and the blocks' params with a leading layer axis.
+  full = patches_collection(model, params, {(point, 0): Patch.replace(value_LxBx[0])}, corrupt_BxT)
+  [(path, _)] = flax.traverse_util.flatten_dict(full, is_leaf=lambda _, x: "replace" in x).items()
+  inside = path[2:]
+  stacked = params["h"]["layers"] if cfg.scan_layers else layers.stack_layers(params["h"], L)["layers"]
+  T = corrupt_BxT.shape[1]
+  positions = (jnp.arange(T)[None], jnp.arange(T)[None])
+
+  def from_layer(params, stacked, layer, x_BxTxD, patch: Patch):
+    entry = patch.collection_entry(value_LxBx.shape[1:])
+
+    def one_block(i, x_BxTxD):
+      params_i = jax.tree.map(lambda p: p[i], stacked)
+      entry_i = {**entry, "replace": entry["replace"] & (i == layer)}
+      patches_i = flax.traverse_util.unflatten_dict({inside: entry_i})
+      variables = {"params": params_i, "patches": patches_i}
+      return block().apply(variables, x_BxTxD, None, positions=positions, mutable=["activations"])[0]
+
+    x_BxTxD = jax.lax.fori_loop(layer, L, one_block, x_BxTxD)
+    read_BxTxV = model.apply({"params": params}, x_BxTxD[:, first:], method=type(model).output_logits)
+    B, _, V = read_BxTxV.shape
+    return metric(jnp.concatenate([jnp.zeros((B, first, V), read_BxTxV.dtype), read_BxTxV], axis=1))
+
+  def sweep(params, stacked, value_LxBx, stream_LxBxTxD):
+    def layer_sweep(layer):
+      def patched(cell):
+        patch = Patch.replace(value_LxBx[layer], where=chosen(jnp.unravel_index(cell, sizes)))
+        return from_layer(params, stacked, layer, stream_LxBxTxD[layer], patch)
+
+      return jax.lax.map(patched, jnp.arange(math.prod(sizes)), batch_size=chunk_size)
+
+    return jax.lax.map(layer_sweep, jnp.arange(L))
+
+  # The arrays as arguments, not constants of the program: XLA would fold a model's weights into it.
+  return jax.jit(sweep)(params, stacked, value_LxBx, below["resid_pre"]).reshape(L, *sizes)
+
+
+def _first_position_read(metric, shape) -> int:
+  """The first position whose logits `metric` depends on (0 when it reads none: e.g. an argmax, whose
+  gradient is zero everywhere): where its gradient at random logits is not zero."""
+  logits_BxTxV = jax.random.normal(jax.random.key(0), shape)
+  grad_BxTxV = jax.grad(lambda x: jnp.sum(metric(x)))(logits_BxTxV)
+  read_T = np.flatnonzero(np.any(np.asarray(grad_BxTxV) != 0, axis=(0, 2)))
+  return int(read_T[0]) if len(read_T) else 0
+
+
+def _resumable(model, point: str) -> bool:
+  """Whether a sweep of `point` can start each patched run at the patched layer: a block's point of a
+  GPT (transformer.models.gpt)."""
+  from transformer.models.gpt import GPT
+
+  outside_blocks = point in ("embed", "pos_embed", "final_norm", "logits") or point.startswith("ln_f.")
+  return isinstance(model, GPT) and not outside_blocks

@@ -137,15 +137,33 @@ class Stack(nn.Module):
     positions=None,
     deterministic: bool = True,
     decode: bool = False,
-    start: int = 0,
   ):
-    """`positions`: (of the queries, of the keys) of self-attention (SelfAttention). `start`: the first
-    block to run (unrolled only; x is the stream entering it)."""
+    """`positions`: (of the queries, of the keys) of self-attention (SelfAttention)."""
     check_remat_policy(self.remat_policy)
+    block = self.block(deterministic, decode)
+    inputs = (x_BxTxD, mask_BxTxT, context_BxSxD, context_mask_BxTxS, positions)
+    if not self.scan:
+      for i in range(self.num_layers):
+        x_BxTxD = block(name=f"layer_{i}")(x_BxTxD, *inputs[1:])
+      return x_BxTxD
+    scanned = nn.scan(
+      lambda mdl, x, *args: (mdl(x, *args), None),
+      variable_axes={"params": 0, "cache": 0, "activations": 0, "patches": 0},
+      split_rngs={"params": True, "dropout": True},
+      length=self.num_layers,
+      in_axes=(nn.broadcast,) * 4,
+      metadata_params={nn.PARTITION_NAME: "layers"},
+    )
+    return scanned(block(name="layers"), *inputs)[0]
+
+
+  def block(self, deterministic: bool = True, decode: bool = False):
+    """The kind of block this stack is made of (Block with this stack's settings): each block one of
+    them, under the name `layer_<i>` (or scanned, `layers`)."""
     block = Block
     if self.remat_policy != "none" and not decode:  # no backward pass when decoding
       block = nn.remat(Block, policy=REMAT_POLICIES[self.remat_policy], prevent_cse=not self.scan)
-    block = functools.partial(
+    return functools.partial(
       block,
       self.cfg,
       cross_attention=self.cross_attention,
@@ -156,22 +174,6 @@ class Stack(nn.Module):
       max_len=self.max_len,
       rope=self.rope,
     )
-    inputs = (x_BxTxD, mask_BxTxT, context_BxSxD, context_mask_BxTxS, positions)
-    if not self.scan:
-      for i in range(start, self.num_layers):
-        x_BxTxD = block(name=f"layer_{i}")(x_BxTxD, *inputs[1:])
-      return x_BxTxD
-    if start:
-      raise ValueError("a scanned stack runs every block: start from a block only with scan_layers=False")
-    scanned = nn.scan(
-      lambda mdl, x, *args: (mdl(x, *args), None),
-      variable_axes={"params": 0, "cache": 0, "activations": 0, "patches": 0},
-      split_rngs={"params": True, "dropout": True},
-      length=self.num_layers,
-      in_axes=(nn.broadcast,) * 4,
-      metadata_params={nn.PARTITION_NAME: "layers"},
-    )
-    return scanned(block(name="layers"), *inputs)[0]
 
 
 def stack_layers(params: dict, num_layers: int) -> dict:

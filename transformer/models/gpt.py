@@ -135,42 +135,14 @@ class GPT(nn.Module):
     the soft-cap, as `__call__` ends."""
     return self._forward(None, None, None, True, False, until="logits", residual_BxTxD=x_BxTxD)
 
-  def from_layer(self, x_BxTxD: jax.Array, layer: int, logits_from: int = 0) -> jax.Array:
-    """The residual stream entering block `layer` (B x T x D: one document a row, no padding) through
-    the blocks from there, the final norm and the head: what a patching sweep runs for each patch at
-    `layer`, the layers below it computed once for all of them (transformer.patching). The logits of
-    positions `logits_from`.. only (B x (T - logits_from) x V): the head is most of a small model's
-    work, and a sweep's metric often reads the last position alone."""
-    return self._forward(
-      None, None, None, True, False, until="logits", residual_BxTxD=x_BxTxD, start_layer=layer, logits_from=logits_from
-    )
-
   @nn.compact
-  def _forward(
-    self,
-    tokens_BxT,
-    valid_BxT,
-    segments_BxT,
-    deterministic,
-    decode,
-    *,
-    until,
-    residual_BxTxD=None,
-    start_layer=None,
-    logits_from: int = 0,
-  ):
-    """Tokens (or, given `residual_BxTxD`, the residual stream entering block `start_layer`, None:
-    after the blocks) through the model, `until` "hidden" (the final norm's output) or "logits"."""
+  def _forward(self, tokens_BxT, valid_BxT, segments_BxT, deterministic, decode, *, until, residual_BxTxD=None):
+    """Tokens (or, given `residual_BxTxD`, the residual stream after the blocks) through the model,
+    `until` "hidden" (the final norm's output) or "logits"."""
     cfg = self.config
     forms = kernels.resolve(cfg.kernels)  # the fast forms, decided once for the whole model
     wte = self._token_embedding()
     x_BxTxD = residual_BxTxD
-    if x_BxTxD is not None and start_layer is not None:
-      if cfg.scan_layers:
-        raise ValueError("from_layer runs unrolled blocks; a model with scan_layers runs all of them (__call__)")
-      T = x_BxTxD.shape[1]
-      positions = (jnp.arange(T)[None], jnp.arange(T)[None])
-      x_BxTxD = self._blocks(forms)(x_BxTxD, None, positions=positions, start=start_layer)
     if x_BxTxD is None:
       positions_BxT, key_positions_BxS, mask_BxTxS = self._positions_and_mask(
         tokens_BxT, valid_BxT, segments_BxT, decode
@@ -185,7 +157,6 @@ class GPT(nn.Module):
       return x_BxTxD
     if decode:  # only the next token's logits are needed
       x_BxTxD = x_BxTxD[:, -1:]
-    x_BxTxD = x_BxTxD[:, logits_from:]
     return self._head(wte, x_BxTxD, forms, decode)
 
   def _token_embedding(self) -> nn.Embed:
@@ -201,17 +172,7 @@ class GPT(nn.Module):
     )
 
   def _blocks(self, forms: str) -> layers.Stack:
-    cfg = self.config
-    return layers.Stack(
-      cfg.block,
-      cfg.num_layers,
-      scan=cfg.scan_layers,
-      remat_policy=cfg.remat_policy,
-      forms=forms,
-      max_len=cfg.max_len,
-      rope=cfg.positions == "rope",
-      name="h",
-    )
+    return blocks(self.config, forms, name="h")
 
   def _positions_and_mask(self, tokens_BxT, valid_BxT, segments_BxT, decode: bool):
     """(positions of the tokens B x T, of the keys B x S, attention mask B x T x S or None: causal)."""
@@ -275,6 +236,21 @@ class GPT(nn.Module):
     # Softmax/cross-entropy in float32 whatever the compute dtype.
     logits_BxTxV = layers.point(self, "logits", softcap(logits_BxTxV.astype(jnp.float32), cfg.logits_softcap))
     return nn.with_logical_constraint(logits_BxTxV, ("batch", "length", "vocab"))
+
+
+def blocks(config: GPTConfig, forms: str, **module) -> layers.Stack:
+  """The model's stack of blocks (`module`: its name, or parent=None for one of its own, as a
+  patching sweep makes to run one block at a time: transformer.patching)."""
+  return layers.Stack(
+    config.block,
+    config.num_layers,
+    scan=config.scan_layers,
+    remat_policy=config.remat_policy,
+    forms=forms,
+    max_len=config.max_len,
+    rope=config.positions == "rope",
+    **module,
+  )
 
 
 def unembedding(config: GPTConfig, params) -> jax.Array:
