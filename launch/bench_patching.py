@@ -41,17 +41,30 @@ def patching_table(o, cfg: gpt.GPTConfig, params, header: str) -> str:
   with tempfile.TemporaryDirectory() as tmp:
     export_hf_gpt2(cfg, params, Path(tmp))
     python = peer_env.peer_python(o.peer_python, peer_env.LENS_REQUIREMENTS, "lens-peer-venv")
-    spec = {"model_dir": tmp, "clean": clean[0].tolist(), "corrupt": corrupt[0].tolist(), "answer": ANSWER, "wrong": WRONG}
+    spec = {
+      "model_dir": tmp,
+      "clean": clean[0].tolist(),
+      "corrupt": corrupt[0].tolist(),
+      "answer": ANSWER,
+      "wrong": WRONG,
+    }
     theirs = peer_env.run_peers(python, spec, "lens_peer.py")
   rows = []
   for over, name in (("positions", "resid_pre, layer x position"), ("heads", "z, layer x head")):
     seconds, values = ours[over]
     peer_seconds, peer_values = theirs[over]["seconds"], np.asarray(theirs[over]["values"])
     difference = float(np.abs(values - peer_values).max())
-    rows.append([name, f"{values.size}", f"{seconds:.1f}", f"{peer_seconds:.1f}", f"{peer_seconds / seconds:.2f}x", f"{difference:.1e}"])
+    rows.append(
+      [
+        name,
+        f"{values.size}",
+        f"{seconds:.1f}",
+        f"{peer_seconds:.1f}",
+        f"{peer_seconds / seconds:.2f}x",
+        f"{difference:.1e}",
+      ]
+    )
   table = benchmark.table(
     ["sweep", "patched runs", "ours s (1st call)", "TransformerLens s", "ours faster", "max |difference|"], rows
   )
-  return (
-    header + f"\n{table}\npeer: {theirs['versions']}, {theirs['threads']} threads; ours: jax {jax.__version__}"
-  )
+  return header + f"\n{table}\npeer: {theirs['versions']}, {theirs['threads']} threads; ours: jax {jax.__version__}"

@@ -96,7 +96,9 @@ _CIRCUIT = flags.DEFINE_bool(
   "attribution patching, probes, alignment search); circuit.json in --out.",
 )
 _CLEAN = flags.DEFINE_string("clean", None, "With --patch or --path: the clean text.")
-_CORRUPT = flags.DEFINE_string("corrupt", None, "With --patch or --path: the corrupted text, as many tokens as --clean.")
+_CORRUPT = flags.DEFINE_string(
+  "corrupt", None, "With --patch or --path: the corrupted text, as many tokens as --clean."
+)
 _ABLATE = flags.DEFINE_list(
   "ablate", [], "With --heads: heads to zero (e.g. L1.H0,L1.H3), for the loss on the repeated tokens without them."
 )
@@ -185,7 +187,15 @@ def path_patch(model, params, tokenizer) -> None:
   if _CLEAN.value is None or _CORRUPT.value is None or _TARGET.value is None:
     raise UserError("--path needs --clean, --corrupt and --target (optionally --versus)")
   found = studies.path(
-    model, params, tokenizer, _CLEAN.value, _CORRUPT.value, _TARGET.value, _VERSUS.value, sender, receivers,
+    model,
+    params,
+    tokenizer,
+    _CLEAN.value,
+    _CORRUPT.value,
+    _TARGET.value,
+    _VERSUS.value,
+    sender,
+    receivers,
     out=Path(_OUT.value),
   )
   print(f"{found.metric}: clean {found.runs['clean']:.4f}, corrupt {found.runs['corrupt']:.4f}")
@@ -205,7 +215,10 @@ def circuit(model, params, validation) -> None:
     print(f"  {where:<14} {rise:8.4f}")
   print("strongest edges (edge attribution patching): " + ", ".join(f"{e} ({v:+.3f})" for e, v in found.top_edges[:3]))
   for where, accuracy in found.probes.items():
-    print(f"previous token from the {where}: {accuracy['test_accuracy']:.3f} held out (control {accuracy['control_accuracy']:.3f})")
+    print(
+      f"previous token from the {where}: {accuracy['test_accuracy']:.3f} held out "
+      f"(control {accuracy['control_accuracy']:.3f})"
+    )
   a = found.alignment
   print(
     f"copied token in layer 1's values, a subspace of rank {a['rank']}: {a['accuracy']:.3f} interchange accuracy "
@@ -230,7 +243,9 @@ _VERBS = {
 }
 
 
-def _head(name: str, num_layers: int | None = None, num_heads: int | None = None, flag: str = "ablate") -> tuple[int, int]:
+def _head(
+  name: str, num_layers: int | None = None, num_heads: int | None = None, flag: str = "ablate"
+) -> tuple[int, int]:
   """ "L1.H0" -> (1, 0), refused naming the model's range (when given) when it is not a head of this model."""
   try:
     layer, head = (int(part[1:]) for part in name.upper().split("."))

@@ -42,7 +42,12 @@ BLOCK_POINTS = {
   "mlp_post": "mlp.hook_post",
   "mlp_out": "hook_mlp_out",
 }
-POINTS = {"embed": "hook_embed", "pos_embed": "hook_pos_embed", "ln_f.scale": "ln_final.hook_scale", "ln_f.normalized": "ln_final.hook_normalized"}
+POINTS = {
+  "embed": "hook_embed",
+  "pos_embed": "hook_pos_embed",
+  "ln_f.scale": "ln_final.hook_scale",
+  "ln_f.normalized": "ln_final.hook_normalized",
+}
 ANSWER, WRONG = 7, 11  # the metric: logit of ANSWER minus logit of WRONG at the last position
 
 
@@ -71,14 +76,20 @@ def main() -> None:
     out[f"stack_head_results/{key}"] = cache.stack_head_results(layer=-1 if layer is None else layer).detach().numpy()
   out["decompose_resid_mlp_input/1"] = cache.decompose_resid(layer=1, mlp_input=True, apply_ln=True).detach().numpy()
   out["logit_attrs"] = cache.logit_attrs(cache.decompose_resid(), tokens=tokens).detach().numpy()
-  out["logit_attrs_diff"] = cache.logit_attrs(
-    cache.decompose_resid(), tokens=tokens, incorrect_tokens=torch.full(clean.shape, WRONG)
-  ).detach().numpy()
+  out["logit_attrs_diff"] = (
+    cache.logit_attrs(cache.decompose_resid(), tokens=tokens, incorrect_tokens=torch.full(clean.shape, WRONG))
+    .detach()
+    .numpy()
+  )
   metric = lambda logits: (logits[:, -1, ANSWER] - logits[:, -1, WRONG]).mean()
   with torch.no_grad():
     out["patch/resid_pre"] = patching.get_act_patch_resid_pre(bridge, corrupt, cache, metric).detach().numpy()
-    out["patch/attn_head_out_by_pos"] = patching.get_act_patch_attn_head_out_by_pos(bridge, corrupt, cache, metric).detach().numpy()
-  out["versions"] = np.array(f"transformer-lens {transformer_lens.__version__ if hasattr(transformer_lens, '__version__') else '?'}, torch {torch.__version__}, transformers {transformers.__version__}")
+    out["patch/attn_head_out_by_pos"] = (
+      patching.get_act_patch_attn_head_out_by_pos(bridge, corrupt, cache, metric).detach().numpy()
+    )
+  out["versions"] = np.array(
+    f"transformer-lens {transformer_lens.__version__ if hasattr(transformer_lens, '__version__') else '?'}, torch {torch.__version__}, transformers {transformers.__version__}"
+  )
   (FIXTURES / "lens").mkdir(exist_ok=True)
   np.savez_compressed(FIXTURES / "lens" / "golden.npz", **out)
   print({k: v.shape for k, v in out.items()})

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_interventions import CFG, TOKENS, _params, _planted
 
 from transformer import activation_cache, interventions, layers, patching, probing
 from transformer.interventions import Patch
@@ -13,7 +14,6 @@ from transformer.models.gpt import GPT
 from transformer.models.hf_gpt2 import import_hf_gpt2
 
 from conftest import REPO
-from test_interventions import CFG, TOKENS, _params, _planted
 
 GOLDEN = REPO / "tests" / "fixtures" / "lens" / "golden.npz"
 ANSWER, WRONG = 7, 11  # as tests/make_lens_fixtures.py
@@ -139,14 +139,20 @@ def test_a_chunked_sweep_equals_one_at_once_and_fractions_run_from_corrupt_to_cl
   corrupt = TOKENS.at[:, 2].set(30)
   metric = lambda logits: logits[:, -1, 5].mean() - logits[:, -1, 7].mean()
   whole = patching.patching_sweep(model, params, TOKENS, corrupt, metric, chunk_size=1000)
-  np.testing.assert_allclose(patching.patching_sweep(model, params, TOKENS, corrupt, metric, chunk_size=3), whole, atol=1e-6)
+  np.testing.assert_allclose(
+    patching.patching_sweep(model, params, TOKENS, corrupt, metric, chunk_size=3), whole, atol=1e-6
+  )
   # The sweep runs each patch from its layer up (GPT.from_layer, the head from the first position the
   # metric reads); a scanned model runs every patch whole: the same numbers.
-  scanned, stacked = GPT(CFG.replace(scan_layers=True)), {**params, "h": layers.stack_layers(params["h"], CFG.num_layers)}
+  scanned, stacked = (
+    GPT(CFG.replace(scan_layers=True)),
+    {**params, "h": layers.stack_layers(params["h"], CFG.num_layers)},
+  )
   early = lambda logits: logits[:, 4, 5].mean() - logits[:, -1, 7].mean()
   np.testing.assert_allclose(
     patching.patching_sweep(scanned, stacked, TOKENS, corrupt, early),
-    patching.patching_sweep(model, params, TOKENS, corrupt, early), atol=1e-5,
+    patching.patching_sweep(model, params, TOKENS, corrupt, early),
+    atol=1e-5,
   )
   fraction = patching.fraction_recovered(whole, model, params, TOKENS, corrupt, metric)
   np.testing.assert_allclose(fraction[0, 2], 1.0, atol=1e-4)  # the corrupted position at layer 0: all of it
@@ -201,8 +207,13 @@ def test_path_patching_and_edge_attribution_name_the_planted_k_composition():
   rise = {}
   for role in "qkv":
     receivers = [(1, 0, role)]
-    rise[role] = patching.path_patching(model, params, tokens, losses, sender=(0, 0), receivers=receivers, sender_value=zeros) - plain
-  everywhere = interventions.next_token_losses(model, params, tokens, interventions.ablating([(0, 0)], 2))[T // 2 :].mean() - plain
+    rise[role] = (
+      patching.path_patching(model, params, tokens, losses, sender=(0, 0), receivers=receivers, sender_value=zeros)
+      - plain
+    )
+  everywhere = (
+    interventions.next_token_losses(model, params, tokens, interventions.ablating([(0, 0)], 2))[T // 2 :].mean() - plain
+  )
   assert rise["k"] > 0.8 * everywhere > 0.1, (rise, everywhere)
   assert abs(rise["q"]) < 0.2 * everywhere and abs(rise["v"]) < 0.2 * everywhere, (rise, everywhere)
   # Edge attribution patching, the first copy corrupted (other tokens before each), softer attention
@@ -231,7 +242,9 @@ def test_a_probe_reads_the_previous_token_where_a_head_wrote_it():
   previous = jnp.concatenate([jnp.zeros((64, 1), int), tokens[:, :-1]], axis=1)
   mask = np.ones((64, 16), bool)
   mask[:, 0] = False
-  after = probing.linear_probe(model, params, tokens, previous, point="resid_post", layer=0, mask_BxT=mask, num_classes=8)
+  after = probing.linear_probe(
+    model, params, tokens, previous, point="resid_post", layer=0, mask_BxT=mask, num_classes=8
+  )
   before = probing.linear_probe(model, params, tokens, previous, point="embed", mask_BxT=mask, num_classes=8)
   assert after.test_accuracy > 0.9 and after.control_accuracy > 0.9, after
   assert before.test_accuracy < 0.3, before
@@ -247,12 +260,22 @@ def test_das_of_full_rank_is_patching_the_whole_point():
   swapped = probing.interchange(
     model, params, TOKENS, base["resid_pre"][1], other["resid_pre"][1], rotation_DxD, point="resid_pre", layer=1
   )
-  whole = interventions.run_with_patches(model, params, TOKENS, patches={("resid_pre", 1): Patch.replace(other["resid_pre"][1])})
+  whole = interventions.run_with_patches(
+    model, params, TOKENS, patches={("resid_pre", 1): Patch.replace(other["resid_pre"][1])}
+  )
   np.testing.assert_allclose(swapped, whole, atol=1e-4)
   # A trained subspace of rank 1 at the corrupted position recovers the source's prediction better than a random one.
   found = probing.distributed_alignment_search(
-    model, params, TOKENS, source, jnp.argmax(interventions.run_with_cache(model, params, source, names=())[0], -1),
-    point="resid_pre", layer=1, rank=2, steps=60, learning_rate=0.05,
+    model,
+    params,
+    TOKENS,
+    source,
+    jnp.argmax(interventions.run_with_cache(model, params, source, names=())[0], -1),
+    point="resid_pre",
+    layer=1,
+    rank=2,
+    steps=60,
+    learning_rate=0.05,
   )
   assert found.subspace_Dxr.shape == (D, 2)
   np.testing.assert_allclose(found.subspace_Dxr.T @ found.subspace_Dxr, np.eye(2), atol=1e-5)

@@ -186,8 +186,15 @@ def test_launch_probe_reads_hugging_face_gpt2_weights(tmp_path):
       {"args": [hf, "--patch", clean, corrupt, "--target= Mary", "--versus= John", f"--out={tmp_path / 'patch'}"]},
       {
         "args": [
-          hf, "--path", clean, corrupt, "--target= Mary", "--versus= John", "--sender=L0.H1",
-          "--receivers=L1.k,L1.H0.q", f"--out={tmp_path / 'path'}",
+          hf,
+          "--path",
+          clean,
+          corrupt,
+          "--target= Mary",
+          "--versus= John",
+          "--sender=L0.H1",
+          "--receivers=L1.k,L1.H0.q",
+          f"--out={tmp_path / 'path'}",
         ]
       },
       {"args": [hf, "--patch", clean, "--corrupt=When Mary and John went", "--target= Mary"]},
@@ -218,7 +225,12 @@ def test_launch_probe_reads_hugging_face_gpt2_weights(tmp_path):
   nontrivial_png(tmp_path / "patch" / "patching.png")
   assert path["status"] == 0, path["stderr"][-3000:]
   found = json.loads((tmp_path / "path" / "path.json").read_text())
-  assert found["receivers"] == [[1, 0, "k"], [1, 1, "k"], [1, 0, "q"]] and set(found["runs"]) == {"clean", "corrupt", "sender", "path"}
+  assert found["receivers"] == [[1, 0, "k"], [1, 1, "k"], [1, 0, "q"]] and set(found["runs"]) == {
+    "clean",
+    "corrupt",
+    "sender",
+    "path",
+  }
   assert "only along L1.k, L1.H0.q:" in path["stdout"]
   assert [b["status"] for b in bad] == [1, 1, 1]
   assert "error: the clean text is 10 tokens and the corrupt one 5: patching pairs their positions" in bad[0]["stderr"]
@@ -240,7 +252,10 @@ def test_launch_probe_takes_one_verb_and_refuses_flags_without_theirs_before_loa
     {"args": [f"--workdir={missing}", "--path", "--sender=L0.H1"]},
   ]
   stderrs = [r["stderr"] for r in run_cases("launch.probe", cases, tmp_path)]
-  assert "error: give one of --compare, --heads, --attribute, --patch, --path, --circuit at a time, not heads and patch" in stderrs[0]
+  assert (
+    "error: give one of --compare, --heads, --attribute, --patch, --path, --circuit at a time, not heads and patch"
+    in stderrs[0]
+  )
   assert "error: --ablate names heads to remove while --heads scores them: give --heads with it" in stderrs[1]
   assert "error: --ablate='layer1' is not a head of this model: write L<layer>.H<head>, e.g. L0.H1" in stderrs[2]
   assert "error: --path needs --sender (a head, e.g. L0.H1) and --receivers (e.g. L1.k)" in stderrs[3]

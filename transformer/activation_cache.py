@@ -166,7 +166,9 @@ class ActivationCache(collections.abc.Mapping):
     if self._config.scan_layers:
       kernel_LxHxKxD = blocks["layers"]["attn"]["out"]["kernel"]
     else:
-      kernel_LxHxKxD = jnp.stack([blocks[f"layer_{i}"]["attn"]["out"]["kernel"] for i in range(self._config.num_layers)])
+      kernel_LxHxKxD = jnp.stack(
+        [blocks[f"layer_{i}"]["attn"]["out"]["kernel"] for i in range(self._config.num_layers)]
+      )
     return jnp.einsum("lbthk,lhkd->lbthd", self["z"], kernel_LxHxKxD)
 
   def stack_head_results(self, layer: int | None = None, apply_ln: bool = False, return_labels: bool = False):

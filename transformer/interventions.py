@@ -6,8 +6,8 @@ TransformerLens's name, `blocks.{l}.` before it):
 | ours | TransformerLens | shape (a block's points get a leading layer axis L when read) |
 |---|---|---|
 | `resid_pre`, `resid_mid`, `resid_post` | `hook_resid_pre`, `hook_resid_mid`, `hook_resid_post` | B x T x D |
-| `ln_1.scale`, `ln_1.normalized` (`ln_2.` for the MLP's) | `ln1.hook_scale`, `ln1.hook_normalized` | B x T x 1, B x T x D |
-| `q_input`, `k_input`, `v_input` (each head's copy of the stream) | `hook_q_input`, `hook_k_input`, `hook_v_input` | B x T x H x D |
+| `ln_1.scale`, `ln_1.normalized` (`ln_2.`: the MLP's) | `ln1.hook_scale`, `ln1.hook_normalized` | B x T x 1, x D |
+| `q_input`, `k_input`, `v_input` (each head's copy of the stream) | `hook_q_input`, ... | B x T x H x D |
 | `q`, `k`, `v` (after qk_norm, before rotary) | `attn.hook_q`, `attn.hook_k`, `attn.hook_v` | B x T x H x K |
 | `rot_q`, `rot_k` (after rotary; positions == "rope" only) | `attn.hook_rot_q`, `attn.hook_rot_k` | B x T x H x K |
 | `attn_scores` (masked, before the softmax) | `attn.hook_attn_scores` | B x H x T x S |
@@ -15,7 +15,8 @@ TransformerLens's name, `blocks.{l}.` before it):
 | `z` (each head's output, before the output projection) | `attn.hook_z` | B x T x H x K |
 | `result` (each head's output projected, bias apart) | `attn.hook_result` | B x T x H x D |
 | `attn_out`, `mlp_out` | `hook_attn_out`, `hook_mlp_out` | B x T x D |
-| `mlp_pre`, `mlp_post` (`mlp_pre_linear`: a gated MLP's ungated half) | `mlp.hook_pre`, `mlp.hook_post` (`mlp.hook_pre_linear`) | B x T x F |
+| `mlp_in` (the MLP's own copy of the stream) | `hook_mlp_in` | B x T x D |
+| `mlp_pre`, `mlp_post` (gated: `mlp_pre_linear` too) | `mlp.hook_pre`, `mlp.hook_post`, `hook_pre_linear` | B x T x F |
 
 and a GPT's `embed` (`hook_embed`), `pos_embed` (`hook_pos_embed`), `ln_f.scale`,
 `ln_f.normalized` (`ln_final.hook_scale`, `ln_final.hook_normalized`), `final_norm` (its output)
@@ -54,7 +55,6 @@ import flax.linen as nn
 import flax.traverse_util
 import jax
 import jax.numpy as jnp
-
 
 _LAYER = re.compile(r"layer_(\d+)$")
 _SUBMODULES = ("attn", "mlp")  # a point of theirs is named without them: `q`, not `attn.q`
@@ -290,7 +290,9 @@ def ablating(heads: list[tuple[int, int]], num_heads: int, how: str = "zero", re
   if how not in ("zero", "mean", "resample"):
     raise ValueError(f"how={how!r}: ablate by 'zero', 'mean' or 'resample'")
   if how != "zero" and reference_z is None:
-    raise ValueError(f"a {how} ablation needs reference_z: run_with_cache(model, params, reference, names=('z',))[1]['z']")
+    raise ValueError(
+      f"a {how} ablation needs reference_z: run_with_cache(model, params, reference, names=('z',))[1]['z']"
+    )
   by_layer: dict[int, list[int]] = {}
   for layer, head in heads:
     by_layer.setdefault(layer, []).append(head)

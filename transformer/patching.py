@@ -43,7 +43,9 @@ def _axes(point: str, over: str) -> tuple[int, ...]:
   if over not in wanted:
     raise ValueError(f"over={over!r}: sweep over 'positions', 'heads' or 'positions_and_heads'")
   if "heads" in wanted[over] and not per_head:
-    raise ValueError(f"{point!r} has no head axis to sweep over; per-head points: {', '.join(_PER_HEAD + _BY_HEAD_FIRST)}")
+    raise ValueError(
+      f"{point!r} has no head axis to sweep over; per-head points: {', '.join(_PER_HEAD + _BY_HEAD_FIRST)}"
+    )
   return tuple(axis[a] for a in wanted[over])
 
 

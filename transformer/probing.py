@@ -191,7 +191,9 @@ def distributed_alignment_search(
   targets_BxT = jnp.asarray(counterfactual_BxT)
 
   def logits_with(subspace_Dxr):
-    return interchange(model, params, base_BxT, base_act, source_act, subspace_Dxr, point=point, layer=layer, where=where)
+    return interchange(
+      model, params, base_BxT, base_act, source_act, subspace_Dxr, point=point, layer=layer, where=where
+    )
 
   def loss(w_Dxr):
     logits_BxTxV = logits_with(_orthonormal(w_Dxr))

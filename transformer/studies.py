@@ -302,15 +302,22 @@ def induction_circuit(model, params, *, validation=None, rank: int = 16, out: Pa
   rise = {"everywhere": float(metric(interventions.run_with_patches(model, params, tokens, patches=ablated))) - plain}
   for role, name in (("k", "into keys"), ("q", "into queries"), ("v", "into values")):
     receivers = [(1, h, role) for h in range(H)]
-    value = patching.path_patching(model, params, tokens, metric, sender=previous, receivers=receivers, sender_value=mean_result)
+    value = patching.path_patching(
+      model, params, tokens, metric, sender=previous, receivers=receivers, sender_value=mean_result
+    )
     rise[name] = float(value) - plain
   # Edges: the first copy corrupted (other tokens), so that nothing earlier predicts the second.
   corrupt = jnp.concatenate([reference[:, :length], tokens[:, length:]], axis=1)
   edges = patching.edge_attribution_patching(model, params, tokens, corrupt, metric)
   # Each head's edges into a layer's queries, keys or values, summed over the receiving heads.
   ranked = sorted(
-    ((f"L{a}.H{b} -> L{c} {role}", float(edges[role][a, b, c].sum())) for role in "qkv"
-     for a in range(L) for b in range(H) for c in range(a + 1, L)),
+    (
+      (f"L{a}.H{b} -> L{c} {role}", float(edges[role][a, b, c].sum()))
+      for role in "qkv"
+      for a in range(L)
+      for b in range(H)
+      for c in range(a + 1, L)
+    ),
     key=lambda edge: -abs(edge[1]),
   )
   # Probes: more rows (64 sequences), held out by sequence.
@@ -320,7 +327,9 @@ def induction_circuit(model, params, *, validation=None, rank: int = 16, out: Pa
   mask[:, 0] = False
   probes_ = {}
   for where, point, layer in (("embeddings", "embed", None), ("layer 0 output", "resid_post", 0)):
-    probe = probing.linear_probe(model, params, rows, previous_BxT, point=point, layer=layer, mask_BxT=mask, num_classes=cfg.vocab_size)
+    probe = probing.linear_probe(
+      model, params, rows, previous_BxT, point=point, layer=layer, mask_BxT=mask, num_classes=cfg.vocab_size
+    )
     probes_[where] = {"test_accuracy": probe.test_accuracy, "control_accuracy": probe.control_accuracy}
   # The copied token: layer 1's values (every head's copy of the stream) in the first copy from another
   # row's tokens; in the second copy the model should then predict that row's next token.
@@ -329,10 +338,25 @@ def induction_circuit(model, params, *, validation=None, rank: int = 16, out: Pa
   counterfactual = jnp.concatenate([source[:, 1:], source[:, :1]], axis=1)
   loss_mask = (jnp.arange(2 * length) >= length)[None] & (jnp.arange(2 * length) < 2 * length - 1)[None]
   found = probing.distributed_alignment_search(
-    model, params, tokens, source, counterfactual, point="v_input", layer=1, rank=rank,
-    where=in_first, loss_mask_BxT=jnp.broadcast_to(loss_mask, tokens.shape), steps=300, learning_rate=0.02,
+    model,
+    params,
+    tokens,
+    source,
+    counterfactual,
+    point="v_input",
+    layer=1,
+    rank=rank,
+    where=in_first,
+    loss_mask_BxT=jnp.broadcast_to(loss_mask, tokens.shape),
+    steps=300,
+    learning_rate=0.02,
   )
-  alignment = {"rank": rank, "accuracy": found.accuracy, "random_accuracy": found.random_accuracy, "full_accuracy": found.full_accuracy}
+  alignment = {
+    "rank": rank,
+    "accuracy": found.accuracy,
+    "random_accuracy": found.random_accuracy,
+    "full_accuracy": found.full_accuracy,
+  }
   circuit = Circuit(previous, induction, rise, ranked[:6], probes_, alignment)
   _write_json(out, "circuit.json", dataclasses.asdict(circuit))
   return circuit

@@ -117,7 +117,10 @@ def _per_head_projection(qkv: Projection, inputs) -> jax.Array:
   values', each B x T x H x D): head h's queries read its own copy of the stream, and so on."""
   kernel_Dx3xHxK, bias_3xHxK = qkv.weights()
   qkv_BxTx3xHxK = jnp.stack(
-    [jnp.einsum("bthd,dhk->bthk", x_BxTxHxD.astype(kernel_Dx3xHxK.dtype), kernel_Dx3xHxK[:, i]) for i, x_BxTxHxD in enumerate(inputs)],
+    [
+      jnp.einsum("bthd,dhk->bthk", x_BxTxHxD.astype(kernel_Dx3xHxK.dtype), kernel_Dx3xHxK[:, i])
+      for i, x_BxTxHxD in enumerate(inputs)
+    ],
     axis=2,
   )
   return qkv_BxTx3xHxK if bias_3xHxK is None else qkv_BxTx3xHxK + bias_3xHxK
@@ -130,7 +133,9 @@ def _output(module: nn.Module, out: Projection, z_BxTxHxK) -> jax.Array:
   if not intervened(module) or module.is_initializing():
     return out(z_BxTxHxK)
   kernel_HxKxD, bias_D = out.weights()
-  result_BxTxHxD = point(module, "result", jnp.einsum("bthk,hkd->bthd", z_BxTxHxK.astype(kernel_HxKxD.dtype), kernel_HxKxD))
+  result_BxTxHxD = point(
+    module, "result", jnp.einsum("bthk,hkd->bthd", z_BxTxHxK.astype(kernel_HxKxD.dtype), kernel_HxKxD)
+  )
   out_BxTxD = result_BxTxHxD.sum(axis=2)
   return out_BxTxD if bias_D is None else out_BxTxD + bias_D
 
@@ -164,7 +169,9 @@ class SelfAttention(nn.Module):
     H, K = cfg.num_heads, cfg.head_dim
     per_head_inputs = isinstance(x_BxTxD, tuple)
     if per_head_inputs and not mechanism.keys:
-      raise ValueError(f"per-head inputs (q_input, k_input, v_input) need queries and keys; {cfg.attention_mechanism!r} has none")
+      raise ValueError(
+        f"per-head inputs (q_input, k_input, v_input) need queries and keys; {cfg.attention_mechanism!r} has none"
+      )
     q_BxTxHxK = k_BxSxHxK = None
     if mechanism.keys:
       qkv = self.projection((3, H, K), ("embed", None, "heads", "kv"), name="qkv")

@@ -95,7 +95,6 @@ class Block(nn.Module):
     x_BxTxD = point(self, "resid_post", x_BxTxD)
     return nn.with_logical_constraint(x_BxTxD, ("batch", "length", "embed"))
 
-
   def _per_head_inputs(self, x_BxTxD):
     """The residual stream as each head's queries', keys' and values' input (`q_input`, `k_input`,
     `v_input`: B x T x H x D copies, TransformerLens's split qkv inputs), when a run patches one of
@@ -155,7 +154,6 @@ class Stack(nn.Module):
       metadata_params={nn.PARTITION_NAME: "layers"},
     )
     return scanned(block(name="layers"), *inputs)[0]
-
 
   def block(self, deterministic: bool = True, decode: bool = False):
     """The kind of block this stack is made of (Block with this stack's settings): each block one of
