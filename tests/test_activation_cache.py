@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from test_interventions import CFG, TOKENS, _params, _planted
 
-from transformer import activation_cache, interventions, layers, patching, probing
+from transformer import interventions, layers, patching, probing
 from transformer.interventions import Patch
 from transformer.models.gpt import GPT
 from transformer.models.hf_gpt2 import import_hf_gpt2
@@ -118,7 +118,7 @@ def test_decompose_resid_sums_to_the_stream_and_logit_attrs_is_the_direct_attrib
     np.testing.assert_allclose(cache.decompose_resid().sum(0), cache["resid_post"][-1], atol=1e-5)
     np.testing.assert_allclose(cache.decompose_resid(layer=1).sum(0), cache["resid_pre"][1], atol=1e-5)
     target = (TOKENS * 3 + 1) % cfg.vocab_size
-    parts = activation_cache.direct_logit_attribution(model, params, TOKENS, target)
+    parts = interventions.run_with_cache(model, params, TOKENS)[1].direct_logit_attribution(target)
     by_mlp = cache.logit_attrs(cache.decompose_resid(mode="mlp"), target)
     np.testing.assert_allclose(by_mlp[-1], parts["L1.mlp"], atol=1e-5)
     heads = cache.logit_attrs(cache.stack_head_results(), target)

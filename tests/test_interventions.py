@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import activation_cache, interventions, layers, patching, probes, tokenizers
+from transformer import interventions, layers, patching, probes, tokenizers
 from transformer.interventions import Patch
 from transformer.models.gpt import GPT, GPTConfig
 from transformer.models.seq2seq import Transformer, preset
@@ -217,7 +217,7 @@ def test_the_logit_attribution_sums_to_the_logit(changes):
   cfg = CFG.replace(**changes)
   model, params = GPT(cfg), _params(cfg)
   target = (TOKENS * 3 + 1) % cfg.vocab_size
-  parts = activation_cache.direct_logit_attribution(model, params, TOKENS, target)
+  parts = interventions.run_with_cache(model, params, TOKENS)[1].direct_logit_attribution(target)
   _, cache = interventions.run_with_cache(model, params, TOKENS, names=("logits",))
   want = jnp.take_along_axis(cache["logits"], target[..., None], -1)[..., 0]
   np.testing.assert_allclose(sum(parts.values()), want, atol=1e-4)

@@ -10,6 +10,7 @@ stream contributes (direct logit attribution):
     >>> attrs_NxBxT = cache.logit_attrs(parts_NxBxTxD, tokens=answer_B[:, None], incorrect_tokens=wrong_B[:, None])
     >>> heads_NxBxTxD = cache.stack_head_results(layer=2)   # every head of layers 0 and 1
     >>> lens_LxBxTxV = cache.logit_lens()                   # what the stream predicts after each layer
+    >>> parts = cache.direct_logit_attribution(target_BxT)  # {"embed": B x T, "L0.H1": ..., "L1.mlp": ...}
 
 Method names, arguments, labels and stack orders are TransformerLens's (`accumulated_resid`,
 `decompose_resid`, `stack_head_results`, `apply_ln` for its `apply_ln_to_stack`, `logit_attrs`), and
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import collections.abc
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
@@ -227,42 +227,35 @@ class ActivationCache(collections.abc.Mapping):
     stack_NxBxTxD = self.accumulated_resid(incl_mid=incl_mid)
     return jax.vmap(lambda x: self.model.apply({"params": self.params}, x, method=gpt.GPT.output_logits))(stack_NxBxTxD)
 
-
-def direct_logit_attribution(model, params, tokens_BxT, target_BxT) -> dict[str, jax.Array]:
-  """Each component's direct contribution to the logit of `target_BxT` (a token id per position) of a
-  pre-LN GPT, {component: B x T}: the token and position embeddings, every head (`L0.H1`), each
-  layer's attention output bias and MLP, and the final norm's bias. Each passes through the final norm
-  with the run's own scale (which makes the norm linear in the residual stream), then the head; the
-  contributions sum to the logit before any soft-capping."""
-  from transformer.interventions import run_with_cache
-
-  cfg = model.config
-  if not cfg.block.pre_layer_norm:
-    raise ValueError("direct logit attribution reads a pre-LN residual stream; this model is post-LN")
-  params = nn.unbox(params)
-  _, cache = run_with_cache(model, params, tokens_BxT)
-  blocks = layers.unstack_layers(params["h"], cfg.num_layers) if cfg.scan_layers else params["h"]
-  B, T = tokens_BxT.shape
-  parts, names = [], []
-  for name in ("embed", "pos_embed"):
-    if name in cache:
-      parts.append(jnp.broadcast_to(cache[name], (B, T, cfg.block.d_model)))
-      names.append(name)
-  heads_NxBxTxD = cache.stack_head_results()
-  for i in range(cfg.num_layers):
+  def direct_logit_attribution(self, target_BxT) -> dict[str, jax.Array]:
+    """Each component's direct contribution to the logit of `target_BxT` (a token id per position),
+    {component: B x T}: the token and position embeddings, every head (`L0.H1`), each layer's
+    attention output bias and MLP, and the final norm's bias. Each passes through the final norm with
+    the run's own scale (which makes the norm linear in the residual stream), then the head; the
+    contributions sum to the logit before any soft-capping."""
+    cfg, params = self._config, self.params
+    blocks = layers.unstack_layers(params["h"], cfg.num_layers) if cfg.scan_layers else params["h"]
+    B, T = target_BxT.shape
+    parts, names = [], []
+    for name in ("embed", "pos_embed"):
+      if name in self:
+        parts.append(jnp.broadcast_to(self[name], (B, T, cfg.block.d_model)))
+        names.append(name)
+    heads_NxBxTxD = self.stack_head_results()
     H = cfg.block.num_heads
-    parts.extend(heads_NxBxTxD[i * H : (i + 1) * H])
-    names.extend(f"L{i}.H{h}" for h in range(H))
-    out = blocks[f"layer_{i}"]["attn"]["out"]
-    if "bias" in out:
-      parts.append(jnp.broadcast_to(out["bias"], (B, T, cfg.block.d_model)))
-      names.append(f"L{i}.attn_bias")
-    if not cfg.block.attention_only:
-      parts.append(cache["mlp_out"][i])
-      names.append(f"L{i}.mlp")
-  attrs_NxBxT = cache.logit_attrs(jnp.stack(parts).astype(jnp.float32), target_BxT)
-  out = dict(zip(names, attrs_NxBxT))
-  if "bias" in params["ln_f"]:
-    bias_1x1x1xD = params["ln_f"]["bias"][None, None, None]
-    out["final_norm_bias"] = cache.logit_attrs(bias_1x1x1xD, target_BxT, apply_ln=False, fold_norm=False)[0]
-  return out
+    for i in range(cfg.num_layers):
+      parts.extend(heads_NxBxTxD[i * H : (i + 1) * H])
+      names.extend(f"L{i}.H{h}" for h in range(H))
+      out = blocks[f"layer_{i}"]["attn"]["out"]
+      if "bias" in out:
+        parts.append(jnp.broadcast_to(out["bias"], (B, T, cfg.block.d_model)))
+        names.append(f"L{i}.attn_bias")
+      if not cfg.block.attention_only:
+        parts.append(self["mlp_out"][i])
+        names.append(f"L{i}.mlp")
+    attrs_NxBxT = self.logit_attrs(jnp.stack(parts).astype(jnp.float32), target_BxT)
+    out = dict(zip(names, attrs_NxBxT))
+    if "bias" in params["ln_f"]:
+      bias_1x1x1xD = params["ln_f"]["bias"][None, None, None]
+      out["final_norm_bias"] = self.logit_attrs(bias_1x1x1xD, target_BxT, apply_ln=False, fold_norm=False)[0]
+    return out

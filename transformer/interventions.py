@@ -56,6 +56,8 @@ import flax.traverse_util
 import jax
 import jax.numpy as jnp
 
+from transformer.activation_cache import ActivationCache
+
 _LAYER = re.compile(r"layer_(\d+)$")
 _SUBMODULES = ("attn", "mlp")  # a point of theirs is named without them: `q`, not `attn.q`
 
@@ -176,8 +178,6 @@ def run_with_cache(model, params, *args, names: tuple[str, ...] | None = None, *
   """(the model's output, its `ActivationCache`) of `model.apply({"params": params}, *args, **kwargs)`,
   jit-compiled (Python values among the arguments, e.g. `decode=False`, static); `names` keeps only
   those points (memory stays that of the run and those arrays)."""
-  from transformer.activation_cache import ActivationCache
-
   (arrays, array_kwargs), static = _split_static(args, kwargs)
   params = nn.unbox(params)
   names = None if names is None else tuple(names)
@@ -219,8 +219,6 @@ def run_with_patches(model, params, *args, patches: dict, names=None, return_cac
   jit-compiled, on attention's reference path (as `run_with_cache`'s runs). `return_cache=True`:
   (output, the patched run's ActivationCache of `names`, None: every point), for methods of two
   stages (path patching: freeze and patch, then read the receivers)."""
-  from transformer.activation_cache import ActivationCache
-
   collection = patches_collection(model, params, patches, *args, **kwargs)
   (arrays, array_kwargs), static = _split_static(args, kwargs)
   params = nn.unbox(params)

@@ -27,6 +27,7 @@ import numpy as np
 
 from transformer import kernels, layers
 from transformer.interventions import Patch, patches_collection, run_with_cache, run_with_patches
+from transformer.models import gpt
 
 # The axes of a point's activation (without its layer axis) that a sweep can go over.
 _BY_HEAD_FIRST = ("attn_scores", "pattern")  # B x H x T x S
@@ -236,8 +237,6 @@ def _sweep_from_each_layer(model, params, corrupt_BxT, metric, point, value_LxBx
   layer l leaves the corrupted run below l as it was, so the blocks from l run on the corrupted stream
   entering l, one block at a time in a loop of dynamic length (one block compiled, not a program per
   layer), and the head from the first position the metric reads."""
-  from transformer.models import gpt
-
   cfg = model.config
   L = cfg.num_layers
   logits, below = run_with_cache(model, params, corrupt_BxT, names=("resid_pre",))
@@ -292,7 +291,5 @@ def _first_position_read(metric, shape) -> int:
 def _resumable(model, point: str) -> bool:
   """Whether a sweep of `point` can start each patched run at the patched layer: a block's point of a
   GPT (transformer.models.gpt)."""
-  from transformer.models.gpt import GPT
-
   outside_blocks = point in ("embed", "pos_embed", "final_norm", "logits") or point.startswith("ln_f.")
-  return isinstance(model, GPT) and not outside_blocks
+  return isinstance(model, gpt.GPT) and not outside_blocks

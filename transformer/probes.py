@@ -295,7 +295,7 @@ def draw_alignment(inside: Inside, path) -> None:
 
 
 def draw_logit_attribution(contribution: dict[str, float], path, title: str) -> None:
-  """One bar per component (`activation_cache.direct_logit_attribution` at one position), in the
+  """One bar per component (`ActivationCache.direct_logit_attribution` at one position), in the
   model's order: embeddings, then each layer's heads and MLP; the bars sum to the logit."""
   plt = _pyplot()
   names, values = list(contribution), np.array(list(contribution.values()))

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import activation_cache, interventions, patching, probes, probing
+from transformer import interventions, patching, probes, probing
 from transformer.errors import UserError
 from transformer.models.gpt import GPT
 
@@ -120,7 +120,7 @@ class Attribution:
 
 def attribute(model, params, tokenizer, text: str, target: str, versus: str | None = None, out=None) -> Attribution:
   """The `target` token's logit (minus `versus`'s) after `text`, split into the direct contributions
-  of the embeddings, every head and every MLP (activation_cache.direct_logit_attribution);
+  of the embeddings, every head and every MLP (`ActivationCache.direct_logit_attribution`);
   attribution.png and attribution.json in `out`."""
   _gpt(model, "attribution")
   tokens_1xT = jnp.asarray([probes.encode(model, tokenizer, text)])
@@ -128,9 +128,10 @@ def attribute(model, params, tokenizer, text: str, target: str, versus: str | No
   versus_id = None if versus is None else one_token(tokenizer, versus, "the versus token")
   metric = f"logit of {target!r}" if versus is None else f"logit {target!r} - logit {versus!r}"
 
+  _, cache = interventions.run_with_cache(model, params, tokens_1xT)
+
   def last(token):
-    at_1xT = jnp.full_like(tokens_1xT, token)
-    attributed = activation_cache.direct_logit_attribution(model, params, tokens_1xT, at_1xT)
+    attributed = cache.direct_logit_attribution(jnp.full_like(tokens_1xT, token))
     return {k: float(x[0, -1]) for k, x in attributed.items()}
 
   share = last(target_id)
