@@ -20,14 +20,23 @@ without the heads named. --attribute splits the --target token's logit (minus --
 --text into the direct contributions of the embeddings, every head and every MLP (attribution.png).
 --patch runs the --corrupt text with each layer x position of the residual stream, and each layer x
 head, taken from the --clean one, and draws what each does to the --target's log-probability (or
-logit difference) beside attribution patching's estimate (patching.png). The same in Python:
-transformer.probes, transformer.interventions.
+logit difference) beside attribution patching's estimate (patching.png). --path is path patching: the
+--sender head's output from --corrupt, seen only by the --receivers (heads' queries, keys or values in
+later layers), beside patching the sender outright (path.json). --probe fits linear probes for the token
+--probe_offset away at the embeddings and after every layer (probe.json); --circuit traces a 2-layer
+attention-only model's induction circuit (circuit.json). The same in Python: transformer.studies,
+over transformer.probes, interventions, activation_cache, patching and probing.
 
   python -m launch.probe --workdir=workdirs/shakespeare-char --heads --ablate=L1.H0 --ablation=mean
   python -m launch.probe --workdir=workdirs/shakespeare-char --attribute --text="ROMEO: O Juli" --target=e
   python -m launch.probe --workdir=workdirs/shakespeare-char --patch --target=e --versus=a \
       --clean="ROMEO: O Juliet! JULIET: O Romeo! ROMEO: O Juli" \
       --corrupt="ROMEO: O Julian! JULIAN: O Romeo! ROMEO: O Juli"
+  python -m launch.probe --workdir=workdirs/shakespeare-char --path --sender=L0.H1 --receivers=L1.k --target=e \
+      --clean="ROMEO: O Juliet! JULIET: O Romeo! ROMEO: O Juli" \
+      --corrupt="ROMEO: O Julian! JULIAN: O Romeo! ROMEO: O Juli"
+  python -m launch.probe --workdir=workdirs/shakespeare-char --probe --probe_offset=-1
+  python -m launch.probe --workdir=workdirs/induction-2 --circuit
 """
 
 import sys
@@ -37,7 +46,7 @@ import numpy as np
 from absl import flags
 
 import launch
-from transformer import cli, inference, probes, studies
+from transformer import cli, inference, interventions, probes, studies
 from transformer.errors import UserError
 from transformer.models.gpt import GPT
 
@@ -94,6 +103,16 @@ _CIRCUIT = flags.DEFINE_bool(
   False,
   "A 2-layer attention-only GPT (experiments/induction.py): trace its induction circuit (path patching, edge "
   "attribution patching, probes, alignment search); circuit.json in --out.",
+)
+_PROBE = flags.DEFINE_bool(
+  "probe",
+  False,
+  "A GPT: linear probes for the token --probe_offset positions away, read off --probe_point at the embeddings and "
+  "after each layer, on the run's validation tokens (with --hf: random tokens repeated twice); probe.json in --out.",
+)
+_PROBE_POINT = flags.DEFINE_string("probe_point", "resid_post", "With --probe: the named point the probes read.")
+_PROBE_OFFSET = flags.DEFINE_integer(
+  "probe_offset", -1, "With --probe: which token (-1: the previous, 0: the current)."
 )
 _CLEAN = flags.DEFINE_string("clean", None, "With --patch or --path: the clean text.")
 _CORRUPT = flags.DEFINE_string(
@@ -227,6 +246,25 @@ def circuit(model, params, validation) -> None:
   print(Path(_OUT.value) / "circuit.json")
 
 
+def probe(model, params, validation) -> None:
+  """studies.probe_layers on 64 rows of the run's validation tokens (or of random tokens repeated)."""
+  _gpt(model, "probe")
+  cfg = model.config
+  T = min(128, cfg.max_len)
+  if validation is not None and len(validation) >= 64 * T:
+    tokens = np.asarray(validation[: 64 * T]).reshape(64, T)
+  else:
+    tokens = interventions.repeated_random_tokens(cfg.vocab_size, T // 2, batch=64)
+  found = studies.probe_layers(
+    model, params, tokens, point=_PROBE_POINT.value, offset=_PROBE_OFFSET.value, out=Path(_OUT.value)
+  )
+  print(f"the token {_PROBE_OFFSET.value:+d} from each position, read off {_PROBE_POINT.value} by a linear probe")
+  print(f"{'where':<12} {'held out':>9} {'control':>8}")
+  for where, accuracy in found.items():
+    print(f"{where:<12} {accuracy['test_accuracy']:9.3f} {accuracy['control_accuracy']:8.3f}")
+  print(Path(_OUT.value) / "probe.json")
+
+
 def _gpt(model, verb: str) -> None:
   if not isinstance(model, GPT):
     raise UserError(f"--{verb} works on a GPT's heads and residual stream; this is a {type(model).__name__}")
@@ -240,6 +278,7 @@ _VERBS = {
   "patch": _PATCH,
   "path": _PATH,
   "circuit": _CIRCUIT,
+  "probe": _PROBE,
 }
 
 
@@ -291,8 +330,10 @@ def main(argv):
   del argv
   texts = list(_TEXT.value)
   _check_verbs()
-  if not texts and not (_HEADS.value or _PATCH.value or _PATH.value or _CIRCUIT.value):
-    raise UserError("give a --text to probe (or --heads, --circuit, or --patch or --path with --clean and --corrupt)")
+  if not texts and not (_HEADS.value or _PATCH.value or _PATH.value or _CIRCUIT.value or _PROBE.value):
+    raise UserError(
+      "give a --text to look inside (or --heads, --circuit, --probe, or --patch or --path with --clean and --corrupt)"
+    )
   model, params, tokenizer, source, validation = load()
   print(f"# {source}", file=sys.stderr)
   if _HEADS.value:
@@ -309,6 +350,9 @@ def main(argv):
     return
   if _CIRCUIT.value:
     circuit(model, params, validation)
+    return
+  if _PROBE.value:
+    probe(model, params, validation)
     return
   if _COMPARE.value:
     compare(model, params, tokenizer, texts)

@@ -242,10 +242,8 @@ def test_a_probe_reads_the_previous_token_where_a_head_wrote_it():
   previous = jnp.concatenate([jnp.zeros((64, 1), int), tokens[:, :-1]], axis=1)
   mask = np.ones((64, 16), bool)
   mask[:, 0] = False
-  after = probing.linear_probe(
-    model, params, tokens, previous, point="resid_post", layer=0, mask_BxT=mask, num_classes=8
-  )
-  before = probing.linear_probe(model, params, tokens, previous, point="embed", mask_BxT=mask, num_classes=8)
+  after = probing.linear_probe(model, params, tokens, previous, point="resid_post", layer=0, mask_BxT=mask)
+  before = probing.linear_probe(model, params, tokens, previous, point="embed", mask_BxT=mask)
   assert after.test_accuracy > 0.9 and after.control_accuracy > 0.9, after
   assert before.test_accuracy < 0.3, before
 

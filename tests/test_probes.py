@@ -168,7 +168,7 @@ def test_launch_probe_reads_hugging_face_gpt2_weights(tmp_path):
     "--clean=When Mary and John went, John gave it to",
     "--corrupt=When Mary and John went, Mary gave it to",
   )
-  heads, mean, attribute, patch, path, *bad = run_cases(
+  heads, mean, attribute, patch, path, probe, *bad = run_cases(
     "launch.probe",
     [
       {"args": [hf, "--heads", "--ablate=L1.H0", f"--out={tmp_path / 'heads'}"]},
@@ -197,6 +197,7 @@ def test_launch_probe_reads_hugging_face_gpt2_weights(tmp_path):
           f"--out={tmp_path / 'path'}",
         ]
       },
+      {"args": [hf, "--probe", "--probe_offset=0", f"--out={tmp_path / 'probe'}"]},
       {"args": [hf, "--patch", clean, "--corrupt=When Mary and John went", "--target= Mary"]},
       {"args": [hf, "--attribute", "--text=When Mary", "--target= Marylebone"]},
       {"args": [hf, "--patch", clean, corrupt]},
@@ -232,6 +233,8 @@ def test_launch_probe_reads_hugging_face_gpt2_weights(tmp_path):
     "path",
   }
   assert "only along L1.k, L1.H0.q:" in path["stdout"]
+  assert probe["status"] == 0, probe["stderr"][-3000:]
+  assert json.loads((tmp_path / "probe" / "probe.json").read_text())["offset"] == 0 and "layer 1" in probe["stdout"]
   assert [b["status"] for b in bad] == [1, 1, 1]
   assert "error: the clean text is 10 tokens and the corrupt one 5: patching pairs their positions" in bad[0]["stderr"]
   assert "error: --target=' Marylebone' is 3 tokens for this tokenizer" in bad[1]["stderr"]
@@ -253,7 +256,7 @@ def test_launch_probe_takes_one_verb_and_refuses_flags_without_theirs_before_loa
   ]
   stderrs = [r["stderr"] for r in run_cases("launch.probe", cases, tmp_path)]
   assert (
-    "error: give one of --compare, --heads, --attribute, --patch, --path, --circuit at a time, not heads and patch"
+    "error: give one of --compare, --heads, --attribute, --patch, --path, --circuit, --probe at a time, not heads and patch"
     in stderrs[0]
   )
   assert "error: --ablate names heads to remove while --heads scores them: give --heads with it" in stderrs[1]
@@ -277,6 +280,12 @@ def test_the_probe_verbs_are_library_calls_with_arguments(tokenizer, tmp_path):
   assert shares.metric == "logit 'e' - logit 'a'" and (tmp_path / "attribution.json").exists()
   patched = studies.patch(model, params, tokenizer, "Harry stood", "Harry stool", target="a")
   assert patched.maps["patched resid_pre, layer x position"].shape == (2, 11)
+  rows = jnp.asarray(tokenizer.encode(TEXT * 8)[: 16 * 16]).reshape(16, 16)
+  found = studies.probe_layers(model, params, rows, offset=0, out=tmp_path)
+  assert list(found) == ["embeddings", "layer 0", "layer 1"]
+  assert found["embeddings"]["test_accuracy"] > 0.9  # the current token, from its own embedding
+  with pytest.raises(UserError, match="--probe_offset=16 reaches outside the 16 tokens"):
+    studies.probe_layers(model, params, rows, offset=16)
   path = studies.path(model, params, tokenizer, "Harry stood", "Harry stool", "a", None, (0, 1), [(1, 0, "k")])
   assert set(path.runs) == {"clean", "corrupt", "sender", "path"} and path.runs["path"] != path.runs["sender"]
   similarity = studies.compare(model, params, tokenizer, [TEXT, OTHER], "Harry")

@@ -33,9 +33,11 @@ from transformer.patching import jax_params, patched_logits
 
 @dataclasses.dataclass
 class Probe:
-  """A trained linear probe: logits = features @ weight + bias; accuracies on held-out rows, and the
-  control task's (random labels fixed per token type) with the same probe and data."""
+  """A trained linear probe: logits = features @ weight + bias over the labels that occur
+  (`classes_C`: column c predicts classes_C[c]); accuracies on held-out rows, and the control task's
+  (random labels fixed per token type) with the same probe and data."""
 
+  classes_C: np.ndarray
   weight_DxC: np.ndarray
   bias_C: np.ndarray
   train_accuracy: float
@@ -82,7 +84,6 @@ def fit_probe(
   token_types_N,
   *,
   groups_N=None,
-  num_classes: int | None = None,
   test_fraction: float = 0.25,
   steps: int = 1000,
   learning_rate: float = 3e-2,
@@ -94,11 +95,12 @@ def fit_probe(
   token type (`token_types_N`, e.g. the input token at each row) given a random label drawn from the
   labels' own distribution, the same for every occurrence."""
   features_NxD = jnp.asarray(features_NxD, jnp.float32)
-  labels_N, token_types_N = np.asarray(labels_N), np.asarray(token_types_N)
-  N = len(labels_N)
+  token_types_N = np.asarray(token_types_N)
+  # Columns for the labels that occur only: a token's id among 50,257 needs no 50,257-way probe.
+  classes_C, labels_N = np.unique(np.asarray(labels_N), return_inverse=True)
+  N, num_classes = len(labels_N), len(classes_C)
   if N < 8:
     raise ValueError(f"a probe needs rows to train and test on; got {N}")
-  num_classes = int(num_classes or labels_N.max() + 1)
   rng = np.random.default_rng(seed)
   groups_N = np.arange(N) if groups_N is None else np.asarray(groups_N)
   groups = rng.permutation(np.unique(groups_N))
@@ -110,6 +112,7 @@ def fit_probe(
   control_N = jnp.asarray([control_of_type[t] for t in token_types_N])
   control = _fit(features_NxD, control_N, num_classes, train_N, steps, learning_rate, seed)
   return Probe(
+    classes_C=classes_C,
     weight_DxC=np.asarray(fitted["weight"]),
     bias_C=np.asarray(fitted["bias"]),
     train_accuracy=_accuracy(fitted, features_NxD[train_N], labels_N[train_N]),

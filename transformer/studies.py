@@ -183,7 +183,7 @@ def _pair(model, tokenizer, clean: str, corrupt: str, target: str, versus: str |
 
 
 @dataclasses.dataclass
-class Path_:
+class PathPatching:
   """Path patching's result: the metric on the clean and corrupt runs, with the sender patched outright
   (`sender`) and only along the receivers' paths (`path`)."""
 
@@ -191,7 +191,7 @@ class Path_:
   runs: dict[str, float]  # "clean", "corrupt", "sender", "path"
 
 
-def path(model, params, tokenizer, clean, corrupt, target, versus, sender, receivers, out=None) -> Path_:
+def path(model, params, tokenizer, clean, corrupt, target, versus, sender, receivers, out=None) -> PathPatching:
   """Path patching (patching.path_patching) on the clean text: the `sender` head's output from the
   corrupt text, seen only by `receivers` [(layer, head, "q"|"k"|"v")], beside patching the sender
   outright. path.json in `out`."""
@@ -210,7 +210,7 @@ def path(model, params, tokenizer, clean, corrupt, target, versus, sender, recei
     patching.path_patching(model, params, clean_1xT, metric, sender=sender, receivers=receivers, source_BxT=corrupt_1xT)
   )
   _write_json(out, "path.json", {"metric": metric_name, "sender": list(sender), "receivers": receivers, "runs": runs})
-  return Path_(metric_name, runs)
+  return PathPatching(metric_name, runs)
 
 
 def patch(
@@ -328,9 +328,7 @@ def induction_circuit(model, params, *, validation=None, rank: int = 16, out: Pa
   mask[:, 0] = False
   probes_ = {}
   for where, point, layer in (("embeddings", "embed", None), ("layer 0 output", "resid_post", 0)):
-    probe = probing.linear_probe(
-      model, params, rows, previous_BxT, point=point, layer=layer, mask_BxT=mask, num_classes=cfg.vocab_size
-    )
+    probe = probing.linear_probe(model, params, rows, previous_BxT, point=point, layer=layer, mask_BxT=mask)
     probes_[where] = {"test_accuracy": probe.test_accuracy, "control_accuracy": probe.control_accuracy}
   # The copied token: layer 1's values (every head's copy of the stream) in the first copy from another
   # row's tokens; in the second copy the model should then predict that row's next token.
@@ -361,6 +359,38 @@ def induction_circuit(model, params, *, validation=None, rank: int = 16, out: Pa
   circuit = Circuit(previous, induction, rise, ranked[:6], probes_, alignment)
   _write_json(out, "circuit.json", dataclasses.asdict(circuit))
   return circuit
+
+
+# --- what a point encodes -----------------------------------------------------------------------
+
+
+def probe_layers(model, params, tokens_BxT, *, point: str = "resid_post", offset: int = -1, out=None) -> dict:
+  """Whether the token `offset` positions away (-1: the previous one, 0: the current one) can be read
+  off `point` by a linear probe, at the embeddings and after each layer: {where: {"test_accuracy",
+  "control_accuracy"}} (probing.linear_probe: held out by sequence, the control task a random label
+  per current token). probe.json in `out`."""
+  _gpt(model, "probing")
+  T = tokens_BxT.shape[1]
+  if not -T < offset < T:
+    raise UserError(f"--probe_offset={offset} reaches outside the {T} tokens of a row")
+  labels_BxT = jnp.roll(tokens_BxT, -offset, axis=1)  # label at t: the token at t + offset
+  mask_BxT = np.zeros(tokens_BxT.shape, bool)
+  mask_BxT[:, max(0, -offset) : T - max(0, offset)] = True  # where t + offset is in the row
+  found = {}
+  where = [("embeddings", "embed", None)] + [(f"layer {l}", point, l) for l in range(model.config.num_layers)]
+  for name, at, layer in where:
+    probe = probing.linear_probe(
+      model,
+      params,
+      tokens_BxT,
+      labels_BxT,
+      point=at,
+      layer=layer,
+      mask_BxT=mask_BxT,
+    )
+    found[name] = {"test_accuracy": probe.test_accuracy, "control_accuracy": probe.control_accuracy}
+  _write_json(out, "probe.json", {"point": point, "offset": offset, "accuracy": found})
+  return found
 
 
 # --- a word across texts ---------------------------------------------------------------------
