@@ -104,24 +104,28 @@ class Norm(nn.Module):
     """`points=False`: no named points (each head's own copy of the stream, B x T x H x D, which the
     block normalises apart from the stream itself: its points stay the stream's)."""
     cfg = self.cfg
+    # Flax's order of operations (nn.LayerNorm, nn.RMSNorm), so that a run that neither reads nor
+    # patches compiles to the program it always did.
     x32 = x.astype(jnp.promote_types(dtype(cfg.dtype), jnp.float32))
+    square = jax.lax.square(x32)
     if cfg.norm == "rms_norm":
-      mean, var = 0.0, jnp.mean(jnp.square(x32), -1, keepdims=True)
+      var = jnp.mean(square, -1)
+      mean = jnp.zeros_like(var)
     else:
-      mean = jnp.mean(x32, -1, keepdims=True)
-      var = jnp.maximum(0.0, jnp.mean(jnp.square(x32), -1, keepdims=True) - jnp.square(mean))
+      mean, mean_of_square = jnp.mean(x32, -1), jnp.mean(square, -1)
+      var = jnp.maximum(0.0, mean_of_square - jax.lax.square(mean))
+    mean, var = mean[..., None], var[..., None]
+    centred = x - mean
+    features = (1,) * (x.ndim - 1) + (x.shape[-1],)
     ones = nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",))
-    weight = self.param("scale", ones, (x.shape[-1],), dtype(cfg.param_dtype))
-    bias = None
-    if cfg.norm != "rms_norm" and cfg.use_bias:
-      bias = self.param("bias", zeros(("embed",)), (x.shape[-1],), dtype(cfg.param_dtype))
+    weight = lambda: self.param("scale", ones, (x.shape[-1],), dtype(cfg.param_dtype)).reshape(features)
     if points and intervened(self):
       scale = point(self, "scale", jnp.sqrt(var + cfg.layer_norm_epsilon))
-      y = point(self, "normalized", (x32 - mean) / scale) * weight
-    else:  # Flax's order of operations: the same numbers as nn.LayerNorm / nn.RMSNorm
-      y = (x32 - mean) * (jax.lax.rsqrt(var + cfg.layer_norm_epsilon) * weight)
-    if bias is not None:
-      y = y + bias
+      y = point(self, "normalized", centred / scale) * weight()
+    else:
+      y = centred * (jax.lax.rsqrt(var + cfg.layer_norm_epsilon) * weight())
+    if cfg.norm != "rms_norm" and cfg.use_bias:
+      y = y + self.param("bias", zeros(("embed",)), (x.shape[-1],), dtype(cfg.param_dtype)).reshape(features)
     return y.astype(dtype(cfg.dtype))
 
 
