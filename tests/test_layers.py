@@ -227,3 +227,20 @@ def test_synthesizer_in_the_encoder_decoder(mechanism):
     logits, cache = beam_search.decode_step(model, params, cache, encoded if t == 0 else None, tgt[:, t], valid)
     steps.append(logits)
   np.testing.assert_allclose(jnp.stack(steps, 1), full, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_the_norm_is_flaxs_to_the_bit_and_records_its_scale_when_read(kind):
+  """layers.Norm computes as Flax's LayerNorm / RMSNorm (the same numbers; a run that reads nothing
+  compiles as it did), and a read run records TransformerLens's `scale` and `normalized`."""
+  cfg = layers.BlockConfig(d_model=16, num_heads=2, norm=kind)
+  x = jax.random.normal(jax.random.key(0), (2, 3, 16)) * 3 + 1
+  params = layers.norm(cfg).init(jax.random.key(1), x)
+  params = jax.tree.map(lambda p: p + jax.random.normal(jax.random.key(2), p.shape), params)
+  flax_norm = nn.RMSNorm(epsilon=cfg.layer_norm_epsilon) if kind == "rms_norm" else nn.LayerNorm(epsilon=1e-5)
+  np.testing.assert_array_equal(layers.norm(cfg).apply(params, x), flax_norm.apply(params, x))
+  y, state = layers.norm(cfg).apply(params, x, mutable=["activations"])
+  scale, normalized = state["activations"]["scale"], state["activations"]["normalized"]
+  assert scale.shape == (2, 3, 1)
+  np.testing.assert_allclose(normalized * scale + (0 if kind == "rms_norm" else x.mean(-1, keepdims=True)), x, atol=1e-5)
+  np.testing.assert_allclose(y, flax_norm.apply(params, x), atol=1e-6)
