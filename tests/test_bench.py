@@ -103,6 +103,23 @@ def test_benchmark_against_hugging_face_runs():
   assert "ours/HF" in proc.stdout and "train step" in proc.stdout and "generate" in proc.stdout
 
 
+@pytest.mark.skipif(
+  not os.environ.get("TRANSFORMER_LENS_PYTHON"),
+  reason="set TRANSFORMER_LENS_PYTHON to a python with torch, transformers and transformer-lens",
+)
+def test_patching_beside_transformer_lens_runs_and_agrees():
+  proc = run_module(
+    "launch.bench",
+    "--what=patching",
+    "--preset=cpu-tiny",
+    "--seq_len=12",
+    f"--peer_python={os.environ['TRANSFORMER_LENS_PYTHON']}",
+  )
+  assert proc.returncode == 0, proc.stderr
+  rows = [line.split() for line in proc.stdout.splitlines() if "layer x" in line]
+  assert len(rows) == 2 and all(float(row[-1]) < 1e-4 for row in rows), proc.stdout
+
+
 @pytest.mark.slow
 def test_the_accelerator_check_runs_end_to_end_on_a_cpu(tmp_path):
   """The prepared accelerator check (--what=accelerator), shrunk to a smoke run on this CPU: its test
