@@ -242,5 +242,7 @@ def test_the_norm_is_flaxs_to_the_bit_and_records_its_scale_when_read(kind):
   y, state = layers.norm(cfg).apply(params, x, mutable=["activations"])
   scale, normalized = state["activations"]["scale"], state["activations"]["normalized"]
   assert scale.shape == (2, 3, 1)
-  np.testing.assert_allclose(normalized * scale + (0 if kind == "rms_norm" else x.mean(-1, keepdims=True)), x, atol=1e-5)
+  np.testing.assert_allclose(
+    normalized * scale + (0 if kind == "rms_norm" else x.mean(-1, keepdims=True)), x, atol=1e-5
+  )
   np.testing.assert_allclose(y, flax_norm.apply(params, x), atol=1e-6)
