@@ -21,6 +21,7 @@ Its interchange-intervention accuracy is reported beside a random subspace of th
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -51,27 +52,26 @@ class Probe:
 
 def _fit(features_NxD, labels_N, num_classes: int, train_N, steps: int, learning_rate: float, seed: int):
   """(weight, bias) of a softmax regression fitted on the rows `train_N` (AdamW, full batch)."""
-  D = features_NxD.shape[1]
-  key = jax.random.key(seed)
-  params = {"weight": jax.random.normal(key, (D, num_classes)) * 0.01, "bias": jnp.zeros(num_classes)}
+  x_NxD, y_N = jnp.asarray(features_NxD)[train_N], jnp.asarray(labels_N)[train_N]
+  return _fitted(x_NxD, y_N, jax.random.key(seed), num_classes, steps, learning_rate)
+
+
+@functools.partial(jax.jit, static_argnames=("num_classes", "steps", "learning_rate"))
+def _fitted(x_NxD, y_N, key, num_classes: int, steps: int, learning_rate: float):
+  """`_fit`'s training, compiled once per shape (a probe at each layer, and its control, share it)."""
+  params = {"weight": jax.random.normal(key, (x_NxD.shape[1], num_classes)) * 0.01, "bias": jnp.zeros(num_classes)}
   tx = optax.adamw(learning_rate, weight_decay=1e-4)
-  x_NxD, y_N = features_NxD[train_N], labels_N[train_N]
 
   def loss(p):
     logits_NxC = x_NxD @ p["weight"] + p["bias"]
     return optax.softmax_cross_entropy_with_integer_labels(logits_NxC, y_N).mean()
 
-  @jax.jit
-  def fit(p):
-    def step(carry, _):
-      p, state = carry
-      grads = jax.grad(loss)(p)
-      updates, state = tx.update(grads, state, p)
-      return (optax.apply_updates(p, updates), state), None
+  def step(carry, _):
+    p, state = carry
+    updates, state = tx.update(jax.grad(loss)(p), state, p)
+    return (optax.apply_updates(p, updates), state), None
 
-    return jax.lax.scan(step, (p, tx.init(p)), None, length=steps)[0][0]
-
-  return fit(params)
+  return jax.lax.scan(step, (params, tx.init(params)), None, length=steps)[0][0]
 
 
 def _accuracy(p, features_NxD, labels_N) -> float:
