@@ -135,32 +135,26 @@ def test_decompose_resid_sums_to_the_stream_and_logit_attrs_is_the_direct_attrib
 
 
 def test_a_chunked_sweep_equals_one_at_once_and_fractions_run_from_corrupt_to_clean():
+  """Chunks of 3 patched runs, or all at once on a scanned model (its blocks' params stacked): the
+  same numbers; each patch runs from its layer up and the head from the first position the metric
+  reads (here position 4)."""
   model, params = GPT(CFG), _params()
   corrupt = TOKENS.at[:, 2].set(30)
-  metric = lambda logits: logits[:, -1, 5].mean() - logits[:, -1, 7].mean()
-  whole = patching.patching_sweep(model, params, TOKENS, corrupt, metric, chunk_size=1000)
+  metric = lambda logits: logits[:, 4, 5].mean() - logits[:, -1, 7].mean()
+  chunked = patching.patching_sweep(model, params, TOKENS, corrupt, metric, chunk_size=3)
+  scanned, stacked = GPT(CFG.replace(scan_layers=True)), {**params, "h": layers.stack_layers(params["h"], 2)}
   np.testing.assert_allclose(
-    patching.patching_sweep(model, params, TOKENS, corrupt, metric, chunk_size=3), whole, atol=1e-6
+    patching.patching_sweep(scanned, stacked, TOKENS, corrupt, metric, chunk_size=1000), chunked, atol=1e-5
   )
-  # The sweep runs each patch from its layer up (GPT.from_layer, the head from the first position the
-  # metric reads); a scanned model runs every patch whole: the same numbers.
-  scanned, stacked = (
-    GPT(CFG.replace(scan_layers=True)),
-    {**params, "h": layers.stack_layers(params["h"], CFG.num_layers)},
-  )
-  early = lambda logits: logits[:, 4, 5].mean() - logits[:, -1, 7].mean()
-  np.testing.assert_allclose(
-    patching.patching_sweep(scanned, stacked, TOKENS, corrupt, early),
-    patching.patching_sweep(model, params, TOKENS, corrupt, early),
-    atol=1e-5,
-  )
-  fraction = patching.fraction_recovered(whole, model, params, TOKENS, corrupt, metric)
+  fraction = patching.fraction_recovered(chunked, model, params, TOKENS, corrupt, metric)
   np.testing.assert_allclose(fraction[0, 2], 1.0, atol=1e-4)  # the corrupted position at layer 0: all of it
   np.testing.assert_allclose(fraction[:, 0], 0.0, atol=1e-4)  # a position before it: nothing
-  # Any point, over heads: the per-head queries.
+  # Any block's point, over heads: the per-head queries.
   assert patching.patching_sweep(model, params, TOKENS, corrupt, metric, point="q", over="heads").shape == (2, 2)
   with pytest.raises(ValueError, match="no head axis"):
     patching.patching_sweep(model, params, TOKENS, corrupt, metric, point="mlp_out", over="heads")
+  with pytest.raises(ValueError, match="a sweep patches a point of a GPT's blocks"):
+    patching.patching_sweep(model, params, TOKENS, corrupt, metric, point="embed")
 
 
 def test_resample_ablation_takes_another_inputs_outputs():

@@ -185,18 +185,29 @@ def run_with_cache(model, params, *args, names: tuple[str, ...] | None = None, *
   return output, ActivationCache(cache, model, params)
 
 
+@functools.lru_cache(maxsize=256)
+def _point_shapes(model, treedef, leaves: tuple, static: tuple) -> dict:
+  """{path: ShapeDtypeStruct} of every named point of a run of `model` on arguments of these shapes
+  (traced once per model and shapes: a sweep or a patched run asks again and again)."""
+  params, arrays, array_kwargs = jax.tree.unflatten(treedef, leaves)
+
+  def activations(p, a, k):
+    a, k = _join_static(a, k, static)
+    return model.apply({"params": p}, *a, mutable=["activations"], **k)[1]["activations"]
+
+  return flax.traverse_util.flatten_dict(jax.eval_shape(activations, params, arrays, array_kwargs))
+
+
 def patches_collection(model, params, patches: dict, *args, **kwargs) -> dict:
   """The "patches" collection that applies `patches` ({(name, layer): Patch}; layer None for a point
   outside the blocks) to a run of `model` on these inputs. Scanned blocks take one entry per point
   with a leading layer axis, in which only the patched layers' entries act."""
-  nn_params = nn.unbox(params)
   (arrays, array_kwargs), static = _split_static(args, kwargs)
-
-  def activations(p):
-    a, k = _join_static(arrays, array_kwargs, static)
-    return model.apply({"params": p}, *a, mutable=["activations"], **k)[1]["activations"]
-
-  flat_shapes = flax.traverse_util.flatten_dict(jax.eval_shape(activations, nn_params))
+  specs = jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), (nn.unbox(params), arrays, array_kwargs)
+  )
+  leaves, treedef = jax.tree.flatten(specs)
+  flat_shapes = _point_shapes(model, treedef, tuple(leaves), static)
   by_point = {_split(path)[:2]: path for path in flat_shapes}
   scanned = {(_split(path)[0]): path for path in flat_shapes if _split(path)[2] == "layers"}
   out = {}

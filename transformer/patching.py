@@ -74,11 +74,12 @@ def patching_sweep(
   The piece's new value is the clean run's, or `value_LxBx` (the whole point, every layer: e.g. a
   resample ablation's other input, a mean), or another input's (`source_BxT`)."""
   point = point or ("resid_pre" if over == "positions" else "z")
+  _check_block_point(model, point)
   axes = _axes(point, over)
   if value_LxBx is None:
     _, cache = run_with_cache(model, params, clean_BxT if source_BxT is None else source_BxT, names=(point,))
     value_LxBx = cache[point]
-  L, shape = value_LxBx.shape[0], value_LxBx.shape[1:]
+  shape = value_LxBx.shape[1:]
   sizes = tuple(shape[a] for a in axes)
   params = jax_params(params)
 
@@ -90,17 +91,7 @@ def patching_sweep(
       where = where & (jnp.arange(size) == piece).reshape(mask_shape)
     return where
 
-  if _resumable(model, point):
-    return _sweep_from_each_layer(model, params, corrupt_BxT, metric, point, value_LxBx, chosen, sizes, chunk_size)
-
-  def patched(params, value_LxBx, cell):
-    layer, *pieces = jnp.unravel_index(cell, (L, *sizes))
-    patches = {(point, l): Patch.replace(value_LxBx[l], where=chosen(pieces) & (l == layer)) for l in range(L)}
-    return metric(patched_logits(model, params, patches, corrupt_BxT))
-
-  cells = jnp.arange(L * math.prod(sizes))
-  sweep = jax.jit(lambda p, v, c: jax.lax.map(lambda cell: patched(p, v, cell), c, batch_size=chunk_size))
-  return sweep(params, value_LxBx, cells).reshape(L, *sizes)
+  return _sweep_from_each_layer(model, params, corrupt_BxT, metric, point, value_LxBx, chosen, sizes, chunk_size)
 
 
 def jax_params(params):
@@ -128,6 +119,7 @@ def attribution_patching(model, params, clean_BxT, corrupt_BxT, metric, *, point
   from one forward and one backward pass (Nanda 2023, "attribution patching"): (clean - corrupt
   activation) · d metric / d activation at the corrupted run, summed over each piece."""
   point = point or ("resid_pre" if over == "positions" else "z")
+  _check_block_point(model, point)
   axes = _axes(point, over)
   _, clean = run_with_cache(model, params, clean_BxT, names=(point,))
   _, corrupt = run_with_cache(model, params, corrupt_BxT, names=(point,))
@@ -233,7 +225,7 @@ def edge_attribution_patching(model, params, clean_BxT, corrupt_BxT, metric) -> 
 
 
 def _sweep_from_each_layer(model, params, corrupt_BxT, metric, point, value_LxBx, chosen, sizes, chunk_size):
-  """`patching_sweep` of a block's point, each patched run started at the patched layer: every patch at
+  """`patching_sweep`, each patched run started at the patched layer: every patch at
   layer l leaves the corrupted run below l as it was, so the blocks from l run on the corrupted stream
   entering l, one block at a time in a loop of dynamic length (one block compiled, not a program per
   layer), and the head from the first position the metric reads."""
@@ -288,8 +280,11 @@ def _first_position_read(metric, shape) -> int:
   return int(read_T[0]) if len(read_T) else 0
 
 
-def _resumable(model, point: str) -> bool:
-  """Whether a sweep of `point` can start each patched run at the patched layer: a block's point of a
-  GPT (transformer.models.gpt)."""
+def _check_block_point(model, point: str) -> None:
+  """Sweeps and attribution patching go over a GPT's layers: a block's point, which every layer has."""
   outside_blocks = point in ("embed", "pos_embed", "final_norm", "logits") or point.startswith("ln_f.")
-  return isinstance(model, gpt.GPT) and not outside_blocks
+  if not isinstance(model, gpt.GPT) or outside_blocks:
+    raise ValueError(
+      f"a sweep patches a point of a GPT's blocks, layer by layer ({point!r} of a {type(model).__name__} is not "
+      f"one): patch it with interventions.run_with_patches"
+    )
