@@ -150,6 +150,12 @@ def test_launch_probe_draws_pictures_and_compares_a_word(trained, tmp_path):
   losses = [line for line in proc.stdout.splitlines() if line.startswith("loss (")]
   assert len(losses) == 2 and all(", validation " in line for line in losses), proc.stdout
   assert losses[0].split()[-1] != losses[1].split()[-1]  # the head's removal changes the validation loss
+  # Linear probes for the current character on the run's validation text, at the embeddings and each layer.
+  proc = run_module("launch.probe", f"--workdir={trained}", "--probe", "--probe_offset=0", f"--out={tmp_path / 'q'}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  found = json.loads((tmp_path / "q" / "probe.json").read_text())
+  assert found["offset"] == 0 and list(found["accuracy"]) == ["embeddings", "layer 0", "layer 1"]
+  assert found["accuracy"]["embeddings"]["test_accuracy"] > 0.9  # the current character, from its own embedding
 
 
 @pytest.mark.slow
@@ -168,7 +174,7 @@ def test_launch_probe_reads_hugging_face_gpt2_weights(tmp_path):
     "--clean=When Mary and John went, John gave it to",
     "--corrupt=When Mary and John went, Mary gave it to",
   )
-  heads, mean, attribute, patch, path, probe, *bad = run_cases(
+  heads, mean, attribute, patch, path, *bad = run_cases(
     "launch.probe",
     [
       {"args": [hf, "--heads", "--ablate=L1.H0", f"--out={tmp_path / 'heads'}"]},
@@ -197,7 +203,6 @@ def test_launch_probe_reads_hugging_face_gpt2_weights(tmp_path):
           f"--out={tmp_path / 'path'}",
         ]
       },
-      {"args": [hf, "--probe", "--probe_offset=0", f"--out={tmp_path / 'probe'}"]},
       {"args": [hf, "--patch", clean, "--corrupt=When Mary and John went", "--target= Mary"]},
       {"args": [hf, "--attribute", "--text=When Mary", "--target= Marylebone"]},
       {"args": [hf, "--patch", clean, corrupt]},
@@ -233,9 +238,6 @@ def test_launch_probe_reads_hugging_face_gpt2_weights(tmp_path):
     "path",
   }
   assert "only along L1.k, L1.H0.q:" in path["stdout"]
-  assert probe["status"] == 0, probe["stderr"][-3000:]
-  found = json.loads((tmp_path / "probe" / "probe.json").read_text())
-  assert found["offset"] == 0 and list(found["accuracy"]) == ["embeddings", "layer 0", "layer 1"]
   assert [b["status"] for b in bad] == [1, 1, 1]
   assert "error: the clean text is 10 tokens and the corrupt one 5: patching pairs their positions" in bad[0]["stderr"]
   assert "error: --target=' Marylebone' is 3 tokens for this tokenizer" in bad[1]["stderr"]
