@@ -161,9 +161,22 @@ class Patching:
   columns: dict[str, list[str]]
 
 
-def _pair(model, tokenizer, clean: str, corrupt: str, target: str, versus: str | None):
-  """(clean ids, corrupt ids, metric of logits, its name) of a clean/corrupt pair of texts: the metric is
-  `target`'s log-probability (or its logit minus `versus`'s) at the last position."""
+@dataclasses.dataclass
+class _Pair:
+  """A clean/corrupt pair of texts as patching reads them: their ids (1 x T each), the metric of logits
+  (`target`'s log-probability, or its logit minus `versus`'s, at the last position), its name, and
+  its value on each run unpatched (`runs`: "clean", "corrupt")."""
+
+  clean_ids: list[int]
+  corrupt_ids: list[int]
+  clean_1xT: jax.Array
+  corrupt_1xT: jax.Array
+  metric: object
+  metric_name: str
+  runs: dict[str, float]
+
+
+def _pair(model, params, tokenizer, clean: str, corrupt: str, target: str, versus: str | None) -> _Pair:
   clean_ids, corrupt_ids = (probes.encode(model, tokenizer, text) for text in (clean, corrupt))
   if len(clean_ids) != len(corrupt_ids):
     raise UserError(
@@ -179,7 +192,12 @@ def _pair(model, tokenizer, clean: str, corrupt: str, target: str, versus: str |
     last_V = logits_BxTxV[0, -1]
     return jax.nn.log_softmax(last_V)[target_id] if versus_id is None else last_V[target_id] - last_V[versus_id]
 
-  return clean_ids, corrupt_ids, metric, metric_name
+  clean_1xT, corrupt_1xT = jnp.asarray([clean_ids]), jnp.asarray([corrupt_ids])
+  runs = {
+    name: float(metric(interventions.run_with_cache(model, params, x, names=())[0]))
+    for name, x in (("clean", clean_1xT), ("corrupt", corrupt_1xT))
+  }
+  return _Pair(clean_ids, corrupt_ids, clean_1xT, corrupt_1xT, metric, metric_name, runs)
 
 
 @dataclasses.dataclass
@@ -196,21 +214,21 @@ def path(model, params, tokenizer, clean, corrupt, target, versus, sender, recei
   corrupt text, seen only by `receivers` [(layer, head, "q"|"k"|"v")], beside patching the sender
   outright. path.json in `out`."""
   _gpt(model, "path patching")
-  clean_ids, corrupt_ids, metric, metric_name = _pair(model, tokenizer, clean, corrupt, target, versus)
-  clean_1xT, corrupt_1xT = jnp.asarray([clean_ids]), jnp.asarray([corrupt_ids])
-  runs = {
-    name: float(metric(interventions.run_with_cache(model, params, x, names=())[0]))
-    for name, x in (("clean", clean_1xT), ("corrupt", corrupt_1xT))
-  }
-  _, source = interventions.run_with_cache(model, params, corrupt_1xT, names=("z",))
+  pair = _pair(model, params, tokenizer, clean, corrupt, target, versus)
+  runs = dict(pair.runs)
+  _, source = interventions.run_with_cache(model, params, pair.corrupt_1xT, names=("z",))
   only = (jnp.arange(model.config.block.num_heads) == sender[1])[:, None]
   outright = {("z", sender[0]): interventions.Patch.replace(source["z"][sender[0]], where=only)}
-  runs["sender"] = float(metric(interventions.run_with_patches(model, params, clean_1xT, patches=outright)))
+  patched = interventions.run_with_patches(model, params, pair.clean_1xT, patches=outright)
+  runs["sender"] = float(pair.metric(patched))
   runs["path"] = float(
-    patching.path_patching(model, params, clean_1xT, metric, sender=sender, receivers=receivers, source_BxT=corrupt_1xT)
+    patching.path_patching(
+      model, params, pair.clean_1xT, pair.metric, sender=sender, receivers=receivers, source_BxT=pair.corrupt_1xT
+    )
   )
-  _write_json(out, "path.json", {"metric": metric_name, "sender": list(sender), "receivers": receivers, "runs": runs})
-  return PathPatching(metric_name, runs)
+  record = {"metric": pair.metric_name, "sender": list(sender), "receivers": receivers, "runs": runs}
+  _write_json(out, "path.json", record)
+  return PathPatching(pair.metric_name, runs)
 
 
 def patch(
@@ -221,12 +239,9 @@ def patch(
   the same; the metric is `target`'s log-probability (or its logit minus `versus`'s) at the last
   position. patching.png and patching.json in `out`."""
   _gpt(model, "patching")
-  clean_ids, corrupt_ids, metric, metric_name = _pair(model, tokenizer, clean, corrupt, target, versus)
-  clean_1xT, corrupt_1xT = jnp.asarray([clean_ids]), jnp.asarray([corrupt_ids])
-  runs = {
-    name: float(metric(interventions.run_with_cache(model, params, x, names=())[0]))
-    for name, x in (("clean", clean_1xT), ("corrupt", corrupt_1xT))
-  }
+  pair = _pair(model, params, tokenizer, clean, corrupt, target, versus)
+  clean_ids, corrupt_ids, clean_1xT, corrupt_1xT = pair.clean_ids, pair.corrupt_ids, pair.clean_1xT, pair.corrupt_1xT
+  metric, metric_name, runs = pair.metric, pair.metric_name, pair.runs
   maps, columns = {}, {}
   labels = [
     c if c == d else f"{c}/{d}"
