@@ -187,6 +187,7 @@ def test_path_patching_with_no_receivers_changes_nothing_and_with_every_reader_p
   assert abs(float(path - metric(plain))) > 1e-4  # the sender mattered
 
 
+@pytest.mark.slow  # trains or sweeps on the planted model: seconds of compilation cold
 def test_path_patching_and_edge_attribution_name_the_planted_k_composition():
   """The planted induction circuit (test_interventions._planted): layer 0's head 0 writes the token
   before; layer 1's head 0 matches it with its keys. Ablating L0.H0 only on the path into L1.H0's
@@ -226,6 +227,7 @@ def _second_copy_loss(logits_BxTxV, tokens_BxT) -> jax.Array:
   return -jnp.take_along_axis(logp, tokens_BxT[:, T // 2 + 1 :, None], -1).mean()
 
 
+@pytest.mark.slow  # trains or sweeps on the planted model: seconds of compilation cold
 def test_a_probe_reads_the_previous_token_where_a_head_wrote_it():
   """The planted model's L0.H0 copies the previous token into the stream: a linear probe reads it
   from layer 0's output (held out), not from the embeddings. The control task (a random label per
@@ -242,6 +244,7 @@ def test_a_probe_reads_the_previous_token_where_a_head_wrote_it():
   assert before.test_accuracy < 0.3, before
 
 
+@pytest.mark.slow  # trains or sweeps on the planted model: seconds of compilation cold
 def test_das_of_full_rank_is_patching_the_whole_point():
   model, params = GPT(CFG), _params()
   source = (TOKENS + 3) % CFG.vocab_size
