@@ -1,0 +1,287 @@
+"""Sparse autoencoders: a point's activations x (d_in) as a sparse combination of learned directions.
+
+    pre = (x - b_dec) W_enc + b_enc            d_sae pre-activations ("pre-encoder bias": b_dec subtracted)
+    z   = activation(pre)                     sparse latents (the features)
+    x̂   = z W_dec + b_dec                     the reconstruction; W_dec's rows are the features' directions
+
+The activations (`SAEConfig.activation`):
+  topk       the k largest pre-activations of each row, through a ReLU (Gao et al. 2024)
+  batchtopk  the k·B largest of a batch of B rows (k a row on average); at inference a threshold,
+             calibrated on training data, keeps what the batch would (Bussmann et al. 2024)
+  jumprelu   pre where pre > θ (a learned threshold per latent), its L0 penalised through a
+             straight-through estimator of the step's gradient (Rajamanoharan et al. 2024)
+  relu       ReLU and an L1 penalty weighted by the decoder rows' norms (Bricken et al. 2023)
+
+The decoder's rows are unit vectors by construction (W_dec is the parameter divided by its row norms)
+for every activation but relu, whose L1 penalty is weighted by the norms instead: the recipe of each.
+TopK and BatchTopK add AuxK (Gao et al.): the aux_k largest pre-activations among dead latents
+reconstruct the residual error, weighted 1/32, which gives dead latents a gradient.
+
+    >>> sae = SAE(SAEConfig(d_in=64, d_sae=512, activation="topk", k=32))
+    >>> x_hat_NxD, z_NxS = sae.apply({"params": params}, x_NxD)
+    >>> loss, parts = sae_loss(sae, params, x_NxD, dead_S=dead_S)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import ClassVar
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+from transformer.errors import ConfigError
+
+ACTIVATIONS = ("topk", "batchtopk", "jumprelu", "relu")
+
+
+@dataclasses.dataclass(frozen=True)
+class SAEConfig:
+  family: ClassVar[str] = "sae"  # config.model.family (transformer.models.families())
+  d_in: int = 0  # the point's width (0: taken from the activations)
+  d_sae: int = 0  # latents (0: expansion x d_in)
+  expansion: int = 8
+  activation: str = "topk"  # ACTIVATIONS
+  k: int = 32  # topk / batchtopk: latents a row
+  l1_coefficient: float = 5.0  # relu: the L1 penalty's weight
+  l0_coefficient: float = 1.0  # jumprelu: the L0 penalty's weight
+  bandwidth: float = 0.001  # jumprelu: the straight-through estimator's kernel width
+  initial_threshold: float = 0.001  # jumprelu: θ at initialisation
+  aux_k: int = 0  # AuxK: dead latents that reconstruct the error (0: d_in // 2)
+  aux_coefficient: float = 1 / 32
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+
+  def replace(self, **changes) -> SAEConfig:
+    return dataclasses.replace(self, **changes)
+
+  @property
+  def latents(self) -> int:
+    return self.d_sae or self.expansion * self.d_in
+
+  @property
+  def aux_latents(self) -> int:
+    return self.aux_k or max(1, self.d_in // 2)
+
+  def check(self) -> SAEConfig:
+    if self.activation not in ACTIVATIONS:
+      raise ConfigError(f"activation={self.activation!r} is not one of {', '.join(ACTIVATIONS)}")
+    for name in ("d_in", "expansion", "k"):
+      if getattr(self, name) <= 0:
+        raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+    if self.activation in ("topk", "batchtopk") and self.k > self.latents:
+      raise ConfigError(f"k={self.k} is more than the {self.latents} latents; use at most {self.latents}")
+    for name in ("l1_coefficient", "l0_coefficient", "bandwidth", "initial_threshold", "aux_coefficient"):
+      if getattr(self, name) < 0:
+        raise ConfigError(f"{name} must be at least 0, got {getattr(self, name)}")
+    return self
+
+
+def _rectangle(u):
+  """The straight-through estimator's kernel: 1 on (-1/2, 1/2)."""
+  return ((u > -0.5) & (u < 0.5)).astype(u.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def jump_relu(pre, threshold, bandwidth: float):
+  """pre where pre > threshold, else 0."""
+  return pre * (pre > threshold)
+
+
+def _jump_relu_fwd(pre, threshold, bandwidth):
+  return jump_relu(pre, threshold, bandwidth), (pre, threshold)
+
+
+def _jump_relu_bwd(bandwidth, saved, g):
+  # Rajamanoharan et al. 2024: through pre as a gate; to θ by the kernel's pseudo-derivative.
+  pre, threshold = saved
+  d_pre = g * (pre > threshold)
+  d_threshold = -(threshold / bandwidth) * _rectangle((pre - threshold) / bandwidth) * g
+  return d_pre, d_threshold.reshape(-1, threshold.shape[-1]).sum(0)
+
+
+jump_relu.defvjp(_jump_relu_fwd, _jump_relu_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def step(pre, threshold, bandwidth: float):
+  """1 where pre > threshold: a latent fires (its sum is the L0)."""
+  return (pre > threshold).astype(pre.dtype)
+
+
+def _step_fwd(pre, threshold, bandwidth):
+  return step(pre, threshold, bandwidth), (pre, threshold)
+
+
+def _step_bwd(bandwidth, saved, g):
+  pre, threshold = saved
+  d_threshold = -(1.0 / bandwidth) * _rectangle((pre - threshold) / bandwidth) * g
+  return jnp.zeros_like(pre), d_threshold.reshape(-1, threshold.shape[-1]).sum(0)
+
+
+step.defvjp(_step_fwd, _step_bwd)
+
+
+def top_k_mask(values_NxS, k: int):
+  """True at each row's k largest values (exactly k: ties broken by index)."""
+  _, index_Nxk = jax.lax.top_k(values_NxS, k)
+  return jnp.zeros(values_NxS.shape, bool).at[jnp.arange(values_NxS.shape[0])[:, None], index_Nxk].set(True)
+
+
+class SAE(nn.Module):
+  """The sparse autoencoder of `SAEConfig`. `__call__(x_NxD, train)` -> (reconstruction, latents);
+  `train=True` is BatchTopK's batch selection (else its calibrated threshold)."""
+
+  config: SAEConfig
+
+  def setup(self):
+    cfg = self.config
+    D, S = cfg.d_in, cfg.latents
+    dtype = jnp.dtype(cfg.param_dtype)
+    # Decoder rows: random unit directions; the encoder starts as the decoder's transpose (Gao et al.).
+    decoder_init = nn.initializers.normal(1.0)
+    self.W_dec = self.param("W_dec", nn.with_logical_partitioning(decoder_init, ("mlp", "embed")), (S, D), dtype)
+    w_dec = self.W_dec
+    encoder_init = lambda key, shape, dtype=dtype: (w_dec / jnp.linalg.norm(w_dec, axis=1, keepdims=True)).T
+    self.W_enc = self.param("W_enc", nn.with_logical_partitioning(encoder_init, ("embed", "mlp")), (D, S), dtype)
+    self.b_enc = self.param("b_enc", nn.with_logical_partitioning(nn.initializers.zeros_init(), ("mlp",)), (S,), dtype)
+    self.b_dec = self.param(
+      "b_dec", nn.with_logical_partitioning(nn.initializers.zeros_init(), ("embed",)), (D,), dtype
+    )
+    if cfg.activation in ("jumprelu", "batchtopk"):
+      # jumprelu: log θ, learned; batchtopk: the inference threshold, set by `calibrate` (no gradient).
+      start = np.log(cfg.initial_threshold) if cfg.activation == "jumprelu" else 0.0
+      threshold_init = nn.initializers.constant(start)
+      self.threshold = self.param("threshold", nn.with_logical_partitioning(threshold_init, ("mlp",)), (S,), dtype)
+
+  def decoder(self) -> jax.Array:
+    """W_dec, S x D: unit rows (every activation but relu, whose L1 penalty weighs their norms)."""
+    if self.config.activation == "relu":
+      return self.W_dec
+    return self.W_dec / jnp.linalg.norm(self.W_dec, axis=1, keepdims=True)
+
+  def pre_activations(self, x_NxD) -> jax.Array:
+    return (x_NxD - self.b_dec) @ self.W_enc + self.b_enc
+
+  def activate(self, pre_NxS, train: bool = False) -> jax.Array:
+    cfg = self.config
+    if cfg.activation == "relu":
+      return jax.nn.relu(pre_NxS)
+    if cfg.activation == "topk":
+      return jax.nn.relu(pre_NxS) * top_k_mask(pre_NxS, cfg.k)
+    if cfg.activation == "jumprelu":
+      return jump_relu(pre_NxS, jnp.exp(self.threshold), cfg.bandwidth)
+    relu_NxS = jax.nn.relu(pre_NxS)
+    if train:  # the k·N largest of the batch
+      kept = top_k_mask(relu_NxS.reshape(1, -1), cfg.k * pre_NxS.shape[0]).reshape(pre_NxS.shape)
+      return relu_NxS * kept
+    return relu_NxS * (relu_NxS >= jax.lax.stop_gradient(self.threshold))
+
+  def decode(self, z_NxS) -> jax.Array:
+    return z_NxS @ self.decoder() + self.b_dec
+
+  def __call__(self, x_NxD, train: bool = False):
+    z_NxS = self.activate(self.pre_activations(x_NxD), train)
+    return self.decode(z_NxS), z_NxS
+
+
+def sae_loss(sae: SAE, params, x_NxD, dead_S=None, train: bool = True) -> tuple[jax.Array, dict]:
+  """(the training loss, its parts) on a batch: the squared error summed over d_in and averaged over
+  rows, plus the activation's sparsity term (relu: L1 weighted by the decoder rows' norms; jumprelu:
+  L0 through the step's estimator) or AuxK (topk, batchtopk: the dead latents, `dead_S`, reconstruct
+  the error; none when no latent is dead)."""
+  cfg = sae.config
+
+  def inside(module: SAE):
+    pre_NxS = module.pre_activations(x_NxD)
+    z_NxS = module.activate(pre_NxS, train)
+    x_hat_NxD = module.decode(z_NxS)
+    mse = jnp.mean(jnp.sum(jnp.square(x_hat_NxD - x_NxD), -1))
+    parts = {"mse": mse}
+    if cfg.activation == "relu":
+      parts["l1"] = cfg.l1_coefficient * jnp.mean(z_NxS @ jnp.linalg.norm(module.W_dec, axis=1))
+    elif cfg.activation == "jumprelu":
+      fired_NxS = step(pre_NxS, jnp.exp(module.threshold), cfg.bandwidth)
+      parts["l0"] = cfg.l0_coefficient * jnp.mean(jnp.sum(fired_NxS, -1))
+    elif dead_S is not None:
+      parts["aux"] = cfg.aux_coefficient * _aux_k(module, pre_NxS, x_NxD - jax.lax.stop_gradient(x_hat_NxD), dead_S)
+    return sum(parts.values()), parts
+
+  return nn.apply(inside, sae)({"params": params})
+
+
+def _aux_k(sae: SAE, pre_NxS, error_NxD, dead_S) -> jax.Array:
+  """AuxK: the error reconstructed from the aux_k largest pre-activations among dead latents (no
+  b_dec: the error has none), its squared error; 0 when none is dead."""
+  k = min(sae.config.aux_latents, pre_NxS.shape[-1])
+  dead_pre_NxS = jnp.where(dead_S, pre_NxS, -jnp.inf)
+  z_NxS = jax.nn.relu(jnp.where(top_k_mask(dead_pre_NxS, k) & dead_S, pre_NxS, 0.0))
+  error_hat_NxD = z_NxS @ sae.decoder()
+  loss = jnp.mean(jnp.sum(jnp.square(error_hat_NxD - error_NxD), -1))
+  return jnp.where(dead_S.any(), loss, 0.0)
+
+
+def calibrate(sae: SAE, params, x_NxD) -> dict:
+  """BatchTopK's inference threshold from training activations: the smallest activation the batch
+  selection keeps, so that a row keeps what it would in a batch (Bussmann et al.)."""
+  if sae.config.activation != "batchtopk":
+    return params
+  _, z_NxS = sae.apply({"params": params}, x_NxD, True)
+  smallest_kept = jnp.min(jnp.where(z_NxS > 0, z_NxS, jnp.inf))
+  return {**params, "threshold": jnp.full_like(params["threshold"], smallest_kept)}
+
+
+def init_decoder_bias(params, x_NxD, how: str = "mean", iterations: int = 50) -> dict:
+  """b_dec set to the activations' mean, or to their geometric median (Weiszfeld's iterations: the
+  point nearest all rows, which outliers move less; Bricken et al.)."""
+  x_NxD = jnp.asarray(x_NxD, jnp.float32)
+  centre_D = x_NxD.mean(0)
+  if how == "geometric_median":
+    for _ in range(iterations):
+      weights_N = 1.0 / jnp.maximum(jnp.linalg.norm(x_NxD - centre_D, axis=1), 1e-8)
+      centre_D = (weights_N[:, None] * x_NxD).sum(0) / weights_N.sum()
+  elif how != "mean":
+    raise ValueError(f"b_dec from {how!r}: use 'mean' or 'geometric_median'")
+  return {**params, "b_dec": centre_D.astype(params["b_dec"].dtype)}
+
+
+def norm_scale(x_NxD) -> float:
+  """The factor that brings the activations' mean norm to √d_in (SAELens's
+  `normalize_activations="expected_average_only_in"`): an SAE trained on scaled inputs has the same
+  hyperparameters at any layer and model; the factor is kept with it, and undone on its outputs."""
+  x_NxD = np.asarray(x_NxD, np.float32)
+  return float(np.sqrt(x_NxD.shape[1]) / np.mean(np.linalg.norm(x_NxD, axis=1)))
+
+
+def latent_density(z_NxS) -> np.ndarray:
+  """Each latent's firing frequency over these rows: 0 is dead (SAELens counts a latent dead that has
+  not fired in its window of tokens), above 0.1 dense."""
+  return np.asarray(jnp.mean(z_NxS > 0, axis=0))
+
+
+def scores(x_NxD, x_hat_NxD, z_NxS) -> dict[str, float]:
+  """SAELens's names: L0 (latents firing a row), MSE (squared error a row, summed over d_in),
+  explained variance and FVU (1 - explained variance: the error's share of the data's variance)."""
+  error = jnp.sum(jnp.square(x_hat_NxD - x_NxD))
+  variance = jnp.sum(jnp.square(x_NxD - x_NxD.mean(0)))
+  explained = 1.0 - error / variance
+  return {
+    "l0": float(jnp.mean(jnp.sum(z_NxS > 0, -1))),
+    "mse": float(error / x_NxD.shape[0]),
+    "explained_variance": float(explained),
+    "fvu": float(1.0 - explained),
+  }
+
+
+def recovery(learned_SxD, true_FxD) -> dict[str, float]:
+  """How well learned directions (a decoder's rows) recover known ones: the mean over true features of
+  their best cosine similarity with a learned one, and the mean cosine of a one-to-one matching
+  (Hungarian: the mean correlation coefficient, MCC, of dictionary-learning papers)."""
+  unit = lambda m: m / np.maximum(np.linalg.norm(m, axis=1, keepdims=True), 1e-12)
+  cosine_FxS = unit(np.asarray(true_FxD)) @ unit(np.asarray(learned_SxD)).T
+  rows, cols = linear_sum_assignment(-cosine_FxS)
+  return {"mean_max_cosine": float(cosine_FxS.max(1).mean()), "mcc": float(cosine_FxS[rows, cols].mean())}
