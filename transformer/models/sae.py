@@ -184,6 +184,11 @@ class SAE(nn.Module):
   def decode(self, z_NxS) -> jax.Array:
     return z_NxS @ self.decoder() + self.b_dec
 
+  def decode_top_k(self, values_Nxk, index_Nxk) -> jax.Array:
+    """`decode` of latents given as each row's k values and their indices (TopK's): k decoder rows a
+    row instead of all S of them (Gao et al.'s sparse decoding)."""
+    return jnp.einsum("nk,nkd->nd", values_Nxk, self.decoder()[index_Nxk]) + self.b_dec
+
   def __call__(self, x_NxD, train: bool = False):
     z_NxS = self.activate(self.pre_activations(x_NxD), train)
     return self.decode(z_NxS), z_NxS
@@ -198,8 +203,12 @@ def sae_loss(sae: SAE, params, x_NxD, dead_S=None, train: bool = True) -> tuple[
 
   def inside(module: SAE):
     pre_NxS = module.pre_activations(x_NxD)
-    z_NxS = module.activate(pre_NxS, train)
-    x_hat_NxD = module.decode(z_NxS)
+    if cfg.activation == "topk":
+      values_Nxk, index_Nxk = jax.lax.top_k(pre_NxS, cfg.k)
+      x_hat_NxD = module.decode_top_k(jax.nn.relu(values_Nxk), index_Nxk)
+    else:
+      z_NxS = module.activate(pre_NxS, train)
+      x_hat_NxD = module.decode(z_NxS)
     mse = jnp.mean(jnp.sum(jnp.square(x_hat_NxD - x_NxD), -1))
     parts = {"mse": mse}
     if cfg.activation == "relu":
@@ -216,13 +225,16 @@ def sae_loss(sae: SAE, params, x_NxD, dead_S=None, train: bool = True) -> tuple[
 
 def _aux_k(sae: SAE, pre_NxS, error_NxD, dead_S) -> jax.Array:
   """AuxK: the error reconstructed from the aux_k largest pre-activations among dead latents (no
-  b_dec: the error has none), its squared error; 0 when none is dead."""
+  b_dec: the error has none), its squared error; 0, and not computed, when none is dead."""
   k = min(sae.config.aux_latents, pre_NxS.shape[-1])
-  dead_pre_NxS = jnp.where(dead_S, pre_NxS, -jnp.inf)
-  z_NxS = jax.nn.relu(jnp.where(top_k_mask(dead_pre_NxS, k) & dead_S, pre_NxS, 0.0))
-  error_hat_NxD = z_NxS @ sae.decoder()
-  loss = jnp.mean(jnp.sum(jnp.square(error_hat_NxD - error_NxD), -1))
-  return jnp.where(dead_S.any(), loss, 0.0)
+  decoder_SxD = sae.decoder()
+
+  def aux(pre_NxS, error_NxD):
+    dead_pre_NxS = jnp.where(dead_S, pre_NxS, -jnp.inf)
+    z_NxS = jax.nn.relu(jnp.where(top_k_mask(dead_pre_NxS, k) & dead_S, pre_NxS, 0.0))
+    return jnp.mean(jnp.sum(jnp.square(z_NxS @ decoder_SxD - error_NxD), -1))
+
+  return jax.lax.cond(dead_S.any(), aux, lambda *_: jnp.zeros((), pre_NxS.dtype), pre_NxS, error_NxD)
 
 
 def calibrate(sae: SAE, params, x_NxD) -> dict:
