@@ -21,7 +21,7 @@ import jax
 from absl import flags
 from ml_collections import config_flags
 
-from transformer import cli, kernels, metrics, plan, tasks, train
+from transformer import cli, inference, kernels, metrics, plan, tasks, train
 from transformer.errors import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -61,7 +61,7 @@ def main(argv):
   run_config, notes = plan.for_platform(run_config, _PLATFORM.value or jax.default_backend())
   for note in notes:
     say(note)
-  task_data = tasks.get(run_config.task).load_data(run_config)
+  task_data = tasks.get(run_config.task).load_data(run_config, load=inference.load)
   run = train.build(run_config, task_data)
   say(f"devices: {metrics.device_summary()}\nmodel: {run.task.model_config}")
   budget = int(_MEMORY.value * plan.GIB) if _MEMORY.value else None

@@ -49,12 +49,26 @@ def test_batchtopk_keeps_k_times_the_batch_and_its_threshold_does_the_same_at_in
   calibrated = calibrate(sae, params, X)
   _, z_inference = sae.apply({"params": calibrated}, X)
   np.testing.assert_array_equal(np.asarray(z_inference) > 0, np.asarray(z) > 0)
+  # Training keeps the same threshold as statistics, a moving average from the first batch's.
+  _, _, stats = sae_loss(sae, params, X)
+  np.testing.assert_allclose(stats["threshold"], calibrated["threshold"])
+  _, _, again = sae_loss(sae, {**params, **stats}, X * 2)
+  smallest_kept_on_2x = calibrate(sae, params, X * 2)["threshold"]
+  np.testing.assert_allclose(again["threshold"], 0.99 * stats["threshold"] + 0.01 * smallest_kept_on_2x, rtol=1e-5)
+
+
+def test_since_fired_counts_the_tokens_since_each_latent_last_fired():
+  sae, params = _sae("topk")
+  _, z = sae.apply({"params": params}, X)
+  params = {**params, "since_fired": jnp.full((64,), 100.0)}
+  _, _, stats = sae_loss(sae, params, X)
+  np.testing.assert_array_equal(stats["since_fired"], np.where(np.asarray(z > 0).any(0), 0.0, 132.0))
 
 
 def test_jumprelus_threshold_gets_a_gradient_through_its_estimator():
   sae, params = _sae("jumprelu", bandwidth=2.0, initial_threshold=0.5)
   grads = jax.grad(lambda p: sae_loss(sae, p, X)[0])(params)
-  assert float(jnp.abs(grads["threshold"]).sum()) > 0
+  assert float(jnp.abs(grads["log_threshold"]).sum()) > 0
   _, z = sae.apply({"params": params}, X)
   pre = (X - params["b_dec"]) @ params["W_enc"] + params["b_enc"]
   np.testing.assert_array_equal(np.asarray(z) > 0, np.asarray(pre) > 0.5)
@@ -73,15 +87,16 @@ def test_decoder_rows_are_unit_vectors_after_a_step(activation):
 def test_relu_weighs_its_l1_penalty_by_the_decoder_norms():
   sae, params = _sae("relu", l1_coefficient=1.0)
   doubled = {**params, "W_dec": params["W_dec"] * 2}
-  _, plain = sae_loss(sae, params, X)
-  _, scaled = sae_loss(sae, doubled, X)
+  _, plain, _ = sae_loss(sae, params, X)
+  _, scaled, _ = sae_loss(sae, doubled, X)
   np.testing.assert_allclose(scaled["l1"], 2 * plain["l1"], rtol=1e-5)
 
 
 def test_auxk_gives_dead_latents_a_gradient():
   sae, params = _sae("topk")
   dead = jnp.arange(64) >= 32
-  with_aux = jax.grad(lambda p: sae_loss(sae, p, X, dead_S=dead)[0])(params)
+  params = {**params, "since_fired": jnp.where(dead, 1000.0, 0.0)}  # half the latents silent 1000 tokens
+  with_aux = jax.grad(lambda p: sae_loss(sae, p, X, dead_tokens=1000)[0])(params)
   without = jax.grad(lambda p: sae_loss(sae, p, X)[0])(params)
   _, z = sae.apply({"params": params}, X)
   never_fired = np.flatnonzero((np.asarray(z) == 0).all(0) & np.asarray(dead))

@@ -52,7 +52,9 @@ class TrainState:
 
 # ---------------------------------------------------------------------------------------------
 # Pure steps. `loss_fn(params, batch, rng, train) -> (summed loss, number of target tokens)` is the
-# task's (see transformer.tasks); a batch is an array or a dict of arrays, batch-major.
+# task's (see transformer.tasks); a batch is an array or a dict of arrays, batch-major. A task whose
+# params include values that each step sets rather than learns (an SAE's firing statistics) returns
+# (summed loss, (tokens, {name: value})): those top-level params are set after the update.
 
 
 def train_step(state: TrainState, batch, *, loss_fn, tx, schedule, accumulation_steps: int):
@@ -62,8 +64,11 @@ def train_step(state: TrainState, batch, *, loss_fn, tx, schedule, accumulation_
   rng = jax.random.wrap_key_data(state.rng)
   rng, step_rng = jax.random.split(rng)
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  set_params = {}
   if accumulation_steps == 1:
     (loss_sum, tokens), grads = grad_fn(state.params, batch, step_rng, True)
+    if isinstance(tokens, tuple):
+      tokens, set_params = tokens
   else:
     micro = jax.tree.map(lambda x: x.reshape(accumulation_steps, -1, *x.shape[1:]), batch)
 
@@ -82,6 +87,8 @@ def train_step(state: TrainState, batch, *, loss_fn, tx, schedule, accumulation_
   loss, grad_norm = loss_sum / tokens, optax.tree.norm(grads)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
+  if set_params:
+    params = {**params, **set_params}
   # A step whose loss or gradients are not finite is not applied (the step and the RNG advance, the
   # batch is consumed): the state stays the last finite one, whatever the host decides when it reads
   # `finite` (see _NonFiniteGuard). The norm is finite only if every gradient is, and an update of
@@ -98,7 +105,8 @@ def train_step(state: TrainState, batch, *, loss_fn, tx, schedule, accumulation_
 
 def eval_step(params, batch, *, loss_fn):
   """(summed loss, number of target tokens) without dropout."""
-  return loss_fn(params, batch, jax.random.key(0), False)
+  loss_sum, tokens = loss_fn(params, batch, jax.random.key(0), False)
+  return loss_sum, tokens[0] if isinstance(tokens, tuple) else tokens
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,7 +129,7 @@ def build(run_config: RunConfig, task_data=None) -> Run:
   """The run of `run_config` on this machine's devices; `task_data` is the task's `load_data(run_config)`
   (loaded here when not given)."""
   task_cls = tasks.get(run_config.task)
-  task_data = task_data or task_cls.load_data(run_config)
+  task_data = task_data or task_cls.load_data(run_config, load=inference.load)
   mesh = sharding.make_mesh(run_config.mesh.shape)
   task = task_cls(run_config, task_data.tokenizer, mesh, task_data)
   rules, steps = run_config.mesh.rules, run_config.loop.num_train_steps
@@ -337,7 +345,7 @@ def train_and_evaluate(config_dict: ml_collections.ConfigDict, workdir: str | Pa
 def _train(config: RunConfig, workdir: Path, lead: bool) -> dict:
   """One launch on `workdir`: its checks, the run restored or initialised, the steps, the end."""
   changes = workdir_files.check_config(workdir, config, inference.saved_run(workdir))
-  task_data = tasks.get(config.task).load_data(config)  # prepared again if its files changed (sha256)
+  task_data = tasks.get(config.task).load_data(config, load=inference.load)  # prepared again if its files changed (sha256)
   fingerprint = task_data.fingerprint if isinstance(task_data, data.Prepared) else None
   workdir_files.check_data(workdir, fingerprint)
   run = build(config, task_data)

@@ -6,8 +6,7 @@
   encoder    the encoder-only Transformer (classification, tagging)
   lstm       stacked LSTMs, one-way or bidirectional: the recurrent baselines
   classifier heads on a body (gpt, encoder, lstm): a label per text or per token
-  sae        sparse autoencoders on a point's activations (TopK, BatchTopK, JumpReLU, ReLU + L1): a
-             library module for now, trained from Python; no task trains it yet
+  sae        sparse autoencoders on a point's activations (TopK, BatchTopK, JumpReLU, ReLU + L1)
   hf_gpt2    Hugging Face GPT-2 safetensors <-> GPT params
   hf_marian  Hugging Face Marian (OPUS-MT) files <-> seq2seq params and config
   hf_files   what the two weight formats share (writing model.safetensors)
@@ -30,6 +29,7 @@ decoding:
 from transformer.models.encoder import EncoderConfig
 from transformer.models.gpt import GPTConfig
 from transformer.models.lstm import LSTMConfig
+from transformer.models.sae import SAEConfig
 from transformer.models.seq2seq import Seq2SeqConfig
 
 
@@ -41,4 +41,4 @@ def body_fields(config):
 
 def families() -> dict[str, type]:
   """config.model.family -> its model config class."""
-  return {c.family: c for c in (GPTConfig, Seq2SeqConfig, EncoderConfig, LSTMConfig)}
+  return {c.family: c for c in (GPTConfig, Seq2SeqConfig, EncoderConfig, LSTMConfig, SAEConfig)}

@@ -17,9 +17,15 @@ for every activation but relu, whose L1 penalty is weighted by the norms instead
 TopK and BatchTopK add AuxK (Gao et al.): the aux_k largest pre-activations among dead latents
 reconstruct the residual error, weighted 1/32, which gives dead latents a gradient.
 
+Two params are statistics that each training step sets rather than learns (`sae_loss` returns their
+new values; the loop writes them, transformer.train): `since_fired`, the tokens since each latent
+last fired (dead: at least `dead_tokens`), and BatchTopK's inference `threshold`, a moving average
+of the smallest activation the batch selection keeps (SAELens's). Kept in the params, they are
+checkpointed, restored and sharded with the SAE.
+
     >>> sae = SAE(SAEConfig(d_in=64, d_sae=512, activation="topk", k=32))
     >>> x_hat_NxD, z_NxS = sae.apply({"params": params}, x_NxD)
-    >>> loss, parts = sae_loss(sae, params, x_NxD, dead_S=dead_S)
+    >>> loss, parts, stats = sae_loss(sae, params, x_NxD, dead_tokens=10**6)
 """
 
 from __future__ import annotations
@@ -53,8 +59,11 @@ class SAEConfig:
   initial_threshold: float = 0.001  # jumprelu: θ at initialisation
   aux_k: int = 0  # AuxK: dead latents that reconstruct the error (0: d_in // 2)
   aux_coefficient: float = 1 / 32
+  threshold_rate: float = 0.01  # batchtopk: the inference threshold's moving-average rate
   dtype: str = "float32"
   param_dtype: str = "float32"
+  vocab_size: int = 0  # unused: the config of every family carries the tokenizer's (RunConfig.model_config)
+  kernels: str = "reference"  # one form: no faster kernels (transformer.kernels)
 
   def replace(self, **changes) -> SAEConfig:
     return dataclasses.replace(self, **changes)
@@ -70,12 +79,14 @@ class SAEConfig:
   def check(self) -> SAEConfig:
     if self.activation not in ACTIVATIONS:
       raise ConfigError(f"activation={self.activation!r} is not one of {', '.join(ACTIVATIONS)}")
-    for name in ("d_in", "expansion", "k"):
+    for name in ("expansion", "k"):
       if getattr(self, name) <= 0:
         raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+    if self.d_in < 0 or self.d_sae < 0:
+      raise ConfigError(f"d_in and d_sae are widths (0: from the activations, expansion x d_in); got {self.d_in}, {self.d_sae}")
     if self.activation in ("topk", "batchtopk") and self.k > self.latents:
       raise ConfigError(f"k={self.k} is more than the {self.latents} latents; use at most {self.latents}")
-    for name in ("l1_coefficient", "l0_coefficient", "bandwidth", "initial_threshold", "aux_coefficient"):
+    for name in ("l1_coefficient", "l0_coefficient", "bandwidth", "initial_threshold", "aux_coefficient", "threshold_rate"):
       if getattr(self, name) < 0:
         raise ConfigError(f"{name} must be at least 0, got {getattr(self, name)}")
     return self
@@ -152,11 +163,17 @@ class SAE(nn.Module):
     self.b_dec = self.param(
       "b_dec", nn.with_logical_partitioning(nn.initializers.zeros_init(), ("embed",)), (D,), dtype
     )
-    if cfg.activation in ("jumprelu", "batchtopk"):
-      # jumprelu: log θ, learned; batchtopk: the inference threshold, set by `calibrate` (no gradient).
-      start = np.log(cfg.initial_threshold) if cfg.activation == "jumprelu" else 0.0
-      threshold_init = nn.initializers.constant(start)
-      self.threshold = self.param("threshold", nn.with_logical_partitioning(threshold_init, ("mlp",)), (S,), dtype)
+    zeros = nn.initializers.zeros_init()
+    if cfg.activation == "jumprelu":  # log θ, learned
+      threshold_init = nn.initializers.constant(np.log(cfg.initial_threshold))
+      self.log_threshold = self.param("log_threshold", nn.with_logical_partitioning(threshold_init, ("mlp",)), (S,), dtype)
+    if cfg.activation == "batchtopk":  # the inference threshold: set by each step (sae_loss), not learned
+      self.threshold = self.param("threshold", nn.with_logical_partitioning(zeros, ("mlp",)), (S,), dtype)
+    # Tokens since each latent last fired: set by each step (sae_loss), not learned.
+    self.since_fired = self.param("since_fired", nn.with_logical_partitioning(zeros, ("mlp",)), (S,), jnp.float32)
+    # The factor inputs are multiplied by (norm_scale), outputs divided by: set once, not learned.
+    ones = nn.initializers.ones_init()
+    self.input_scale = self.param("input_scale", nn.with_logical_partitioning(ones, ()), (), jnp.float32)
 
   def decoder(self) -> jax.Array:
     """W_dec, S x D: unit rows (every activation but relu, whose L1 penalty weighs their norms)."""
@@ -165,6 +182,7 @@ class SAE(nn.Module):
     return self.W_dec / jnp.linalg.norm(self.W_dec, axis=1, keepdims=True)
 
   def pre_activations(self, x_NxD) -> jax.Array:
+    """Of inputs already multiplied by `input_scale` (the space the SAE learns in)."""
     return (x_NxD - self.b_dec) @ self.W_enc + self.b_enc
 
   def activate(self, pre_NxS, train: bool = False) -> jax.Array:
@@ -174,7 +192,7 @@ class SAE(nn.Module):
     if cfg.activation == "topk":
       return jax.nn.relu(pre_NxS) * top_k_mask(pre_NxS, cfg.k)
     if cfg.activation == "jumprelu":
-      return jump_relu(pre_NxS, jnp.exp(self.threshold), cfg.bandwidth)
+      return jump_relu(pre_NxS, jnp.exp(self.log_threshold), cfg.bandwidth)
     relu_NxS = jax.nn.relu(pre_NxS)
     if train:  # the k·N largest of the batch
       kept = top_k_mask(relu_NxS.reshape(1, -1), cfg.k * pre_NxS.shape[0]).reshape(pre_NxS.shape)
@@ -190,35 +208,51 @@ class SAE(nn.Module):
     return jnp.einsum("nk,nkd->nd", values_Nxk, self.decoder()[index_Nxk]) + self.b_dec
 
   def __call__(self, x_NxD, train: bool = False):
-    z_NxS = self.activate(self.pre_activations(x_NxD), train)
-    return self.decode(z_NxS), z_NxS
+    """(the reconstruction, the latents) of inputs in the model's units: scaled in, and back out."""
+    z_NxS = self.activate(self.pre_activations(x_NxD * self.input_scale), train)
+    return self.decode(z_NxS) / self.input_scale, z_NxS
 
 
-def sae_loss(sae: SAE, params, x_NxD, dead_S=None, train: bool = True) -> tuple[jax.Array, dict]:
-  """(the training loss, its parts) on a batch: the squared error summed over d_in and averaged over
-  rows, plus the activation's sparsity term (relu: L1 weighted by the decoder rows' norms; jumprelu:
-  L0 through the step's estimator) or AuxK (topk, batchtopk: the dead latents, `dead_S`, reconstruct
-  the error; none when no latent is dead)."""
+def sae_loss(sae: SAE, params, x_NxD, train: bool = True, dead_tokens: float | None = None):
+  """(the training loss, its parts, the statistics' new values) on a batch: the squared error summed
+  over d_in and averaged over rows, plus the activation's sparsity term (relu: L1 weighted by the
+  decoder rows' norms; jumprelu: L0 through the step's estimator) or AuxK (topk, batchtopk: latents
+  that have not fired for `dead_tokens` reconstruct the error; none when no latent is dead, or
+  without `dead_tokens`), in the scaled space (inputs times `input_scale`). The statistics: `since_fired` after this batch and, for batchtopk in
+  training, the inference `threshold` moved towards the smallest activation the batch kept."""
   cfg = sae.config
+  N = x_NxD.shape[0]
 
   def inside(module: SAE):
-    pre_NxS = module.pre_activations(x_NxD)
+    x_NxD_scaled = x_NxD * jax.lax.stop_gradient(module.input_scale)
+    pre_NxS = module.pre_activations(x_NxD_scaled)
     if cfg.activation == "topk":
       values_Nxk, index_Nxk = jax.lax.top_k(pre_NxS, cfg.k)
-      x_hat_NxD = module.decode_top_k(jax.nn.relu(values_Nxk), index_Nxk)
+      values_Nxk = jax.nn.relu(values_Nxk)
+      x_hat_NxD = module.decode_top_k(values_Nxk, index_Nxk)
+      fired_S = jnp.zeros(pre_NxS.shape[-1], jnp.int32).at[index_Nxk].max((values_Nxk > 0).astype(jnp.int32)) > 0
     else:
       z_NxS = module.activate(pre_NxS, train)
       x_hat_NxD = module.decode(z_NxS)
-    mse = jnp.mean(jnp.sum(jnp.square(x_hat_NxD - x_NxD), -1))
+      fired_S = jnp.any(z_NxS > 0, axis=0)
+    mse = jnp.mean(jnp.sum(jnp.square(x_hat_NxD - x_NxD_scaled), -1))
     parts = {"mse": mse}
     if cfg.activation == "relu":
       parts["l1"] = cfg.l1_coefficient * jnp.mean(z_NxS @ jnp.linalg.norm(module.W_dec, axis=1))
     elif cfg.activation == "jumprelu":
-      fired_NxS = step(pre_NxS, jnp.exp(module.threshold), cfg.bandwidth)
+      fired_NxS = step(pre_NxS, jnp.exp(module.log_threshold), cfg.bandwidth)
       parts["l0"] = cfg.l0_coefficient * jnp.mean(jnp.sum(fired_NxS, -1))
-    elif dead_S is not None:
-      parts["aux"] = cfg.aux_coefficient * _aux_k(module, pre_NxS, x_NxD - jax.lax.stop_gradient(x_hat_NxD), dead_S)
-    return sum(parts.values()), parts
+    elif dead_tokens is not None:
+      dead_S = module.since_fired >= dead_tokens
+      parts["aux"] = cfg.aux_coefficient * _aux_k(module, pre_NxS, x_NxD_scaled - jax.lax.stop_gradient(x_hat_NxD), dead_S)
+    stats = {"since_fired": jnp.where(fired_S, 0.0, module.since_fired + N)}
+    if cfg.activation == "batchtopk" and train:
+      smallest_kept = jnp.min(jnp.where(z_NxS > 0, z_NxS, jnp.inf))
+      smallest_kept = jnp.where(jnp.isfinite(smallest_kept), smallest_kept, 0.0)
+      old_S = module.threshold
+      moved_S = (1 - cfg.threshold_rate) * old_S + cfg.threshold_rate * smallest_kept
+      stats["threshold"] = jax.lax.stop_gradient(jnp.where(old_S > 0, moved_S, smallest_kept))
+    return sum(parts.values()), parts, jax.lax.stop_gradient(stats)
 
   return nn.apply(inside, sae)({"params": params})
 

@@ -4,6 +4,7 @@
   translation     the encoder-decoder Transformer on sentence pairs (tasks/translation.py)
   classification  a label per text: encoder, GPT (fine-tuned or not) or LSTM (tasks/classification.py)
   tagging         a label per word: encoder, BiLSTM, ... (tasks/tagging.py)
+  sae             a sparse autoencoder on a model's activations at a named point (tasks/sae.py)
 
 The interface every task implements is `Task` (tasks/base.py). Adding one is a module with a
 `Task` subclass plus one line below; `register` adds one from outside the package (e.g. a test).
@@ -24,6 +25,7 @@ from transformer.errors import ConfigError
 from transformer.tasks.base import Task
 from transformer.tasks.classification import Classification
 from transformer.tasks.lm import LanguageModel
+from transformer.tasks.sae import SparseAutoencoder
 from transformer.tasks.tagging import Tagging
 from transformer.tasks.translation import Translation
 
@@ -32,6 +34,7 @@ TASKS: dict[str, type[Task]] = {
   Translation.name: Translation,
   Classification.name: Classification,
   Tagging.name: Tagging,
+  SparseAutoencoder.name: SparseAutoencoder,
 }
 
 
@@ -84,6 +87,7 @@ def defaults(task: str) -> ml_collections.ConfigDict:
 __all__ = [
   "Classification",
   "LanguageModel",
+  "SparseAutoencoder",
   "TASKS",
   "Tagging",
   "Task",

@@ -109,9 +109,10 @@ class Task(abc.ABC):
     return None
 
   @classmethod
-  def load_data(cls, run: RunConfig):
+  def load_data(cls, run: RunConfig, load=None):
     """The task's data (with a `.tokenizer`): config.data prepared as `data_kind` records, now if it
-    has not been. Tasks that make their own data override this."""
+    has not been. Tasks that make their own data override this; `load` (inference.load, which the
+    loop hands over) restores a trained model, for a task whose data a model makes (sae)."""
     source = run.data.source(cls.data_kind)
     cls.check_source(run, source)
     prepared = run.data.prepared(source)

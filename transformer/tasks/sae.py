@@ -1,0 +1,296 @@
+"""config.task="sae": a sparse autoencoder (transformer.models.sae) on activations, trained by the one
+loop (checkpoints, resume, metrics.jsonl, TensorBoard, `--config.x=` overrides come with it).
+
+The activations (transformer.data.activations), one source a run:
+  --config.run=WORKDIR         a trained GPT's, at --config.point (resid_pre, resid_post, mlp_out,
+                               z, ...) of block --config.layer (-1: the middle one), computed on the
+                               fly from that run's text
+  --config.hf=DIR              GPT-2's (Hugging Face files), on the text of config.data
+  --config.data.input_files=acts.npy   an array you bring (.npy or .safetensors, rows x d_in)
+  --config.synthetic_features=N        N features in superposition whose directions are known
+
+Inputs are scaled to a mean norm of √d_in (config.normalize: SAELens's "expected_average_only_in"),
+the factor kept in the SAE's params (`input_scale`) and undone on its output. Every evaluation scores
+as SAELens names its scores: l0, mse, explained_variance, fvu, dead latents (no activation for
+config.dead_tokens tokens) and dense ones (firing on more than a tenth of the tokens); with a model's
+activations, the model's loss clean (`ce_loss_clean`), with the SAE's reconstruction spliced in at
+the point (`ce_loss_spliced`, through run_with_patches) and with the point zeroed (`ce_loss_zero`),
+and `ce_loss_score` = (zero - spliced) / (zero - clean); with synthetic ones, the recovery of the
+true features (`mcc`, `mean_max_cosine`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer import interventions, metrics, tokenizers
+from transformer import workdir as workdir_files
+from transformer.config import RunConfig, check_positive, resolve_for
+from transformer.data.activations import (
+  ActivationStore,
+  ArrayActivations,
+  ModelActivations,
+  SyntheticActivations,
+  locate,
+  read_array,
+)
+from transformer.data.superposition import Superposition
+from transformer.errors import ConfigError, DataError
+from transformer.interventions import Patch
+from transformer.models.gpt import GPT
+from transformer.models.hf_gpt2 import import_hf_gpt2
+from transformer.models.sae import SAE, init_decoder_bias, latent_density, norm_scale, recovery, sae_loss, scores
+from transformer.tasks.base import Task
+from transformer.tasks.lm import LanguageModel
+
+DENSE = 0.1  # a latent firing on more than this share of tokens is dense (SAELens's feature-density plots)
+SOURCES = ("run", "hf", "data.input_files", "synthetic_features")
+
+
+@dataclasses.dataclass(frozen=True)
+class SAETaskConfig:
+  run: str = ""  # a trained GPT's workdir, whose activations the SAE learns ...
+  hf: str = ""  # ... or a GPT-2 directory (Hugging Face files), on config.data's text ...
+  synthetic_features: int = 0  # ... or this many features in superposition (else data.input_files)
+  synthetic_d: int = 64
+  synthetic_density: float = 0.02
+  synthetic_importance: float = 1.0
+  point: str = "resid_pre"  # a named point (transformer.interventions)
+  layer: int = -1  # its block; -1: the middle one
+  seq_len: int = 128  # the model's windows, each of seq_len rows
+  batch_size: int = 4096  # rows a step
+  buffer_sequences: int = 256  # windows a refill of the activation store computes and shuffles
+  lm_batch_size: int = 32  # windows a forward pass of the model
+  eval_sequences: int = 32  # validation windows: the rows every evaluation scores, and ce_loss_score's text
+  eval_rows: int = 8192  # the rows an array or synthetic source holds out for evaluation
+  dead_tokens: int = 1_000_000  # a latent that has not fired for this many tokens is dead (AuxK's, the score's)
+  init_b_dec: str = "geometric_median"  # | "mean" | "zeros": b_dec at the start (of the first refill's rows)
+  normalize: bool = True  # inputs scaled to a mean norm of √d_in
+
+  may_change: ClassVar[tuple[str, ...]] = ("eval_sequences", "eval_rows")
+
+  def check(self, run: RunConfig, data_parallel: int | None) -> None:
+    check_positive(self, ("seq_len", "batch_size", "buffer_sequences", "lm_batch_size", "eval_sequences", "eval_rows"))
+    given = [s for s, v in zip(SOURCES, self.sources(run)) if v]
+    if len(given) != 1:
+      raise ConfigError(
+        f"an SAE learns one source of activations; give exactly one of --config.{', --config.'.join(SOURCES)} "
+        f"(given: {', '.join(given) or 'none'})"
+      )
+    if self.run and not (Path(self.run) / workdir_files.CONFIG).is_file():
+      raise ConfigError(f"--config.run={self.run!r} is not a training workdir (no {workdir_files.CONFIG}); check the path")
+    if self.init_b_dec not in ("geometric_median", "mean", "zeros"):
+      raise ConfigError(f"--config.init_b_dec={self.init_b_dec!r}: choose geometric_median, mean or zeros")
+    if self.dead_tokens <= 0:
+      raise ConfigError(f"--config.dead_tokens must be positive, got {self.dead_tokens}")
+    if run.optimizer.accumulation_steps != 1:
+      raise ConfigError("an SAE's step sets its firing statistics from the whole batch: keep optimizer.accumulation_steps=1")
+    if self.synthetic_features:
+      self.superposition()  # its own checks
+    if data_parallel is not None and self.batch_size % data_parallel:
+      raise ConfigError(
+        f"--config.batch_size={self.batch_size} is not divisible by the data-parallel size {data_parallel}"
+      )
+
+  def sources(self, run: RunConfig) -> tuple:
+    return self.run, self.hf, run.data.input_files, self.synthetic_features
+
+  def superposition(self) -> Superposition:
+    try:
+      return Superposition(
+        num_features=self.synthetic_features,
+        d=self.synthetic_d,
+        density=self.synthetic_density,
+        importance=self.synthetic_importance,
+      )
+    except ValueError as e:
+      raise ConfigError(f"--config.synthetic_*: {e}") from None
+
+
+@dataclasses.dataclass
+class SAEData:
+  """The SAE's activations (a source of transformer.data.activations) and the tokenizer of their text
+  (for arrays and synthetic rows: config.data.tokenizer's, which reads nothing)."""
+
+  source: Any
+  tokenizer: Any
+
+
+def source_model(config: SAETaskConfig) -> tuple[Any, Any]:
+  """(GPT, abstract params) of the model whose activations a run or hf source reads: its shapes only,
+  from its config (what the SAE's width needs when its model is restored for inference)."""
+  if config.hf:
+    gpt_config, params = import_hf_gpt2(config.hf)
+    return GPT(gpt_config), params
+  saved = workdir_files.saved_config_dict(Path(config.run))
+  run = resolve_for(LanguageModel, saved)
+  vocab = tokenizers.load_tokenizer(Path(config.run) / workdir_files.TOKENIZER).vocab_size
+  model = GPT(run.model_config(vocab))
+  return model, jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
+
+
+def middle_layer(model, layer: int) -> int:
+  return model.config.num_layers // 2 if layer < 0 else layer
+
+
+class SparseAutoencoder(Task):
+  """An SAE (config.model: SAEConfig fields) on the activations of config's source."""
+
+  name = "sae"
+  Config = SAETaskConfig
+  families = ("sae",)
+  data_kind = "activations"
+  curves = ("explained_variance",)
+
+  def __init__(self, run: RunConfig, tokenizer, mesh, data: SAEData | None = None, labels=None):
+    d_in = data.source.d_in if data is not None else self.source_width(run)
+    if run.model.d_in and run.model.d_in != d_in:
+      raise DataError(
+        f"--config.model.d_in={run.model.d_in}, but the activations are {d_in} wide; set it to 0 (take theirs) or {d_in}"
+      )
+    super().__init__(dataclasses.replace(run, model=run.model.replace(d_in=d_in)), tokenizer, mesh, data)
+
+  @classmethod
+  def source_width(cls, run: RunConfig) -> int:
+    c = run.task_config
+    if c.synthetic_features:
+      return c.synthetic_d
+    if run.data.input_files:
+      return read_array(run.data.input_files[0]).shape[1]
+    model, params = source_model(c)
+    return locate(model, params, c.point, middle_layer(model, c.layer))[0]
+
+  @classmethod
+  def load_data(cls, run: RunConfig, load=None) -> SAEData:
+    """The activations of the config's source; `load` (inference.load, which the loop hands over)
+    restores the model of a run or hf source."""
+    c = run.task_config
+    if c.synthetic_features:
+      source = SyntheticActivations(c.superposition(), batch_size=c.batch_size, eval_rows=c.eval_rows)
+      return SAEData(source, tokenizers.get_tokenizer("gpt2"))
+    if run.data.input_files:
+      if len(run.data.input_files) != 1:
+        raise DataError(f"an SAE reads one array of activations; got {len(run.data.input_files)} files")
+      rows = read_array(run.data.input_files[0])
+      source = ArrayActivations(
+        rows, validation_fraction=run.data.validation_fraction or 0.1, eval_rows=c.eval_rows, seed=run.loop.seed
+      )
+      return SAEData(source, tokenizers.get_tokenizer("gpt2"))
+    trained = load(workdir=c.run) if c.run else load(hf=c.hf, tokenizer=run.data.tokenizer)
+    text_run = trained.run if c.run else run
+    text = text_run.data.prepared(text_run.data.source("text"))
+    if not tokenizers.identical(text.tokenizer, trained.tokenizer):
+      raise DataError(f"{text.directory} is tokenized by {text.tokenizer.name}, not the model's tokenizer")
+    source = ModelActivations(
+      trained.model,
+      trained.params,
+      text,
+      point=c.point,
+      layer=middle_layer(trained.model, c.layer),
+      seq_len=min(c.seq_len, trained.model.config.max_len),
+      buffer_sequences=c.buffer_sequences,
+      batch_sequences=c.lm_batch_size,
+      eval_sequences=c.eval_sequences,
+      seed=run.loop.seed,
+    )
+    return SAEData(source, trained.tokenizer)
+
+  def build_model(self, model_config):
+    return SAE(model_config)
+
+  def init_inputs(self) -> tuple:
+    return (jnp.zeros((2, self.model_config.d_in)),)
+
+  def init_params(self, params, restore):
+    """b_dec at the first refill's mean or geometric median, and the inputs' scale, from its rows."""
+    rows = self.data.source.chunk(0)[: 16 * self.config.batch_size]
+    scale = norm_scale(rows) if self.config.normalize else 1.0
+    params = {**params, "input_scale": jnp.full_like(params["input_scale"], scale)}
+    if self.config.init_b_dec != "zeros":
+      params = init_decoder_bias(params, rows * scale, self.config.init_b_dec)
+    return params
+
+  def update_scale(self):
+    """The statistics and the inputs' scale are set, not learned (SAE's docstring)."""
+    set_not_learned = ("since_fired", "threshold", "input_scale")
+    return lambda params: {k: jnp.zeros(()) if k in set_not_learned else jnp.ones(()) for k in params}
+
+  def loss(self, params, batch_NxD, rng, train: bool):
+    """The summed loss of the rows, their number, and (training) the statistics' new values."""
+    loss, _, stats = sae_loss(self.model, params, batch_NxD, train=train, dead_tokens=self.config.dead_tokens)
+    rows = jnp.float32(batch_NxD.shape[0])
+    return loss * rows, (rows, stats) if train else rows
+
+  def train_batches(self):
+    return ActivationStore(self.data.source, self.config.batch_size)
+
+  def batch_shapes(self):
+    return jax.ShapeDtypeStruct((self.config.batch_size, self.model_config.d_in), jnp.float32)
+
+  def count_tokens(self, host_batch) -> int:
+    return self.config.batch_size
+
+  def flops_per_token(self, num_params: int) -> float:
+    return metrics.flops_per_token(num_params, 0, 0, 1)
+
+  def eval_batches(self) -> list:
+    rows = self.data.source.eval_rows()
+    return [rows[: len(rows) - len(rows) % self.run.mesh.data_parallel]]
+
+  def evaluate(self, params, eval_fn, batches: list) -> dict:
+    result = super().evaluate(params, eval_fn, batches)
+    del result["val_perplexity"]
+    [x_NxD] = batches
+    scale = params["input_scale"]
+    x_hat_NxD, z_NxS = self.model.apply({"params": params}, jnp.asarray(x_NxD))
+    result.update(scores(x_NxD * scale, x_hat_NxD * scale, z_NxS))
+    density_S = latent_density(z_NxS)
+    result["dead_latents"] = float(np.mean(np.asarray(params["since_fired"]) >= self.config.dead_tokens))
+    result["dense_latents"] = float(np.mean(density_S > DENSE))
+    source = self.data.source
+    if isinstance(source, ModelActivations):
+      result.update(spliced_losses(source, self.model, params))
+    if isinstance(source, SyntheticActivations):
+      decoder_SxD = self.model.apply({"params": params}, method=SAE.decoder)
+      result.update(recovery(np.asarray(decoder_SxD), source.source.directions_FxD))
+    return result
+
+  def describe(self, result: dict) -> str:
+    line = (
+      f"explained variance {result['explained_variance']:.3f}, L0 {result['l0']:.1f}, "
+      f"dead {100 * result['dead_latents']:.1f}%, dense {100 * result['dense_latents']:.1f}%"
+    )
+    if "ce_loss_score" in result:
+      line += f", ce_loss_score {result['ce_loss_score']:.3f}"
+    if "mcc" in result:
+      line += f", MCC {result['mcc']:.3f}"
+    return line
+
+
+def splice(source: ModelActivations, sae: SAE, sae_params, tokens_BxT) -> dict:
+  """The patch that puts the SAE's reconstruction of the point in place of the point, on these tokens."""
+  x = source.at_point(tokens_BxT)
+  x_hat, _ = sae.apply({"params": sae_params}, x.reshape(-1, source.d_in).astype(jnp.float32))
+  return {(source.point, source.point_layer): Patch.replace(x_hat.reshape(x.shape).astype(x.dtype))}
+
+
+def spliced_losses(source: ModelActivations, sae: SAE, sae_params) -> dict[str, float]:
+  """The model's next-token loss on the evaluation windows clean, with the SAE spliced in at the point,
+  and with the point zeroed; ce_loss_score (1: the SAE loses nothing, 0: no better than zeroing)."""
+  tokens_BxT = jnp.asarray(source.eval_tokens_BxT())
+  loss = lambda patches: float(interventions.next_token_losses(source.model, source.params, tokens_BxT, patches).mean())
+  clean = loss(None)
+  spliced = loss(splice(source, sae, sae_params, tokens_BxT))
+  zero = loss({(source.point, source.point_layer): Patch.ablate()})
+  return {
+    "ce_loss_clean": clean,
+    "ce_loss_spliced": spliced,
+    "ce_loss_zero": zero,
+    "ce_loss_score": (zero - spliced) / (zero - clean) if zero != clean else float("nan"),
+  }
