@@ -155,7 +155,8 @@ def test_the_registry_refuses_what_is_not_a_task():
   with pytest.raises(TypeError, match="not a subclass of transformer.tasks.Task"):
     tasks.register(CopyConfig)
   with pytest.raises(
-    ConfigError, match="--config.task='nope' is unknown; choose one of lm, translation, classification, tagging, copy"
+    ConfigError,
+    match="--config.task='nope' is unknown; choose one of lm, translation, classification, tagging, sae, copy",
   ):
     tasks.get("nope")
   assert set(tasks.TASKS) >= {"lm", "translation", "copy"}

@@ -345,7 +345,9 @@ def train_and_evaluate(config_dict: ml_collections.ConfigDict, workdir: str | Pa
 def _train(config: RunConfig, workdir: Path, lead: bool) -> dict:
   """One launch on `workdir`: its checks, the run restored or initialised, the steps, the end."""
   changes = workdir_files.check_config(workdir, config, inference.saved_run(workdir))
-  task_data = tasks.get(config.task).load_data(config, load=inference.load)  # prepared again if its files changed (sha256)
+  task_data = tasks.get(config.task).load_data(
+    config, load=inference.load
+  )  # prepared again if its files changed (sha256)
   fingerprint = task_data.fingerprint if isinstance(task_data, data.Prepared) else None
   workdir_files.check_data(workdir, fingerprint)
   run = build(config, task_data)

@@ -130,7 +130,8 @@ def upgrade_config_from_v1(saved: dict) -> dict:
   model = dict(saved.get("model") or {})
   if "context_length" in model:
     model["max_len"] = model.pop("context_length")
-  if model.get("family") != "lstm" and "block" not in model:  # an LSTM has no block: its d_model is its own
+  # An LSTM has no block (its d_model is its own), nor has an SAE (which format 1 did not know).
+  if model.get("family") not in ("lstm", "sae") and "block" not in model:
     block = {k: model.pop(k) for k in _BLOCK_KEYS if k in model}
     if block:
       model["block"] = block

@@ -45,8 +45,8 @@ def point_shapes(model, params) -> dict[str, tuple[int, ...]]:
 
 def locate(model, params, point: str, layer: int) -> tuple[int, int | None]:
   """(the width of one token's activation at `point` of block `layer`, a head axis flattened: `z` is
-  H x K; the layer, None for a point outside the blocks); one clear error for a point the model does not have, a layer beyond it, or a point that is
-  not a vector per token (an attention pattern)."""
+  H x K; the layer, None for a point outside the blocks); one clear error for a point the model does
+  not have, a layer beyond it, or a point that is not a vector per token (an attention pattern)."""
   shapes = point_shapes(model, params)
   if point not in shapes:
     raise ConfigError(
@@ -88,9 +88,9 @@ class ModelActivations:
     self.seq_len, self.batch_sequences = seq_len, batch_sequences
     self.buffer_batches = max(1, buffer_sequences // batch_sequences)
     self.windows = pipeline.lm_train_dataset(text, seq_len=seq_len, global_batch=batch_sequences, seed=seed)
-    self.eval_windows_BxL1 = pipeline.lm_eval_batches(
-      text, seq_len=seq_len, batch_size=eval_sequences, num_batches=1
-    )[0]
+    self.eval_windows_BxL1 = pipeline.lm_eval_batches(text, seq_len=seq_len, batch_size=eval_sequences, num_batches=1)[
+      0
+    ]
     self.seed = seed
 
   def at_point(self, tokens_BxT) -> jax.Array:

@@ -83,10 +83,19 @@ class SAEConfig:
       if getattr(self, name) <= 0:
         raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
     if self.d_in < 0 or self.d_sae < 0:
-      raise ConfigError(f"d_in and d_sae are widths (0: from the activations, expansion x d_in); got {self.d_in}, {self.d_sae}")
+      raise ConfigError(
+        f"d_in and d_sae are widths (0: from the activations, expansion x d_in); got {self.d_in}, {self.d_sae}"
+      )
     if self.activation in ("topk", "batchtopk") and self.k > self.latents:
       raise ConfigError(f"k={self.k} is more than the {self.latents} latents; use at most {self.latents}")
-    for name in ("l1_coefficient", "l0_coefficient", "bandwidth", "initial_threshold", "aux_coefficient", "threshold_rate"):
+    for name in (
+      "l1_coefficient",
+      "l0_coefficient",
+      "bandwidth",
+      "initial_threshold",
+      "aux_coefficient",
+      "threshold_rate",
+    ):
       if getattr(self, name) < 0:
         raise ConfigError(f"{name} must be at least 0, got {getattr(self, name)}")
     return self
@@ -166,7 +175,9 @@ class SAE(nn.Module):
     zeros = nn.initializers.zeros_init()
     if cfg.activation == "jumprelu":  # log θ, learned
       threshold_init = nn.initializers.constant(np.log(cfg.initial_threshold))
-      self.log_threshold = self.param("log_threshold", nn.with_logical_partitioning(threshold_init, ("mlp",)), (S,), dtype)
+      self.log_threshold = self.param(
+        "log_threshold", nn.with_logical_partitioning(threshold_init, ("mlp",)), (S,), dtype
+      )
     if cfg.activation == "batchtopk":  # the inference threshold: set by each step (sae_loss), not learned
       self.threshold = self.param("threshold", nn.with_logical_partitioning(zeros, ("mlp",)), (S,), dtype)
     # Tokens since each latent last fired: set by each step (sae_loss), not learned.
@@ -214,12 +225,13 @@ class SAE(nn.Module):
 
 
 def sae_loss(sae: SAE, params, x_NxD, train: bool = True, dead_tokens: float | None = None):
-  """(the training loss, its parts, the statistics' new values) on a batch: the squared error summed
-  over d_in and averaged over rows, plus the activation's sparsity term (relu: L1 weighted by the
-  decoder rows' norms; jumprelu: L0 through the step's estimator) or AuxK (topk, batchtopk: latents
-  that have not fired for `dead_tokens` reconstruct the error; none when no latent is dead, or
-  without `dead_tokens`), in the scaled space (inputs times `input_scale`). The statistics: `since_fired` after this batch and, for batchtopk in
-  training, the inference `threshold` moved towards the smallest activation the batch kept."""
+  """(the training loss, its parts, the statistics' new values) on a batch, in the scaled space
+  (inputs times `input_scale`): the squared error summed over d_in and averaged over rows, plus the
+  activation's sparsity term (relu: L1 weighted by the decoder rows' norms; jumprelu: L0 through the
+  step's estimator) or AuxK (topk, batchtopk: latents that have not fired for `dead_tokens`
+  reconstruct the error; none when no latent is dead, or without `dead_tokens`). The statistics:
+  `since_fired` after this batch and, for batchtopk in training, the inference `threshold` moved
+  towards the smallest activation the batch kept."""
   cfg = sae.config
   N = x_NxD.shape[0]
 
@@ -244,7 +256,9 @@ def sae_loss(sae: SAE, params, x_NxD, train: bool = True, dead_tokens: float | N
       parts["l0"] = cfg.l0_coefficient * jnp.mean(jnp.sum(fired_NxS, -1))
     elif dead_tokens is not None:
       dead_S = module.since_fired >= dead_tokens
-      parts["aux"] = cfg.aux_coefficient * _aux_k(module, pre_NxS, x_NxD_scaled - jax.lax.stop_gradient(x_hat_NxD), dead_S)
+      parts["aux"] = cfg.aux_coefficient * _aux_k(
+        module, pre_NxS, x_NxD_scaled - jax.lax.stop_gradient(x_hat_NxD), dead_S
+      )
     stats = {"since_fired": jnp.where(fired_S, 0.0, module.since_fired + N)}
     if cfg.activation == "batchtopk" and train:
       smallest_kept = jnp.min(jnp.where(z_NxS > 0, z_NxS, jnp.inf))

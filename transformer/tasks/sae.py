@@ -84,13 +84,17 @@ class SAETaskConfig:
         f"(given: {', '.join(given) or 'none'})"
       )
     if self.run and not (Path(self.run) / workdir_files.CONFIG).is_file():
-      raise ConfigError(f"--config.run={self.run!r} is not a training workdir (no {workdir_files.CONFIG}); check the path")
+      raise ConfigError(
+        f"--config.run={self.run!r} is not a training workdir (no {workdir_files.CONFIG}); check the path"
+      )
     if self.init_b_dec not in ("geometric_median", "mean", "zeros"):
       raise ConfigError(f"--config.init_b_dec={self.init_b_dec!r}: choose geometric_median, mean or zeros")
     if self.dead_tokens <= 0:
       raise ConfigError(f"--config.dead_tokens must be positive, got {self.dead_tokens}")
     if run.optimizer.accumulation_steps != 1:
-      raise ConfigError("an SAE's step sets its firing statistics from the whole batch: keep optimizer.accumulation_steps=1")
+      raise ConfigError(
+        "an SAE's step sets its firing statistics from the whole batch: keep optimizer.accumulation_steps=1"
+      )
     if self.synthetic_features:
       self.superposition()  # its own checks
     if data_parallel is not None and self.batch_size % data_parallel:
@@ -152,7 +156,8 @@ class SparseAutoencoder(Task):
     d_in = data.source.d_in if data is not None else self.source_width(run)
     if run.model.d_in and run.model.d_in != d_in:
       raise DataError(
-        f"--config.model.d_in={run.model.d_in}, but the activations are {d_in} wide; set it to 0 (take theirs) or {d_in}"
+        f"--config.model.d_in={run.model.d_in}, but the activations are {d_in} wide; set it to 0 "
+        f"(take theirs) or {d_in}"
       )
     super().__init__(dataclasses.replace(run, model=run.model.replace(d_in=d_in)), tokenizer, mesh, data)
 

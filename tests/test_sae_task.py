@@ -1,0 +1,150 @@
+"""config.task="sae" on the one loop: an SAE on a trained GPT's point (scores, the spliced losses), on
+an array a user brings, resumed bit for bit, and every bad input one error with nothing written."""
+
+import json
+import shutil
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import shakespeare
+from transformer import inference, interventions, tasks
+from transformer.errors import UserError
+from transformer.interventions import Patch
+from transformer.models.sae import SAE, SAEConfig
+from transformer.tasks.sae import spliced_losses
+from transformer.train import train_and_evaluate
+
+
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory):
+  """A tiny GPT trained 30 steps on Shakespeare's characters: the model whose activations SAEs learn."""
+  workdir = tmp_path_factory.mktemp("lm")
+  c = shakespeare.get_config("tiny")
+  c.data.root = str(workdir / "data")
+  c.num_train_steps = 30
+  c.sample.max_new_tokens = 0
+  train_and_evaluate(c, workdir)
+  return workdir
+
+
+def _sae_config(**changes):
+  c = tasks.defaults("sae")
+  c.point, c.layer, c.seq_len = "resid_pre", 1, 32
+  c.batch_size, c.buffer_sequences, c.lm_batch_size, c.eval_sequences = 128, 16, 8, 4
+  c.model.d_sae, c.model.k = 256, 8
+  c.num_train_steps, c.eval_every_steps, c.checkpoint_every_steps, c.log_every_steps = 12, 6, 6, 6
+  c.keep_checkpoints = 4
+  c.optimizer.lr, c.optimizer.warmup_steps, c.optimizer.weight_decay = 1e-3, 2, 0.0
+  c.dead_tokens = 1000
+  for key, value in changes.items():
+    *parents, name = key.split(".")
+    section = c
+    for parent in parents:
+      section = section[parent]
+    section[name] = value
+  return c
+
+
+def test_an_sae_on_a_gpts_point_is_scored_as_saelens_scores_and_resumes_bit_for_bit(lm_run, tmp_path):
+  """12 steps straight, against 6 then a relaunch from step 6 (the activation store mid-refill: 16
+  windows x 32 tokens = 4 batches a refill): the same params, bit for bit."""
+  straight = tmp_path / "straight"
+  result = train_and_evaluate(_sae_config(run=str(lm_run)), straight)
+  for key in ("l0", "mse", "explained_variance", "fvu", "dead_latents", "dense_latents", "ce_loss_score"):
+    assert np.isfinite(result[key]), (key, result)
+  assert result["l0"] <= 8 and result["ce_loss_clean"] < result["ce_loss_spliced"] < result["ce_loss_zero"], result
+  records = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in records if "ce_loss_score" in r] == [6, 12]
+
+  trained = inference.restore(straight, step=12)
+  assert trained.run.task == "sae" and trained.model.config.d_in == 64
+  resumed = tmp_path / "resumed"
+  shutil.copytree(straight, resumed)
+  shutil.rmtree(resumed / "checkpoints" / "12")
+  train_and_evaluate(_sae_config(run=str(lm_run)), resumed)
+  again = inference.restore(resumed, step=12)
+  jax.tree.map(np.testing.assert_array_equal, again.params, trained.params)
+
+
+def test_a_perfect_reconstruction_spliced_in_leaves_the_loss_and_zeroing_is_the_point_zeroed(lm_run):
+  """An SAE whose decoder inverts its encoder (ReLU latents x⁺ and x⁻, decoded as x⁺ - x⁻) changes
+  nothing; zeroing mlp_out of block 1 is the model with that MLP's output projection zeroed."""
+  data = tasks.get("sae").load_data(tasks.resolve(_sae_config(run=str(lm_run), point="mlp_out")), inference.load)
+  source = data.source
+  D = source.d_in
+  sae = SAE(SAEConfig(d_in=D, d_sae=2 * D, activation="relu").check())
+  params = nn.unbox(sae.init(jax.random.key(0), jnp.zeros((2, D)))["params"])
+  identity = jnp.eye(D)
+  params = {
+    **params,
+    "W_enc": jnp.concatenate([identity, -identity], 1),
+    "W_dec": jnp.concatenate([identity, -identity], 0),
+    "b_enc": jnp.zeros(2 * D),
+    "b_dec": jnp.zeros(D),
+  }
+  losses = spliced_losses(source, sae, params)
+  assert abs(losses["ce_loss_spliced"] - losses["ce_loss_clean"]) < 1e-5, losses
+  assert losses["ce_loss_zero"] > losses["ce_loss_clean"] + 0.01, losses
+
+  mlp = source.params["h"]["layer_1"]["mlp"]
+  zeroed_proj = jax.tree.map(jnp.zeros_like, mlp["proj"])
+  without_mlp = {
+    **source.params,
+    "h": {**source.params["h"], "layer_1": {**source.params["h"]["layer_1"], "mlp": {**mlp, "proj": zeroed_proj}}},
+  }
+  tokens_BxT = jnp.asarray(source.eval_tokens_BxT())
+  zeroed = float(interventions.next_token_losses(source.model, without_mlp, tokens_BxT).mean())
+  assert abs(losses["ce_loss_zero"] - zeroed) < 1e-5, (losses, zeroed)
+  patched = float(
+    interventions.next_token_losses(source.model, source.params, tokens_BxT, {("mlp_out", 1): Patch.ablate()}).mean()
+  )
+  assert abs(patched - zeroed) < 1e-5
+
+
+def test_an_sae_learns_an_array_a_user_brings(tmp_path):
+  rows = np.random.default_rng(0).normal(size=(1000, 2, 16)).astype(np.float32)  # leading axes are rows
+  np.save(tmp_path / "acts.npy", rows)
+  c = _sae_config(**{"data.input_files": (str(tmp_path / "acts.npy"),)})
+  c.model.d_sae, c.model.k, c.eval_rows = 64, 4, 256
+  result = train_and_evaluate(c, tmp_path / "w")
+  assert 0 < result["explained_variance"] < 1 and result["l0"] <= 4 and "ce_loss_score" not in result
+
+
+@pytest.mark.parametrize(
+  "changes,array,message",
+  [
+    (
+      {"point": "resid_middle"},
+      None,
+      "--config.point='resid_middle' is not a named point of this model; choose one of",
+    ),
+    ({"layer": 7}, None, r"--config.layer=7 is beyond the model's 2 layers; choose 0 to 1"),
+    ({"point": "pattern"}, None, "--config.point='pattern' is not a vector per token"),
+    ({"run": "NOT_A_RUN"}, None, "is not a training workdir"),
+    ({"run": "", "synthetic_features": 8, "hf": "x"}, None, "give exactly one of"),
+    (
+      {"run": "", "model.d_in": 12},
+      np.ones((100, 8), np.float32),
+      r"--config.model.d_in=12, but the activations are 8 wide",
+    ),
+    ({"run": ""}, np.array([[1.0, np.nan]] * 50, np.float32), r"row 0 is not finite"),
+    ({"run": ""}, np.zeros((0, 8), np.float32), r"shape \(0, 8\); activations are rows x d_in"),
+  ],
+)
+def test_bad_input_is_one_error_and_nothing_written(lm_run, tmp_path, changes, array, message):
+  changes = {"run": str(lm_run), **changes}
+  if changes["run"] == "NOT_A_RUN":
+    changes["run"] = str(tmp_path)
+  if array is not None:
+    np.save(tmp_path / "acts.npy", array)
+    changes["data.input_files"] = (str(tmp_path / "acts.npy"),)
+  c = _sae_config(**changes)
+  c.num_train_steps = 1
+  workdir = tmp_path / "w"
+  with pytest.raises(UserError, match=message):
+    train_and_evaluate(c, workdir)
+  assert not workdir.exists()
