@@ -15,6 +15,7 @@ r"""Benchmarks that print tables (medians of several runs). Speed is measured he
   python -m launch.bench --what=prepare --prepare_mb=10,100,1000 --repeats=1  # launch.prepare vs raw tiktoken
   python -m launch.bench --what=accelerator --batch_sizes=1,8,32 --new_tokens=256  # the accelerator check (a GPU)
   python -m launch.bench --what=patching --preset=gpt2 --seq_len=64  # patching sweeps vs TransformerLens
+  python -m launch.bench --what=sae    # a TopK SAE's training vs SAELens on the same activations
 
 --what=accelerator is the whole accelerator path in one table and --check_json, for the few minutes a
 chip is lent (launch/accelerator_check.sh carries what the machine lacks and runs it): the kernel
@@ -60,7 +61,7 @@ from absl import flags
 
 from experiments import base, shakespeare
 from experiments import gpt2 as gpt2_experiment
-from launch import bench_patching, peer_env
+from launch import bench_patching, bench_sae, peer_env
 from transformer import benchmark, cli, data, layers, metrics, optim, plan, tasks, tokenizers, train
 from transformer.config import OptimizerConfig
 from transformer.data import pipeline
@@ -85,6 +86,7 @@ _WHAT = flags.DEFINE_multi_enum(
     "prepare",
     "accelerator",
     "patching",
+    "sae",
   ],
   "Which benchmark; repeat the flag for several in one process (tables in the order given, a blank line apart).",
 )
@@ -164,6 +166,13 @@ _CHECK_TESTS_S = flags.DEFINE_integer(
   "check_tests_s", 240, "--what=accelerator: the chip's pytest run is stopped (and reported) after this long."
 )
 _CHECK_JSON = flags.DEFINE_string("check_json", "accelerator_check.json", "--what=accelerator: the table as JSON.")
+_SAE_D_IN = flags.DEFINE_integer("sae_d_in", 256, "--what=sae: the activations' width.")
+_SAE_D_SAE = flags.DEFINE_integer("sae_d_sae", 2048, "--what=sae: the SAE's latents.")
+_SAE_K = flags.DEFINE_integer("sae_k", 32, "--what=sae: TopK's k.")
+_SAE_BATCH = flags.DEFINE_integer("sae_batch", 4096, "--what=sae: rows a step.")
+_SAE_BATCHES = flags.DEFINE_integer("sae_batches", 16, "--what=sae: distinct batches in the activations file.")
+_SAE_STEPS = flags.DEFINE_integer("sae_steps", 200, "--what=sae: training steps (the file's batches cycled).")
+_SAE_LR = flags.DEFINE_float("sae_lr", 4e-4, "--what=sae: Adam's learning rate.")
 _PEER_PYTHON = flags.DEFINE_string(
   "peer_python",
   None,
@@ -904,6 +913,15 @@ def patching_table(o: Options) -> str:
   return bench_patching.patching_table(o, cfg, _params(cfg), header)
 
 
+def sae_table(o: Options) -> str:
+  """A TopK SAE's training, ours beside SAELens's (launch/bench_sae.py)."""
+  header = (
+    f"TopK SAE training: d_in {o.sae_d_in}, d_sae {o.sae_d_sae}, k {o.sae_k}, batch {o.sae_batch}, "
+    f"{o.sae_steps} steps (median after {bench_sae.WARMUP}), Adam, float32"
+  )
+  return bench_sae.sae_table(o, header)
+
+
 def main(argv):
   del argv
   options = options_from_flags()
@@ -920,6 +938,7 @@ def main(argv):
     "prepare": prepare_table,
     "accelerator": accelerator_table,
     "patching": patching_table,
+    "sae": sae_table,
   }
   for i, what in enumerate(_WHAT.value):
     print(("\n" if i else "") + tables[what](options), flush=True)

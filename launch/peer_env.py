@@ -21,6 +21,8 @@ PEER_PYTHON_VERSION = (3, 11)
 PEER_REQUIREMENTS = ("torch==2.13.0", "transformers==5.23.0")
 # TransformerLens for `--what=patching` (launch/lens_peer.py), in a venv of its own beside the first.
 LENS_REQUIREMENTS = (*PEER_REQUIREMENTS, "transformer-lens==4.3.0")
+# SAELens for `--what=sae` (launch/sae_peer.py): in a venv of its own, for it pins another transformer-lens.
+SAE_REQUIREMENTS = (*PEER_REQUIREMENTS, "sae-lens==6.54.12")
 
 
 def _is_python(python: str, version: tuple[int, int]) -> bool:
