@@ -86,5 +86,6 @@ def sae_table(o, header: str) -> str:
   table = benchmark.table(["", "tokens/s", "ms a step", "explained variance", "L0"], rows)
   return (
     f"{header}\n{table}\nours / SAELens tokens/s: {ratio:.2f}x\n"
-    f"peer: {theirs['versions']}, {theirs['threads']} threads; ours: jax {jax.__version__} on {metrics.device_summary()}"
+    f"peer: {theirs['versions']}, {theirs['threads']} threads; "
+    f"ours: jax {jax.__version__} on {metrics.device_summary()}"
   )

@@ -24,7 +24,10 @@ logit difference) beside attribution patching's estimate (patching.png). --path 
 --sender head's output from --corrupt, seen only by the --receivers (heads' queries, keys or values in
 later layers), beside patching the sender outright (path.json). --probe fits linear probes for the token
 --probe_offset away at the embeddings and after every layer (probe.json); --circuit traces a 2-layer
-attention-only model's induction circuit (circuit.json). The same in Python: transformer.studies,
+attention-only model's induction circuit (circuit.json). --sae=SAE_WORKDIR (a config.task=sae run)
+writes its features' pages (features.html: each --latents', or the most active ones', top contexts
+on held-out text, activation histogram, density and the logits it promotes; with --text, the latents
+firing on each token). The same in Python: transformer.studies,
 over transformer.probes, interventions, activation_cache, patching and probing.
 
   python -m launch.probe --workdir=workdirs/shakespeare-char --heads --ablate=L1.H0 --ablation=mean
@@ -37,6 +40,7 @@ over transformer.probes, interventions, activation_cache, patching and probing.
       --corrupt="ROMEO: O Julian! JULIAN: O Romeo! ROMEO: O Juli"
   python -m launch.probe --workdir=workdirs/shakespeare-char --probe --probe_offset=-1
   python -m launch.probe --workdir=workdirs/induction-2 --circuit
+  python -m launch.probe --sae=workdirs/char-sae --latents=3,17 --text="ROMEO: O Juliet" --out=features/char
 """
 
 import sys
@@ -46,7 +50,7 @@ import numpy as np
 from absl import flags
 
 import launch
-from transformer import cli, inference, interventions, probes, studies
+from transformer import cli, features, inference, interventions, probes, studies
 from transformer.errors import UserError
 from transformer.models.gpt import GPT
 
@@ -114,6 +118,8 @@ _PROBE_POINT = flags.DEFINE_string("probe_point", "resid_post", "With --probe: t
 _PROBE_OFFSET = flags.DEFINE_integer(
   "probe_offset", -1, "With --probe: which token (-1: the previous, 0: the current)."
 )
+_SAE = flags.DEFINE_string("sae", None, "A sparse autoencoder's workdir (config.task=sae): its features' pages.")
+_LATENTS = flags.DEFINE_list("latents", [], "With --sae: the latents to show (default: the 8 most active).")
 _CLEAN = flags.DEFINE_string("clean", None, "With --patch or --path: the clean text.")
 _CORRUPT = flags.DEFINE_string(
   "corrupt", None, "With --patch or --path: the corrupted text, as many tokens as --clean."
@@ -265,6 +271,32 @@ def probe(model, params, validation) -> None:
   print(Path(_OUT.value) / "probe.json")
 
 
+def sae_features(texts: list[str]) -> None:
+  """features.feature_pages of the --sae workdir's SAE, written into --out."""
+  try:
+    latents = [int(i) for i in _LATENTS.value] or None
+  except ValueError:
+    raise UserError(f"--latents={','.join(_LATENTS.value)}: give latent numbers, e.g. 3,17") from None
+  trained, source = features.load_sae(_SAE.value)
+  print(f"# {trained.source or _SAE.value}: {trained.model.config.latents} latents on {source.point}", file=sys.stderr)
+  try:
+    report = features.feature_pages(
+      trained.model,
+      trained.params,
+      source,
+      trained.tokenizer,
+      latents=latents,
+      text=" ".join(texts) or None,
+      out=Path(_OUT.value),
+    )
+  except ValueError as e:
+    raise UserError(f"--latents: {e}") from None
+  for latent in report.latents:
+    top = "".join(t for t, _ in latent.top_contexts[0][-8:]) if latent.top_contexts else ""
+    print(f"latent {latent.index}: density {100 * latent.density:.2f}%, top context ...{top!r}")
+  print(report.path)
+
+
 def _gpt(model, verb: str) -> None:
   if not isinstance(model, GPT):
     raise UserError(f"--{verb} works on a GPT's heads and residual stream; this is a {type(model).__name__}")
@@ -279,6 +311,7 @@ _VERBS = {
   "path": _PATH,
   "circuit": _CIRCUIT,
   "probe": _PROBE,
+  "sae": _SAE,
 }
 
 
@@ -330,6 +363,9 @@ def main(argv):
   del argv
   texts = list(_TEXT.value)
   _check_verbs()
+  if _SAE.value:
+    sae_features(texts)
+    return
   if not texts and not (_HEADS.value or _PATCH.value or _PATH.value or _CIRCUIT.value or _PROBE.value):
     raise UserError(
       "give a --text to look inside (or --heads, --circuit, --probe, or --patch or --path with --clean and --corrupt)"

@@ -10,8 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from experiments import sae as sae_experiment
 from experiments import shakespeare
-from transformer import inference, interventions, tasks
+from transformer import features, inference, interventions, tasks
 from transformer.errors import UserError
 from transformer.interventions import Patch
 from transformer.models.sae import SAE, SAEConfig
@@ -49,11 +50,17 @@ def _sae_config(**changes):
   return c
 
 
-def test_an_sae_on_a_gpts_point_is_scored_as_saelens_scores_and_resumes_bit_for_bit(lm_run, tmp_path):
+@pytest.fixture(scope="module")
+def sae_run(lm_run, tmp_path_factory):
+  """A TopK SAE trained 12 steps on the tiny GPT's resid_pre of block 1: (its workdir, the result)."""
+  workdir = tmp_path_factory.mktemp("sae") / "straight"
+  return workdir, train_and_evaluate(_sae_config(run=str(lm_run)), workdir)
+
+
+def test_an_sae_on_a_gpts_point_is_scored_as_saelens_scores_and_resumes_bit_for_bit(lm_run, sae_run, tmp_path):
   """12 steps straight, against 6 then a relaunch from step 6 (the activation store mid-refill: 16
   windows x 32 tokens = 4 batches a refill): the same params, bit for bit."""
-  straight = tmp_path / "straight"
-  result = train_and_evaluate(_sae_config(run=str(lm_run)), straight)
+  straight, result = sae_run
   for key in ("l0", "mse", "explained_variance", "fvu", "dead_latents", "dense_latents", "ce_loss_score"):
     assert np.isfinite(result[key]), (key, result)
   assert result["l0"] <= 8 and result["ce_loss_clean"] < result["ce_loss_spliced"] < result["ce_loss_zero"], result
@@ -68,6 +75,34 @@ def test_an_sae_on_a_gpts_point_is_scored_as_saelens_scores_and_resumes_bit_for_
   train_and_evaluate(_sae_config(run=str(lm_run)), resumed)
   again = inference.restore(resumed, step=12)
   jax.tree.map(np.testing.assert_array_equal, again.params, trained.params)
+
+
+def test_a_features_page_shows_top_contexts_histograms_logits_and_a_texts_latents(sae_run, tmp_path):
+  trained, source = features.load_sae(sae_run[0])
+  report = features.feature_pages(
+    trained.model, trained.params, source, trained.tokenizer, count=3, text="ROMEO: O Juliet", out=tmp_path
+  )
+  assert len(report.latents) == 3
+  z = features.latents_of(trained.model, trained.params, source, source.eval_tokens_BxT())
+  for latent in report.latents:
+    assert latent.top_contexts and latent.density == pytest.approx(float((z[..., latent.index] > 0).mean()))
+    peaks = latent.top_activations
+    assert peaks == sorted(peaks, reverse=True) and peaks[0] == pytest.approx(float(z[..., latent.index].max()))
+    assert all(max(a for _, a in context) >= peak for context, peak in zip(latent.top_contexts, peaks))
+    assert len(latent.promoted) == 8 and latent.promoted[0][1] >= latent.suppressed[0][1]
+  assert [token for token, _ in report.text_latents] == list("ROMEO: O Juliet")
+  page = report.path.read_text()
+  assert (
+    page.count("data:image/png;base64,") == 3 and "background:rgba(192,57,43," in page and "Juliet" not in page[:200]
+  )
+  assert (tmp_path / f"latent_{report.latents[0].index}.png").stat().st_size > 1000
+  with pytest.raises(ValueError, match="latent 9999 is not one of this SAE's 256"):
+    features.feature_pages(trained.model, trained.params, source, trained.tokenizer, latents=[9999])
+
+
+def test_the_tiny_synthetic_preset_reports_its_recovery_of_the_true_features(tmp_path):
+  result = train_and_evaluate(sae_experiment.get_config("tiny"), tmp_path / "w")
+  assert 0 < result["mcc"] <= result["mean_max_cosine"] <= 1 and result["l0"] <= 4, result
 
 
 def test_a_perfect_reconstruction_spliced_in_leaves_the_loss_and_zeroing_is_the_point_zeroed(lm_run):

@@ -189,7 +189,7 @@ def as_json(inside: Inside, tokenizer, k: int = 5) -> dict[str, Any]:
 # Pictures (matplotlib, written as PNG).
 
 
-def _pyplot():
+def pyplot():
   import matplotlib
 
   matplotlib.use("Agg")
@@ -204,7 +204,7 @@ def _label(tokens: list[str]) -> list[str]:
 
 def draw_attention(attention_LxHxTxS: np.ndarray, queries: list[str], keys: list[str], path, title: str) -> None:
   """A grid of heat maps, layers down and heads across; each row of a map is a query's probabilities."""
-  plt = _pyplot()
+  plt = pyplot()
   L, H, T, S = attention_LxHxTxS.shape
   size = max(1.6, min(4.0, 0.16 * max(T, S)))
   fig, axes = plt.subplots(L, H, figsize=(size * H + 1, size * L + 1), squeeze=False)
@@ -227,7 +227,7 @@ def draw_attention(attention_LxHxTxS: np.ndarray, queries: list[str], keys: list
 
 def draw_residual_norms(residual_LxTxD: np.ndarray, tokens: list[str], path) -> None:
   """The residual stream's norm at every position, after the embeddings and after each block."""
-  plt = _pyplot()
+  plt = pyplot()
   norms_LxT = np.linalg.norm(residual_LxTxD, axis=-1)
   fig, ax = plt.subplots(figsize=(7, 4))
   for t in range(norms_LxT.shape[1]):
@@ -246,7 +246,7 @@ def draw_residual_norms(residual_LxTxD: np.ndarray, tokens: list[str], path) -> 
 
 def draw_logit_lens(inside: Inside, tokenizer, path, max_positions: int = 24) -> None:
   """A table, layers down and positions across: the logit lens's top next token, shaded by its probability."""
-  plt = _pyplot()
+  plt = pyplot()
   top = inside.lens_top(1, tokenizer)
   T = min(len(inside.tokens), max_positions)
   first = len(inside.tokens) - T
@@ -277,7 +277,7 @@ def draw_logit_lens(inside: Inside, tokenizer, path, max_positions: int = 24) ->
 def draw_alignment(inside: Inside, path) -> None:
   """The decoder's cross-attention, averaged over heads and layers: which source tokens each target
   token looked at (a soft word alignment)."""
-  plt = _pyplot()
+  plt = pyplot()
   align_TxS = inside.cross_attention_LxHxTxS.mean(axis=(0, 1))
   T, S = align_TxS.shape
   fig, ax = plt.subplots(figsize=(0.35 * S + 2, 0.35 * T + 2))
@@ -297,7 +297,7 @@ def draw_alignment(inside: Inside, path) -> None:
 def draw_logit_attribution(contribution: dict[str, float], path, title: str) -> None:
   """One bar per component (`ActivationCache.direct_logit_attribution` at one position), in the
   model's order: embeddings, then each layer's heads and MLP; the bars sum to the logit."""
-  plt = _pyplot()
+  plt = pyplot()
   names, values = list(contribution), np.array(list(contribution.values()))
   fig, ax = plt.subplots(figsize=(7, 0.22 * len(names) + 1.5))
   ax.barh(range(len(names)), values, color=np.where(values >= 0, "tab:blue", "tab:red"))
@@ -317,7 +317,7 @@ def draw_patching(maps: dict[str, np.ndarray], columns: dict[str, list[str]], pa
   """Heat maps one above the other, layers down: each map's name -> an L x C array (e.g. the residual
   stream's layer x position effects of patching, then attribution patching's estimate of them), with
   `columns[name]` labelling its columns. Red: the patch moves the metric up; blue: down."""
-  plt = _pyplot()
+  plt = pyplot()
   width = 0.3 * max(m.shape[1] for m in maps.values()) + 3
   heights = [0.35 * m.shape[0] + 1.4 for m in maps.values()]
   fig, axes = plt.subplots(len(maps), 1, figsize=(width, sum(heights) + 0.6), height_ratios=heights, squeeze=False)

@@ -59,6 +59,7 @@ class SAEConfig:
   initial_threshold: float = 0.001  # jumprelu: θ at initialisation
   aux_k: int = 0  # AuxK: dead latents that reconstruct the error (0: d_in // 2)
   aux_coefficient: float = 1 / 32
+  decoder_init_norm: float = 0.1  # the raw decoder rows' norm at initialisation (encoder: their transpose)
   threshold_rate: float = 0.01  # batchtopk: the inference threshold's moving-average rate
   dtype: str = "float32"
   param_dtype: str = "float32"
@@ -162,11 +163,17 @@ class SAE(nn.Module):
     cfg = self.config
     D, S = cfg.d_in, cfg.latents
     dtype = jnp.dtype(cfg.param_dtype)
-    # Decoder rows: random unit directions; the encoder starts as the decoder's transpose (Gao et al.).
-    decoder_init = nn.initializers.normal(1.0)
+
+    # Decoder rows: random directions of norm decoder_init_norm (the raw parameter's; `decoder` makes
+    # them unit vectors, and a small raw norm lets Adam turn them at its rate); the encoder starts as
+    # the decoder's transpose (Gao et al.; SAELens's heuristic norm 0.1, Anthropic's April 2024 update).
+    def decoder_init(key, shape, dtype=dtype):
+      w = jax.random.normal(key, shape, dtype)
+      return cfg.decoder_init_norm * w / jnp.linalg.norm(w, axis=1, keepdims=True)
+
     self.W_dec = self.param("W_dec", nn.with_logical_partitioning(decoder_init, ("mlp", "embed")), (S, D), dtype)
     w_dec = self.W_dec
-    encoder_init = lambda key, shape, dtype=dtype: (w_dec / jnp.linalg.norm(w_dec, axis=1, keepdims=True)).T
+    encoder_init = lambda key, shape, dtype=dtype: w_dec.T
     self.W_enc = self.param("W_enc", nn.with_logical_partitioning(encoder_init, ("embed", "mlp")), (D, S), dtype)
     self.b_enc = self.param("b_enc", nn.with_logical_partitioning(nn.initializers.zeros_init(), ("mlp",)), (S,), dtype)
     self.b_dec = self.param(

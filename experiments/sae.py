@@ -1,0 +1,51 @@
+"""Sparse autoencoders (config.task="sae", transformer/tasks/sae.py) on the residual stream of the GPTs
+trained here, and on rows whose features are known.
+
+  python -m launch.train --config=experiments/sae.py:char --workdir=workdirs/char-sae
+      # TopK (k 32, 8x: 1024 latents) on the main job's resid_pre of block 2 (train it first, the README's default)
+  python -m launch.train --config=experiments/sae.py:english --workdir=workdirs/english-sae
+      # the same on experiments/english.py's GPT (workdirs/english-gpt)
+  python -m launch.train --config=experiments/sae.py:synthetic --workdir=/tmp/sae-synthetic
+      # 512 features in superposition in 64 dimensions: the decoder's recovery of them (mcc)
+  python -m launch.probe --sae=workdirs/char-sae --out=features/char    # the features' pages
+
+Any field changes from the command line: --config.model.activation=batchtopk (or jumprelu, relu),
+--config.model.k=16, --config.point=mlp_out --config.layer=1, --config.run=another/workdir.
+The recipe is SAELens's: Adam (betas 0.9, 0.999) without weight decay or clipping, a constant rate
+after a short warmup, inputs scaled to a mean norm of √d_in, b_dec at the geometric median.
+"""
+
+from experiments import english
+from transformer import tasks
+
+PRESETS = ("char", "english", "synthetic", "tiny")
+MAIN_JOB = "workdirs/shakespeare-char"
+
+
+def get_config(preset: str = "char"):
+  if preset not in PRESETS:
+    raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+  c = tasks.defaults("sae")
+  c.model.activation, c.model.k, c.model.expansion = "topk", 32, 8
+  c.optimizer.update(dict(lr=4e-4, b2=0.999, weight_decay=0.0, grad_clip_norm=0.0, warmup_steps=50))
+  c.optimizer.schedule = "constant"
+  c.batch_size = 4096
+  c.num_train_steps = 2000  # 8.2M tokens
+  c.eval_every_steps = c.checkpoint_every_steps = 250
+  c.dead_tokens = 2_000_000  # a quarter of the tokens a run sees (Gao et al.: 10M of billions)
+  if preset == "char":
+    c.run, c.point, c.layer, c.seq_len = MAIN_JOB, "resid_pre", 2, 128
+  elif preset == "english":
+    c.run, c.point, c.layer, c.seq_len = english.RUN, "resid_pre", 2, 128
+  elif preset == "synthetic":
+    c.synthetic_features, c.synthetic_d, c.synthetic_density = 512, 64, 0.01
+    c.model.k, c.model.d_sae = 8, 1024
+    c.optimizer.lr = 3e-3
+    c.num_train_steps = 1500
+    c.dead_tokens = 1_000_000
+  else:  # tiny: a few steps of synthetic rows, for smoke runs
+    c.synthetic_features, c.synthetic_d = 64, 16
+    c.model.k, c.model.d_sae = 4, 128
+    c.batch_size, c.num_train_steps = 256, 20
+    c.eval_every_steps = c.checkpoint_every_steps = 10
+  return c

@@ -1,0 +1,182 @@
+"""Reading a sparse autoencoder's latents as features: for each latent, the held-out contexts that
+activate it most (each token shaded by its activation), its activation histogram, its density, and
+the tokens its decoder direction promotes and suppresses through the model's unembedding (the
+direct path, as SAELens's dashboards show it); and for a text, which latents fire on each token.
+
+`feature_pages` writes one self-contained HTML page (styles inline, histograms as embedded PNGs: it
+opens from disk, in a browser or a notebook's IFrame) plus the PNGs and a JSON of the numbers.
+
+    >>> report = feature_pages(sae, sae_params, source, tokenizer, out=Path("features/char"))
+    >>> report.latents[0].top_contexts[0]        # [(token text, activation), ...]
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import html
+import io
+import json
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+
+from transformer import inference, probes, tasks
+from transformer.data.activations import ModelActivations
+from transformer.errors import UserError
+from transformer.models import gpt
+from transformer.models.sae import SAE
+
+
+@dataclasses.dataclass
+class Latent:
+  index: int
+  density: float  # the share of held-out tokens it fires on
+  top_contexts: list  # [[(token, activation), ...], ...]: the tokens before each top activation, and 3 after
+  top_activations: list  # each context's top activation, highest first
+  promoted: list  # [(token, logit weight), ...], the largest
+  suppressed: list  # the most negative
+  histogram_png: bytes
+
+
+@dataclasses.dataclass
+class FeatureReport:
+  latents: list[Latent]
+  text_latents: list  # for a text: [(token, [(latent, activation), ...]), ...]
+  path: Path | None = None  # the HTML page
+
+
+def load_sae(workdir: str | Path) -> tuple[inference.Trained, ModelActivations]:
+  """A trained SAE (config.task=sae: its latest checkpoint) and the activations it learned, whose
+  model is restored and whose text is read again (its validation windows: held-out text)."""
+  trained = inference.restore(workdir, task="sae")
+  source = tasks.get("sae").load_data(trained.run, inference.load).source
+  if not isinstance(source, ModelActivations):
+    raise UserError(f"{workdir} learned rows without text (an array or synthetic ones): pages show a model's text")
+  return trained, source
+
+
+def latents_of(sae: SAE, sae_params, source: ModelActivations, tokens_BxT) -> np.ndarray:
+  """B x T x S: every latent's activation on every token."""
+  x = source.at_point(jnp.asarray(tokens_BxT))
+  _, z = sae.apply({"params": sae_params}, x.reshape(-1, source.d_in).astype(jnp.float32))
+  return np.asarray(z).reshape(*tokens_BxT.shape, -1)
+
+
+def _histogram(values: np.ndarray, index: int) -> bytes:
+  plt = probes.pyplot()
+  fig, ax = plt.subplots(figsize=(3.2, 1.8), dpi=100)
+  ax.hist(values[values > 0], bins=30, color="#c0392b")
+  ax.set_title(f"latent {index}: activations > 0", fontsize=8)
+  ax.tick_params(labelsize=7)
+  fig.tight_layout()
+  buffer = io.BytesIO()
+  fig.savefig(buffer, format="png")
+  plt.close(fig)
+  return buffer.getvalue()
+
+
+def feature_pages(
+  sae: SAE,
+  sae_params,
+  source: ModelActivations,
+  tokenizer,
+  *,
+  latents: list[int] | None = None,
+  count: int = 8,
+  contexts: int = 8,
+  window: int = 12,
+  text: str | None = None,
+  out: Path | None = None,
+) -> FeatureReport:
+  """The pages of `latents` (None: the `count` most active on held-out text, by mean activation) on
+  the source's validation windows; `text`: which latents fire on each of its tokens."""
+  tokens_BxT = source.eval_tokens_BxT()
+  z_BxTxS = latents_of(sae, sae_params, source, tokens_BxT)
+  B, T, S = z_BxTxS.shape
+  flat_NxS = z_BxTxS.reshape(-1, S)
+  if latents is None:
+    latents = [int(i) for i in np.argsort(-flat_NxS.mean(0))[:count]]
+  bad = [i for i in latents if not 0 <= i < S]
+  if bad:
+    raise ValueError(f"latent {bad[0]} is not one of this SAE's {S} (0 to {S - 1})")
+  decoder_SxD = np.asarray(sae.apply({"params": sae_params}, method=SAE.decoder)) / float(sae_params["input_scale"])
+  unembed_VxD = np.asarray(gpt.unembedding(source.model.config, source.params)) if source.point != "logits" else None
+  piece = lambda t: tokenizer.decode([int(t)])
+  report = []
+  for index in latents:
+    acts = flat_NxS[:, index]
+    order = [i for i in np.argsort(-acts)[:contexts] if acts[i] > 0]
+    tops, peaks = [], [float(acts[i]) for i in order]
+    for i in order:
+      b, t = divmod(int(i), T)
+      lo, hi = max(0, t - window), min(T, t + 4)
+      tops.append([(piece(tokens_BxT[b, j]), float(z_BxTxS[b, j, index])) for j in range(lo, hi)])
+    promoted = suppressed = []
+    if unembed_VxD is not None and decoder_SxD.shape[1] == unembed_VxD.shape[1]:
+      weights_V = unembed_VxD @ decoder_SxD[index]
+      promoted = [(piece(v), float(weights_V[v])) for v in np.argsort(-weights_V)[:8]]
+      suppressed = [(piece(v), float(weights_V[v])) for v in np.argsort(weights_V)[:8]]
+    density = float((acts > 0).mean())
+    report.append(Latent(index, density, tops, peaks, promoted, suppressed, _histogram(acts, index)))
+  text_latents = []
+  if text:
+    ids = np.asarray([tokenizer.encode(text)[-source.seq_len :]], np.int32)
+    z_1xTxS = latents_of(sae, sae_params, source, ids)[0]
+    for t, token in enumerate(ids[0]):
+      firing = np.argsort(-z_1xTxS[t])[:4]
+      text_latents.append((piece(token), [(int(s), float(z_1xTxS[t, s])) for s in firing if z_1xTxS[t, s] > 0]))
+  result = FeatureReport(report, text_latents)
+  if out is not None:
+    result.path = _write(result, Path(out))
+  return result
+
+
+def _shaded(context: list, peak: float) -> str:
+  spans = []
+  for token, act in context:
+    alpha = 0.0 if peak <= 0 else min(1.0, act / peak)
+    title = f"{act:.3f}"
+    spans.append(f'<span title="{title}" style="background:rgba(192,57,43,{alpha:.2f})">{html.escape(token)}</span>')
+  return "".join(spans)
+
+
+def _write(report: FeatureReport, out: Path) -> Path:
+  out.mkdir(parents=True, exist_ok=True)
+  parts = [
+    "<!doctype html><meta charset='utf-8'><title>SAE features</title>",
+    "<style>body{font-family:sans-serif;max-width:60em;margin:auto} .ctx{font-family:monospace;white-space:pre;"
+    "border-bottom:1px solid #eee;padding:2px} td{padding:0 1em 0 0;font-family:monospace}</style>",
+  ]
+  for latent in report.latents:
+    (out / f"latent_{latent.index}.png").write_bytes(latent.histogram_png)
+    peak = max((a for c in latent.top_contexts for _, a in c), default=0.0)
+    picture = base64.b64encode(latent.histogram_png).decode()
+    parts.append(f"<h2>latent {latent.index}</h2><p>density {100 * latent.density:.2f}% of held-out tokens</p>")
+    parts.append(f"<img src='data:image/png;base64,{picture}'>")
+    parts.append(
+      "<h3>top contexts</h3>" + "".join(f"<div class='ctx'>{_shaded(c, peak)}</div>" for c in latent.top_contexts)
+    )
+    if latent.promoted:
+      rows = "".join(
+        f"<tr><td>{html.escape(repr(p))} {w:+.2f}</td><td>{html.escape(repr(s))} {v:+.2f}</td></tr>"
+        for (p, w), (s, v) in zip(latent.promoted, latent.suppressed)
+      )
+      parts.append(f"<h3>logits: promoted, suppressed</h3><table>{rows}</table>")
+  if report.text_latents:
+    rows = "".join(
+      f"<tr><td>{html.escape(repr(token))}</td><td>{', '.join(f'{s} ({a:.2f})' for s, a in firing)}</td></tr>"
+      for token, firing in report.text_latents
+    )
+    parts.append(f"<h2>the text, token by token: latents firing (activation)</h2><table>{rows}</table>")
+  page = out / "features.html"
+  page.write_text("\n".join(parts))
+  numbers = {
+    "latents": [
+      {k: v for k, v in dataclasses.asdict(latent).items() if k != "histogram_png"} for latent in report.latents
+    ],
+    "text": report.text_latents,
+  }
+  (out / "features.json").write_text(json.dumps(numbers, indent=1))
+  return page
