@@ -27,8 +27,9 @@ later layers), beside patching the sender outright (path.json). --probe fits lin
 attention-only model's induction circuit (circuit.json). --sae=SAE_WORKDIR (a config.task=sae run)
 writes its features' pages (features.html: each --latents', or the most active ones', top contexts
 on held-out text, activation histogram, density and the logits it promotes; with --text, the latents
-firing on each token). The same in Python: transformer.studies,
-over transformer.probes, interventions, activation_cache, patching and probing.
+firing on each token); --sae=W1,W2,... draws their explained variance against L0 (frontier.png). The
+same in Python: transformer.studies and transformer.features, over transformer.probes, interventions,
+activation_cache, patching and probing.
 
   python -m launch.probe --workdir=workdirs/shakespeare-char --heads --ablate=L1.H0 --ablation=mean
   python -m launch.probe --workdir=workdirs/shakespeare-char --attribute --text="ROMEO: O Juli" --target=e
@@ -43,6 +44,7 @@ over transformer.probes, interventions, activation_cache, patching and probing.
   python -m launch.probe --sae=workdirs/char-sae --latents=3,17 --text="ROMEO: O Juliet" --out=features/char
 """
 
+import json
 import sys
 from pathlib import Path
 
@@ -118,7 +120,11 @@ _PROBE_POINT = flags.DEFINE_string("probe_point", "resid_post", "With --probe: t
 _PROBE_OFFSET = flags.DEFINE_integer(
   "probe_offset", -1, "With --probe: which token (-1: the previous, 0: the current)."
 )
-_SAE = flags.DEFINE_string("sae", None, "A sparse autoencoder's workdir (config.task=sae): its features' pages.")
+_SAE = flags.DEFINE_list(
+  "sae",
+  [],
+  "A sparse autoencoder's workdir (config.task=sae): its features' pages; several: their L0 vs explained variance.",
+)
 _LATENTS = flags.DEFINE_list("latents", [], "With --sae: the latents to show (default: the 8 most active).")
 _CLEAN = flags.DEFINE_string("clean", None, "With --patch or --path: the clean text.")
 _CORRUPT = flags.DEFINE_string(
@@ -272,13 +278,26 @@ def probe(model, params, validation) -> None:
 
 
 def sae_features(texts: list[str]) -> None:
-  """features.feature_pages of the --sae workdir's SAE, written into --out."""
+  """features.feature_pages of the --sae workdir's SAE, written into --out; of several SAEs, their
+  frontier (features.frontier: frontier.png and frontier.json)."""
+  if len(_SAE.value) > 1:
+    out = Path(_OUT.value)
+    rows = features.frontier(_SAE.value, out / "frontier.png")
+    (out / "frontier.json").write_text(json.dumps(rows, indent=1))
+    print(f"{'activation':<10} {'L0':>6} {'expl. var.':>10} {'ce_loss_score':>13}  workdir")
+    for r in rows:
+      score = f"{r['ce_loss_score']:13.3f}" if "ce_loss_score" in r else f"{'':13}"
+      print(f"{r['activation']:<10} {r['l0']:6.1f} {r['explained_variance']:10.3f} {score}  {r['workdir']}")
+    print(out / "frontier.png")
+    return
   try:
     latents = [int(i) for i in _LATENTS.value] or None
   except ValueError:
     raise UserError(f"--latents={','.join(_LATENTS.value)}: give latent numbers, e.g. 3,17") from None
-  trained, source = features.load_sae(_SAE.value)
-  print(f"# {trained.source or _SAE.value}: {trained.model.config.latents} latents on {source.point}", file=sys.stderr)
+  trained, source = features.load_sae(_SAE.value[0])
+  print(
+    f"# {trained.source or _SAE.value[0]}: {trained.model.config.latents} latents on {source.point}", file=sys.stderr
+  )
   try:
     report = features.feature_pages(
       trained.model,
@@ -292,8 +311,8 @@ def sae_features(texts: list[str]) -> None:
   except ValueError as e:
     raise UserError(f"--latents: {e}") from None
   for latent in report.latents:
-    top = "".join(t for t, _ in latent.top_contexts[0][-8:]) if latent.top_contexts else ""
-    print(f"latent {latent.index}: density {100 * latent.density:.2f}%, top context ...{top!r}")
+    top = features.marked(latent.top_contexts[0], latent.centres[0]) if latent.top_contexts else ""
+    print(f"latent {latent.index}: density {100 * latent.density:.2f}%, top context {top!r}")
   print(report.path)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import ml_collections
 import pytest
 
-from experiments import english, gpt2, induction, pos, sentiment, shakespeare, translation
+from experiments import english, gpt2, induction, pos, sae, sentiment, shakespeare, translation
 from transformer import config, tasks, workdir
 from transformer.errors import ConfigError
 from transformer.tasks import resolve
@@ -22,7 +22,7 @@ PRESETS = [
   for m in (shakespeare, gpt2, translation, sentiment, pos, english, induction)
   for p in m.PRESETS
   if (m, p) != (sentiment, "gpt_finetune") and p not in english.LABELLED_PRESETS
-]
+] + [(sae, "synthetic"), (sae, "tiny")]  # char and english read trained runs
 
 
 @pytest.mark.parametrize("module,preset", PRESETS)
@@ -30,7 +30,7 @@ def test_every_experiment_resolves_and_round_trips(module, preset):
   c = module.get_config(preset)
   run = resolve(c)
   assert run.task == c.task and run.loop.num_train_steps == c.num_train_steps
-  assert run.optimizer.lr == c.optimizer.lr and run.model.num_layers == c.model.num_layers
+  assert run.optimizer.lr == c.optimizer.lr and run.model.family == c.model.family
   with pytest.raises(dataclasses.FrozenInstanceError):
     run.loop.seed = 1
   # config.json holds to_config_dict(run): resolving it again gives the same run.
@@ -39,6 +39,8 @@ def test_every_experiment_resolves_and_round_trips(module, preset):
 
 def test_a_preset_whose_pretrained_run_is_missing_says_so(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
+  with pytest.raises(ConfigError, match="--config.run='workdirs/shakespeare-char' is not a training workdir"):
+    resolve(sae.get_config("char"))
   with pytest.raises(
     ConfigError,
     match="tokenizer 'workdirs/shakespeare-char/tokenizer' is neither one of gpt2, .* "

@@ -34,6 +34,7 @@ def test_the_notebook_runs_on_cpu(tmp_path, monkeypatch):
   workdir = tmp_path / "w"
   parameters = dict(
     LM_PRESET="tiny",
+    SAE_STEPS=20,
     MT_PRESET="tiny",
     CPU_DEVICES=2,
     MESH_DATA=1,
@@ -70,6 +71,9 @@ def test_the_notebook_runs_on_cpu(tmp_path, monkeypatch):
   # Interventions: a patching sweep, an ablation, a logit's attribution, the heads' scores; treescope's view.
   assert "patching resid_pre, layers x positions" in stdout and "with head 0.0 ablated" in stdout
   assert "induction scores (layers x heads)" in stdout
+  # A sparse autoencoder on the residual stream, scored with the SAE spliced in, and its features' page.
+  assert "'ce_loss_score'" in stdout and "their pages in" in stdout
+  assert any("top contexts" in o.data.get("text/html", "") for o in outputs if o.output_type == "display_data")
   assert any(
     "treescope" in o.data.get("text/html", "") for o in outputs if o.output_type in ("display_data", "execute_result")
   )

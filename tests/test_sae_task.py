@@ -12,12 +12,14 @@ import pytest
 
 from experiments import sae as sae_experiment
 from experiments import shakespeare
-from transformer import features, inference, interventions, tasks
+from transformer import features, inference, interventions, metrics, tasks
 from transformer.errors import UserError
 from transformer.interventions import Patch
 from transformer.models.sae import SAE, SAEConfig
 from transformer.tasks.sae import spliced_losses
 from transformer.train import train_and_evaluate
+
+from conftest import run_module
 
 
 @pytest.fixture(scope="module")
@@ -183,3 +185,29 @@ def test_bad_input_is_one_error_and_nothing_written(lm_run, tmp_path, changes, a
   with pytest.raises(UserError, match=message):
     train_and_evaluate(c, workdir)
   assert not workdir.exists()
+
+
+@pytest.mark.slow
+def test_launch_probe_writes_an_saes_pages_and_refuses_a_model_that_is_not_one(lm_run, sae_run, tmp_path):
+  shown = run_module("launch.probe", f"--sae={sae_run[0]}", "--latents=0,5", "--text=ROMEO:", f"--out={tmp_path}")
+  assert shown.returncode == 0, shown.stderr[-3000:]
+  assert "latent 0: density" in shown.stdout and "latent 5: density" in shown.stdout
+  assert (tmp_path / "features.html").is_file() and (tmp_path / "latent_5.png").is_file()
+  refused = run_module("launch.probe", f"--sae={lm_run}", f"--out={tmp_path / 'no'}")
+  assert refused.returncode != 0 and "holds a 'lm' model (config.task), not a 'sae' one" in refused.stderr
+  assert not (tmp_path / "no").exists()
+
+
+@pytest.mark.slow
+def test_an_sae_trains_on_eight_devices_as_on_one(tmp_path):
+  """The latents split over the tensor axis, the encoder's input over fsdp, the rows over data and
+  fsdp (the logical axis rules): the same losses as one device's."""
+  args = ["--config=experiments/sae.py:tiny", "--config.log_every_steps=1"]
+  one = run_module("launch.train", *args, f"--workdir={tmp_path / 'one'}")
+  assert one.returncode == 0, one.stderr[-3000:]
+  mesh = ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2"]
+  eight = run_module("launch.train", *args, *mesh, f"--workdir={tmp_path / 'eight'}", env={"JAX_NUM_CPU_DEVICES": "8"})
+  assert eight.returncode == 0 and "8 x cpu" in eight.stdout, eight.stderr[-3000:]
+  losses = [metrics.last_per_step(metrics.read_jsonl(tmp_path / w / "metrics.jsonl"), "loss") for w in ("one", "eight")]
+  assert len(losses[0]) == 20
+  np.testing.assert_allclose([losses[1][s] for s in range(1, 21)], [losses[0][s] for s in range(1, 21)], rtol=1e-5)

@@ -22,7 +22,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import inference, probes, tasks
+from transformer import inference, metrics, probes, tasks
 from transformer.data.activations import ModelActivations
 from transformer.errors import UserError
 from transformer.models import gpt
@@ -35,6 +35,7 @@ class Latent:
   density: float  # the share of held-out tokens it fires on
   top_contexts: list  # [[(token, activation), ...], ...]: the tokens before each top activation, and 3 after
   top_activations: list  # each context's top activation, highest first
+  centres: list  # where in each context that token is
   promoted: list  # [(token, logit weight), ...], the largest
   suppressed: list  # the most negative
   histogram_png: bytes
@@ -108,18 +109,19 @@ def feature_pages(
   for index in latents:
     acts = flat_NxS[:, index]
     order = [i for i in np.argsort(-acts)[:contexts] if acts[i] > 0]
-    tops, peaks = [], [float(acts[i]) for i in order]
+    tops, peaks, centres = [], [float(acts[i]) for i in order], []
     for i in order:
       b, t = divmod(int(i), T)
       lo, hi = max(0, t - window), min(T, t + 4)
       tops.append([(piece(tokens_BxT[b, j]), float(z_BxTxS[b, j, index])) for j in range(lo, hi)])
+      centres.append(t - lo)
     promoted = suppressed = []
     if unembed_VxD is not None and decoder_SxD.shape[1] == unembed_VxD.shape[1]:
       weights_V = unembed_VxD @ decoder_SxD[index]
       promoted = [(piece(v), float(weights_V[v])) for v in np.argsort(-weights_V)[:8]]
       suppressed = [(piece(v), float(weights_V[v])) for v in np.argsort(weights_V)[:8]]
     density = float((acts > 0).mean())
-    report.append(Latent(index, density, tops, peaks, promoted, suppressed, _histogram(acts, index)))
+    report.append(Latent(index, density, tops, peaks, centres, promoted, suppressed, _histogram(acts, index)))
   text_latents = []
   if text:
     ids = np.asarray([tokenizer.encode(text)[-source.seq_len :]], np.int32)
@@ -133,12 +135,18 @@ def feature_pages(
   return result
 
 
-def _shaded(context: list, peak: float) -> str:
+def marked(context: list, centre: int) -> str:
+  """A context as text, its top token in brackets."""
+  return "".join(f"[{t}]" if i == centre else t for i, (t, _) in enumerate(context))
+
+
+def _shaded(context: list, centre: int, peak: float) -> str:
   spans = []
-  for token, act in context:
+  for i, (token, act) in enumerate(context):
     alpha = 0.0 if peak <= 0 else min(1.0, act / peak)
-    title = f"{act:.3f}"
-    spans.append(f'<span title="{title}" style="background:rgba(192,57,43,{alpha:.2f})">{html.escape(token)}</span>')
+    border = "border-bottom:2px solid #000;" if i == centre else ""
+    style = f"background:rgba(192,57,43,{alpha:.2f});{border}"
+    spans.append(f'<span title="{act:.3f}" style="{style}">{html.escape(token)}</span>')
   return "".join(spans)
 
 
@@ -155,9 +163,10 @@ def _write(report: FeatureReport, out: Path) -> Path:
     picture = base64.b64encode(latent.histogram_png).decode()
     parts.append(f"<h2>latent {latent.index}</h2><p>density {100 * latent.density:.2f}% of held-out tokens</p>")
     parts.append(f"<img src='data:image/png;base64,{picture}'>")
-    parts.append(
-      "<h3>top contexts</h3>" + "".join(f"<div class='ctx'>{_shaded(c, peak)}</div>" for c in latent.top_contexts)
+    contexts = "".join(
+      f"<div class='ctx'>{_shaded(c, i, peak)}</div>" for c, i in zip(latent.top_contexts, latent.centres)
     )
+    parts.append(f"<h3>top contexts</h3>{contexts}")
     if latent.promoted:
       rows = "".join(
         f"<tr><td>{html.escape(repr(p))} {w:+.2f}</td><td>{html.escape(repr(s))} {v:+.2f}</td></tr>"
@@ -180,3 +189,32 @@ def _write(report: FeatureReport, out: Path) -> Path:
   }
   (out / "features.json").write_text(json.dumps(numbers, indent=1))
   return page
+
+
+def frontier(workdirs: list[str | Path], png: Path | None = None) -> list[dict]:
+  """Each SAE run's last evaluation (activation, L0, explained variance, ce_loss_score, ...) and, with
+  `png`, the sparsity-fidelity frontier papers draw: explained variance against L0, one line per
+  activation (TopK, BatchTopK, JumpReLU, ReLU)."""
+  rows = []
+  for workdir in map(Path, workdirs):
+    run = inference.saved_run(workdir)
+    evaluations = [r for r in metrics.read_jsonl(workdir / "metrics.jsonl") if "explained_variance" in r]
+    if run is None or not evaluations:
+      raise UserError(f"{workdir} holds no evaluated SAE run (config.json and metrics.jsonl with its scores)")
+    rows.append({"workdir": str(workdir), "activation": run.model.activation, **evaluations[-1]})
+  if png is not None:
+    plt = probes.pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for activation in sorted({r["activation"] for r in rows}):
+      points = sorted((r["l0"], r["explained_variance"]) for r in rows if r["activation"] == activation)
+      ax.plot(*zip(*points), marker="o", label=activation)
+    ax.set_xlabel("L0 (latents firing a token)")
+    ax.set_ylabel("explained variance")
+    ax.set_xscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    Path(png).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+  return rows

@@ -55,8 +55,8 @@ class SAEConfig:
   k: int = 32  # topk / batchtopk: latents a row
   l1_coefficient: float = 5.0  # relu: the L1 penalty's weight
   l0_coefficient: float = 1.0  # jumprelu: the L0 penalty's weight
-  bandwidth: float = 0.001  # jumprelu: the straight-through estimator's kernel width
-  initial_threshold: float = 0.001  # jumprelu: θ at initialisation
+  bandwidth: float = 0.05  # jumprelu: the straight-through estimator's kernel width (SAELens's)
+  initial_threshold: float = 0.01  # jumprelu: θ at initialisation (SAELens's)
   aux_k: int = 0  # AuxK: dead latents that reconstruct the error (0: d_in // 2)
   aux_coefficient: float = 1 / 32
   decoder_init_norm: float = 0.1  # the raw decoder rows' norm at initialisation (encoder: their transpose)
@@ -87,7 +87,7 @@ class SAEConfig:
       raise ConfigError(
         f"d_in and d_sae are widths (0: from the activations, expansion x d_in); got {self.d_in}, {self.d_sae}"
       )
-    if self.activation in ("topk", "batchtopk") and self.k > self.latents:
+    if self.activation in ("topk", "batchtopk") and 0 < self.latents < self.k:  # 0: not known before the activations
       raise ConfigError(f"k={self.k} is more than the {self.latents} latents; use at most {self.latents}")
     for name in (
       "l1_coefficient",

@@ -137,7 +137,9 @@ class Task(abc.ABC):
 
   @abc.abstractmethod
   def loss(self, params, batch, rng: jax.Array, train: bool) -> tuple[jax.Array, jax.Array]:
-    """(summed loss over the batch's target tokens, their number); `train` turns dropout on."""
+    """(summed loss over the batch's target tokens, their number); `train` turns dropout on. A task
+    whose params hold statistics that a step sets rather than learns returns, in training, (summed
+    loss, (number, {param name: new value})) instead (the sae task's firing counts)."""
 
   @abc.abstractmethod
   def train_batches(self) -> ResumableIterator:
