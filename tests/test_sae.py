@@ -125,7 +125,7 @@ def test_a_short_training_recovers_a_planted_dictionary():
     params, state = step(params, state, jnp.asarray(source.batch(i, 256)))
   decoder = sae.apply({"params": params}, method=SAE.decoder)
   found = recovery(np.asarray(decoder), source.directions_FxD)
-  assert found["mcc"] >= 0.9, found
+  assert found["mcc"] >= 0.9 and found["recovered"] >= 0.9, found
   x = jnp.asarray(source.batch(10_000, 1024))
   x_hat, z = sae.apply({"params": params}, x)
   s = scores(x, x_hat, z)

@@ -9,12 +9,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import safetensors.numpy
 
 from experiments import sae as sae_experiment
 from experiments import shakespeare
 from transformer import features, inference, interventions, metrics, tasks
 from transformer.errors import UserError
 from transformer.interventions import Patch
+from transformer.models.gpt import GPT, GPTConfig
+from transformer.models.hf_gpt2 import export_hf_gpt2
 from transformer.models.sae import SAE, SAEConfig
 from transformer.tasks.sae import spliced_losses
 from transformer.train import train_and_evaluate
@@ -142,13 +145,34 @@ def test_a_perfect_reconstruction_spliced_in_leaves_the_loss_and_zeroing_is_the_
   assert abs(patched - zeroed) < 1e-5
 
 
-def test_an_sae_learns_an_array_a_user_brings(tmp_path):
+@pytest.mark.parametrize("suffix", [".npy", ".safetensors"])
+def test_an_sae_learns_an_array_a_user_brings(tmp_path, suffix):
   rows = np.random.default_rng(0).normal(size=(1000, 2, 16)).astype(np.float32)  # leading axes are rows
-  np.save(tmp_path / "acts.npy", rows)
-  c = _sae_config(**{"data.input_files": (str(tmp_path / "acts.npy"),)})
+  path = tmp_path / f"acts{suffix}"
+  if suffix == ".npy":
+    np.save(path, rows)
+  else:
+    safetensors.numpy.save_file({"activations": rows, "tokens": np.zeros(3, np.int32)}, str(path))
+  c = _sae_config(**{"data.input_files": (str(path),)})
   c.model.d_sae, c.model.k, c.eval_rows = 64, 4, 256
   result = train_and_evaluate(c, tmp_path / "w")
   assert 0 < result["explained_variance"] < 1 and result["l0"] <= 4 and "ce_loss_score" not in result
+  assert inference.restore(tmp_path / "w").model.config.d_in == 16
+
+
+@pytest.mark.slow
+def test_an_sae_on_gpt2_weights_reads_the_mlp_of_a_hugging_face_directory(tmp_path):
+  """--config.hf: a GPT-2 directory (Hugging Face's files: a small random GPT-2 exported), on
+  config.data's text (Shakespeare in GPT-2's tokens); mlp_post is 4 x d_model wide."""
+  cfg = GPTConfig(vocab_size=50257, max_len=64, num_layers=2).replace(d_model=32, num_heads=2)
+  params = nn.unbox(GPT(cfg).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
+  export_hf_gpt2(cfg, params, tmp_path / "gpt2")
+  c = _sae_config(hf=str(tmp_path / "gpt2"), point="mlp_post", layer=1)
+  c.data.root, c.model.k = str(tmp_path / "data"), 4
+  c.num_train_steps = c.eval_every_steps = c.checkpoint_every_steps = 4
+  result = train_and_evaluate(c, tmp_path / "w")
+  assert inference.restore(tmp_path / "w").model.config.d_in == 128
+  assert np.isfinite(result["ce_loss_score"]) and result["ce_loss_zero"] != result["ce_loss_clean"], result
 
 
 @pytest.mark.parametrize(

@@ -344,11 +344,17 @@ def scores(x_NxD, x_hat_NxD, z_NxS) -> dict[str, float]:
   }
 
 
-def recovery(learned_SxD, true_FxD) -> dict[str, float]:
+def recovery(learned_SxD, true_FxD, found_at: float = 0.9) -> dict[str, float]:
   """How well learned directions (a decoder's rows) recover known ones: the mean over true features of
-  their best cosine similarity with a learned one, and the mean cosine of a one-to-one matching
-  (Hungarian: the mean correlation coefficient, MCC, of dictionary-learning papers)."""
+  their best cosine similarity with a learned one, the share of true features whose best is at least
+  `found_at` (`recovered`), and the mean cosine of a one-to-one matching (Hungarian: the mean
+  correlation coefficient, MCC, of dictionary-learning papers)."""
   unit = lambda m: m / np.maximum(np.linalg.norm(m, axis=1, keepdims=True), 1e-12)
   cosine_FxS = unit(np.asarray(true_FxD)) @ unit(np.asarray(learned_SxD)).T
   rows, cols = linear_sum_assignment(-cosine_FxS)
-  return {"mean_max_cosine": float(cosine_FxS.max(1).mean()), "mcc": float(cosine_FxS[rows, cols].mean())}
+  best_F = cosine_FxS.max(1)
+  return {
+    "mean_max_cosine": float(best_F.mean()),
+    "recovered": float(np.mean(best_F >= found_at)),
+    "mcc": float(cosine_FxS[rows, cols].mean()),
+  }

@@ -120,7 +120,7 @@ class SAETaskConfig:
 @dataclasses.dataclass
 class SAEData:
   """The SAE's activations (a source of transformer.data.activations) and the tokenizer of their text
-  (for arrays and synthetic rows: config.data.tokenizer's, which reads nothing)."""
+  (for arrays and synthetic rows, which have none: GPT-2's, what a workdir keeps)."""
 
   source: Any
   tokenizer: Any
@@ -133,6 +133,10 @@ def source_model(config: SAETaskConfig) -> tuple[Any, Any]:
     gpt_config, params = import_hf_gpt2(config.hf)
     return GPT(gpt_config), params
   saved = workdir_files.saved_config_dict(Path(config.run))
+  if saved.get("task", "lm") != "lm" or saved.get("model", {}).get("family", "gpt") != "gpt":
+    raise ConfigError(
+      f"--config.run={config.run!r} holds no GPT (config.task, model.family); an SAE reads a GPT's points"
+    )
   run = resolve_for(LanguageModel, saved)
   vocab = tokenizers.load_tokenizer(Path(config.run) / workdir_files.TOKENIZER).vocab_size
   model = GPT(run.model_config(vocab))
@@ -187,6 +191,8 @@ class SparseAutoencoder(Task):
         rows, validation_fraction=run.data.validation_fraction or 0.1, eval_rows=c.eval_rows, seed=run.loop.seed
       )
       return SAEData(source, tokenizers.get_tokenizer("gpt2"))
+    if c.run:
+      source_model(c)  # a GPT's run, or one error
     trained = load(workdir=c.run) if c.run else load(hf=c.hf, tokenizer=run.data.tokenizer)
     text_run = trained.run if c.run else run
     text = text_run.data.prepared(text_run.data.source("text"))
@@ -274,7 +280,7 @@ class SparseAutoencoder(Task):
     if "ce_loss_score" in result:
       line += f", ce_loss_score {result['ce_loss_score']:.3f}"
     if "mcc" in result:
-      line += f", MCC {result['mcc']:.3f}"
+      line += f", MCC {result['mcc']:.3f}, {100 * result['recovered']:.0f}% of features found"
     return line
 
 
