@@ -298,18 +298,10 @@ def sae_features(texts: list[str]) -> None:
   print(
     f"# {trained.source or _SAE.value[0]}: {trained.model.config.latents} latents on {source.point}", file=sys.stderr
   )
-  try:
-    report = features.feature_pages(
-      trained.model,
-      trained.params,
-      source,
-      trained.tokenizer,
-      latents=latents,
-      text=" ".join(texts) or None,
-      out=Path(_OUT.value),
-    )
-  except ValueError as e:
-    raise UserError(f"--latents: {e}") from None
+  text = " ".join(texts) or None
+  report = features.feature_pages(
+    trained.model, trained.params, source, trained.tokenizer, latents=latents, text=text, out=Path(_OUT.value)
+  )
   for latent in report.latents:
     top = features.marked(latent.top_contexts[0], latent.centres[0]) if latent.top_contexts else ""
     print(f"latent {latent.index}: density {100 * latent.density:.2f}%, top context {top!r}")

@@ -101,7 +101,7 @@ def test_a_features_page_shows_top_contexts_histograms_logits_and_a_texts_latent
     page.count("data:image/png;base64,") == 3 and "background:rgba(192,57,43," in page and "Juliet" not in page[:200]
   )
   assert (tmp_path / f"latent_{report.latents[0].index}.png").stat().st_size > 1000
-  with pytest.raises(ValueError, match="latent 9999 is not one of this SAE's 256"):
+  with pytest.raises(UserError, match="latent 9999 is not one of this SAE's 256"):
     features.feature_pages(trained.model, trained.params, source, trained.tokenizer, latents=[9999])
 
 

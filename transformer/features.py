@@ -28,6 +28,9 @@ from transformer.errors import UserError
 from transformer.models import gpt
 from transformer.models.sae import SAE
 
+# The points in the residual stream's basis, whose directions the unembedding reads.
+RESIDUAL_POINTS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "mlp_in", "embed", "pos_embed")
+
 
 @dataclasses.dataclass
 class Latent:
@@ -101,9 +104,15 @@ def feature_pages(
     latents = [int(i) for i in np.argsort(-flat_NxS.mean(0))[:count]]
   bad = [i for i in latents if not 0 <= i < S]
   if bad:
-    raise ValueError(f"latent {bad[0]} is not one of this SAE's {S} (0 to {S - 1})")
+    raise UserError(f"latent {bad[0]} is not one of this SAE's {S} (0 to {S - 1})")
+  ids = tokenizer.encode(text) if text else []
+  if len(ids) > source.model.config.max_len:
+    raise UserError(f"the text is {len(ids)} tokens, longer than the model's context of {source.model.config.max_len}")
   decoder_SxD = np.asarray(sae.apply({"params": sae_params}, method=SAE.decoder)) / float(sae_params["input_scale"])
-  unembed_VxD = np.asarray(gpt.unembedding(source.model.config, source.params)) if source.point != "logits" else None
+  # A direction in the residual stream's basis meets the unembedding directly (the direct path, the
+  # final norm left out); one elsewhere (z, mlp_post) does not.
+  in_stream = source.point in RESIDUAL_POINTS
+  unembed_VxD = np.asarray(gpt.unembedding(source.model.config, source.params)) if in_stream else None
   piece = lambda t: tokenizer.decode([int(t)])
   report = []
   for index in latents:
@@ -116,17 +125,16 @@ def feature_pages(
       tops.append([(piece(tokens_BxT[b, j]), float(z_BxTxS[b, j, index])) for j in range(lo, hi)])
       centres.append(t - lo)
     promoted = suppressed = []
-    if unembed_VxD is not None and decoder_SxD.shape[1] == unembed_VxD.shape[1]:
+    if unembed_VxD is not None:
       weights_V = unembed_VxD @ decoder_SxD[index]
       promoted = [(piece(v), float(weights_V[v])) for v in np.argsort(-weights_V)[:8]]
       suppressed = [(piece(v), float(weights_V[v])) for v in np.argsort(weights_V)[:8]]
     density = float((acts > 0).mean())
     report.append(Latent(index, density, tops, peaks, centres, promoted, suppressed, _histogram(acts, index)))
   text_latents = []
-  if text:
-    ids = np.asarray([tokenizer.encode(text)[-source.seq_len :]], np.int32)
-    z_1xTxS = latents_of(sae, sae_params, source, ids)[0]
-    for t, token in enumerate(ids[0]):
+  if ids:
+    z_1xTxS = latents_of(sae, sae_params, source, np.asarray([ids], np.int32))[0]
+    for t, token in enumerate(ids):
       firing = np.argsort(-z_1xTxS[t])[:4]
       text_latents.append((piece(token), [(int(s), float(z_1xTxS[t, s])) for s in firing if z_1xTxS[t, s] > 0]))
   result = FeatureReport(report, text_latents)
