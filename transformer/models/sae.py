@@ -7,7 +7,7 @@
 The activations (`SAEConfig.activation`):
   topk       the k largest pre-activations of each row, through a ReLU (Gao et al. 2024)
   batchtopk  the k·B largest of a batch of B rows (k a row on average); at inference a threshold,
-             calibrated on training data, keeps what the batch would (Bussmann et al. 2024)
+             set from training batches, keeps what a batch would (Bussmann et al. 2024)
   jumprelu   pre where pre > θ (a learned threshold per latent), its L0 penalised through a
              straight-through estimator of the step's gradient (Rajamanoharan et al. 2024)
   relu       ReLU and an L1 penalty weighted by the decoder rows' norms (Bricken et al. 2023)
@@ -155,7 +155,7 @@ def top_k_mask(values_NxS, k: int):
 
 class SAE(nn.Module):
   """The sparse autoencoder of `SAEConfig`. `__call__(x_NxD, train)` -> (reconstruction, latents);
-  `train=True` is BatchTopK's batch selection (else its calibrated threshold)."""
+  `train=True` is BatchTopK's batch selection (else its inference threshold)."""
 
   config: SAEConfig
 
@@ -293,8 +293,9 @@ def _aux_k(sae: SAE, pre_NxS, error_NxD, dead_S) -> jax.Array:
 
 
 def calibrate(sae: SAE, params, x_NxD) -> dict:
-  """BatchTopK's inference threshold from training activations: the smallest activation the batch
-  selection keeps, so that a row keeps what it would in a batch (Bussmann et al.)."""
+  """BatchTopK's inference threshold from one batch of training activations, at once: the smallest
+  activation the batch selection keeps, so that a row keeps what it would in that batch (Bussmann
+  et al.). Training keeps a moving average of the same (`sae_loss`)."""
   if sae.config.activation != "batchtopk":
     return params
   _, z_NxS = sae.apply({"params": params}, x_NxD, True)
