@@ -1,5 +1,7 @@
 """config.task="sae" on the one loop: an SAE on a trained GPT's point (scores, the spliced losses), on
-an array a user brings, resumed bit for bit, and every bad input one error with nothing written."""
+an array a user brings, resumed bit for bit, and every bad input one error with nothing written. The
+trainings of SAEs on a GPT (scores and resume, feature pages, eight devices, a GPT-2 directory) are in
+the slow tier, which CI runs all the same."""
 
 import json
 import shutil
@@ -62,6 +64,7 @@ def sae_run(lm_run, tmp_path_factory):
   return workdir, train_and_evaluate(_sae_config(run=str(lm_run)), workdir)
 
 
+@pytest.mark.slow
 def test_an_sae_on_a_gpts_point_is_scored_as_saelens_scores_and_resumes_bit_for_bit(lm_run, sae_run, tmp_path):
   """12 steps straight, against 6 then a relaunch from step 6 (the activation store mid-refill: 16
   windows x 32 tokens = 4 batches a refill): the same params, bit for bit."""
@@ -82,6 +85,7 @@ def test_an_sae_on_a_gpts_point_is_scored_as_saelens_scores_and_resumes_bit_for_
   jax.tree.map(np.testing.assert_array_equal, again.params, trained.params)
 
 
+@pytest.mark.slow
 def test_a_features_page_shows_top_contexts_histograms_logits_and_a_texts_latents(sae_run, tmp_path):
   trained, source = features.load_sae(sae_run[0])
   report = features.feature_pages(
@@ -105,6 +109,7 @@ def test_a_features_page_shows_top_contexts_histograms_logits_and_a_texts_latent
     features.feature_pages(trained.model, trained.params, source, trained.tokenizer, latents=[9999])
 
 
+@pytest.mark.slow
 def test_the_tiny_synthetic_preset_reports_its_recovery_of_the_true_features(tmp_path):
   result = train_and_evaluate(sae_experiment.get_config("tiny"), tmp_path / "w")
   assert 0 < result["mcc"] <= result["mean_max_cosine"] <= 1 and result["l0"] <= 4, result
