@@ -29,11 +29,11 @@ from conftest import run_module
 
 @pytest.fixture(scope="module")
 def lm_run(tmp_path_factory):
-  """A tiny GPT trained 30 steps on Shakespeare's characters: the model whose activations SAEs learn."""
+  """A tiny GPT trained 10 steps on Shakespeare's characters: the model whose activations SAEs learn."""
   workdir = tmp_path_factory.mktemp("lm")
   c = shakespeare.get_config("tiny")
   c.data.root = str(workdir / "data")
-  c.num_train_steps = 30
+  c.num_train_steps = c.eval_every_steps = c.checkpoint_every_steps = 10
   c.sample.max_new_tokens = 0
   train_and_evaluate(c, workdir)
   return workdir
