@@ -35,7 +35,7 @@ def _ours(o, train_file: Path, held_out_NxD: np.ndarray) -> dict:
   c.optimizer.update(dict(lr=o.sae_lr, b2=0.999, weight_decay=0.0, grad_clip_norm=0.0, warmup_steps=0))
   c.optimizer.schedule = "constant"
   config = tasks.resolve(c, num_devices=jax.device_count())
-  run = train.build(config, tasks.get("sae").load_data(config))
+  run = train.build(config, tasks.load_data(config, None))
   step_fn, _ = train.jit_steps(run)
   rows_NxD = np.load(train_file)
   batches = len(rows_NxD) // o.sae_batch

@@ -61,7 +61,7 @@ def main(argv):
   run_config, notes = plan.for_platform(run_config, _PLATFORM.value or jax.default_backend())
   for note in notes:
     say(note)
-  task_data = tasks.get(run_config.task).load_data(run_config, load=inference.load)
+  task_data = tasks.load_data(run_config, inference.load)
   run = train.build(run_config, task_data)
   say(f"devices: {metrics.device_summary()}\nmodel: {run.task.model_config}")
   budget = int(_MEMORY.value * plan.GIB) if _MEMORY.value else None

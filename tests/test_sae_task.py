@@ -118,7 +118,7 @@ def test_the_tiny_synthetic_preset_reports_its_recovery_of_the_true_features(tmp
 def test_a_perfect_reconstruction_spliced_in_leaves_the_loss_and_zeroing_is_the_point_zeroed(lm_run):
   """An SAE whose decoder inverts its encoder (ReLU latents x⁺ and x⁻, decoded as x⁺ - x⁻) changes
   nothing; zeroing mlp_out of block 1 is the model with that MLP's output projection zeroed."""
-  data = tasks.get("sae").load_data(tasks.resolve(_sae_config(run=str(lm_run), point="mlp_out")), inference.load)
+  data = tasks.load_data(tasks.resolve(_sae_config(run=str(lm_run), point="mlp_out")), inference.load)
   source = data.source
   D = source.d_in
   sae = SAE(SAEConfig(d_in=D, d_sae=2 * D, activation="relu").check())

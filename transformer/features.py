@@ -55,7 +55,7 @@ def load_sae(workdir: str | Path) -> tuple[inference.Trained, ModelActivations]:
   """A trained SAE (config.task=sae: its latest checkpoint) and the activations it learned, whose
   model is restored and whose text is read again (its validation windows: held-out text)."""
   trained = inference.restore(workdir, task="sae")
-  source = tasks.get("sae").load_data(trained.run, inference.load).source
+  source = tasks.load_data(trained.run, inference.load).source
   if not isinstance(source, ModelActivations):
     raise UserError(f"{workdir} learned rows without text (an array or synthetic ones): pages show a model's text")
   return trained, source

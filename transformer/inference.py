@@ -390,7 +390,7 @@ def split_task(trained: Trained, workdir: str | Path) -> tasks.Task:
   splits are other texts), and so is data prepared with another tokenizer than the run's."""
   task_class = tasks.get(trained.run.task)
   with contextlib.redirect_stdout(sys.stderr):  # what preparing and the task print; stdout is for results
-    task_data = task_class.load_data(trained.run, load=load)
+    task_data = tasks.load_data(trained.run, load)
     workdir_files.check_data(
       Path(workdir),
       task_data.fingerprint,

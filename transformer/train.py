@@ -129,7 +129,7 @@ def build(run_config: RunConfig, task_data=None) -> Run:
   """The run of `run_config` on this machine's devices; `task_data` is the task's `load_data(run_config)`
   (loaded here when not given)."""
   task_cls = tasks.get(run_config.task)
-  task_data = task_data or task_cls.load_data(run_config, load=inference.load)
+  task_data = task_data or tasks.load_data(run_config, inference.load)
   mesh = sharding.make_mesh(run_config.mesh.shape)
   task = task_cls(run_config, task_data.tokenizer, mesh, task_data)
   rules, steps = run_config.mesh.rules, run_config.loop.num_train_steps
@@ -345,9 +345,7 @@ def train_and_evaluate(config_dict: ml_collections.ConfigDict, workdir: str | Pa
 def _train(config: RunConfig, workdir: Path, lead: bool) -> dict:
   """One launch on `workdir`: its checks, the run restored or initialised, the steps, the end."""
   changes = workdir_files.check_config(workdir, config, inference.saved_run(workdir))
-  task_data = tasks.get(config.task).load_data(
-    config, load=inference.load
-  )  # prepared again if its files changed (sha256)
+  task_data = tasks.load_data(config, inference.load)  # prepared again if its files changed (sha256)
   fingerprint = task_data.fingerprint if isinstance(task_data, data.Prepared) else None
   workdir_files.check_data(workdir, fingerprint)
   run = build(config, task_data)

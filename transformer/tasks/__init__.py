@@ -79,6 +79,13 @@ def resolve(config: ml_collections.ConfigDict, *, num_devices: int | None = None
   return resolve_for(get(config.get("task", "lm")), config, num_devices=num_devices)
 
 
+def load_data(run: RunConfig, load):
+  """The data of the run's task (`Task.load_data`); `load` (inference.load) goes to a task whose data
+  a trained model computes (`Task.data_from_model`)."""
+  task_cls = get(run.task)
+  return task_cls.load_data(run, load=load) if task_cls.data_from_model else task_cls.load_data(run)
+
+
 def defaults(task: str) -> ml_collections.ConfigDict:
   """The ConfigDict of every field's default for the task named `task`: what experiments start from."""
   return defaults_for(get(task))
@@ -95,6 +102,7 @@ __all__ = [
   "defaults",
   "get",
   "import_extensions",
+  "load_data",
   "register",
   "resolve",
 ]

@@ -57,6 +57,9 @@ class Task(abc.ABC):
   finish_with_best: ClassVar[bool] = False
   # Evaluation metrics drawn by minutes of training beside the losses (loss.png), e.g. ("dev_bleu",).
   curves: ClassVar[tuple[str, ...]] = ()
+  # Whether `load_data` takes `load` (inference.load, which the loop hands over): a task whose data a
+  # trained model computes (sae); tasks.load_data calls it so.
+  data_from_model: ClassVar[bool] = False
 
   def __init__(
     self, run: RunConfig, tokenizer, mesh: jax.sharding.Mesh, data=None, labels: tuple[str, ...] | None = None
@@ -109,10 +112,10 @@ class Task(abc.ABC):
     return None
 
   @classmethod
-  def load_data(cls, run: RunConfig, load=None):
+  def load_data(cls, run: RunConfig):
     """The task's data (with a `.tokenizer`): config.data prepared as `data_kind` records, now if it
-    has not been. Tasks that make their own data override this; `load` (inference.load, which the
-    loop hands over) restores a trained model, for a task whose data a model makes (sae)."""
+    has not been. Tasks that make their own data override this; one whose data a trained model makes
+    (sae) sets `data_from_model` and takes `load` (inference.load) too: `tasks.load_data`."""
     source = run.data.source(cls.data_kind)
     cls.check_source(run, source)
     prepared = run.data.prepared(source)

@@ -154,6 +154,7 @@ class SparseAutoencoder(Task):
   Config = SAETaskConfig
   families = ("sae",)
   data_kind = "activations"
+  data_from_model = True
   curves = ("explained_variance",)
 
   def __init__(self, run: RunConfig, tokenizer, mesh, data: SAEData | None = None, labels=None):
