@@ -20,6 +20,7 @@ resumed run sees exactly the rows a straight one would.
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -110,6 +111,14 @@ class ModelActivations:
 
   def eval_tokens_BxT(self) -> np.ndarray:
     return self.eval_windows_BxL1[:, :-1]
+
+  @functools.cached_property
+  def reference_losses(self) -> tuple[float, float]:
+    """The model's next-token loss on the evaluation windows as it is, and with the point zeroed: what
+    an SAE spliced in is scored between (computed once: neither changes while an SAE trains)."""
+    tokens_BxT = jnp.asarray(self.eval_tokens_BxT())
+    loss = lambda patches: float(interventions.next_token_losses(self.model, self.params, tokens_BxT, patches).mean())
+    return loss(None), loss({(self.point, self.point_layer): interventions.Patch.ablate()})
 
   def eval_rows(self) -> np.ndarray:
     return self.rows(self.eval_tokens_BxT())

@@ -87,6 +87,12 @@ class SAETaskConfig:
       raise ConfigError(
         f"--config.run={self.run!r} is not a training workdir (no {workdir_files.CONFIG}); check the path"
       )
+    if self.run:
+      saved = workdir_files.saved_config_dict(Path(self.run))
+      if saved.get("task", "lm") != "lm" or saved.get("model", {}).get("family", "gpt") != "gpt":
+        raise ConfigError(
+          f"--config.run={self.run!r} holds no GPT (config.task, model.family); an SAE reads a GPT's points"
+        )
     if self.init_b_dec not in ("geometric_median", "mean", "zeros"):
       raise ConfigError(f"--config.init_b_dec={self.init_b_dec!r}: choose geometric_median, mean or zeros")
     if self.dead_tokens <= 0:
@@ -132,12 +138,7 @@ def source_model(config: SAETaskConfig) -> tuple[Any, Any]:
   if config.hf:
     gpt_config, params = import_hf_gpt2(config.hf)
     return GPT(gpt_config), params
-  saved = workdir_files.saved_config_dict(Path(config.run))
-  if saved.get("task", "lm") != "lm" or saved.get("model", {}).get("family", "gpt") != "gpt":
-    raise ConfigError(
-      f"--config.run={config.run!r} holds no GPT (config.task, model.family); an SAE reads a GPT's points"
-    )
-  run = resolve_for(LanguageModel, saved)
+  run = resolve_for(LanguageModel, workdir_files.saved_config_dict(Path(config.run)))  # a GPT's: config.check
   vocab = tokenizers.load_tokenizer(Path(config.run) / workdir_files.TOKENIZER).vocab_size
   model = GPT(run.model_config(vocab))
   return model, jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
@@ -192,8 +193,6 @@ class SparseAutoencoder(Task):
         rows, validation_fraction=run.data.validation_fraction or 0.1, eval_rows=c.eval_rows, seed=run.loop.seed
       )
       return SAEData(source, tokenizers.get_tokenizer("gpt2"))
-    if c.run:
-      source_model(c)  # a GPT's run, or one error
     trained = load(workdir=c.run) if c.run else load(hf=c.hf, tokenizer=run.data.tokenizer)
     text_run = trained.run if c.run else run
     text = text_run.data.prepared(text_run.data.source("text"))
@@ -297,9 +296,8 @@ def spliced_losses(source: ModelActivations, sae: SAE, sae_params) -> dict[str, 
   and with the point zeroed; ce_loss_score (1: the SAE loses nothing, 0: no better than zeroing)."""
   tokens_BxT = jnp.asarray(source.eval_tokens_BxT())
   loss = lambda patches: float(interventions.next_token_losses(source.model, source.params, tokens_BxT, patches).mean())
-  clean = loss(None)
+  clean, zero = source.reference_losses
   spliced = loss(splice(source, sae, sae_params, tokens_BxT))
-  zero = loss({(source.point, source.point_layer): Patch.ablate()})
   return {
     "ce_loss_clean": clean,
     "ce_loss_spliced": spliced,
