@@ -9,7 +9,7 @@ from pathlib import Path
 import ml_collections
 import pytest
 
-from experiments import english, gpt2, induction, pos, sae, sentiment, shakespeare, translation
+from experiments import english, gpt2, grokking, induction, pos, sae, sentiment, shakespeare, translation
 from transformer import config, tasks, workdir
 from transformer.errors import ConfigError
 from transformer.tasks import resolve
@@ -19,7 +19,7 @@ from transformer.tasks.lm import LMConfig
 # which a fresh clone has not made (below; test_labelled.py runs them on a tiny pretraining run).
 PRESETS = [
   (m, p)
-  for m in (shakespeare, gpt2, translation, sentiment, pos, english, induction)
+  for m in (shakespeare, gpt2, translation, sentiment, pos, english, induction, grokking)
   for p in m.PRESETS
   if (m, p) != (sentiment, "gpt_finetune") and p not in english.LABELLED_PRESETS
 ] + [(sae, "synthetic"), (sae, "tiny")]  # char and english read trained runs

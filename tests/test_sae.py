@@ -68,10 +68,29 @@ def test_since_fired_counts_the_tokens_since_each_latent_last_fired():
 def test_jumprelus_threshold_gets_a_gradient_through_its_estimator():
   sae, params = _sae("jumprelu", bandwidth=2.0, initial_threshold=0.5)
   grads = jax.grad(lambda p: sae_loss(sae, p, X)[0])(params)
-  assert float(jnp.abs(grads["log_threshold"]).sum()) > 0
+  assert float(jnp.abs(grads["threshold"]).sum()) > 0
   _, z = sae.apply({"params": params}, X)
   pre = (X - params["b_dec"]) @ params["W_enc"] + params["b_enc"]
   np.testing.assert_array_equal(np.asarray(z) > 0, np.asarray(pre) > 0.5)
+
+
+def test_jumprelus_threshold_is_learned_as_itself_and_never_below_zero():
+  # Adam moves a parameter about lr a step: θ itself, not log θ (which from 0.01 would move θ by
+  # about 0.01·lr a step), so the L0 penalty can lift it to the pre-activations' scale.
+  sae, params = _sae("jumprelu", bandwidth=10.0, initial_threshold=0.01, l0_coefficient=100.0)
+  tx = optax.adam(0.01)
+  state = tx.init(params)
+  for _ in range(20):
+    grads = jax.grad(lambda p: sae_loss(sae, p, X)[0])(params)
+    updates, state = tx.update(grads, state, params)
+    params = optax.apply_updates(params, updates)
+  assert float(jnp.min(params["threshold"])) > 0.15
+  # A raw θ below zero acts as 0 and still receives the estimator's gradient.
+  params = {**params, "threshold": jnp.full((64,), -1.0)}
+  pre = (X - params["b_dec"]) @ params["W_enc"] + params["b_enc"]
+  _, z = sae.apply({"params": params}, X)
+  np.testing.assert_array_equal(np.asarray(z) > 0, np.asarray(pre) > 0)
+  assert float(jnp.abs(jax.grad(lambda p: sae_loss(sae, p, X)[0])(params)["threshold"]).sum()) > 0
 
 
 @pytest.mark.parametrize("activation", ["topk", "batchtopk", "jumprelu"])

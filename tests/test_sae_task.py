@@ -115,6 +115,18 @@ def test_the_tiny_synthetic_preset_reports_its_recovery_of_the_true_features(tmp
   assert 0 < result["mcc"] <= result["mean_max_cosine"] <= 1 and result["l0"] <= 4, result
 
 
+def test_the_loop_learns_jumprelus_threshold_and_sets_batchtopks(tmp_path):
+  """JumpReLU's θ is a parameter the optimizer moves; BatchTopK's is a statistic the step sets."""
+  thresholds = {}
+  for activation in ("jumprelu", "batchtopk"):
+    c = sae_experiment.get_config("tiny")
+    c.model.activation, c.model.l0_coefficient, c.num_train_steps = activation, 1.0, 10
+    train_and_evaluate(c, tmp_path / activation)
+    thresholds[activation] = np.asarray(inference.restore(tmp_path / activation).params["threshold"])
+  assert np.all(thresholds["jumprelu"] != SAEConfig.initial_threshold), thresholds["jumprelu"][:8]
+  assert len(set(thresholds["batchtopk"].tolist())) == 1 and thresholds["batchtopk"][0] > 0
+
+
 def test_a_perfect_reconstruction_spliced_in_leaves_the_loss_and_zeroing_is_the_point_zeroed(lm_run):
   """An SAE whose decoder inverts its encoder (ReLU latents x⁺ and x⁻, decoded as x⁺ - x⁻) changes
   nothing; zeroing mlp_out of block 1 is the model with that MLP's output projection zeroed."""

@@ -156,7 +156,7 @@ def test_the_registry_refuses_what_is_not_a_task():
     tasks.register(CopyConfig)
   with pytest.raises(
     ConfigError,
-    match="--config.task='nope' is unknown; choose one of lm, translation, classification, tagging, sae, copy",
+    match="--config.task='nope' is unknown; choose one of lm, translation, classification, tagging, sae, modular, copy",
   ):
     tasks.get("nope")
   assert set(tasks.TASKS) >= {"lm", "translation", "copy"}

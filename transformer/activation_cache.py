@@ -74,6 +74,8 @@ class ActivationCache(collections.abc.Mapping):
     first for LayerNorm: the norm made linear, its learned scale and bias left out (TransformerLens's
     `apply_ln_to_stack`)."""
     cfg, layer = self._config, self._layer(layer)
+    if cfg.block.norm == "none":  # no norm reads the stream: nothing to divide by
+      return stack_NxBxTxD
     if layer == cfg.num_layers:
       scale_BxTx1 = self["ln_f.scale"]
     else:
@@ -85,7 +87,7 @@ class ActivationCache(collections.abc.Mapping):
   def _final_norm(self, stack_NxBxTxD) -> jax.Array:
     """The final norm itself (its own statistics, learned scale and bias) applied to each piece."""
     ln_f = layers.norm(self._config.block)
-    return ln_f.apply({"params": self.params["ln_f"]}, stack_NxBxTxD)
+    return ln_f.apply({"params": self.params.get("ln_f", {})}, stack_NxBxTxD)
 
   def accumulated_resid(
     self,
@@ -188,7 +190,7 @@ class ActivationCache(collections.abc.Mapping):
     row, times the final norm's learned scale when `fold_norm` (the logit a normalised piece adds)."""
     cfg = self._config
     head_VxD = gpt.unembedding(cfg, self.params)
-    if fold_norm:
+    if fold_norm and "ln_f" in self.params:
       head_VxD = head_VxD * self.params["ln_f"]["scale"]
     return head_VxD[jnp.asarray(tokens)]
 
@@ -255,7 +257,7 @@ class ActivationCache(collections.abc.Mapping):
         names.append(f"L{i}.mlp")
     attrs_NxBxT = self.logit_attrs(jnp.stack(parts).astype(jnp.float32), target_BxT)
     out = dict(zip(names, attrs_NxBxT))
-    if "bias" in params["ln_f"]:
+    if "bias" in params.get("ln_f", {}):
       bias_1x1x1xD = params["ln_f"]["bias"][None, None, None]
       out["final_norm_bias"] = self.logit_attrs(bias_1x1x1xD, target_BxT, apply_ln=False, fold_norm=False)[0]
     return out

@@ -67,9 +67,14 @@ class LoopConfig:
   # run's extensions cross the process boundary with it. Importable names: on PYTHONPATH, or in the
   # directory a program runs in. `--config.imports=my_mechanisms` (several: a,b).
   imports: tuple[str, ...] = ()
+  # Training steps one compiled call runs (a lax.scan over that many batches): for a model so small
+  # that a Python round trip per step is most of its time (grokking's). The intervals above and
+  # num_train_steps are then multiples of it.
+  steps_per_call: int = 1
 
   may_change: ClassVar[tuple[str, ...]] = (
     "imports",
+    "steps_per_call",
     "num_train_steps",
     "log_every_steps",
     "eval_every_steps",
@@ -90,8 +95,15 @@ class LoopConfig:
         "log_every_steps",
         "keep_checkpoints",
         "max_consecutive_skips",
+        "steps_per_call",
       ),
     )
+    for name in ("num_train_steps", "log_every_steps", "eval_every_steps", "checkpoint_every_steps"):
+      if getattr(self, name) % self.steps_per_call:
+        raise ConfigError(
+          f"--config.{name}={getattr(self, name)} is not a multiple of --config.steps_per_call="
+          f"{self.steps_per_call} (the steps one compiled call runs); make it one, or lower steps_per_call"
+        )
     if self.on_nonfinite not in NONFINITE_POLICIES:
       raise ConfigError(
         f"--config.on_nonfinite={self.on_nonfinite!r} is unknown; choose one of {', '.join(NONFINITE_POLICIES)}"

@@ -103,6 +103,12 @@ def train_step(state: TrainState, batch, *, loss_fn, tx, schedule, accumulation_
   return new_state, {"loss": loss, "grad_norm": grad_norm, "lr": schedule(state.step), "finite": finite}
 
 
+def train_steps(state: TrainState, batches, **step):
+  """`train_step` on each of a stack of batches (leading axis: the steps), as one lax.scan: several
+  updates in one compiled call (config.steps_per_call). Returns the state and each step's metrics."""
+  return jax.lax.scan(lambda s, batch: train_step(s, batch, **step), state, batches)
+
+
 def eval_step(params, batch, *, loss_fn):
   """(summed loss, number of target tokens) without dropout."""
   loss_sum, tokens = loss_fn(params, batch, jax.random.key(0), False)
@@ -148,19 +154,21 @@ def build(run_config: RunConfig, task_data=None) -> Run:
 
 def jit_steps(run: Run, compiler_options: dict | None = None):
   """The sharded, jit-compiled (train step, eval step) of `run`: what the loop calls, and what
-  transformer.plan compiles ahead of time. The train step donates the state it is given.
+  transformer.plan compiles ahead of time. The train step donates the state it is given; with
+  config.steps_per_call > 1 it is `train_steps`, over a stack of that many batches.
   `compiler_options`: XLA's, for the train step (launch.bench's accelerator check tries some)."""
-  task = run.task
-  # Batches are arrays or dicts of arrays: one sharding is a prefix of either.
+  task, many = run.task, run.config.loop.steps_per_call > 1
+  # Batches are arrays or dicts of arrays: one sharding is a prefix of either. A stack of batches
+  # (steps_per_call) keeps the sharding each batch was put with.
   step_fn = jax.jit(
     functools.partial(
-      train_step,
+      train_steps if many else train_step,
       loss_fn=task.loss,
       tx=run.tx,
       schedule=run.schedule,
       accumulation_steps=run.config.optimizer.accumulation_steps,
     ),
-    in_shardings=(run.state_shardings, task.batch_sharding),
+    in_shardings=(run.state_shardings, None if many else task.batch_sharding),
     out_shardings=(run.state_shardings, None),
     donate_argnums=0,
     compiler_options=compiler_options,
@@ -445,19 +453,24 @@ class _Loop:
   def train(self) -> bool:
     """The steps to config.num_train_steps; True if SIGTERM stopped them (a checkpoint is saved)."""
     loop, progress = self.run.config.loop, self.progress
-    for step in range(progress.step, loop.num_train_steps):
+    n = loop.steps_per_call
+    for step in range(progress.step, loop.num_train_steps, n):
       position = self.train_batches.get_state()
-      host_batch = next(self.train_batches)
-      self.state, step_metrics = self.step_fn(self.state, self.task.put(host_batch))
-      self.batch_shapes.add(tuple(np.shape(x) for x in jax.tree.leaves(host_batch)))
-      progress.step = done = step + 1
+      host_batches = [next(self.train_batches) for _ in range(n)]
+      if n == 1:
+        self.state, step_metrics = self.step_fn(self.state, self.task.put(host_batches[0]))
+      else:  # the call's steps, stacked; its last step's metrics (finite: all of them)
+        self.state, steps_metrics = self.step_fn(self.state, _stacked([self.task.put(b) for b in host_batches]))
+        step_metrics = {**jax.tree.map(lambda x: x[-1], steps_metrics), "finite": steps_metrics["finite"].all()}
+      self.batch_shapes.add(tuple(np.shape(x) for x in jax.tree.leaves(host_batches[0])))
+      progress.step = done = step + n
       self.guard.add(done, step_metrics, position)
-      tokens = self.task.count_tokens(host_batch)
+      tokens = sum(self.task.count_tokens(b) for b in host_batches)
       progress.tokens_seen += tokens
-      self.since.steps, self.since.tokens = self.since.steps + 1, self.since.tokens + tokens
+      self.since.steps, self.since.tokens = self.since.steps + n, self.since.tokens + tokens
       if done % loop.log_every_steps == 0 or done == loop.num_train_steps:
         self.log(done, step_metrics)
-      self.bar.update(1)
+      self.bar.update(n)
       is_eval = done % loop.eval_every_steps == 0 or done == loop.num_train_steps
       progress.evaluated = True
       if is_eval:
@@ -550,6 +563,12 @@ class _Loop:
     self.preemption.restore()
     self.ckpt.close()
     self.writer.close()
+
+
+@jax.jit
+def _stacked(batches: list):
+  """Batches (each a global array or dict of them) -> one, with a leading axis of steps."""
+  return jax.tree.map(lambda *xs: jnp.stack(xs), *batches)
 
 
 def _launch_record(config: RunConfig) -> dict:

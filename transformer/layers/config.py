@@ -20,7 +20,7 @@ ATTENTION_IMPLEMENTATIONS = ("einsum", "xla", "cudnn")
 # "gpt2": kernels ~ normal(0.02), projections into the residual stream 0.02/sqrt(2 * layers);
 # "xavier": Glorot uniform (the 2017 paper's tensor2tensor, flax's wmt example).
 KERNEL_INITS = ("gpt2", "xavier")
-NORMS = ("layer_norm", "rms_norm")
+NORMS = ("layer_norm", "rms_norm", "none")
 
 
 def dtype(name: str):
@@ -59,7 +59,9 @@ class BlockConfig:
   attention: str = "xla"  # the implementation of dot-product attention (ATTENTION_IMPLEMENTATIONS)
   attention_mechanism: str = "dot_product"  # how self-attention's scores are made (MECHANISMS)
   pre_layer_norm: bool = True  # GPT-2; the 2017 paper normalises after the residual instead
-  norm: str = "layer_norm"  # GPT-2's; "rms_norm" (Zhang & Sennrich 2019) scales only: no mean, no bias
+  # GPT-2's; "rms_norm" (Zhang & Sennrich 2019) scales only: no mean, no bias; "none": no normalisation
+  # anywhere, no parameters (Nanda et al. 2023's grokking transformer)
+  norm: str = "layer_norm"
   # The MLP's: GPT-2's approximate GELU; the 2017 paper's relu; "relu2" (ReLU squared, So et al. 2021,
   # modded-nanogpt); "swiglu" (Shazeer 2020: silu(x W_gate) * x W_fc, a third projection).
   activation: str = "gelu_tanh"

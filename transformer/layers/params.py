@@ -91,11 +91,11 @@ def projections(cfg: BlockConfig, forms: str):
 
 
 class Norm(nn.Module):
-  """LayerNorm (`cfg.norm == "layer_norm"`) or RMSNorm over the model width, computed as Flax's (statistics
-  in float32, variance as E[x²] - E[x]²), with TransformerLens's two named points when a run reads or
-  patches: `scale`, the divisor √(var + ε) (B x T x 1), and `normalized`, the input centred and divided
-  by it, before the learned scale and bias. Fixing `scale` at a run's value makes the norm linear in
-  its input: what direct logit attribution and `ActivationCache.apply_ln` use."""
+  """LayerNorm (`cfg.norm == "layer_norm"`), RMSNorm or nothing ("none") over the model width, computed as Flax's
+  (statistics in float32, variance as E[x²] - E[x]²), with TransformerLens's two named points when a run reads
+  or patches: `scale`, the divisor √(var + ε) (B x T x 1), and `normalized`, the input centred and divided by
+  it, before the learned scale and bias. Fixing `scale` at a run's value makes the norm linear in its input:
+  what direct logit attribution and `ActivationCache.apply_ln` use."""
 
   cfg: BlockConfig
 
@@ -104,6 +104,8 @@ class Norm(nn.Module):
     """`points=False`: no named points (each head's own copy of the stream, B x T x H x D, which the
     block normalises apart from the stream itself: its points stay the stream's)."""
     cfg = self.cfg
+    if cfg.norm == "none":  # the identity: no statistics, no parameters, no named points
+      return x
     # Flax's order of operations (nn.LayerNorm, nn.RMSNorm), so that a run that neither reads nor
     # patches compiles to the program it always did.
     x32 = x.astype(jnp.promote_types(dtype(cfg.dtype), jnp.float32))

@@ -180,11 +180,9 @@ class SAE(nn.Module):
       "b_dec", nn.with_logical_partitioning(nn.initializers.zeros_init(), ("embed",)), (D,), dtype
     )
     zeros = nn.initializers.zeros_init()
-    if cfg.activation == "jumprelu":  # log θ, learned
-      threshold_init = nn.initializers.constant(np.log(cfg.initial_threshold))
-      self.log_threshold = self.param(
-        "log_threshold", nn.with_logical_partitioning(threshold_init, ("mlp",)), (S,), dtype
-      )
+    if cfg.activation == "jumprelu":  # θ, learned: itself, not log θ (Adam moves log θ too slowly, SAELens #494)
+      threshold_init = nn.initializers.constant(cfg.initial_threshold)
+      self.threshold = self.param("threshold", nn.with_logical_partitioning(threshold_init, ("mlp",)), (S,), dtype)
     if cfg.activation == "batchtopk":  # the inference threshold: set by each step (sae_loss), not learned
       self.threshold = self.param("threshold", nn.with_logical_partitioning(zeros, ("mlp",)), (S,), dtype)
     # Tokens since each latent last fired: set by each step (sae_loss), not learned.
@@ -199,6 +197,10 @@ class SAE(nn.Module):
       return self.W_dec
     return self.W_dec / jnp.linalg.norm(self.W_dec, axis=1, keepdims=True)
 
+  def jump_threshold(self) -> jax.Array:
+    """JumpReLU's θ, at least 0 (SAELens clamps it in place; here the clamp passes the gradient on)."""
+    return self.threshold + jax.lax.stop_gradient(jnp.maximum(self.threshold, 0.0) - self.threshold)
+
   def pre_activations(self, x_NxD) -> jax.Array:
     """Of inputs already multiplied by `input_scale` (the space the SAE learns in)."""
     return (x_NxD - self.b_dec) @ self.W_enc + self.b_enc
@@ -210,7 +212,7 @@ class SAE(nn.Module):
     if cfg.activation == "topk":
       return jax.nn.relu(pre_NxS) * top_k_mask(pre_NxS, cfg.k)
     if cfg.activation == "jumprelu":
-      return jump_relu(pre_NxS, jnp.exp(self.log_threshold), cfg.bandwidth)
+      return jump_relu(pre_NxS, self.jump_threshold(), cfg.bandwidth)
     relu_NxS = jax.nn.relu(pre_NxS)
     if train:  # the k·N largest of the batch
       kept = top_k_mask(relu_NxS.reshape(1, -1), cfg.k * pre_NxS.shape[0]).reshape(pre_NxS.shape)
@@ -259,7 +261,7 @@ def sae_loss(sae: SAE, params, x_NxD, train: bool = True, dead_tokens: float | N
     if cfg.activation == "relu":
       parts["l1"] = cfg.l1_coefficient * jnp.mean(z_NxS @ jnp.linalg.norm(module.W_dec, axis=1))
     elif cfg.activation == "jumprelu":
-      fired_NxS = step(pre_NxS, jnp.exp(module.log_threshold), cfg.bandwidth)
+      fired_NxS = step(pre_NxS, module.jump_threshold(), cfg.bandwidth)
       parts["l0"] = cfg.l0_coefficient * jnp.mean(jnp.sum(fired_NxS, -1))
     elif dead_tokens is not None:
       dead_S = module.since_fired >= dead_tokens

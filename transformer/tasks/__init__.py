@@ -5,6 +5,7 @@
   classification  a label per text: encoder, GPT (fine-tuned or not) or LSTM (tasks/classification.py)
   tagging         a label per word: encoder, BiLSTM, ... (tasks/tagging.py)
   sae             a sparse autoencoder on a model's activations at a named point (tasks/sae.py)
+  modular         a GPT on c = a ∘ b mod p, full batch, with grokking's progress measures (tasks/modular.py)
 
 The interface every task implements is `Task` (tasks/base.py). Adding one is a module with a
 `Task` subclass plus one line below; `register` adds one from outside the package (e.g. a test).
@@ -25,6 +26,7 @@ from transformer.errors import ConfigError
 from transformer.tasks.base import Task
 from transformer.tasks.classification import Classification
 from transformer.tasks.lm import LanguageModel
+from transformer.tasks.modular import ModularArithmetic
 from transformer.tasks.sae import SparseAutoencoder
 from transformer.tasks.tagging import Tagging
 from transformer.tasks.translation import Translation
@@ -35,6 +37,7 @@ TASKS: dict[str, type[Task]] = {
   Classification.name: Classification,
   Tagging.name: Tagging,
   SparseAutoencoder.name: SparseAutoencoder,
+  ModularArithmetic.name: ModularArithmetic,
 }
 
 
@@ -94,6 +97,7 @@ def defaults(task: str) -> ml_collections.ConfigDict:
 __all__ = [
   "Classification",
   "LanguageModel",
+  "ModularArithmetic",
   "SparseAutoencoder",
   "TASKS",
   "Tagging",

@@ -229,7 +229,9 @@ class SparseAutoencoder(Task):
 
   def update_scale(self):
     """The statistics and the inputs' scale are set, not learned (SAE's docstring)."""
-    set_not_learned = ("since_fired", "threshold", "input_scale")
+    set_not_learned = ("since_fired", "input_scale")
+    if self.model_config.activation == "batchtopk":  # JumpReLU's threshold is learned
+      set_not_learned += ("threshold",)
     return lambda params: {k: jnp.zeros(()) if k in set_not_learned else jnp.ones(()) for k in params}
 
   def loss(self, params, batch_NxD, rng, train: bool):
