@@ -271,3 +271,21 @@ def test_a_documents_logits_do_not_depend_on_the_documents_before_it(attention, 
   # Without segments the earlier document is read: the logits differ.
   joined = model.apply({"params": params}, jnp.array([rows[0]]))
   assert np.abs(np.asarray(joined[0, -len(doc) - 1 :]) - tails[2]).max() > 1e-3
+
+
+@pytest.mark.parametrize(
+  "changes",
+  [{}, {"positions": "rope", "norm": "rms_norm", "attention": "einsum"}, {"norm": "none", "num_layers": 1}],
+)
+def test_last_only_gives_the_last_positions_logits_and_gradients(changes):
+  """last_only computes the last block at the last position alone: the same logits and gradients."""
+  cfg = TINY.replace(**changes).check()
+  params, tokens = _init(cfg), _tokens(cfg, B=3, T=7)
+  model = GPT(cfg)
+  full = lambda p: model.apply({"params": p}, tokens)[:, -1:]
+  last = lambda p: model.apply({"params": p}, tokens, last_only=True)
+  np.testing.assert_allclose(last(params), full(params), rtol=1e-6, atol=1e-6)
+  loss = lambda f: lambda p: jnp.sum(jax.nn.log_softmax(f(p))[..., 3])
+  chex.assert_trees_all_close(jax.grad(loss(last))(params), jax.grad(loss(full))(params), rtol=1e-5, atol=1e-6)
+  with pytest.raises(ValueError, match="last_only needs unrolled layers"):
+    GPT(cfg.replace(scan_layers=True)).init(jax.random.key(0), tokens, last_only=True)

@@ -160,8 +160,10 @@ class SelfAttention(nn.Module):
     return projections(self.cfg, self.forms)(features, names, contract=contract, std=std, name=name)
 
   @nn.compact
-  def __call__(self, x_BxTxD, mask_BxTxS, *, positions, deterministic: bool = True):
+  def __call__(self, x_BxTxD, mask_BxTxS, *, positions, deterministic: bool = True, last_query: bool = False):
     """`positions`: (of the queries B x T, of the keys B x S), as `Mechanism.scores` takes them.
+    `last_query`: the output at the last position only (B x 1 x D), its query alone against every key:
+    all that a loss reading only that position needs (GPT's `last_only`).
     `x_BxTxD` may instead be three inputs per head, (queries', keys', values') each B x T x H x D: a
     run that patches the block's `q_input`, `k_input` or `v_input` (Block), where one head's queries,
     keys or values see another residual stream than the rest."""
@@ -190,7 +192,14 @@ class SelfAttention(nn.Module):
       v_BxSxHxK = self.projection((H, K), ("embed", "heads", "kv"), name="v")(x_BxTxD)
     v_BxSxHxK = point(self, "v", v_BxSxHxK)
     mixing = (_attention_dropout(cfg), deterministic, points_of(self))  # mix's dropout and named points
-    if self.decode:
+    if last_query:
+      if not mechanism.scaled_dot_product or self.decode:
+        raise ValueError("last_query needs dot-product attention (its scores from one query), not decoding")
+      T = q_BxTxHxK.shape[1]
+      mask_Bx1xS = (causal_mask(T) if mask_BxTxS is None else mask_BxTxS)[:, -1:]
+      scores_BxHx1xS = dot_product_scores(None, None, q_BxTxHxK[:, -1:], k_BxSxHxK, None)
+      out_BxTxHxK = mix(scores_BxHx1xS, v_BxSxHxK, mask_Bx1xS, *mixing)
+    elif self.decode:
       out_BxTxHxK = self._over_the_cache(
         mechanism, x_BxTxD, q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, positions, mixing
       )

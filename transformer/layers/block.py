@@ -51,6 +51,10 @@ class Block(nn.Module):
   forms: str = "reference"
   max_len: int = 0
   rope: bool = False
+  # The output at the last position only (B x 1 x D): keys and values at every position, the query,
+  # the attention's output and the MLP at the last (GPT's `last_only`: the last block of a model whose
+  # loss reads that position alone).
+  last_only: bool = False
 
   @nn.compact
   def __call__(self, x_BxTxD, mask_BxTxT, context_BxSxD=None, context_mask_BxTxS=None, positions=None):
@@ -62,19 +66,22 @@ class Block(nn.Module):
       copy of its input (before the norm), which a patch changes for this branch alone."""
       branch_input = point(self, into, x) if into else x
       if cfg.pre_layer_norm:
-        return x + drop(point(self, out, branch(normalise(branch_input))), deterministic=deterministic)
+        y = point(self, out, branch(normalise(branch_input)))
+        return x[:, -y.shape[1] :] + drop(y, deterministic=deterministic)  # (the last position: last_only)
       return normalise(x + drop(point(self, out, branch(branch_input)), deterministic=deterministic))
 
     common = dict(forms=self.forms, residual_std=self.residual_std, decode=self.decode)
     attn = SelfAttention(cfg, max_len=self.max_len, rope=self.rope, name="attn", **common)
     x_BxTxD = point(self, "resid_pre", x_BxTxD)
+    if self.last_only and (self.cross_attention or not cfg.pre_layer_norm):
+      raise ValueError("last_only is for pre-LN blocks without cross-attention (a GPT's)")
     ln_1 = norm(cfg, "ln_1")
     per_head_inputs = self._per_head_inputs(x_BxTxD)
 
     def self_attention(h):
       if per_head_inputs is not None:  # each head's queries, keys and values from their own streams
         h = tuple(ln_1(x, points=False) if cfg.pre_layer_norm else x for x in per_head_inputs)
-      return attn(h, mask_BxTxT, positions=positions, deterministic=deterministic)
+      return attn(h, mask_BxTxT, positions=positions, deterministic=deterministic, last_query=self.last_only)
 
     x_BxTxD = residual(x_BxTxD, self_attention, ln_1, "attn_out")
     x_BxTxD = point(self, "resid_mid", x_BxTxD)
@@ -136,15 +143,20 @@ class Stack(nn.Module):
     positions=None,
     deterministic: bool = True,
     decode: bool = False,
+    last_only: bool = False,
   ):
-    """`positions`: (of the queries, of the keys) of self-attention (SelfAttention)."""
+    """`positions`: (of the queries, of the keys) of self-attention (SelfAttention). `last_only`: the
+    last block computes the last position alone (Block.last_only); the output is B x 1 x D."""
     check_remat_policy(self.remat_policy)
     block = self.block(deterministic, decode)
     inputs = (x_BxTxD, mask_BxTxT, context_BxSxD, context_mask_BxTxS, positions)
     if not self.scan:
       for i in range(self.num_layers):
-        x_BxTxD = block(name=f"layer_{i}")(x_BxTxD, *inputs[1:])
+        last = last_only and i == self.num_layers - 1
+        x_BxTxD = block(name=f"layer_{i}", last_only=last)(x_BxTxD, *inputs[1:])
       return x_BxTxD
+    if last_only:
+      raise ValueError("last_only needs unrolled layers (scan_layers=False): the last block has other shapes")
     scanned = nn.scan(
       lambda mdl, x, *args: (mdl(x, *args), None),
       variable_axes={"params": 0, "cache": 0, "activations": 0, "patches": 0},

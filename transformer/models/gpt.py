@@ -112,8 +112,9 @@ class GPT(nn.Module):
     segments_BxT: jax.Array | None = None,
     deterministic: bool = True,
     decode: bool = False,
+    last_only: bool = False,
   ) -> jax.Array:
-    """Float32 logits for every position.
+    """Float32 logits for every position (`last_only`: for the last alone, B x 1 x V).
 
     valid_BxT: False marks padding (e.g. left-padded prompts of different lengths). Padding takes no
       position and no token attends to it, so a sequence's logits do not depend on its padding.
@@ -123,8 +124,13 @@ class GPT(nn.Module):
     decode: continue the tokens of earlier calls through the KV cache (the "cache" collection:
       `apply(..., mutable=["cache"])`, made by `generation.sampling.init_cache`). Returns the logits
       of the last position only, (B, 1, V): all that sampling the next token needs.
+    last_only: the logits of the last position, computing in the last block only what they read (its
+      query, attention output and MLP at that position): a loss at one position (modular arithmetic's
+      answer) at a fraction of the cost. The same logits as the full run's last position.
     """
-    return self._forward(tokens_BxT, valid_BxT, segments_BxT, deterministic, decode, until="logits")
+    return self._forward(
+      tokens_BxT, valid_BxT, segments_BxT, deterministic, decode, until="logits", last_only=last_only
+    )
 
   def hidden_states(self, tokens_BxT, *, valid_BxT=None, segments_BxT=None, deterministic: bool = True):
     """The final norm's output B x T x D (what `__call__` turns into logits)."""
@@ -136,7 +142,9 @@ class GPT(nn.Module):
     return self._forward(None, None, None, True, False, until="logits", residual_BxTxD=x_BxTxD)
 
   @nn.compact
-  def _forward(self, tokens_BxT, valid_BxT, segments_BxT, deterministic, decode, *, until, residual_BxTxD=None):
+  def _forward(
+    self, tokens_BxT, valid_BxT, segments_BxT, deterministic, decode, *, until, residual_BxTxD=None, last_only=False
+  ):
     """Tokens (or, given `residual_BxTxD`, the residual stream after the blocks) through the model,
     `until` "hidden" (the final norm's output) or "logits"."""
     cfg = self.config
@@ -150,7 +158,7 @@ class GPT(nn.Module):
       x_BxTxD = self._embed(wte(tokens_BxT), positions_BxT, deterministic)
       positions = (positions_BxT, key_positions_BxS)
       x_BxTxD = self._blocks(forms)(
-        x_BxTxD, mask_BxTxS, positions=positions, deterministic=deterministic, decode=decode
+        x_BxTxD, mask_BxTxS, positions=positions, deterministic=deterministic, decode=decode, last_only=last_only
       )
     x_BxTxD = layers.point(self, "final_norm", layers.norm(cfg.block, "ln_f")(x_BxTxD))
     if until == "hidden":

@@ -15,7 +15,7 @@ embedding's norm by Fourier frequency (`frequency_norms`) and the largest `num_k
 frequencies' directions) and the excluded loss (those directions removed), both on the training
 pairs, and the sum of squared weights. The end of a run writes `grokking.png` (the measures over
 training) and `mechanism.json` (`mechanism`: the neuron-by-frequency table, the ablations, the
-interference fit).
+interference fit; `phases`: the step and seconds at which each phase shows).
 """
 
 from __future__ import annotations
@@ -69,8 +69,11 @@ class ModularConfig:
   train_fraction: float = 0.3  # of the pairs, for training; the rest are the test split
   split_seed: int = 0  # which pairs (the run's config.seed initialises the model)
   num_key_frequencies: int = 5  # how many of the embedding's largest frequencies the measures call key
+  # The last block computes only what the loss reads (GPT's last_only: its query, attention output and
+  # MLP at "="; the same logits); False: every position, as the reference model does.
+  answer_only: bool = True
 
-  may_change: ClassVar[tuple[str, ...]] = ("num_key_frequencies",)
+  may_change: ClassVar[tuple[str, ...]] = ("num_key_frequencies", "answer_only")
 
   def check(self, run: RunConfig, data_parallel: int | None) -> None:
     if self.operation not in OPERATIONS:
@@ -171,7 +174,8 @@ class ModularArithmetic(Task):
 
   def answer_logits(self, params, tokens_Nx3, train: bool = False) -> jax.Array:
     """The logits of the p numbers at "=" (N x p)."""
-    logits_NxTxV = self.model.apply({"params": params}, tokens_Nx3, deterministic=not train)
+    answer_only = self.config.answer_only
+    logits_NxTxV = self.model.apply({"params": params}, tokens_Nx3, deterministic=not train, last_only=answer_only)
     return logits_NxTxV[:, -1, : self.config.p]
 
   def loss(self, params, batch, rng, train: bool):
@@ -207,10 +211,12 @@ class ModularArithmetic(Task):
     )
 
   def finish(self, params, workdir: Path, mean_of_last) -> dict:
-    found = mechanism(self, params)
+    found = {**mechanism(self, params), "phases": phases(workdir / "metrics.jsonl")}
     if jax.process_index() == 0:
       (workdir / "mechanism.json").write_text(json.dumps(found, indent=1) + "\n")
       plot_progress(workdir / "metrics.jsonl", workdir / "grokking.png", title=workdir.name)
+      if "neurons" in found:
+        plot_mechanism(self, params, found, workdir / "mechanism.png")
     return {k: v for k, v in found.items() if not isinstance(v, (list, dict))}
 
 
@@ -276,6 +282,68 @@ def mechanism(task: ModularArithmetic, params) -> dict:
   found["interference_explained"], alpha_K = fourier.interference_fit(logits_NxP, c.p, keys)
   found["interference_weights"] = [round(float(x), 4) for x in alpha_K]
   return found
+
+
+def phases(jsonl: Path) -> dict:
+  """When each phase shows in the evaluations (step and training seconds; None: not in this run):
+  training accuracy reaches 100% (memorisation), the restricted loss falls below 0.1 nats (the key
+  frequencies alone fit the training pairs: the circuit has formed), test accuracy passes 50% and 99%
+  (generalisation), the excluded loss peaks, and the sum of squared weights falls to half of its peak
+  (clean-up)."""
+  records = [r for r in metrics.read_jsonl(jsonl) if "train_accuracy" in r]
+
+  def first(test) -> dict | None:
+    r = next((r for r in records if test(r)), None)
+    return None if r is None else {"step": r["step"], "seconds": round(r.get("train_time_s", 0.0), 1)}
+
+  found = {
+    "train_accuracy_100": first(lambda r: r["train_accuracy"] == 1.0),
+    "test_accuracy_50": first(lambda r: r["test_accuracy"] >= 0.5),
+    "test_accuracy_99": first(lambda r: r["test_accuracy"] >= 0.99),
+  }
+  if records and "restricted_loss" in records[0]:
+    found["restricted_loss_below_0.1"] = first(lambda r: r["restricted_loss"] < 0.1)
+    peak = max(records, key=lambda r: r["excluded_loss"])
+    found["excluded_loss_peak"] = first(lambda r: r is peak)
+  if records:
+    heaviest = max(records, key=lambda r: r["weight_norm"])
+    found["weight_norm_half_of_peak"] = first(
+      lambda r: r["step"] > heaviest["step"] and r["weight_norm"] < heaviest["weight_norm"] / 2
+    )
+  return found
+
+
+def plot_mechanism(task: ModularArithmetic, params, found: dict, png: Path) -> Path:
+  """The algorithm, seen: the logit of c = 0 over (a, b) beside Σ_k α_k cos(w_k(a + b)) (the fit of
+  `fourier.interference_fit`), and each MLP neuron's share of variance explained by its best frequency."""
+  plt, p = probes.pyplot(), task.config.p
+  logits_PxP = np.asarray(task.answer_logits(params, jnp.asarray(task.data.tokens_Nx3)))[:, 0].reshape(p, p)
+  a, b = np.meshgrid(np.arange(p), np.arange(p), indexing="ij")
+  fit = sum(
+    w * np.cos(2 * np.pi * k / p * (a + b)) for k, w in zip(found["key_frequencies"], found["interference_weights"])
+  )
+  fig, axes = plt.subplots(1, 3, figsize=(17, 4.6))
+  for ax, image, title in (
+    (axes[0], logits_PxP - logits_PxP.mean(), "logit of c = 0 (centred)"),
+    (axes[1], fit, f"Σ α_k cos(w_k(a+b)), k in {found['key_frequencies']}"),
+  ):
+    shown = ax.imshow(image, origin="lower", cmap="RdBu_r")
+    ax.set(xlabel="b", ylabel="a", title=title)
+    fig.colorbar(shown, ax=ax)
+  best, explained = np.array(found["neurons"]["best_frequency"]), np.array(found["neurons"]["explained"])
+  for k in found["key_frequencies"]:
+    axes[2].hist(explained[best == k], bins=np.linspace(0, 1, 41), alpha=0.7, label=f"frequency {k}")
+  axes[2].hist(
+    explained[~np.isin(best, found["key_frequencies"])], bins=np.linspace(0, 1, 41), alpha=0.5, label="other"
+  )
+  axes[2].set(
+    xlabel="share of the neuron's variance its best frequency explains", ylabel="neurons", title="MLP neurons"
+  )
+  axes[2].legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(png, dpi=110)
+  plt.close(fig)
+  return png
 
 
 def plot_progress(jsonl: Path, png: Path, title: str = "") -> Path:
