@@ -108,7 +108,7 @@ def neuron_frequencies(acts_NxF, p: int) -> tuple[np.ndarray, np.ndarray]:
   neuron's activation as a p x p function of (a, b), in the 2-D Fourier basis."""
   acts = np.asarray(acts_NxF, np.float64).reshape(p, p, -1)
   basis, _ = fourier_basis(p)
-  coefficients_pxpxF = np.einsum("ia,abf,jb->ijf", basis, acts, basis)
+  coefficients_pxpxF = np.einsum("ia,abf,jb->ijf", basis, acts, basis, optimize=True)  # two products
   power_pxpxF = np.square(coefficients_pxpxF)
   power_pxpxF[0, 0] = 0.0  # the mean is not variance
   total_F = power_pxpxF.sum((0, 1))
