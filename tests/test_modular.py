@@ -60,6 +60,11 @@ def test_the_loss_reads_only_the_answer_position_and_the_numbers_logits():
   # The tokens' logits at "a" and "b" do not enter: a loss of position 1 differs.
   wrong = optax.softmax_cross_entropy_with_integer_labels(logits_NxTxV[:, 1, :P], batch["answers"][:, 0]).sum()
   assert abs(float(wrong - loss_sum)) > 1e-3
+  # Another operation is scored and described too (without addition's restricted and excluded losses).
+  other = _task(operation="x2_xy_y2")
+  result = other.evaluate(params, None, other.eval_batches())
+  assert "restricted_loss" not in result and result["val_loss"] == result["test_loss"]
+  assert "key frequencies" in other.describe(result)
 
 
 def test_norm_none_has_no_norm_parameters_and_computes_no_normalisation():
@@ -135,6 +140,11 @@ def test_a_short_run_memorises_logs_the_measures_and_resumes_bit_for_bit(tmp_pat
   shutil.copytree(straight, resumed)
   shutil.rmtree(resumed / "checkpoints" / "200")
   train_and_evaluate(c, resumed)
+  # A relaunch whose steps_per_call does not divide the step it resumes at is refused, before it writes.
+  c.num_train_steps, c.steps_per_call = 210, 30
+  c.log_every_steps = c.eval_every_steps = c.checkpoint_every_steps = 30
+  with pytest.raises(ConfigError, match="resumes at step 200, not a multiple of --config.steps_per_call=30"):
+    train_and_evaluate(c, straight)
   jax.tree.map(
     np.testing.assert_array_equal,
     inference.restore(resumed, step=200).params,

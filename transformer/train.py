@@ -39,7 +39,7 @@ from tqdm import tqdm
 from transformer import checkpoints, data, inference, kernels, metrics, optim, sharding, tasks
 from transformer import workdir as workdir_files
 from transformer.config import LoopConfig, RunConfig
-from transformer.errors import TrainingError, WorkdirError
+from transformer.errors import ConfigError, TrainingError, WorkdirError
 
 
 @flax.struct.dataclass
@@ -370,6 +370,11 @@ def _train(config: RunConfig, workdir: Path, lead: bool) -> dict:
   )
   train_batches = task.train_batches()
   state, progress = _restore_or_init(run, ckpt, train_batches)
+  if progress.step % config.loop.steps_per_call:  # a checkpoint saved under another steps_per_call
+    raise ConfigError(
+      f"this run resumes at step {progress.step}, not a multiple of --config.steps_per_call="
+      f"{config.loop.steps_per_call}; resume with one that divides it (1 always does), change it later"
+    )
   if lead:  # the launch fits the workdir: now it may write
     workdir_files.record_run(workdir, config, task.tokenizer, fingerprint, task.labels)
     with workdir_files.writable(workdir):

@@ -201,14 +201,16 @@ class ModularArithmetic(Task):
 
   def evaluate(self, params, eval_fn, batches: list) -> dict:
     logits_NxP = np.asarray(self.answer_logits(params, jnp.asarray(self.data.tokens_Nx3)), np.float64)
-    return {**progress_measures(self, params, logits_NxP), "val_loss": None}
+    return progress_measures(self, params, logits_NxP)
 
   def describe(self, result: dict) -> str:
-    return (
+    line = (
       f"train loss {result['train_loss']:.4f} (accuracy {result['train_accuracy']:.1%}), test loss "
-      f"{result['test_loss']:.4f} ({result['test_accuracy']:.1%}); key frequencies "
-      f"{result['key_frequencies']}, restricted {result['restricted_loss']:.3f}, excluded {result['excluded_loss']:.3f}"
+      f"{result['test_loss']:.4f} ({result['test_accuracy']:.1%}); key frequencies {result['key_frequencies']}"
     )
+    if "restricted_loss" in result:  # addition's
+      line += f", restricted {result['restricted_loss']:.3f}, excluded {result['excluded_loss']:.3f}"
+    return line
 
   def finish(self, params, workdir: Path, mean_of_last) -> dict:
     found = {**mechanism(self, params), "phases": phases(workdir / "metrics.jsonl")}
