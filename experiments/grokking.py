@@ -16,9 +16,9 @@ Glorot-initialised (block.kernel_init="xavier": about 1/√d_model as theirs; th
 0.02). GPT-2's kernels (normal 0.02) learn far slower here: the tiny preset memorises in 100 steps
 with Glorot's and reaches 80% training accuracy in 600 with GPT-2's.
 
-Every `steps_per_call` steps run as one compiled call (the loop is otherwise one Python round trip per
-step, most of a step's time at this size); evaluations (all p² pairs, the measures) come every
-`eval_every_steps`.
+The loss reads only "=", so the last block computes only that position (`answer_only`: GPT's
+`last_only`, the same logits at half the cost); `steps_per_call` steps run as one compiled call;
+evaluations (all p² pairs, the measures) come every `eval_every_steps`.
 """
 
 from experiments import base

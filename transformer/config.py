@@ -67,8 +67,8 @@ class LoopConfig:
   # run's extensions cross the process boundary with it. Importable names: on PYTHONPATH, or in the
   # directory a program runs in. `--config.imports=my_mechanisms` (several: a,b).
   imports: tuple[str, ...] = ()
-  # Training steps one compiled call runs (a lax.scan over that many batches): for a model so small
-  # that a Python round trip per step is most of its time (grokking's). The intervals above and
+  # Training steps one compiled call runs (a lax.scan over that many batches): for a step so short
+  # that the loop's Python round trip per step shows in its time. The intervals above and
   # num_train_steps are then multiples of it.
   steps_per_call: int = 1
 
