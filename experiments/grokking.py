@@ -3,8 +3,10 @@ Smith & Steinhardt (ICLR 2023): config.task="modular" (transformer/tasks/modular
 transformer/fourier.py. The study and its phase table: experiments/README.md, "Grokking".
 
   python -m launch.train --config=experiments/grokking.py:paper --workdir=workdirs/grokking-113
-  python -m launch.train --config=experiments/grokking.py:fast  --workdir=workdirs/grokking-fast
-  python -m launch.train --config=experiments/grokking.py:paper --config.p=97 --workdir=workdirs/grokking-97
+  python -m launch.train --config=experiments/grokking.py:paper --config.seed=1 --config.split_seed=1 \
+      --config.num_train_steps=10000 --workdir=workdirs/grokking-113-seed1
+  python -m launch.train --config=experiments/grokking.py:paper --config.p=97 --config.train_fraction=0.35 \
+      --config.num_train_steps=8000 --workdir=workdirs/grokking-97-35
 
 Their recipe: p = 113, "a b =" (vocabulary p + 1; here also the word tokenizer's two specials, whose
 logits are not read), the loss at "=" only, 30% of the p² pairs for training; one layer, d_model 128,
@@ -24,7 +26,7 @@ evaluations (all p² pairs, the measures) come every `eval_every_steps`.
 from experiments import base
 from transformer import tasks
 
-PRESETS = ("paper", "fast", "tiny")
+PRESETS = ("paper", "tiny")
 
 
 def get_config(preset: str = "paper"):
@@ -52,10 +54,7 @@ def get_config(preset: str = "paper"):
   c.steps_per_call = 100
   c.log_every_steps = c.eval_every_steps = 100
   c.checkpoint_every_steps = 1000
-  if preset == "fast":  # half the pairs to learn from: generalises in fewer steps
-    c.train_fraction = 0.5
-    c.num_train_steps = 6000
-  elif preset == "tiny":  # tests and smoke runs: memorises in 100 steps (and generalises by 300)
+  if preset == "tiny":  # tests and smoke runs: memorises in 100 steps (and generalises by 300)
     c.p, c.train_fraction = 23, 0.8
     c.optimizer.lr = 3e-3
     c.model.block.d_model, c.model.block.d_mlp = 64, 256

@@ -122,7 +122,7 @@ def plan_train(run: train.Run) -> Plan:
   batch = jax.tree.map(
     lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=task.batch_sharding), task.batch_shapes()
   )
-  step_fn, _ = train.jit_steps(run)
+  step_fn, _ = train.jit_steps(run, one_step=True)
   start = time.perf_counter()
   with jax.set_mesh(run.mesh), nn.logical_axis_rules(rules):
     compiled = step_fn.lower(state, batch).compile()

@@ -152,12 +152,13 @@ def build(run_config: RunConfig, task_data=None) -> Run:
   return Run(run_config, task, mesh, tx, schedule, state_sh)
 
 
-def jit_steps(run: Run, compiler_options: dict | None = None):
+def jit_steps(run: Run, compiler_options: dict | None = None, one_step: bool = False):
   """The sharded, jit-compiled (train step, eval step) of `run`: what the loop calls, and what
   transformer.plan compiles ahead of time. The train step donates the state it is given; with
-  config.steps_per_call > 1 it is `train_steps`, over a stack of that many batches.
+  config.steps_per_call > 1 it is `train_steps`, over a stack of that many batches (unless `one_step`:
+  a plan's FLOPs and memory are one step's).
   `compiler_options`: XLA's, for the train step (launch.bench's accelerator check tries some)."""
-  task, many = run.task, run.config.loop.steps_per_call > 1
+  task, many = run.task, run.config.loop.steps_per_call > 1 and not one_step
   # Batches are arrays or dicts of arrays: one sharding is a prefix of either. A stack of batches
   # (steps_per_call) keeps the sharding each batch was put with.
   step_fn = jax.jit(
