@@ -15,8 +15,8 @@ learned positions; AdamW at 1e-3 with weight decay 1.0 on every parameter (decay
 decay_norms_and_biases: torch's AdamW decays all it is given), β = (0.9, 0.98), a 10-step linear
 warm-up, full batch. Where this differs: biases in attention too (block.use_bias), and the kernels
 Glorot-initialised (block.kernel_init="xavier": about 1/√d_model as theirs; the embeddings normal
-0.02). GPT-2's kernels (normal 0.02) learn far slower here: the tiny preset memorises in 100 steps
-with Glorot's and reaches 80% training accuracy in 600 with GPT-2's.
+0.02). GPT-2's kernels (normal 0.02) learn far slower here: at the tiny preset's size, 100% training
+accuracy after 100 steps with Glorot's, 92% after 400 with GPT-2's.
 
 The loss reads only "=", so the last block computes only that position (`answer_only`: GPT's
 `last_only`, the same logits at half the cost); `steps_per_call` steps run as one compiled call;
