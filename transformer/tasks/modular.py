@@ -21,6 +21,7 @@ interference fit; `phases`: the step and seconds at which each phase shows).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from pathlib import Path
@@ -199,8 +200,14 @@ class ModularArithmetic(Task):
   def flops_per_token(self, num_params: int) -> float:
     return metrics.flops_per_token(num_params, self.model_config.num_layers, self.model_config.block.d_model, 3)
 
+  @functools.cached_property
+  def _all_logits(self):
+    """params -> the logits of every pair, compiled once (every evaluation runs it)."""
+    tokens_Nx3 = jnp.asarray(self.data.tokens_Nx3)
+    return jax.jit(lambda params: self.answer_logits(params, tokens_Nx3))
+
   def evaluate(self, params, eval_fn, batches: list) -> dict:
-    logits_NxP = np.asarray(self.answer_logits(params, jnp.asarray(self.data.tokens_Nx3)), np.float64)
+    logits_NxP = np.asarray(self._all_logits(params), np.float64)
     return progress_measures(self, params, logits_NxP)
 
   def describe(self, result: dict) -> str:
