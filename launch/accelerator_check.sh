@@ -8,9 +8,11 @@
 # The check prints one table and writes it as OUT_DIR/accelerator_check.json (launch/BENCHMARKS.md keeps
 # it, with the chip and the date). Each row is printed as it is measured, the JSON rewritten after each
 # section, and every thread's stack printed every 2 minutes: the first try (2026-11-28, one H200) was cut
-# off at its time limit with nothing printed. Planned at about 8 minutes on one H100: the kernel tests on the chip, cuDNN
+# off at its time limit with nothing printed. Its sections, in order: the kernel tests on the chip, cuDNN
 # attention on packed rows, GPT-2 124M and gpt2-medium training MFU at the planner's batch, decoding
-# gpt2 and gpt2-xl at batch 1, 8 and 32 against the HBM roofline.
+# gpt2 and gpt2-xl at batch 1, 8 and 32 against the HBM roofline. Compiling is most of its time (the
+# second try, an H200: 60-80 s a GPT-2 step), so the later sections may need a call of their own
+# (--check_tests= --check_train= for decoding alone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CARRIED="ml-collections grain array-record portpicker rustbpe tensorboardX zstandard flax orbax-checkpoint optax chex"

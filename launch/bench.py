@@ -155,9 +155,9 @@ _CHECK_BUDGET = flags.DEFINE_float(
 )
 _CHECK_XLA = flags.DEFINE_list(
   "check_xla_options",
-  ["xla_gpu_enable_cudnn_layer_norm", "xla_gpu_enable_cublaslt"],
-  "--what=accelerator, on a GPU: XLA options each tried on the first --check_train preset's step, "
-  "beside the default (LayerNorm by cuDNN, products with cuBLASLt's epilogues); '' tries none.",
+  [],
+  "--what=accelerator, on a GPU: XLA options each tried on the first --check_train preset's step, beside the "
+  "default (e.g. xla_gpu_enable_cudnn_layer_norm,xla_gpu_enable_cublaslt: each a compile of a minute or more).",
 )
 _CHECK_STACK_S = flags.DEFINE_integer(
   "check_stack_s", 120, "--what=accelerator: print every thread's stack each time this many seconds pass."
@@ -731,18 +731,27 @@ def _check_tests(o: Options) -> list[list]:
   if not o.check_tests.strip():
     return []
   start = time.perf_counter()
+  # On a GPU, four workers that take memory as they need it: one pytest process took 167 s of an H200's
+  # few minutes, and four that each preallocate three quarters of the chip ran out of memory.
+  workers = ["-n", "4"] if jax.default_backend() == "gpu" else []
   try:
     proc = subprocess.run(
-      [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", *o.check_tests.split()],
+      [sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider", "-m", "not slow", *workers]
+      + o.check_tests.split(),
       capture_output=True,
       text=True,
       timeout=o.check_tests_s,
+      env={**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"},
     )
   except subprocess.TimeoutExpired as e:
     lines = (e.stdout.decode() if isinstance(e.stdout, bytes) else e.stdout or "").strip().splitlines()
     progress = lines[-1] if lines else "no output"
     return [["tests", o.check_tests, f"stopped after {o.check_tests_s} s at: {progress}", "all pass", False]]
-  summary = (proc.stdout.strip().splitlines() or ["no output"])[-1]
+  lines = proc.stdout.strip().splitlines() or ["no output"]
+  for line in lines:
+    if line.startswith("FAILED"):  # which, for the reader
+      print(line, flush=True)
+  summary = lines[-1]
   seconds = time.perf_counter() - start
   return [["tests", o.check_tests, f"{summary} ({seconds:.0f} s in all)", "all pass", proc.returncode == 0]]
 
@@ -779,6 +788,8 @@ def _check_run(preset: str, batch: int, remat: str) -> train.Run:
     config.model = base.model_fields(preset, vocab_size=50304)
     config.seq_len = min(config.seq_len, config.model.max_len)
   config.batch_size, config.optimizer.accumulation_steps, config.model.remat_policy = batch, 1, remat
+  if jax.default_backend() == "gpu":  # as the README's GPU command: the presets say xla, which runs anywhere
+    config.model.block.attention = "cudnn"
   run_config = tasks.resolve(config, num_devices=jax.device_count())
   no_data = types.SimpleNamespace(tokenizer=tokenizers.CharTokenizer(" abcdefghijklmnopqrstuvwxyzEMOR:"))
   return train.build(run_config, no_data)
