@@ -56,7 +56,7 @@ class SAEConfig:
   l1_coefficient: float = 5.0  # relu: the L1 penalty's weight
   l0_coefficient: float = 1.0  # jumprelu: the L0 penalty's weight
   bandwidth: float = 0.05  # jumprelu: the straight-through estimator's kernel width (SAELens's)
-  initial_threshold: float = 0.01  # jumprelu: θ at initialisation (SAELens's)
+  initial_threshold: float = 0.01  # jumprelu: θ at initialisation (SAELens's; see the synthetic preset's 0.5)
   aux_k: int = 0  # AuxK: dead latents that reconstruct the error (0: d_in // 2)
   aux_coefficient: float = 1 / 32
   decoder_init_norm: float = 0.1  # the raw decoder rows' norm at initialisation (encoder: their transpose)
