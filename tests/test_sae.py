@@ -1,6 +1,7 @@
 """Sparse autoencoders (transformer.models.sae): each activation does what its paper says, and a short
 training recovers a planted dictionary of features in superposition."""
 
+import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -122,6 +123,35 @@ def test_auxk_gives_dead_latents_a_gradient():
   assert len(never_fired) > 0
   assert np.abs(np.asarray(without["W_enc"])[:, never_fired]).sum() == 0
   assert np.abs(np.asarray(with_aux["W_enc"])[:, never_fired]).sum() > 0
+
+
+@pytest.mark.parametrize("dead_tokens", [None, 1000])
+def test_topks_cpu_form_equals_the_reference_and_takes_no_dense_encoder_gradient(dead_tokens):
+  """kernels.sae_top_k: the loss, its parts, the statistics and every gradient equal the reference's
+  (AuxK's too, half the latents dead), and the encoder's gradient is no longer the product of the
+  inputs with an N x S matrix (the reference's jaxpr has one such D x S product, the CPU form's none
+  outside AuxK's branch)."""
+  (sae, params), (sae_cpu, _) = _sae("topk", kernels="reference"), _sae("topk", kernels="cpu")
+  params = {**params, "b_dec": jnp.linspace(-0.5, 0.5, 16), "input_scale": jnp.asarray(1.5)}
+  params["since_fired"] = jnp.where(jnp.arange(64) >= 32, 1000.0, 0.0)
+
+  def loss(sae):
+    return lambda p: sae_loss(sae, p, X, dead_tokens=dead_tokens)
+
+  (want, want_parts, want_stats), (got, got_parts, got_stats) = loss(sae)(params), loss(sae_cpu)(params)
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+  chex.assert_trees_all_close((got_parts, got_stats), (want_parts, want_stats), rtol=1e-6)
+  want_grads = jax.grad(lambda p: loss(sae)(p)[0])(params)
+  got_grads = jax.grad(lambda p: loss(sae_cpu)(p)[0])(params)
+  chex.assert_trees_all_close(got_grads, want_grads, rtol=1e-5, atol=1e-6)
+
+  def encoder_gradient_products(sae):
+    jaxpr = jax.make_jaxpr(jax.grad(lambda p: sae_loss(sae, p, X)[0]))(params)
+    return sum(
+      e.primitive.name == "dot_general" and e.outvars[0].aval.shape in ((16, 64), (64, 16)) for e in jaxpr.eqns
+    )
+
+  assert encoder_gradient_products(sae) == 1 and encoder_gradient_products(sae_cpu) == 0
 
 
 def _train_on_planted(cfg: SAEConfig, source: Superposition, *, scale_inputs: bool, steps: int = 600):

@@ -14,6 +14,7 @@ head laid out for the batch size. Each such form is one module here:
   draw            a sampled token by a two-level inverse CDF (one random number a row)
   decode_threads  a batch decoded in parts, one per CPU core; the sampler's XLA:CPU options
   lm_loss         next-token cross-entropy with a recomputing backward pass (accelerators)
+  sae_top_k       a TopK SAE's encoder, its gradient scattered to the k latents a row keeps (CPU)
 
 One form lives where its op does: the sampler's decode loop runs a fixed trip count on accelerators
 (`generation.sampling.sample_padded`'s `fixed_trips`), so no step waits for the host.
@@ -43,7 +44,7 @@ from collections.abc import Callable
 import jax
 
 from transformer.errors import ConfigError
-from transformer.kernels import argmax, attention, decode_head, draw, lm_loss, projection
+from transformer.kernels import argmax, attention, decode_head, draw, lm_loss, projection, sae_top_k
 
 KERNELS = ("auto", "reference", "cpu", "accelerator")
 PLATFORMS = ("cpu", "gpu", "tpu")  # what `for_platform` maps
@@ -53,7 +54,7 @@ FORMS = {
   "reference": "none: transformer/layers/, the sampler and the loss run as written",
   "cpu": "causal attention by blocks with its own backward pass, projection gradients in XLA:CPU's "
   "layouts, one-token attention and a batch-laid head when decoding, blocked argmax, two-level draws, "
-  "a decoded batch split over the cores",
+  "a decoded batch split over the cores, a TopK SAE's encoder gradient for its k latents only",
   "accelerator": "dot-product attention by block.attention's fused kernel (causal: by blocks), a "
   "recomputing backward pass for the language-model loss, a decode loop of fixed trip count",
 }
@@ -70,6 +71,7 @@ DISPATCH: dict[str, dict[str, Callable]] = {
   "argmax": {"cpu": argmax.argmax},  # generation.sampling.next_token, greedy
   "draw": {"cpu": draw.inverse_cdf, "accelerator": draw.inverse_cdf},  # sampled
   "lm_loss": {"accelerator": lm_loss.next_token_nll},  # tasks.lm.next_token_nll
+  "sae_top_k": {"cpu": sae_top_k.top_k_encode},  # models.sae.sae_loss, TopK
 }
 
 

@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
+from transformer import kernels
 from transformer.errors import ConfigError
 
 ACTIVATIONS = ("topk", "batchtopk", "jumprelu", "relu")
@@ -64,7 +65,7 @@ class SAEConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   vocab_size: int = 0  # unused: the config of every family carries the tokenizer's (RunConfig.model_config)
-  kernels: str = "reference"  # one form: no faster kernels (transformer.kernels)
+  kernels: str = "auto"  # "auto" | "reference" | "cpu" | "accelerator": TopK's CPU form (transformer.kernels)
 
   def replace(self, **changes) -> SAEConfig:
     return dataclasses.replace(self, **changes)
@@ -78,6 +79,7 @@ class SAEConfig:
     return self.aux_k or max(1, self.d_in // 2)
 
   def check(self) -> SAEConfig:
+    kernels.check(self.kernels)
     if self.activation not in ACTIVATIONS:
       raise ConfigError(f"activation={self.activation!r} is not one of {', '.join(ACTIVATIONS)}")
     for name in ("expansion", "k"):
@@ -246,13 +248,19 @@ def sae_loss(sae: SAE, params, x_NxD, train: bool = True, dead_tokens: float | N
 
   def inside(module: SAE):
     x_NxD_scaled = x_NxD * jax.lax.stop_gradient(module.input_scale)
-    pre_NxS = module.pre_activations(x_NxD_scaled)
+    pre_NxS = None  # every pre-activation, where the activation needs them
     if cfg.activation == "topk":
-      values_Nxk, index_Nxk = jax.lax.top_k(pre_NxS, cfg.k)
+      top_k_encode = kernels.form("sae_top_k", kernels.resolve(cfg.kernels))
+      if top_k_encode is None:  # the reference: autodiff of the top k of every pre-activation
+        pre_NxS = module.pre_activations(x_NxD_scaled)
+        values_Nxk, index_Nxk = jax.lax.top_k(pre_NxS, cfg.k)
+      else:
+        values_Nxk, index_Nxk = top_k_encode(x_NxD_scaled, module.b_dec, module.W_enc, module.b_enc, cfg.k)
       values_Nxk = jax.nn.relu(values_Nxk)
       x_hat_NxD = module.decode_top_k(values_Nxk, index_Nxk)
-      fired_S = jnp.zeros(pre_NxS.shape[-1], jnp.int32).at[index_Nxk].max((values_Nxk > 0).astype(jnp.int32)) > 0
+      fired_S = jnp.zeros(cfg.latents, jnp.int32).at[index_Nxk].max((values_Nxk > 0).astype(jnp.int32)) > 0
     else:
+      pre_NxS = module.pre_activations(x_NxD_scaled)
       z_NxS = module.activate(pre_NxS, train)
       x_hat_NxD = module.decode(z_NxS)
       fired_S = jnp.any(z_NxS > 0, axis=0)
@@ -265,9 +273,8 @@ def sae_loss(sae: SAE, params, x_NxD, train: bool = True, dead_tokens: float | N
       parts["l0"] = cfg.l0_coefficient * jnp.mean(jnp.sum(fired_NxS, -1))
     elif dead_tokens is not None:
       dead_S = module.since_fired >= dead_tokens
-      parts["aux"] = cfg.aux_coefficient * _aux_k(
-        module, pre_NxS, x_NxD_scaled - jax.lax.stop_gradient(x_hat_NxD), dead_S
-      )
+      error_NxD = x_NxD_scaled - jax.lax.stop_gradient(x_hat_NxD)
+      parts["aux"] = cfg.aux_coefficient * _aux_k(module, pre_NxS, x_NxD_scaled, error_NxD, dead_S)
     stats = {"since_fired": jnp.where(fired_S, 0.0, module.since_fired + N)}
     if cfg.activation == "batchtopk" and train:
       smallest_kept = jnp.min(jnp.where(z_NxS > 0, z_NxS, jnp.inf))
@@ -280,18 +287,23 @@ def sae_loss(sae: SAE, params, x_NxD, train: bool = True, dead_tokens: float | N
   return nn.apply(inside, sae)({"params": params})
 
 
-def _aux_k(sae: SAE, pre_NxS, error_NxD, dead_S) -> jax.Array:
+def _aux_k(sae: SAE, pre_NxS, x_NxD, error_NxD, dead_S) -> jax.Array:
   """AuxK: the error reconstructed from the aux_k largest pre-activations among dead latents (no
-  b_dec: the error has none), its squared error; 0, and not computed, when none is dead."""
-  k = min(sae.config.aux_latents, pre_NxS.shape[-1])
+  b_dec: the error has none), its squared error; 0, and not computed, when none is dead. `pre_NxS`:
+  the pre-activations of `x_NxD` (scaled inputs), or None where only the dead latents' branch needs
+  them (TopK's CPU form computes only the top k's gradients)."""
+  k = min(sae.config.aux_latents, sae.config.latents)
   decoder_SxD = sae.decoder()
+  pre_given = pre_NxS is not None
 
-  def aux(pre_NxS, error_NxD):
+  def aux(pre_or_x, error_NxD):
+    pre_NxS = pre_or_x if pre_given else sae.pre_activations(pre_or_x)
     dead_pre_NxS = jnp.where(dead_S, pre_NxS, -jnp.inf)
     z_NxS = jax.nn.relu(jnp.where(top_k_mask(dead_pre_NxS, k) & dead_S, pre_NxS, 0.0))
     return jnp.mean(jnp.sum(jnp.square(z_NxS @ decoder_SxD - error_NxD), -1))
 
-  return jax.lax.cond(dead_S.any(), aux, lambda *_: jnp.zeros((), pre_NxS.dtype), pre_NxS, error_NxD)
+  operand = pre_NxS if pre_given else x_NxD
+  return jax.lax.cond(dead_S.any(), aux, lambda *_: jnp.zeros((), error_NxD.dtype), operand, error_NxD)
 
 
 def calibrate(sae: SAE, params, x_NxD) -> dict:
