@@ -42,9 +42,9 @@ def test_linear_decay_and_warmup_stable_decay_reach_their_floor_at_the_last_step
 def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
   cfg = GPTConfig().replace(vocab_size=11, max_len=8, num_layers=2, num_heads=2, d_model=8, tie_embeddings=False)
   for scan in (False, True):
-    boxed = GPT(cfg.replace(scan_layers=scan, activation="swiglu")).init(
+    boxed = jax.jit(GPT(cfg.replace(scan_layers=scan, activation="swiglu")).init)(
       jax.random.key(0), jnp.zeros((1, 4), jnp.int32)
-    )
+    )  # jitted: one compile, not one a op
     names = jax.tree.map(lambda x: x.names, boxed["params"], is_leaf=lambda x: isinstance(x, nn.Partitioned))
     dims = jax.tree.map(optim.muon_dimensions, names, is_leaf=lambda x: isinstance(x, tuple))
     block = dims["h"]["layers"] if scan else dims["h"]["layer_0"]
@@ -62,7 +62,7 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
     _opt(name="muon", lr=0.1, muon_lr=0.1, warmup_steps=0, schedule="constant"), 10, None, names
   )
   grads = jax.tree.map(lambda x: jax.random.normal(jax.random.key(1), x.shape), params)
-  updates, _ = tx.update(grads, tx.init(params), params)
+  updates, _ = jax.jit(tx.update)(grads, tx.init(params), params)
   assert all(np.any(u != 0) for u in jax.tree.leaves(updates))
   singular = np.linalg.svd(np.asarray(updates["h"]["layers"]["mlp"]["fc"]["kernel"][0]), compute_uv=False)
   assert singular.max() / singular.min() < 2.0, singular  # Newton-Schulz: roughly orthogonal
