@@ -44,7 +44,7 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
   for scan in (False, True):
     boxed = jax.jit(GPT(cfg.replace(scan_layers=scan, activation="swiglu")).init)(
       jax.random.key(0), jnp.zeros((1, 4), jnp.int32)
-    )  # jitted: one compile, not one a op
+    )  # jitted: one compile, not one an op
     names = jax.tree.map(lambda x: x.names, boxed["params"], is_leaf=lambda x: isinstance(x, nn.Partitioned))
     dims = jax.tree.map(optim.muon_dimensions, names, is_leaf=lambda x: isinstance(x, tuple))
     block = dims["h"]["layers"] if scan else dims["h"]["layer_0"]
