@@ -294,16 +294,14 @@ def _aux_k(sae: SAE, pre_NxS, x_NxD, error_NxD, dead_S) -> jax.Array:
   them (TopK's CPU form computes only the top k's gradients)."""
   k = min(sae.config.aux_latents, sae.config.latents)
   decoder_SxD = sae.decoder()
-  pre_given = pre_NxS is not None
 
-  def aux(pre_or_x, error_NxD):
-    pre_NxS = pre_or_x if pre_given else sae.pre_activations(pre_or_x)
-    dead_pre_NxS = jnp.where(dead_S, pre_NxS, -jnp.inf)
-    z_NxS = jax.nn.relu(jnp.where(top_k_mask(dead_pre_NxS, k) & dead_S, pre_NxS, 0.0))
+  def aux(x_NxD, error_NxD):
+    all_pre_NxS = sae.pre_activations(x_NxD) if pre_NxS is None else pre_NxS
+    dead_pre_NxS = jnp.where(dead_S, all_pre_NxS, -jnp.inf)
+    z_NxS = jax.nn.relu(jnp.where(top_k_mask(dead_pre_NxS, k) & dead_S, all_pre_NxS, 0.0))
     return jnp.mean(jnp.sum(jnp.square(z_NxS @ decoder_SxD - error_NxD), -1))
 
-  operand = pre_NxS if pre_given else x_NxD
-  return jax.lax.cond(dead_S.any(), aux, lambda *_: jnp.zeros((), error_NxD.dtype), operand, error_NxD)
+  return jax.lax.cond(dead_S.any(), aux, lambda *_: jnp.zeros((), error_NxD.dtype), x_NxD, error_NxD)
 
 
 def calibrate(sae: SAE, params, x_NxD) -> dict:

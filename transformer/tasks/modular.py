@@ -225,7 +225,7 @@ class ModularArithmetic(Task):
       (workdir / "mechanism.json").write_text(json.dumps(found, indent=1) + "\n")
       plot_progress(workdir / "metrics.jsonl", workdir / "grokking.png", title=workdir.name)
       if "neurons" in found:
-        plot_mechanism(self, params, found, workdir / "mechanism.png")
+        plot_mechanism(self, np.asarray(self._all_logits(params)), found, workdir / "mechanism.png")
     return {k: v for k, v in found.items() if not isinstance(v, (list, dict))}
 
 
@@ -237,15 +237,20 @@ def progress_measures(task: ModularArithmetic, params, logits_NxP: np.ndarray) -
   for name, rows in (("train", train_N), ("test", data.test_N)):
     result[f"{name}_loss"] = fourier.cross_entropy(logits_NxP[rows], answers_N[rows])
     result[f"{name}_accuracy"] = float(np.mean(logits_NxP[rows].argmax(-1) == answers_N[rows]))
-  norms_K = fourier.frequency_norms(np.asarray(params["wte"]["embedding"])[: c.p])
-  keys = fourier.key_frequencies(norms_K, c.num_key_frequencies)
+  norms_K, keys = embedding_frequencies(task, params)
   result.update(frequency_norms=[round(float(x), 5) for x in norms_K], key_frequencies=keys, gini=fourier.gini(norms_K))
   if c.operation == "add":  # the key directions are those of a + b (fourier.key_directions)
     for name, logits in (("restricted", fourier.restricted), ("excluded", fourier.excluded)):
       result[f"{name}_loss"] = fourier.cross_entropy(logits(logits_NxP, c.p, keys)[train_N], answers_N[train_N])
-  result["weight_norm"] = float(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(params)))
+  result["weight_norm"] = float(sum(np.square(np.asarray(x, np.float64)).sum() for x in jax.tree.leaves(params)))
   result["val_loss"] = result["test_loss"]  # what the loss plot draws beside the training loss
   return result
+
+
+def embedding_frequencies(task: ModularArithmetic, params) -> tuple[np.ndarray, list[int]]:
+  """(the norm of each frequency in the numbers' embedding, the config's count of the largest)."""
+  norms_K = fourier.frequency_norms(np.asarray(params["wte"]["embedding"])[: task.config.p])
+  return norms_K, fourier.key_frequencies(norms_K, task.config.num_key_frequencies)
 
 
 def mechanism(task: ModularArithmetic, params) -> dict:
@@ -258,8 +263,7 @@ def mechanism(task: ModularArithmetic, params) -> dict:
   tokens_Nx3, answers_N = jnp.asarray(data.tokens_Nx3), data.answers_N
   logits_NxP, cache = interventions.run_with_cache(task.model, params, tokens_Nx3, names=("mlp_post",))
   logits_NxP = np.asarray(logits_NxP[:, -1, : c.p], np.float64)
-  norms_K = fourier.frequency_norms(np.asarray(params["wte"]["embedding"])[: c.p])
-  keys = fourier.key_frequencies(norms_K, c.num_key_frequencies)
+  _, keys = embedding_frequencies(task, params)
   loss = lambda logits: fourier.cross_entropy(logits, answers_N)
   accuracy = float(np.mean(logits_NxP.argmax(-1) == answers_N))
   found = {"key_frequencies": keys, "loss": loss(logits_NxP), "accuracy": accuracy}
@@ -322,11 +326,12 @@ def phases(jsonl: Path) -> dict:
   return found
 
 
-def plot_mechanism(task: ModularArithmetic, params, found: dict, png: Path) -> Path:
-  """The algorithm, seen: the logit of c = 0 over (a, b) beside Σ_k α_k cos(w_k(a + b)) (the fit of
-  `fourier.interference_fit`), and each MLP neuron's share of variance explained by its best frequency."""
+def plot_mechanism(task: ModularArithmetic, logits_NxP, found: dict, png: Path) -> Path:
+  """The algorithm, seen: the logit of c = 0 over (a, b) (`logits_NxP`: every pair's, a * p + b)
+  beside Σ_k α_k cos(w_k(a + b)) (the fit of `fourier.interference_fit`), and each MLP neuron's share
+  of variance explained by its best frequency."""
   plt, p = probes.pyplot(), task.config.p
-  logits_PxP = np.asarray(task.answer_logits(params, jnp.asarray(task.data.tokens_Nx3)))[:, 0].reshape(p, p)
+  logits_PxP = np.asarray(logits_NxP)[:, 0].reshape(p, p)
   a, b = np.meshgrid(np.arange(p), np.arange(p), indexing="ij")
   fit = sum(
     w * np.cos(2 * np.pi * k / p * (a + b)) for k, w in zip(found["key_frequencies"], found["interference_weights"])
