@@ -1,6 +1,7 @@
 """config.task="modular" (grokking's setting) and transformer.fourier (its analysis): the split, the loss
 at the answer, the model without norms, the Fourier projections on logits whose frequencies are known,
-a short run that memorises and resumes bit for bit, and bad input."""
+and bad input; in the slow tier (CI runs it all the same), a short run that memorises and resumes bit
+for bit."""
 
 import json
 import shutil
@@ -115,6 +116,7 @@ def test_restricted_and_excluded_sum_to_the_identity():
   assert np.abs(fourier.excluded(logits_NxC, P, [1, 4, 9])).sum() > 0
 
 
+@pytest.mark.slow
 def test_a_short_run_memorises_logs_the_measures_and_resumes_bit_for_bit(tmp_path):
   """The tiny preset (p 23, 80% of pairs) to 100% training accuracy; 200 steps straight against 100
   then a relaunch: the same params, bit for bit (20 steps a compiled call)."""

@@ -16,6 +16,7 @@ implementation. `launch.probe` draws the pictures.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -61,15 +62,45 @@ def token_texts(tokenizer, ids) -> list[str]:
   return [names.get(int(i)) or tokenizer.decode([int(i)]) for i in ids]
 
 
-def _read(model, params, *inputs: list[int]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-  """One sequence's run: its output (logits, T x V) and, by name, its blocks' points (L x ..., the
-  batch axis gone). Eager, not jit: one pass per text, where a jit would compile for every length."""
-  output, state = model.apply(
-    {"params": params}, *(jnp.asarray([ids], jnp.int32) for ids in inputs), mutable=["activations"]
-  )
-  points = interventions.flatten(state["activations"])
-  blocks = ("pattern", "resid_pre", "resid_post")
-  return np.asarray(output[0]), {name: np.asarray(x[:, 0]) for name, x in points.items() if name.endswith(blocks)}
+READ_BUCKET = 16  # a text's tokens are padded up to a multiple of this: few lengths compile
+
+
+def _read(model, params, *inputs: list[int]) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
+  """One sequence's run (a GPT's tokens, or an encoder-decoder's source and target): its output
+  (logits, T x V), its blocks' points by name (L x ..., the batch axis gone) and the logit lens of its
+  residual stream (log-probabilities, L + 1 x T x V: the embeddings, then each block).
+
+  One compiled run (interventions.run_with_cache) on the tokens padded at the end to a multiple of
+  READ_BUCKET, then cut back: every earlier position is blind to what follows it (causal attention;
+  a source's padding is masked), so texts of many lengths share a few programs where a run per
+  length, or eager ops, would compile each anew."""
+  pads = []
+  for tokens in inputs:
+    padded = min(-(-len(tokens) // READ_BUCKET) * READ_BUCKET, model.config.max_len)
+    pads.append(jnp.asarray([list(tokens) + [0] * (padded - len(tokens))], jnp.int32))
+  # Each point's real lengths: a block's stream (T), an attention pattern's (queries, keys).
+  if isinstance(model, GPT):
+    [T], stream, kwargs = map(len, inputs), "", {}
+    lengths = {"pattern": (T, T), "resid_pre": T, "resid_post": T}
+  else:
+    [S, T], stream = map(len, inputs), "decoder."
+    kwargs = {"source_valid_BxS": jnp.arange(pads[0].shape[1])[None] < S}
+    lengths = {"decoder.pattern": (T, T), "decoder.cross_attn.pattern": (T, S), "encoder.pattern": (S, S)}
+    lengths |= {"decoder.resid_pre": T, "decoder.resid_post": T}
+  output, cache = interventions.run_with_cache(model, params, *pads, names=tuple(lengths), **kwargs)
+  points = {}
+  for name, n in lengths.items():
+    x = np.asarray(cache[name][:, 0])
+    points[name] = x[..., : n[0], : n[1]] if isinstance(n, tuple) else x[:, :n]
+  lens = np.asarray(_lens(model, params, cache[stream + "resid_pre"], cache[stream + "resid_post"]))
+  return np.asarray(output[0, :T]), points, lens[:, :T]
+
+
+@functools.partial(jax.jit, static_argnames="model")
+def _lens(model, params, resid_pre_LxBxTxD, resid_post_LxBxTxD):
+  """The logit lens of one sequence's residual stream: the embeddings, then each block's output."""
+  residual_LxTxD = jnp.concatenate([resid_pre_LxBxTxD[:1, 0], resid_post_LxBxTxD[:, 0]])
+  return jax.nn.log_softmax(model.apply({"params": params}, residual_LxTxD, method="output_logits"), axis=-1)
 
 
 def look_inside(model, params, tokenizer, text: str, *, target: str | None = None) -> Inside:
@@ -89,10 +120,9 @@ def look_inside(model, params, tokenizer, text: str, *, target: str | None = Non
       _look_inside_seq2seq(model, params, tokenizer, text, translation), translation=translation
     )
   ids = encode(model, tokenizer, text)
-  logits_TxV, point = _read(model, params, ids)
+  logits_TxV, point, lens = _read(model, params, ids)
   residual = np.concatenate([point["resid_pre"][:1], point["resid_post"]])  # the embeddings, then each block's
-  lens = jax.nn.log_softmax(model.apply({"params": params}, jnp.asarray(residual), method="output_logits"), axis=-1)
-  return Inside(token_texts(tokenizer, ids), point["pattern"], residual, np.asarray(lens), logits_TxV)
+  return Inside(token_texts(tokenizer, ids), point["pattern"], residual, lens, logits_TxV)
 
 
 def _look_inside_seq2seq(model: Transformer, params, tokenizer, source: str, target: str) -> Inside:
@@ -100,14 +130,13 @@ def _look_inside_seq2seq(model: Transformer, params, tokenizer, source: str, tar
   # The decoder's input: its start token (<eot>; Marian's <pad>), then the target's tokens.
   target_ids = [tokenizer.decoder_start_id] + tokenizer.encode_target(target.strip())
   _check_vocabulary(source_ids + target_ids, model.config.vocab_size)
-  logits_TxV, point = _read(model, params, source_ids, target_ids)
+  logits_TxV, point, lens = _read(model, params, source_ids, target_ids)
   residual = np.concatenate([point["decoder.resid_pre"][:1], point["decoder.resid_post"]])
-  lens = jax.nn.log_softmax(model.apply({"params": params}, jnp.asarray(residual), method="output_logits"), axis=-1)
   return Inside(
     token_texts(tokenizer, target_ids),
     point["decoder.pattern"],
     residual,
-    np.asarray(lens),
+    lens,
     logits_TxV,
     token_texts(tokenizer, source_ids),
     point["decoder.cross_attn.pattern"],
