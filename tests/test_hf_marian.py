@@ -177,8 +177,18 @@ def test_banned_tokens_never_appear_in_greedy_or_beam_translations():
   reference = np.load(FIXTURE / "reference.npz")
   sources = [row[mask == 1].tolist() for row, mask in zip(reference["input_ids"], reference["attention_mask"])]
   for beam_size in (1, 4):
+    # Unbanned, the very searches the test above compiled (alpha 1, GNMT's penalty, 24 tokens): one new program each.
     translate = lambda banned: beam_search.translate_ids(
-      Transformer(cfg), params, sources, bos_id=482, eos_id=0, beam_size=beam_size, max_len=24, banned_ids=banned
+      Transformer(cfg),
+      params,
+      sources,
+      bos_id=482,
+      eos_id=0,
+      beam_size=beam_size,
+      alpha=1.0,
+      penalty="gnmt",
+      max_len=24,
+      banned_ids=banned,
     )
     used = {t for row in translate(()) for t in row}
     assert 2 in used and not any(2 in row for row in translate((2,)))

@@ -42,9 +42,9 @@ def test_linear_decay_and_warmup_stable_decay_reach_their_floor_at_the_last_step
 def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
   cfg = GPTConfig().replace(vocab_size=11, max_len=8, num_layers=2, num_heads=2, d_model=8, tie_embeddings=False)
   for scan in (False, True):
-    boxed = jax.jit(GPT(cfg.replace(scan_layers=scan, activation="swiglu")).init)(
-      jax.random.key(0), jnp.zeros((1, 4), jnp.int32)
-    )  # jitted: one compile, not one an op
+    model = GPT(cfg.replace(scan_layers=scan, activation="swiglu"))
+    # The parameters' shapes and axis names, traced without compiling anything.
+    boxed = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
     names = jax.tree.map(lambda x: x.names, boxed["params"], is_leaf=lambda x: isinstance(x, nn.Partitioned))
     dims = jax.tree.map(optim.muon_dimensions, names, is_leaf=lambda x: isinstance(x, tuple))
     block = dims["h"]["layers"] if scan else dims["h"]["layer_0"]
@@ -57,12 +57,17 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
       assert adamw is None
     assert block["attn"]["qkv"]["bias"] is None and block["mlp"]["fc"]["bias"] is None
   # A step moves every parameter; the matrices' updates are orthogonalised (equal singular values).
-  params = nn.unbox(boxed["params"])
   tx = optim.make_optimizer(
     _opt(name="muon", lr=0.1, muon_lr=0.1, warmup_steps=0, schedule="constant"), 10, None, names
   )
-  grads = jax.tree.map(lambda x: jax.random.normal(jax.random.key(1), x.shape), params)
-  updates, _ = jax.jit(tx.update)(grads, tx.init(params), params)
+
+  @jax.jit  # init, random gradients and the update in one program (not op by op)
+  def first_update():
+    params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"])
+    grads = jax.tree.map(lambda x: jax.random.normal(jax.random.key(1), x.shape), params)
+    return tx.update(grads, tx.init(params), params)[0]
+
+  updates = first_update()
   assert all(np.any(u != 0) for u in jax.tree.leaves(updates))
   singular = np.linalg.svd(np.asarray(updates["h"]["layers"]["mlp"]["fc"]["kernel"][0]), compute_uv=False)
   assert singular.max() / singular.min() < 2.0, singular  # Newton-Schulz: roughly orthogonal
