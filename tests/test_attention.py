@@ -7,6 +7,8 @@ And the mechanism registry's promise: an attention mechanism defined outside the
 Press et al. 2022) is one `layers.register_mechanism` call, after which it trains through
 `train_and_evaluate` and decodes through the sampler with the KV cache, unchanged."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -49,9 +51,12 @@ GPT_VARIANTS = {
 }
 
 
+@functools.lru_cache  # each variant initialised once in a test process
 def _gpt(variant: str):
   cfg = GPT_TINY.replace(**GPT_VARIANTS[variant])
   model = GPT(cfg)
+  if variant == "reference":  # the kernels change no parameter: gpt2's, not another compiled init
+    return model, _gpt("gpt2")[1]
   return model, jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
 
 
@@ -102,6 +107,13 @@ def test_a_gpt_document_sees_only_itself_and_padding_changes_nothing(variant):
   assert np.abs(np.asarray(joined[0, -len(doc) - 1 :]) - tails[2]).max() > 1e-4
 
 
+@functools.lru_cache
+def _initialised(model, num_inputs: int):
+  """`model`'s parameters, initialised once in a test process: a model's kernels change none of them,
+  nor do its inputs' lengths, so every test and kernels setting of a model reads the same ones."""
+  return jax.jit(model.init)(jax.random.key(0), *[jnp.zeros((1, 4), jnp.int32)] * num_inputs)
+
+
 @pytest.mark.parametrize("kernels", ["auto", "reference"])
 def test_an_encoders_states_do_not_depend_on_its_padding(kernels):
   cfg = EncoderConfig(vocab_size=40, max_len=16, num_layers=2).replace(
@@ -110,7 +122,7 @@ def test_an_encoders_states_do_not_depend_on_its_padding(kernels):
   model = Encoder(cfg)
   tokens = jnp.array([[5, 6, 7, 8, 0, 0], [5, 6, 7, 8, 9, 9]])
   valid = jnp.arange(6)[None] < 4
-  params = jax.jit(model.init)(jax.random.key(0), tokens)
+  params = _initialised(Encoder(cfg.replace(kernels="reference")), 1)
   with jax.default_matmul_precision("highest"):  # a GPU's default (TF32) products differ by ~1e-3 by shape
     padded = jax.jit(lambda p, t: model.apply(p, t, valid_BxT=jnp.broadcast_to(valid, t.shape)))(params, tokens)
     alone = jax.jit(model.apply)(params, tokens[:1, :4])
@@ -126,7 +138,7 @@ def test_a_translation_decoder_token_never_sees_the_future(kernels):
   model = Transformer(S2S.replace(kernels=kernels))
   source = jnp.array([[3, 4, 5, 6]])
   target_T = jnp.array([1, 5, 6, 7, 8, 9, 10])
-  params = jax.jit(model.init)(jax.random.key(0), source, target_T[None])
+  params = _initialised(Transformer(S2S), 2)
   targets = _future_changed(target_T, S2S.vocab_size)
   _assert_causal(jax.jit(model.apply)(params, jnp.repeat(source, len(targets), 0), targets))
 
@@ -141,7 +153,7 @@ def test_a_packed_sentence_pair_sees_only_itself_and_source_padding_changes_noth
   target = jnp.array([a_tgt + b_tgt, b_tgt + [0, 0, 0], b_tgt + [0, 0, 0]])
   source_segments = jnp.array([[1, 1, 1, 2, 2, 2, 2], [1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0]])
   target_segments = jnp.array([[1, 1, 1, 2, 2, 2, 2], [1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0]])
-  params = jax.jit(model.init)(jax.random.key(0), source[:1], target[:1])
+  params = _initialised(Transformer(S2S), 2)
   apply = jax.jit(
     lambda p, s, t, ss, ts: model.apply(
       p, s, t, source_valid_BxS=ss > 0, source_segments_BxS=ss, target_segments_BxT=ts

@@ -35,13 +35,19 @@ def test_imported_logits_equal_hugging_faces(kernels):
   assert (cfg.sinusoids, cfg.scale_embeddings, cfg.logits_bias, cfg.block.activation) == ("halves", True, True, "swish")
   reference = np.load(FIXTURE / "reference.npz")
   assert not reference["attention_mask"].all()  # the batch has padding
-  logits = Transformer(cfg.replace(kernels=kernels)).apply(
+  logits = _teacher_forced(cfg.replace(kernels=kernels), params, reference)
+  np.testing.assert_allclose(logits, reference["logits"], atol=1e-4)
+
+
+def _teacher_forced(cfg, params, reference) -> np.ndarray:
+  """The logits of the fixture's batch, compiled as one program (not op by op)."""
+  logits = jax.jit(Transformer(cfg).apply)(
     {"params": params},
     jnp.asarray(reference["input_ids"]),
     jnp.asarray(reference["decoder_input_ids"]),
     source_valid_BxS=jnp.asarray(reference["attention_mask"] == 1),
   )
-  np.testing.assert_allclose(logits, reference["logits"], atol=1e-4)
+  return np.asarray(logits)
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])
@@ -207,13 +213,7 @@ def perturbed_export(out_dir) -> tuple:
   params = jax.tree.map(lambda x: x + np.float32(0.01) * rng.standard_normal(x.shape, np.float32), params)
   export_hf_marian(cfg, params, load_tokenizer(FIXTURE), out_dir)
   reference = np.load(FIXTURE / "reference.npz")
-  logits = Transformer(cfg).apply(
-    {"params": params},
-    jnp.asarray(reference["input_ids"]),
-    jnp.asarray(reference["decoder_input_ids"]),
-    source_valid_BxS=jnp.asarray(reference["attention_mask"] == 1),
-  )
-  np.save(Path(out_dir) / "our_logits.npy", np.asarray(logits))
+  np.save(Path(out_dir) / "our_logits.npy", _teacher_forced(cfg, params, reference))
   return cfg, params
 
 
@@ -293,7 +293,8 @@ def test_fine_tuning_starts_from_the_marian_weights_and_refuses_another_model_or
 
   config = experiment.get_config(f"marian={FIXTURE}")
   run, task, _, _ = inference._on_this_machine(tasks.resolve(config), load_tokenizer(FIXTURE))
-  fresh = nn.unbox(task.model.init(jax.random.key(0), *task.init_inputs())["params"])
+  # Shapes only (nothing compiled): every parameter comes from the Marian directory, as the check below says.
+  fresh = nn.unbox(jax.eval_shape(task.model.init, jax.random.key(0), *task.init_inputs())["params"])
   _, imported = import_hf_marian(FIXTURE)
   jax.tree.map(np.testing.assert_array_equal, task.init_params(fresh, None), imported)
   assert (run.model.block.pre_layer_norm, run.model.sinusoids, run.task_config.eval.length_penalty) == (

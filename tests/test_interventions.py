@@ -1,5 +1,6 @@
 """Named points (layers.point) and what reads and changes them (transformer.interventions)."""
 
+import functools
 import json
 import os
 import subprocess
@@ -22,6 +23,7 @@ CFG = GPTConfig().replace(vocab_size=40, max_len=16, num_layers=2, num_heads=2, 
 TOKENS = jnp.array([[3, 7, 1, 9, 4, 4, 12, 5], [8, 2, 2, 6, 11, 3, 1, 0]])
 
 
+@functools.lru_cache  # initialised once per config in a test process (tests copy what they change)
 def _params(cfg=CFG):
   return jax.jit(GPT(cfg).init)(jax.random.key(0), TOKENS)["params"]
 
