@@ -273,7 +273,7 @@ def test_the_probe_verbs_are_library_calls_with_arguments(tokenizer, tmp_path):
   the head scores with an ablation, a logit's shares (summing to it), patching, a word compared."""
   cfg = GPTConfig().replace(vocab_size=tokenizer.vocab_size, max_len=64, num_layers=2, num_heads=2, d_model=32)
   model = GPT(cfg)
-  params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
+  params = nn.unbox(jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
   report = studies.head_scores_and_ablations(model, params, ablate=[(1, 0)], ablation="mean")
   assert report.scores["induction"].shape == (2, 2)
   assert list(report.losses) == ["all heads", "without L1.H0 (mean ablation)"]

@@ -243,11 +243,13 @@ def repeated_random_tokens(vocab_size: int, length: int, batch: int, seed: int =
   copying from the context predicts the second half (Olsson et al. 2022). `ids`: drawn among these
   only (e.g. the tokens that occur in the training text: a byte-level BPE has pieces that no text
   uses, whose embeddings never trained, and a head's pattern on them says little)."""
-  key = jax.random.key(seed)
-  if ids is None:
-    first_BxN = jax.random.randint(key, (batch, length), 0, vocab_size)
-  else:
-    first_BxN = jnp.asarray(ids)[jax.random.randint(key, (batch, length), 0, len(ids))]
+  ids = jnp.arange(vocab_size) if ids is None else jnp.asarray(ids)
+  return _repeated(jax.random.key(seed), ids, batch, length)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _repeated(key, ids, batch: int, length: int) -> jax.Array:
+  first_BxN = ids[jax.random.randint(key, (batch, length), 0, len(ids))]
   return jnp.concatenate([first_BxN, first_BxN], axis=1)
 
 
@@ -257,10 +259,14 @@ def head_scores(model, params, tokens_BxT) -> dict[str, jax.Array]:
   first), the earlier occurrence of the same token (`duplicate_token`, the second copy), and the token
   after that earlier occurrence (`induction`: prefix matching, Olsson et al. 2022). 1: all of the
   head's attention there."""
-  T = tokens_BxT.shape[1]
-  N = T // 2
   _, cache = run_with_cache(model, params, tokens_BxT, names=("pattern",))
-  pattern_LxBxHxTxT = cache["pattern"]
+  return _scores_of(cache["pattern"])
+
+
+@jax.jit  # one program, not an eager op per index and mean
+def _scores_of(pattern_LxBxHxTxT) -> dict[str, jax.Array]:
+  T = pattern_LxBxHxTxT.shape[-1]
+  N = T // 2
   after_first, second = jnp.arange(1, T), jnp.arange(N, T)
   mean_over = lambda to_LxBxHxT: to_LxBxHxT.mean(axis=(1, 3))
   return {
@@ -286,6 +292,11 @@ def next_token_losses(model, params, tokens_BxT, patches: dict | None = None) ->
     logits_BxTxV = run_with_patches(model, params, tokens_BxT, patches=patches)
   else:
     logits_BxTxV, _ = run_with_cache(model, params, tokens_BxT, names=())
+  return _next_token_nll(logits_BxTxV, tokens_BxT)
+
+
+@jax.jit
+def _next_token_nll(logits_BxTxV, tokens_BxT):
   logp_BxTxV = jax.nn.log_softmax(logits_BxTxV[:, :-1].astype(jnp.float32))
   return -jnp.take_along_axis(logp_BxTxV, tokens_BxT[:, 1:, None], -1)[..., 0].mean(0)
 
