@@ -1,6 +1,7 @@
 """Scoring a language model on text (transformer.evaluation): bits per byte computed by hand, windows
 that predict every token once, and the label scores' macro-F1 and confusion table."""
 
+import functools
 import math
 
 import jax
@@ -26,9 +27,14 @@ def gpt2_shaped():
   return GPT(cfg), params, tokenizers.get_tokenizer("gpt2")
 
 
+@functools.partial(jax.jit, static_argnums=0)  # one program a length (eager ops: one each)
+def _forward(model, params, tokens_BxT):
+  return model.apply({"params": params}, tokens_BxT)
+
+
 def _nll_by_hand(model, params, tokens: np.ndarray) -> np.ndarray:
   """-log p(token t | tokens < t) for t = 1 .. len - 1, from one forward pass and numpy's softmax."""
-  logits = np.asarray(model.apply({"params": params}, tokens[None, :-1]), np.float64)[0]
+  logits = np.asarray(_forward(model, params, tokens[None, :-1]), np.float64)[0]
   logits -= logits.max(-1, keepdims=True)
   log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   return -log_probs[np.arange(len(tokens) - 1), tokens[1:]]

@@ -1,6 +1,8 @@
 """Sparse autoencoders (transformer.models.sae): each activation does what its paper says, and a short
 training recovers a planted dictionary of features in superposition."""
 
+import functools
+
 import chex
 import flax.linen as nn
 import jax
@@ -32,6 +34,12 @@ def _sae(activation: str, **changes):
 
 
 X = jax.random.normal(jax.random.key(1), (32, 16))
+
+
+@functools.partial(jax.jit, static_argnums=0, static_argnames="dead_tokens")
+def _grad(sae, params, x, dead_tokens=None):
+  """The SAE loss's gradient, one compiled program (eagerly, every op would compile on its own)."""
+  return jax.grad(lambda p: sae_loss(sae, p, x, dead_tokens=dead_tokens)[0])(params)
 
 
 def test_topk_keeps_exactly_k_latents_a_row():
@@ -68,7 +76,7 @@ def test_since_fired_counts_the_tokens_since_each_latent_last_fired():
 
 def test_jumprelus_threshold_gets_a_gradient_through_its_estimator():
   sae, params = _sae("jumprelu", bandwidth=2.0, initial_threshold=0.5)
-  grads = jax.grad(lambda p: sae_loss(sae, p, X)[0])(params)
+  grads = _grad(sae, params, X)
   assert float(jnp.abs(grads["threshold"]).sum()) > 0
   _, z = sae.apply({"params": params}, X)
   pre = (X - params["b_dec"]) @ params["W_enc"] + params["b_enc"]
@@ -82,7 +90,7 @@ def test_jumprelus_threshold_is_learned_as_itself_and_never_below_zero():
   tx = optax.adam(0.01)
   state = tx.init(params)
   for _ in range(20):
-    grads = jax.grad(lambda p: sae_loss(sae, p, X)[0])(params)
+    grads = _grad(sae, params, X)
     updates, state = tx.update(grads, state, params)
     params = optax.apply_updates(params, updates)
   assert float(jnp.min(params["threshold"])) > 0.15
@@ -91,14 +99,14 @@ def test_jumprelus_threshold_is_learned_as_itself_and_never_below_zero():
   pre = (X - params["b_dec"]) @ params["W_enc"] + params["b_enc"]
   _, z = sae.apply({"params": params}, X)
   np.testing.assert_array_equal(np.asarray(z) > 0, np.asarray(pre) > 0)
-  assert float(jnp.abs(jax.grad(lambda p: sae_loss(sae, p, X)[0])(params)["threshold"]).sum()) > 0
+  assert float(jnp.abs(_grad(sae, params, X)["threshold"]).sum()) > 0
 
 
 @pytest.mark.parametrize("activation", ["topk", "batchtopk", "jumprelu"])
 def test_decoder_rows_are_unit_vectors_after_a_step(activation):
   sae, params = _sae(activation)
   tx = optax.adam(0.1)
-  grads = jax.grad(lambda p: sae_loss(sae, p, X)[0])(params)
+  grads = _grad(sae, params, X)
   params = optax.apply_updates(params, tx.update(grads, tx.init(params), params)[0])
   decoder = sae.apply({"params": params}, method=SAE.decoder)
   np.testing.assert_allclose(np.linalg.norm(np.asarray(decoder), axis=1), 1.0, atol=1e-5)
@@ -116,8 +124,8 @@ def test_auxk_gives_dead_latents_a_gradient():
   sae, params = _sae("topk")
   dead = jnp.arange(64) >= 32
   params = {**params, "since_fired": jnp.where(dead, 1000.0, 0.0)}  # half the latents silent 1000 tokens
-  with_aux = jax.grad(lambda p: sae_loss(sae, p, X, dead_tokens=1000)[0])(params)
-  without = jax.grad(lambda p: sae_loss(sae, p, X)[0])(params)
+  with_aux = _grad(sae, params, X, dead_tokens=1000)
+  without = _grad(sae, params, X)
   _, z = sae.apply({"params": params}, X)
   never_fired = np.flatnonzero((np.asarray(z) == 0).all(0) & np.asarray(dead))
   assert len(never_fired) > 0
@@ -141,8 +149,8 @@ def test_topks_cpu_form_equals_the_reference_and_takes_no_dense_encoder_gradient
   (want, want_parts, want_stats), (got, got_parts, got_stats) = loss(sae)(params), loss(sae_cpu)(params)
   np.testing.assert_allclose(got, want, rtol=1e-6)
   chex.assert_trees_all_close((got_parts, got_stats), (want_parts, want_stats), rtol=1e-6)
-  want_grads = jax.grad(lambda p: loss(sae)(p)[0])(params)
-  got_grads = jax.grad(lambda p: loss(sae_cpu)(p)[0])(params)
+  want_grads = _grad(sae, params, X, dead_tokens=dead_tokens)
+  got_grads = _grad(sae_cpu, params, X, dead_tokens=dead_tokens)
   chex.assert_trees_all_close(got_grads, want_grads, rtol=1e-5, atol=1e-6)
 
   def encoder_gradient_products(sae):
