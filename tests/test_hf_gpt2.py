@@ -23,7 +23,7 @@ NAMES = ["gpt2_tiny_a", "gpt2_tiny_b"]
 
 
 def _logits(cfg, params, ids):
-  return np.asarray(GPT(cfg).apply({"params": params}, ids))
+  return np.asarray(jax.jit(GPT(cfg).apply)({"params": params}, ids))  # one program, not op by op
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """config.task="sae" on the one loop: an SAE on a trained GPT's point (scores, the spliced losses), on
 an array a user brings, resumed bit for bit, and every bad input one error with nothing written. The
-trainings of SAEs on a GPT (scores and resume, feature pages, eight devices, a GPT-2 directory) are in
+trainings of SAEs on a GPT (scores and resume, feature pages, eight devices, a GPT-2 directory) and the
+loop's JumpReLU and BatchTopK thresholds (their mechanisms are test_sae.py's, in the fast tier) are in
 the slow tier, which CI runs all the same."""
 
 import json
@@ -115,6 +116,7 @@ def test_the_tiny_synthetic_preset_reports_its_recovery_of_the_true_features(tmp
   assert 0 < result["mcc"] <= result["mean_max_cosine"] <= 1 and result["l0"] <= 4, result
 
 
+@pytest.mark.slow
 def test_the_loop_learns_jumprelus_threshold_and_sets_batchtopks(tmp_path):
   """JumpReLU's θ is a parameter the optimizer moves; BatchTopK's is a statistic the step sets."""
   thresholds = {}
