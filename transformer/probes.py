@@ -27,6 +27,7 @@ import numpy as np
 from transformer import interventions
 from transformer.errors import UserError
 from transformer.generation import beam_search
+from transformer.generation.common import round_up
 from transformer.models.gpt import GPT
 from transformer.models.seq2seq import Transformer
 
@@ -76,7 +77,7 @@ def _read(model, params, *inputs: list[int]) -> tuple[np.ndarray, dict[str, np.n
   length, or eager ops, would compile each anew."""
   pads = []
   for tokens in inputs:
-    padded = min(-(-len(tokens) // READ_BUCKET) * READ_BUCKET, model.config.max_len)
+    padded = min(round_up(len(tokens), READ_BUCKET), model.config.max_len)
     pads.append(jnp.asarray([list(tokens) + [0] * (padded - len(tokens))], jnp.int32))
   # Each point's real lengths: a block's stream (T), an attention pattern's (queries, keys).
   if isinstance(model, GPT):
