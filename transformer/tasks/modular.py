@@ -386,7 +386,8 @@ def plot_progress(jsonl: Path, png: Path, title: str = "") -> Path:
   weights.legend(loc="center right", fontsize=8)
   if records:
     norms = np.array([r["frequency_norms"] for r in records]).T
-    image = axes[3].imshow(norms, aspect="auto", origin="lower", extent=(steps[0], steps[-1], 0.5, len(norms) + 0.5))
+    last = max(steps[-1], steps[0] + 1)  # one measurement so far: a column of width one step, not zero
+    image = axes[3].imshow(norms, aspect="auto", origin="lower", extent=(steps[0], last, 0.5, len(norms) + 0.5))
     fig.colorbar(image, ax=axes[3])
   axes[3].set(xlabel="step", ylabel="frequency k", title="embedding norm by frequency")
   fig.tight_layout()
