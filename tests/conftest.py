@@ -1,11 +1,15 @@
 """Shared fixtures. Assets are real: fetched once through the registries into the user cache
 ($TRANSFORMER_CACHE, default ~/.cache/transformer) and reused by every test and the main job."""
 
+import functools
 import os
 import shutil
 import sys
 from pathlib import Path
 
+import flax.linen as nn
+import jax
+import numpy as np
 import pytest
 
 from transformer import hostmem
@@ -42,6 +46,132 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
 
 
+# --- XLA compilations, counted per test -----------------------------------------------------------------
+# Most of the fast tier's time is XLA compiling programs (each eager op of a new shape is one), so the
+# count is the number that says what a change costs on any machine. JAX reports every program it hands
+# to the backend (compiled, or read from the persistent cache above) as one `backend_compile` event;
+# each test's setup, call and teardown carry their count to the controller (pytest-xdist workers too).
+# `--compiles` prints the total and the 15 tests that compile most; every run holds each test module's
+# fast-tier count to its budget below, so that the count does not creep back.
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+_compiled = {"programs": 0, "seconds": 0.0, "cache_hits": 0}
+
+
+def _on_duration(event: str, seconds: float, **_):
+  if event == BACKEND_COMPILE_EVENT:
+    _compiled["programs"] += 1
+    _compiled["seconds"] += seconds
+
+
+def _on_event(event: str, **_):
+  if event == CACHE_HIT_EVENT:
+    _compiled["cache_hits"] += 1
+
+
+def pytest_addoption(parser):
+  parser.addoption(
+    "--compiles",
+    action="store_true",
+    help="print the XLA programs compiled (total, and the 15 tests and modules that compile most)",
+  )
+
+
+def pytest_configure(config):
+  import jax.monitoring
+
+  jax.monitoring.register_event_duration_secs_listener(_on_duration)
+  jax.monitoring.register_event_listener(_on_event)
+  config._compiles = {}  # nodeid -> [programs, seconds, cache hits, slow]
+  config._compiles_seen = dict(_compiled)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+  report = (yield).get_result()
+  seen = item.config._compiles_seen
+  report.user_properties.append(("xla", [_compiled[k] - seen[k] for k in ("programs", "seconds", "cache_hits")]))
+  item.config._compiles_seen = dict(_compiled)
+
+
+def pytest_runtest_logreport(report):
+  config = _config[0]
+  if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller adds it up
+    return
+  for name, (programs, seconds, hits) in report.user_properties:
+    if name == "xla":
+      entry = config._compiles.setdefault(report.nodeid, [0, 0.0, 0, "slow" in report.keywords])
+      entry[0] += programs
+      entry[1] += seconds
+      entry[2] += hits
+
+
+_config = []
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session):
+  _config[:] = [session.config]
+
+
+def _by_module(compiles: dict, fast_only: bool) -> dict:
+  modules = {}
+  for nodeid, (programs, _, _, slow) in compiles.items():
+    if not (fast_only and slow):
+      module = nodeid.split("::")[0].rsplit("/", 1)[-1]
+      modules[module] = modules.get(module, 0) + programs
+  return modules
+
+
+def _over_budget(config) -> list[str]:
+  return [
+    f"{module}: {programs} XLA programs in the fast tier, over its budget of {COMPILE_BUDGET.get(module, DEFAULT_COMPILE_BUDGET)}"
+    for module, programs in sorted(_by_module(config._compiles, fast_only=True).items())
+    if programs > COMPILE_BUDGET.get(module, DEFAULT_COMPILE_BUDGET)
+  ]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
+  if not hasattr(session.config, "workerinput") and _over_budget(session.config) and exitstatus == 0:
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+  compiles = config._compiles
+  if hasattr(config, "workerinput") or not compiles:
+    return
+  write = terminalreporter.write_line
+  if config.getoption("--compiles"):
+    programs = sum(c[0] for c in compiles.values())
+    seconds = sum(c[1] for c in compiles.values())
+    hits = sum(c[2] for c in compiles.values())
+    fast = sum(c[0] for c in compiles.values() if not c[3])
+    terminalreporter.section("XLA compilations")
+    write(
+      f"{programs} programs ({fast} in tests not marked slow), {seconds:.1f} s compiling, "
+      f"{hits} of them read from the persistent cache"
+    )
+    write("the 15 tests that compile most:")
+    for nodeid, (n, s, _, _) in sorted(compiles.items(), key=lambda kv: -kv[1][0])[:15]:
+      write(f"  {n:5d} programs {s:6.1f} s  {nodeid}")
+    write("by module (fast tier / budget):")
+    fast_modules = _by_module(compiles, fast_only=True)
+    for module, n in sorted(_by_module(compiles, fast_only=False).items(), key=lambda kv: -kv[1])[:15]:
+      budget = COMPILE_BUDGET.get(module, DEFAULT_COMPILE_BUDGET)
+      write(f"  {n:5d} programs, {fast_modules.get(module, 0):5d} / {budget:4d} fast  {module}")
+  for line in _over_budget(config):
+    terminalreporter.write_line(f"FAILED compile budget: {line} (tests/conftest.py COMPILE_BUDGET)", red=True)
+
+
+# Each test module's budget of XLA programs in the fast tier, as one pytest run counts them (a
+# module's tests split over the two xdist workers compile what they share twice). A module over its
+# budget fails the run: share the programs (session fixtures, one config a module, compiled forward
+# passes instead of eager ops) or move a real training to the slow tier, before raising a number.
+DEFAULT_COMPILE_BUDGET = 40
+COMPILE_BUDGET: dict[str, int] = {}
+
+
 @pytest.fixture(scope="session")
 def shakespeare_dir():
   from transformer import assets
@@ -52,6 +182,47 @@ def shakespeare_dir():
 @pytest.fixture(scope="session")
 def shakespeare_text(shakespeare_dir):
   return "".join(p.read_text() for p in sorted(shakespeare_dir.iterdir()))
+
+
+# --- models run as compiled programs ------------------------------------------------------------------
+# A model's `init` or `apply` called eagerly compiles every op of every new shape on its own (a tiny
+# seq2seq's init: ~150 programs, 3.2 s cold; compiled: one program, 1.3 s); these compile it once per
+# module (its config) and shapes, and every test in the process that asks again reuses the program.
+
+
+def _is_traced(value) -> bool:
+  leaves = jax.tree.leaves(value)
+  return bool(leaves) and all(isinstance(leaf, (jax.Array, np.ndarray, np.generic)) for leaf in leaves)
+
+
+def compiled_init(module, *args, seed: int = 0, **kwargs):
+  """`module.init(jax.random.key(seed), *args, **kwargs)["params"]`, unboxed (the logical axis names
+  dropped), as one compiled program."""
+  return _init(module, seed, *args, **kwargs)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _init(module, seed, *args, **kwargs):
+  return nn.unbox(module.init(jax.random.key(seed), *args, **kwargs)["params"])
+
+
+def compiled_apply(module, variables, *args, **kwargs):
+  """`module.apply(variables, *args, **kwargs)` as one compiled program: the arguments that are arrays
+  (or trees of them: params, rngs) are traced, the others (flags, `method=`) are part of the program."""
+  static = tuple((i, a) for i, a in enumerate(args) if not _is_traced(a))
+  static_kw = tuple(sorted((k, v) for k, v in kwargs.items() if not _is_traced(v)))
+  traced = tuple(a for a in args if _is_traced(a))
+  traced_kw = {k: v for k, v in kwargs.items() if _is_traced(v)}
+  return _apply(module, static, static_kw, variables, traced, traced_kw)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _apply(module, static, static_kw, variables, traced, traced_kw):
+  args, traced = [], list(traced)
+  fixed = dict(static)
+  for i in range(len(static) + len(traced)):
+    args.append(fixed[i] if i in fixed else traced.pop(0))
+  return module.apply(variables, *args, **dict(static_kw), **traced_kw)
 
 
 def run_module(module: str, *args: str, env: dict | None = None, timeout: float = 300, stdin: str | None = None):

@@ -27,13 +27,21 @@ from transformer.models.sae import (
 
 
 def _sae(activation: str, **changes):
-  cfg = SAEConfig(d_in=16, d_sae=64, activation=activation, k=4, **changes).check()
-  sae = SAE(cfg)
-  params = nn.unbox(sae.init(jax.random.key(0), jnp.zeros((2, 16)))["params"])
-  return sae, params
+  sae = SAE(SAEConfig(d_in=16, d_sae=64, activation=activation, k=4, **changes).check())
+  return sae, _init(sae)
 
 
-X = jax.random.normal(jax.random.key(1), (32, 16))
+# The tests' SAE programs, each compiled once per SAE config and shapes (eagerly, every op of the
+# init, the forward pass and the loss compiles on its own); the tests' own arithmetic is NumPy's.
+@functools.partial(jax.jit, static_argnums=0)
+def _init(sae):
+  return nn.unbox(sae.init(jax.random.key(0), jnp.zeros((2, sae.config.d_in)))["params"])
+
+
+_apply = jax.jit(lambda sae, params, x, train=False: sae.apply({"params": params}, x, train), static_argnums=(0, 3))
+_decoder = jax.jit(lambda sae, params: sae.apply({"params": params}, method=SAE.decoder), static_argnums=0)
+_loss = jax.jit(sae_loss, static_argnums=0, static_argnames="dead_tokens")
+X = np.asarray(jax.random.normal(jax.random.key(1), (32, 16)))
 
 
 @functools.partial(jax.jit, static_argnums=0, static_argnames="dead_tokens")
@@ -42,44 +50,56 @@ def _grad(sae, params, x, dead_tokens=None):
   return jax.grad(lambda p: sae_loss(sae, p, x, dead_tokens=dead_tokens)[0])(params)
 
 
+def _adam(sae, params, lr: float, steps: int):
+  """`steps` of Adam at `lr` on the SAE loss of X, as one compiled program."""
+  tx = optax.adam(lr)
+
+  def step(_, carry):
+    params, state = carry
+    updates, state = tx.update(_grad(sae, params, X), state, params)
+    return optax.apply_updates(params, updates), state
+
+  return jax.jit(lambda params: jax.lax.fori_loop(0, steps, step, (params, tx.init(params)))[0])(params)
+
+
 def test_topk_keeps_exactly_k_latents_a_row():
   sae, params = _sae("topk")
-  params = {**params, "b_enc": params["b_enc"] + 10.0}  # every pre-activation positive
-  _, z = sae.apply({"params": params}, X)
+  params = {**params, "b_enc": np.asarray(params["b_enc"]) + 10.0}  # every pre-activation positive
+  _, z = _apply(sae, params, X)
   np.testing.assert_array_equal(np.sum(np.asarray(z) > 0, -1), 4)
 
 
 def test_batchtopk_keeps_k_times_the_batch_and_its_threshold_does_the_same_at_inference():
   sae, params = _sae("batchtopk")
-  params = {**params, "b_enc": params["b_enc"] + 10.0}
-  _, z = sae.apply({"params": params}, X, True)
+  params = {**params, "b_enc": np.asarray(params["b_enc"]) + 10.0}
+  _, z = _apply(sae, params, X, True)
   assert int(np.sum(np.asarray(z) > 0)) == 4 * 32
   assert len(set(np.sum(np.asarray(z) > 0, -1).tolist())) > 1  # k a row on average, not each row
   calibrated = calibrate(sae, params, X)
-  _, z_inference = sae.apply({"params": calibrated}, X)
+  _, z_inference = _apply(sae, calibrated, X)
   np.testing.assert_array_equal(np.asarray(z_inference) > 0, np.asarray(z) > 0)
   # Training keeps the same threshold as statistics, a moving average from the first batch's.
-  _, _, stats = sae_loss(sae, params, X)
+  _, _, stats = _loss(sae, params, X)
   np.testing.assert_allclose(stats["threshold"], calibrated["threshold"])
-  _, _, again = sae_loss(sae, {**params, **stats}, X * 2)
+  _, _, again = _loss(sae, {**params, **stats}, X * 2)
   smallest_kept_on_2x = calibrate(sae, params, X * 2)["threshold"]
   np.testing.assert_allclose(again["threshold"], 0.99 * stats["threshold"] + 0.01 * smallest_kept_on_2x, rtol=1e-5)
 
 
 def test_since_fired_counts_the_tokens_since_each_latent_last_fired():
   sae, params = _sae("topk")
-  _, z = sae.apply({"params": params}, X)
-  params = {**params, "since_fired": jnp.full((64,), 100.0)}
-  _, _, stats = sae_loss(sae, params, X)
+  _, z = _apply(sae, params, X)
+  params = {**params, "since_fired": np.full((64,), 100.0, np.float32)}
+  _, _, stats = _loss(sae, params, X)
   np.testing.assert_array_equal(stats["since_fired"], np.where(np.asarray(z > 0).any(0), 0.0, 132.0))
 
 
 def test_jumprelus_threshold_gets_a_gradient_through_its_estimator():
   sae, params = _sae("jumprelu", bandwidth=2.0, initial_threshold=0.5)
   grads = _grad(sae, params, X)
-  assert float(jnp.abs(grads["threshold"]).sum()) > 0
-  _, z = sae.apply({"params": params}, X)
-  pre = (X - params["b_dec"]) @ params["W_enc"] + params["b_enc"]
+  assert float(np.abs(grads["threshold"]).sum()) > 0
+  _, z = _apply(sae, params, X)
+  pre = _pre_activations(params)
   np.testing.assert_array_equal(np.asarray(z) > 0, np.asarray(pre) > 0.5)
 
 
@@ -87,46 +107,44 @@ def test_jumprelus_threshold_is_learned_as_itself_and_never_below_zero():
   # Adam moves a parameter about lr a step: θ itself, not log θ (which from 0.01 would move θ by
   # about 0.01·lr a step), so the L0 penalty can lift it to the pre-activations' scale.
   sae, params = _sae("jumprelu", bandwidth=10.0, initial_threshold=0.01, l0_coefficient=100.0)
-  tx = optax.adam(0.01)
-  state = tx.init(params)
-  for _ in range(20):
-    grads = _grad(sae, params, X)
-    updates, state = tx.update(grads, state, params)
-    params = optax.apply_updates(params, updates)
-  assert float(jnp.min(params["threshold"])) > 0.15
+  params = _adam(sae, params, lr=0.01, steps=20)
+  assert float(np.min(params["threshold"])) > 0.15
   # A raw θ below zero acts as 0 and still receives the estimator's gradient.
-  params = {**params, "threshold": jnp.full((64,), -1.0)}
-  pre = (X - params["b_dec"]) @ params["W_enc"] + params["b_enc"]
-  _, z = sae.apply({"params": params}, X)
+  params = {**params, "threshold": np.full((64,), -1.0, np.float32)}
+  pre = _pre_activations(params)
+  _, z = _apply(sae, params, X)
   np.testing.assert_array_equal(np.asarray(z) > 0, np.asarray(pre) > 0)
-  assert float(jnp.abs(_grad(sae, params, X)["threshold"]).sum()) > 0
+  assert float(np.abs(_grad(sae, params, X)["threshold"]).sum()) > 0
+
+
+def _pre_activations(params):
+  p = {name: np.asarray(value) for name, value in params.items()}
+  return (X - p["b_dec"]) @ p["W_enc"] + p["b_enc"]
 
 
 @pytest.mark.parametrize("activation", ["topk", "batchtopk", "jumprelu"])
 def test_decoder_rows_are_unit_vectors_after_a_step(activation):
   sae, params = _sae(activation)
-  tx = optax.adam(0.1)
-  grads = _grad(sae, params, X)
-  params = optax.apply_updates(params, tx.update(grads, tx.init(params), params)[0])
-  decoder = sae.apply({"params": params}, method=SAE.decoder)
+  params = _adam(sae, params, lr=0.1, steps=1)
+  decoder = _decoder(sae, params)
   np.testing.assert_allclose(np.linalg.norm(np.asarray(decoder), axis=1), 1.0, atol=1e-5)
 
 
 def test_relu_weighs_its_l1_penalty_by_the_decoder_norms():
   sae, params = _sae("relu", l1_coefficient=1.0)
-  doubled = {**params, "W_dec": params["W_dec"] * 2}
-  _, plain, _ = sae_loss(sae, params, X)
-  _, scaled, _ = sae_loss(sae, doubled, X)
+  doubled = {**params, "W_dec": np.asarray(params["W_dec"]) * 2}
+  _, plain, _ = _loss(sae, params, X)
+  _, scaled, _ = _loss(sae, doubled, X)
   np.testing.assert_allclose(scaled["l1"], 2 * plain["l1"], rtol=1e-5)
 
 
 def test_auxk_gives_dead_latents_a_gradient():
   sae, params = _sae("topk")
-  dead = jnp.arange(64) >= 32
-  params = {**params, "since_fired": jnp.where(dead, 1000.0, 0.0)}  # half the latents silent 1000 tokens
+  dead = np.arange(64) >= 32
+  params = {**params, "since_fired": np.where(dead, 1000.0, 0.0).astype(np.float32)}  # half silent 1000 tokens
   with_aux = _grad(sae, params, X, dead_tokens=1000)
   without = _grad(sae, params, X)
-  _, z = sae.apply({"params": params}, X)
+  _, z = _apply(sae, params, X)
   never_fired = np.flatnonzero((np.asarray(z) == 0).all(0) & np.asarray(dead))
   assert len(never_fired) > 0
   assert np.abs(np.asarray(without["W_enc"])[:, never_fired]).sum() == 0
@@ -140,13 +158,10 @@ def test_topks_cpu_form_equals_the_reference_and_takes_no_dense_encoder_gradient
   inputs with an N x S matrix (the reference's jaxpr has one such D x S product, the CPU form's none
   outside AuxK's branch)."""
   (sae, params), (sae_cpu, _) = _sae("topk", kernels="reference"), _sae("topk", kernels="cpu")
-  params = {**params, "b_dec": jnp.linspace(-0.5, 0.5, 16), "input_scale": jnp.asarray(1.5)}
-  params["since_fired"] = jnp.where(jnp.arange(64) >= 32, 1000.0, 0.0)
-
-  def loss(sae):
-    return lambda p: sae_loss(sae, p, X, dead_tokens=dead_tokens)
-
-  (want, want_parts, want_stats), (got, got_parts, got_stats) = loss(sae)(params), loss(sae_cpu)(params)
+  params = {**params, "b_dec": np.linspace(-0.5, 0.5, 16, dtype=np.float32), "input_scale": np.float32(1.5)}
+  params["since_fired"] = np.where(np.arange(64) >= 32, 1000.0, 0.0).astype(np.float32)
+  want, want_parts, want_stats = _loss(sae, params, X, dead_tokens=dead_tokens)
+  got, got_parts, got_stats = _loss(sae_cpu, params, X, dead_tokens=dead_tokens)
   np.testing.assert_allclose(got, want, rtol=1e-6)
   chex.assert_trees_all_close((got_parts, got_stats), (want_parts, want_stats), rtol=1e-6)
   want_grads = _grad(sae, params, X, dead_tokens=dead_tokens)
@@ -166,7 +181,7 @@ def _train_on_planted(cfg: SAEConfig, source: Superposition, *, scale_inputs: bo
   """Adam 1e-2 on 256 rows a step of `source` (scaled as the sae task scales them, b_dec at their
   geometric median, where `scale_inputs`); the trained SAE and its params."""
   sae = SAE(cfg)
-  params = nn.unbox(sae.init(jax.random.key(0), jnp.zeros((2, cfg.d_in)))["params"])
+  params = _init(sae)
   if scale_inputs:
     rows = source.batch(99_999, 2048)
     params["input_scale"] = jnp.asarray(norm_scale(rows), jnp.float32)
@@ -194,11 +209,11 @@ def test_a_short_training_recovers_a_planted_dictionary():
   sae, params = _train_on_planted(
     SAEConfig(d_in=12, d_sae=48, activation="topk", k=3).check(), source, scale_inputs=False
   )
-  decoder = sae.apply({"params": params}, method=SAE.decoder)
+  decoder = _decoder(sae, params)
   found = recovery(np.asarray(decoder), source.directions_FxD)
   assert found["mcc"] >= 0.9 and found["recovered"] >= 0.9, found
-  x = jnp.asarray(source.batch(10_000, 1024))
-  x_hat, z = sae.apply({"params": params}, x)
+  x = np.asarray(source.batch(10_000, 1024))
+  x_hat, z = _apply(sae, params, x)
   s = scores(x, x_hat, z)
   assert s["l0"] <= 3 and s["explained_variance"] > 0.8, s
 
@@ -212,10 +227,10 @@ def test_jumprelu_started_sparse_recovers_a_planted_dictionary():
   source = Superposition(num_features=24, d=12, density=0.04, seed=3)
   cfg = SAEConfig(d_in=12, d_sae=48, activation="jumprelu", initial_threshold=0.5, l0_coefficient=3.0).check()
   sae, params = _train_on_planted(cfg, source, scale_inputs=True)
-  found = recovery(np.asarray(sae.apply({"params": params}, method=SAE.decoder)), source.directions_FxD)
+  found = recovery(np.asarray(_decoder(sae, params)), source.directions_FxD)
   assert found["mcc"] >= 0.9 and found["recovered"] >= 0.9, found
-  x = jnp.asarray(source.batch(10_000, 1024))
-  x_hat, z = sae.apply({"params": params}, x)
+  x = np.asarray(source.batch(10_000, 1024))
+  x_hat, z = _apply(sae, params, x)
   s = scores(x, x_hat, z)
   assert s["l0"] <= 1.5 and s["explained_variance"] > 0.9, s  # ~1 feature a row (24 x 0.04)
 
@@ -231,8 +246,8 @@ def test_bad_configs_are_one_clear_error():
 
 def test_the_decoder_bias_starts_at_the_mean_or_the_geometric_median():
   sae, params = _sae("topk")
-  x = jnp.concatenate([jnp.zeros((20, 16)), jnp.full((1, 16), 100.0)])  # one outlier
+  x = np.concatenate([np.zeros((20, 16)), np.full((1, 16), 100.0)])  # one outlier
   np.testing.assert_allclose(init_decoder_bias(params, x)["b_dec"], 100 / 21, rtol=1e-5)
-  assert float(jnp.abs(init_decoder_bias(params, x, "geometric_median")["b_dec"]).max()) < 0.1
+  assert float(np.abs(init_decoder_bias(params, x, "geometric_median")["b_dec"]).max()) < 0.1
   np.testing.assert_allclose(norm_scale(np.full((4, 16), 2.0)), 0.5, rtol=1e-6)  # mean norm 8 -> √16
-  np.testing.assert_array_equal(latent_density(jnp.array([[0.0, 1.0], [0.0, 2.0]])), [0.0, 1.0])
+  np.testing.assert_array_equal(latent_density(np.array([[0.0, 1.0], [0.0, 2.0]])), [0.0, 1.0])

@@ -11,14 +11,23 @@ from transformer.errors import ConfigError
 from transformer.models import seq2seq
 from transformer.models.seq2seq import Transformer
 
+from conftest import compiled_apply, compiled_init
+
 CFG = seq2seq.preset("cpu-tiny", vocab_size=50, dropout_rate=0.0)
-SRC = jnp.array([[3, 4, 5, 6, 0, 0], [7, 8, 9, 10, 11, 12]])
+SRC = np.array([[3, 4, 5, 6, 0, 0], [7, 8, 9, 10, 11, 12]], np.int32)
 VALID = SRC != 0
-TGT = jnp.array([[1, 5, 6, 7, 8], [1, 2, 3, 4, 9]])
+TGT = np.array([[1, 5, 6, 7, 8], [1, 2, 3, 4, 9]], np.int32)
+
+
+def _set(tokens, index, value):
+  """A copy of `tokens` with `tokens[index] = value` (NumPy: no program compiled for it)."""
+  tokens = tokens.copy()
+  tokens[index] = value
+  return tokens
 
 
 def _params(cfg=CFG, seed=0):
-  return nn.unbox(Transformer(cfg).init(jax.random.key(seed), SRC, TGT, source_valid_BxS=VALID)["params"])
+  return compiled_init(Transformer(cfg), SRC, TGT, seed=seed, source_valid_BxS=VALID)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +53,7 @@ def params():
 def test_shapes_and_variants(changes):
   cfg = CFG.replace(**changes)
   params = _params(cfg)
-  logits_BxTxV = Transformer(cfg).apply({"params": params}, SRC, TGT, source_valid_BxS=VALID)
+  logits_BxTxV = compiled_apply(Transformer(cfg), {"params": params}, SRC, TGT, source_valid_BxS=VALID)
   chex.assert_shape(logits_BxTxV, (2, 5, 50))
   chex.assert_tree_all_finite(logits_BxTxV)
   names = {"/".join(map(str, p)) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]}
@@ -68,7 +77,7 @@ class VariantsTest(chex.TestCase):
   @chex.variants(with_jit=True, without_jit=True)
   def test_jit_and_no_jit_agree_and_dropout_is_a_call_argument(self):
     cfg = CFG.replace(dropout_rate=0.3)
-    params = _params(cfg)
+    params = _params()  # dropout has no parameters: CFG's
     apply = self.variant(
       lambda p, rng, train: Transformer(cfg).apply(
         {"params": p}, SRC, TGT, source_valid_BxS=VALID, deterministic=not train, rngs={"dropout": rng}
@@ -78,7 +87,7 @@ class VariantsTest(chex.TestCase):
     evaluated = apply(params, jax.random.key(1), False)
     chex.assert_shape(evaluated, (2, 5, 50))
     np.testing.assert_allclose(
-      evaluated, Transformer(cfg).apply({"params": params}, SRC, TGT, source_valid_BxS=VALID), atol=1e-5
+      evaluated, compiled_apply(Transformer(cfg), {"params": params}, SRC, TGT, source_valid_BxS=VALID), atol=1e-5
     )
     trained = apply(params, jax.random.key(1), True)  # the same module, dropout on
     chex.assert_tree_all_finite(trained)
@@ -91,22 +100,22 @@ def test_marians_variants_are_what_they_say(params):
   interleaved_LxD = seq2seq.layers.sinusoidal_positions(16, 8)
   halves_LxD = seq2seq.layers.sinusoidal_positions(16, 8, "halves")
   np.testing.assert_array_equal(halves_LxD, np.concatenate([interleaved_LxD[:, 0::2], interleaved_LxD[:, 1::2]], 1))
-  plain = Transformer(CFG).apply({"params": params}, SRC, TGT, source_valid_BxS=VALID)
+  plain = compiled_apply(Transformer(CFG), {"params": params}, SRC, TGT, source_valid_BxS=VALID)
   for changes in ({"sinusoids": "halves"}, {"scale_embeddings": False}):
-    changed = Transformer(CFG.replace(**changes)).apply({"params": params}, SRC, TGT, source_valid_BxS=VALID)
-    assert np.abs(np.asarray(changed - plain)).max() > 1e-3, changes
+    changed = compiled_apply(Transformer(CFG.replace(**changes)), {"params": params}, SRC, TGT, source_valid_BxS=VALID)
+    assert np.abs(np.asarray(changed) - np.asarray(plain)).max() > 1e-3, changes
   biased = CFG.replace(logits_bias=True)
-  bias_V = jnp.zeros(50).at[7].set(3.0)
-  logits = Transformer(biased).apply(
-    {"params": {**params, "final_logits_bias": bias_V}}, SRC, TGT, source_valid_BxS=VALID
+  bias_V = _set(np.zeros(50, np.float32), 7, 3.0)
+  logits = compiled_apply(
+    Transformer(biased), {"params": {**params, "final_logits_bias": bias_V}}, SRC, TGT, source_valid_BxS=VALID
   )
-  np.testing.assert_allclose(logits - plain, jnp.broadcast_to(bias_V, plain.shape), atol=1e-5)
+  np.testing.assert_allclose(np.asarray(logits) - np.asarray(plain), np.broadcast_to(bias_V, plain.shape), atol=1e-5)
   with pytest.raises(ConfigError, match="unknown sinusoids 'shuffled'; choose one of interleaved, halves"):
     CFG.replace(sinusoids="shuffled").check()
 
 
 def test_every_parameter_has_logical_axis_names():
-  boxed = Transformer(CFG).init(jax.random.key(0), SRC, TGT, source_valid_BxS=VALID)["params"]
+  boxed = jax.eval_shape(lambda: Transformer(CFG).init(jax.random.key(0), SRC, TGT, source_valid_BxS=VALID))["params"]
   leaves = jax.tree.leaves(boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
   assert leaves and all(isinstance(x, nn.Partitioned) for x in leaves)
 
@@ -114,33 +123,34 @@ def test_every_parameter_has_logical_axis_names():
 @pytest.mark.slow
 def test_source_padding_does_not_change_outputs(params):
   model = Transformer(CFG)
-  padded = model.apply({"params": params}, SRC, TGT, source_valid_BxS=VALID)[0]
-  alone = model.apply({"params": params}, SRC[:1, :4], TGT[:1])[0]
+  padded = compiled_apply(model, {"params": params}, SRC, TGT, source_valid_BxS=VALID)[0]
+  alone = compiled_apply(model, {"params": params}, SRC[:1, :4], TGT[:1])[0]
   np.testing.assert_allclose(padded, alone, atol=1e-5)
   # Different padding tokens in the padded slots: still the same.
-  other = model.apply({"params": params}, SRC.at[0, 4:].set(17), TGT, source_valid_BxS=VALID)[0]
+  other = compiled_apply(model, {"params": params}, _set(SRC, (0, slice(4, None)), 17), TGT, source_valid_BxS=VALID)[0]
   np.testing.assert_allclose(other, padded, atol=1e-6)
 
 
 def test_decoder_is_causal(params):
   model = Transformer(CFG)
-  base = model.apply({"params": params}, SRC, TGT, source_valid_BxS=VALID)
-  changed = model.apply({"params": params}, SRC, TGT.at[:, 3].set(40), source_valid_BxS=VALID)
+  base = compiled_apply(model, {"params": params}, SRC, TGT, source_valid_BxS=VALID)
+  changed = compiled_apply(model, {"params": params}, SRC, _set(TGT, (slice(None), 3), 40), source_valid_BxS=VALID)
   np.testing.assert_allclose(changed[:, :3], base[:, :3], atol=1e-6)
-  assert np.abs(np.asarray(changed[:, 3:] - base[:, 3:])).max() > 1e-3
+  assert np.abs(np.asarray(changed)[:, 3:] - np.asarray(base)[:, 3:]).max() > 1e-3
 
 
 def test_changing_the_source_changes_the_output(params):
   model = Transformer(CFG)
-  base = model.apply({"params": params}, SRC, TGT, source_valid_BxS=VALID)
-  changed = model.apply({"params": params}, SRC.at[1, 2].set(30), TGT, source_valid_BxS=VALID)
-  assert np.abs(np.asarray(changed[1] - base[1])).max() > 1e-3  # cross-attention is wired
+  base = compiled_apply(model, {"params": params}, SRC, TGT, source_valid_BxS=VALID)
+  changed = compiled_apply(model, {"params": params}, _set(SRC, (1, 2), 30), TGT, source_valid_BxS=VALID)
+  assert np.abs(np.asarray(changed)[1] - np.asarray(base)[1]).max() > 1e-3  # cross-attention is wired
   np.testing.assert_allclose(changed[0], base[0], atol=1e-6)  # and per example
 
 
 def test_source_word_dropout_drops_whole_source_tokens_in_training_only(params):
   model = Transformer(CFG.replace(source_word_dropout=0.5))
-  run = lambda src, deterministic, seed=0: model.apply(
+  run = lambda src, deterministic, seed=0: compiled_apply(
+    model,
     {"params": params},
     src,
     TGT,
@@ -148,15 +158,15 @@ def test_source_word_dropout_drops_whole_source_tokens_in_training_only(params):
     deterministic=deterministic,
     rngs={"dropout": jax.random.key(seed)},
   )
-  plain = Transformer(CFG).apply({"params": params}, SRC, TGT, source_valid_BxS=VALID)
+  plain = compiled_apply(Transformer(CFG), {"params": params}, SRC, TGT, source_valid_BxS=VALID)
   np.testing.assert_array_equal(run(SRC, True), plain)  # evaluation and decoding: no dropout
   assert not np.allclose(run(SRC, False), plain)
   # A dropped token is gone, whatever it was: with every token dropped the source's ids do not matter.
   gone = Transformer(CFG.replace(source_word_dropout=0.999999))
-  apply = lambda src: gone.apply(
-    {"params": params}, src, TGT, source_valid_BxS=VALID, deterministic=False, rngs={"dropout": jax.random.key(1)}
+  apply = lambda src: compiled_apply(
+    gone, {"params": params}, src, TGT, source_valid_BxS=VALID, deterministic=False, rngs={"dropout": jax.random.key(1)}
   )
-  np.testing.assert_allclose(apply(SRC), apply(jnp.where(VALID, SRC + 1, 0)), atol=1e-5)
+  np.testing.assert_allclose(apply(SRC), apply(np.where(VALID, SRC + 1, 0)), atol=1e-5)
   with pytest.raises(ConfigError, match=r"source_word_dropout must be in \[0, 1\)"):
     CFG.replace(source_word_dropout=1.0).check()
   with pytest.raises(ConfigError, match="num_decoder_layers must be >= 0"):
@@ -171,7 +181,7 @@ def test_bad_config_and_lengths():
   with pytest.raises(ConfigError, match="vocab_size must be positive"):
     seq2seq.preset("transformer_base")
   with pytest.raises(ConfigError, match="a source of 40 tokens is longer than max_len=32"):
-    Transformer(CFG).init(jax.random.key(0), jnp.zeros((1, 40), jnp.int32), TGT[:1])
+    jax.eval_shape(Transformer(CFG).init, jax.random.key(0), jnp.zeros((1, 40), jnp.int32), TGT[:1])
 
 
 def test_presets_have_the_papers_sizes():

@@ -304,12 +304,13 @@ def _aux_k(sae: SAE, pre_NxS, x_NxD, error_NxD, dead_S) -> jax.Array:
   return jax.lax.cond(dead_S.any(), aux, lambda *_: jnp.zeros((), error_NxD.dtype), x_NxD, error_NxD)
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def calibrate(sae: SAE, params, x_NxD) -> dict:
   """BatchTopK's inference threshold from one batch of training activations, at once: the smallest
   activation the batch selection keeps, so that a row keeps what it would in that batch (Bussmann
   et al.). Training keeps a moving average of the same (`sae_loss`)."""
   if sae.config.activation != "batchtopk":
-    return params
+    return dict(params)
   _, z_NxS = sae.apply({"params": params}, x_NxD, True)
   smallest_kept = jnp.min(jnp.where(z_NxS > 0, z_NxS, jnp.inf))
   return {**params, "threshold": jnp.full_like(params["threshold"], smallest_kept)}
@@ -318,15 +319,21 @@ def calibrate(sae: SAE, params, x_NxD) -> dict:
 def init_decoder_bias(params, x_NxD, how: str = "mean", iterations: int = 50) -> dict:
   """b_dec set to the activations' mean, or to their geometric median (Weiszfeld's iterations: the
   point nearest all rows, which outliers move less; Bricken et al.)."""
-  x_NxD = jnp.asarray(x_NxD, jnp.float32)
-  centre_D = x_NxD.mean(0)
-  if how == "geometric_median":
-    for _ in range(iterations):
-      weights_N = 1.0 / jnp.maximum(jnp.linalg.norm(x_NxD - centre_D, axis=1), 1e-8)
-      centre_D = (weights_N[:, None] * x_NxD).sum(0) / weights_N.sum()
-  elif how != "mean":
+  if how not in ("mean", "geometric_median"):
     raise ValueError(f"b_dec from {how!r}: use 'mean' or 'geometric_median'")
+  centre_D = _centre(jnp.asarray(x_NxD, jnp.float32), iterations if how == "geometric_median" else 0)
   return {**params, "b_dec": centre_D.astype(params["b_dec"].dtype)}
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _centre(x_NxD, iterations: int) -> jax.Array:
+  """The rows' mean moved by `iterations` of Weiszfeld's (0: the mean), one compiled program."""
+
+  def weiszfeld(_, centre_D):
+    weights_N = 1.0 / jnp.maximum(jnp.linalg.norm(x_NxD - centre_D, axis=1), 1e-8)
+    return (weights_N[:, None] * x_NxD).sum(0) / weights_N.sum()
+
+  return jax.lax.fori_loop(0, iterations, weiszfeld, x_NxD.mean(0))
 
 
 def norm_scale(x_NxD) -> float:
@@ -340,21 +347,23 @@ def norm_scale(x_NxD) -> float:
 def latent_density(z_NxS) -> np.ndarray:
   """Each latent's firing frequency over these rows: 0 is dead (SAELens counts a latent dead that has
   not fired in its window of tokens), above 0.1 dense."""
-  return np.asarray(jnp.mean(z_NxS > 0, axis=0))
+  return np.mean(np.asarray(z_NxS) > 0, axis=0)
 
 
 def scores(x_NxD, x_hat_NxD, z_NxS) -> dict[str, float]:
   """SAELens's names: L0 (latents firing a row), MSE (squared error a row, summed over d_in),
   explained variance and FVU (1 - explained variance: the error's share of the data's variance)."""
+  error, variance, l0 = map(float, _score_sums(x_NxD, x_hat_NxD, z_NxS))
+  explained = 1.0 - error / variance
+  return {"l0": l0, "mse": error / x_NxD.shape[0], "explained_variance": explained, "fvu": 1.0 - explained}
+
+
+@jax.jit
+def _score_sums(x_NxD, x_hat_NxD, z_NxS):
+  """The squared error, the data's variance (both summed) and L0: one compiled program."""
   error = jnp.sum(jnp.square(x_hat_NxD - x_NxD))
   variance = jnp.sum(jnp.square(x_NxD - x_NxD.mean(0)))
-  explained = 1.0 - error / variance
-  return {
-    "l0": float(jnp.mean(jnp.sum(z_NxS > 0, -1))),
-    "mse": float(error / x_NxD.shape[0]),
-    "explained_variance": float(explained),
-    "fvu": float(1.0 - explained),
-  }
+  return error, variance, jnp.mean(jnp.sum(z_NxS > 0, -1))
 
 
 def recovery(learned_SxD, true_FxD, found_at: float = 0.9) -> dict[str, float]:
