@@ -9,15 +9,22 @@ from transformer import layers
 from transformer.errors import ConfigError
 from transformer.models.gpt import GPT, GPTConfig, count_params, preset
 
+from conftest import compiled_apply, compiled_init
+
 TINY = GPTConfig().replace(vocab_size=61, max_len=16, num_layers=2, num_heads=4, d_model=32)
 
 
 def _init(cfg, T=8, seed=0):
-  return nn.unbox(GPT(cfg).init(jax.random.key(seed), jnp.zeros((1, T), jnp.int32))["params"])
+  return compiled_init(GPT(cfg), np.zeros((1, T), np.int32), seed=seed)
 
 
 def _tokens(cfg, B=2, T=8, seed=1):
-  return jax.random.randint(jax.random.key(seed), (B, T), 0, cfg.vocab_size)
+  return _randint(seed, (B, T), cfg.vocab_size)
+
+
+_randint = jax.jit(
+  lambda seed, shape, high: jax.random.randint(jax.random.key(seed), shape, 0, high), static_argnums=(0, 1, 2)
+)
 
 
 @pytest.mark.parametrize(
@@ -97,9 +104,9 @@ def test_each_option_makes_the_parameters_it_names_with_logical_axes():
 
 def test_softcapped_logits_stay_within_the_cap():
   cfg = TINY.replace(logits_softcap=0.5)
-  params = jax.tree.map(lambda x: x * 50, _init(cfg))  # logits far beyond the cap without it
-  logits = jax.jit(GPT(cfg).apply)({"params": params}, _tokens(cfg))
-  assert float(jnp.abs(logits).max()) <= 0.5 and float(jnp.abs(logits).max()) > 0.4
+  params = jax.tree.map(lambda x: np.asarray(x) * 50, _init(cfg))  # logits far beyond the cap without it
+  logits = np.asarray(compiled_apply(GPT(cfg), {"params": params}, _tokens(cfg)))
+  assert float(np.abs(logits).max()) <= 0.5 and float(np.abs(logits).max()) > 0.4
 
 
 @pytest.mark.slow
@@ -108,10 +115,10 @@ def test_causality(attention):
   cfg = TINY.replace(**MODERN) if attention == "modern" else TINY.replace(attention=attention)
   params = _init(cfg)
   tokens = _tokens(cfg, B=1, T=10)
-  logits = GPT(cfg).apply({"params": params}, tokens)
+  logits = compiled_apply(GPT(cfg), {"params": params}, tokens)
   for t in range(9):
     changed = tokens.at[0, t + 1 :].set((tokens[0, t + 1 :] + 7) % cfg.vocab_size)
-    other = GPT(cfg).apply({"params": params}, changed)
+    other = compiled_apply(GPT(cfg), {"params": params}, changed)
     np.testing.assert_allclose(other[0, : t + 1], logits[0, : t + 1], atol=1e-6)
     assert not np.allclose(other[0, t + 1], logits[0, t + 1])  # and the future does change
 
@@ -122,7 +129,7 @@ def test_causality(attention):
   # position embedding added there).
   def logit_sum_at(wpe, t):
     p = {**params, "wpe": wpe}
-    return GPT(cfg).apply({"params": p}, tokens)[0, t].sum()
+    return compiled_apply(GPT(cfg), {"params": p}, tokens)[0, t].sum()
 
   for t in (0, 4, 8):
     g = jax.grad(logit_sum_at)(params["wpe"], t)
@@ -133,8 +140,8 @@ def test_causality(attention):
 def test_attention_implementations_agree():
   params = _init(TINY)
   tokens = _tokens(TINY)
-  ref = GPT(TINY.replace(attention="einsum")).apply({"params": params}, tokens)
-  xla = GPT(TINY.replace(attention="xla")).apply({"params": params}, tokens)
+  ref = compiled_apply(GPT(TINY.replace(attention="einsum")), {"params": params}, tokens)
+  xla = compiled_apply(GPT(TINY.replace(attention="xla")), {"params": params}, tokens)
   np.testing.assert_allclose(xla, ref, atol=1e-5)
 
 
@@ -143,10 +150,10 @@ def test_attention_implementations_agree():
 def test_scan_and_unrolled_agree(remat):
   params = _init(TINY)
   tokens = _tokens(TINY)
-  unrolled = GPT(TINY).apply({"params": params}, tokens)
+  unrolled = compiled_apply(GPT(TINY), {"params": params}, tokens)
   scanned_cfg = TINY.replace(scan_layers=True, remat_policy=remat)
   scanned_params = {**params, "h": layers.stack_layers(params["h"], TINY.num_layers)}
-  scanned = GPT(scanned_cfg).apply({"params": scanned_params}, tokens)
+  scanned = compiled_apply(GPT(scanned_cfg), {"params": scanned_params}, tokens)
   np.testing.assert_allclose(scanned, unrolled, atol=1e-5)
   # The scanned init has the same structure as the stacked params, and unstacking inverts.
   assert jax.tree.structure(_init(scanned_cfg)) == jax.tree.structure(scanned_params)
@@ -169,18 +176,18 @@ def test_dropout_only_in_training():
   params = _init(cfg)
   tokens = _tokens(cfg)
   model = GPT(cfg)
-  eval_a = model.apply({"params": params}, tokens)
-  eval_b = model.apply({"params": params}, tokens, deterministic=True)
+  eval_a = compiled_apply(model, {"params": params}, tokens)
+  eval_b = compiled_apply(model, {"params": params}, tokens, deterministic=True)
   np.testing.assert_array_equal(eval_a, eval_b)
-  train_a = model.apply({"params": params}, tokens, deterministic=False, rngs={"dropout": jax.random.key(1)})
-  train_b = model.apply({"params": params}, tokens, deterministic=False, rngs={"dropout": jax.random.key(2)})
+  train_a = compiled_apply(model, {"params": params}, tokens, deterministic=False, rngs={"dropout": jax.random.key(1)})
+  train_b = compiled_apply(model, {"params": params}, tokens, deterministic=False, rngs={"dropout": jax.random.key(2)})
   assert not np.allclose(train_a, eval_a) and not np.allclose(train_a, train_b)
   # Same config with zero rates: training mode is the eval function.
   cfg0 = TINY.replace(attention="einsum")
   p0 = _init(cfg0)
   np.testing.assert_allclose(
-    GPT(cfg0).apply({"params": p0}, tokens, deterministic=False, rngs={"dropout": jax.random.key(1)}),
-    GPT(cfg0).apply({"params": p0}, tokens),
+    compiled_apply(GPT(cfg0), {"params": p0}, tokens, deterministic=False, rngs={"dropout": jax.random.key(1)}),
+    compiled_apply(GPT(cfg0), {"params": p0}, tokens),
     atol=1e-6,
   )
 
@@ -190,10 +197,10 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
   cfg = TINY.replace(dtype="bfloat16")
   params = _init(cfg)
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
-  logits = GPT(cfg).apply({"params": params}, _tokens(cfg))
+  logits = compiled_apply(GPT(cfg), {"params": params}, _tokens(cfg))
   assert logits.dtype == jnp.float32
   chex.assert_tree_all_finite(logits)
-  ref = GPT(TINY).apply({"params": params}, _tokens(cfg))
+  ref = compiled_apply(GPT(TINY), {"params": params}, _tokens(cfg))
   np.testing.assert_allclose(logits, ref, atol=0.1)
 
 
@@ -230,16 +237,17 @@ def test_unknown_preset():
 def test_sequence_longer_than_context():
   params = _init(TINY)
   with pytest.raises(ConfigError, match="17 tokens is longer than max_len=16"):
-    GPT(TINY).apply({"params": params}, jnp.zeros((1, 17), jnp.int32))
+    jax.eval_shape(GPT(TINY).apply, {"params": params}, jnp.zeros((1, 17), jnp.int32))
 
 
 def test_segment_positions_restart_and_skip_padding():
-  valid = jnp.array([[1, 1, 1, 1, 1, 1], [0, 1, 1, 0, 1, 1]], bool)
-  segments = jnp.array([[0, 0, 0, 1, 1, 2], [0, 0, 0, 0, 1, 1]])
-  np.testing.assert_array_equal(layers.segment_positions(None, segments), [[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 1]])
-  np.testing.assert_array_equal(layers.segment_positions(valid, segments), [[0, 1, 2, 0, 1, 0], [0, 0, 1, 1, 0, 1]])
-  np.testing.assert_array_equal(layers.segment_positions(valid, None), [[0, 1, 2, 3, 4, 5], [0, 0, 1, 1, 2, 3]])
-  mask = layers.self_attention_mask(None, segments[:1], causal=True)[0]
+  valid = np.array([[1, 1, 1, 1, 1, 1], [0, 1, 1, 0, 1, 1]], bool)
+  segments = np.array([[0, 0, 0, 1, 1, 2], [0, 0, 0, 0, 1, 1]])
+  positions = jax.jit(layers.segment_positions)  # one program each, not op by op
+  np.testing.assert_array_equal(positions(None, segments), [[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 1]])
+  np.testing.assert_array_equal(positions(valid, segments), [[0, 1, 2, 0, 1, 0], [0, 0, 1, 1, 0, 1]])
+  np.testing.assert_array_equal(positions(valid, None), [[0, 1, 2, 3, 4, 5], [0, 0, 1, 1, 2, 3]])
+  mask = jax.jit(layers.self_attention_mask, static_argnames="causal")(None, segments[:1], causal=True)[0]
   np.testing.assert_array_equal(mask[4], [0, 0, 0, 1, 1, 0])  # its own document, up to itself
   np.testing.assert_array_equal(mask[5], [0, 0, 0, 0, 0, 1])
 
@@ -264,12 +272,12 @@ def test_a_documents_logits_do_not_depend_on_the_documents_before_it(attention, 
   tails = []
   for row in rows:
     tokens = jnp.array([row])
-    logits = model.apply({"params": params}, tokens, segments_BxT=document_ids(tokens, eot))
+    logits = compiled_apply(model, {"params": params}, tokens, segments_BxT=document_ids(tokens, eot))
     tails.append(np.asarray(logits[0, -len(doc) - 1 :]))
   np.testing.assert_allclose(tails[0], tails[2], atol=1e-5)
   np.testing.assert_allclose(tails[1], tails[2], atol=1e-5)
   # Without segments the earlier document is read: the logits differ.
-  joined = model.apply({"params": params}, jnp.array([rows[0]]))
+  joined = compiled_apply(model, {"params": params}, jnp.array([rows[0]]))
   assert np.abs(np.asarray(joined[0, -len(doc) - 1 :]) - tails[2]).max() > 1e-3
 
 
@@ -290,4 +298,4 @@ def test_last_only_gives_the_last_positions_logits_and_gradients(changes):
   np.testing.assert_allclose(logits, full_logits, rtol=1e-6, atol=1e-6)
   chex.assert_trees_all_close(grads, full_grads, rtol=1e-5, atol=1e-6)
   with pytest.raises(ValueError, match="last_only needs unrolled layers"):
-    GPT(cfg.replace(scan_layers=True)).init(jax.random.key(0), tokens, last_only=True)
+    jax.eval_shape(lambda: GPT(cfg.replace(scan_layers=True)).init(jax.random.key(0), tokens, last_only=True))
