@@ -208,9 +208,11 @@ def _init(module, seed, *args, **kwargs):
 
 def compiled_apply(module, variables, *args, **kwargs):
   """`module.apply(variables, *args, **kwargs)` as one compiled program: the arguments that are arrays
-  (or trees of them: params, rngs) are traced, the others (flags, `method=`) are part of the program."""
-  static = tuple((i, a) for i, a in enumerate(args) if not _is_traced(a))
-  static_kw = tuple(sorted((k, v) for k, v in kwargs.items() if not _is_traced(v)))
+  (or trees of them: params, rngs) are traced, the others (flags, `method=`) are part of the program.
+  The program is kept by the module's value: a test that patches library code runs it without this."""
+  hashable = lambda v: tuple(v) if isinstance(v, list) else v  # mutable=["cache"]
+  static = tuple((i, hashable(a)) for i, a in enumerate(args) if not _is_traced(a))
+  static_kw = tuple(sorted((k, hashable(v)) for k, v in kwargs.items() if not _is_traced(v)))
   traced = tuple(a for a in args if _is_traced(a))
   traced_kw = {k: v for k, v in kwargs.items() if _is_traced(v)}
   return _apply(module, static, static_kw, variables, traced, traced_kw)

@@ -1,6 +1,8 @@
 """The shared layers (transformer.layers): positions, masks, attention, the decode-mode cache
 positions; the model tests (test_gpt, test_seq2seq) cover blocks and stacks through the models."""
 
+import functools
+
 import chex
 import flax.linen as nn
 import flax.traverse_util
@@ -11,6 +13,8 @@ import optax
 import pytest
 
 from transformer import layers
+
+from conftest import compiled_apply, compiled_init
 
 
 def test_sinusoidal_positions_formula():
@@ -28,16 +32,22 @@ def test_causal_mask():
   np.testing.assert_array_equal(layers.causal_mask(2, 5)[0], [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0]])
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5))
 def _qkv(B=2, T=5, S=7, H=3, K=8, seed=0):
   kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
   return (jax.random.normal(kq, (B, T, H, K)), jax.random.normal(kk, (B, S, H, K)), jax.random.normal(kv, (B, S, H, K)))
+
+
+# layers.attend and layers.mix as compiled programs (eagerly, each op compiles on its own)
+_attend = jax.jit(layers.attend, static_argnums=(4, 5))
+_mix = jax.jit(layers.mix)
 
 
 class AttendTest(chex.TestCase):
   @chex.variants(with_jit=True, without_jit=True)
   def test_implementations_agree_and_masked_keys_do_not_count(self):
     q, k, v = _qkv()
-    mask_BxTxS = jnp.ones((2, 5, 7), bool).at[:, :, 4:].set(False)
+    mask_BxTxS = np.arange(7) < np.ones((2, 5, 1), int) * 4
     out = {  # the fast forms' XLA kernel against the reference's einsum
       impl: self.variant(lambda q, k, v, m, impl=impl: layers.attend(q, k, v, m, impl, "cpu"))(q, k, v, mask_BxTxS)
       for impl in ("einsum", "xla")
@@ -46,7 +56,9 @@ class AttendTest(chex.TestCase):
     chex.assert_tree_all_finite(out)
     np.testing.assert_allclose(out["xla"], out["einsum"], atol=1e-5)
     # The masked keys carry no weight: changing their values changes nothing.
-    changed = layers.attend(q, k.at[:, 4:].set(9.0), v.at[:, 4:].set(-9.0), mask_BxTxS, "einsum")
+    k, v = np.array(k), np.array(v)
+    k[:, 4:], v[:, 4:] = 9.0, -9.0
+    changed = _attend(q, k, v, mask_BxTxS, "einsum")
     np.testing.assert_allclose(changed, out["einsum"], atol=1e-6)
 
 
@@ -55,25 +67,29 @@ def test_no_mask_means_causal(implementation):
   """mask None (what a GPT passes when nothing but causality masks) = the causal mask, for every
   implementation (the fused ones take it as is_causal and skip the masked half)."""
   q, k, v = _qkv(T=7, S=7)
-  explicit = layers.attend(q, k, v, layers.causal_mask(7), "einsum")
+  causal = np.tril(np.ones((1, 7, 7), bool))
+  np.testing.assert_array_equal(layers.causal_mask(7), causal)
+  explicit = _attend(q, k, v, causal, "einsum")
   for forms in ("reference", "cpu", "accelerator"):
-    np.testing.assert_allclose(layers.attend(q, k, v, None, implementation, forms), explicit, atol=1e-5)
-  scores_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q, k)
-  np.testing.assert_allclose(layers.mix(scores_BxHxTxS, v, None), layers.mix(scores_BxHxTxS, v, layers.causal_mask(7)))
+    np.testing.assert_allclose(_attend(q, k, v, None, implementation, forms), explicit, atol=1e-5)
+  scores_BxHxTxS = np.einsum("bthk,bshk->bhts", q, k)
+  np.testing.assert_allclose(_mix(scores_BxHxTxS, v, None), _mix(scores_BxHxTxS, v, causal))
 
 
 def test_cache_positions_count_real_tokens_only():
   """Left-padded prompts in decode mode: padding takes no position and no query sees it."""
   module = layers.CachePositions()
-  valid_BxT = jnp.array([[False, False, True, True], [True, True, True, True]])
-  variables = module.init(jax.random.key(0), jnp.ones((2, 6), bool))  # a cache of 6 slots
-  (positions_BxT, mask_BxTxS, slots_BxS), variables = module.apply(variables, valid_BxT, mutable=["cache"])
+  valid_BxT = np.array([[False, False, True, True], [True, True, True, True]])
+  variables = jax.jit(module.init)(jax.random.key(0), np.ones((2, 6), bool))  # a cache of 6 slots
+  (positions_BxT, mask_BxTxS, slots_BxS), variables = compiled_apply(module, variables, valid_BxT, mutable=["cache"])
   np.testing.assert_array_equal(positions_BxT, [[0, 0, 0, 1], [0, 1, 2, 3]])
   chex.assert_shape(mask_BxTxS, (2, 4, 6))
   np.testing.assert_array_equal(mask_BxTxS[0, 3], [False, False, True, True, False, False])
   np.testing.assert_array_equal(slots_BxS[:, :4], positions_BxT)  # each slot keeps its token's position
   # The next token: position = real tokens so far, and it sees every real slot and itself.
-  (positions_BxT, mask_BxTxS, slots_BxS), _ = module.apply(variables, jnp.ones((2, 1), bool), mutable=["cache"])
+  (positions_BxT, mask_BxTxS, slots_BxS), _ = compiled_apply(
+    module, variables, np.ones((2, 1), bool), mutable=["cache"]
+  )
   np.testing.assert_array_equal(positions_BxT, [[2], [4]])
   np.testing.assert_array_equal(mask_BxTxS[0, 0], [False, False, True, True, True, False])
   np.testing.assert_array_equal(slots_BxS[:, 4], [2, 4])
@@ -81,10 +97,10 @@ def test_cache_positions_count_real_tokens_only():
 
 def test_projection_keeps_its_kernel_shape_and_axis_names():
   proj = layers.Projection((3, 4), ("embed", "heads", "kv"))
-  boxed = proj.init(jax.random.key(0), jnp.ones((2, 5)))["params"]
+  boxed = jax.eval_shape(proj.init, jax.random.key(0), jnp.ones((2, 5)))["params"]
   assert boxed["kernel"].names == ("embed", "heads", "kv")
   chex.assert_shape(nn.unbox(boxed)["kernel"], (5, 3, 4))
-  chex.assert_shape(proj.apply({"params": nn.unbox(boxed)}, jnp.ones((2, 5))), (2, 3, 4))
+  chex.assert_shape(jax.eval_shape(proj.apply, {"params": nn.unbox(boxed)}, jnp.ones((2, 5))), (2, 3, 4))
 
 
 # --- Synthesizer attention (Tay et al. 2020), through the models that use it -----------------
@@ -98,21 +114,27 @@ def test_the_mlp_saves_its_activations_input_and_output_not_the_tanh(capsys):
   from jax.ad_checkpoint import print_saved_residuals
 
   mlp, x_BxTxD = layers.MLP(layers.BlockConfig(d_model=8, num_heads=2, d_mlp=32)), jnp.ones((2, 3, 8))
-  params = mlp.init(jax.random.key(0), x_BxTxD)
+  params = jax.eval_shape(mlp.init, jax.random.key(0), x_BxTxD)  # tracing needs the shapes only
   print_saved_residuals(lambda p, x: mlp.apply(p, x).sum(), params, x_BxTxD)
   saved_BxTxF = [line for line in capsys.readouterr().out.splitlines() if line.startswith("f32[2,3,32]")]
   assert len(saved_BxTxF) == 2 and not any("tanh" in line for line in saved_BxTxF), saved_BxTxF
 
 
-def _gpt(mechanism, **changes):
-  from transformer.models.gpt import GPT, GPTConfig
+def _synthesizer_config(mechanism, **changes):
+  from transformer.models.gpt import GPTConfig
 
-  cfg = (
+  return (
     GPTConfig()
     .replace(vocab_size=50, max_len=16, num_layers=2, num_heads=2, d_model=32, attention_mechanism=mechanism, **changes)
     .check()
   )
-  params = nn.unbox(GPT(cfg).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
+
+
+def _gpt(mechanism, **changes):
+  from transformer.models.gpt import GPT
+
+  cfg = _synthesizer_config(mechanism, **changes)
+  params = compiled_init(GPT(cfg), np.zeros((1, 8), np.int32))
   # Scale the synthesized scores up so that attention is far from uniform (a real test of masking).
   params = jax.tree_util.tree_map_with_path(
     lambda path, x: x * 8 if "synth" in jax.tree_util.keystr(path) else x, params
@@ -124,9 +146,9 @@ def _gpt(mechanism, **changes):
 def test_synthesizer_parameters_shapes_and_axis_names(mechanism):
   from transformer.models.gpt import count_params, param_shapes
 
-  cfg, _, params = _gpt(mechanism)
+  cfg = _synthesizer_config(mechanism)
   D, H, L = cfg.block.d_model, cfg.block.num_heads, cfg.max_len
-  attn = params["h"]["layer_0"]["attn"]
+  attn = nn.unbox(param_shapes(cfg))["h"]["layer_0"]["attn"]  # shapes: nothing computed
   if mechanism == "synthesizer_dense":  # A (D x D/H per head) + b1, B (D/H x L per head) + b2
     assert set(attn) == {"v", "synth_hidden", "synth_kernel", "synth_bias", "out"}
     chex.assert_shape(
@@ -234,15 +256,17 @@ def test_the_norm_is_flaxs_to_the_bit_and_records_its_scale_when_read(kind):
   """layers.Norm computes as Flax's LayerNorm / RMSNorm (the same numbers; a run that reads nothing
   compiles as it did), and a read run records TransformerLens's `scale` and `normalized`."""
   cfg = layers.BlockConfig(d_model=16, num_heads=2, norm=kind)
-  x = jax.random.normal(jax.random.key(0), (2, 3, 16)) * 3 + 1
-  params = layers.norm(cfg).init(jax.random.key(1), x)
-  params = jax.tree.map(lambda p: p + jax.random.normal(jax.random.key(2), p.shape), params)
+  rng = np.random.default_rng(0)
+  x = (rng.standard_normal((2, 3, 16)) * 3 + 1).astype(np.float32)
+  params = jax.eval_shape(layers.norm(cfg).init, jax.random.key(1), x)  # the shapes, then values of our own
+  params = jax.tree.map(lambda p: 1 + rng.standard_normal(p.shape).astype(np.float32), params)
   flax_norm = nn.RMSNorm(epsilon=cfg.layer_norm_epsilon) if kind == "rms_norm" else nn.LayerNorm(epsilon=1e-5)
-  np.testing.assert_array_equal(layers.norm(cfg).apply(params, x), flax_norm.apply(params, x))
-  y, state = layers.norm(cfg).apply(params, x, mutable=["activations"])
+  flax_y = compiled_apply(flax_norm, params, x)
+  np.testing.assert_array_equal(compiled_apply(layers.norm(cfg), params, x), flax_y)
+  y, state = compiled_apply(layers.norm(cfg), params, x, mutable=["activations"])
   scale, normalized = state["activations"]["scale"], state["activations"]["normalized"]
   assert scale.shape == (2, 3, 1)
   np.testing.assert_allclose(
     normalized * scale + (0 if kind == "rms_norm" else x.mean(-1, keepdims=True)), x, atol=1e-5
   )
-  np.testing.assert_allclose(y, flax_norm.apply(params, x), atol=1e-6)
+  np.testing.assert_allclose(y, flax_y, atol=1e-6)
