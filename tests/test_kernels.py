@@ -1,6 +1,7 @@
 """transformer/kernels: every faster form equals the reference it stands in for, in values and
 gradients, and `config.model.kernels` picks the forms (reference, cpu, accelerator) at one place each."""
 
+import functools
 import os
 import re
 import threading
@@ -22,6 +23,8 @@ from transformer.kernels import argmax, attention, decode_head, decode_threads, 
 from transformer.models import seq2seq
 from transformer.models.gpt import GPT, GPTConfig
 from transformer.tasks.lm import next_token_nll
+
+from conftest import compiled_init
 
 FORMS = ("reference", "cpu", "accelerator")
 
@@ -52,8 +55,8 @@ def test_the_forms_are_decided_once_per_model(monkeypatch):
   resolve = kernels.resolve
   monkeypatch.setattr(kernels, "resolve", lambda *args: calls.append(args) or resolve(*args))
   cfg = CFG.replace(num_layers=3, positions="rope", qk_norm=True)
-  params = GPT(cfg).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
-  GPT(cfg).apply(params, jnp.zeros((2, 8), jnp.int32))
+  params = jax.eval_shape(GPT(cfg).init, jax.random.key(0), jnp.zeros((1, 8), jnp.int32))  # traced: nothing run
+  jax.eval_shape(GPT(cfg).apply, params, jnp.zeros((2, 8), jnp.int32))
   assert calls == [("auto",), ("auto",)]  # one for init, one for apply; none per layer or op
 
 
@@ -62,12 +65,14 @@ def test_an_edit_of_the_reference_runs_with_kernels_reference(monkeypatch):
   (here `mix` made to return zeros), with the CPU's forms causal self-attention takes
   kernels.attention instead, which the edit does not touch."""
   cfg = CFG.replace(num_layers=1)
-  tokens = jax.random.randint(jax.random.key(1), (1, 8), 0, cfg.vocab_size)
-  params = GPT(cfg).init(jax.random.key(0), tokens)
-  logits = {form: GPT(cfg.replace(kernels=form)).apply(params, tokens) for form in ("reference", "cpu")}
+  tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (1, 8), np.int32)
+  params = {"params": compiled_init(GPT(cfg), tokens)}
+  # Each run traced anew (a fresh jax.jit), so that it reads transformer/layers/ as it is at that moment.
+  run = lambda form: jax.jit(lambda p, t: GPT(cfg.replace(kernels=form)).apply(p, t))(params, tokens)
+  logits = {form: run(form) for form in ("reference", "cpu")}
   mix = layers.attention.mix  # transformer/layers/attention.py, as a researcher would edit it
   monkeypatch.setattr(layers.attention, "mix", lambda *args, **kw: jnp.zeros_like(mix(*args, **kw)))
-  edited = {form: GPT(cfg.replace(kernels=form)).apply(params, tokens) for form in ("reference", "cpu")}
+  edited = {form: run(form) for form in ("reference", "cpu")}
   assert not np.array_equal(edited["reference"], logits["reference"])
   np.testing.assert_array_equal(edited["cpu"], logits["cpu"])
 
@@ -85,17 +90,23 @@ PROJECTIONS = [
 ]
 
 
+@functools.partial(jax.jit, static_argnums=3)
+def _tensordot_and_vjp(x, kernel, cotangent, contract):
+  value, vjp = jax.vjp(lambda x, k: jnp.tensordot(x, k, contract), x, kernel)
+  return value, vjp(cotangent)
+
+
 class ProjectionTest(chex.TestCase):
   @chex.variants(with_jit=True, without_jit=True)
   @parameterized.parameters(*PROJECTIONS)
   def test_values_and_gradients_equal_autodiff_of_tensordot(self, x_shape, kernel_shape, contract):
-    kx, kk, kg = jax.random.split(jax.random.key(0), 3)
-    x, kernel = jax.random.normal(kx, x_shape), jax.random.normal(kk, kernel_shape)
-    cotangent = jax.random.normal(kg, jnp.tensordot(x, kernel, contract).shape)
+    rng = np.random.default_rng(0)
+    x, kernel = rng.standard_normal(x_shape, np.float32), rng.standard_normal(kernel_shape, np.float32)
+    cotangent = rng.standard_normal(np.tensordot(x, kernel, contract).shape, np.float32)
     ours = self.variant(lambda x, k: jax.vjp(lambda x, k: projection.project(x, k, contract), x, k)[1](cotangent))
-    reference = jax.vjp(lambda x, k: jnp.tensordot(x, k, contract), x, kernel)[1](cotangent)
+    value, reference = _tensordot_and_vjp(x, kernel, cotangent, contract)  # one program
     np.testing.assert_allclose(
-      projection.project(x, kernel, contract), jnp.tensordot(x, kernel, contract), rtol=1e-5, atol=1e-5
+      self.variant(lambda x, k: projection.project(x, k, contract))(x, kernel), value, rtol=1e-5, atol=1e-5
     )
     for got, want in zip(ours(x, kernel), reference, strict=True):
       chex.assert_equal_shape([got, want])
@@ -277,7 +288,7 @@ def test_one_sequence_reads_a_head_larger_than_the_cache_through_its_transposed_
 
 def _vocab_major(x_BxV):
   """x as the tied head hands vocabulary-major logits over: the transpose of a V x B array."""
-  return jnp.asarray(np.asarray(x_BxV).T.copy()).T
+  return np.asarray(x_BxV).T.copy().T
 
 
 # V = 300 and the prime 4099: one maximum over all entries; 50,257 and 8,192: in blocks of 29 and 128.
@@ -287,11 +298,12 @@ def _vocab_major(x_BxV):
 def test_argmax_is_the_first_index_of_the_maximum(batch, vocab_major, vocab):
   """kernels.argmax in each of its forms is jnp.argmax: ties go to the first index."""
   assert argmax.block_size(vocab) == {300: None, 4099: None, 50257: 29, 8192: 128}[vocab]
-  x_BxV = jnp.round(jax.random.normal(jax.random.key(batch), (batch, vocab)) * (2 if vocab < 1000 else 1.5))
+  normal_BxV = np.random.default_rng(batch).standard_normal((batch, vocab), np.float32)
+  x_BxV = np.round(normal_BxV * (2 if vocab < 1000 else 1.5))
   x_BxV = _vocab_major(x_BxV) if vocab_major else x_BxV
   got = jax.jit(lambda x: argmax.argmax(x, vocab_major))(x_BxV)
-  np.testing.assert_array_equal(got, jnp.argmax(x_BxV, axis=-1))
-  assert (jnp.sum(x_BxV == x_BxV.max(-1, keepdims=True), -1) > 1).any() or batch == 1  # ties were there
+  np.testing.assert_array_equal(got, np.argmax(x_BxV, axis=-1))  # NumPy's argmax: the first index too
+  assert (np.sum(x_BxV == x_BxV.max(-1, keepdims=True), -1) > 1).any() or batch == 1  # ties were there
 
 
 @pytest.mark.parametrize("vocab_major", [False, True])
@@ -307,7 +319,7 @@ def test_argmax_in_blocks_takes_the_first_maximum_across_and_within_blocks(vocab
   x_BxV[4, 12345] = -3.0  # one finite entry
   x_BxV[5, [0, V - 1]] = 2  # the first and the last
   x_BxV[6] = np.arange(V) % 29 == 28  # the last entry of every block
-  x_BxV = _vocab_major(x_BxV) if vocab_major else jnp.asarray(x_BxV)
+  x_BxV = _vocab_major(x_BxV) if vocab_major else x_BxV
   got = jax.jit(lambda x: argmax.argmax(x, vocab_major))(x_BxV)
   np.testing.assert_array_equal(got, [0, V - 1, 29 * 5 + 3, 29 * 7 + 10, 12345, 0, 28])
 
