@@ -23,12 +23,57 @@ learned scale (`fold_norm=True`, what TransformerLens's `fold_ln` would have put
 from __future__ import annotations
 
 import collections.abc
+import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from transformer import layers
 from transformer.models import gpt
+
+
+def _compiled(method):
+  """The algebra method as one compiled program per cache layout and arguments: run eagerly, each of
+  its slices, stacks and products would compile on its own for every new shape. The cache's
+  activations and params and the arguments that are arrays are traced; the other arguments (layer,
+  flags, a token id) are part of the program. Labels depend only on those, so they are kept from the
+  program's tracing."""
+  labels_of = {}
+
+  def is_traced(value) -> bool:
+    leaves = jax.tree.leaves(value)
+    return bool(leaves) and all(isinstance(leaf, (jax.Array, np.ndarray, np.generic)) for leaf in leaves)
+
+  @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+  def program(model, layout, static_args, static_kwargs, activations, params, traced_args, traced_kwargs):
+    fixed, traced = dict(static_args), iter(traced_args)
+    args = [fixed[i] if i in fixed else next(traced) for i in range(len(fixed) + len(traced_args))]
+    out = method(ActivationCache(activations, model, params), *args, **dict(static_kwargs), **traced_kwargs)
+    if dict(static_kwargs).get("return_labels"):
+      out, labels_of[(model, layout, static_args, static_kwargs)] = out
+    return out
+
+  @functools.wraps(method)
+  def run(self, *args, **kwargs):
+    static_args = tuple((i, a) for i, a in enumerate(args) if not is_traced(a))
+    static_kwargs = tuple(sorted((k, v) for k, v in kwargs.items() if not is_traced(v)))
+    layout = tuple(sorted((name, np.shape(value)) for name, value in self._activations.items()))
+    out = program(
+      self.model,
+      layout,
+      static_args,
+      static_kwargs,
+      self._activations,
+      self.params,
+      tuple(a for a in args if is_traced(a)),
+      {k: v for k, v in kwargs.items() if is_traced(v)},
+    )
+    if kwargs.get("return_labels"):
+      return out, labels_of[(self.model, layout, static_args, static_kwargs)]
+    return out
+
+  return run
 
 
 class ActivationCache(collections.abc.Mapping):
@@ -68,6 +113,7 @@ class ActivationCache(collections.abc.Mapping):
     L = self._config.num_layers
     return L if layer is None or layer == -1 else layer
 
+  @_compiled
   def apply_ln(self, stack_NxBxTxD, layer: int | None = None, mlp_input: bool = False) -> jax.Array:
     """Each piece of a residual stack divided by the scale that the norm reading the stream at `layer`
     recorded (None or L: the final norm, `ln_f.scale`; else `ln_1`, or `ln_2` for `mlp_input`), centred
@@ -89,6 +135,7 @@ class ActivationCache(collections.abc.Mapping):
     ln_f = layers.norm(self._config.block)
     return ln_f.apply({"params": self.params.get("ln_f", {})}, stack_NxBxTxD)
 
+  @_compiled
   def accumulated_resid(
     self,
     layer: int | None = None,
@@ -121,6 +168,7 @@ class ActivationCache(collections.abc.Mapping):
         stack_NxBxTxD = self.apply_ln(stack_NxBxTxD, layer, mlp_input)
     return (stack_NxBxTxD, labels) if return_labels else stack_NxBxTxD
 
+  @_compiled
   def decompose_resid(
     self,
     layer: int | None = None,
@@ -159,6 +207,7 @@ class ActivationCache(collections.abc.Mapping):
       stack_NxBxTxD = self.apply_ln(stack_NxBxTxD, layer, mlp_input)
     return (stack_NxBxTxD, labels) if return_labels else stack_NxBxTxD
 
+  @_compiled
   def head_results(self) -> jax.Array:
     """Each head's result (L x B x T x H x D: its output through its slice of the output projection,
     bias apart): the recorded `result`, or made from `z` when the cache kept only that."""
@@ -173,6 +222,7 @@ class ActivationCache(collections.abc.Mapping):
       )
     return jnp.einsum("lbthk,lhkd->lbthd", self["z"], kernel_LxHxKxD)
 
+  @_compiled
   def stack_head_results(self, layer: int | None = None, apply_ln: bool = False, return_labels: bool = False):
     """Every head's result in the layers before `layer` (None: all), as a stack (`L0H0`, `L0H1`, ...;
     layer by layer), e.g. for `logit_attrs` per head."""
@@ -185,6 +235,7 @@ class ActivationCache(collections.abc.Mapping):
       stack_NxBxTxD = self.apply_ln(stack_NxBxTxD, layer)
     return (stack_NxBxTxD, labels) if return_labels else stack_NxBxTxD
 
+  @_compiled
   def residual_directions(self, tokens, fold_norm: bool = True) -> jax.Array:
     """The direction in the (normalised) stream that each token's logit reads (... x D): the head's
     row, times the final norm's learned scale when `fold_norm` (the logit a normalised piece adds)."""
@@ -194,6 +245,7 @@ class ActivationCache(collections.abc.Mapping):
       head_VxD = head_VxD * self.params["ln_f"]["scale"]
     return head_VxD[jnp.asarray(tokens)]
 
+  @_compiled
   def logit_attrs(
     self,
     stack_NxBxTxD,
@@ -222,6 +274,7 @@ class ActivationCache(collections.abc.Mapping):
       stack_NxBxTxD = self.apply_ln(stack_NxBxTxD, layer)
     return jnp.sum(stack_NxBxTxD * direction, axis=-1)
 
+  @_compiled
   def logit_lens(self, incl_mid: bool = False) -> jax.Array:
     """The logits (N x B x T x V) the stream would give if the model stopped before each layer (and at
     its end, the model's own logits): each `accumulated_resid` through the final norm and the head
@@ -229,6 +282,7 @@ class ActivationCache(collections.abc.Mapping):
     stack_NxBxTxD = self.accumulated_resid(incl_mid=incl_mid)
     return jax.vmap(lambda x: self.model.apply({"params": self.params}, x, method=gpt.GPT.output_logits))(stack_NxBxTxD)
 
+  @_compiled
   def direct_logit_attribution(self, target_BxT) -> dict[str, jax.Array]:
     """Each component's direct contribution to the logit of `target_BxT` (a token id per position),
     {component: B x T}: the token and position embeddings, every head (`L0.H1`), each layer's
