@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_interventions import CFG, TOKENS, _params, _planted
+from test_interventions import CFG, TOKENS, _corrupted, _params, _planted
 
 from transformer import interventions, layers, patching, probing
 from transformer.interventions import Patch
@@ -139,7 +139,7 @@ def test_a_chunked_sweep_equals_one_at_once_and_fractions_run_from_corrupt_to_cl
   same numbers; each patch runs from its layer up and the head from the first position the metric
   reads (here position 4)."""
   model, params = GPT(CFG), _params()
-  corrupt = TOKENS.at[:, 2].set(30)
+  corrupt = _corrupted(TOKENS)
   metric = lambda logits: logits[:, 4, 5].mean() - logits[:, -1, 7].mean()
   chunked = patching.patching_sweep(model, params, TOKENS, corrupt, metric, chunk_size=3)
   scanned, stacked = GPT(CFG.replace(scan_layers=True)), {**params, "h": layers.stack_layers(params["h"], 2)}
@@ -170,7 +170,7 @@ def test_resample_ablation_takes_another_inputs_outputs():
 
 def test_path_patching_with_no_receivers_changes_nothing_and_with_every_reader_patches_the_sender():
   model, params = GPT(CFG), _params()
-  corrupt = TOKENS.at[:, 2].set(30)
+  corrupt = _corrupted(TOKENS)
   metric = lambda logits: logits[:, -1, 5].mean() - logits[:, -1, 7].mean()
   plain, _ = interventions.run_with_cache(model, params, TOKENS, names=())
   sender = (0, 1)

@@ -17,10 +17,17 @@ from transformer.interventions import Patch
 from transformer.models.gpt import GPT, GPTConfig
 from transformer.models.seq2seq import Transformer, preset
 
-from conftest import REPO, nontrivial_png
+from conftest import REPO, compiled_apply, nontrivial_png
 
 CFG = GPTConfig().replace(vocab_size=40, max_len=16, num_layers=2, num_heads=2, d_model=16)
-TOKENS = jnp.array([[3, 7, 1, 9, 4, 4, 12, 5], [8, 2, 2, 6, 11, 3, 1, 0]])
+TOKENS = np.array([[3, 7, 1, 9, 4, 4, 12, 5], [8, 2, 2, 6, 11, 3, 1, 0]], np.int32)
+
+
+def _corrupted(tokens_BxT, position=2, token=30):
+  """A copy of the tokens with every row's `position` set to `token` (NumPy: no program compiled)."""
+  tokens_BxT = np.array(tokens_BxT)
+  tokens_BxT[:, position] = token
+  return tokens_BxT
 
 
 @functools.lru_cache  # initialised once per config in a test process (tests copy what they change)
@@ -171,7 +178,7 @@ def test_patches_replace_exactly_what_they_name():
   nothing = {("resid_pre", 0): Patch.replace(5.0, where=False), ("mlp_post", 1): Patch.steer(1.0, where=False)}
   np.testing.assert_allclose(interventions.run_with_patches(model, params, TOKENS, patches=nothing), plain, atol=1e-6)
   # Every position of resid_pre at layer 0 from the clean run, into a corrupted run: the clean logits.
-  corrupt = TOKENS.at[:, 2].set(30)
+  corrupt = _corrupted(TOKENS)
   everywhere = {("resid_pre", 0): Patch.replace(clean["resid_pre"][0])}
   np.testing.assert_allclose(
     interventions.run_with_patches(model, params, corrupt, patches=everywhere), plain, atol=1e-5
@@ -278,7 +285,7 @@ def test_the_head_detectors_name_exactly_the_planted_heads(num_layers):
 @pytest.mark.parametrize("over,name", [("positions", "resid_pre"), ("heads", "z")])
 def test_a_patching_sweep_is_each_patch_run_alone(over, name):
   model, params = GPT(CFG), _params()
-  corrupt = TOKENS.at[:, 2].set(30)
+  corrupt = _corrupted(TOKENS)
   metric = lambda logits: logits[:, -1, 5].mean() - logits[:, -1, 7].mean()  # a logit difference
   sweep = patching.patching_sweep(model, params, TOKENS, corrupt, metric, over=over)
   _, clean = interventions.run_with_cache(model, params, TOKENS, names=(name,))
@@ -299,7 +306,7 @@ def test_a_patching_sweep_is_each_patch_run_alone(over, name):
 @pytest.mark.parametrize("over", ["positions", "heads"])
 def test_attribution_patching_approximates_real_patching(over):
   model, params = GPT(CFG), _params()
-  corrupt = TOKENS.at[:, 2].set(30)
+  corrupt = _corrupted(TOKENS)
   metric = lambda logits: logits[:, -1, 5].mean() - logits[:, -1, 7].mean()
   corrupted, _ = interventions.run_with_cache(model, params, corrupt, names=())
   real = patching.patching_sweep(model, params, TOKENS, corrupt, metric, over=over) - metric(corrupted)
@@ -311,7 +318,7 @@ def test_attribution_patching_approximates_real_patching(over):
 def test_the_in_context_score_is_late_loss_minus_early_loss():
   model, params = GPT(CFG), _params()
   tokens = interventions.repeated_random_tokens(CFG.vocab_size, 8, batch=3)  # 16 tokens: tenths of 1
-  logits = np.asarray(GPT(CFG).apply({"params": params}, tokens), np.float64)
+  logits = np.asarray(compiled_apply(GPT(CFG), {"params": params}, tokens), np.float64)
   logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   nll = -np.take_along_axis(logp[:, :-1], np.asarray(tokens)[:, 1:, None], -1)[..., 0]
   want = nll[:, -1].mean() - nll[:, 0].mean()
@@ -349,7 +356,7 @@ def test_ablating_zeroes_the_named_heads_and_losses_come_per_position():
   patches = interventions.ablating([(1, 0), (1, 1)], 2)
   _, ablated = interventions.run_with_cache(model, params, tokens, names=("z",))
   collection = interventions.patches_collection(model, params, patches, tokens)
-  _, state = model.apply({"params": params, "patches": collection}, tokens, mutable=["activations"])
+  _, state = compiled_apply(model, {"params": params, "patches": collection}, tokens, mutable=["activations"])
   np.testing.assert_array_equal(interventions.flatten(state["activations"])["z"][1], 0.0)
   # Mean ablation: head 1 of layer 0 writes its mean output over a reference batch, everywhere.
   reference = interventions.repeated_random_tokens(8, 8, batch=4, seed=1, ids=[2, 3, 5])
@@ -357,7 +364,7 @@ def test_ablating_zeroes_the_named_heads_and_losses_come_per_position():
   _, ref = interventions.run_with_cache(model, params, reference, names=("z",))
   patches = interventions.ablating([(0, 1)], 2, "mean", ref["z"])
   collection = interventions.patches_collection(model, params, patches, tokens)
-  _, state = model.apply({"params": params, "patches": collection}, tokens, mutable=["activations"])
+  _, state = compiled_apply(model, {"params": params, "patches": collection}, tokens, mutable=["activations"])
   z = interventions.flatten(state["activations"])["z"]
   np.testing.assert_allclose(
     z[0][:, :, 1], np.broadcast_to(ref["z"][0][:, :, 1].mean((0, 1)), z[0][:, :, 1].shape), atol=1e-6

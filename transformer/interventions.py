@@ -93,13 +93,24 @@ class Patch:
 
   def collection_entry(self, shape) -> dict:
     """This patch as `layers.point` applies it: {"replace": bool, "value", "add"}, each of `shape`."""
-    where = jnp.broadcast_to(jnp.asarray(self.where, bool), shape)
-    value = jnp.zeros(shape) if self.value is None else jnp.broadcast_to(jnp.asarray(self.value), shape)
-    return {
-      "replace": where & (self.value is not None),
-      "value": value,
-      "add": jnp.where(where, jnp.broadcast_to(jnp.asarray(self.add), shape), 0.0),
-    }
+    return _collection_entry(self.where, self.value, self.add, tuple(shape))
+
+
+@functools.partial(jax.jit, static_argnums=3)
+def _collection_entry(where, value, add, shape: tuple[int, ...]) -> dict:
+  """`Patch.collection_entry`, one compiled program per shapes (a sweep builds hundreds of entries)."""
+  where = jnp.broadcast_to(jnp.asarray(where, bool), shape)
+  return {
+    "replace": where & (value is not None),
+    "value": jnp.zeros(shape) if value is None else jnp.broadcast_to(jnp.asarray(value), shape),
+    "add": jnp.where(where, jnp.broadcast_to(jnp.asarray(add), shape), 0.0),
+  }
+
+
+@jax.jit
+def _set_layer(entry_LxS: dict, layer, entry_S: dict) -> dict:
+  """A scanned point's collection entry with one layer's entry put in (one program, not one a field)."""
+  return {field: x.at[layer].set(entry_S[field]) for field, x in entry_LxS.items()}
 
 
 def _split(path: tuple[str, ...]) -> tuple[str, int | None, str]:
@@ -215,9 +226,8 @@ def patches_collection(model, params, patches: dict, *args, **kwargs) -> dict:
     if name in scanned:
       path = scanned[name]
       L, shape = flat_shapes[path].shape[0], flat_shapes[path].shape[1:]
-      entry = out.setdefault(path, Patch(where=False).collection_entry((L, *shape)))
-      for field, x in patch.collection_entry(shape).items():
-        entry[field] = entry[field].at[layer].set(x)
+      entry = out.get(path, Patch(where=False).collection_entry((L, *shape)))
+      out[path] = _set_layer(entry, layer, patch.collection_entry(shape))
       continue
     if (name, layer) not in by_point:
       raise KeyError(f"no named point {name!r} at layer {layer} in this model")

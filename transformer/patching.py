@@ -238,7 +238,6 @@ def _sweep_from_each_layer(model, params, corrupt_BxT, metric, point, value_LxBx
   full = patches_collection(model, params, {(point, 0): Patch.replace(value_LxBx[0])}, corrupt_BxT)
   [(path, _)] = flax.traverse_util.flatten_dict(full, is_leaf=lambda _, x: "replace" in x).items()
   inside = path[2:]
-  stacked = params["h"]["layers"] if cfg.scan_layers else layers.stack_layers(params["h"], L)["layers"]
   T = corrupt_BxT.shape[1]
   positions = (jnp.arange(T)[None], jnp.arange(T)[None])
 
@@ -257,7 +256,9 @@ def _sweep_from_each_layer(model, params, corrupt_BxT, metric, point, value_LxBx
     B, _, V = read_BxTxV.shape
     return metric(jnp.concatenate([jnp.zeros((B, first, V), read_BxTxV.dtype), read_BxTxV], axis=1))
 
-  def sweep(params, stacked, value_LxBx, stream_LxBxTxD):
+  def sweep(params, value_LxBx, stream_LxBxTxD):
+    stacked = params["h"]["layers"] if cfg.scan_layers else layers.stack_layers(params["h"], L)["layers"]
+
     def layer_sweep(layer):
       def patched(cell):
         patch = Patch.replace(value_LxBx[layer], where=chosen(jnp.unravel_index(cell, sizes)))
@@ -268,7 +269,7 @@ def _sweep_from_each_layer(model, params, corrupt_BxT, metric, point, value_LxBx
     return jax.lax.map(layer_sweep, jnp.arange(L))
 
   # The arrays as arguments, not constants of the program: XLA would fold a model's weights into it.
-  return jax.jit(sweep)(params, stacked, value_LxBx, below["resid_pre"]).reshape(L, *sizes)
+  return jax.jit(sweep)(params, value_LxBx, below["resid_pre"]).reshape(L, *sizes)
 
 
 def _first_position_read(metric, shape) -> int:
