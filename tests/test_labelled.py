@@ -5,7 +5,6 @@ BiLSTM baselines, through the tasks and the launch programs."""
 import shutil
 
 import chex
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,7 +23,7 @@ from transformer.models.hf_gpt2 import export_hf_gpt2
 from transformer.models.lstm import LSTMConfig, LSTMLanguageModel
 from transformer.tasks import labelled, tagging
 
-from conftest import run_cases, run_module
+from conftest import compiled_init, run_cases, run_module
 
 BODIES = {
   "encoder": EncoderConfig().replace(
@@ -475,7 +474,7 @@ def test_init_from_a_hugging_face_gpt2_directory(reviews, tmp_path):
   random-weight one written by export_hf_gpt2): the body starts from exactly those weights, read
   with the gpt2 tokenizer; another tokenizer is refused by name."""
   gpt2_like = GPTConfig().replace(vocab_size=50257, max_len=64, num_layers=2, num_heads=2, d_model=32)
-  weights = nn.unbox(GPT(gpt2_like).init(jax.random.key(7), jnp.zeros((1, 8), jnp.int32))["params"])
+  weights = compiled_init(GPT(gpt2_like), jnp.zeros((1, 8), jnp.int32), seed=7)
   export_hf_gpt2(gpt2_like, weights, tmp_path / "hf")
   fields = {"model__max_len": 64, "model__num_layers": 2, "model__block__num_heads": 2, "model__block__d_model": 32}
   c = _classify_config(reviews)

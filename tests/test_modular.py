@@ -6,7 +6,6 @@ for bit."""
 import json
 import shutil
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,7 +19,7 @@ from transformer.models.gpt import GPT, GPTConfig
 from transformer.tasks.modular import all_pairs, split
 from transformer.train import train_and_evaluate
 
-from conftest import run_module
+from conftest import compiled_init, run_module
 
 P = 23
 
@@ -51,18 +50,20 @@ def _task(**changes):
 
 def test_the_loss_reads_only_the_answer_position_and_the_numbers_logits():
   task = _task()
-  params = nn.unbox(task.model.init(jax.random.key(0), *task.init_inputs())["params"])
+  params = compiled_init(task.model, *task.init_inputs())
   batch = next(task.train_batches())
-  # The task's loss and the model's logits, compiled as one program (not op by op).
-  loss_and_logits = jax.jit(
-    lambda p: (task.loss(p, batch, jax.random.key(0), False), task.model.apply({"params": p}, batch["tokens"]))
-  )
-  (loss_sum, count), logits_NxTxV = loss_and_logits(params)
-  expected = optax.softmax_cross_entropy_with_integer_labels(logits_NxTxV[:, 2, :P], batch["answers"][:, 0]).sum()
+
+  # The task's loss and the numbers' cross-entropy read at a position of the logits, one program (not op by op).
+  @jax.jit
+  def loss_and_read_at(p):
+    logits_NxTxV = task.model.apply({"params": p}, batch["tokens"])
+    read_at = lambda t: optax.softmax_cross_entropy_with_integer_labels(logits_NxTxV[:, t, :P], batch["answers"][:, 0])
+    return task.loss(p, batch, jax.random.key(0), False), read_at(2).sum(), read_at(1).sum()
+
+  (loss_sum, count), expected, wrong = loss_and_read_at(params)
   np.testing.assert_allclose(loss_sum, expected, rtol=1e-6)
   assert count == len(batch["answers"])
   # The tokens' logits at "a" and "b" do not enter: a loss of position 1 differs.
-  wrong = optax.softmax_cross_entropy_with_integer_labels(logits_NxTxV[:, 1, :P], batch["answers"][:, 0]).sum()
   assert abs(float(wrong - loss_sum)) > 1e-3
   # Another operation is scored and described too (without addition's restricted and excluded losses).
   other = _task(operation="x2_xy_y2")

@@ -13,6 +13,8 @@ from transformer.config import OptimizerConfig
 from transformer.errors import ConfigError
 from transformer.models.gpt import GPT, GPTConfig
 
+from conftest import compiled_init
+
 
 def _opt(**kw) -> OptimizerConfig:
   return dataclasses.replace(OptimizerConfig(), **kw)
@@ -63,7 +65,7 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
 
   @jax.jit  # init, random gradients and the update in one program (not op by op)
   def first_update():
-    params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"])
+    params = compiled_init(model, jnp.zeros((1, 4), jnp.int32))
     grads = jax.tree.map(lambda x: jax.random.normal(jax.random.key(1), x.shape), params)
     return tx.update(grads, tx.init(params), params)[0]
 

@@ -16,7 +16,7 @@ from transformer.models.gpt import GPT, GPTConfig
 from transformer.models.seq2seq import Seq2SeqConfig, Transformer
 from transformer.tokenizers import get_tokenizer
 
-from conftest import nontrivial_png, run_cases, run_module
+from conftest import compiled_init, nontrivial_png, run_cases, run_module
 
 TEXT = "Harry stood at the edge of the Forbidden Forest."
 OTHER = "Prince Harry delivered a heartfelt speech at a gala."
@@ -39,8 +39,7 @@ def gpt(request, tokenizer):
   cfg = GPTConfig().replace(
     vocab_size=tokenizer.vocab_size, max_len=64, num_layers=3, num_heads=2, d_model=32, **changes
   )
-  params = nn.unbox(GPT(cfg).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
-  return GPT(cfg), params
+  return GPT(cfg), compiled_init(GPT(cfg), np.zeros((1, 8), np.int32))
 
 
 @pytest.mark.slow
@@ -64,9 +63,9 @@ def test_attention_rows_are_causal_probabilities_and_the_lens_ends_at_the_logits
 
 def test_scanned_layers_give_the_same_insides(tokenizer):
   cfg = GPTConfig().replace(vocab_size=tokenizer.vocab_size, max_len=64, num_layers=3, num_heads=2, d_model=32)
-  params = nn.unbox(GPT(cfg).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
+  params = compiled_init(GPT(cfg), np.zeros((1, 8), np.int32))
   unrolled = probes.look_inside(GPT(cfg), params, tokenizer, TEXT)
-  scanned_params = {**params, "h": stack_layers(params["h"], 3)}
+  scanned_params = {**params, "h": jax.jit(stack_layers, static_argnums=1)(params["h"], 3)}
   scanned = probes.look_inside(GPT(cfg.replace(scan_layers=True)), scanned_params, tokenizer, TEXT)
   np.testing.assert_allclose(scanned.attention_LxHxTxT, unrolled.attention_LxHxTxT, atol=1e-6)
   np.testing.assert_allclose(scanned.residual_LxTxD, unrolled.residual_LxTxD, atol=1e-5)
@@ -273,7 +272,7 @@ def test_the_probe_verbs_are_library_calls_with_arguments(tokenizer, tmp_path):
   the head scores with an ablation, a logit's shares (summing to it), patching, a word compared."""
   cfg = GPTConfig().replace(vocab_size=tokenizer.vocab_size, max_len=64, num_layers=2, num_heads=2, d_model=32)
   model = GPT(cfg)
-  params = nn.unbox(jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
+  params = compiled_init(model, np.zeros((1, 8), np.int32))
   report = studies.head_scores_and_ablations(model, params, ablate=[(1, 0)], ablation="mean")
   assert report.scores["induction"].shape == (2, 2)
   assert list(report.losses) == ["all heads", "without L1.H0 (mean ablation)"]

@@ -7,7 +7,6 @@ the slow tier, which CI runs all the same."""
 import json
 import shutil
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,7 +24,7 @@ from transformer.models.sae import SAE, SAEConfig
 from transformer.tasks.sae import spliced_losses
 from transformer.train import train_and_evaluate
 
-from conftest import run_module
+from conftest import compiled_init, run_module
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +135,7 @@ def test_a_perfect_reconstruction_spliced_in_leaves_the_loss_and_zeroing_is_the_
   source = data.source
   D = source.d_in
   sae = SAE(SAEConfig(d_in=D, d_sae=2 * D, activation="relu").check())
-  params = nn.unbox(sae.init(jax.random.key(0), jnp.zeros((2, D)))["params"])
+  params = compiled_init(sae, jnp.zeros((2, D)))
   identity = jnp.eye(D)
   params = {
     **params,
@@ -184,7 +183,7 @@ def test_an_sae_on_gpt2_weights_reads_the_mlp_of_a_hugging_face_directory(tmp_pa
   """--config.hf: a GPT-2 directory (Hugging Face's files: a small random GPT-2 exported), on
   config.data's text (Shakespeare in GPT-2's tokens); mlp_post is 4 x d_model wide."""
   cfg = GPTConfig(vocab_size=50257, max_len=64, num_layers=2).replace(d_model=32, num_heads=2)
-  params = nn.unbox(GPT(cfg).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
+  params = compiled_init(GPT(cfg), jnp.zeros((1, 8), jnp.int32))
   export_hf_gpt2(cfg, params, tmp_path / "gpt2")
   c = _sae_config(hf=str(tmp_path / "gpt2"), point="mlp_post", layer=1)
   c.data.root, c.model.k = str(tmp_path / "data"), 4

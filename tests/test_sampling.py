@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import chex
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,7 +16,7 @@ from transformer.generation import sampling as sampler
 from transformer.generation.sampling import Sampling
 from transformer.models.gpt import GPT, GPTConfig
 
-from conftest import REPO
+from conftest import REPO, compiled_init
 
 CFG = GPTConfig().replace(vocab_size=96, max_len=48, num_layers=2, num_heads=4, d_model=32, tie_embeddings=False)
 PROMPTS = [[5, 17, 3, 80, 41, 2, 9], [60], list(range(10, 31)), [33, 34]]
@@ -26,7 +25,7 @@ PROMPTS = [[5, 17, 3, 80, 41, 2, 9], [60], list(range(10, 31)), [33, 34]]
 def _params(cfg=CFG, scale=10.0, seed=0):
   """Random weights, scaled up so that the next-token distributions are far from uniform and
   greedy paths are varied (at init scale every logit is ~0 and decoding just repeats)."""
-  params = nn.unbox(GPT(cfg).init(jax.random.key(seed), jnp.zeros((1, 8), jnp.int32))["params"])
+  params = compiled_init(GPT(cfg), jnp.zeros((1, 8), jnp.int32), seed=seed)
   return jax.tree_util.tree_map_with_path(
     lambda path, x: x if "ln" in jax.tree_util.keystr(path) else x * scale, params
   )

@@ -12,7 +12,6 @@ import sys
 import time
 
 import chex
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,7 +24,7 @@ from transformer.config import OptimizerConfig
 from transformer.models.gpt import GPT, GPTConfig
 from transformer.tasks.lm import lm_loss
 
-from conftest import REPO, run_module
+from conftest import REPO, compiled_init, run_module
 
 TINY = ["--config=experiments/shakespeare.py:tiny", "--config.sample.max_new_tokens=0"]
 
@@ -34,7 +33,7 @@ def _tiny_step(batch_size: int):
   """(model, initial state, a batch, step(loss_fn, accumulation_steps) -> (state, metrics)) of a tiny GPT."""
   model = GPT(GPTConfig().replace(vocab_size=23, max_len=16, num_layers=1, num_heads=2, d_model=16))
   tx = optim.make_optimizer(OptimizerConfig(lr=1e-2, warmup_steps=0, schedule="constant"), 10)
-  params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
+  params = compiled_init(model, jnp.zeros((1, 8), jnp.int32))
   state = train.TrainState(
     step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=jax.random.key_data(jax.random.key(1))
   )

@@ -7,7 +7,6 @@ import json
 import shutil
 
 import chex
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,7 +22,7 @@ from transformer.models import seq2seq
 from transformer.tasks import resolve
 from transformer.tasks.translation import translation_loss
 
-from conftest import nontrivial_png, run_cases, run_module
+from conftest import compiled_init, nontrivial_png, run_cases, run_module
 
 # Seed 004's example, and a few like it.
 PAIRS = [
@@ -41,7 +40,7 @@ def test_loss_counts_real_target_tokens_only_and_smoothing_raises_it():
   tok = tokenizers.CharTokenizer.from_corpus([s + t for s, t in PAIRS])
   pairs = [(np.array(tok.encode(s)), np.array(tok.encode(t))) for s, t in PAIRS]
   model = seq2seq.Transformer(seq2seq.preset("cpu-tiny", vocab_size=tok.vocab_size))
-  params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32), jnp.zeros((1, 8), jnp.int32))["params"])
+  params = compiled_init(model, jnp.zeros((1, 8), jnp.int32), jnp.zeros((1, 8), jnp.int32))
   batches = pipeline.translation_batches(pairs, max_tokens=10_000, max_len=32, eot_id=tok.eot_id, seed=0)
   total_tokens = 0
   for batch in batches:  # one per length bucket
@@ -77,7 +76,7 @@ def test_a_tiny_model_overfits_a_handful_of_pairs_to_bleu_100():
   model = seq2seq.Transformer(cfg)
   opt = dataclasses.replace(resolve(translation_experiment.get_config("tiny")).optimizer, lr=3e-3, warmup_steps=20)
   tx, schedule = optim.make_optimizer(opt, 300), optim.learning_rate(opt, 300)
-  params = nn.unbox(model.init(jax.random.key(0), batch["source"][:1], batch["target_in"][:1])["params"])
+  params = compiled_init(model, batch["source"][:1], batch["target_in"][:1])
   state = train.TrainState(
     step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=jax.random.key_data(jax.random.key(1))
   )
@@ -100,7 +99,7 @@ def test_packed_rows_give_every_pair_the_loss_it_has_alone():
   tok = tokenizers.CharTokenizer.from_corpus([s + t for s, t in PAIRS])
   pairs = [(np.array(tok.encode(s)), np.array(tok.encode(t))) for s, t in PAIRS]
   model = seq2seq.Transformer(seq2seq.preset("cpu-tiny", vocab_size=tok.vocab_size, max_len=96))
-  params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32), jnp.zeros((1, 8), jnp.int32))["params"])
+  params = compiled_init(model, jnp.zeros((1, 8), jnp.int32), jnp.zeros((1, 8), jnp.int32))
   alone = [
     translation_loss(model, params, b, jax.random.key(1), False)
     for b in pipeline.translation_batches(pairs, max_tokens=10_000, max_len=32, eot_id=tok.eot_id, seed=0)
@@ -138,7 +137,7 @@ def test_an_epoch_of_packed_batches_compiles_the_step_once():
   model = seq2seq.Transformer(seq2seq.preset("cpu-tiny", vocab_size=50))
   opt = resolve(translation_experiment.get_config("tiny")).optimizer
   tx, schedule = optim.make_optimizer(opt, 100), optim.learning_rate(opt, 100)
-  params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32), jnp.zeros((1, 8), jnp.int32))["params"])
+  params = compiled_init(model, jnp.zeros((1, 8), jnp.int32), jnp.zeros((1, 8), jnp.int32))
   state = train.TrainState(
     step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=jax.random.key_data(jax.random.key(1))
   )
