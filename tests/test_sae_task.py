@@ -135,21 +135,21 @@ def test_a_perfect_reconstruction_spliced_in_leaves_the_loss_and_zeroing_is_the_
   source = data.source
   D = source.d_in
   sae = SAE(SAEConfig(d_in=D, d_sae=2 * D, activation="relu").check())
-  params = compiled_init(sae, jnp.zeros((2, D)))
-  identity = jnp.eye(D)
+  params = compiled_init(sae, np.zeros((2, D), np.float32))
+  identity = np.eye(D, dtype=np.float32)
   params = {
     **params,
-    "W_enc": jnp.concatenate([identity, -identity], 1),
-    "W_dec": jnp.concatenate([identity, -identity], 0),
-    "b_enc": jnp.zeros(2 * D),
-    "b_dec": jnp.zeros(D),
+    "W_enc": np.concatenate([identity, -identity], 1),
+    "W_dec": np.concatenate([identity, -identity], 0),
+    "b_enc": np.zeros(2 * D, np.float32),
+    "b_dec": np.zeros(D, np.float32),
   }
   losses = spliced_losses(source, sae, params)
   assert abs(losses["ce_loss_spliced"] - losses["ce_loss_clean"]) < 1e-5, losses
   assert losses["ce_loss_zero"] > losses["ce_loss_clean"] + 0.01, losses
 
   mlp = source.params["h"]["layer_1"]["mlp"]
-  zeroed_proj = jax.tree.map(jnp.zeros_like, mlp["proj"])
+  zeroed_proj = jax.tree.map(np.zeros_like, mlp["proj"])
   without_mlp = {
     **source.params,
     "h": {**source.params["h"], "layer_1": {**source.params["h"]["layer_1"], "mlp": {**mlp, "proj": zeroed_proj}}},

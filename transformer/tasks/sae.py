@@ -22,6 +22,7 @@ true features (`mcc`, `mean_max_cosine`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -288,9 +289,15 @@ class SparseAutoencoder(Task):
 
 def splice(source: ModelActivations, sae: SAE, sae_params, tokens_BxT) -> dict:
   """The patch that puts the SAE's reconstruction of the point in place of the point, on these tokens."""
-  x = source.at_point(tokens_BxT)
-  x_hat, _ = sae.apply({"params": sae_params}, x.reshape(-1, source.d_in).astype(jnp.float32))
-  return {(source.point, source.point_layer): Patch.replace(x_hat.reshape(x.shape).astype(x.dtype))}
+  x_hat = _reconstruction(sae, source.d_in, sae_params, source.at_point(tokens_BxT))
+  return {(source.point, source.point_layer): Patch.replace(x_hat)}
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _reconstruction(sae: SAE, d_in: int, sae_params, x):
+  """The SAE's reconstruction of a point's activations, in their shape and dtype: one compiled program."""
+  x_hat, _ = sae.apply({"params": sae_params}, x.reshape(-1, d_in).astype(jnp.float32))
+  return x_hat.reshape(x.shape).astype(x.dtype)
 
 
 def spliced_losses(source: ModelActivations, sae: SAE, sae_params) -> dict[str, float]:
