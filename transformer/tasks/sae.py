@@ -261,9 +261,8 @@ class SparseAutoencoder(Task):
     result = super().evaluate(params, eval_fn, batches)
     del result["val_perplexity"]
     [x_NxD] = batches
-    scale = params["input_scale"]
-    x_hat_NxD, z_NxS = self.model.apply({"params": params}, jnp.asarray(x_NxD))
-    result.update(scores(x_NxD * scale, x_hat_NxD * scale, z_NxS))
+    x_NxD, x_hat_NxD, z_NxS = _scaled_forward(self.model, params, x_NxD)
+    result.update(scores(x_NxD, x_hat_NxD, z_NxS))
     density_S = latent_density(z_NxS)
     result["dead_latents"] = float(np.mean(np.asarray(params["since_fired"]) >= self.config.dead_tokens))
     result["dense_latents"] = float(np.mean(density_S > DENSE))
@@ -271,7 +270,7 @@ class SparseAutoencoder(Task):
     if isinstance(source, ModelActivations):
       result.update(spliced_losses(source, self.model, params))
     if isinstance(source, SyntheticActivations):
-      decoder_SxD = self.model.apply({"params": params}, method=SAE.decoder)
+      decoder_SxD = _decoder(self.model, params)
       result.update(recovery(np.asarray(decoder_SxD), source.source.directions_FxD))
     return result
 
@@ -285,6 +284,17 @@ class SparseAutoencoder(Task):
     if "mcc" in result:
       line += f", MCC {result['mcc']:.3f}, {100 * result['recovered']:.0f}% of features found"
     return line
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _scaled_forward(sae: SAE, params, x_NxD):
+  """(the rows, their reconstruction, the latents), rows and reconstruction in the space the SAE learns
+  in (times `input_scale`): what `scores` reads, one compiled program."""
+  x_hat_NxD, z_NxS = sae.apply({"params": params}, x_NxD)
+  return x_NxD * params["input_scale"], x_hat_NxD * params["input_scale"], z_NxS
+
+
+_decoder = jax.jit(lambda sae, params: sae.apply({"params": params}, method=SAE.decoder), static_argnums=0)
 
 
 def splice(source: ModelActivations, sae: SAE, sae_params, tokens_BxT) -> dict:
