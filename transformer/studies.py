@@ -132,12 +132,12 @@ def attribute(model, params, tokenizer, text: str, target: str, versus: str | No
 
   def last(token):
     attributed = cache.direct_logit_attribution(jnp.full_like(tokens_1xT, token))
-    return {k: float(x[0, -1]) for k, x in attributed.items()}
+    return {k: float(np.asarray(x)[0, -1]) for k, x in attributed.items()}  # read on the host
 
   share = last(target_id)
   if versus_id is not None:
     share = {k: v - u for (k, v), u in zip(share.items(), last(versus_id).values())}
-  logits_V = interventions.run_with_cache(model, params, tokens_1xT, names=())[0][0, -1]
+  logits_V = np.asarray(interventions.run_with_cache(model, params, tokens_1xT, names=())[0])[0, -1]
   logit = float(logits_V[target_id] - (0.0 if versus_id is None else logits_V[versus_id]))
   if out is not None:
     out.mkdir(parents=True, exist_ok=True)
