@@ -65,7 +65,7 @@ def test_scanned_layers_give_the_same_insides(tokenizer):
   cfg = GPTConfig().replace(vocab_size=tokenizer.vocab_size, max_len=64, num_layers=3, num_heads=2, d_model=32)
   params = compiled_init(GPT(cfg), np.zeros((1, 8), np.int32))
   unrolled = probes.look_inside(GPT(cfg), params, tokenizer, TEXT)
-  scanned_params = {**params, "h": jax.jit(stack_layers, static_argnums=1)(params["h"], 3)}
+  scanned_params = {**params, "h": stack_layers(params["h"], 3)}
   scanned = probes.look_inside(GPT(cfg.replace(scan_layers=True)), scanned_params, tokenizer, TEXT)
   np.testing.assert_allclose(scanned.attention_LxHxTxT, unrolled.attention_LxHxTxT, atol=1e-6)
   np.testing.assert_allclose(scanned.residual_LxTxD, unrolled.residual_LxTxD, atol=1e-5)

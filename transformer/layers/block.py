@@ -186,6 +186,7 @@ class Stack(nn.Module):
     )
 
 
+@functools.partial(jax.jit, static_argnums=1)  # one program, not a stack (or a slice) a leaf and layer
 def stack_layers(params: dict, num_layers: int) -> dict:
   """Unrolled params (`layer_0` ... `layer_{n-1}`) -> scanned params (`layers`, leading axis n)."""
   layers = [params[f"layer_{i}"] for i in range(num_layers)]
@@ -193,6 +194,7 @@ def stack_layers(params: dict, num_layers: int) -> dict:
   return {**rest, "layers": jax.tree.map(lambda *xs: jnp.stack(xs), *layers)}
 
 
+@functools.partial(jax.jit, static_argnums=1)
 def unstack_layers(params: dict, num_layers: int) -> dict:
   """The inverse of `stack_layers`."""
   rest = {k: v for k, v in params.items() if k != "layers"}
