@@ -114,12 +114,13 @@ def pytest_sessionstart(session):
   _config[:] = [session.config]
 
 
-def _by_module(compiles: dict, fast_only: bool) -> dict:
+def _by_module(compiles: dict, fast_only: bool, what: int = 0) -> dict:
+  """{test module: its tests' programs (what=0) or seconds compiling (what=1)}."""
   modules = {}
-  for nodeid, (programs, _, _, slow) in compiles.items():
-    if not (fast_only and slow):
+  for nodeid, entry in compiles.items():
+    if not (fast_only and entry[3]):
       module = nodeid.split("::")[0].rsplit("/", 1)[-1]
-      modules[module] = modules.get(module, 0) + programs
+      modules[module] = modules.get(module, 0) + entry[what]
   return modules
 
 
@@ -155,11 +156,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     write("the 15 tests that compile most:")
     for nodeid, (n, s, _, _) in sorted(compiles.items(), key=lambda kv: -kv[1][0])[:15]:
       write(f"  {n:5d} programs {s:6.1f} s  {nodeid}")
-    write("by module (fast tier / budget):")
-    fast_modules = _by_module(compiles, fast_only=True)
+    write("the 15 modules that compile most (programs; of them in the fast tier, and its budget):")
+    fast_modules, seconds = _by_module(compiles, fast_only=True), _by_module(compiles, fast_only=False, what=1)
     for module, n in sorted(_by_module(compiles, fast_only=False).items(), key=lambda kv: -kv[1])[:15]:
       budget = COMPILE_BUDGET.get(module, DEFAULT_COMPILE_BUDGET)
-      write(f"  {n:5d} programs, {fast_modules.get(module, 0):5d} / {budget:4d} fast  {module}")
+      write(
+        f"  {n:5d} programs {seconds[module]:6.1f} s, {fast_modules.get(module, 0):5d} fast / {budget:4d}  {module}"
+      )
   for line in _over_budget(config):
     terminalreporter.write_line(f"FAILED compile budget: {line} (tests/conftest.py COMPILE_BUDGET)", red=True)
 
