@@ -167,12 +167,26 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     terminalreporter.write_line(f"FAILED compile budget: {line} (tests/conftest.py COMPILE_BUDGET)", red=True)
 
 
-# Each test module's budget of XLA programs in the fast tier, as one pytest run counts them (a
-# module's tests split over the two xdist workers compile what they share twice). A module over its
-# budget fails the run: share the programs (session fixtures, one config a module, compiled forward
-# passes instead of eager ops) or move a real training to the slow tier, before raising a number.
-DEFAULT_COMPILE_BUDGET = 40
-COMPILE_BUDGET: dict[str, int] = {}
+# Each test module's budget of XLA programs in its fast tier, as a pytest run counts them (measured
+# alone, in the fast tier and in the whole suite, the largest of the three, plus a fifth; the budget of
+# a module not named is the default). A module over its budget fails the run: share the programs
+# (`compiled_init`, `compiled_apply`, one config a module, NumPy for the tests' own arithmetic) or move
+# a real training or process to the slow tier, before raising a number here.
+DEFAULT_COMPILE_BUDGET = 25
+COMPILE_BUDGET: dict[str, int] = {
+  "test_activation_cache.py": 185,
+  "test_attention.py": 50,
+  "test_gpt.py": 100,
+  "test_hf_marian.py": 45,
+  "test_interventions.py": 195,
+  "test_kernels.py": 140,
+  "test_layers.py": 100,
+  "test_probes.py": 110,
+  "test_sae.py": 80,
+  "test_sae_task.py": 40,
+  "test_sampling.py": 50,
+  "test_seq2seq.py": 200,
+}
 
 
 @pytest.fixture(scope="session")

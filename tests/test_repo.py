@@ -1,13 +1,16 @@
 """The repository's promises: layout, packaging and that CI runs what the README says."""
 
 import ast
+import os
 import re
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
-from conftest import REPO
+import pytest
+
+from conftest import DEFAULT_COMPILE_BUDGET, REPO
 
 
 def test_top_level_layout():
@@ -148,3 +151,29 @@ def test_the_linter_and_the_formatter_are_clean():
       timeout=120,
     )
     assert proc.returncode == 0, proc.stdout[-3000:]
+
+
+@pytest.mark.slow  # a pytest process of its own
+def test_the_suite_counts_its_compilations_and_fails_a_module_over_its_budget(tmp_path):
+  """tests/conftest.py's count, in a pytest run of two modules of eager ops (a program an op and new
+  shape): `--compiles` prints each test's programs, and the module over the default budget fails the
+  run although its test passed; the one within it does not."""
+  for name, shapes in (("test_over", DEFAULT_COMPILE_BUDGET), ("test_within", 3)):
+    (tmp_path / f"{name}.py").write_text(  # shapes of their own: (n, 0) and (n, 1)
+      f"import jax.numpy as jnp\n\n\ndef test_eager_ops():\n  for n in range(1, {shapes + 1}):\n"
+      f"    jnp.ones((n, {int(name == 'test_within')})) + 1.0\n"
+    )
+  proc = subprocess.run(
+    [sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-q", "--compiles", "."],
+    cwd=tmp_path,
+    env={**os.environ, "PYTHONPATH": str(REPO / "tests")},
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert proc.returncode == 1 and "2 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+  over = re.search(r"test_over.py: (\d+) XLA programs in the fast tier, over its budget of (\d+)", proc.stdout)
+  assert over and int(over.group(1)) >= 2 * DEFAULT_COMPILE_BUDGET and int(over.group(2)) == DEFAULT_COMPILE_BUDGET
+  assert "test_within.py: " not in proc.stdout
+  tests = re.findall(r"^ +(\d+) programs .*::test_eager_ops$", proc.stdout, re.M)
+  assert sorted(map(int, tests)) == [6, int(over.group(1))], proc.stdout
