@@ -22,7 +22,7 @@ from transformer.models import seq2seq
 from transformer.tasks import resolve
 from transformer.tasks.translation import translation_loss
 
-from conftest import compiled_init, nontrivial_png, run_cases, run_module
+from conftest import compiled_apply, compiled_init, nontrivial_png, run_cases, run_module
 
 # Seed 004's example, and a few like it.
 PAIRS = [
@@ -35,6 +35,10 @@ PAIRS = [
 ]
 
 
+# The loss as training compiles it (eagerly, each op of each batch's shapes would compile on its own).
+_loss = jax.jit(translation_loss, static_argnums=(0, 4), static_argnames="label_smoothing")
+
+
 @pytest.mark.slow
 def test_loss_counts_real_target_tokens_only_and_smoothing_raises_it():
   tok = tokenizers.CharTokenizer.from_corpus([s + t for s, t in PAIRS])
@@ -44,11 +48,13 @@ def test_loss_counts_real_target_tokens_only_and_smoothing_raises_it():
   batches = pipeline.translation_batches(pairs, max_tokens=10_000, max_len=32, eot_id=tok.eot_id, seed=0)
   total_tokens = 0
   for batch in batches:  # one per length bucket
-    loss_sum, tokens = translation_loss(model, params, batch, jax.random.key(1), False)
+    loss_sum, tokens = _loss(model, params, batch, jax.random.key(1), False)
     total_tokens += tokens
     # The plain negative log-likelihood of the real target tokens, computed directly.
     logp = jax.nn.log_softmax(
-      model.apply({"params": params}, batch["source"], batch["target_in"], source_valid_BxS=batch["source_valid"])
+      compiled_apply(
+        model, {"params": params}, batch["source"], batch["target_in"], source_valid_BxS=batch["source_valid"]
+      )
     )
     nll = -np.take_along_axis(np.asarray(logp), batch["target_out"][..., None], -1)[..., 0]
     np.testing.assert_allclose(loss_sum, nll[batch["target_valid"]].sum(), rtol=1e-5)
@@ -58,9 +64,9 @@ def test_loss_counts_real_target_tokens_only_and_smoothing_raises_it():
       target_out=np.where(batch["target_valid"], batch["target_out"], 3),
       target_in=np.where(batch["target_valid"], batch["target_in"], 5),
     )
-    np.testing.assert_allclose(translation_loss(model, params, noisy, jax.random.key(1), False)[0], loss_sum, rtol=1e-6)
+    np.testing.assert_allclose(_loss(model, params, noisy, jax.random.key(1), False)[0], loss_sum, rtol=1e-6)
     # Smoothing 0.1: the target puts 0.9 + 0.1/V on the right token and 0.1/V on every other.
-    smoothed, _ = translation_loss(model, params, batch, jax.random.key(1), True, label_smoothing=0.1)
+    smoothed, _ = _loss(model, params, batch, jax.random.key(1), True, label_smoothing=0.1)
     uniform = -np.asarray(logp).mean(-1)
     np.testing.assert_allclose(smoothed, (0.9 * nll + 0.1 * uniform)[batch["target_valid"]].sum(), rtol=1e-5)
   assert total_tokens == sum(len(t) + 1 for _, t in pairs)  # each target and its <|endoftext|>, once
@@ -101,13 +107,13 @@ def test_packed_rows_give_every_pair_the_loss_it_has_alone():
   model = seq2seq.Transformer(seq2seq.preset("cpu-tiny", vocab_size=tok.vocab_size, max_len=96))
   params = compiled_init(model, jnp.zeros((1, 8), jnp.int32), jnp.zeros((1, 8), jnp.int32))
   alone = [
-    translation_loss(model, params, b, jax.random.key(1), False)
+    _loss(model, params, b, jax.random.key(1), False)
     for b in pipeline.translation_batches(pairs, max_tokens=10_000, max_len=32, eot_id=tok.eot_id, seed=0)
   ]
   packed = pipeline.packed_batches(pairs, max_tokens=128, max_len=64, eot_id=tok.eot_id, seed=0)
   assert len(packed) == 1 and packed[0]["source"].shape == (2, 64)
   assert packed[0]["source_segments"].max() >= 3  # several pairs share a row
-  together = [translation_loss(model, params, b, jax.random.key(1), False) for b in packed]
+  together = [_loss(model, params, b, jax.random.key(1), False) for b in packed]
   np.testing.assert_allclose(sum(float(s) for s, _ in together), sum(float(s) for s, _ in alone), rtol=1e-5)
   assert sum(float(n) for _, n in together) == sum(float(n) for _, n in alone) == sum(len(t) + 1 for _, t in pairs)
   # Source rows longer than target rows (sources that carry a fuzzy match): the same losses.
@@ -115,7 +121,7 @@ def test_packed_rows_give_every_pair_the_loss_it_has_alone():
   assert longer[0]["source"].shape == longer[0]["source_valid"].shape == (2, 96)
   assert longer[0]["target_in"].shape == longer[0]["target_segments"].shape == (2, 64)
   np.testing.assert_allclose(
-    sum(float(translation_loss(model, params, b, jax.random.key(1), False)[0]) for b in longer),
+    sum(float(_loss(model, params, b, jax.random.key(1), False)[0]) for b in longer),
     sum(float(s) for s, _ in alone),
     rtol=1e-5,
   )
