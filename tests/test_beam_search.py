@@ -19,6 +19,7 @@ from transformer.kernels import decode_threads
 from transformer.models import seq2seq
 from transformer.models.seq2seq import Transformer
 
+from conftest import compiled_apply
 from test_seq2seq import CFG, SRC, TGT, VALID, _params
 
 
@@ -41,15 +42,19 @@ def test_cached_decoding_equals_full_forward(params, changes):
   cfg = CFG.replace(**changes)
   params = _params(cfg) if changes else params
   model = Transformer(cfg)
-  full = model.apply({"params": params}, SRC, TGT, source_valid_BxS=VALID)
-  encoded = model.apply({"params": params}, SRC, source_valid_BxS=VALID, method="encode")
+  full = compiled_apply(model, {"params": params}, SRC, TGT, source_valid_BxS=VALID)
+  encoded = compiled_apply(model, {"params": params}, SRC, source_valid_BxS=VALID, method="encode")
   cache = beam_search.init_cache(model, *TGT.shape[:1], SRC.shape[1], TGT.shape[1])
   steps = []
   for t in range(TGT.shape[1]):
-    logits_BxV, cache = beam_search.decode_step(model, params, cache, encoded if t == 0 else None, TGT[:, t], VALID)
+    logits_BxV, cache = _decode_step(model, params, cache, encoded if t == 0 else None, TGT[:, t], VALID)
     chex.assert_shape(logits_BxV, (TGT.shape[0], CFG.vocab_size))
     steps.append(logits_BxV)
-  np.testing.assert_allclose(jnp.stack(steps, axis=1), full, atol=1e-5)
+  np.testing.assert_allclose(np.stack(steps, axis=1), full, atol=1e-5)
+
+
+# A decoding step as the searches compile it (eagerly, each of its ops would compile on its own).
+_decode_step = jax.jit(beam_search.decode_step, static_argnums=0)
 
 
 DEC_CFG = CFG.replace(tie_output=False)  # a tied head at random init just repeats its input token
