@@ -23,7 +23,7 @@ from transformer.models.hf_gpt2 import export_hf_gpt2
 from transformer.models.lstm import LSTMConfig, LSTMLanguageModel
 from transformer.tasks import labelled, tagging
 
-from conftest import compiled_init, run_cases, run_module
+from conftest import compiled_apply, compiled_init, run_cases, run_module
 
 BODIES = {
   "encoder": EncoderConfig().replace(
@@ -213,11 +213,11 @@ def _texts(num: int = 16, length: int = 10, seed: int = 0):
   tokens = np.zeros((num, 16), np.int32)
   valid = np.arange(16)[None] < lengths[:, None]
   tokens[valid] = rng.integers(1, 40, valid.sum())
-  return jnp.asarray(tokens), jnp.asarray(valid)
+  return tokens, valid
 
 
 def _fit(model, tokens, valid, labels, steps: int = 150):
-  params = model.init(jax.random.key(0), tokens, valid_BxT=valid)["params"]
+  params = compiled_init(model, tokens, valid_BxT=valid)
   tx = optax.adam(3e-3)
   state = tx.init(params)
   batch = {"tokens": tokens, "valid": valid, "labels": labels}
@@ -240,16 +240,16 @@ def _fit(model, tokens, valid, labels, steps: int = 150):
 def test_each_model_overfits_a_tiny_labelled_set(family):
   tokens, valid = _texts()
   cfg = BODIES[family]
-  labels = jnp.asarray(np.arange(16) % 3)[:, None]
+  labels = (np.arange(16) % 3)[:, None]
   model = classifier.SequenceClassifier(cfg, 3, classifier.natural_pooling(cfg))
   params = _fit(model, tokens, valid, labels)
-  predicted = model.apply({"params": params}, tokens, valid_BxT=valid).argmax(-1)
+  predicted = np.asarray(compiled_apply(model, {"params": params}, tokens, valid_BxT=valid)).argmax(-1)
   np.testing.assert_array_equal(predicted, labels[:, 0])  # 100%
 
-  tags = jnp.where(valid, tokens % 5, -1)
+  tags = np.where(valid, tokens % 5, -1)
   tagger = classifier.TokenClassifier(cfg, 5)
   params = _fit(tagger, tokens, valid, tags, steps=200)
-  predicted = tagger.apply({"params": params}, tokens, valid_BxT=valid).argmax(-1)
+  predicted = np.asarray(compiled_apply(tagger, {"params": params}, tokens, valid_BxT=valid)).argmax(-1)
   np.testing.assert_array_equal(predicted[valid], tags[valid])  # 100% of the words
 
 
@@ -263,10 +263,10 @@ def test_padding_changes_no_prediction(family):
     classifier.SequenceClassifier(cfg, 3, "last"),
     classifier.TokenClassifier(cfg, 5),
   ):
-    params = model.init(jax.random.key(0), tokens, valid_BxT=valid)["params"]
+    params = compiled_init(model, tokens, valid_BxT=valid)
     run = jax.jit(lambda t, v: model.apply({"params": params}, t, valid_BxT=v))
     short = run(tokens[:, :10], valid[:, :10])
-    long = run(jnp.where(valid, tokens, 7), valid)  # more padding, and other ids in it
+    long = run(np.where(valid, tokens, 7), valid)  # more padding, and other ids in it
     if short.ndim == 3:
       np.testing.assert_allclose(long[:, :10][valid[:, :10]], short[valid[:, :10]], atol=1e-5)
     else:
@@ -278,13 +278,14 @@ def test_the_lstm_language_model_samples_through_its_recurrent_state():
   from transformer.generation import sampling
 
   model = LSTMLanguageModel(LSTMConfig(vocab_size=20, num_layers=2, d_model=16, max_len=64))
-  params = model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]
+  params = compiled_init(model, np.zeros((1, 8), np.int32))
   prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9]]  # left-padded to one length inside generate
   got = sampling.generate(model, params, prompts, max_new_tokens=6, sampling=sampling.Sampling(temperature=0))
   for prompt, new in zip(prompts, got):
     sequence = list(prompt)
     for _ in range(6):  # greedy by full forward passes, no state carried
-      sequence.append(int(model.apply({"params": params}, jnp.asarray([sequence]))[0, -1].argmax()))
+      logits = compiled_apply(model, {"params": params}, np.asarray([sequence], np.int32))
+      sequence.append(int(np.asarray(logits)[0, -1].argmax()))
     assert new == sequence[len(prompt) :]
   with pytest.raises(ConfigError, match="bidirectional LSTM would read the answer"):
     LSTMLanguageModel(LSTMConfig(vocab_size=20, bidirectional=True)).init(jax.random.key(0), jnp.zeros((1, 4), int))
