@@ -132,38 +132,36 @@ def test_an_ensemble_decodes_with_the_mean_of_its_members_log_probs():
     np.testing.assert_array_equal(alone[0], ensembled[0])
     np.testing.assert_allclose(alone[1], ensembled[1], atol=1e-5)
   pair, p_pair = seq2seq.Ensemble((DEC_CFG, shallow)), {"member_0": p_a, "member_1": p_b}
-  mean = (
-    jax.nn.log_softmax(model.apply({"params": p_a}, SRC, TGT, source_valid_BxS=VALID))
-    + jax.nn.log_softmax(Transformer(shallow).apply({"params": p_b}, SRC, TGT, source_valid_BxS=VALID))
-  ) / 2
-  full = pair.apply({"params": p_pair}, SRC, TGT, source_valid_BxS=VALID)
+  mean = (_log_probs(DEC_CFG, p_a, SRC, TGT, VALID) + _log_probs(shallow, p_b, SRC, TGT, VALID)) / 2
+  full = compiled_apply(pair, {"params": p_pair}, SRC, TGT, source_valid_BxS=VALID)
   np.testing.assert_allclose(full, mean, atol=1e-5)
-  encoded = pair.apply({"params": p_pair}, SRC, source_valid_BxS=VALID, method="encode")
+  encoded = compiled_apply(pair, {"params": p_pair}, SRC, source_valid_BxS=VALID, method="encode")
   cache = beam_search.init_cache(pair, TGT.shape[0], SRC.shape[1], TGT.shape[1])
   for t in range(TGT.shape[1]):
-    step_BxV, cache = beam_search.decode_step(pair, p_pair, cache, encoded if t == 0 else None, TGT[:, t], VALID)
+    step_BxV, cache = _decode_step(pair, p_pair, cache, encoded if t == 0 else None, TGT[:, t], VALID)
     np.testing.assert_allclose(step_BxV, mean[:, t], atol=1e-5)
   # Greedy decoding of the pair takes the argmax of the mean at every step.
   tokens = beam_search.greedy(p_pair, SRC, VALID, model=pair, max_len=6, bos_id=BOS, eos_id=49)
-  mean = pair.apply(
-    {"params": p_pair}, SRC, jnp.concatenate([jnp.full((2, 1), BOS), tokens[:, :-1]], 1), source_valid_BxS=VALID
+  tokens = np.asarray(tokens)
+  mean = compiled_apply(
+    pair, {"params": p_pair}, SRC, np.concatenate([np.full((2, 1), BOS), tokens[:, :-1]], 1), source_valid_BxS=VALID
   )
-  np.testing.assert_array_equal(tokens, jnp.argmax(mean, -1))
+  np.testing.assert_array_equal(tokens, np.argmax(mean, -1))
   with pytest.raises(UserError, match=r"must share one vocabulary, got vocab_size \[50, 60\]"):
-    seq2seq.Ensemble((DEC_CFG, DEC_CFG.replace(vocab_size=60))).init(jax.random.key(0), SRC, TGT)
+    jax.eval_shape(seq2seq.Ensemble((DEC_CFG, DEC_CFG.replace(vocab_size=60))).init, jax.random.key(0), SRC, TGT)
 
 
-@pytest.mark.slow
 def test_repeated_ngram_mask_names_the_tokens_that_would_repeat():
-  tokens = jnp.array(
+  tokens = np.array(
     [
       [5, 6, 7, 5, 6, 9, 0, 0],  # ... 5 6 -> 7 and 9 would repeat a trigram
       [3, 3, 3, 3, 0, 0, 0, 0],
     ]
   )  # ... 3 3 -> 3
+  mask_of = jax.jit(beam_search.repeated_ngram_mask, static_argnums=(2, 3))  # traced as a search traces it
 
   def banned(length, n):
-    mask = beam_search.repeated_ngram_mask(tokens, length, n, 10)
+    mask = mask_of(tokens, length, n, 10)
     return [set(np.flatnonzero(row).tolist()) for row in mask]
 
   assert banned(5, 3) == [{7}, set()]  # row 0's last two are 5 6; row 1's (3 0) never came before
@@ -172,7 +170,8 @@ def test_repeated_ngram_mask_names_the_tokens_that_would_repeat():
   assert banned(3, 1) == [{5, 6, 7}, {3}]  # unigrams: any token already written
   assert banned(1, 3) == [set(), set()]  # too short to repeat
   # Applied to scores, <eos> (here 7) stays allowed: a translation may always end.
-  scores = beam_search.ban_repeated_ngrams(jnp.zeros((2, 10)), tokens, 3, 1, 7, -jnp.inf)
+  ban = jax.jit(beam_search.ban_repeated_ngrams, static_argnums=(3, 4))
+  scores = ban(np.zeros((2, 10), np.float32), tokens, 3, 1, 7, -np.inf)
   assert [set(np.flatnonzero(np.isinf(row)).tolist()) for row in scores] == [{5, 6}, {3}]
 
 
