@@ -1,10 +1,12 @@
 """Shared fixtures. Assets are real: fetched once through the registries into the user cache
 ($TRANSFORMER_CACHE, default ~/.cache/transformer) and reused by every test and the main job."""
 
+import collections
 import functools
 import os
 import shutil
 import sys
+import traceback
 from pathlib import Path
 
 import flax.linen as nn
@@ -51,120 +53,116 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 # count is the number that says what a change costs on any machine. JAX reports every program it hands
 # to the backend (compiled, or read from the persistent cache above) as one `backend_compile` event;
 # each test's setup, call and teardown carry their count to the controller (pytest-xdist workers too).
-# `--compiles` prints the total and the 15 tests that compile most; every run holds each test module's
-# fast-tier count to its budget below, so that the count does not creep back.
+# `--compiles` prints the total, the tests, modules and lines of tests that compile most; every run
+# holds each test module's fast-tier count to its budget (below), so that the count does not creep back.
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
-_compiled = {"programs": 0, "seconds": 0.0, "cache_hits": 0}
+_process = {"programs": 0, "seconds": 0.0, "cache_hits": 0, "lines": collections.Counter(), "where": False}
+_by_test: dict[str, list] = {}  # the controller's: nodeid -> [programs, seconds, cache hits, slow]
+_by_line: collections.Counter = collections.Counter()  # the controller's: "test_x.py:12" -> programs
 
 
 def _on_duration(event: str, seconds: float, **_):
   if event == BACKEND_COMPILE_EVENT:
-    _compiled["programs"] += 1
-    _compiled["seconds"] += seconds
+    _process["programs"] += 1
+    _process["seconds"] += seconds
+    if _process["where"]:  # the line of a test module that asked for it
+      frames = [f for f in traceback.extract_stack() if Path(f.filename).name.startswith("test_")]
+      if frames:
+        _process["lines"][f"{Path(frames[-1].filename).name}:{frames[-1].lineno}"] += 1
 
 
 def _on_event(event: str, **_):
   if event == CACHE_HIT_EVENT:
-    _compiled["cache_hits"] += 1
+    _process["cache_hits"] += 1
 
 
 def pytest_addoption(parser):
   parser.addoption(
     "--compiles",
     action="store_true",
-    help="print the XLA programs compiled (total, and the 15 tests and modules that compile most)",
+    help="print the XLA programs compiled: the total, and the tests, modules and lines of tests that compile most",
   )
 
 
 def pytest_configure(config):
   import jax.monitoring
 
+  _process["where"] = config.getoption("--compiles")
   jax.monitoring.register_event_duration_secs_listener(_on_duration)
   jax.monitoring.register_event_listener(_on_event)
-  config._compiles = {}  # nodeid -> [programs, seconds, cache hits, slow]
-  config._compiles_seen = dict(_compiled)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
+  """Each phase's report carries what compiled since the last one (its own test's setup, call or teardown)."""
   report = (yield).get_result()
-  seen = item.config._compiles_seen
-  report.user_properties.append(("xla", [_compiled[k] - seen[k] for k in ("programs", "seconds", "cache_hits")]))
-  item.config._compiles_seen = dict(_compiled)
+  report.user_properties.append(("xla", [_process[k] for k in ("programs", "seconds", "cache_hits")]))
+  report.user_properties.append(("xla_lines", list(_process["lines"].items())))
+  _process.update(programs=0, seconds=0.0, cache_hits=0, lines=collections.Counter())
 
 
 def pytest_runtest_logreport(report):
-  config = _config[0]
-  if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller adds it up
+  if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker's reports are added up by the controller
     return
-  for name, (programs, seconds, hits) in report.user_properties:
+  for name, value in report.user_properties:
     if name == "xla":
-      entry = config._compiles.setdefault(report.nodeid, [0, 0.0, 0, "slow" in report.keywords])
-      entry[0] += programs
-      entry[1] += seconds
-      entry[2] += hits
+      entry = _by_test.setdefault(report.nodeid, [0, 0.0, 0, "slow" in report.keywords])
+      for i, x in enumerate(value):
+        entry[i] += x
+    if name == "xla_lines":
+      _by_line.update(dict(value))
 
 
-_config = []
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_sessionstart(session):
-  _config[:] = [session.config]
-
-
-def _by_module(compiles: dict, fast_only: bool, what: int = 0) -> dict:
+def _by_module(fast_only: bool, what: int = 0) -> dict:
   """{test module: its tests' programs (what=0) or seconds compiling (what=1)}."""
-  modules = {}
-  for nodeid, entry in compiles.items():
+  modules = collections.Counter()
+  for nodeid, entry in _by_test.items():
     if not (fast_only and entry[3]):
-      module = nodeid.split("::")[0].rsplit("/", 1)[-1]
-      modules[module] = modules.get(module, 0) + entry[what]
+      modules[nodeid.split("::")[0].rsplit("/", 1)[-1]] += entry[what]
   return modules
 
 
-def _over_budget(config) -> list[str]:
+def _over_budget() -> list[str]:
+  budget = lambda module: COMPILE_BUDGET.get(module, DEFAULT_COMPILE_BUDGET)
   return [
-    f"{module}: {programs} XLA programs in the fast tier, over its budget of {COMPILE_BUDGET.get(module, DEFAULT_COMPILE_BUDGET)}"
-    for module, programs in sorted(_by_module(config._compiles, fast_only=True).items())
-    if programs > COMPILE_BUDGET.get(module, DEFAULT_COMPILE_BUDGET)
+    f"{module}: {n} XLA programs in the fast tier, over its budget of {budget(module)}"
+    for module, n in sorted(_by_module(fast_only=True).items())
+    if n > budget(module)
   ]
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
-  if not hasattr(session.config, "workerinput") and _over_budget(session.config) and exitstatus == 0:
+  if not os.environ.get("PYTEST_XDIST_WORKER") and exitstatus == 0 and _over_budget():
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-  compiles = config._compiles
-  if hasattr(config, "workerinput") or not compiles:
+  if os.environ.get("PYTEST_XDIST_WORKER") or not _by_test:
     return
   write = terminalreporter.write_line
   if config.getoption("--compiles"):
-    programs = sum(c[0] for c in compiles.values())
-    seconds = sum(c[1] for c in compiles.values())
-    hits = sum(c[2] for c in compiles.values())
-    fast = sum(c[0] for c in compiles.values() if not c[3])
+    total = [sum(entry[i] for entry in _by_test.values()) for i in range(3)]
+    fast = sum(entry[0] for entry in _by_test.values() if not entry[3])
     terminalreporter.section("XLA compilations")
     write(
-      f"{programs} programs ({fast} in tests not marked slow), {seconds:.1f} s compiling, "
-      f"{hits} of them read from the persistent cache"
+      f"{total[0]} programs ({fast} in tests not marked slow), {total[1]:.1f} s compiling, "
+      f"{total[2]} of them read from the persistent cache"
     )
     write("the 15 tests that compile most:")
-    for nodeid, (n, s, _, _) in sorted(compiles.items(), key=lambda kv: -kv[1][0])[:15]:
-      write(f"  {n:5d} programs {s:6.1f} s  {nodeid}")
+    for nodeid, (n, seconds, _, _) in sorted(_by_test.items(), key=lambda kv: -kv[1][0])[:15]:
+      write(f"  {n:5d} programs {seconds:6.1f} s  {nodeid}")
     write("the 15 modules that compile most (programs; of them in the fast tier, and its budget):")
-    fast_modules, seconds = _by_module(compiles, fast_only=True), _by_module(compiles, fast_only=False, what=1)
-    for module, n in sorted(_by_module(compiles, fast_only=False).items(), key=lambda kv: -kv[1])[:15]:
+    fast_modules, seconds = _by_module(fast_only=True), _by_module(fast_only=False, what=1)
+    for module, n in _by_module(fast_only=False).most_common(15):
       budget = COMPILE_BUDGET.get(module, DEFAULT_COMPILE_BUDGET)
-      write(
-        f"  {n:5d} programs {seconds[module]:6.1f} s, {fast_modules.get(module, 0):5d} fast / {budget:4d}  {module}"
-      )
-  for line in _over_budget(config):
-    terminalreporter.write_line(f"FAILED compile budget: {line} (tests/conftest.py COMPILE_BUDGET)", red=True)
+      write(f"  {n:5d} programs {seconds[module]:6.1f} s, {fast_modules[module]:5d} fast / {budget:4d}  {module}")
+    write("the 15 lines of the tests that compile most (an eager op compiles for every new shape):")
+    for line, n in _by_line.most_common(15):
+      write(f"  {n:5d} programs  {line}")
+  for line in _over_budget():
+    write(f"FAILED compile budget: {line} (tests/conftest.py COMPILE_BUDGET)", red=True)
 
 
 # Each test module's budget of XLA programs in its fast tier, as a pytest run counts them (measured

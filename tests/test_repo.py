@@ -156,8 +156,8 @@ def test_the_linter_and_the_formatter_are_clean():
 @pytest.mark.slow  # a pytest process of its own
 def test_the_suite_counts_its_compilations_and_fails_a_module_over_its_budget(tmp_path):
   """tests/conftest.py's count, in a pytest run of two modules of eager ops (a program an op and new
-  shape): `--compiles` prints each test's programs, and the module over the default budget fails the
-  run although its test passed; the one within it does not."""
+  shape): `--compiles` prints each test's programs and the line that compiled them, and the module
+  over the default budget fails the run although its test passed; the one within it does not."""
   for name, shapes in (("test_over", DEFAULT_COMPILE_BUDGET), ("test_within", 3)):
     (tmp_path / f"{name}.py").write_text(  # shapes of their own: (n, 0) and (n, 1)
       f"import jax.numpy as jnp\n\n\ndef test_eager_ops():\n  for n in range(1, {shapes + 1}):\n"
@@ -177,3 +177,5 @@ def test_the_suite_counts_its_compilations_and_fails_a_module_over_its_budget(tm
   assert "test_within.py: " not in proc.stdout
   tests = re.findall(r"^ +(\d+) programs .*::test_eager_ops$", proc.stdout, re.M)
   assert sorted(map(int, tests)) == [6, int(over.group(1))], proc.stdout
+  lines = dict((where, int(n)) for n, where in re.findall(r"^ +(\d+) programs  (test_\w+\.py:\d+)$", proc.stdout, re.M))
+  assert lines["test_over.py:6"] >= 2 * DEFAULT_COMPILE_BUDGET and lines["test_within.py:6"] == 6, proc.stdout
