@@ -130,9 +130,12 @@ def attribution_patching(model, params, clean_BxT, corrupt_BxT, metric, *, point
     patches = {(point, l): Patch.steer(add_LxBx[l]) for l in range(L)}
     return metric(patched_logits(model, params, patches, corrupt_BxT))
 
-  grad_LxBx = jax.jit(jax.grad(metric_with))(jnp.zeros_like(corrupt[point]))
-  effect_LxBx = (clean[point] - corrupt[point]) * grad_LxBx
-  return effect_LxBx.sum(axis=tuple(i for i in range(1, effect_LxBx.ndim) if i - 1 not in axes))
+  @jax.jit  # the gradient and the effects: one program
+  def effect(clean_LxBx, corrupt_LxBx):
+    effect_LxBx = (clean_LxBx - corrupt_LxBx) * jax.grad(metric_with)(jnp.zeros_like(corrupt_LxBx))
+    return effect_LxBx.sum(axis=tuple(i for i in range(1, effect_LxBx.ndim) if i - 1 not in axes))
+
+  return effect(clean[point], corrupt[point])
 
 
 def _sender_delta(model, params, sender, base, source, sender_value=None):
@@ -239,7 +242,7 @@ def _sweep_from_each_layer(model, params, corrupt_BxT, metric, point, value_LxBx
   [(path, _)] = flax.traverse_util.flatten_dict(full, is_leaf=lambda _, x: "replace" in x).items()
   inside = path[2:]
   T = corrupt_BxT.shape[1]
-  positions = (jnp.arange(T)[None], jnp.arange(T)[None])
+  positions = (np.arange(T)[None], np.arange(T)[None])
 
   def from_layer(params, stacked, layer, x_BxTxD, patch: Patch):
     entry = patch.collection_entry(value_LxBx.shape[1:])
@@ -275,8 +278,8 @@ def _sweep_from_each_layer(model, params, corrupt_BxT, metric, point, value_LxBx
 def _first_position_read(metric, shape) -> int:
   """The first position whose logits `metric` depends on (0 when it reads none: e.g. an argmax, whose
   gradient is zero everywhere): where its gradient at random logits is not zero."""
-  logits_BxTxV = jax.random.normal(jax.random.key(0), shape)
-  grad_BxTxV = jax.grad(lambda x: jnp.sum(metric(x)))(logits_BxTxV)
+  gradient = jax.jit(lambda: jax.grad(lambda x: jnp.sum(metric(x)))(jax.random.normal(jax.random.key(0), shape)))
+  grad_BxTxV = gradient()  # one program (op by op, each op of the metric would compile on its own)
   read_T = np.flatnonzero(np.any(np.asarray(grad_BxTxV) != 0, axis=(0, 2)))
   return int(read_T[0]) if len(read_T) else 0
 
