@@ -30,48 +30,31 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer import layers
+from transformer.jit_args import join_static, split_static
 from transformer.models import gpt
 
 
 def _compiled(method):
   """The algebra method as one compiled program per cache layout and arguments: run eagerly, each of
   its slices, stacks and products would compile on its own for every new shape. The cache's
-  activations and params and the arguments that are arrays are traced; the other arguments (layer,
-  flags, a token id) are part of the program. Labels depend only on those, so they are kept from the
-  program's tracing."""
+  activations and params and the array arguments are traced; the Python ones (layer, flags, a token
+  id) are part of the program. Labels depend only on those, so they are kept from its tracing."""
   labels_of = {}
 
-  def is_traced(value) -> bool:
-    leaves = jax.tree.leaves(value)
-    return bool(leaves) and all(isinstance(leaf, (jax.Array, np.ndarray, np.generic)) for leaf in leaves)
-
-  @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
-  def program(model, layout, static_args, static_kwargs, activations, params, traced_args, traced_kwargs):
-    fixed, traced = dict(static_args), iter(traced_args)
-    args = [fixed[i] if i in fixed else next(traced) for i in range(len(fixed) + len(traced_args))]
-    out = method(ActivationCache(activations, model, params), *args, **dict(static_kwargs), **traced_kwargs)
-    if dict(static_kwargs).get("return_labels"):
-      out, labels_of[(model, layout, static_args, static_kwargs)] = out
+  @functools.partial(jax.jit, static_argnums=(0, 1, 2))
+  def program(model, layout, static, activations, params, array_args, array_kwargs):
+    args, kwargs = join_static(array_args, array_kwargs, static)
+    out = method(ActivationCache(activations, model, params), *args, **kwargs)
+    if kwargs.get("return_labels"):
+      out, labels_of[(model, layout, static)] = out
     return out
 
   @functools.wraps(method)
   def run(self, *args, **kwargs):
-    static_args = tuple((i, a) for i, a in enumerate(args) if not is_traced(a))
-    static_kwargs = tuple(sorted((k, v) for k, v in kwargs.items() if not is_traced(v)))
+    (array_args, array_kwargs), static = split_static(args, kwargs)
     layout = tuple(sorted((name, np.shape(value)) for name, value in self._activations.items()))
-    out = program(
-      self.model,
-      layout,
-      static_args,
-      static_kwargs,
-      self._activations,
-      self.params,
-      tuple(a for a in args if is_traced(a)),
-      {k: v for k, v in kwargs.items() if is_traced(v)},
-    )
-    if kwargs.get("return_labels"):
-      return out, labels_of[(self.model, layout, static_args, static_kwargs)]
-    return out
+    out = program(self.model, layout, static, self._activations, self.params, array_args, array_kwargs)
+    return (out, labels_of[(self.model, layout, static)]) if kwargs.get("return_labels") else out
 
   return run
 

@@ -57,6 +57,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.activation_cache import ActivationCache
+from transformer.jit_args import join_static, split_static
 
 _LAYER = re.compile(r"layer_(\d+)$")
 _SUBMODULES = ("attn", "mlp")  # a point of theirs is named without them: `q`, not `attn.q`
@@ -142,28 +143,6 @@ def flatten(activations: dict) -> dict[str, jax.Array]:
   return out
 
 
-def _is_static(x) -> bool:
-  """A Python value (bool, int, str, None, ...) that configures a call rather than carrying data:
-  passed to jit as static (`decode=False` stays a Python bool, not a traced array)."""
-  return x is None or isinstance(x, (bool, int, float, str))
-
-
-def _split_static(args: tuple, kwargs: dict):
-  """(the array arguments, the static ones as a hashable description) of a model call."""
-  static = tuple((i, a) for i, a in enumerate(args) if _is_static(a)) + tuple(
-    sorted((k, v) for k, v in kwargs.items() if _is_static(v))
-  )
-  arrays = (tuple(a for a in args if not _is_static(a)), {k: v for k, v in kwargs.items() if not _is_static(v)})
-  return arrays, static
-
-
-def _join_static(array_args: tuple, array_kwargs: dict, static: tuple):
-  positional = {i: a for i, a in static if isinstance(i, int)}
-  rest = iter(array_args)
-  args = tuple(positional[i] if i in positional else next(rest) for i in range(len(array_args) + len(positional)))
-  return args, {**array_kwargs, **{k: v for k, v in static if isinstance(k, str)}}
-
-
 _PER_HEAD_INPUTS = ("q_input", "k_input", "v_input")
 
 
@@ -179,7 +158,7 @@ def _kept(cache: dict, names) -> dict:
 
 @functools.partial(jax.jit, static_argnames=("model", "names", "static"))
 def _cached_run(model, params, args, kwargs, names, static, collection=None):
-  args, kwargs = _join_static(args, kwargs, static)
+  args, kwargs = join_static(args, kwargs, static)
   variables = {"params": params} if collection is None else {"params": params, "patches": collection}
   output, state = model.apply(variables, *args, mutable=["activations"], **kwargs)
   return output, _kept(flatten(state["activations"]), names)
@@ -189,7 +168,7 @@ def run_with_cache(model, params, *args, names: tuple[str, ...] | None = None, *
   """(the model's output, its `ActivationCache`) of `model.apply({"params": params}, *args, **kwargs)`,
   jit-compiled (Python values among the arguments, e.g. `decode=False`, static); `names` keeps only
   those points (memory stays that of the run and those arrays)."""
-  (arrays, array_kwargs), static = _split_static(args, kwargs)
+  (arrays, array_kwargs), static = split_static(args, kwargs)
   params = nn.unbox(params)
   names = None if names is None else tuple(names)
   output, cache = _cached_run(model, params, arrays, array_kwargs, names, static)
@@ -203,7 +182,7 @@ def _point_shapes(model, treedef, leaves: tuple, static: tuple) -> dict:
   params, arrays, array_kwargs = jax.tree.unflatten(treedef, leaves)
 
   def activations(p, a, k):
-    a, k = _join_static(a, k, static)
+    a, k = join_static(a, k, static)
     return model.apply({"params": p}, *a, mutable=["activations"], **k)[1]["activations"]
 
   return flax.traverse_util.flatten_dict(jax.eval_shape(activations, params, arrays, array_kwargs))
@@ -213,7 +192,7 @@ def patches_collection(model, params, patches: dict, *args, **kwargs) -> dict:
   """The "patches" collection that applies `patches` ({(name, layer): Patch}; layer None for a point
   outside the blocks) to a run of `model` on these inputs. Scanned blocks take one entry per point
   with a leading layer axis, in which only the patched layers' entries act."""
-  (arrays, array_kwargs), static = _split_static(args, kwargs)
+  (arrays, array_kwargs), static = split_static(args, kwargs)
   specs = jax.tree.map(
     lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), (nn.unbox(params), arrays, array_kwargs)
   )
@@ -241,7 +220,7 @@ def run_with_patches(model, params, *args, patches: dict, names=None, return_cac
   (output, the patched run's ActivationCache of `names`, None: every point), for methods of two
   stages (path patching: freeze and patch, then read the receivers)."""
   collection = patches_collection(model, params, patches, *args, **kwargs)
-  (arrays, array_kwargs), static = _split_static(args, kwargs)
+  (arrays, array_kwargs), static = split_static(args, kwargs)
   params = nn.unbox(params)
   names = None if names is None else tuple(names)
   output, cache = _cached_run(model, params, arrays, array_kwargs, names if return_cache else (), static, collection)
