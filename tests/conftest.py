@@ -58,6 +58,7 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 _process = {"programs": 0, "seconds": 0.0, "cache_hits": 0, "lines": collections.Counter(), "where": False}
+_worker = [False]  # a pytest-xdist worker's reports are added up by the controller
 _by_test: dict[str, list] = {}  # the controller's: nodeid -> [programs, seconds, cache hits, slow]
 _by_line: collections.Counter = collections.Counter()  # the controller's: "test_x.py:12" -> programs
 
@@ -89,6 +90,7 @@ def pytest_configure(config):
   import jax.monitoring
 
   _process["where"] = config.getoption("--compiles")
+  _worker[0] = hasattr(config, "workerinput")  # not the environment: a test's pytest process inherits it
   jax.monitoring.register_event_duration_secs_listener(_on_duration)
   jax.monitoring.register_event_listener(_on_event)
 
@@ -103,7 +105,7 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_runtest_logreport(report):
-  if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker's reports are added up by the controller
+  if _worker[0]:
     return
   for name, value in report.user_properties:
     if name == "xla":
@@ -134,12 +136,12 @@ def _over_budget() -> list[str]:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
-  if not os.environ.get("PYTEST_XDIST_WORKER") and exitstatus == 0 and _over_budget():
+  if not _worker[0] and exitstatus == 0 and _over_budget():
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-  if os.environ.get("PYTEST_XDIST_WORKER") or not _by_test:
+  if _worker[0] or not _by_test:
     return
   write = terminalreporter.write_line
   if config.getoption("--compiles"):
