@@ -225,9 +225,9 @@ PROMPTS = [[5, 17, 3, 80, 41, 2, 9], [60], list(range(10, 31)), [33, 34]]
 
 def _params(cfg, scale=10.0, seed=0):
   """Random weights, scaled up so that greedy paths are varied (as tests/test_sampling.py's)."""
-  params = nn.unbox(GPT(cfg).init(jax.random.key(seed), jnp.zeros((1, 8), jnp.int32))["params"])
+  params = compiled_init(GPT(cfg), np.zeros((1, 8), np.int32), seed=seed)
   return jax.tree_util.tree_map_with_path(
-    lambda path, x: x if "ln" in jax.tree_util.keystr(path) else x * scale, params
+    lambda path, x: x if "ln" in jax.tree_util.keystr(path) else jnp.asarray(np.asarray(x) * scale), params
   )
 
 

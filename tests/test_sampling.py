@@ -27,7 +27,7 @@ def _params(cfg=CFG, scale=10.0, seed=0):
   greedy paths are varied (at init scale every logit is ~0 and decoding just repeats)."""
   params = compiled_init(GPT(cfg), jnp.zeros((1, 8), jnp.int32), seed=seed)
   return jax.tree_util.tree_map_with_path(
-    lambda path, x: x if "ln" in jax.tree_util.keystr(path) else x * scale, params
+    lambda path, x: x if "ln" in jax.tree_util.keystr(path) else jnp.asarray(np.asarray(x) * scale), params
   )
 
 
