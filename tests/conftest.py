@@ -11,10 +11,12 @@ from pathlib import Path
 
 import flax.linen as nn
 import jax
+import jax.monitoring
 import numpy as np
 import pytest
 
 from transformer import hostmem
+from transformer.jit_args import join_static
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -87,8 +89,6 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-  import jax.monitoring
-
   _process["where"] = config.getoption("--compiles")
   _worker[0] = hasattr(config, "workerinput")  # not the environment: a test's pytest process inherits it
   jax.monitoring.register_event_duration_secs_listener(_on_duration)
@@ -228,20 +228,17 @@ def compiled_apply(module, variables, *args, **kwargs):
   (or trees of them: params, rngs) are traced, the others (flags, `method=`) are part of the program.
   The program is kept by the module's value: a test that patches library code runs it without this."""
   hashable = lambda v: tuple(v) if isinstance(v, list) else v  # mutable=["cache"]
-  static = tuple((i, hashable(a)) for i, a in enumerate(args) if not _is_traced(a))
-  static_kw = tuple(sorted((k, hashable(v)) for k, v in kwargs.items() if not _is_traced(v)))
-  traced = tuple(a for a in args if _is_traced(a))
-  traced_kw = {k: v for k, v in kwargs.items() if _is_traced(v)}
-  return _apply(module, static, static_kw, variables, traced, traced_kw)
+  static = tuple((i, hashable(a)) for i, a in enumerate(args) if not _is_traced(a)) + tuple(
+    sorted((k, hashable(v)) for k, v in kwargs.items() if not _is_traced(v))
+  )
+  arrays = tuple(a for a in args if _is_traced(a)), {k: v for k, v in kwargs.items() if _is_traced(v)}
+  return _apply(module, static, variables, *arrays)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _apply(module, static, static_kw, variables, traced, traced_kw):
-  args, traced = [], list(traced)
-  fixed = dict(static)
-  for i in range(len(static) + len(traced)):
-    args.append(fixed[i] if i in fixed else traced.pop(0))
-  return module.apply(variables, *args, **dict(static_kw), **traced_kw)
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _apply(module, static, variables, array_args, array_kwargs):
+  args, kwargs = join_static(array_args, array_kwargs, static)
+  return module.apply(variables, *args, **kwargs)
 
 
 def run_module(module: str, *args: str, env: dict | None = None, timeout: float = 300, stdin: str | None = None):
