@@ -241,6 +241,14 @@ def _apply(module, static, variables, array_args, array_kwargs):
   return module.apply(variables, *args, **kwargs)
 
 
+def replaced(array, index, value):
+  """A NumPy copy of `array` with `array[index] = value` (a test's token edit; `x.at[i].set(v)` would
+  compile a program for every shape)."""
+  array = np.array(array)
+  array[index] = value
+  return array
+
+
 def run_module(module: str, *args: str, env: dict | None = None, timeout: float = 300, stdin: str | None = None):
   """Runs `python -m module args` from the repo root as a real process; returns CompletedProcess."""
   import subprocess

@@ -17,17 +17,15 @@ from transformer.interventions import Patch
 from transformer.models.gpt import GPT, GPTConfig
 from transformer.models.seq2seq import Transformer, preset
 
-from conftest import REPO, compiled_apply, nontrivial_png
+from conftest import REPO, compiled_apply, nontrivial_png, replaced
 
 CFG = GPTConfig().replace(vocab_size=40, max_len=16, num_layers=2, num_heads=2, d_model=16)
 TOKENS = np.array([[3, 7, 1, 9, 4, 4, 12, 5], [8, 2, 2, 6, 11, 3, 1, 0]], np.int32)
 
 
 def _corrupted(tokens_BxT, position=2, token=30):
-  """A copy of the tokens with every row's `position` set to `token` (NumPy: no program compiled)."""
-  tokens_BxT = np.array(tokens_BxT)
-  tokens_BxT[:, position] = token
-  return tokens_BxT
+  """A copy of the tokens with every row's `position` set to `token`."""
+  return replaced(tokens_BxT, (slice(None), position), token)
 
 
 @functools.lru_cache  # initialised once per config in a test process (tests copy what they change)

@@ -4,7 +4,6 @@ training recovers a planted dictionary of features in superposition."""
 import functools
 
 import chex
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,21 +24,18 @@ from transformer.models.sae import (
   scores,
 )
 
+from conftest import compiled_apply, compiled_init
+
 
 def _sae(activation: str, **changes):
   sae = SAE(SAEConfig(d_in=16, d_sae=64, activation=activation, k=4, **changes).check())
-  return sae, _init(sae)
+  return sae, compiled_init(sae, np.zeros((2, 16), np.float32))
 
 
-# The tests' SAE programs, each compiled once per SAE config and shapes (eagerly, every op of the
-# init, the forward pass and the loss compiles on its own); the tests' own arithmetic is NumPy's.
-@functools.partial(jax.jit, static_argnums=0)
-def _init(sae):
-  return nn.unbox(sae.init(jax.random.key(0), jnp.zeros((2, sae.config.d_in)))["params"])
-
-
-_apply = jax.jit(lambda sae, params, x, train=False: sae.apply({"params": params}, x, train), static_argnums=(0, 3))
-_decoder = jax.jit(lambda sae, params: sae.apply({"params": params}, method=SAE.decoder), static_argnums=0)
+# The tests' SAE programs compiled once per SAE config and shapes (conftest's, and the loss); the tests'
+# own arithmetic is NumPy's.
+_apply = lambda sae, params, x, train=False: compiled_apply(sae, {"params": params}, x, train)
+_decoder = lambda sae, params: compiled_apply(sae, {"params": params}, method=SAE.decoder)
 _loss = jax.jit(sae_loss, static_argnums=0, static_argnames="dead_tokens")
 X = np.asarray(jax.random.normal(jax.random.key(1), (32, 16)))
 
@@ -181,7 +177,7 @@ def _train_on_planted(cfg: SAEConfig, source: Superposition, *, scale_inputs: bo
   """Adam 1e-2 on 256 rows a step of `source` (scaled as the sae task scales them, b_dec at their
   geometric median, where `scale_inputs`); the trained SAE and its params."""
   sae = SAE(cfg)
-  params = _init(sae)
+  params = compiled_init(sae, np.zeros((2, cfg.d_in), np.float32))
   if scale_inputs:
     rows = source.batch(99_999, 2048)
     params["input_scale"] = jnp.asarray(norm_scale(rows), jnp.float32)

@@ -11,19 +11,12 @@ from transformer.errors import ConfigError
 from transformer.models import seq2seq
 from transformer.models.seq2seq import Transformer
 
-from conftest import compiled_apply, compiled_init
+from conftest import compiled_apply, compiled_init, replaced
 
 CFG = seq2seq.preset("cpu-tiny", vocab_size=50, dropout_rate=0.0)
 SRC = np.array([[3, 4, 5, 6, 0, 0], [7, 8, 9, 10, 11, 12]], np.int32)
 VALID = SRC != 0
 TGT = np.array([[1, 5, 6, 7, 8], [1, 2, 3, 4, 9]], np.int32)
-
-
-def _set(tokens, index, value):
-  """A copy of `tokens` with `tokens[index] = value` (NumPy: no program compiled for it)."""
-  tokens = tokens.copy()
-  tokens[index] = value
-  return tokens
 
 
 def _params(cfg=CFG, seed=0):
@@ -105,7 +98,7 @@ def test_marians_variants_are_what_they_say(params):
     changed = compiled_apply(Transformer(CFG.replace(**changes)), {"params": params}, SRC, TGT, source_valid_BxS=VALID)
     assert np.abs(np.asarray(changed) - np.asarray(plain)).max() > 1e-3, changes
   biased = CFG.replace(logits_bias=True)
-  bias_V = _set(np.zeros(50, np.float32), 7, 3.0)
+  bias_V = replaced(np.zeros(50, np.float32), 7, 3.0)
   logits = compiled_apply(
     Transformer(biased), {"params": {**params, "final_logits_bias": bias_V}}, SRC, TGT, source_valid_BxS=VALID
   )
@@ -127,14 +120,16 @@ def test_source_padding_does_not_change_outputs(params):
   alone = compiled_apply(model, {"params": params}, SRC[:1, :4], TGT[:1])[0]
   np.testing.assert_allclose(padded, alone, atol=1e-5)
   # Different padding tokens in the padded slots: still the same.
-  other = compiled_apply(model, {"params": params}, _set(SRC, (0, slice(4, None)), 17), TGT, source_valid_BxS=VALID)[0]
+  other = compiled_apply(
+    model, {"params": params}, replaced(SRC, (0, slice(4, None)), 17), TGT, source_valid_BxS=VALID
+  )[0]
   np.testing.assert_allclose(other, padded, atol=1e-6)
 
 
 def test_decoder_is_causal(params):
   model = Transformer(CFG)
   base = compiled_apply(model, {"params": params}, SRC, TGT, source_valid_BxS=VALID)
-  changed = compiled_apply(model, {"params": params}, SRC, _set(TGT, (slice(None), 3), 40), source_valid_BxS=VALID)
+  changed = compiled_apply(model, {"params": params}, SRC, replaced(TGT, (slice(None), 3), 40), source_valid_BxS=VALID)
   np.testing.assert_allclose(changed[:, :3], base[:, :3], atol=1e-6)
   assert np.abs(np.asarray(changed)[:, 3:] - np.asarray(base)[:, 3:]).max() > 1e-3
 
@@ -142,7 +137,7 @@ def test_decoder_is_causal(params):
 def test_changing_the_source_changes_the_output(params):
   model = Transformer(CFG)
   base = compiled_apply(model, {"params": params}, SRC, TGT, source_valid_BxS=VALID)
-  changed = compiled_apply(model, {"params": params}, _set(SRC, (1, 2), 30), TGT, source_valid_BxS=VALID)
+  changed = compiled_apply(model, {"params": params}, replaced(SRC, (1, 2), 30), TGT, source_valid_BxS=VALID)
   assert np.abs(np.asarray(changed)[1] - np.asarray(base)[1]).max() > 1e-3  # cross-attention is wired
   np.testing.assert_allclose(changed[0], base[0], atol=1e-6)  # and per example
 
