@@ -13,11 +13,11 @@ import jax.numpy as jnp
 
 from transformer import kernels
 from transformer.layers import kv_cache
-from transformer.layers.config import BlockConfig, dtype
+from transformer.layers.config import BlockConfig, RotaryConfig, dtype
 from transformer.layers.mechanisms import MECHANISMS, dot_product_scores
 from transformer.layers.params import Projection, projections
 from transformer.layers.points import intervened, point, points_of
-from transformer.layers.positions import causal_mask, rotary
+from transformer.layers.positions import causal_mask, rotary, rotary_frequencies, window_mask
 
 
 def mix(
@@ -28,16 +28,21 @@ def mix(
   deterministic: bool = True,
   at=None,
   values: str = "bshk",
+  softcap: float = 0.0,
 ) -> jax.Array:
   """softmax(scores) V over the keys that `mask` allows (True = attend; None: causal), however the
   scores were made. Scores in float32; masking by jnp.where, never by adding a large negative number
   (which overflows in half precision). `at(name, x) -> x`, when given, is the attention module's
   named points (`point`): the masked scores, "attn_scores", and the probabilities, "pattern", pass
   through it.
-  `values`: the layout of V ("bhsk": a KV cache's)."""
+  `values`: the layout of V ("bhsk": a KV cache's). `softcap` > 0: the scores bounded by
+  softcap * tanh(scores / softcap) before the mask (Gemma 2)."""
   if mask_BxTxS is None:
     mask_BxTxS = causal_mask(*scores_BxHxTxS.shape[-2:])
-  scores_BxHxTxS = jnp.where(mask_BxTxS[:, None], scores_BxHxTxS.astype(jnp.float32), jnp.finfo(jnp.float32).min)
+  scores_BxHxTxS = scores_BxHxTxS.astype(jnp.float32)
+  if softcap:
+    scores_BxHxTxS = softcap * jnp.tanh(scores_BxHxTxS / softcap)
+  scores_BxHxTxS = jnp.where(mask_BxTxS[:, None], scores_BxHxTxS, jnp.finfo(jnp.float32).min)
   if at is not None:
     scores_BxHxTxS = at("attn_scores", scores_BxHxTxS)
   probs_BxHxTxS = jax.nn.softmax(scores_BxHxTxS, axis=-1)
@@ -58,16 +63,17 @@ def attend(
   dropout: nn.Dropout | None = None,
   deterministic: bool = True,
   at=None,
+  softcap: float = 0.0,
 ) -> jax.Array:
   """softmax(Q Kᵀ / √K) V over the keys that `mask` allows (True = attend; None: causal, query t sees
-  keys 0..t). The reference is the einsum below (`forms="reference"`, `implementation="einsum"`, and
+  keys 0..t); `softcap` as `mix` (the einsum's alone). The reference is the einsum below (`forms="reference"`, `implementation="einsum"`, and
   always with named points to pass (`at`: a run read or patched) or attention dropout, which need the
   scores); otherwise the fused forms of transformer.kernels.attention compute the same (XLA's or
   cuDNN's kernel, causal blocks)."""
   fast = kernels.form("attention", forms)
-  if fast is None or implementation == "einsum" or at is not None or dropout is not None:
+  if fast is None or implementation == "einsum" or at is not None or dropout is not None or softcap:
     scores_BxHxTxS = dot_product_scores(None, None, q_BxTxHxK, k_BxSxHxK, None)
-    return mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, dropout, deterministic, at)
+    return mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, dropout, deterministic, at, softcap=softcap)
   return fast(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, implementation, forms)
 
 
@@ -80,50 +86,81 @@ def attend_cached(
   dropout: nn.Dropout | None = None,
   deterministic: bool = True,
   at=None,
+  softcap: float = 0.0,
 ) -> jax.Array:
   """`attend` over a KV cache (keys B x H x K x S, values B x H x S x K: kv_cache.CACHE_LAYOUTS). With the
   CPU's forms one new token per sequence (every step after the prompt) takes matrix-vector products
   (transformer.kernels.attention.one_token_cpu)."""
   fast = kernels.form("attention_one_token", forms)
-  if fast is not None and q_BxTxHxK.shape[1] == 1 and at is None and dropout is None:
+  if fast is not None and q_BxTxHxK.shape[1] == 1 and at is None and dropout is None and not softcap:
     return fast(q_BxTxHxK, k_BxHxKxS, v_BxHxSxK, mask_BxTxS)
   scale = 1.0 / math.sqrt(q_BxTxHxK.shape[-1])
   scores_BxHxTxS = jnp.einsum("bthk,bhks->bhts", q_BxTxHxK, k_BxHxKxS, preferred_element_type=jnp.float32) * scale
-  return mix(scores_BxHxTxS, v_BxHxSxK, mask_BxTxS, dropout, deterministic, at, values="bhsk")
+  return mix(scores_BxHxTxS, v_BxHxSxK, mask_BxTxS, dropout, deterministic, at, values="bhsk", softcap=softcap)
 
 
 def _attention_dropout(cfg: BlockConfig) -> nn.Dropout | None:
   return nn.Dropout(cfg.attention_dropout_rate) if cfg.attention_dropout_rate else None
 
 
-def _normalised(cfg: BlockConfig, q_BxTxHxK, k_BxSxHxK):
+def _normalised(cfg: BlockConfig, q_BxTxHxK, k_BxSxGxK):
   """With `qk_norm`, each head's queries and keys RMS-normalised (a learned scale per channel, made in
   the calling module as q_norm and k_norm): the scores stay bounded whatever the projections' scale,
-  which allows larger learning rates."""
+  which allows larger learning rates. `qk_norm_over="heads"`: over all heads' channels at once, as OLMo 2
+  normalises the projections' outputs; `norm_offset`: Gemma 3's (1 + w)."""
   if not cfg.qk_norm:
-    return q_BxTxHxK, k_BxSxHxK
-  head_norm = functools.partial(
-    nn.RMSNorm,
-    epsilon=cfg.layer_norm_epsilon,
-    dtype=dtype(cfg.dtype),
-    param_dtype=dtype(cfg.param_dtype),
-    scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("kv",)),
-  )
-  return head_norm(name="q_norm")(q_BxTxHxK), head_norm(name="k_norm")(k_BxSxHxK)
+    return q_BxTxHxK, k_BxSxGxK
+  if cfg.qk_norm_over == "head" and not cfg.norm_offset:
+    head_norm = functools.partial(
+      nn.RMSNorm,
+      epsilon=cfg.layer_norm_epsilon,
+      dtype=dtype(cfg.dtype),
+      param_dtype=dtype(cfg.param_dtype),
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("kv",)),
+    )
+    return head_norm(name="q_norm")(q_BxTxHxK), head_norm(name="k_norm")(k_BxSxGxK)
+  if cfg.qk_norm_over == "head":
+    return HeadNorm(cfg, ("kv",), name="q_norm")(q_BxTxHxK), HeadNorm(cfg, ("kv",), name="k_norm")(k_BxSxGxK)
+  over_heads = lambda x, name: HeadNorm(cfg, (None,), name=name)(x.reshape(*x.shape[:2], -1)).reshape(x.shape)
+  return over_heads(q_BxTxHxK, "q_norm"), over_heads(k_BxSxGxK, "k_norm")
 
 
-def _per_head_projection(qkv: Projection, inputs) -> jax.Array:
-  """The fused q/k/v projection (kernel D x 3 x H x K) of three inputs per head (queries', keys',
-  values', each B x T x H x D): head h's queries read its own copy of the stream, and so on."""
-  kernel_Dx3xHxK, bias_3xHxK = qkv.weights()
-  qkv_BxTx3xHxK = jnp.stack(
+class HeadNorm(nn.Module):
+  """RMSNorm over the last axis with a scale of its width, (norm_offset + scale), in float32 as
+  transformers' Qwen3, OLMo 2 and Gemma 3 norms compute it."""
+
+  cfg: BlockConfig
+  names: tuple[str | None, ...]
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.cfg
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), -1, keepdims=True) + cfg.layer_norm_epsilon)
+    init = nn.initializers.zeros_init() if cfg.norm_offset else nn.initializers.ones_init()
+    scale = self.param("scale", nn.with_logical_partitioning(init, self.names), (x.shape[-1],), dtype(cfg.param_dtype))
+    return (y * (cfg.norm_offset + scale.astype(jnp.float32))).astype(dtype(cfg.dtype))
+
+
+def repeat_kv(x, heads: int, axis: int):
+  """Keys or values of G heads repeated for `heads` query heads (head h reads kv head h // (heads/G),
+  transformers' repeat_kv): grouped-query attention as plain multi-head attention."""
+  return x if x.shape[axis] == heads else jnp.repeat(x, heads // x.shape[axis], axis=axis)
+
+
+def _per_head_projection(projection: Projection, inputs) -> jax.Array:
+  """A q/k/v projection (kernel D x N x H x K, or D x H x K) of N inputs per head (each B x T x H x D):
+  head h's queries read its own copy of the stream, and so on. B x T x N x H x K."""
+  kernel, bias = projection.weights()
+  kernel_DxNxHxK = kernel if kernel.ndim == 4 else kernel[:, None]
+  out_BxTxNxHxK = jnp.stack(
     [
-      jnp.einsum("bthd,dhk->bthk", x_BxTxHxD.astype(kernel_Dx3xHxK.dtype), kernel_Dx3xHxK[:, i])
+      jnp.einsum("bthd,dhk->bthk", x_BxTxHxD.astype(kernel_DxNxHxK.dtype), kernel_DxNxHxK[:, i])
       for i, x_BxTxHxD in enumerate(inputs)
     ],
     axis=2,
   )
-  return qkv_BxTx3xHxK if bias_3xHxK is None else qkv_BxTx3xHxK + bias_3xHxK
+  return out_BxTxNxHxK if bias is None else out_BxTxNxHxK + bias.reshape(kernel_DxNxHxK.shape[1:])
 
 
 def _output(module: nn.Module, out: Projection, z_BxTxHxK) -> jax.Array:
@@ -146,7 +183,11 @@ class SelfAttention(nn.Module):
   With `decode=True` it keeps a KV cache in the "cache" collection: each call writes its keys and
   values (or values alone, for a mechanism without keys) at the cache index and attends over the
   whole cache (the caller's mask says which slots are real; see `CachePositions`). The cache's
-  length is that of the input `init` sees."""
+  length is that of the input `init` sees. With grouped-query attention (block.num_kv_heads) the
+  keys and values, their named points and the cache have the kv heads alone; each query head reads
+  its group's. A sliding window (block.sliding_window, on a `local` layer) is a mask over the same
+  cache: every slot is kept, so local and global layers are one program shape, and a window only
+  saves memory past its length (where a ring buffer would pay in a gather per step)."""
 
   cfg: BlockConfig
   forms: str = "reference"  # the model's fast forms (transformer.kernels.resolve)
@@ -154,19 +195,21 @@ class SelfAttention(nn.Module):
   rope: bool = False  # queries and keys rotated by their positions (the model's positions == "rope")
   residual_std: float = 0.02  # of the output projection: GPT-2 scales it by 1/sqrt(2 * layers)
   decode: bool = False
+  local: bool = True  # a layer of the sliding window (block.sliding_window) and rotary.local_theta
 
-  def projection(self, features, names, *, name: str, contract: int = 1, std: float = 0.02) -> Projection:
+  def projection(self, features, names, *, name: str, contract: int = 1, std: float = 0.02, use_bias=None):
     """A projection of this block's kind (`projections`), created in this module."""
-    return projections(self.cfg, self.forms)(features, names, contract=contract, std=std, name=name)
+    bias = self.cfg.use_bias if use_bias is None else use_bias
+    return projections(self.cfg, self.forms)(features, names, contract=contract, std=std, name=name, use_bias=bias)
 
   @nn.compact
   def __call__(self, x_BxTxD, mask_BxTxS, *, positions, deterministic: bool = True, last_query: bool = False):
     """`positions`: (of the queries B x T, of the keys B x S), as `Mechanism.scores` takes them.
     `last_query`: the output at the last position only (B x 1 x D), its query alone against every key:
     all that a loss reading only that position needs (GPT's `last_only`).
-    `x_BxTxD` may instead be three inputs per head, (queries', keys', values') each B x T x H x D: a
-    run that patches the block's `q_input`, `k_input` or `v_input` (Block), where one head's queries,
-    keys or values see another residual stream than the rest."""
+    `x_BxTxD` may instead be three inputs per head, (queries', keys', values') each B x T x H x D
+    (keys' and values' at the kv heads): a run that patches the block's `q_input`, `k_input` or
+    `v_input` (Block), where one head's queries, keys or values see another residual stream than the rest."""
     cfg, mechanism = self.cfg, MECHANISMS[self.cfg.attention_mechanism]
     H, K = cfg.num_heads, cfg.head_dim
     per_head_inputs = isinstance(x_BxTxD, tuple)
@@ -174,57 +217,95 @@ class SelfAttention(nn.Module):
       raise ValueError(
         f"per-head inputs (q_input, k_input, v_input) need queries and keys; {cfg.attention_mechanism!r} has none"
       )
-    q_BxTxHxK = k_BxSxHxK = None
+    if last_query and self.decode:
+      raise ValueError("last_query needs dot-product attention (its scores from one query), not decoding")
+    q_BxTxHxK = k_BxSxGxK = None
     if mechanism.keys:
-      qkv = self.projection((3, H, K), ("embed", None, "heads", "kv"), name="qkv")
-      if per_head_inputs:
-        qkv_BxTx3xHxK = _per_head_projection(qkv, x_BxTxD)
-      else:
-        qkv_BxTx3xHxK = qkv(x_BxTxD)
-      q_BxTxHxK, k_BxSxHxK, v_BxSxHxK = (qkv_BxTx3xHxK[:, :, i] for i in range(3))
-      q_BxTxHxK, k_BxSxHxK = _normalised(cfg, q_BxTxHxK, k_BxSxHxK)
-      q_BxTxHxK, k_BxSxHxK = point(self, "q", q_BxTxHxK), point(self, "k", k_BxSxHxK)
+      q_BxTxHxK, k_BxSxGxK, v_BxSxGxK = self._qkv(x_BxTxD)
+      q_BxTxHxK, k_BxSxGxK = _normalised(cfg, q_BxTxHxK, k_BxSxGxK)
+      q_BxTxHxK, k_BxSxGxK = point(self, "q", q_BxTxHxK), point(self, "k", k_BxSxGxK)
       if self.rope:  # this call's keys are its queries' tokens: both at the queries' positions
-        q_BxTxHxK = point(self, "rot_q", rotary(q_BxTxHxK, positions[0]))
-        k_BxSxHxK = point(self, "rot_k", rotary(k_BxSxHxK, positions[0]))
+        q_BxTxHxK = point(self, "rot_q", self._rotary(q_BxTxHxK, positions[0]))
+        k_BxSxGxK = point(self, "rot_k", self._rotary(k_BxSxGxK, positions[0]))
+      if cfg.attention_scale:  # Q Kᵀ times attention_scale, not 1/√K: the queries scaled to cancel the √K
+        q_BxTxHxK = q_BxTxHxK * jnp.asarray(cfg.attention_scale * math.sqrt(K), q_BxTxHxK.dtype)
       q_BxTxHxK = nn.with_logical_constraint(q_BxTxHxK, ("batch", "length", "heads", "kv"))
     else:
-      v_BxSxHxK = self.projection((H, K), ("embed", "heads", "kv"), name="v")(x_BxTxD)
-    v_BxSxHxK = point(self, "v", v_BxSxHxK)
+      v_BxSxGxK = self.projection((H, K), ("embed", "heads", "kv"), name="v")(x_BxTxD)
+    v_BxSxGxK = point(self, "v", v_BxSxGxK)
+    if cfg.sliding_window and self.local:
+      mask_BxTxS = window_mask(mask_BxTxS, *positions, cfg.sliding_window)
     mixing = (_attention_dropout(cfg), deterministic, points_of(self))  # mix's dropout and named points
-    if last_query:
-      if not mechanism.scaled_dot_product or self.decode:
-        raise ValueError("last_query needs dot-product attention (its scores from one query), not decoding")
-      T = q_BxTxHxK.shape[1]
-      mask_Bx1xS = (causal_mask(T) if mask_BxTxS is None else mask_BxTxS)[:, -1:]
-      scores_BxHx1xS = dot_product_scores(None, None, q_BxTxHxK[:, -1:], k_BxSxHxK, None)
-      out_BxTxHxK = mix(scores_BxHx1xS, v_BxSxHxK, mask_Bx1xS, *mixing)
-    elif self.decode:
+    softcap = {"softcap": cfg.attention_softcap} if cfg.attention_softcap else {}
+    if self.decode:
       out_BxTxHxK = self._over_the_cache(
-        mechanism, x_BxTxD, q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, positions, mixing
+        mechanism, x_BxTxD, q_BxTxHxK, k_BxSxGxK, v_BxSxGxK, mask_BxTxS, positions, mixing, softcap
       )
-    elif mechanism.scaled_dot_product:  # Q Kᵀ / √K has fused forms (attend)
-      out_BxTxHxK = attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, cfg.attention, self.forms, *mixing)
     else:
-      scores_BxHxTxS = mechanism.scores(self, x_BxTxD, q_BxTxHxK, k_BxSxHxK, positions)
-      out_BxTxHxK = mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, *mixing)
+      k_BxSxHxK, v_BxSxHxK = repeat_kv(k_BxSxGxK, H, 2) if k_BxSxGxK is not None else None, repeat_kv(v_BxSxGxK, H, 2)
+      out_BxTxHxK = self._attention(
+        mechanism, x_BxTxD, q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, positions, mixing, softcap, last_query
+      )
     z_BxTxHxK = point(self, "z", out_BxTxHxK)  # each head's output, before the output projection
     out = self.projection((cfg.d_model,), ("heads", "kv", "embed"), contract=2, std=self.residual_std, name="out")
     return _output(self, out, z_BxTxHxK)
 
-  def _over_the_cache(self, mechanism, x_BxTxD, q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, mask_BxTxS, positions, mixing):
+  def _attention(self, mechanism, x_BxTxD, q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, positions, mixing, softcap, last_query):
+    """softmax(scores) V without a cache: the last query alone, a fused form, or the mechanism's scores."""
+    if last_query:
+      if not mechanism.scaled_dot_product:
+        raise ValueError("last_query needs dot-product attention (its scores from one query), not decoding")
+      T = q_BxTxHxK.shape[1]
+      mask_Bx1xS = (causal_mask(T) if mask_BxTxS is None else mask_BxTxS)[:, -1:]
+      scores_BxHx1xS = dot_product_scores(None, None, q_BxTxHxK[:, -1:], k_BxSxHxK, None)
+      return mix(scores_BxHx1xS, v_BxSxHxK, mask_Bx1xS, *mixing, **softcap)
+    if mechanism.scaled_dot_product:  # Q Kᵀ / √K has fused forms (attend)
+      return attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, self.cfg.attention, self.forms, *mixing, **softcap)
+    scores_BxHxTxS = mechanism.scores(self, x_BxTxD, q_BxTxHxK, k_BxSxHxK, positions)
+    return mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, *mixing, **softcap)
+
+  def _qkv(self, x_BxTxD):
+    """Queries B x T x H x K, keys and values B x T x G x K (G kv heads): one fused projection `qkv`
+    (D x 3 x H x K, GPT-2's) when G = H, else `q` (D x H x K) and `kv` (D x 2 x G x K)."""
+    cfg = self.cfg
+    H, G, K = cfg.num_heads, cfg.kv_heads, cfg.head_dim
+    bias = cfg.use_bias or cfg.qkv_bias
+    per_head_inputs = isinstance(x_BxTxD, tuple)
+    if G == H:
+      qkv = self.projection((3, H, K), ("embed", None, "heads", "kv"), name="qkv", use_bias=bias)
+      qkv_BxTx3xHxK = _per_head_projection(qkv, x_BxTxD) if per_head_inputs else qkv(x_BxTxD)
+      return tuple(qkv_BxTx3xHxK[:, :, i] for i in range(3))
+    q = self.projection((H, K), ("embed", "heads", "kv"), name="q", use_bias=bias)
+    kv = self.projection((2, G, K), ("embed", None, "heads", "kv"), name="kv", use_bias=bias)
+    if per_head_inputs:
+      q_BxTxHxK, kv_BxTx2xGxK = _per_head_projection(q, x_BxTxD[:1])[:, :, 0], _per_head_projection(kv, x_BxTxD[1:])
+    else:
+      q_BxTxHxK, kv_BxTx2xGxK = q(x_BxTxD), kv(x_BxTxD)
+    return q_BxTxHxK, kv_BxTx2xGxK[:, :, 0], kv_BxTx2xGxK[:, :, 1]
+
+  def _rotary(self, x_BxTxHxK, positions_BxT):
+    """`rotary` with the block's rotary config (block.rotary): GPT's default base alone as it always ran."""
+    r = self.cfg.rotary
+    if r == RotaryConfig():
+      return rotary(x_BxTxHxK, positions_BxT)
+    local = self.local and bool(r.local_theta)
+    return rotary(x_BxTxHxK, positions_BxT, frequencies=rotary_frequencies(r, self.cfg.head_dim, local), layout=r.layout)
+
+  def _over_the_cache(self, mechanism, x_BxTxD, q_BxTxHxK, k_BxTxGxK, v_BxTxGxK, mask_BxTxS, positions, mixing, softcap):
     """Decoding: this call's keys and values (values alone without keys) written into the cache (kv_cache),
-    then its queries' attention over the whole cache (keys B x H x K x S, values B x H x S x K)."""
+    then its queries' attention over the whole cache (keys B x G x K x S, values B x G x S x K; each
+    query head reads its group's)."""
+    H = self.cfg.num_heads
     if not mechanism.keys:
-      v_BxHxSxK = kv_cache.write(self, value=v_BxTxHxK)["value"]
+      v_BxHxSxK = kv_cache.write(self, value=v_BxTxGxK)["value"]
       scores_BxHxTxS = mechanism.scores(self, x_BxTxD, None, None, positions)
-      return mix(scores_BxHxTxS, v_BxHxSxK, mask_BxTxS, *mixing, values="bhsk")
-    cache = kv_cache.write(self, key=k_BxTxHxK, value=v_BxTxHxK)
-    k_BxHxKxS, v_BxHxSxK = cache["key"], cache["value"]
+      return mix(scores_BxHxTxS, v_BxHxSxK, mask_BxTxS, *mixing, values="bhsk", **softcap)
+    cache = kv_cache.write(self, key=k_BxTxGxK, value=v_BxTxGxK)
+    k_BxHxKxS, v_BxHxSxK = repeat_kv(cache["key"], H, 1), repeat_kv(cache["value"], H, 1)
     if mechanism.scaled_dot_product:  # with its own form for one new token (attend_cached)
-      return attend_cached(q_BxTxHxK, k_BxHxKxS, v_BxHxSxK, mask_BxTxS, self.forms, *mixing)
+      return attend_cached(q_BxTxHxK, k_BxHxKxS, v_BxHxSxK, mask_BxTxS, self.forms, *mixing, **softcap)
     scores_BxHxTxS = mechanism.scores(self, x_BxTxD, q_BxTxHxK, k_BxHxKxS.transpose(0, 3, 1, 2), positions)
-    return mix(scores_BxHxTxS, v_BxHxSxK, mask_BxTxS, *mixing, values="bhsk")
+    return mix(scores_BxHxTxS, v_BxHxSxK, mask_BxTxS, *mixing, values="bhsk", **softcap)
 
 
 class CrossAttention(nn.Module):

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.layers.attention import CrossAttention, SelfAttention
-from transformer.layers.config import ACTIVATIONS, REMAT_POLICIES, BlockConfig, check_remat_policy
+from transformer.layers.config import ACTIVATIONS, GATED, REMAT_POLICIES, BlockConfig, check_remat_policy
 from transformer.layers.params import norm, projections
 from transformer.layers.points import point
 
@@ -25,9 +25,9 @@ class MLP(nn.Module):
   def __call__(self, x_BxTxD):
     cfg, projection = self.cfg, projections(self.cfg, self.forms)
     h_BxTxF = projection((cfg.mlp_width,), ("embed", "mlp"), name="fc")(x_BxTxD)
-    if cfg.activation == "swiglu":  # gated: silu of a second projection of x scales each hidden unit
+    if cfg.activation in GATED:  # gated: silu (gelu) of a second projection of x scales each hidden unit
       gate_BxTxF = point(self, "mlp_pre", projection((cfg.mlp_width,), ("embed", "mlp"), name="gate")(x_BxTxD))
-      h_BxTxF = jax.nn.silu(gate_BxTxF) * point(self, "mlp_pre_linear", h_BxTxF)
+      h_BxTxF = ACTIVATIONS[cfg.activation](gate_BxTxF) * point(self, "mlp_pre_linear", h_BxTxF)
     else:
       # The activation's backward pass recomputes it from its saved input (jax.checkpoint). Autodiff
       # would save the tanh GELU's tanh instead and rebuild the input from the product's output and
@@ -55,35 +55,40 @@ class Block(nn.Module):
   # the attention's output and the MLP at the last (GPT's `last_only`: the last block of a model whose
   # loss reads that position alone).
   last_only: bool = False
+  local: bool = True  # a sliding-window layer (block.sliding_window), not one of the model's global_layers
 
   @nn.compact
   def __call__(self, x_BxTxD, mask_BxTxT, context_BxSxD=None, context_mask_BxTxS=None, positions=None):
     cfg, deterministic = self.cfg, self.deterministic
     drop = nn.Dropout(cfg.dropout_rate)
 
-    def residual(x, branch, normalise, out: str, into: str | None = None):
+    def residual(x, branch, normalise, out: str, into: str | None = None, after=None):
       """x + the branch's output (the named point `out`); `into`: a named point of the branch's own
-      copy of its input (before the norm), which a patch changes for this branch alone."""
+      copy of its input (before the norm), which a patch changes for this branch alone. Pre-LN:
+      `normalise` (None: none) before the branch and `after` on its output (block.branch_norms)."""
       branch_input = point(self, into, x) if into else x
       if cfg.pre_layer_norm:
-        y = point(self, out, branch(normalise(branch_input)))
+        y = branch(normalise(branch_input) if normalise is not None else branch_input)
+        y = point(self, out, after(y) if after is not None else y)
         return x[:, -y.shape[1] :] + drop(y, deterministic=deterministic)  # (the last position: last_only)
       return normalise(x + drop(point(self, out, branch(branch_input)), deterministic=deterministic))
 
     common = dict(forms=self.forms, residual_std=self.residual_std, decode=self.decode)
-    attn = SelfAttention(cfg, max_len=self.max_len, rope=self.rope, name="attn", **common)
+    attn = SelfAttention(cfg, max_len=self.max_len, rope=self.rope, local=self.local, name="attn", **common)
     x_BxTxD = point(self, "resid_pre", x_BxTxD)
     if self.last_only and (self.cross_attention or not cfg.pre_layer_norm):
       raise ValueError("last_only is for pre-LN blocks without cross-attention (a GPT's)")
-    ln_1 = norm(cfg, "ln_1")
+    ln_1, ln_attn_out = self._branch_norms("ln_1", "ln_attn_out")
     per_head_inputs = self._per_head_inputs(x_BxTxD)
 
     def self_attention(h):
       if per_head_inputs is not None:  # each head's queries, keys and values from their own streams
-        h = tuple(ln_1(x, points=False) if cfg.pre_layer_norm else x for x in per_head_inputs)
+        h = tuple(ln_1(x, points=False) if cfg.pre_layer_norm and ln_1 is not None else x for x in per_head_inputs)
       return attn(h, mask_BxTxT, positions=positions, deterministic=deterministic, last_query=self.last_only)
 
-    x_BxTxD = residual(x_BxTxD, self_attention, ln_1, "attn_out")
+    if cfg.parallel:  # GPT-NeoX: x + attn(ln_1(x)) + mlp(ln_2(x)), no stream between them
+      return self._parallel(x_BxTxD, self_attention, ln_1, drop)
+    x_BxTxD = residual(x_BxTxD, self_attention, ln_1, "attn_out", after=ln_attn_out)
     x_BxTxD = point(self, "resid_mid", x_BxTxD)
     if self.cross_attention:
       cross = CrossAttention(cfg, name="cross_attn", **common)
@@ -98,9 +103,32 @@ class Block(nn.Module):
       mlp = MLP(cfg, residual_std=self.residual_std, forms=self.forms, name="mlp")
       # `mlp_in` (TransformerLens's hook_mlp_in): a patch there reaches the MLP and nothing else
       # (path patching's receivers).
-      x_BxTxD = residual(x_BxTxD, mlp, norm(cfg, "ln_2"), "mlp_out", into="mlp_in")
+      ln_2, ln_mlp_out = self._branch_norms("ln_2", "ln_mlp_out")
+      x_BxTxD = residual(x_BxTxD, mlp, ln_2, "mlp_out", into="mlp_in", after=ln_mlp_out)
     x_BxTxD = point(self, "resid_post", x_BxTxD)
     return nn.with_logical_constraint(x_BxTxD, ("batch", "length", "embed"))
+
+  def _branch_norms(self, before: str, after: str):
+    """(the norm before a branch, the norm of its output), either None where block.branch_norms has none."""
+    kind = self.cfg.branch_norms
+    return (
+      norm(self.cfg, before) if kind != "post" or not self.cfg.pre_layer_norm else None,
+      norm(self.cfg, after) if kind != "pre" else None,
+    )
+
+  def _parallel(self, x_BxTxD, self_attention, ln_1, drop):
+    """Attention and MLP from the same stream, both added to it (GPT-NeoX/Pythia's use_parallel_residual).
+    As TransformerLens names it: no `resid_mid`; `mlp_in` is a copy of `resid_pre`."""
+    deterministic = self.deterministic
+    attn_BxTxD = point(self, "attn_out", self_attention(ln_1(x_BxTxD)))
+    x_BxTxD = x_BxTxD[:, -attn_BxTxD.shape[1] :]  # (the last position: last_only)
+    out_BxTxD = x_BxTxD + drop(attn_BxTxD, deterministic=deterministic)
+    if not self.cfg.attention_only:
+      mlp = MLP(self.cfg, residual_std=self.residual_std, forms=self.forms, name="mlp")
+      mlp_BxTxD = point(self, "mlp_out", mlp(norm(self.cfg, "ln_2")(point(self, "mlp_in", x_BxTxD))))
+      out_BxTxD = out_BxTxD + drop(mlp_BxTxD, deterministic=deterministic)
+    out_BxTxD = point(self, "resid_post", out_BxTxD)
+    return nn.with_logical_constraint(out_BxTxD, ("batch", "length", "embed"))
 
   def _per_head_inputs(self, x_BxTxD):
     """The residual stream as each head's queries', keys' and values' input (`q_input`, `k_input`,
@@ -111,9 +139,11 @@ class Block(nn.Module):
     patched = any(self.has_variable("patches", name) for name in names)
     if not patched and not self.is_mutable_collection("activations"):
       return None
-    H, D = self.cfg.num_heads, x_BxTxD.shape[-1]
-    x_BxTxHxD = jnp.broadcast_to(x_BxTxD[:, :, None], (*x_BxTxD.shape[:2], H, D))
-    copies = tuple(point(self, name, x_BxTxHxD) for name in names)
+    D = x_BxTxD.shape[-1]
+    heads = (self.cfg.num_heads, self.cfg.kv_heads, self.cfg.kv_heads)  # keys' and values' at the kv heads
+    copies = tuple(
+      point(self, name, jnp.broadcast_to(x_BxTxD[:, :, None], (*x_BxTxD.shape[:2], n, D))) for name, n in zip(names, heads)
+    )
     return copies if patched else None
 
 
@@ -131,6 +161,7 @@ class Stack(nn.Module):
   forms: str = "reference"
   max_len: int = 0
   rope: bool = False
+  global_layers: tuple[int, ...] = ()  # with block.sliding_window: the layers that see every key
 
   @nn.compact
   def __call__(
@@ -153,7 +184,7 @@ class Stack(nn.Module):
     if not self.scan:
       for i in range(self.num_layers):
         last = last_only and i == self.num_layers - 1
-        x_BxTxD = block(name=f"layer_{i}", last_only=last)(x_BxTxD, *inputs[1:])
+        x_BxTxD = block(name=f"layer_{i}", last_only=last, local=i not in self.global_layers)(x_BxTxD, *inputs[1:])
       return x_BxTxD
     if last_only:
       raise ValueError("last_only needs unrolled layers (scan_layers=False): the last block has other shapes")
@@ -165,7 +196,8 @@ class Stack(nn.Module):
       in_axes=(nn.broadcast,) * 4,
       metadata_params={nn.PARTITION_NAME: "layers"},
     )
-    return scanned(block(name="layers"), *inputs)[0]
+    # (every layer of one kind: GPTConfig.check refuses a scanned mix of local and global layers)
+    return scanned(block(name="layers", local=not self.global_layers), *inputs)[0]
 
   def block(self, deterministic: bool = True, decode: bool = False):
     """The kind of block this stack is made of (Block with this stack's settings): each block one of

@@ -121,6 +121,10 @@ class Norm(nn.Module):
     features = (1,) * (x.ndim - 1) + (x.shape[-1],)
     ones = nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",))
     weight = lambda: self.param("scale", ones, (x.shape[-1],), dtype(cfg.param_dtype)).reshape(features)
+    if cfg.norm_offset:  # Gemma's (1 + w): w starts at 0, the factor at 1
+      offset = nn.with_logical_partitioning(nn.initializers.zeros_init(), ("embed",))
+      w = lambda: self.param("scale", offset, (x.shape[-1],), dtype(cfg.param_dtype)).reshape(features)
+      weight = lambda: cfg.norm_offset + w().astype(jnp.float32)  # in float32: 1 + w in bfloat16 would round w away
     if points and intervened(self):
       scale = point(self, "scale", jnp.sqrt(var + cfg.layer_norm_epsilon))
       y = point(self, "normalized", centred / scale) * weight()

@@ -47,6 +47,10 @@ class GPTConfig:
   positions: str = "learned"
   tie_embeddings: bool = True  # the output head is the token embedding, transposed
   logits_softcap: float = 0.0  # > 0: logits = cap * tanh(logits / cap) (Gemma 2, modded-nanogpt); 0: none
+  # With block.sliding_window: the layers that attend to every position (Gemma 2: the odd ones; Gemma
+  # 3: every sixth); the others are local. Empty: every layer local (Mistral).
+  global_layers: tuple[int, ...] = ()
+  scale_embeddings: bool = False  # the token embeddings times sqrt(d_model) as they enter (Gemma)
   scan_layers: bool = False  # one scanned block instead of N unrolled ones (faster compiles)
   remat_policy: str = "none"  # "none" | "dots" | "full": what the backward pass recomputes
   kernels: str = "auto"  # "auto" | "reference" | "cpu" | "accelerator": faster forms of ops (transformer.kernels)
@@ -62,6 +66,15 @@ class GPTConfig:
     if self.logits_softcap < 0:
       raise ConfigError(f"logits_softcap must be >= 0 (0: no capping), got {self.logits_softcap}")
     layers.check_model_config(self, positive=("vocab_size", "max_len", "num_layers"))
+    if any(not 0 <= i < self.num_layers for i in self.global_layers):
+      raise ConfigError(
+        f"global_layers={self.global_layers} names layers a {self.num_layers}-layer model lacks (0 .. {self.num_layers - 1})"
+      )
+    if self.scan_layers and 0 < len(set(self.global_layers)) < self.num_layers:
+      raise ConfigError(
+        "scan_layers=True runs one block program for every layer: a mix of local and global layers "
+        "(global_layers) needs scan_layers=False"
+      )
     return self
 
 
@@ -208,6 +221,8 @@ class GPT(nn.Module):
     rotary positions act in attention instead), then dropout."""
     cfg, block = self.config, self.config.block
     dtype = jnp.dtype(block.dtype)
+    if cfg.scale_embeddings:  # Gemma: sqrt(d_model), rounded to the compute dtype as transformers rounds it
+      tokens_BxTxD = tokens_BxTxD * jnp.asarray(block.d_model**0.5, dtype)
     x_BxTxD = layers.point(self, "embed", tokens_BxTxD)
     if cfg.positions == "learned":
       wpe_LxD = self.param(
@@ -257,6 +272,7 @@ def blocks(config: GPTConfig, forms: str, **module) -> layers.Stack:
     forms=forms,
     max_len=config.max_len,
     rope=config.positions == "rope",
+    global_layers=config.global_layers,
     **module,
   )
 
