@@ -33,7 +33,8 @@ def dtype(name: str):
 
 ACTIVATIONS = {
   "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
-  "gelu": jax.nn.gelu,
+  "gelu": jax.nn.gelu,  # (jax's default: the tanh approximation)
+  "gelu_erf": lambda x: jax.nn.gelu(x, approximate=False),  # exact, with erf: GPT-NeoX/Pythia's
   "relu": jax.nn.relu,
   "relu2": lambda x: jnp.square(jax.nn.relu(x)),
   "swiglu": jax.nn.silu,  # of the gate, which multiplies the MLP's hidden layer (MLP)
