@@ -117,8 +117,9 @@ CONFIGS = {
       head_dim=16,
       sliding_window=8,
       query_pre_attn_scalar=24,
-      attn_logit_softcapping=50.0,
-      final_logit_softcapping=30.0,
+      # caps of the scale these small random weights reach (the released 50 and 30 would never bind)
+      attn_logit_softcapping=0.5,
+      final_logit_softcapping=0.8,
     ),
   ),
   # Gemma 3's: QK-norm with (1 + w), a local base for the local layers and a scaled global one.

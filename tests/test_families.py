@@ -1,0 +1,242 @@
+"""The open families (Llama, SmolLM, Mistral, Qwen2, Qwen3, GPT-NeoX/Pythia, OLMo 2, Gemma, Gemma 2,
+Gemma 3) in the one GPT, against golden fixtures that transformers made (tests/make_family_fixtures.py;
+tests/fixtures/families/<name>): the same logits, the same greedy generation, the export transformers
+loads, and one error for each bad directory."""
+
+import functools
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from transformer import layers
+from transformer.errors import CheckpointError, ConfigError
+from transformer.generation import sampling
+from transformer.models import hf_families
+from transformer.models.gpt import GPT, GPTConfig
+
+from conftest import REPO, compiled_apply
+
+FIXTURES = REPO / "tests" / "fixtures" / "families"
+FAMILIES = ["llama", "smollm", "mistral", "qwen2", "qwen3", "gpt_neox", "olmo2", "gemma", "gemma2", "gemma3_text"]
+
+
+@functools.lru_cache  # imported once per fixture in a test process (tests copy what they change)
+def _imported(name: str) -> tuple[GPTConfig, dict]:
+  return hf_families.import_hf(FIXTURES / name)
+
+
+def _reference(name: str):
+  return np.load(FIXTURES / name / "reference.npz")
+
+
+def _logits(cfg: GPTConfig, params, reference) -> np.ndarray:
+  mask = reference["attention_mask"].astype(bool)
+  return np.asarray(compiled_apply(GPT(cfg), {"params": params}, reference["input_ids"], valid_BxT=mask))
+
+
+def _largest_difference(cfg: GPTConfig, params, reference) -> float:
+  """Of our logits from transformers', over the real (not padding) positions of the padded batch."""
+  real = reference["attention_mask"].astype(bool)
+  return float(np.abs(_logits(cfg, params, reference) - reference["logits"])[real].max())
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_logits_equal_transformers_on_a_padded_batch(name):
+  cfg, params = _imported(name)
+  assert _largest_difference(cfg, params, _reference(name)) <= 1e-4
+
+
+# What each family's fixture needs: with the option as its config.json sets it the logits are
+# transformers' (above); with it changed they are not. (Options that change the params' shapes, such as
+# grouped-query attention or the norms' places, cannot even load otherwise: the shapes check refuses.)
+WITHOUT = {
+  "llama": [dict(rotary=layers.RotaryConfig(theta=500000.0)), dict(rotary=layers.RotaryConfig())],
+  "smollm": [dict(rotary=layers.RotaryConfig())],
+  "mistral": [dict(sliding_window=0)],
+  "qwen3": [dict(rotary=layers.RotaryConfig(theta=1e6))],
+  "gpt_neox": [dict(parallel=False), dict(rotary=layers.RotaryConfig()), dict(activation="gelu_tanh")],
+  "gemma": [dict(norm_offset=0.0), dict(scale_embeddings=False), dict(activation="swiglu")],
+  "gemma2": [
+    dict(sliding_window=0),
+    dict(global_layers=()),
+    dict(attention_softcap=0.0, attention="xla"),
+    dict(logits_softcap=0.0),
+    dict(attention_scale=0.0),
+  ],
+  "gemma3_text": [dict(rotary=layers.RotaryConfig(theta=1e6, scaling="linear", factor=8.0)), dict(global_layers=(0, 1, 2))],
+}
+
+
+@pytest.mark.slow  # a program for each change
+@pytest.mark.parametrize("name", sorted(WITHOUT))
+def test_each_option_is_needed_for_its_family(name):
+  cfg, params = _imported(name)
+  reference = _reference(name)
+  for change in WITHOUT[name]:
+    changed = cfg.replace(**change).check()
+    assert changed != cfg
+    assert _largest_difference(changed, params, reference) > 1e-4, change  # not equal, at the tolerance above
+
+
+def _greedy(cfg: GPTConfig, params, reference) -> list[list[int]]:
+  prompts = [row[mask == 1].tolist() for row, mask in zip(reference["prompt_ids"], reference["prompt_mask"])]
+  return sampling.generate(GPT(cfg), params, prompts, max_new_tokens=40, sampling=sampling.Sampling(temperature=0.0))
+
+
+@pytest.mark.parametrize("name", ["mistral"])  # grouped-query attention's cache, past the sliding window
+def test_greedy_generation_with_the_cache_equals_transformers_generate(name):
+  cfg, params = _imported(name)
+  reference = _reference(name)
+  assert _greedy(cfg, params, reference) == reference["generated"].tolist()
+
+
+@pytest.mark.slow  # a sampler program for each family
+@pytest.mark.parametrize("name", [n for n in FAMILIES if n != "mistral"])
+def test_greedy_generation_of_every_family_equals_transformers_generate(name):
+  test_greedy_generation_with_the_cache_equals_transformers_generate(name)
+
+
+def test_the_cache_of_grouped_query_attention_holds_the_kv_heads():
+  cfg, _ = _imported("llama")
+  cache = jax.eval_shape(lambda: sampling.init_cache(GPT(cfg), 3, 32))
+  G, K, H = cfg.block.kv_heads, cfg.block.head_dim, cfg.block.num_heads
+  assert (G, H) == (2, 4)
+  attn = cache["h"]["layer_0"]["attn"]
+  assert attn["key"].shape == (3, G, K, 32) and attn["value"].shape == (3, G, 32, K)
+
+
+# --- Export: import -> export is the fixture transformers wrote, tensor for tensor. ---
+
+
+def export(name: str, out_dir: Path) -> Path:
+  """Our export of fixture `name` (as its own model type) into `out_dir`."""
+  cfg, params = _imported(name)
+  model_type = json.loads((FIXTURES / name / "config.json").read_text())["model_type"]
+  return hf_families.export_hf(cfg, params, out_dir, model_type)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_an_export_is_the_checkpoint_transformers_wrote_and_loads_with_the_same_logits(name, tmp_path):
+  export(name, tmp_path)
+  theirs, ours = load_file(FIXTURES / name / "model.safetensors"), load_file(tmp_path / "model.safetensors")
+  assert sorted(ours) == sorted(theirs)
+  for key in theirs:
+    np.testing.assert_array_equal(ours[key], theirs[key], err_msg=key)
+  # transformers loaded this very config.json (make_family_fixtures.py --check-exports) with our logits.
+  checked = json.loads((FIXTURES / name / "export_check.json").read_text())
+  assert hashlib.sha256((tmp_path / "config.json").read_bytes()).hexdigest() == checked["config_sha256"]
+  assert checked["max_abs_diff"] <= 1e-4
+  assert hf_families.import_hf(tmp_path)[0] == _imported(name)[0]
+
+
+def test_export_refuses_what_a_format_cannot_hold(tmp_path):
+  cfg, params = _imported("llama")
+  with pytest.raises(ConfigError, match=r"llama format cannot hold this model: block.parallel=True \(llama's: False\)"):
+    hf_families.export_hf(cfg.replace(parallel=True), params, tmp_path, "llama")
+  with pytest.raises(ConfigError, match="no weight format for model_type 'gpt3'; supported: llama, mistral"):
+    hf_families.export_hf(cfg, params, tmp_path, "gpt3")
+  assert not list(tmp_path.iterdir())  # nothing written
+
+
+@pytest.mark.skipif(not os.environ.get("TRANSFORMER_TORCH_PYTHON"), reason="set TRANSFORMER_TORCH_PYTHON to a python with torch + transformers")
+@pytest.mark.parametrize("name", ["llama", "gemma2"])
+def test_transformers_loads_an_export_with_the_fixtures_logits(name, tmp_path):
+  export(name, tmp_path)
+  checked = subprocess.run(
+    [os.environ["TRANSFORMER_TORCH_PYTHON"], REPO / "tests" / "make_family_fixtures.py", "--check", tmp_path, name],
+    capture_output=True,
+    text=True,
+    check=True,
+  )
+  assert json.loads(checked.stdout.splitlines()[-1])["max_abs_diff"] <= 1e-4
+
+
+# --- Bad directories: one error naming the problem and what is supported. ---
+
+
+def _copy(tmp_path, name="llama") -> Path:
+  return Path(shutil.copytree(FIXTURES / name, tmp_path / name))
+
+
+def _edit_config(directory: Path, **changes) -> None:
+  config = json.loads((directory / "config.json").read_text())
+  (directory / "config.json").write_text(json.dumps({**config, **changes}))
+
+
+def _shard(directory: Path) -> None:
+  """The fixture's one file split into two shards with their index, as save_pretrained shards."""
+  tensors = load_file(directory / "model.safetensors")
+  keys = sorted(tensors)
+  shards = {"model-00001-of-00002.safetensors": keys[::2], "model-00002-of-00002.safetensors": keys[1::2]}
+  for file, names in shards.items():
+    save_file({k: tensors[k] for k in names}, directory / file)
+  weight_map = {k: file for file, names in shards.items() for k in names}
+  (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+  (directory / "model.safetensors").unlink()
+
+
+def test_a_sharded_checkpoint_reads_as_one_file(tmp_path):
+  directory = _copy(tmp_path)
+  _shard(directory)
+  cfg, params = hf_families.import_hf(directory)
+  jax.tree.map(np.testing.assert_array_equal, params, _imported("llama")[1])
+
+
+def _wrong_shape(directory: Path) -> None:
+  tensors = load_file(directory / "model.safetensors")
+  tensors["model.layers.1.mlp.up_proj.weight"] = np.zeros((95, 64), np.float32)
+  save_file(tensors, directory / "model.safetensors")
+
+
+def _extra_tensor(directory: Path) -> None:
+  tensors = load_file(directory / "model.safetensors")
+  save_file({**tensors, "model.layers.0.self_attn.o_proj.bias": np.zeros(64, np.float32)}, directory / "model.safetensors")
+
+
+def _missing_tensor(directory: Path) -> None:
+  tensors = load_file(directory / "model.safetensors")
+  del tensors["model.layers.1.self_attn.k_proj.weight"]
+  save_file(tensors, directory / "model.safetensors")
+
+
+def _missing_shard(directory: Path) -> None:
+  _shard(directory)
+  (directory / "model-00002-of-00002.safetensors").unlink()
+
+
+@pytest.mark.parametrize(
+  "damage, message",
+  [
+    (lambda d: (d / "config.json").unlink(), "no config.json in .*: a Hugging Face model directory has one"),
+    (_missing_shard, r"is missing its weights: no .*model-00002-of-00002.safetensors"),
+    (_wrong_shape, r"'model.layers.1.mlp.up_proj.weight' .* has shape \(95, 64\), expected \(96, 64\)"),
+    (_extra_tensor, "has a tensor a llama of this config.json does not: 'model.layers.0.self_attn.o_proj.bias'"),
+    (_missing_tensor, r"is missing tensor 'model.layers.1.self_attn.k_proj.weight' \(expected shape \(32, 64\)\)"),
+    (lambda d: _edit_config(d, model_type="falcon"), "model_type 'falcon' is not one we open; supported: llama, mistral"),
+    (
+      lambda d: _edit_config(d, rope_parameters={"rope_type": "longrope", "rope_theta": 1e4}),
+      "rope type 'longrope' is not one we compute; supported: default, linear, llama3, yarn",
+    ),
+    (lambda d: _edit_config(d, hidden_act="relu"), "hidden_act 'relu' of a llama is not one we run; supported: silu"),
+    (lambda d: _edit_config(d, mlp_bias=True), "a llama with mlp_bias=true is not one we run"),
+  ],
+)
+def test_a_bad_directory_is_one_error_naming_it(tmp_path, damage, message):
+  directory = _copy(tmp_path)
+  damage(directory)
+  with pytest.raises(CheckpointError, match=message):
+    hf_families.import_hf(directory)
+
+
+if __name__ == "__main__":  # our export of every fixture, which make_family_fixtures.py --check-exports loads
+  for name in FAMILIES:
+    export(name, Path(sys.argv[1]) / name)
