@@ -214,7 +214,7 @@ def path_patch(model, params, tokenizer) -> None:
   _gpt(model, "path")
   cfg = model.config
   sender = _head(_SENDER.value, cfg.num_layers, cfg.block.num_heads, "sender")
-  receivers = _receivers(_RECEIVERS.value, cfg.num_layers, cfg.block.num_heads)
+  receivers = _receivers(_RECEIVERS.value, cfg.num_layers, cfg.block.num_heads, cfg.block.kv_heads)
   if _CLEAN.value is None or _CORRUPT.value is None or _TARGET.value is None:
     raise UserError("--path needs --clean, --corrupt and --target (optionally --versus)")
   found = studies.path(
@@ -342,18 +342,20 @@ def _head(
   return layer, head
 
 
-def _receivers(names: list[str], num_layers: int, num_heads: int) -> list[tuple[int, int, str]]:
-  """ "L1.H0.k" -> [(1, 0, "k")], "L1.q" -> every head of layer 1's queries; refused when malformed."""
+def _receivers(names: list[str], num_layers: int, num_heads: int, kv_heads: int) -> list[tuple[int, int, str]]:
+  """ "L1.H0.k" -> [(1, 0, "k")], "L1.q" -> every head of layer 1's queries; refused when malformed.
+  Keys and values count the kv heads (`kv_heads`: fewer with grouped-query attention)."""
   receivers = []
   for name in names:
     *where, role = name.split(".")
     if role not in ("q", "k", "v") or len(where) not in (1, 2):
       raise UserError(f"--receivers={name!r}: write L<layer>.H<head>.<q|k|v> or L<layer>.<q|k|v>, e.g. L1.H0.k")
+    heads = num_heads if role == "q" else kv_heads
     if len(where) == 2:
-      receivers.append((*_head(".".join(where), num_layers, num_heads, "receivers"), role))
+      receivers.append((*_head(".".join(where), num_layers, heads, "receivers"), role))
       continue
-    layer, _ = _head(where[0] + ".H0", num_layers, num_heads, "receivers")
-    receivers.extend((layer, h, role) for h in range(num_heads))
+    layer, _ = _head(where[0] + ".H0", num_layers, heads, "receivers")
+    receivers.extend((layer, h, role) for h in range(heads))
   return receivers
 
 

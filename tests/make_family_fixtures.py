@@ -68,7 +68,9 @@ CONFIGS = {
   # Mistral's: every layer a sliding window (8 here, so that 40 generated tokens pass it).
   "mistral": (
     "MistralConfig",
-    dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, sliding_window=8, tie_word_embeddings=False),
+    dict(
+      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, sliding_window=8, tie_word_embeddings=False
+    ),
   ),
   # Qwen2's: q/k/v biases, no output bias.
   "qwen2": (
@@ -104,7 +106,13 @@ CONFIGS = {
   # Gemma's: multi-query, wide heads, GeGLU, (1 + w) norms, embeddings times sqrt(d_model).
   "gemma": (
     "GemmaConfig",
-    dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1, head_dim=32, hidden_activation="gelu_pytorch_tanh"),
+    dict(
+      num_hidden_layers=2,
+      num_attention_heads=4,
+      num_key_value_heads=1,
+      head_dim=32,
+      hidden_activation="gelu_pytorch_tanh",
+    ),
   ),
   # Gemma 2's: local and global layers, soft-capped scores and logits, query_pre_attn_scalar, pre and
   # post norms.
@@ -141,11 +149,96 @@ CONFIGS = {
   ),
 }
 B, T, PROMPT, NEW = 3, 24, 6, 40
+# Tokenizers (tokenizer.json + tokenizer_config.json) trained here with Hugging Face `tokenizers` in the
+# two forms the families ship, each beside the model whose vocabulary it fills: a byte-level BPE whose
+# tokenizer.json adds the BOS itself (Llama 3, SmolLM2, Qwen, Pythia, OLMo), and a SentencePiece-like
+# BPE ("▁" for spaces) whose tokenizer_config.json asks for the BOS (Gemma, Llama 2, Mistral).
+TOKENIZERS = {
+  "smollm": dict(
+    kind="byte_level",
+    specials=["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"],
+    bos="<|begin_of_text|>",
+    eos="<|end_of_text|>",
+  ),
+  "gemma": dict(kind="metaspace", specials=["<pad>", "<eos>", "<bos>", "<unk>"], bos="<bos>", eos="<eos>"),
+}
+VOCAB = 320  # of both tokenizers, and so of those two models
+
+
+def _corpus() -> list[str]:
+  """Text to train on and held-out text (with special tokens) to compare ids on: the standard library's
+  docstrings, which every Python has."""
+  import argparse  # noqa: E401
+  import collections
+  import csv
+  import email
+  import inspect
+  import json as json_module
+  import logging
+  import pathlib
+  import textwrap
+
+  train = [inspect.getdoc(m) or "" for m in (argparse, collections, csv, email, logging, pathlib)]
+  held_out = (inspect.getdoc(textwrap.dedent) or "") + "\n" + (inspect.getdoc(json_module.dumps) or "")[:600]
+  return [line for doc in train for line in doc.splitlines() if line.strip()], held_out
+
+
+def make_tokenizer(name: str) -> None:
+  """A tokenizer trained on `_corpus`, saved by transformers beside model `name`, and the ids AutoTokenizer
+  gives held-out text (tokenizer_reference.json)."""
+  import tokenizers
+  from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+
+  spec = TOKENIZERS[name]
+  lines, held_out = _corpus()
+  if spec["kind"] == "byte_level":
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    tok.train_from_iterator(
+      lines, trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=spec["specials"], initial_alphabet=alphabet)
+    )
+    bos = spec["bos"]
+    tok.post_processor = processors.TemplateProcessing(
+      single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))]
+    )
+    config = dict(bos_token=bos, eos_token=spec["eos"])
+  else:
+    tok = tokenizers.Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=spec["specials"]))
+    config = dict(
+      bos_token=spec["bos"],
+      eos_token=spec["eos"],
+      unk_token="<unk>",
+      pad_token="<pad>",
+      add_bos_token=True,
+      add_eos_token=False,
+    )
+  wrapped = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, **config)
+  out = FIXTURES / name
+  wrapped.save_pretrained(out)
+  auto = transformers.AutoTokenizer.from_pretrained(out)
+  specials = spec["specials"]
+  texts = [
+    held_out,
+    f"{specials[1]}Two{specials[0]} documents,\n  one line. {specials[-1]}",
+    "",
+    "  spaces  and\ttabs\n",
+  ]
+  ids = [auto(text)["input_ids"] for text in texts]
+  decoded = [auto.decode(row, skip_special_tokens=False) for row in ids]
+  reference = dict(texts=texts, ids=ids, decoded=decoded, vocab_size=len(auto), tokenizer_class=type(auto).__name__)
+  (out / "tokenizer_reference.json").write_text(json.dumps(reference, indent=1, ensure_ascii=False) + "\n")
+  print(name, "tokenizer:", len(auto), "tokens,", type(auto).__name__, ids[1])
 
 
 def _model(name: str, seed: int):
   cls_name, options = CONFIGS[name]
-  config = getattr(transformers, cls_name)(**{**COMMON, **options})
+  vocab = {"vocab_size": VOCAB} if name in TOKENIZERS else {}
+  config = getattr(transformers, cls_name)(**{**COMMON, **options, **vocab})
   config.attn_implementation = "eager"
   torch.manual_seed(seed)
   model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
@@ -156,7 +249,7 @@ def _model(name: str, seed: int):
 
 
 def _left_padded(rows: int, length: int, pads: list[int], generator) -> tuple[torch.Tensor, torch.Tensor]:
-  ids = torch.randint(1, COMMON["vocab_size"], (rows, length), generator=generator)
+  ids = torch.randint(1, COMMON["vocab_size"], (rows, length), generator=generator)  # (ids below any vocabulary here)
   mask = torch.ones(rows, length, dtype=torch.long)
   for row, pad in enumerate(pads):
     ids[row, :pad], mask[row, :pad] = 0, 0
@@ -167,6 +260,8 @@ def make(name: str, seed: int) -> None:
   model = _model(name, seed)
   out = FIXTURES / name
   model.save_pretrained(out, safe_serialization=True)
+  if name in TOKENIZERS:
+    make_tokenizer(name)
   generator = torch.Generator().manual_seed(seed)
   ids, mask = _left_padded(B, T, [0, 3, 7], generator)
   positions = (mask.cumsum(-1) - 1).clamp(min=0)

@@ -72,7 +72,10 @@ WITHOUT = {
     dict(logits_softcap=0.0),
     dict(attention_scale=0.0),
   ],
-  "gemma3_text": [dict(rotary=layers.RotaryConfig(theta=1e6, scaling="linear", factor=8.0)), dict(global_layers=(0, 1, 2))],
+  "gemma3_text": [
+    dict(rotary=layers.RotaryConfig(theta=1e6, scaling="linear", factor=8.0)),
+    dict(global_layers=(0, 1, 2)),
+  ],
 }
 
 
@@ -147,7 +150,10 @@ def test_export_refuses_what_a_format_cannot_hold(tmp_path):
   assert not list(tmp_path.iterdir())  # nothing written
 
 
-@pytest.mark.skipif(not os.environ.get("TRANSFORMER_TORCH_PYTHON"), reason="set TRANSFORMER_TORCH_PYTHON to a python with torch + transformers")
+@pytest.mark.skipif(
+  not os.environ.get("TRANSFORMER_TORCH_PYTHON"),
+  reason="set TRANSFORMER_TORCH_PYTHON to a python with torch + transformers",
+)
 @pytest.mark.parametrize("name", ["llama", "gemma2"])
 def test_transformers_loads_an_export_with_the_fixtures_logits(name, tmp_path):
   export(name, tmp_path)
@@ -199,7 +205,9 @@ def _wrong_shape(directory: Path) -> None:
 
 def _extra_tensor(directory: Path) -> None:
   tensors = load_file(directory / "model.safetensors")
-  save_file({**tensors, "model.layers.0.self_attn.o_proj.bias": np.zeros(64, np.float32)}, directory / "model.safetensors")
+  save_file(
+    {**tensors, "model.layers.0.self_attn.o_proj.bias": np.zeros(64, np.float32)}, directory / "model.safetensors"
+  )
 
 
 def _missing_tensor(directory: Path) -> None:
@@ -221,7 +229,10 @@ def _missing_shard(directory: Path) -> None:
     (_wrong_shape, r"'model.layers.1.mlp.up_proj.weight' .* has shape \(95, 64\), expected \(96, 64\)"),
     (_extra_tensor, "has a tensor a llama of this config.json does not: 'model.layers.0.self_attn.o_proj.bias'"),
     (_missing_tensor, r"is missing tensor 'model.layers.1.self_attn.k_proj.weight' \(expected shape \(32, 64\)\)"),
-    (lambda d: _edit_config(d, model_type="falcon"), "model_type 'falcon' is not one we open; supported: llama, mistral"),
+    (
+      lambda d: _edit_config(d, model_type="falcon"),
+      "model_type 'falcon' is not one we open; supported: llama, mistral",
+    ),
     (
       lambda d: _edit_config(d, rope_parameters={"rope_type": "longrope", "rope_theta": 1e4}),
       "rope type 'longrope' is not one we compute; supported: default, linear, llama3, yarn",

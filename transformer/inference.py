@@ -31,7 +31,7 @@ from transformer import workdir as workdir_files
 from transformer.config import MeshConfig, RunConfig, defaults_for, model_dict
 from transformer.errors import CheckpointError, ConfigError, DataError, InputWarning, UserError, WorkdirError
 from transformer.generation import beam_search
-from transformer.models import seq2seq
+from transformer.models import hf_families, seq2seq
 from transformer.models.hf_gpt2 import import_hf_gpt2
 from transformer.models.hf_marian import import_hf_marian, is_marian
 from transformer.tasks import labelled
@@ -120,20 +120,27 @@ def load(
 ) -> Trained:
   """A trained model, whatever made it: a training run's `workdir` (at `step`: None is
   `default_step`'s choice; `average` > 1 averages that many checkpoints) or a Hugging Face directory
-  `hf` (Marian's files, or GPT-2's read with the tokenizer named `tokenizer`). `task` (a config.task
+  `hf` (Marian's files, an open family's (Llama, Qwen, Gemma, ...: hf_families.FORMATS) with its own
+  tokenizer.json, or GPT-2's read with the tokenizer named `tokenizer`). `task` (a config.task
   name), when given, is what the caller can use: another one is a `WrongTaskError`. What every
   launch program and the notebook load a model with."""
   if (workdir is None) == (hf is None):
-    raise UserError("give exactly one of --workdir (a training run) or --hf (GPT-2 or Marian weights)")
+    raise UserError("give exactly one of --workdir (a training run) or --hf (a Hugging Face model's directory)")
   if workdir is not None:
     trained = restore(workdir, default_step(workdir) if step is None else step, task=task, average=average)
     which = f"steps {list(trained.averaged)} averaged" if trained.averaged else f"step {trained.step}"
     return dataclasses.replace(trained, source=f"{workdir} {which}")
   if step is not None or average > 1:
     raise UserError("--step and --average choose a training run's checkpoints: give --workdir, or leave them out")
-  # The format: what the caller can use, else what the directory holds (Marian's config, or GPT-2's).
+  # The format: what the caller can use, else what the directory holds (Marian's config, an open
+  # family's config.json, or GPT-2's).
   marian = task == "translation" or (task is None and is_marian(hf))
-  trained = import_marian(hf) if marian else import_gpt2(hf, tokenizer)
+  if marian:
+    trained = import_marian(hf)
+  elif hf_families.is_family(hf):
+    trained = import_family(hf)
+  else:
+    trained = import_gpt2(hf, tokenizer)
   if task is not None and trained.run.task != task:
     raise WrongTaskError(Path(hf), trained.run.task, task)
   return trained
@@ -202,6 +209,32 @@ def import_gpt2(directory: str | Path, tokenizer: str = "gpt2") -> Trained:
   config_dict.data.tokenizer, config_dict.data.dataset = tokenizer, ""  # no data is read
   config_dict.seq_len = config.max_len  # what a window of launch.evaluate reads by default
   return _imported(config_dict, params, tokenizers.get_tokenizer(tokenizer), str(directory))
+
+
+def import_family(directory: str | Path) -> Trained:
+  """An open family's Hugging Face directory (config.json, safetensors, and tokenizer.json with
+  tokenizer_config.json: a download from the Hub or an export; hf_families) as a trained language model on
+  this machine's devices. Without tokenizer files the model alone opens (as transformers' model classes
+  load): what needs text says so."""
+  directory = Path(directory)
+  config, params = hf_families.import_hf(directory)
+  model_type = hf_families.read_config(directory)["model_type"]
+  if tokenizers.is_hf_tokenizer(directory):
+    tokenizer = tokenizers.HFTokenizer.from_directory(directory)
+    if tokenizer.vocab_size > config.vocab_size:
+      raise CheckpointError(
+        f"{directory / CONFIG_FILE} has {tokenizer.vocab_size} tokens but the model's embedding "
+        f"{config.vocab_size} rows: the files are of different models"
+      )
+  else:
+    tokenizer = tokenizers.NoTokenizer(config.vocab_size, str(directory))
+  config_dict = defaults_for(LanguageModel)
+  config_dict.model = model_dict(config)
+  config_dict.data.dataset = ""  # no data is read
+  if tokenizers.is_hf_tokenizer(directory):  # (without one the config's default stays, never read: text is refused)
+    config_dict.data.tokenizer = str(directory)
+  config_dict.seq_len = min(config.max_len, 2048)  # what a window of launch.evaluate reads by default
+  return _imported(config_dict, params, tokenizer, f"{directory} ({model_type})")
 
 
 def _imported(config_dict, params, tokenizer, source: str) -> Trained:

@@ -149,10 +149,12 @@ def _sender_delta(model, params, sender, base, source, sender_value=None):
   return new - base["result"][layer][:, :, which]
 
 
-def _receiver_patch(receiver, num_heads: int, delta_BxTxD) -> tuple[tuple[str, int | None], Patch]:
+def _receiver_patch(receiver, heads: dict[str, int], delta_BxTxD) -> tuple[tuple[str, int | None], Patch]:
   """A receiver's patch: the sender's change added to the input that it alone reads. `(layer, head,
-  "q"|"k"|"v")`: that head's queries', keys' or values' copy of the stream; `(layer, "mlp")`: the MLP's
-  input; `"logits"`: the stream the final norm reads (the direct path to the output)."""
+  "q"|"k"|"v")`: that head's queries', keys' or values' copy of the stream (`heads`: how many each role
+  has; with grouped-query attention "k" and "v" count the kv heads, as TransformerLens does);
+  `(layer, "mlp")`: the MLP's input; `"logits"`: the stream the final norm reads (the direct path to
+  the output)."""
   if receiver == "logits":
     return ("resid_post", -1), Patch.steer(delta_BxTxD)
   if len(receiver) == 2 and receiver[1] == "mlp":
@@ -160,7 +162,7 @@ def _receiver_patch(receiver, num_heads: int, delta_BxTxD) -> tuple[tuple[str, i
   layer, head, role = receiver
   if role not in ("q", "k", "v"):
     raise ValueError(f"receiver {receiver!r}: a head's role is 'q', 'k' or 'v'")
-  only_head = (jnp.arange(num_heads) == head)[:, None]  # B x T x H x D: this head's copy alone
+  only_head = (jnp.arange(heads[role]) == head)[:, None]  # B x T x H x D: this head's copy alone
   return (f"{role}_input", layer), Patch.steer(delta_BxTxD[:, :, None], where=only_head)
 
 
@@ -180,10 +182,11 @@ def path_patching(
   _, base = run_with_cache(model, params, base_BxT, names=names)
   source = base if source_BxT is None else run_with_cache(model, params, source_BxT, names=names)[1]
   delta_BxTxD = _sender_delta(model, params, sender, base, source, sender_value)
-  H = model.config.block.num_heads
+  block = model.config.block
+  heads = {"q": block.num_heads, "k": block.kv_heads, "v": block.kv_heads}
   patches: dict = {}
   for receiver in receivers:
-    key, patch = _receiver_patch(receiver, H, delta_BxTxD)
+    key, patch = _receiver_patch(receiver, heads, delta_BxTxD)
     if key[1] == -1:
       key = (key[0], model.config.num_layers - 1)
     if key in patches:  # several heads of one layer read the same point: their patches add up
@@ -215,7 +218,9 @@ def edge_attribution_patching(model, params, clean_BxT, corrupt_BxT, metric) -> 
     patches[("resid_post", L - 1)] = Patch.steer(adds["logits"])
     return metric(patched_logits(model, params, patches, clean_BxT))
 
-  zeros = {role: jnp.zeros((L, B, T, H, D)) for role in roles} | {"logits": jnp.zeros((B, T, D))}
+  G = cfg.block.kv_heads
+  zeros = {role: jnp.zeros((L, B, T, H if role == "q_input" else G, D)) for role in roles}
+  zeros["logits"] = jnp.zeros((B, T, D))
   grads = jax.jit(jax.grad(metric_with))(zeros)
   delta_LxBxTxHxD = corrupt["result"] - clean["result"]
   causal_LxL = jnp.arange(L)[:, None] < jnp.arange(L)[None, :]  # sender layer below the receiver's

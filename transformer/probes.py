@@ -173,8 +173,9 @@ def word_position(tokenizer, text: str, word: str) -> int:
     raise UserError(f"{word!r} does not occur in {text!r}")
   end = start + len(word)
   ids, chars = tokenizer.encode(text), 0
-  for i in range(len(ids)):
-    chars = len(tokenizer.decode(ids[: i + 1]))
+  added = len(ids) - len(tokenizer.encode_piece(text))  # a BOS the tokenizer puts first (HFTokenizer)
+  for i in range(added, len(ids)):
+    chars = len(tokenizer.decode(ids[added : i + 1]))
     if chars >= end:
       return i
   return len(ids) - 1

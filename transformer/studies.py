@@ -97,8 +97,9 @@ def validation_loss(model, params, validation, patches=None, rows: int = 64) -> 
 
 
 def one_token(tokenizer, text: str, what: str) -> int:
-  """The id of `text`, which must be one token (`what` names it in the error)."""
-  ids = tokenizer.encode(text)
+  """The id of `text`, which must be one token (`what` names it in the error): a piece inside the text,
+  without the BOS a tokenizer adds to a whole one."""
+  ids = tokenizer.encode_piece(text)
   if len(ids) != 1:
     pieces = [tokenizer.decode([i]) for i in ids]
     raise UserError(

@@ -1,5 +1,6 @@
 """Tokenizers: tiktoken encodings (gpt2, cl100k_base), character level, word level, BPE trained
-with rustbpe, and the SentencePiece pairs of Marian (OPUS-MT) translation models.
+with rustbpe, the SentencePiece pairs of Marian (OPUS-MT) translation models, and the tokenizer.json
+of the open families (Llama, Qwen, Gemma, Pythia, OLMo, SmolLM) through Hugging Face's `tokenizers`.
 
 Every tokenizer has the same small interface (`encode`, `encode_arrays`, `decode`, `vocab_size`,
 `eot_id`, `save`), and special tokens are explicit: text that contains `<|endoftext|>` is refused
@@ -39,6 +40,7 @@ import sentencepiece
 import tiktoken
 import tiktoken.load
 import tiktoken_ext.openai_public
+import tokenizers as hf_tokenizers
 
 from transformer import assets
 from transformer.errors import TokenizerError
@@ -70,6 +72,11 @@ class Tokenizer:
   def encode(self, text: str, *, allow_special: bool | Iterable[str] = False) -> list[int]:
     """Token ids of `text`. Special tokens in the text are an error unless allowed by name (or all)."""
     return self._encode(text, self._allowed(text, allow_special))
+
+  def encode_piece(self, text: str, *, allow_special: bool | Iterable[str] = False) -> list[int]:
+    """The ids of `text` as a piece inside a document: without the BOS or EOS that `encode` adds to a
+    whole text for models that expect them (HFTokenizer); a logit's target token, a word to find."""
+    return self.encode(text, allow_special=allow_special)
 
   def encode_target(self, text: str) -> list[int]:
     """The ids of a translation's target side (one vocabulary for both sides: `encode`'s; a Marian
@@ -366,6 +373,11 @@ class MarianTokenizer(Tokenizer):
   def _encode(self, text: str, allowed: set[str]) -> list[int]:
     return self._ids(self._source, text) + [self.eot_id]
 
+  def encode_piece(self, text: str, *, allow_special: bool | Iterable[str] = False) -> list[int]:
+    """The ids of `text` as a piece inside a document: without the BOS or EOS that `encode` adds to a
+    whole text for models that expect them (HFTokenizer); a logit's target token, a word to find."""
+    return self.encode(text, allow_special=allow_special)
+
   def encode_target(self, text: str) -> list[int]:
     self._allowed(text, False)
     return self._ids(self._target, text)
@@ -522,6 +534,113 @@ def _bpe_from_ranks(ranks, pattern, special_tokens, name) -> TiktokenTokenizer:
 # Entry points.
 
 
+class HFTokenizer(Tokenizer):
+  """A Hugging Face tokenizer.json, run by the `tokenizers` library (Rust) that every open family ships
+  it for, with the BOS and EOS the model expects: those its tokenizer.json's post-processor adds (what
+  transformers 5 writes, and Llama 3's, Qwen's, SmolLM's files), unless its tokenizer_config.json says
+  add_bos_token / add_eos_token (the older files of Llama 2 and Gemma, which transformers 4 applied
+  over the post-processor). The ids are AutoTokenizer's (tests/test_families.py). `eot_id`: the EOS,
+  which ends a document and a generation."""
+
+  FILES = (CONFIG_FILE, "tokenizer_config.json")
+
+  def __init__(self, tokenizer_json: str, config: dict, name: str):
+    self.tokenizer = hf_tokenizers.Tokenizer.from_str(tokenizer_json)
+    self.tokenizer_json, self.config, self.name = tokenizer_json, config, name
+    self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+    added = self.tokenizer.get_added_tokens_decoder()
+    self.special_tokens = {t.content: i for i, t in sorted(added.items()) if t.special}
+    self.bos_id, eos_id = self._special_id("bos_token"), self._special_id("eos_token")
+    self.eot_id = eos_id if eos_id is not None else self.bos_id
+    if self.eot_id is None:
+      raise TokenizerError(f"{name}: tokenizer_config.json names no eos_token (nor bos_token) that tokenizer.json has")
+    self.eos_id = eos_id
+    self.add_bos, self.add_eos = config.get("add_bos_token"), config.get("add_eos_token")
+
+  def _special_id(self, key: str) -> int | None:
+    token = self.config.get(key)
+    token = token.get("content") if isinstance(token, dict) else token
+    return None if token is None else self.tokenizer.token_to_id(token)
+
+  @classmethod
+  def from_directory(cls, directory: str | os.PathLike) -> HFTokenizer:
+    directory = Path(directory)
+    path = directory / CONFIG_FILE
+    try:
+      text = path.read_text()
+      config_path = directory / "tokenizer_config.json"
+      config = json.loads(config_path.read_text()) if config_path.exists() else {}
+      return cls(text, config, str(directory))
+    except (OSError, ValueError, Exception) as e:  # tokenizers raises its own Exception for a bad file
+      if isinstance(e, TokenizerError):
+        raise
+      raise TokenizerError(
+        f"{path} is not a Hugging Face tokenizer.json ({e}); give the model's own directory"
+      ) from None
+
+  def _encode(self, text: str, allowed: set[str]) -> list[int]:
+    # Special tokens in the text were refused by `encode` unless allowed; the post-processor's BOS unless
+    # tokenizer_config.json says otherwise (then its flags decide).
+    explicit = self.add_bos is not None or self.add_eos is not None
+    ids = self.tokenizer.encode(text, add_special_tokens=not explicit).ids
+    if explicit:
+      ids = [self.bos_id] * bool(self.add_bos and self.bos_id is not None) + ids
+      ids = ids + [self.eos_id] * bool(self.add_eos and self.eos_id is not None)
+    return ids
+
+  def encode_piece(self, text: str, *, allow_special: bool | Iterable[str] = False) -> list[int]:
+    self._allowed(text, allow_special)
+    return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+  def encode_arrays(self, texts, *, allow_special=False, num_threads=1):
+    for t in texts:  # validates every text before the (threaded, in Rust) batch
+      self._allowed(t, allow_special)
+    if self.add_bos is not None or self.add_eos is not None:
+      return [np.asarray(self._encode(t, set()), np.uint32) for t in texts]
+    return [np.asarray(e.ids, np.uint32) for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=True)]
+
+  def _decode(self, ids: list[int]) -> str:
+    return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+  def _config(self, directory: Path) -> dict:
+    (directory / "tokenizer_config.json").write_text(json.dumps(self.config, indent=2) + "\n")
+    return json.loads(self.tokenizer_json)  # tokenizer.json itself: `load_tokenizer` reads it back
+
+  def __getstate__(self):  # a tokenizers.Tokenizer pickles, but its source is what we keep
+    return {"tokenizer_json": self.tokenizer_json, "config": self.config, "name": self.name}
+
+  def __setstate__(self, state):
+    self.__init__(**state)
+
+
+class NoTokenizer(Tokenizer):
+  """The tokenizer of a model directory without tokenizer files: its ids alone (`vocab_size`), and one
+  error for anything that needs text."""
+
+  special_tokens: dict[str, int] = {}
+
+  def __init__(self, vocab_size: int, where: str):
+    self.vocab_size, self.name, self.eot_id = vocab_size, f"no tokenizer ({where})", vocab_size - 1
+
+  def _refuse(self, *_args, **_kwargs):
+    raise TokenizerError(
+      f"{self.name.removeprefix('no tokenizer (').removesuffix(')')} has no tokenizer.json: the model opens "
+      f"alone, on token ids; put the model's tokenizer.json and tokenizer_config.json beside it for text"
+    )
+
+  _encode = _decode = _config = encode_piece = _refuse
+
+
+def is_hf_tokenizer(directory: str | os.PathLike) -> bool:
+  """Whether `directory`'s tokenizer.json is Hugging Face's (a "model" section), not one `Tokenizer.save` wrote."""
+  path = Path(directory) / CONFIG_FILE
+  try:
+    config = json.loads(path.read_text())
+  except (OSError, ValueError):
+    return False
+  return isinstance(config, dict) and "model" in config and "kind" not in config
+
+
 def is_marian_pair(directory: str | os.PathLike) -> bool:
   """Whether `directory` holds a Marian tokenizer pair (MarianTokenizer.FILES): a Marian model's, or saved."""
   return (Path(directory) / MarianTokenizer.FILES[0]).is_file()
@@ -532,6 +651,8 @@ def saved_sha256(directory: str | os.PathLike) -> str:
   files): the name of the data prepared with it."""
   directory = Path(directory)
   names = (CONFIG_FILE,) if (directory / CONFIG_FILE).exists() else MarianTokenizer.FILES
+  if is_hf_tokenizer(directory):
+    names = tuple(n for n in HFTokenizer.FILES if (directory / n).exists())
   digest = hashlib.sha256()
   for name in names:
     digest.update((directory / name).read_bytes())
@@ -546,6 +667,8 @@ def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
     return MarianTokenizer.from_directory(directory)
   if not config_path.exists():
     raise TokenizerError(f"no saved tokenizer at {directory} (looked for {config_path})")
+  if is_hf_tokenizer(directory):
+    return HFTokenizer.from_directory(directory)
   config = json.loads(config_path.read_text())
   kind = config.get("kind")
   if kind == "marian":

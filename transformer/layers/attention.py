@@ -4,7 +4,6 @@ mechanism makes (transformer.layers.mechanisms), and cross-attention from the de
 
 from __future__ import annotations
 
-import functools
 import math
 
 import flax.linen as nn
@@ -13,11 +12,11 @@ import jax.numpy as jnp
 
 from transformer import kernels
 from transformer.layers import kv_cache
-from transformer.layers.config import BlockConfig, RotaryConfig, dtype
+from transformer.layers.config import BlockConfig
 from transformer.layers.mechanisms import MECHANISMS, dot_product_scores
-from transformer.layers.params import Projection, projections
+from transformer.layers.params import Projection, projections, qk_normalised
 from transformer.layers.points import intervened, point, points_of
-from transformer.layers.positions import causal_mask, rotary, rotary_frequencies, window_mask
+from transformer.layers.positions import causal_mask, rotated, window_mask
 
 
 def mix(
@@ -66,10 +65,10 @@ def attend(
   softcap: float = 0.0,
 ) -> jax.Array:
   """softmax(Q Kᵀ / √K) V over the keys that `mask` allows (True = attend; None: causal, query t sees
-  keys 0..t); `softcap` as `mix` (the einsum's alone). The reference is the einsum below (`forms="reference"`, `implementation="einsum"`, and
-  always with named points to pass (`at`: a run read or patched) or attention dropout, which need the
-  scores); otherwise the fused forms of transformer.kernels.attention compute the same (XLA's or
-  cuDNN's kernel, causal blocks)."""
+  keys 0..t); `softcap` as `mix` (the einsum's alone). The reference is the einsum below
+  (`forms="reference"`, `implementation="einsum"`, and always with named points to pass (`at`: a run
+  read or patched), attention dropout or a soft-cap, which need the scores); otherwise the fused forms
+  of transformer.kernels.attention compute the same (XLA's or cuDNN's kernel, causal blocks)."""
   fast = kernels.form("attention", forms)
   if fast is None or implementation == "einsum" or at is not None or dropout is not None or softcap:
     scores_BxHxTxS = dot_product_scores(None, None, q_BxTxHxK, k_BxSxHxK, None)
@@ -101,51 +100,6 @@ def attend_cached(
 
 def _attention_dropout(cfg: BlockConfig) -> nn.Dropout | None:
   return nn.Dropout(cfg.attention_dropout_rate) if cfg.attention_dropout_rate else None
-
-
-def _normalised(cfg: BlockConfig, q_BxTxHxK, k_BxSxGxK):
-  """With `qk_norm`, each head's queries and keys RMS-normalised (a learned scale per channel, made in
-  the calling module as q_norm and k_norm): the scores stay bounded whatever the projections' scale,
-  which allows larger learning rates. `qk_norm_over="heads"`: over all heads' channels at once, as OLMo 2
-  normalises the projections' outputs; `norm_offset`: Gemma 3's (1 + w)."""
-  if not cfg.qk_norm:
-    return q_BxTxHxK, k_BxSxGxK
-  if cfg.qk_norm_over == "head" and not cfg.norm_offset:
-    head_norm = functools.partial(
-      nn.RMSNorm,
-      epsilon=cfg.layer_norm_epsilon,
-      dtype=dtype(cfg.dtype),
-      param_dtype=dtype(cfg.param_dtype),
-      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("kv",)),
-    )
-    return head_norm(name="q_norm")(q_BxTxHxK), head_norm(name="k_norm")(k_BxSxGxK)
-  if cfg.qk_norm_over == "head":
-    return HeadNorm(cfg, ("kv",), name="q_norm")(q_BxTxHxK), HeadNorm(cfg, ("kv",), name="k_norm")(k_BxSxGxK)
-  over_heads = lambda x, name: HeadNorm(cfg, (None,), name=name)(x.reshape(*x.shape[:2], -1)).reshape(x.shape)
-  return over_heads(q_BxTxHxK, "q_norm"), over_heads(k_BxSxGxK, "k_norm")
-
-
-class HeadNorm(nn.Module):
-  """RMSNorm over the last axis with a scale of its width, (norm_offset + scale), in float32 as
-  transformers' Qwen3, OLMo 2 and Gemma 3 norms compute it."""
-
-  cfg: BlockConfig
-  names: tuple[str | None, ...]
-
-  @nn.compact
-  def __call__(self, x):
-    cfg = self.cfg
-    x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), -1, keepdims=True) + cfg.layer_norm_epsilon)
-    init = nn.initializers.zeros_init() if cfg.norm_offset else nn.initializers.ones_init()
-    scale = self.param("scale", nn.with_logical_partitioning(init, self.names), (x.shape[-1],), dtype(cfg.param_dtype))
-    return (y * (cfg.norm_offset + scale.astype(jnp.float32))).astype(dtype(cfg.dtype))
-
-
-def repeat_kv(x, heads: int, axis: int):
-  """Keys or values of G heads repeated for `heads` query heads (head h reads kv head h // (heads/G),
-  transformers' repeat_kv): grouped-query attention as plain multi-head attention."""
-  return x if x.shape[axis] == heads else jnp.repeat(x, heads // x.shape[axis], axis=axis)
 
 
 def _per_head_projection(projection: Projection, inputs) -> jax.Array:
@@ -222,11 +176,11 @@ class SelfAttention(nn.Module):
     q_BxTxHxK = k_BxSxGxK = None
     if mechanism.keys:
       q_BxTxHxK, k_BxSxGxK, v_BxSxGxK = self._qkv(x_BxTxD)
-      q_BxTxHxK, k_BxSxGxK = _normalised(cfg, q_BxTxHxK, k_BxSxGxK)
+      q_BxTxHxK, k_BxSxGxK = qk_normalised(cfg, q_BxTxHxK, k_BxSxGxK)
       q_BxTxHxK, k_BxSxGxK = point(self, "q", q_BxTxHxK), point(self, "k", k_BxSxGxK)
       if self.rope:  # this call's keys are its queries' tokens: both at the queries' positions
-        q_BxTxHxK = point(self, "rot_q", self._rotary(q_BxTxHxK, positions[0]))
-        k_BxSxGxK = point(self, "rot_k", self._rotary(k_BxSxGxK, positions[0]))
+        q_BxTxHxK = point(self, "rot_q", rotated(cfg.rotary, q_BxTxHxK, positions[0], self.local))
+        k_BxSxGxK = point(self, "rot_k", rotated(cfg.rotary, k_BxSxGxK, positions[0], self.local))
       if cfg.attention_scale:  # Q Kᵀ times attention_scale, not 1/√K: the queries scaled to cancel the √K
         q_BxTxHxK = q_BxTxHxK * jnp.asarray(cfg.attention_scale * math.sqrt(K), q_BxTxHxK.dtype)
       q_BxTxHxK = nn.with_logical_constraint(q_BxTxHxK, ("batch", "length", "heads", "kv"))
@@ -242,7 +196,8 @@ class SelfAttention(nn.Module):
         mechanism, x_BxTxD, q_BxTxHxK, k_BxSxGxK, v_BxSxGxK, mask_BxTxS, positions, mixing, softcap
       )
     else:
-      k_BxSxHxK, v_BxSxHxK = repeat_kv(k_BxSxGxK, H, 2) if k_BxSxGxK is not None else None, repeat_kv(v_BxSxGxK, H, 2)
+      k_BxSxHxK = None if k_BxSxGxK is None else kv_cache.repeat_kv(k_BxSxGxK, H, 2)
+      v_BxSxHxK = kv_cache.repeat_kv(v_BxSxGxK, H, 2)
       out_BxTxHxK = self._attention(
         mechanism, x_BxTxD, q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, positions, mixing, softcap, last_query
       )
@@ -250,7 +205,9 @@ class SelfAttention(nn.Module):
     out = self.projection((cfg.d_model,), ("heads", "kv", "embed"), contract=2, std=self.residual_std, name="out")
     return _output(self, out, z_BxTxHxK)
 
-  def _attention(self, mechanism, x_BxTxD, q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, positions, mixing, softcap, last_query):
+  def _attention(
+    self, mechanism, x_BxTxD, q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, positions, mixing, softcap, last_query
+  ):
     """softmax(scores) V without a cache: the last query alone, a fused form, or the mechanism's scores."""
     if last_query:
       if not mechanism.scaled_dot_product:
@@ -283,15 +240,9 @@ class SelfAttention(nn.Module):
       q_BxTxHxK, kv_BxTx2xGxK = q(x_BxTxD), kv(x_BxTxD)
     return q_BxTxHxK, kv_BxTx2xGxK[:, :, 0], kv_BxTx2xGxK[:, :, 1]
 
-  def _rotary(self, x_BxTxHxK, positions_BxT):
-    """`rotary` with the block's rotary config (block.rotary): GPT's default base alone as it always ran."""
-    r = self.cfg.rotary
-    if r == RotaryConfig():
-      return rotary(x_BxTxHxK, positions_BxT)
-    local = self.local and bool(r.local_theta)
-    return rotary(x_BxTxHxK, positions_BxT, frequencies=rotary_frequencies(r, self.cfg.head_dim, local), layout=r.layout)
-
-  def _over_the_cache(self, mechanism, x_BxTxD, q_BxTxHxK, k_BxTxGxK, v_BxTxGxK, mask_BxTxS, positions, mixing, softcap):
+  def _over_the_cache(
+    self, mechanism, x_BxTxD, q_BxTxHxK, k_BxTxGxK, v_BxTxGxK, mask_BxTxS, positions, mixing, softcap
+  ):
     """Decoding: this call's keys and values (values alone without keys) written into the cache (kv_cache),
     then its queries' attention over the whole cache (keys B x G x K x S, values B x G x S x K; each
     query head reads its group's)."""
@@ -301,7 +252,7 @@ class SelfAttention(nn.Module):
       scores_BxHxTxS = mechanism.scores(self, x_BxTxD, None, None, positions)
       return mix(scores_BxHxTxS, v_BxHxSxK, mask_BxTxS, *mixing, values="bhsk", **softcap)
     cache = kv_cache.write(self, key=k_BxTxGxK, value=v_BxTxGxK)
-    k_BxHxKxS, v_BxHxSxK = repeat_kv(cache["key"], H, 1), repeat_kv(cache["value"], H, 1)
+    k_BxHxKxS, v_BxHxSxK = kv_cache.repeat_kv(cache["key"], H, 1), kv_cache.repeat_kv(cache["value"], H, 1)
     if mechanism.scaled_dot_product:  # with its own form for one new token (attend_cached)
       return attend_cached(q_BxTxHxK, k_BxHxKxS, v_BxHxSxK, mask_BxTxS, self.forms, *mixing, **softcap)
     scores_BxHxTxS = mechanism.scores(self, x_BxTxD, q_BxTxHxK, k_BxHxKxS.transpose(0, 3, 1, 2), positions)
@@ -330,7 +281,7 @@ class CrossAttention(nn.Module):
       if context_BxSxD is not None:
         cached.value = kv_BxSx2xHxK
       kv_BxSx2xHxK = cached.value
-    q_BxTxHxK, k_BxSxHxK = _normalised(cfg, q_BxTxHxK, kv_BxSx2xHxK[:, :, 0])
+    q_BxTxHxK, k_BxSxHxK = qk_normalised(cfg, q_BxTxHxK, kv_BxSx2xHxK[:, :, 0])
     q_BxTxHxK = nn.with_logical_constraint(point(self, "q", q_BxTxHxK), ("batch", "length", "heads", "kv"))
     k_BxSxHxK, v_BxSxHxK = point(self, "k", k_BxSxHxK), point(self, "v", kv_BxSx2xHxK[:, :, 1])
     out_BxTxHxK = attend(

@@ -142,7 +142,8 @@ class Block(nn.Module):
     D = x_BxTxD.shape[-1]
     heads = (self.cfg.num_heads, self.cfg.kv_heads, self.cfg.kv_heads)  # keys' and values' at the kv heads
     copies = tuple(
-      point(self, name, jnp.broadcast_to(x_BxTxD[:, :, None], (*x_BxTxD.shape[:2], n, D))) for name, n in zip(names, heads)
+      point(self, name, jnp.broadcast_to(x_BxTxD[:, :, None], (*x_BxTxD.shape[:2], n, D)))
+      for name, n in zip(names, heads)
     )
     return copies if patched else None
 

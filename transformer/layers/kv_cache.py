@@ -70,3 +70,9 @@ def write(module: nn.Module, **arrays_BxTxHxK):
     cache[name].value = nn.with_logical_constraint(written, names)
   index.value = i + next(iter(arrays_BxTxHxK.values())).shape[1]
   return {name: variable.value for name, variable in cache.items()}
+
+
+def repeat_kv(x, heads: int, axis: int):
+  """Keys or values of G heads repeated for `heads` query heads (head h reads kv head h // (heads/G),
+  transformers' repeat_kv): grouped-query attention as plain multi-head attention."""
+  return x if x.shape[axis] == heads else jnp.repeat(x, heads // x.shape[axis], axis=axis)

@@ -139,3 +139,42 @@ def norm(cfg: BlockConfig, name: str | None = None) -> nn.Module:
   """The block's normalisation (`cfg.norm`) over the model width: LayerNorm or RMSNorm (`Norm`).
   GPT-2's epsilon is 1e-5 (Flax's default 1e-6): the config's, always."""
   return Norm(cfg, name=name)
+
+
+def qk_normalised(cfg: BlockConfig, q_BxTxHxK, k_BxSxGxK):
+  """With `qk_norm`, each head's queries and keys RMS-normalised (a learned scale per channel, made in
+  the calling module as q_norm and k_norm): the scores stay bounded whatever the projections' scale,
+  which allows larger learning rates. `qk_norm_over="heads"`: over all heads' channels at once, as OLMo 2
+  normalises the projections' outputs; `norm_offset`: Gemma 3's (1 + w)."""
+  if not cfg.qk_norm:
+    return q_BxTxHxK, k_BxSxGxK
+  if cfg.qk_norm_over == "head" and not cfg.norm_offset:
+    head_norm = functools.partial(
+      nn.RMSNorm,
+      epsilon=cfg.layer_norm_epsilon,
+      dtype=dtype(cfg.dtype),
+      param_dtype=dtype(cfg.param_dtype),
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("kv",)),
+    )
+    return head_norm(name="q_norm")(q_BxTxHxK), head_norm(name="k_norm")(k_BxSxGxK)
+  if cfg.qk_norm_over == "head":
+    return HeadNorm(cfg, ("kv",), name="q_norm")(q_BxTxHxK), HeadNorm(cfg, ("kv",), name="k_norm")(k_BxSxGxK)
+  over_heads = lambda x, name: HeadNorm(cfg, (None,), name=name)(x.reshape(*x.shape[:2], -1)).reshape(x.shape)
+  return over_heads(q_BxTxHxK, "q_norm"), over_heads(k_BxSxGxK, "k_norm")
+
+
+class HeadNorm(nn.Module):
+  """RMSNorm over the last axis with a scale of its width, (norm_offset + scale), in float32 as
+  transformers' Qwen3, OLMo 2 and Gemma 3 norms compute it."""
+
+  cfg: BlockConfig
+  names: tuple[str | None, ...]
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.cfg
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), -1, keepdims=True) + cfg.layer_norm_epsilon)
+    init = nn.initializers.zeros_init() if cfg.norm_offset else nn.initializers.ones_init()
+    scale = self.param("scale", nn.with_logical_partitioning(init, self.names), (x.shape[-1],), dtype(cfg.param_dtype))
+    return (y * (cfg.norm_offset + scale.astype(jnp.float32))).astype(dtype(cfg.dtype))

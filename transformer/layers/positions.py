@@ -57,7 +57,10 @@ def _yarn(inv_freq: np.ndarray, r, R: int, theta: float) -> tuple[np.ndarray, fl
   """YaRN (Peng et al. 2023) as transformers computes it: the channels that turn fewer than
   `beta_slow` times over the trained context interpolated (divided by `factor`), those that turn more
   than `beta_fast` times kept, a linear ramp between; cos and sin scaled by 0.1 ln(factor) + 1."""
-  corrections = [R * math.log(r.original_max_len / (turns * 2 * math.pi)) / (2 * math.log(theta)) for turns in (r.beta_fast, r.beta_slow)]
+  corrections = [
+    R * math.log(r.original_max_len / (turns * 2 * math.pi)) / (2 * math.log(theta))
+    for turns in (r.beta_fast, r.beta_slow)
+  ]
   low, high = max(math.floor(corrections[0]), 0), min(math.ceil(corrections[1]), R - 1)
   ramp = np.clip((np.arange(R // 2) - low) / ((high - low) or 0.001), 0, 1)
   kept = 1 - ramp
@@ -99,6 +102,16 @@ def rotary(
     turned = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   out = turned if R == K else jnp.concatenate([turned, x[..., R:]], axis=-1)
   return out.astype(x_BxTxHxK.dtype)
+
+
+def rotated(rotary_config, x_BxTxHxK: jax.Array, positions_BxT: jax.Array, local: bool) -> jax.Array:
+  """`rotary` as a block's `layers.RotaryConfig` sets it (`local`: a sliding-window layer, which may have
+  its own base); GPT's default config runs the default form, as it always ran."""
+  if rotary_config == type(rotary_config)():
+    return rotary(x_BxTxHxK, positions_BxT)
+  local = local and bool(rotary_config.local_theta)
+  frequencies = rotary_frequencies(rotary_config, x_BxTxHxK.shape[-1], local)
+  return rotary(x_BxTxHxK, positions_BxT, frequencies=frequencies, layout=rotary_config.layout)
 
 
 def causal_mask(length_q: int, length_k: int | None = None) -> jax.Array:

@@ -68,7 +68,8 @@ class GPTConfig:
     layers.check_model_config(self, positive=("vocab_size", "max_len", "num_layers"))
     if any(not 0 <= i < self.num_layers for i in self.global_layers):
       raise ConfigError(
-        f"global_layers={self.global_layers} names layers a {self.num_layers}-layer model lacks (0 .. {self.num_layers - 1})"
+        f"global_layers={self.global_layers} names layers a {self.num_layers}-layer model lacks "
+        f"(0 .. {self.num_layers - 1})"
       )
     if self.scan_layers and 0 < len(set(self.global_layers)) < self.num_layers:
       raise ConfigError(

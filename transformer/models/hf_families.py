@@ -84,7 +84,9 @@ def config_from_hf(hf: dict, where: str = "config.json") -> GPTConfig:
   """The GPTConfig of a Hugging Face config.json (as a dict) of one of FORMATS' model types."""
   model_type = hf.get("model_type")
   if model_type not in FORMATS:
-    raise CheckpointError(f"{where}: model_type {model_type!r} is not one we open; supported: {supported()} (and gpt2, marian)")
+    raise CheckpointError(
+      f"{where}: model_type {model_type!r} is not one we open; supported: {supported()} (and gpt2, marian)"
+    )
   H = hf["num_attention_heads"]
   window, global_layers = _windows(hf, model_type)
   gemma = model_type.startswith("gemma")
@@ -135,7 +137,9 @@ def _activation(hf: dict, model_type: str, where: str) -> str:
   else:  # a gated MLP: silu(gate) (Llama's SwiGLU) or gelu(gate) (Gemma's GeGLU)
     table = {"silu": "swiglu", "swish": "swiglu", "gelu_pytorch_tanh": "geglu", "gelu_new": "geglu"}
   if act not in table:
-    raise CheckpointError(f"{where}: hidden_act {act!r} of a {model_type} is not one we run; supported: {', '.join(table)}")
+    raise CheckpointError(
+      f"{where}: hidden_act {act!r} of a {model_type} is not one we run; supported: {', '.join(table)}"
+    )
   return table[act]
 
 
@@ -290,12 +294,16 @@ def _layout(cfg: GPTConfig, fmt: str) -> Iterator[Tensor]:
     a = f"{h}.self_attn"
     names = tuple(f"{a}.{x}_proj" for x in "qkv")
     if G == H:
-      yield _stacked((*p, "attn", "qkv", "kernel"), tuple(f"{n}.weight" for n in names), ((H * K, D),) * 3, (D, 3, H, K))
+      yield _stacked(
+        (*p, "attn", "qkv", "kernel"), tuple(f"{n}.weight" for n in names), ((H * K, D),) * 3, (D, 3, H, K)
+      )
       if b.qkv_bias:
         yield _stacked_bias((*p, "attn", "qkv", "bias"), tuple(f"{n}.bias" for n in names), (3, H, K))
     else:
       yield _linear((*p, "attn", "q", "kernel"), f"{names[0]}.weight", (H * K, D), (D, H, K))
-      yield _stacked((*p, "attn", "kv", "kernel"), tuple(f"{n}.weight" for n in names[1:]), ((G * K, D),) * 2, (D, 2, G, K))
+      yield _stacked(
+        (*p, "attn", "kv", "kernel"), tuple(f"{n}.weight" for n in names[1:]), ((G * K, D),) * 2, (D, 2, G, K)
+      )
       if b.qkv_bias:
         yield _vector((*p, "attn", "q", "bias"), f"{names[0]}.bias", (H, K))
         yield _stacked_bias((*p, "attn", "kv", "bias"), tuple(f"{n}.bias" for n in names[1:]), (2, G, K))
@@ -361,7 +369,9 @@ def _shard_files(directory: Path) -> list[Path]:
     try:
       weight_map = json.loads(index.read_text())["weight_map"]
     except (ValueError, KeyError, TypeError) as e:
-      raise CheckpointError(f"{index} is not a safetensors index ({e}); it maps each tensor to its shard file") from None
+      raise CheckpointError(
+        f"{index} is not a safetensors index ({e}); it maps each tensor to its shard file"
+      ) from None
     files = [directory / name for name in dict.fromkeys(weight_map.values())]
   else:
     files = [directory / "model.safetensors"]
@@ -513,16 +523,21 @@ def export_config(cfg: GPTConfig, model_type: str) -> dict:
     hf["hidden_activation"] = hf["hidden_act"]
   if model_type in ("gemma2", "gemma3_text"):
     scalar = b.attention_scale**-2 if b.attention_scale else b.head_dim
-    hf["query_pre_attn_scalar"] = round(scalar) if abs(scalar - round(scalar)) < 1e-6 else scalar  # an int in their config
+    hf["query_pre_attn_scalar"] = (
+      round(scalar) if abs(scalar - round(scalar)) < 1e-6 else scalar
+    )  # an int in their config
     hf["attn_logit_softcapping"] = b.attention_softcap or None
     hf["final_logit_softcapping"] = cfg.logits_softcap or None
   if b.sliding_window:
     hf["sliding_window"] = b.sliding_window
-    hf["layer_types"] = ["full_attention" if i in cfg.global_layers else "sliding_attention" for i in range(cfg.num_layers)]
+    hf["layer_types"] = [
+      "full_attention" if i in cfg.global_layers else "sliding_attention" for i in range(cfg.num_layers)
+    ]
     hf["use_sliding_window"] = True
     hf["max_window_layers"] = 0
   if model_type == "gemma3_text":
-    hf["rope_parameters"] = {"full_attention": _rope_export(b.rotary), "sliding_attention": _rope_export(b.rotary, local=True)}
+    local = _rope_export(b.rotary, local=True)
+    hf["rope_parameters"] = {"full_attention": _rope_export(b.rotary), "sliding_attention": local}
   else:
     hf["rope_parameters"] = _rope_export(b.rotary)
   return hf

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from transformer import interventions, kernels, metrics
+from transformer import interventions, kernels, metrics, tokenizers
 from transformer.config import RunConfig, at, check_positive
 from transformer.data import pipeline
 from transformer.errors import ConfigError, TokenizerError
@@ -142,8 +142,9 @@ class LanguageModel(Task):
 
   def __init__(self, run: RunConfig, tokenizer, mesh, data=None, labels=None):
     super().__init__(run, tokenizer, mesh, data)
-    try:  # now, not after training
-      self._sample_prompt = tokenizer.encode(self.config.sample.prompt) or [tokenizer.eot_id]
+    try:  # now, not after training (a model without a tokenizer samples from its end-of-text id)
+      textless = isinstance(tokenizer, tokenizers.NoTokenizer)
+      self._sample_prompt = (not textless and tokenizer.encode(self.config.sample.prompt)) or [tokenizer.eot_id]
     except TokenizerError as e:
       raise ConfigError(f"--config.sample.prompt: {e}") from None
 
