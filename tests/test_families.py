@@ -17,13 +17,14 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from transformer import layers
-from transformer.errors import CheckpointError, ConfigError
+from transformer import inference, interventions, layers, patching, tokenizers
+from transformer.errors import CheckpointError, ConfigError, TokenizerError
 from transformer.generation import sampling
+from transformer.interventions import Patch
 from transformer.models import hf_families
 from transformer.models.gpt import GPT, GPTConfig
 
-from conftest import REPO, compiled_apply
+from conftest import REPO, compiled_apply, run_module
 
 FIXTURES = REPO / "tests" / "fixtures" / "families"
 FAMILIES = ["llama", "smollm", "mistral", "qwen2", "qwen3", "gpt_neox", "olmo2", "gemma", "gemma2", "gemma3_text"]
@@ -251,3 +252,108 @@ def test_a_bad_directory_is_one_error_naming_it(tmp_path, damage, message):
 if __name__ == "__main__":  # our export of every fixture, which make_family_fixtures.py --check-exports loads
   for name in FAMILIES:
     export(name, Path(sys.argv[1]) / name)
+
+
+# --- Named points, as TransformerLens names them for these families. ---
+
+
+def test_named_points_of_grouped_query_attention_and_the_parallel_block():
+  cfg, params = _imported("llama")
+  tokens = _reference("llama")["input_ids"][:1, :8]
+  _, cache = interventions.run_with_cache(GPT(cfg), params, tokens, names=("q", "k", "v", "z"))
+  L, H, G, K = cfg.num_layers, cfg.block.num_heads, cfg.block.kv_heads, cfg.block.head_dim
+  assert cache["q"].shape == cache["z"].shape == (L, 1, 8, H, K)
+  assert cache["k"].shape == cache["v"].shape == (L, 1, 8, G, K)  # TL's bridge: keys and values at the kv heads
+  # GPT-NeoX's parallel block has no stream between attention and MLP: no resid_mid, and the MLP reads
+  # resid_pre (TransformerLens's hook_mlp_in of a parallel block).
+  cfg, params = _imported("gpt_neox")
+  _, cache = interventions.run_with_cache(GPT(cfg), params, tokens, names=None)
+  assert "resid_mid" not in cache
+  np.testing.assert_array_equal(cache["mlp_in"], cache["resid_pre"])
+  np.testing.assert_allclose(
+    cache["resid_post"], cache["resid_pre"] + cache["attn_out"] + cache["mlp_out"], rtol=1e-5, atol=1e-5
+  )
+
+
+def test_path_patching_with_grouped_query_attention_patches_the_sender_through_every_reader():
+  cfg, params = _imported("llama")
+  model, tokens = GPT(cfg), _reference("llama")["input_ids"][:2, :10]
+  corrupt = np.where(np.arange(10) == 3, 7, tokens)
+  metric = jax.jit(lambda logits: logits[:, -1, 5].mean() - logits[:, -1, 7].mean())  # one program, not one an op
+  sender, H, G = (0, 1), cfg.block.num_heads, cfg.block.kv_heads
+  # Every reader downstream of L0.H1: layer 0's MLP, layer 1's queries (H heads), keys and values (G
+  # kv heads each), layer 1's MLP, the output.
+  every = [
+    (0, "mlp"),
+    *[(1, h, "q") for h in range(H)],
+    *[(1, g, r) for g in range(G) for r in "kv"],
+    (1, "mlp"),
+    "logits",
+  ]
+  path = patching.path_patching(model, params, tokens, metric, sender=sender, receivers=every, source_BxT=corrupt)
+  _, source = interventions.run_with_cache(model, params, corrupt, names=("z",))
+  only_head = (np.arange(H) == 1)[:, None]
+  direct = interventions.run_with_patches(
+    model, params, tokens, patches={("z", 0): Patch.replace(source["z"][0], where=only_head)}
+  )
+  np.testing.assert_allclose(path, metric(direct), atol=1e-5)
+  plain, _ = interventions.run_with_cache(model, params, tokens, names=())
+  assert abs(float(path - metric(plain))) > 1e-4  # the sender mattered
+
+
+# --- Tokenizers (tokenizer.json) and what opens a directory. ---
+
+
+@pytest.mark.parametrize("name", ["smollm", "gemma"])  # the post-processor's BOS (Llama 3's); a Metaspace BPE (Gemma's)
+def test_the_tokenizer_gives_auto_tokenizers_ids_and_texts(name, tmp_path):
+  tokenizer = tokenizers.load_tokenizer(FIXTURES / name)
+  reference = json.loads((FIXTURES / name / "tokenizer_reference.json").read_text())
+  assert isinstance(tokenizer, tokenizers.HFTokenizer) and tokenizer.vocab_size == reference["vocab_size"]
+  for text, ids, decoded in zip(reference["texts"], reference["ids"], reference["decoded"]):
+    assert tokenizer.encode(text, allow_special=True) == ids
+    assert tokenizer.decode(ids) == decoded
+  assert [a.tolist() for a in tokenizer.encode_arrays(reference["texts"], allow_special=True)] == reference["ids"]
+  with pytest.raises(TokenizerError, match="text contains the special token"):  # not from user text unless allowed
+    tokenizer.encode(reference["texts"][1])
+  assert tokenizer.encode_piece("Remove") == tokenizer.encode("Remove")[1:]  # a piece: no BOS
+  again = tokenizers.load_tokenizer(tokenizer.save(tmp_path / "saved"))  # as a workdir keeps it
+  assert again.encode(reference["texts"][0]) == reference["ids"][0]
+
+
+def test_load_opens_a_family_with_its_tokenizer_or_on_ids_alone(tmp_path):
+  trained = inference.load(hf=FIXTURES / "smollm")
+  assert isinstance(trained.tokenizer, tokenizers.HFTokenizer) and trained.run.model.tie_embeddings
+  assert "(llama)" in trained.source
+  bare = inference.load(hf=FIXTURES / "gpt_neox")  # no tokenizer files: the model alone, on token ids
+  assert bare.run.model.block.parallel
+  with pytest.raises(TokenizerError, match="gpt_neox has no tokenizer.json: the model opens alone, on token ids"):
+    bare.tokenizer.encode("hello")
+  other = _copy(tmp_path)  # the llama fixture (128 tokens) with another model's tokenizer (320)
+  for file in ("tokenizer.json", "tokenizer_config.json"):
+    shutil.copy(FIXTURES / "smollm" / file, other / file)
+  with pytest.raises(CheckpointError, match="has 320 tokens but the model's embedding 128 rows"):
+    inference.load(hf=other)
+
+
+@pytest.mark.slow  # three launch programs, each its own process
+def test_the_launch_programs_run_on_a_family(tmp_path):
+  smollm, text = FIXTURES / "smollm", tmp_path / "text.txt"
+  text.write_text("\n".join(json.loads((smollm / "tokenizer_reference.json").read_text())["texts"][:1]) * 4)
+  sampled = run_module(
+    "launch.sample", f"--hf={smollm}", "--prompt=Remove any", "--max_new_tokens=5", "--temperature=0"
+  )
+  assert sampled.stdout.strip().splitlines()[-1].startswith("Remove any")
+  scored = run_module("launch.evaluate", f"--hf={smollm}", f"--input_file={text}")
+  assert "bits per byte" in scored.stdout
+  probed = run_module(
+    "launch.probe",
+    f"--hf={smollm}",
+    "--path",
+    "--sender=L0.H1",
+    "--receivers=L1.k",
+    "--target=ing",
+    "--clean=Remove any common",
+    "--corrupt=Remove any commit",
+    f"--out={tmp_path / 'path'}",
+  )
+  assert (tmp_path / "path" / "path.json").exists(), probed.stdout

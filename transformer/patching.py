@@ -149,21 +149,20 @@ def _sender_delta(model, params, sender, base, source, sender_value=None):
   return new - base["result"][layer][:, :, which]
 
 
-def _receiver_patch(receiver, heads: dict[str, int], delta_BxTxD) -> tuple[tuple[str, int | None], Patch]:
-  """A receiver's patch: the sender's change added to the input that it alone reads. `(layer, head,
-  "q"|"k"|"v")`: that head's queries', keys' or values' copy of the stream (`heads`: how many each role
-  has; with grouped-query attention "k" and "v" count the kv heads, as TransformerLens does);
-  `(layer, "mlp")`: the MLP's input; `"logits"`: the stream the final norm reads (the direct path to
-  the output)."""
+def _receiver_point(receiver, heads: dict[str, int]) -> tuple[tuple[str, int], np.ndarray | None]:
+  """Where a receiver reads the sender's change: the named point and, for a head, which of its heads
+  (a NumPy mask, H x 1). `(layer, head, "q"|"k"|"v")`: that head's queries', keys' or values' copy of
+  the stream (`heads`: how many each role has; with grouped-query attention "k" and "v" count the kv
+  heads, as TransformerLens does); `(layer, "mlp")`: the MLP's input; `"logits"`: the stream the final
+  norm reads (the direct path to the output; layer -1: the last)."""
   if receiver == "logits":
-    return ("resid_post", -1), Patch.steer(delta_BxTxD)
+    return ("resid_post", -1), None
   if len(receiver) == 2 and receiver[1] == "mlp":
-    return ("mlp_in", receiver[0]), Patch.steer(delta_BxTxD)
+    return ("mlp_in", receiver[0]), None
   layer, head, role = receiver
   if role not in ("q", "k", "v"):
     raise ValueError(f"receiver {receiver!r}: a head's role is 'q', 'k' or 'v'")
-  only_head = (jnp.arange(heads[role]) == head)[:, None]  # B x T x H x D: this head's copy alone
-  return (f"{role}_input", layer), Patch.steer(delta_BxTxD[:, :, None], where=only_head)
+  return (f"{role}_input", layer), (np.arange(heads[role]) == head)[:, None]  # this head's copy alone
 
 
 def path_patching(
@@ -173,7 +172,7 @@ def path_patching(
   `receivers` see the sender's change, everything else as in the base run. The sender: a head
   `(layer, head)` or an MLP `(layer, "mlp")`, its new value its activation on `source_BxT` or
   `sender_value` (B x T x D, what it writes: zeros, a mean). Receivers: `(layer, head, "q"|"k"|"v")`,
-  `(layer, "mlp")`, `"logits"` (see `_receiver_patch`); each reads the base stream plus the change
+  `(layer, "mlp")`, `"logits"` (see `_receiver_point`); each reads the base stream plus the change
   in what the sender writes (the direct path; with every reader downstream of the sender a receiver,
   this is patching the sender itself). Three runs: base, source, and the patched one."""
   if source_BxT is None and sender_value is None:
@@ -184,17 +183,18 @@ def path_patching(
   delta_BxTxD = _sender_delta(model, params, sender, base, source, sender_value)
   block = model.config.block
   heads = {"q": block.num_heads, "k": block.kv_heads, "v": block.kv_heads}
-  patches: dict = {}
+  wheres: dict = {}  # point -> the heads that read the change there (None: the point's one stream)
   for receiver in receivers:
-    key, patch = _receiver_patch(receiver, heads, delta_BxTxD)
-    if key[1] == -1:
-      key = (key[0], model.config.num_layers - 1)
-    if key in patches:  # several heads of one layer read the same point: their patches add up
-      old = patches[key]
-      patch = Patch.steer(old.add * jnp.asarray(old.where) + patch.add * jnp.asarray(patch.where))
-    patches[key] = patch
-  if not patches:
+    (name, layer), where = _receiver_point(receiver, heads)
+    key = (name, model.config.num_layers - 1 if layer == -1 else layer)
+    wheres[key] = where if key not in wheres or where is None else wheres[key] | where  # several heads of a layer
+  if not wheres:
     return _metric_of(model, params, base_BxT, metric)
+  per_head_BxTx1xD = delta_BxTxD[:, :, None]
+  patches = {
+    key: Patch.steer(delta_BxTxD) if where is None else Patch.steer(per_head_BxTx1xD, where=where)
+    for key, where in wheres.items()
+  }
   return metric(run_with_patches(model, params, base_BxT, patches=patches))
 
 
