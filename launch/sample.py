@@ -4,6 +4,8 @@ r"""Samples text from a training workdir's checkpoint or from GPT-2 safetensors.
   python -m launch.sample --workdir=workdirs/shakespeare-char --step=best --prompt="KING:" \
       --prompt="To be" --num_samples=3 --temperature=0.8 --top_p=0.95
   python -m launch.sample --hf=path/to/gpt2 --prompt="Every effort moves you" --stream
+  python -m launch.sample --hf=path/to/SmolLM2-135M --prompt="Once upon a time"    # Llama, Qwen, Gemma, Pythia, ...
+  python -m launch.sample --workdir=workdirs/smollm-ft --export=smollm-ft-hf    # a run back to the Hugging Face format
   echo "Alas, poor" | python -m launch.sample --workdir=workdirs/shakespeare-char --prompts_file=-
 
 Prompts come from --prompt (repeatable), or --prompts_file (one per line; "-" is stdin; write "\n"
@@ -14,16 +16,20 @@ unless --sliding_window (slower: no KV cache).
 """
 
 import sys
+from pathlib import Path
 
 from absl import flags
 
 import launch
 from transformer import cli
+from transformer.errors import UserError
 from transformer.generation import sampling
+from transformer.models import hf_families
 
 _MODEL = launch.ModelFlags(
   "A training workdir (launch.train's --workdir).",
-  hf_help="Instead of --workdir: a Hugging Face GPT-2 directory (model.safetensors + config.json) or its .safetensors.",
+  hf_help="Instead of --workdir: a Hugging Face model's directory (an open family's config.json, safetensors and "
+  "tokenizer.json: Llama, Mistral, Qwen2/3, SmolLM, Gemma 1-3, Pythia, OLMo 2; or GPT-2's model.safetensors).",
 )
 _PROMPT = flags.DEFINE_multi_string("prompt", [], "A prompt; repeat the flag for several.")
 _PROMPTS_FILE = flags.DEFINE_string("prompts_file", None, "One prompt per line; '-' reads stdin.")
@@ -46,6 +52,35 @@ _SLIDING_WINDOW = flags.DEFINE_bool(
 )
 
 
+_EXPORT = flags.DEFINE_string(
+  "export",
+  None,
+  "Write --workdir's model (at --step) into this new directory as a Hugging Face model, with its tokenizer.json; "
+  "nothing is sampled.",
+)
+_EXPORT_AS = flags.DEFINE_string(
+  "export_as",
+  None,
+  "With --export: the model_type to write (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, olmo2, "
+  "gpt_neox, gpt2); default: that of the model the run was fine-tuned from (config.init_from), else gpt2.",
+)
+
+
+def _export() -> None:
+  if _MODEL.hf.value or _PROMPT.value or _PROMPTS_FILE.value:
+    raise UserError("--export writes --workdir's model (at --step); give it alone")
+  out = Path(_EXPORT.value)
+  if out.exists() and any(out.iterdir()):
+    raise UserError(f"--export={out} is not empty; give a new directory (nothing there is overwritten)")
+  trained = _MODEL.load("lm")
+  source = trained.run.task_config.init_from
+  model_type = _EXPORT_AS.value or (
+    hf_families.read_config(source)["model_type"] if hf_families.is_family(source) else "gpt2"
+  )
+  hf_families.export_lm(trained.task.model_config, trained.params, out, model_type, trained.tokenizer)
+  print(f"wrote {out} ({model_type}): AutoModelForCausalLM.from_pretrained({str(out)!r}) loads it")
+
+
 def read_prompts() -> list[str]:
   prompts = list(_PROMPT.value)
   prompts += [line.replace("\\n", "\n") for line in cli.read_inputs([], _PROMPTS_FILE.value, "prompts_file")]
@@ -54,6 +89,8 @@ def read_prompts() -> list[str]:
 
 def main(argv):
   del argv
+  if _EXPORT.value:
+    return _export()
   prompts = read_prompts()
   trained = _MODEL.load("lm")
   model, params, tokenizer, source = trained.model, trained.params, trained.tokenizer, trained.source

@@ -357,3 +357,61 @@ def test_the_launch_programs_run_on_a_family(tmp_path):
     f"--out={tmp_path / 'path'}",
   )
   assert (tmp_path / "path" / "path.json").exists(), probed.stdout
+
+
+# --- Fine-tuning from a family's directory (experiments/hf.py) and its export back. ---
+
+
+def _text_file(tmp_path) -> Path:
+  """~50 KB of the standard library's docstrings: enough for a split of small pieces."""
+  import argparse
+  import collections
+  import csv
+  import inspect
+  import logging
+
+  path = tmp_path / "text.txt"
+  path.write_text("\n\n".join(inspect.getdoc(m) or "" for m in (argparse, collections, logging, csv) * 8))
+  return path
+
+
+@pytest.mark.slow  # a training run and an export, each its own process
+def test_fine_tuning_starts_from_the_family_weights_and_exports_what_it_trained(tmp_path):
+  smollm, workdir = FIXTURES / "smollm", tmp_path / "run"
+  flags = [f"--config.data.input_files={_text_file(tmp_path)}", "--config.data.piece_chars=2000", "--config.seq_len=32"]
+  flags += ["--config.num_train_steps=2", "--config.eval_every_steps=2", "--config.checkpoint_every_steps=1"]
+  flags += ["--config.sample.max_new_tokens=0", "--config.optimizer.lr=1e-9"]  # steps that barely move it
+  trained = run_module("launch.train", f"--config=experiments/hf.py:{smollm}", f"--workdir={workdir}", *flags)
+  assert trained.returncode == 0, trained.stderr[-2000:]
+  first = inference.load(workdir=workdir, step=1)
+  _, imported = _imported("smollm")
+  moved = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()), first.params, imported)
+  assert max(jax.tree.leaves(moved)) < 1e-6  # the family's weights, not a fresh initialisation
+  exported = run_module("launch.sample", f"--workdir={workdir}", f"--export={tmp_path / 'out'}")
+  assert "(llama)" in exported.stdout, exported.stderr[-2000:]
+  last = inference.load(workdir=workdir)
+  again = inference.load(hf=tmp_path / "out")
+  jax.tree.map(np.testing.assert_array_equal, again.params, jax.device_get(last.params))
+  assert again.tokenizer.encode("Remove any") == last.tokenizer.encode("Remove any")
+
+
+def test_fine_tuning_refuses_another_model_or_tokenizer_in_one_line(tmp_path):
+  from transformer import sharding, tasks
+  from transformer.tasks import lm
+
+  config = lm.hf_defaults(str(FIXTURES / "smollm"))
+  config.model.block.num_kv_heads = 3
+  with pytest.raises(
+    ConfigError, match=r"another model than --config.model: block.num_kv_heads=3 \(the pretrained model's: 2\)"
+  ):
+    tasks.resolve(config)
+  config = lm.hf_defaults(str(FIXTURES / "smollm"))
+  config.data.tokenizer = "char"
+  run = tasks.resolve(config)
+  task = tasks.get("lm")(
+    run, tokenizers.get_tokenizer("char", corpus=["abc"]), sharding.make_mesh(run.mesh.fitted(jax.device_count()).shape)
+  )
+  with pytest.raises(
+    ConfigError, match="reads other tokens .* prepare the data with its tokenizer: --config.data.tokenizer="
+  ):
+    task.init_params({}, None)

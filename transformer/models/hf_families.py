@@ -394,6 +394,14 @@ def read_config(directory: str | Path) -> dict:
     raise CheckpointError(f"{path} is not JSON ({e})") from None
 
 
+def read_model_config(directory: str | Path) -> GPTConfig:
+  """The GPTConfig of a Hugging Face language model's directory: a family's from its config.json alone
+  (no weights read); GPT-2's from its tensors' shapes (import_lm)."""
+  if not is_family(directory):
+    return import_lm(directory)[0]
+  return config_from_hf(read_config(directory), str(Path(directory) / "config.json"))
+
+
 def import_hf(path: str | Path, **overrides) -> tuple[GPTConfig, dict]:
   """Loads a Hugging Face checkpoint of one of FORMATS' model types (config.json and its safetensors,
   one file or shards). `overrides` change fields that do not alter shapes (dtype, attention,
@@ -430,6 +438,14 @@ def import_hf(path: str | Path, **overrides) -> tuple[GPTConfig, dict]:
     cfg = cfg.replace(scan_layers=True).check()
     params["h"] = layers.stack_layers(params["h"], cfg.num_layers)
   return cfg, params
+
+
+def import_lm(path: str | Path, **overrides) -> tuple[GPTConfig, dict]:
+  """A Hugging Face language model's directory, whichever format: an open family's (`import_hf`) or
+  GPT-2's (hf_gpt2.import_hf_gpt2)."""
+  from transformer.models.hf_gpt2 import import_hf_gpt2  # (GPT-2's own module: no cycle)
+
+  return import_hf(path, **overrides) if is_family(path) else import_hf_gpt2(path, **overrides)
 
 
 def _tensors(file: Path, cfg: GPTConfig, hf: dict) -> Iterator[tuple[str, np.ndarray]]:
@@ -564,4 +580,21 @@ def export_hf(config: GPTConfig, params: dict, out_dir: str | Path, model_type: 
   out_dir.mkdir(parents=True, exist_ok=True)
   hf_files.save_safetensors(tensors, out_dir / "model.safetensors")
   (out_dir / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+  return out_dir
+
+
+def export_lm(config: GPTConfig, params: dict, out_dir: str | Path, model_type: str, tokenizer=None) -> Path:
+  """A language model written as a Hugging Face directory of `model_type` (one of FORMATS', or gpt2),
+  with the tokenizer's tokenizer.json and tokenizer_config.json when it has them (an HFTokenizer): what
+  `launch.sample --export` writes. Refused, before anything is written, where the format cannot hold it."""
+  from transformer import tokenizers
+  from transformer.models.hf_gpt2 import export_hf_gpt2
+
+  out_dir = Path(out_dir)
+  if model_type == "gpt2":
+    export_hf_gpt2(config, params, out_dir)
+  else:
+    export_hf(config, params, out_dir, model_type)
+  if isinstance(tokenizer, tokenizers.HFTokenizer):
+    tokenizer.save(out_dir)
   return out_dir

@@ -8,6 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import ClassVar
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,8 +17,9 @@ import optax
 from transformer import interventions, kernels, metrics, tokenizers
 from transformer.config import RunConfig, at, check_positive
 from transformer.data import pipeline
-from transformer.errors import ConfigError, TokenizerError
+from transformer.errors import ConfigError, TokenizerError, UserError
 from transformer.generation import sampling
+from transformer.models import hf_families, hf_files
 from transformer.models.gpt import GPT
 from transformer.models.lstm import LSTMLanguageModel
 from transformer.tasks.base import Task
@@ -49,8 +51,12 @@ class LMConfig:
   # A GPT's heads scored at every evaluation (metrics.jsonl, TensorBoard): previous-token,
   # duplicate-token and induction scores per head, and the in-context score (transformer.interventions).
   head_scores: bool = False
+  # A Hugging Face language model's directory (an open family's, transformer.models.hf_families, or
+  # GPT-2's) whose weights a new run starts from: fine-tuning. experiments/hf.py:DIR sets config.model
+  # and the tokenizer from it (`hf_defaults`); a resumed run starts from its own checkpoints.
+  init_from: str = ""
 
-  may_change: ClassVar[tuple[str, ...]] = ("eval_batches", "eval_batch_size", "sample", "head_scores")
+  may_change: ClassVar[tuple[str, ...]] = ("eval_batches", "eval_batch_size", "sample", "head_scores", "init_from")
 
   def check(self, run: RunConfig, data_parallel: int | None) -> None:
     check_positive(self, ("seq_len", "batch_size", "eval_batch_size", "eval_batches"))
@@ -68,6 +74,8 @@ class LMConfig:
     if self.sample.max_new_tokens < 0:
       raise ConfigError(f"--config.sample.max_new_tokens must be >= 0 (0: no sample), got {self.sample.max_new_tokens}")
     self.sample_options().check()
+    if self.init_from:
+      _check_pretrained(self.init_from, run)
     if self.segmented and run.model.family != "gpt":
       raise ConfigError(
         f"--config.data.separate_documents is for GPTs (attention within a document); an "
@@ -100,6 +108,45 @@ class LMConfig:
 
   def sample_options(self) -> sampling.Sampling:
     return sampling.Sampling(temperature=self.sample.temperature, top_k=self.sample.top_k, top_p=self.sample.top_p)
+
+
+def _check_pretrained(path: str, run: RunConfig) -> None:
+  """config.init_from's model is the run's (config.model), or one error naming each field that differs."""
+  if run.model.family != "gpt":
+    raise ConfigError(
+      f"--config.init_from={path} starts a GPT from a Hugging Face model; this model is an {run.model.family}"
+    )
+  try:
+    theirs = hf_families.read_model_config(path)
+  except UserError as e:
+    raise ConfigError(f"--config.init_from={path}: {e}") from None
+  other = hf_files.differences(
+    run.model.replace(vocab_size=run.model.vocab_size or theirs.vocab_size), theirs, "the pretrained model"
+  )
+  if other:
+    raise ConfigError(
+      f"--config.init_from={path} is another model than --config.model: {'; '.join(other)}; start from its "
+      f"preset, --config=experiments/hf.py:{path}"
+    )
+
+
+def hf_defaults(directory: str):
+  """The config of a language-model run that starts from the Hugging Face model in `directory` (an open
+  family's or GPT-2's): its model (every field read from its config.json), its tokenizer for the data
+  (tokenizer.json; GPT-2's files have none: gpt2), its weights (init_from), AdamW at a fine-tuning rate.
+  The data is yours (config.data.input_files, or a named data set)."""
+  from transformer.config import defaults_for, model_dict  # (config imports the tasks' modules)
+
+  c = defaults_for(LanguageModel)
+  model = hf_families.read_model_config(directory)
+  c.model = model_dict(model)
+  c.init_from = directory
+  c.data.tokenizer = directory if tokenizers.is_hf_tokenizer(directory) else "gpt2"
+  c.seq_len = min(model.max_len, 256)
+  c.batch_size = c.eval_batch_size = 8
+  c.optimizer.name, c.optimizer.lr, c.optimizer.warmup_steps = "adamw", 3e-5, 10
+  c.num_train_steps, c.eval_every_steps, c.checkpoint_every_steps = 200, 50, 50
+  return c
 
 
 def document_ids(tokens_BxL, eot_id: int):
@@ -147,6 +194,24 @@ class LanguageModel(Task):
       self._sample_prompt = (not textless and tokenizer.encode(self.config.sample.prompt)) or [tokenizer.eot_id]
     except TokenizerError as e:
       raise ConfigError(f"--config.sample.prompt: {e}") from None
+
+  def init_params(self, params, restore):
+    """A new run's params: config.init_from's weights, when it names a Hugging Face model (whose
+    tokenizer must be the one the data was prepared with)."""
+    path = self.config.init_from
+    if not path:
+      return params
+    family = hf_families.is_family(path)
+    if family and not tokenizers.is_hf_tokenizer(path):
+      raise ConfigError(f"--config.init_from={path} has no tokenizer.json: the data must be tokenized as the model was")
+    theirs = tokenizers.load_tokenizer(path) if family else tokenizers.get_tokenizer("gpt2")
+    if not tokenizers.identical(theirs, self.tokenizer):
+      raise ConfigError(
+        f"--config.init_from={path} reads other tokens ({theirs}) than this run's data ({self.tokenizer}); "
+        f"prepare the data with its tokenizer: --config.data.tokenizer={path if family else 'gpt2'}"
+      )
+    _, pretrained = hf_families.import_lm(path, scan_layers=self.model_config.scan_layers)
+    return jax.tree.map(lambda p, ours: jnp.asarray(p, ours.dtype), pretrained, nn.unbox(params))
 
   def build_model(self, model_config):
     return LSTMLanguageModel(model_config) if model_config.family == "lstm" else GPT(model_config)
