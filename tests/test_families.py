@@ -415,3 +415,20 @@ def test_fine_tuning_refuses_another_model_or_tokenizer_in_one_line(tmp_path):
     ConfigError, match="reads other tokens .* prepare the data with its tokenizer: --config.data.tokenizer="
   ):
     task.init_params({}, None)
+
+
+def test_a_bfloat16_checkpoint_loads_in_bfloat16_and_computes_as_its_float32_original(tmp_path):
+  import ml_dtypes
+
+  directory = _copy(tmp_path)
+  tensors = load_file(directory / "model.safetensors")
+  save_file({k: v.astype(ml_dtypes.bfloat16) for k, v in tensors.items()}, directory / "model.safetensors")
+  _edit_config(directory, dtype="bfloat16")
+  cfg, params = hf_families.import_hf(directory)
+  assert cfg.block.param_dtype == cfg.block.dtype == "bfloat16"
+  assert {x.dtype for x in jax.tree.leaves(params)} == {np.dtype(ml_dtypes.bfloat16)}  # no float32 copy
+  reference = _reference("llama")
+  assert _largest_difference(cfg, params, reference) < 0.05  # bfloat16's rounding, not another model
+  _edit_config(directory, dtype="float8_e4m3")
+  with pytest.raises(CheckpointError, match="dtype 'float8_e4m3' is not one we load; supported: float32, bfloat16"):
+    hf_families.import_hf(directory)

@@ -214,10 +214,10 @@ def import_gpt2(directory: str | Path, tokenizer: str = "gpt2") -> Trained:
 def import_family(directory: str | Path) -> Trained:
   """An open family's Hugging Face directory (config.json, safetensors, and tokenizer.json with
   tokenizer_config.json: a download from the Hub or an export; hf_families) as a trained language model on
-  this machine's devices. Without tokenizer files the model alone opens (as transformers' model classes
-  load): what needs text says so."""
+  this machine's devices, each param read in its stored dtype straight onto its shards. Without tokenizer
+  files the model alone opens (as transformers' model classes load): what needs text says so."""
   directory = Path(directory)
-  config, params = hf_families.import_hf(directory)
+  config = hf_families.read_model_config(directory)
   model_type = hf_families.read_config(directory)["model_type"]
   if tokenizers.is_hf_tokenizer(directory):
     tokenizer = tokenizers.HFTokenizer.from_directory(directory)
@@ -234,7 +234,9 @@ def import_family(directory: str | Path) -> Trained:
   if tokenizers.is_hf_tokenizer(directory):  # (without one the config's default stays, never read: text is refused)
     config_dict.data.tokenizer = str(directory)
   config_dict.seq_len = min(config.max_len, 2048)  # what a window of launch.evaluate reads by default
-  return _imported(config_dict, params, tokenizer, f"{directory} ({model_type})")
+  run, task, mesh, abstract = _on_this_machine(tasks.resolve(config_dict), tokenizer)
+  _, params = hf_families.import_hf(directory, shardings=jax.tree.map(lambda a: a.sharding, abstract))
+  return Trained(task, params, tokenizer, mesh, 0, run, source=f"{directory} ({model_type})")
 
 
 def _imported(config_dict, params, tokenizer, source: str) -> Trained:

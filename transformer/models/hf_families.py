@@ -112,6 +112,8 @@ def config_from_hf(hf: dict, where: str = "config.json") -> GPTConfig:
     branch_norms={"gemma2": "pre_post", "gemma3_text": "pre_post", "olmo2": "post"}.get(model_type, "pre"),
     rotary=_rotary(hf, model_type, where),
     attention="einsum" if hf.get("attn_logit_softcapping") else "xla",
+    dtype=_stored_dtype(hf, where),
+    param_dtype=_stored_dtype(hf, where),
   )
   _refuse_unsupported(hf, model_type, where)
   return GPTConfig(
@@ -125,6 +127,15 @@ def config_from_hf(hf: dict, where: str = "config.json") -> GPTConfig:
     global_layers=global_layers,
     scale_embeddings=gemma,
   )
+
+
+def _stored_dtype(hf: dict, where: str) -> str:
+  """The dtype the checkpoint's weights are stored in (config.json's dtype, torch_dtype before
+  transformers 5): the params' and the computation's, as transformers runs it."""
+  stored = hf.get("dtype") or hf.get("torch_dtype") or "float32"
+  if stored not in ("float32", "bfloat16", "float16"):
+    raise CheckpointError(f"{where}: dtype {stored!r} is not one we load; supported: float32, bfloat16, float16")
+  return stored
 
 
 def _activation(hf: dict, model_type: str, where: str) -> str:
@@ -402,42 +413,54 @@ def read_model_config(directory: str | Path) -> GPTConfig:
   return config_from_hf(read_config(directory), str(Path(directory) / "config.json"))
 
 
-def import_hf(path: str | Path, **overrides) -> tuple[GPTConfig, dict]:
+def import_hf(path: str | Path, shardings=None, **overrides) -> tuple[GPTConfig, dict]:
   """Loads a Hugging Face checkpoint of one of FORMATS' model types (config.json and its safetensors,
-  one file or shards). `overrides` change fields that do not alter shapes (dtype, attention,
-  scan_layers, max_len, ...). Returns (config, params) in the config's param_dtype."""
+  one file or shards, read one at a time). The params keep the checkpoint's stored dtype (config.json's
+  dtype: a bfloat16 model is never a float32 copy on the host); `shardings` (a tree like the params'
+  of `jax.sharding.Sharding`s), when given, places each param on its shards as soon as it is read.
+  `overrides` change fields that do not alter shapes (param_dtype, dtype, attention, scan_layers,
+  max_len, ...). Returns (config, params)."""
   directory = Path(path)
   hf = read_config(directory)
-  cfg = config_from_hf(hf, str(directory / "config.json"))
   scan = overrides.pop("scan_layers", False)
-  cfg = cfg.replace(**overrides).check()
-  fmt = FORMATS[hf["model_type"]]
-  entries = list(_layout(cfg, fmt))
+  cfg = config_from_hf(hf, str(directory / "config.json")).replace(**overrides).check()
+  entries = list(_layout(cfg, FORMATS[hf["model_type"]]))
   wanted = {key: (entry, shape) for entry in entries for key, shape in zip(entry.keys, entry.shapes)}
-  shapes = nn.unbox(param_shapes(cfg))
+  dtypes = jax.tree.map(lambda x: x.dtype, nn.unbox(param_shapes(cfg)))
+  place = (lambda ours, x: jax.device_put(x, _get(shardings, ours))) if shardings and not scan else _on_device
   params, pieces = {}, {}
   for file in _shard_files(directory):
     for key, value in _tensors(file, cfg, hf):
-      if key not in wanted:
-        raise CheckpointError(f"{file} has a tensor a {hf['model_type']} of this config.json does not: {key!r}")
-      entry, shape = wanted[key]
-      if value.shape != shape:
-        raise CheckpointError(
-          f"tensor {key!r} in {file} has shape {value.shape}, expected {shape} for the config.json beside it "
-          f"({cfg.num_layers} layers, d_model={cfg.block.d_model}, {cfg.block.num_heads} heads, vocab={cfg.vocab_size})"
-        )
+      entry, shape = _checked(key, value, wanted, file, cfg, hf["model_type"])
       pieces[key] = value
       if all(k in pieces for k in entry.keys):  # every piece of this param read: convert and place it
-        target = _get(shapes, entry.ours)
         value = entry.to_ours([pieces.pop(k) for k in entry.keys])
-        _set(params, entry.ours, jnp.asarray(value, dtype=target.dtype))
+        _set(params, entry.ours, place(entry.ours, np.asarray(value, _get(dtypes, entry.ours))))
   missing = [key for key in wanted if _get(params, wanted[key][0].ours, None) is None]
   if missing:
     raise CheckpointError(f"{directory} is missing tensor {missing[0]!r} (expected shape {wanted[missing[0]][1]})")
   if scan:
     cfg = cfg.replace(scan_layers=True).check()
     params["h"] = layers.stack_layers(params["h"], cfg.num_layers)
+    params = jax.device_put(params, shardings) if shardings else params
   return cfg, params
+
+
+def _on_device(ours, x):
+  return jnp.asarray(x)
+
+
+def _checked(key: str, value, wanted: dict, file: Path, cfg: GPTConfig, model_type: str):
+  """(the mapping entry, its shape) of tensor `key` of `file`, or the error naming what is wrong."""
+  if key not in wanted:
+    raise CheckpointError(f"{file} has a tensor a {model_type} of this config.json does not: {key!r}")
+  entry, shape = wanted[key]
+  if value.shape != shape:
+    raise CheckpointError(
+      f"tensor {key!r} in {file} has shape {value.shape}, expected {shape} for the config.json beside it "
+      f"({cfg.num_layers} layers, d_model={cfg.block.d_model}, {cfg.block.num_heads} heads, vocab={cfg.vocab_size})"
+    )
+  return entry, shape
 
 
 def import_lm(path: str | Path, **overrides) -> tuple[GPTConfig, dict]:

@@ -140,6 +140,7 @@ def hf_defaults(directory: str):
   c = defaults_for(LanguageModel)
   model = hf_families.read_model_config(directory)
   c.model = model_dict(model)
+  c.model.block.param_dtype = "float32"  # the optimizer's master weights, whatever the checkpoint stores
   c.init_from = directory
   c.data.tokenizer = directory if tokenizers.is_hf_tokenizer(directory) else "gpt2"
   c.seq_len = min(model.max_len, 256)

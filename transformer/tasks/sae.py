@@ -5,7 +5,7 @@ The activations (transformer.data.activations), one source a run:
   --config.run=WORKDIR         a trained GPT's, at --config.point (resid_pre, resid_post, mlp_out,
                                z, ...) of block --config.layer (-1: the middle one), computed on the
                                fly from that run's text
-  --config.hf=DIR              GPT-2's (Hugging Face files), on the text of config.data
+  --config.hf=DIR              a Hugging Face model's (an open family's or GPT-2's), on the text of config.data
   --config.data.input_files=acts.npy   an array you bring (.npy or .safetensors, rows x d_in)
   --config.synthetic_features=N        N features in superposition whose directions are known
 
@@ -44,8 +44,8 @@ from transformer.data.activations import (
 from transformer.data.superposition import Superposition
 from transformer.errors import ConfigError, DataError
 from transformer.interventions import Patch
+from transformer.models import hf_families
 from transformer.models.gpt import GPT
-from transformer.models.hf_gpt2 import import_hf_gpt2
 from transformer.models.sae import SAE, init_decoder_bias, latent_density, norm_scale, recovery, sae_loss, scores
 from transformer.tasks.base import Task
 from transformer.tasks.lm import LanguageModel
@@ -137,7 +137,7 @@ def source_model(config: SAETaskConfig) -> tuple[Any, Any]:
   """(GPT, abstract params) of the model whose activations a run or hf source reads: its shapes only,
   from its config (what the SAE's width needs when its model is restored for inference)."""
   if config.hf:
-    gpt_config, params = import_hf_gpt2(config.hf)
+    gpt_config, params = hf_families.import_lm(config.hf)
     return GPT(gpt_config), params
   run = resolve_for(LanguageModel, workdir_files.saved_config_dict(Path(config.run)))  # a GPT's: config.check
   vocab = tokenizers.load_tokenizer(Path(config.run) / workdir_files.TOKENIZER).vocab_size
