@@ -29,10 +29,11 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
-from transformer import layers
+from transformer import layers, tokenizers
 from transformer.errors import CheckpointError, ConfigError
 from transformer.models import hf_files
 from transformer.models.gpt import GPTConfig, param_shapes
+from transformer.models.hf_gpt2 import export_hf_gpt2, import_hf_gpt2
 
 # model_type (config.json) -> the weight format its tensors are stored in.
 FORMATS = {
@@ -466,8 +467,6 @@ def _checked(key: str, value, wanted: dict, file: Path, cfg: GPTConfig, model_ty
 def import_lm(path: str | Path, **overrides) -> tuple[GPTConfig, dict]:
   """A Hugging Face language model's directory, whichever format: an open family's (`import_hf`) or
   GPT-2's (hf_gpt2.import_hf_gpt2)."""
-  from transformer.models.hf_gpt2 import import_hf_gpt2  # (GPT-2's own module: no cycle)
-
   return import_hf(path, **overrides) if is_family(path) else import_hf_gpt2(path, **overrides)
 
 
@@ -610,9 +609,6 @@ def export_lm(config: GPTConfig, params: dict, out_dir: str | Path, model_type: 
   """A language model written as a Hugging Face directory of `model_type` (one of FORMATS', or gpt2),
   with the tokenizer's tokenizer.json and tokenizer_config.json when it has them (an HFTokenizer): what
   `launch.sample --export` writes. Refused, before anything is written, where the format cannot hold it."""
-  from transformer import tokenizers
-  from transformer.models.hf_gpt2 import export_hf_gpt2
-
   out_dir = Path(out_dir)
   if model_type == "gpt2":
     export_hf_gpt2(config, params, out_dir)

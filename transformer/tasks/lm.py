@@ -15,7 +15,7 @@ import numpy as np
 import optax
 
 from transformer import interventions, kernels, metrics, tokenizers
-from transformer.config import RunConfig, at, check_positive
+from transformer.config import RunConfig, at, check_positive, defaults_for, model_dict
 from transformer.data import pipeline
 from transformer.errors import ConfigError, TokenizerError, UserError
 from transformer.generation import sampling
@@ -135,8 +135,6 @@ def hf_defaults(directory: str):
   family's or GPT-2's): its model (every field read from its config.json), its tokenizer for the data
   (tokenizer.json; GPT-2's files have none: gpt2), its weights (init_from), AdamW at a fine-tuning rate.
   The data is yours (config.data.input_files, or a named data set)."""
-  from transformer.config import defaults_for, model_dict  # (config imports the tasks' modules)
-
   c = defaults_for(LanguageModel)
   model = hf_families.read_model_config(directory)
   c.model = model_dict(model)
