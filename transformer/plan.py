@@ -63,6 +63,7 @@ class Plan:
   flops: float | None  # XLA's count, all devices
   analytic_flops: float | None
   compile_s: float
+  scanned: bool = False  # the model's layers are one scanned block, which XLA's count has once
 
   @property
   def total(self) -> int:
@@ -146,6 +147,7 @@ def plan_train(run: train.Run) -> Plan:
     flops=flops,
     analytic_flops=None if tokens is None else task.flops_per_token(num_params) * tokens,
     compile_s=seconds,
+    scanned=bool(getattr(run.config.model, "scan_layers", False)),
   )
 
 
@@ -298,6 +300,8 @@ def describe(plan: Plan, budget_bytes: int | None = None) -> str:
     lines.append(
       f"  FLOPs per step, all devices: XLA {fmt(plan.flops)}, analytic 6·N+12·L·d·T {fmt(plan.analytic_flops)}{ratio}"
     )
+    if plan.scanned:
+      lines.append("  (scan_layers: XLA counts the scanned block once, not once a layer; the analytic count is whole)")
   return "\n".join(lines)
 
 

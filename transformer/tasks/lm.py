@@ -253,7 +253,8 @@ class LanguageModel(Task):
     cfg = self.model_config
     if cfg.family != "gpt":  # an LSTM: the 6N of its matmuls
       return metrics.flops_per_token(num_params, 0, 0, self.config.seq_len)
-    return metrics.flops_per_token(num_params, cfg.num_layers, cfg.block.d_model, self.config.seq_len)
+    attention_width = cfg.block.num_heads * cfg.block.head_dim  # d_model, but for Gemma's wider heads
+    return metrics.flops_per_token(num_params, cfg.num_layers, attention_width, self.config.seq_len)
 
   def eval_batches(self) -> list:
     c = self.config
