@@ -22,7 +22,7 @@ from transformer.errors import CheckpointError, ConfigError, TokenizerError
 from transformer.generation import sampling
 from transformer.interventions import Patch
 from transformer.models import hf_families
-from transformer.models.gpt import GPT, GPTConfig
+from transformer.models.gpt import GPT, GPTConfig, count_params
 
 from conftest import REPO, compiled_apply, run_module
 
@@ -432,3 +432,38 @@ def test_a_bfloat16_checkpoint_loads_in_bfloat16_and_computes_as_its_float32_ori
   _edit_config(directory, dtype="float8_e4m3")
   with pytest.raises(CheckpointError, match="dtype 'float8_e4m3' is not one we load; supported: float32, bfloat16"):
     hf_families.import_hf(directory)
+
+
+# transformers' num_parameters() of each published shape (built on torch's meta device from the same
+# config.json fields): the shapes are those checkpoints'.
+PUBLISHED = {
+  "llama3-8b": 8_030_261_248,
+  "llama3.2-1b": 1_235_814_400,
+  "smollm2-135m": 134_515_008,
+  "mistral-7b": 7_241_732_096,
+  "qwen3-0.6b": 596_049_920,
+  "gemma2-2b": 2_614_341_888,
+  "pythia-70m": 70_426_624,
+  "olmo2-1b": 1_484_916_736,
+}
+
+
+def test_the_published_shapes_have_their_checkpoints_parameter_counts():
+  counts = {name: count_params(hf_families.shape(name, scan_layers=True)) for name in hf_families.SHAPES}
+  assert counts == PUBLISHED  # (scanned: one block traced, its params stacked)
+
+
+@pytest.mark.slow  # three more programs a family
+@pytest.mark.parametrize("name", ["gemma2", "gemma3_text", "gpt_neox"])  # mixed layer kinds, local bases, parallel
+def test_scanned_rematerialised_and_last_only_forms_compute_the_same_logits(name):
+  cfg, params = _imported(name)
+  reference = _reference(name)
+  scanned_cfg, scanned = hf_families.import_hf(FIXTURES / name, scan_layers=True)
+  assert _largest_difference(scanned_cfg, scanned, reference) <= 1e-4  # local and global layers in one scan
+  assert _largest_difference(cfg.replace(remat_policy="full"), params, reference) <= 1e-4
+  row = reference["input_ids"][:1]
+  last = compiled_apply(GPT(cfg), {"params": params}, row, last_only=True)
+  np.testing.assert_allclose(last[0, -1], reference["logits"][0, -1], atol=1e-4)
+  prompts = [r[m == 1].tolist() for r, m in zip(reference["prompt_ids"], reference["prompt_mask"])]
+  greedy = sampling.generate(GPT(scanned_cfg), scanned, prompts, max_new_tokens=40, sampling=sampling.Sampling(0.0))
+  assert greedy == reference["generated"].tolist()  # the scanned cache

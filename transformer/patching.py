@@ -241,7 +241,8 @@ def _sweep_from_each_layer(model, params, corrupt_BxT, metric, point, value_LxBx
   L = cfg.num_layers
   logits, below = run_with_cache(model, params, corrupt_BxT, names=("resid_pre",))
   first = _first_position_read(metric, logits.shape)
-  block = gpt.blocks(cfg, kernels.resolve(cfg.kernels), parent=None).block()
+  stack = gpt.blocks(cfg, kernels.resolve(cfg.kernels), parent=None)
+  block, kinds_L = stack.block(), stack.layer_kinds()  # each layer local or global (a sliding window)
   # The patch's entry inside a block ("attn", "z"), and the blocks' params with a leading layer axis.
   full = patches_collection(model, params, {(point, 0): Patch.replace(value_LxBx[0])}, corrupt_BxT)
   [(path, _)] = flax.traverse_util.flatten_dict(full, is_leaf=lambda _, x: "replace" in x).items()
@@ -257,7 +258,8 @@ def _sweep_from_each_layer(model, params, corrupt_BxT, metric, point, value_LxBx
       entry_i = {**entry, "replace": entry["replace"] & (i == layer)}
       patches_i = flax.traverse_util.unflatten_dict({inside: entry_i})
       variables = {"params": params_i, "patches": patches_i}
-      return block().apply(variables, x_BxTxD, None, positions=positions, mutable=["activations"])[0]
+      local = kinds_L[i] if 0 < len(set(cfg.global_layers)) < L else None
+      return block().apply(variables, x_BxTxD, None, positions=positions, local=local, mutable=["activations"])[0]
 
     x_BxTxD = jax.lax.fori_loop(layer, L, one_block, x_BxTxD)
     read_BxTxV = model.apply({"params": params}, x_BxTxD[:, first:], method=type(model).output_logits)

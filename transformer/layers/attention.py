@@ -157,7 +157,9 @@ class SelfAttention(nn.Module):
     return projections(self.cfg, self.forms)(features, names, contract=contract, std=std, name=name, use_bias=bias)
 
   @nn.compact
-  def __call__(self, x_BxTxD, mask_BxTxS, *, positions, deterministic: bool = True, last_query: bool = False):
+  def __call__(
+    self, x_BxTxD, mask_BxTxS, *, positions, deterministic: bool = True, last_query: bool = False, local=None
+  ):
     """`positions`: (of the queries B x T, of the keys B x S), as `Mechanism.scores` takes them.
     `last_query`: the output at the last position only (B x 1 x D), its query alone against every key:
     all that a loss reading only that position needs (GPT's `last_only`).
@@ -166,6 +168,7 @@ class SelfAttention(nn.Module):
     `v_input` (Block), where one head's queries, keys or values see another residual stream than the rest."""
     cfg, mechanism = self.cfg, MECHANISMS[self.cfg.attention_mechanism]
     H, K = cfg.num_heads, cfg.head_dim
+    local = self.local if local is None else local  # (a traced bool: a scanned mix of layer kinds)
     per_head_inputs = isinstance(x_BxTxD, tuple)
     if per_head_inputs and not mechanism.keys:
       raise ValueError(
@@ -179,16 +182,16 @@ class SelfAttention(nn.Module):
       q_BxTxHxK, k_BxSxGxK = qk_normalised(cfg, q_BxTxHxK, k_BxSxGxK)
       q_BxTxHxK, k_BxSxGxK = point(self, "q", q_BxTxHxK), point(self, "k", k_BxSxGxK)
       if self.rope:  # this call's keys are its queries' tokens: both at the queries' positions
-        q_BxTxHxK = point(self, "rot_q", rotated(cfg.rotary, q_BxTxHxK, positions[0], self.local))
-        k_BxSxGxK = point(self, "rot_k", rotated(cfg.rotary, k_BxSxGxK, positions[0], self.local))
+        q_BxTxHxK = point(self, "rot_q", rotated(cfg.rotary, q_BxTxHxK, positions[0], local))
+        k_BxSxGxK = point(self, "rot_k", rotated(cfg.rotary, k_BxSxGxK, positions[0], local))
       if cfg.attention_scale:  # Q Kᵀ times attention_scale, not 1/√K: the queries scaled to cancel the √K
         q_BxTxHxK = q_BxTxHxK * jnp.asarray(cfg.attention_scale * math.sqrt(K), q_BxTxHxK.dtype)
       q_BxTxHxK = nn.with_logical_constraint(q_BxTxHxK, ("batch", "length", "heads", "kv"))
     else:
       v_BxSxGxK = self.projection((H, K), ("embed", "heads", "kv"), name="v")(x_BxTxD)
     v_BxSxGxK = point(self, "v", v_BxSxGxK)
-    if cfg.sliding_window and self.local:
-      mask_BxTxS = window_mask(mask_BxTxS, *positions, cfg.sliding_window)
+    if cfg.sliding_window and local is not False:
+      mask_BxTxS = window_mask(mask_BxTxS, *positions, cfg.sliding_window, local)
     mixing = (_attention_dropout(cfg), deterministic, points_of(self))  # mix's dropout and named points
     softcap = {"softcap": cfg.attention_softcap} if cfg.attention_softcap else {}
     if self.decode:

@@ -58,7 +58,9 @@ class Block(nn.Module):
   local: bool = True  # a sliding-window layer (block.sliding_window), not one of the model's global_layers
 
   @nn.compact
-  def __call__(self, x_BxTxD, mask_BxTxT, context_BxSxD=None, context_mask_BxTxS=None, positions=None):
+  def __call__(self, x_BxTxD, mask_BxTxT, context_BxSxD=None, context_mask_BxTxS=None, positions=None, local=None):
+    """`local`: this layer's kind as a traced bool, in a scanned mix of local and global layers (else
+    the `local` attribute)."""
     cfg, deterministic = self.cfg, self.deterministic
     drop = nn.Dropout(cfg.dropout_rate)
 
@@ -84,7 +86,9 @@ class Block(nn.Module):
     def self_attention(h):
       if per_head_inputs is not None:  # each head's queries, keys and values from their own streams
         h = tuple(ln_1(x, points=False) if cfg.pre_layer_norm and ln_1 is not None else x for x in per_head_inputs)
-      return attn(h, mask_BxTxT, positions=positions, deterministic=deterministic, last_query=self.last_only)
+      return attn(
+        h, mask_BxTxT, positions=positions, deterministic=deterministic, last_query=self.last_only, local=local
+      )
 
     if cfg.parallel:  # GPT-NeoX: x + attn(ln_1(x)) + mlp(ln_2(x)), no stream between them
       return self._parallel(x_BxTxD, self_attention, ln_1, drop)
@@ -189,16 +193,22 @@ class Stack(nn.Module):
       return x_BxTxD
     if last_only:
       raise ValueError("last_only needs unrolled layers (scan_layers=False): the last block has other shapes")
+    mixed = 0 < len(set(self.global_layers)) < self.num_layers
     scanned = nn.scan(
       lambda mdl, x, *args: (mdl(x, *args), None),
       variable_axes={"params": 0, "cache": 0, "activations": 0, "patches": 0},
       split_rngs={"params": True, "dropout": True},
       length=self.num_layers,
-      in_axes=(nn.broadcast,) * 4,
+      in_axes=(nn.broadcast,) * 4 + ((0,) if mixed else ()),
       metadata_params={nn.PARTITION_NAME: "layers"},
     )
-    # (every layer of one kind: GPTConfig.check refuses a scanned mix of local and global layers)
+    if mixed:  # each layer's kind, scanned with its params: local (windowed) or global
+      return scanned(block(name="layers"), *inputs, self.layer_kinds())[0]
     return scanned(block(name="layers", local=not self.global_layers), *inputs)[0]
+
+  def layer_kinds(self) -> jax.Array:
+    """L bools: which layers are local (block.sliding_window, rotary.local_theta), not global_layers."""
+    return jnp.asarray([i not in self.global_layers for i in range(self.num_layers)])
 
   def block(self, deterministic: bool = True, decode: bool = False):
     """The kind of block this stack is made of (Block with this stack's settings): each block one of

@@ -104,14 +104,19 @@ def rotary(
   return out.astype(x_BxTxHxK.dtype)
 
 
-def rotated(rotary_config, x_BxTxHxK: jax.Array, positions_BxT: jax.Array, local: bool) -> jax.Array:
+def rotated(rotary_config, x_BxTxHxK: jax.Array, positions_BxT: jax.Array, local) -> jax.Array:
   """`rotary` as a block's `layers.RotaryConfig` sets it (`local`: a sliding-window layer, which may have
-  its own base); GPT's default config runs the default form, as it always ran."""
+  its own base; a traced bool in a scanned mix of local and global layers, which rotates both ways and
+  keeps its own); GPT's default config runs the default form, as it always ran."""
   if rotary_config == type(rotary_config)():
     return rotary(x_BxTxHxK, positions_BxT)
-  local = local and bool(rotary_config.local_theta)
-  frequencies = rotary_frequencies(rotary_config, x_BxTxHxK.shape[-1], local)
-  return rotary(x_BxTxHxK, positions_BxT, frequencies=frequencies, layout=rotary_config.layout)
+  K, layout = x_BxTxHxK.shape[-1], rotary_config.layout
+  turn = lambda kind: rotary(
+    x_BxTxHxK, positions_BxT, frequencies=rotary_frequencies(rotary_config, K, kind), layout=layout
+  )
+  if not rotary_config.local_theta or local is False:
+    return turn(False)
+  return turn(True) if local is True else jnp.where(local, turn(True), turn(False))
 
 
 def causal_mask(length_q: int, length_k: int | None = None) -> jax.Array:
@@ -120,12 +125,15 @@ def causal_mask(length_q: int, length_k: int | None = None) -> jax.Array:
   return (jnp.arange(length_k)[None, :] <= jnp.arange(length_q)[:, None])[None]
 
 
-def window_mask(mask_BxTxS, q_positions_BxT, k_positions_BxS, window: int) -> jax.Array:
+def window_mask(mask_BxTxS, q_positions_BxT, k_positions_BxS, window: int, local=True) -> jax.Array:
   """`mask_BxTxS` (None: causal) narrowed to a sliding window: a query sees the keys less than `window`
   positions before it, itself included (Mistral's and Gemma's local layers; transformers' sliding
-  window). By positions, not slots: a packed document's or a padded row's window counts its own tokens."""
+  window). By positions, not slots: a packed document's or a padded row's window counts its own tokens.
+  `local`: a traced bool in a scanned mix of local and global layers (False: the mask as it is)."""
   T, S = q_positions_BxT.shape[1], k_positions_BxS.shape[1]
   near_BxTxS = (q_positions_BxT[:, :, None] - k_positions_BxS[:, None, :]) < window
+  if local is not True:
+    near_BxTxS = near_BxTxS | jnp.logical_not(local)
   return (causal_mask(T, S) if mask_BxTxS is None else mask_BxTxS) & near_BxTxS
 
 

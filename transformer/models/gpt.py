@@ -71,11 +71,6 @@ class GPTConfig:
         f"global_layers={self.global_layers} names layers a {self.num_layers}-layer model lacks "
         f"(0 .. {self.num_layers - 1})"
       )
-    if self.scan_layers and 0 < len(set(self.global_layers)) < self.num_layers:
-      raise ConfigError(
-        "scan_layers=True runs one block program for every layer: a mix of local and global layers "
-        "(global_layers) needs scan_layers=False"
-      )
     return self
 
 
