@@ -1,6 +1,7 @@
 """The PyTorch peers for launch/bench.py, timed the same way as ours (CPU, eager):
 
   hf       Hugging Face transformers' GPT2LMHeadModel: `generate` (its KV cache) and a training step.
+  family   An open family's model from a directory (AutoModelForCausalLM): a prefill and `generate`.
   minimal  A GPT written the way nanoGPT writes it (fused qkv Linear, F.scaled_dot_product_attention
            with is_causal, GELU-tanh MLP, tied head), with a minimal KV-cache greedy loop: the
            simplest PyTorch program of the same shape.
@@ -156,6 +157,42 @@ def hf_peer(spec: dict) -> dict:
   return result
 
 
+def family_peer(spec: dict) -> dict:
+  """An open family's model (spec["family"]["directory"]: what launch/bench_hf.py exported), loaded with
+  AutoModelForCausalLM in float32: a prefill (one forward over the prompt) and greedy `generate` per
+  batch size, and the first row's greedy tokens (that the two generate the same)."""
+  f = spec["family"]
+  model = transformers.AutoModelForCausalLM.from_pretrained(f["directory"], dtype=torch.float32).eval()
+  vocab = model.config.vocab_size
+  result = {"prefill": {}, "generate": {}, "tokens": None}
+  for batch in f["batch_sizes"]:
+    prompt = torch.tensor(f["prompts"][:batch])
+    mask = torch.ones_like(prompt)
+
+    def prefill():
+      with torch.inference_mode():
+        model(input_ids=prompt, attention_mask=mask, use_cache=False)
+
+    def generate():
+      with torch.inference_mode():
+        return model.generate(
+          prompt,
+          attention_mask=mask,
+          max_new_tokens=f["new_tokens"],
+          min_new_tokens=f["new_tokens"],
+          do_sample=False,
+          pad_token_id=0,
+          eos_token_id=None,
+        )
+
+    result["prefill"][str(batch)] = median_seconds(prefill, spec["repeats"])
+    result["generate"][str(batch)] = median_seconds(generate, spec["repeats"])
+    if result["tokens"] is None:
+      result["tokens"] = generate()[0, prompt.shape[1] :].tolist()
+  assert vocab > 0
+  return result
+
+
 def minimal_peer(spec: dict) -> dict:
   m, g = spec["model"], spec["generate"]
   model = MinimalGPT(m["vocab_size"], m["max_len"], m["num_layers"], m["num_heads"], m["d_model"])
@@ -180,7 +217,7 @@ def minimal_peer(spec: dict) -> dict:
 
 def main(spec: dict) -> dict:
   torch.manual_seed(0)
-  peers = {"hf": hf_peer, "minimal": minimal_peer}
+  peers = {"hf": hf_peer, "minimal": minimal_peer, "family": family_peer}
   result = {"torch": torch.__version__, "transformers": transformers.__version__, "threads": torch.get_num_threads()}
   for name in spec.get("peers", ["hf"]):
     result[name] = peers[name](spec)

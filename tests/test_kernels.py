@@ -202,12 +202,14 @@ def test_attend_dispatches_causal_self_attention_by_kernels():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("B", [1, 3])
-def test_one_token_over_a_kv_cache_equals_the_reference(B):
+@pytest.mark.parametrize("B, G", [(1, 2), (3, 2), (1, 1), (3, 1)])
+def test_one_token_over_a_kv_cache_equals_the_reference(B, G):
   """kernels.attention.one_token_cpu (multiply-and-sum for one sequence, einsums for several) =
-  layers.attend_cached's reference, over a cache whose last slots are masked."""
+  layers.attend_cached's reference, over a cache whose last slots are masked; with G kv heads for the
+  H = 2 query heads (G = 1: multi-query attention, the cache read as it is, not repeated)."""
   S, H, K = 9, 2, 4
   q, k, v = _qkv(B=B, T=1, S=S, H=H, K=K, seed=4)
+  k, v = k[:, :, :G], v[:, :, :G]
   k_BxHxKxS, v_BxHxSxK = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
   mask_Bx1xS = jnp.broadcast_to(jnp.arange(S) < 6, (B, 1, S))
   want = layers.attend_cached(q, k_BxHxKxS, v_BxHxSxK, mask_Bx1xS, "reference")

@@ -121,20 +121,24 @@ def _causal_cpu_bwd(residuals, dout_BxTxHxK):
 causal_cpu.defvjp(_causal_cpu_fwd, _causal_cpu_bwd)
 
 
-def one_token_cpu(q_Bx1xHxK, k_BxHxKxS, v_BxHxSxK, mask_Bx1xS) -> jax.Array:
-  """softmax(q Kᵀ / √K) V for one new token per sequence over a KV cache (keys B x H x K x S, values
-  B x H x S x K: `layers.CACHE_LAYOUTS`), skipping the T axis."""
-  scale = 1.0 / math.sqrt(q_Bx1xHxK.shape[-1])
-  q_BxHxK = q_Bx1xHxK[:, 0].astype(jnp.float32)
-  one = q_BxHxK.shape[0] == 1
+def one_token_cpu(q_Bx1xHxK, k_BxGxKxS, v_BxGxSxK, mask_Bx1xS) -> jax.Array:
+  """softmax(q Kᵀ / √K) V for one new token per sequence over a KV cache (keys B x G x K x S, values
+  B x G x S x K: `layers.CACHE_LAYOUTS`), skipping the T axis. G kv heads, each read by H/G query heads
+  (grouped-query attention): the queries grouped by their kv head, so that the cache is read as it is,
+  never repeated for each query head."""
+  B, _, H, K = q_Bx1xHxK.shape
+  G = k_BxGxKxS.shape[1]
+  scale = 1.0 / math.sqrt(K)
+  q_BxGxRxK = q_Bx1xHxK[:, 0].astype(jnp.float32).reshape(B, G, H // G, K)
+  one = B == 1
   if one:
-    scores_BxHxS = jnp.sum(q_BxHxK[..., None] * k_BxHxKxS, axis=2) * scale
+    scores_BxGxRxS = jnp.sum(q_BxGxRxK[..., None] * k_BxGxKxS[:, :, None], axis=3) * scale
   else:
-    scores_BxHxS = jnp.einsum("bhk,bhks->bhs", q_BxHxK, k_BxHxKxS, preferred_element_type=jnp.float32) * scale
-  scores_BxHxS = jnp.where(mask_Bx1xS, scores_BxHxS, jnp.finfo(jnp.float32).min)  # B x 1 x S: for every head
-  probs_BxHxS = jax.nn.softmax(scores_BxHxS, axis=-1)
+    scores_BxGxRxS = jnp.einsum("bgrk,bgks->bgrs", q_BxGxRxK, k_BxGxKxS, preferred_element_type=jnp.float32) * scale
+  scores_BxGxRxS = jnp.where(mask_Bx1xS[:, None], scores_BxGxRxS, jnp.finfo(jnp.float32).min)  # for every head
+  probs_BxGxRxS = jax.nn.softmax(scores_BxGxRxS, axis=-1)
   if one:
-    out_BxHxK = jnp.sum(probs_BxHxS[..., None] * v_BxHxSxK, axis=2)
+    out_BxGxRxK = jnp.sum(probs_BxGxRxS[..., None] * v_BxGxSxK[:, :, None], axis=3)
   else:
-    out_BxHxK = jnp.einsum("bhs,bhsk->bhk", probs_BxHxS.astype(v_BxHxSxK.dtype), v_BxHxSxK)
-  return out_BxHxK[:, None].astype(v_BxHxSxK.dtype)
+    out_BxGxRxK = jnp.einsum("bgrs,bgsk->bgrk", probs_BxGxRxS.astype(v_BxGxSxK.dtype), v_BxGxSxK)
+  return out_BxGxRxK.reshape(B, 1, H, K).astype(v_BxGxSxK.dtype)

@@ -78,8 +78,8 @@ def attend(
 
 def attend_cached(
   q_BxTxHxK,
-  k_BxHxKxS,
-  v_BxHxSxK,
+  k_BxGxKxS,
+  v_BxGxSxK,
   mask_BxTxS,
   forms: str = "reference",
   dropout: nn.Dropout | None = None,
@@ -87,12 +87,15 @@ def attend_cached(
   at=None,
   softcap: float = 0.0,
 ) -> jax.Array:
-  """`attend` over a KV cache (keys B x H x K x S, values B x H x S x K: kv_cache.CACHE_LAYOUTS). With the
-  CPU's forms one new token per sequence (every step after the prompt) takes matrix-vector products
-  (transformer.kernels.attention.one_token_cpu)."""
+  """`attend` over a KV cache (keys B x G x K x S, values B x G x S x K: kv_cache.CACHE_LAYOUTS; G kv
+  heads, each read by H/G query heads). With the CPU's forms one new token per sequence (every step
+  after the prompt) takes matrix-vector products over the cache as it is
+  (transformer.kernels.attention.one_token_cpu); the reference repeats the kv heads."""
   fast = kernels.form("attention_one_token", forms)
   if fast is not None and q_BxTxHxK.shape[1] == 1 and at is None and dropout is None and not softcap:
-    return fast(q_BxTxHxK, k_BxHxKxS, v_BxHxSxK, mask_BxTxS)
+    return fast(q_BxTxHxK, k_BxGxKxS, v_BxGxSxK, mask_BxTxS)
+  H = q_BxTxHxK.shape[2]
+  k_BxHxKxS, v_BxHxSxK = kv_cache.repeat_kv(k_BxGxKxS, H, 1), kv_cache.repeat_kv(v_BxGxSxK, H, 1)
   scale = 1.0 / math.sqrt(q_BxTxHxK.shape[-1])
   scores_BxHxTxS = jnp.einsum("bthk,bhks->bhts", q_BxTxHxK, k_BxHxKxS, preferred_element_type=jnp.float32) * scale
   return mix(scores_BxHxTxS, v_BxHxSxK, mask_BxTxS, dropout, deterministic, at, values="bhsk", softcap=softcap)
@@ -255,9 +258,9 @@ class SelfAttention(nn.Module):
       scores_BxHxTxS = mechanism.scores(self, x_BxTxD, None, None, positions)
       return mix(scores_BxHxTxS, v_BxHxSxK, mask_BxTxS, *mixing, values="bhsk", **softcap)
     cache = kv_cache.write(self, key=k_BxTxGxK, value=v_BxTxGxK)
-    k_BxHxKxS, v_BxHxSxK = kv_cache.repeat_kv(cache["key"], H, 1), kv_cache.repeat_kv(cache["value"], H, 1)
     if mechanism.scaled_dot_product:  # with its own form for one new token (attend_cached)
-      return attend_cached(q_BxTxHxK, k_BxHxKxS, v_BxHxSxK, mask_BxTxS, self.forms, *mixing, **softcap)
+      return attend_cached(q_BxTxHxK, cache["key"], cache["value"], mask_BxTxS, self.forms, *mixing, **softcap)
+    k_BxHxKxS, v_BxHxSxK = kv_cache.repeat_kv(cache["key"], H, 1), kv_cache.repeat_kv(cache["value"], H, 1)
     scores_BxHxTxS = mechanism.scores(self, x_BxTxD, q_BxTxHxK, k_BxHxKxS.transpose(0, 3, 1, 2), positions)
     return mix(scores_BxHxTxS, v_BxHxSxK, mask_BxTxS, *mixing, values="bhsk", **softcap)
 
