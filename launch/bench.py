@@ -17,6 +17,7 @@ r"""Benchmarks that print tables (medians of several runs). Speed is measured he
   python -m launch.bench --what=patching --preset=gpt2 --seq_len=64  # patching sweeps vs TransformerLens
   python -m launch.bench --what=sae    # a TopK SAE's training vs SAELens on the same activations
   python -m launch.bench --what=hf --hf_shape=smollm2-135m   # an open family vs transformers (bench_hf.py)
+  python -m launch.bench --what=load --hf_shape=llama3.2-1b  # host memory opening a checkpoint (bench_load.py)
 
 --what=accelerator is the whole accelerator path in one table and --check_json, for the few minutes a
 chip is lent (launch/accelerator_check.sh carries what the machine lacks and runs it): the kernel
@@ -62,7 +63,7 @@ from absl import flags
 
 from experiments import base, shakespeare
 from experiments import gpt2 as gpt2_experiment
-from launch import bench_hf, bench_patching, bench_sae, peer_env
+from launch import bench_hf, bench_load, bench_patching, bench_sae, peer_env
 from transformer import benchmark, cli, data, layers, metrics, optim, plan, tasks, tokenizers, train
 from transformer.config import OptimizerConfig
 from transformer.data import pipeline
@@ -89,6 +90,7 @@ _WHAT = flags.DEFINE_multi_enum(
     "patching",
     "sae",
     "hf",
+    "load",
   ],
   "Which benchmark; repeat the flag for several in one process (tables in the order given, a blank line apart).",
 )
@@ -168,7 +170,10 @@ _CHECK_TESTS_S = flags.DEFINE_integer(
   "check_tests_s", 240, "--what=accelerator: the chip's pytest run is stopped (and reported) after this long."
 )
 _CHECK_JSON = flags.DEFINE_string("check_json", "accelerator_check.json", "--what=accelerator: the table as JSON.")
-_HF_SHAPE = flags.DEFINE_string("hf_shape", "smollm2-135m", "--what=hf: a published shape (hf_families.SHAPES).")
+_HF_SHAPE = flags.DEFINE_string("hf_shape", "smollm2-135m", "--what=hf, load: a published shape (hf_families.SHAPES).")
+_LOAD_DIR = flags.DEFINE_string(
+  "load_dir", None, "--what=load: where the checkpoint is written (kept); default a temp dir."
+)
 _SAE_D_IN = flags.DEFINE_integer("sae_d_in", 256, "--what=sae: the activations' width.")
 _SAE_D_SAE = flags.DEFINE_integer("sae_d_sae", 2048, "--what=sae: the SAE's latents.")
 _SAE_K = flags.DEFINE_integer("sae_k", 32, "--what=sae: TopK's k.")
@@ -959,6 +964,7 @@ def main(argv):
     "patching": patching_table,
     "sae": sae_table,
     "hf": hf_table,
+    "load": bench_load.load_table,
   }
   for i, what in enumerate(_WHAT.value):
     print(("\n" if i else "") + tables[what](options), flush=True)

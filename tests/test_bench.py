@@ -104,6 +104,35 @@ def test_benchmark_against_hugging_face_runs():
 
 
 @pytest.mark.skipif(
+  not os.environ.get("TRANSFORMER_TORCH_PYTHON"),
+  reason="set TRANSFORMER_TORCH_PYTHON to a python with torch + transformers",
+)
+def test_an_open_family_beside_transformers_runs_and_generates_the_same_tokens():
+  proc = run_module(
+    "launch.bench",
+    "--what=hf",
+    "--hf_shape=pythia-70m",
+    "--batch_sizes=1",
+    "--new_tokens=4",
+    "--prompt_len=3",
+    "--repeats=1",
+    f"--peer_python={os.environ['TRANSFORMER_TORCH_PYTHON']}",
+  )
+  assert proc.returncode == 0, proc.stderr
+  assert "greedy tokens of row 0: the same" in proc.stdout and "prefill" in proc.stdout
+
+
+@pytest.mark.slow  # writes a 140 MB checkpoint and opens it in a process of its own
+def test_opening_a_checkpoint_takes_about_its_size_in_host_memory(tmp_path):
+  proc = run_module("launch.bench", "--what=load", "--hf_shape=pythia-70m", f"--load_dir={tmp_path}")
+  assert proc.returncode == 0, proc.stderr
+  [row] = [line.split() for line in proc.stdout.splitlines() if line.startswith("pythia-70m")]
+  # A smoke bound: at 70M parameters the transient copies of the largest tensors (the two embeddings)
+  # weigh; the goal's measurement is the Llama 3.2 1B shape's table (launch/BENCHMARKS.md).
+  assert 0.5 < float(row[-2].rstrip("x")) < 2.5
+
+
+@pytest.mark.skipif(
   not os.environ.get("TRANSFORMER_LENS_PYTHON"),
   reason="set TRANSFORMER_LENS_PYTHON to a python with torch, transformers and transformer-lens",
 )

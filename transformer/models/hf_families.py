@@ -602,13 +602,18 @@ def import_lm(path: str | Path, **overrides) -> tuple[GPTConfig, dict]:
 
 
 def _tensors(file: Path, cfg: GPTConfig, hf: dict) -> Iterator[tuple[str, np.ndarray]]:
-  """(key, array) of one safetensors file, less the buffers and a tied model's copy of its embedding."""
+  """(key, array) of one safetensors file, less the buffers and a tied model's copy of its embedding.
+  The file is mapped anew for each tensor: a mapping holds every page it has read until it is closed,
+  so that one left open for a whole file would keep the file's bytes beside the params made of them."""
   try:
     with safe_open(file, framework="numpy") as f:
-      for key in f.keys():
-        if _IGNORED.search(key) or (cfg.tie_embeddings and key in ("lm_head.weight", "embed_out.weight")):
-          continue
-        yield key, f.get_tensor(key)
+      keys = list(f.keys())
+    for key in keys:
+      if _IGNORED.search(key) or (cfg.tie_embeddings and key in ("lm_head.weight", "embed_out.weight")):
+        continue
+      with safe_open(file, framework="numpy") as f:
+        tensor = f.get_tensor(key)
+      yield key, tensor
   except SafetensorError as e:
     raise CheckpointError(f"{file} is not a safetensors file ({e}); give a Hugging Face model's directory") from None
 
@@ -663,7 +668,8 @@ def _rope_export(r: layers.RotaryConfig, local: bool = False) -> dict:
 
 
 def export_config(cfg: GPTConfig, model_type: str) -> dict:
-  """The config.json transformers reads (its 5.x form, rope_parameters) for `cfg` as a `model_type`."""
+  """The config.json transformers reads (its 5.x form, rope_parameters) for `cfg` as a `model_type`,
+  its weights stored in the params' dtype (block.param_dtype)."""
   if model_type not in FORMATS:
     raise ConfigError(f"no weight format for model_type {model_type!r}; supported: {supported()}")
   b = cfg.block
@@ -680,7 +686,7 @@ def export_config(cfg: GPTConfig, model_type: str) -> dict:
     "max_position_embeddings": cfg.max_len,
     "tie_word_embeddings": cfg.tie_embeddings,
     "attention_dropout": b.attention_dropout_rate,
-    "dtype": "float32",
+    "dtype": b.param_dtype,
   }
   if model_type == "gpt_neox":
     hf.update(layer_norm_eps=b.layer_norm_epsilon, use_parallel_residual=b.parallel, attention_bias=True)
@@ -726,7 +732,7 @@ def export_hf(config: GPTConfig, params: dict, out_dir: str | Path, model_type: 
     params = {**params, "h": layers.unstack_layers(params["h"], config.num_layers)}
   tensors = {}
   for entry in _layout(config, FORMATS[model_type]):
-    value = np.asarray(jax.device_get(_get(params, entry.ours)), dtype=np.float32)
+    value = np.asarray(jax.device_get(_get(params, entry.ours)))  # in its dtype: a bfloat16 model stays one
     for key, array in zip(entry.keys, entry.to_hf(value)):
       tensors[key] = np.ascontiguousarray(array)
   out_dir = Path(out_dir)
