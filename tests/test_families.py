@@ -467,3 +467,17 @@ def test_scanned_rematerialised_and_last_only_forms_compute_the_same_logits(name
   prompts = [r[m == 1].tolist() for r, m in zip(reference["prompt_ids"], reference["prompt_mask"])]
   greedy = sampling.generate(GPT(scanned_cfg), scanned, prompts, max_new_tokens=40, sampling=sampling.Sampling(0.0))
   assert greedy == reference["generated"].tolist()  # the scanned cache
+
+
+@pytest.mark.parametrize("name", ["smollm", "gemma2"])  # grouped-query; local/global layers, soft-caps, pre+post norms
+def test_the_named_points_equal_transformer_lens_bridge(name):
+  """TransformerLens 4.3's TransformerBridge on the fixture's directory (tests/make_lens_family_fixtures.py):
+  the residual stream, the branches' outputs, the pattern, q, k, v (at the kv heads) and z, every layer."""
+  cfg, params = _imported(name)
+  lens = np.load(FIXTURES / name / "lens.npz")
+  names = tuple(k for k in lens.files if k not in ("input_ids", "logits"))
+  assert set(names) == {"resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "pattern", "q", "k", "v", "z"}
+  logits, cache = interventions.run_with_cache(GPT(cfg), params, lens["input_ids"], names=names)
+  np.testing.assert_allclose(logits, lens["logits"], atol=1e-4)
+  for point in names:
+    np.testing.assert_allclose(cache[point], lens[point], atol=1e-4, err_msg=point)
