@@ -15,17 +15,17 @@ import tempfile
 import jax
 import numpy as np
 
-from launch import peer_env
+from launch import bench_models, peer_env
 from transformer import benchmark
 from transformer.generation import sampling
 from transformer.models import hf_families
 from transformer.models.gpt import GPT, count_params
 
 
-def hf_table(o, params_of) -> str:
-  """The table; `params_of(cfg)`: random params of a config (launch/bench.py's)."""
+def hf_table(o) -> str:
+  """The table, for launch.bench's options `o` (hf_shape, batch_sizes, prompt_len, new_tokens, peer_python)."""
   cfg = hf_families.shape(o.hf_shape, kernels=o.kernels)
-  params = params_of(cfg)
+  params = bench_models.params_of(cfg)
   batch_sizes = [int(b) for b in o.batch_sizes]
   prompts = np.random.default_rng(0).integers(0, cfg.vocab_size, (max(batch_sizes), o.prompt_len)).tolist()
   with tempfile.TemporaryDirectory() as directory:

@@ -16,7 +16,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from launch import peer_env
+from launch import bench_models, peer_env
 from transformer import benchmark, patching
 from transformer.models import gpt
 from transformer.models.hf_gpt2 import export_hf_gpt2
@@ -24,8 +24,13 @@ from transformer.models.hf_gpt2 import export_hf_gpt2
 ANSWER, WRONG = 11, 13  # the metric: logit of ANSWER minus logit of WRONG at the last position
 
 
-def patching_table(o, cfg: gpt.GPTConfig, params, header: str) -> str:
-  """The table, for launch.bench's options `o` (seq_len, peer_python), model `cfg` and `params`."""
+def patching_table(o) -> str:
+  """The table, for launch.bench's options `o` (the model's preset, seq_len, peer_python)."""
+  cfg = bench_models.model_config(o)
+  params = bench_models.params_of(cfg)
+  header = bench_models.header(o, f"patching sweeps, one pair of {o.seq_len} tokens", cfg).replace(
+    f", median of {o.repeats}", ""
+  )
   model = gpt.GPT(cfg)
   clean = jax.random.randint(jax.random.key(1), (1, o.seq_len), 0, cfg.vocab_size)
   corrupt = clean.at[:, o.seq_len // 2].set((clean[0, o.seq_len // 2] + 1) % cfg.vocab_size)

@@ -52,7 +52,11 @@ def _ours(o, train_file: Path, held_out_NxD: np.ndarray) -> dict:
   return {"step_seconds": statistics.median(times[WARMUP:]), **scores(held_out_NxD, x_hat, z)}
 
 
-def sae_table(o, header: str) -> str:
+def sae_table(o) -> str:
+  header = (
+    f"TopK SAE training: d_in {o.sae_d_in}, d_sae {o.sae_d_sae}, k {o.sae_k}, batch {o.sae_batch}, "
+    f"{o.sae_steps} steps (median after {WARMUP}), Adam, float32"
+  )
   source = Superposition(num_features=4 * o.sae_d_in, d=o.sae_d_in, density=0.01, importance=0.999)
   with tempfile.TemporaryDirectory() as tmp:
     train_file, eval_file = Path(tmp) / "train.npy", Path(tmp) / "eval.npy"

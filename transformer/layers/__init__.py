@@ -5,6 +5,7 @@
   positions   sinusoidal and rotary positions, positions within packed segments, the masks
   mechanisms  how self-attention makes its scores: dot products, the Synthesizer's; register_mechanism
   attention   softmax(scores) V (mix, attend), SelfAttention and CrossAttention
+  heads       queries, keys and values per head (fused, or grouped-query) and each head's output
   kv_cache    decoding's cache: the new tokens' positions and mask, the keys' and values' layouts
   points      the named points where transformer.interventions reads and patches a run
   block       MLP, Block, Stack (unrolled or scanned, remat), stack_layers/unstack_layers

@@ -11,11 +11,11 @@ import jax
 import jax.numpy as jnp
 
 from transformer import kernels
-from transformer.layers import kv_cache
+from transformer.layers import heads, kv_cache
 from transformer.layers.config import BlockConfig
 from transformer.layers.mechanisms import MECHANISMS, dot_product_scores
-from transformer.layers.params import Projection, projections, qk_normalised
-from transformer.layers.points import intervened, point, points_of
+from transformer.layers.params import projections, qk_normalised
+from transformer.layers.points import point, points_of
 from transformer.layers.positions import causal_mask, rotated, window_mask
 
 
@@ -105,35 +105,6 @@ def _attention_dropout(cfg: BlockConfig) -> nn.Dropout | None:
   return nn.Dropout(cfg.attention_dropout_rate) if cfg.attention_dropout_rate else None
 
 
-def _per_head_projection(projection: Projection, inputs) -> jax.Array:
-  """A q/k/v projection (kernel D x N x H x K, or D x H x K) of N inputs per head (each B x T x H x D):
-  head h's queries read its own copy of the stream, and so on. B x T x N x H x K."""
-  kernel, bias = projection.weights()
-  kernel_DxNxHxK = kernel if kernel.ndim == 4 else kernel[:, None]
-  out_BxTxNxHxK = jnp.stack(
-    [
-      jnp.einsum("bthd,dhk->bthk", x_BxTxHxD.astype(kernel_DxNxHxK.dtype), kernel_DxNxHxK[:, i])
-      for i, x_BxTxHxD in enumerate(inputs)
-    ],
-    axis=2,
-  )
-  return out_BxTxNxHxK if bias is None else out_BxTxNxHxK + bias.reshape(kernel_DxNxHxK.shape[1:])
-
-
-def _output(module: nn.Module, out: Projection, z_BxTxHxK) -> jax.Array:
-  """The output projection of the heads' outputs. A run that reads or patches takes it head by head:
-  each head's `result` (B x T x H x D, what it adds to the residual stream, TransformerLens's
-  `attn.hook_result`) is a named point, summed over heads, plus the bias."""
-  if not intervened(module) or module.is_initializing():
-    return out(z_BxTxHxK)
-  kernel_HxKxD, bias_D = out.weights()
-  result_BxTxHxD = point(
-    module, "result", jnp.einsum("bthk,hkd->bthd", z_BxTxHxK.astype(kernel_HxKxD.dtype), kernel_HxKxD)
-  )
-  out_BxTxD = result_BxTxHxD.sum(axis=2)
-  return out_BxTxD if bias_D is None else out_BxTxD + bias_D
-
-
 class SelfAttention(nn.Module):
   """Multi-head self-attention, its scores made by the block's mechanism (MECHANISMS).
 
@@ -181,7 +152,7 @@ class SelfAttention(nn.Module):
       raise ValueError("last_query needs dot-product attention (its scores from one query), not decoding")
     q_BxTxHxK = k_BxSxGxK = None
     if mechanism.keys:
-      q_BxTxHxK, k_BxSxGxK, v_BxSxGxK = self._qkv(x_BxTxD)
+      q_BxTxHxK, k_BxSxGxK, v_BxSxGxK = heads.qkv(self, x_BxTxD)
       q_BxTxHxK, k_BxSxGxK = qk_normalised(cfg, q_BxTxHxK, k_BxSxGxK)
       q_BxTxHxK, k_BxSxGxK = point(self, "q", q_BxTxHxK), point(self, "k", k_BxSxGxK)
       if self.rope:  # this call's keys are its queries' tokens: both at the queries' positions
@@ -204,47 +175,12 @@ class SelfAttention(nn.Module):
     else:
       k_BxSxHxK = None if k_BxSxGxK is None else kv_cache.repeat_kv(k_BxSxGxK, H, 2)
       v_BxSxHxK = kv_cache.repeat_kv(v_BxSxGxK, H, 2)
-      out_BxTxHxK = self._attention(
-        mechanism, x_BxTxD, q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, positions, mixing, softcap, last_query
+      out_BxTxHxK = _attention(
+        self, mechanism, x_BxTxD, q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, positions, mixing, softcap, last_query
       )
     z_BxTxHxK = point(self, "z", out_BxTxHxK)  # each head's output, before the output projection
     out = self.projection((cfg.d_model,), ("heads", "kv", "embed"), contract=2, std=self.residual_std, name="out")
-    return _output(self, out, z_BxTxHxK)
-
-  def _attention(
-    self, mechanism, x_BxTxD, q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, positions, mixing, softcap, last_query
-  ):
-    """softmax(scores) V without a cache: the last query alone, a fused form, or the mechanism's scores."""
-    if last_query:
-      if not mechanism.scaled_dot_product:
-        raise ValueError("last_query needs dot-product attention (its scores from one query), not decoding")
-      T = q_BxTxHxK.shape[1]
-      mask_Bx1xS = (causal_mask(T) if mask_BxTxS is None else mask_BxTxS)[:, -1:]
-      scores_BxHx1xS = dot_product_scores(None, None, q_BxTxHxK[:, -1:], k_BxSxHxK, None)
-      return mix(scores_BxHx1xS, v_BxSxHxK, mask_Bx1xS, *mixing, **softcap)
-    if mechanism.scaled_dot_product:  # Q Kᵀ / √K has fused forms (attend)
-      return attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, self.cfg.attention, self.forms, *mixing, **softcap)
-    scores_BxHxTxS = mechanism.scores(self, x_BxTxD, q_BxTxHxK, k_BxSxHxK, positions)
-    return mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, *mixing, **softcap)
-
-  def _qkv(self, x_BxTxD):
-    """Queries B x T x H x K, keys and values B x T x G x K (G kv heads): one fused projection `qkv`
-    (D x 3 x H x K, GPT-2's) when G = H, else `q` (D x H x K) and `kv` (D x 2 x G x K)."""
-    cfg = self.cfg
-    H, G, K = cfg.num_heads, cfg.kv_heads, cfg.head_dim
-    bias = cfg.use_bias or cfg.qkv_bias
-    per_head_inputs = isinstance(x_BxTxD, tuple)
-    if G == H:
-      qkv = self.projection((3, H, K), ("embed", None, "heads", "kv"), name="qkv", use_bias=bias)
-      qkv_BxTx3xHxK = _per_head_projection(qkv, x_BxTxD) if per_head_inputs else qkv(x_BxTxD)
-      return tuple(qkv_BxTx3xHxK[:, :, i] for i in range(3))
-    q = self.projection((H, K), ("embed", "heads", "kv"), name="q", use_bias=bias)
-    kv = self.projection((2, G, K), ("embed", None, "heads", "kv"), name="kv", use_bias=bias)
-    if per_head_inputs:
-      q_BxTxHxK, kv_BxTx2xGxK = _per_head_projection(q, x_BxTxD[:1])[:, :, 0], _per_head_projection(kv, x_BxTxD[1:])
-    else:
-      q_BxTxHxK, kv_BxTx2xGxK = q(x_BxTxD), kv(x_BxTxD)
-    return q_BxTxHxK, kv_BxTx2xGxK[:, :, 0], kv_BxTx2xGxK[:, :, 1]
+    return heads.output(self, out, z_BxTxHxK)
 
   def _over_the_cache(
     self, mechanism, x_BxTxD, q_BxTxHxK, k_BxTxGxK, v_BxTxGxK, mask_BxTxS, positions, mixing, softcap
@@ -263,6 +199,38 @@ class SelfAttention(nn.Module):
     k_BxHxKxS, v_BxHxSxK = kv_cache.repeat_kv(cache["key"], H, 1), kv_cache.repeat_kv(cache["value"], H, 1)
     scores_BxHxTxS = mechanism.scores(self, x_BxTxD, q_BxTxHxK, k_BxHxKxS.transpose(0, 3, 1, 2), positions)
     return mix(scores_BxHxTxS, v_BxHxSxK, mask_BxTxS, *mixing, values="bhsk", **softcap)
+
+
+# A part of SelfAttention's call as a function of the module, not a method: Flax puts a method's name in
+# the name stack of every op it traces, which would rename the ops of a program that did not change
+# (its HLO, its profiles). (So is heads.qkv.)
+
+
+def _attention(
+  self: SelfAttention,
+  mechanism,
+  x_BxTxD,
+  q_BxTxHxK,
+  k_BxSxHxK,
+  v_BxSxHxK,
+  mask_BxTxS,
+  positions,
+  mixing,
+  softcap,
+  last_query,
+):
+  """softmax(scores) V without a cache: the last query alone, a fused form, or the mechanism's scores."""
+  if last_query:
+    if not mechanism.scaled_dot_product:
+      raise ValueError("last_query needs dot-product attention (its scores from one query), not decoding")
+    T = q_BxTxHxK.shape[1]
+    mask_Bx1xS = (causal_mask(T) if mask_BxTxS is None else mask_BxTxS)[:, -1:]
+    scores_BxHx1xS = dot_product_scores(None, None, q_BxTxHxK[:, -1:], k_BxSxHxK, None)
+    return mix(scores_BxHx1xS, v_BxSxHxK, mask_Bx1xS, *mixing, **softcap)
+  if mechanism.scaled_dot_product:  # Q Kᵀ / √K has fused forms (attend)
+    return attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, self.cfg.attention, self.forms, *mixing, **softcap)
+  scores_BxHxTxS = mechanism.scores(self, x_BxTxD, q_BxTxHxK, k_BxSxHxK, positions)
+  return mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, *mixing, **softcap)
 
 
 class CrossAttention(nn.Module):
@@ -303,4 +271,4 @@ class CrossAttention(nn.Module):
     )
     z_BxTxHxK = point(self, "z", out_BxTxHxK)
     out = projection((cfg.d_model,), ("heads", "kv", "embed"), contract=2, std=self.residual_std, name="out")
-    return _output(self, out, z_BxTxHxK)
+    return heads.output(self, out, z_BxTxHxK)
