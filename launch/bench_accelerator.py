@@ -96,11 +96,9 @@ def _check_run(preset: str, batch: int, remat: str) -> train.Run:
   return train.build(run_config, no_data)
 
 
-def _check_train(o, preset: str) -> list[list]:
-  """Training MFU at the batch and remat the planner fits into the chip's memory (the recipe's
-  microbatch, else remat "dots", else halved), the median step of real steps, and the planner's
-  per-device bytes against the chip's peak after them."""
-  device = jax.devices()[0]
+def _fitting_run(o, preset: str, device) -> tuple:
+  """(run, its plan, batch, remat) of the recipe's microbatch, else remat "dots", else halved, until
+  the planner fits it into the chip's memory (--check_memory_gib, else 90% of its limit)."""
   stats = device.memory_stats() or {}
   budget = int(o.check_memory_gib * plan.GIB) or int(0.9 * stats.get("bytes_limit", 0)) or 2 * plan.GIB
   batch = gpt2_experiment.MICROBATCH.get(preset, 8)
@@ -111,8 +109,16 @@ def _check_train(o, preset: str) -> list[list]:
       if planned.total <= budget:
         break
     if planned.total <= budget or batch == 1:
-      break
+      return run, planned, batch, remat
     batch //= 2
+
+
+def _check_train(o, preset: str) -> list[list]:
+  """Training MFU at the batch and remat the planner fits into the chip's memory (the recipe's
+  microbatch, else remat "dots", else halved), the median step of real steps, and the planner's
+  per-device bytes against the chip's peak after them."""
+  device = jax.devices()[0]
+  run, planned, batch, remat = _fitting_run(o, preset, device)
   tokens_BxL1 = jax.device_put(
     jax.random.randint(jax.random.key(0), (batch, run.config.task_config.seq_len + 1), 0, 50257),
     run.task.batch_sharding,

@@ -105,27 +105,7 @@ def vs_torch_table(o) -> str:
       for peer in ("minimal", "hf"):
         cell[peer].append(peers[peer]["train"])
     shape = f"{name}: d {cfg.block.d_model}, {cfg.num_layers} layers, vocab {cfg.vocab_size}"
-    for (what, batch), cell in sorted(seconds.items(), key=lambda kv: (kv[0][0] != "train", kv[0][1])):
-      work = batch * (seq_len if what == "train" else new_tokens)
-      ours, minimal, hf = (work / float(np.median(cell[side])) for side in ("ours", "minimal", "hf"))
-      label = (
-        f"train step, seq {seq_len}" + (f", {microbatches} microbatches" if microbatches > 1 else "")
-        if what == "train"
-        else f"generate {o.prompt_len}+{new_tokens}"
-      )
-      rows.append(
-        [
-          shape,
-          label,
-          batch,
-          "tokens/s" if what == "train" else "new tokens/s",
-          ours,
-          minimal,
-          hf,
-          f"{ours / minimal:.2f}x",
-          f"{ours / hf:.2f}x",
-        ]
-      )
+    rows += _vs_torch_rows(o, shape, seconds, seq_len, microbatches, new_tokens)
   header = (
     f"ours (JAX, jit) vs a minimal PyTorch GPT and HF transformers' GPT-2 (PyTorch eager) on "
     f"{jax.devices()[0].device_kind}, median of {o.repeats}"
@@ -139,3 +119,19 @@ def vs_torch_table(o) -> str:
       ["shape", "benchmark", "batch", "unit", "ours", "minimal torch", "HF", "ours/minimal", "ours/HF"], rows
     )
   )
+
+
+def _vs_torch_rows(o, shape: str, seconds, seq_len: int, microbatches: int, new_tokens: int) -> list[list]:
+  """One shape's rows: each benchmark's tokens a second (the median of the rounds), ours and the peers'."""
+  rows = []
+  for (what, batch), cell in sorted(seconds.items(), key=lambda kv: (kv[0][0] != "train", kv[0][1])):
+    work = batch * (seq_len if what == "train" else new_tokens)
+    ours, minimal, hf = (work / float(np.median(cell[side])) for side in ("ours", "minimal", "hf"))
+    label = (
+      f"train step, seq {seq_len}" + (f", {microbatches} microbatches" if microbatches > 1 else "")
+      if what == "train"
+      else f"generate {o.prompt_len}+{new_tokens}"
+    )
+    unit = "tokens/s" if what == "train" else "new tokens/s"
+    rows.append([shape, label, batch, unit, ours, minimal, hf, f"{ours / minimal:.2f}x", f"{ours / hf:.2f}x"])
+  return rows

@@ -289,3 +289,18 @@ def test_the_probe_verbs_are_library_calls_with_arguments(tokenizer, tmp_path):
   assert similarity.shape == (3, 2, 2) and similarity[0, 0, 0] == pytest.approx(1.0)
   with pytest.raises(UserError, match="the target='ee' is 2 tokens"):
     studies.attribute(model, params, tokenizer, "Harry", target="ee")
+
+
+@pytest.mark.slow  # path patching, edge attribution, two probes and an alignment search: many programs
+def test_the_circuit_study_reports_every_part_and_writes_its_json(tmp_path):
+  """studies.induction_circuit on an untrained 2-layer attention-only GPT: the parts are there and
+  written (what they find on a trained one: experiments/README.md, the induction circuit)."""
+  cfg = GPTConfig().replace(vocab_size=64, max_len=64, num_layers=2, num_heads=2, d_model=32, attention_only=True)
+  params = compiled_init(GPT(cfg), np.zeros((1, 8), np.int32))
+  circuit = studies.induction_circuit(GPT(cfg), params, rank=4, out=tmp_path)
+  assert circuit.previous_token_head[0] == 0 and circuit.induction_head[0] == 1
+  assert set(circuit.loss_rise) == {"everywhere", "into keys", "into queries", "into values"}
+  assert len(circuit.top_edges) == 6 and set(circuit.probes) == {"embeddings", "layer 0 output"}
+  assert json.loads((tmp_path / "circuit.json").read_text())["alignment"]["rank"] == 4
+  with pytest.raises(UserError, match="an induction circuit needs two layers"):
+    studies.induction_circuit(GPT(cfg.replace(num_layers=1)), params)

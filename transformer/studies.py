@@ -301,8 +301,7 @@ def induction_circuit(model, params, *, validation=None, rank: int = 16, out: Pa
   distributed alignment search at layer 1's values for the copied token. circuit.json in `out`."""
   _gpt(model, "the circuit study")
   cfg = model.config
-  L, H, D = cfg.num_layers, cfg.block.num_heads, cfg.block.d_model
-  if L < 2:
+  if cfg.num_layers < 2:
     raise UserError("an induction circuit needs two layers: a previous-token head below an induction head")
   length = min(50, cfg.max_len // 2)
   ids = None if validation is None else np.unique(np.asarray(validation[:100_000]))
@@ -312,22 +311,41 @@ def induction_circuit(model, params, *, validation=None, rank: int = 16, out: Pa
   previous = (0, int(np.argmax(np.asarray(scores["previous_token"][0]))))
   induction = (1, int(np.argmax(np.asarray(scores["induction"][1]))))
   metric = _second_copy_loss(tokens)
+  rise = _ablation_rises(model, params, tokens, reference, previous, metric)
+  # Edges: the first copy corrupted (other tokens), so that nothing earlier predicts the second.
+  corrupt = jnp.concatenate([reference[:, :length], tokens[:, length:]], axis=1)
+  ranked = _ranked_edges(patching.edge_attribution_patching(model, params, tokens, corrupt, metric), cfg)
+  rows = interventions.repeated_random_tokens(cfg.vocab_size, length, batch=64, seed=2, ids=ids)
+  alignment = _copied_token_alignment(model, params, tokens, length, rank)
+  circuit = Circuit(previous, induction, rise, ranked[:6], _previous_token_probes(model, params, rows), alignment)
+  _write_json(out, "circuit.json", dataclasses.asdict(circuit))
+  return circuit
+
+
+def _ablation_rises(model, params, tokens, reference, previous, metric) -> dict[str, float]:
+  """How much the second copy's loss rises with the previous-token head mean-ablated everywhere, and
+  along its paths into layer 1's keys, queries and values alone (path patching)."""
+  H, D = model.config.block.num_heads, model.config.block.d_model
   plain = float(metric(interventions.run_with_cache(model, params, tokens, names=())[0]))
   _, ref = interventions.run_with_cache(model, params, reference, names=("result", "z"))
   mean_result = jnp.broadcast_to(ref["result"][previous[0]][:, :, previous[1]].mean((0, 1)), (*tokens.shape, D))
   ablated = interventions.ablating([previous], H, "mean", ref["z"])
   rise = {"everywhere": float(metric(interventions.run_with_patches(model, params, tokens, patches=ablated))) - plain}
   for role, name in (("k", "into keys"), ("q", "into queries"), ("v", "into values")):
-    receivers = [(1, h, role) for h in range(H)]
+    heads = model.config.block.num_heads if role == "q" else model.config.block.kv_heads
+    receivers = [(1, h, role) for h in range(heads)]
     value = patching.path_patching(
       model, params, tokens, metric, sender=previous, receivers=receivers, sender_value=mean_result
     )
     rise[name] = float(value) - plain
-  # Edges: the first copy corrupted (other tokens), so that nothing earlier predicts the second.
-  corrupt = jnp.concatenate([reference[:, :length], tokens[:, length:]], axis=1)
-  edges = patching.edge_attribution_patching(model, params, tokens, corrupt, metric)
-  # Each head's edges into a layer's queries, keys or values, summed over the receiving heads.
-  ranked = sorted(
+  return rise
+
+
+def _ranked_edges(edges: dict, cfg) -> list[tuple[str, float]]:
+  """Each head's edges into a later layer's queries, keys or values, summed over the receiving heads,
+  largest first."""
+  L, H = cfg.num_layers, cfg.block.num_heads
+  return sorted(
     (
       (f"L{a}.H{b} -> L{c} {role}", float(edges[role][a, b, c].sum()))
       for role in "qkv"
@@ -337,8 +355,11 @@ def induction_circuit(model, params, *, validation=None, rank: int = 16, out: Pa
     ),
     key=lambda edge: -abs(edge[1]),
   )
-  # Probes: more rows (64 sequences), held out by sequence.
-  rows = interventions.repeated_random_tokens(cfg.vocab_size, length, batch=64, seed=2, ids=ids)
+
+
+def _previous_token_probes(model, params, rows) -> dict[str, dict]:
+  """Linear probes for the previous token on the embeddings and on layer 0's output (`rows`: more
+  sequences, held out by sequence)."""
   previous_BxT = jnp.concatenate([rows[:, :1], rows[:, :-1]], axis=1)
   mask = np.ones(rows.shape, bool)
   mask[:, 0] = False
@@ -346,8 +367,12 @@ def induction_circuit(model, params, *, validation=None, rank: int = 16, out: Pa
   for where, point, layer in (("embeddings", "embed", None), ("layer 0 output", "resid_post", 0)):
     probe = probing.linear_probe(model, params, rows, previous_BxT, point=point, layer=layer, mask_BxT=mask)
     probes_[where] = {"test_accuracy": probe.test_accuracy, "control_accuracy": probe.control_accuracy}
-  # The copied token: layer 1's values (every head's copy of the stream) in the first copy from another
-  # row's tokens; in the second copy the model should then predict that row's next token.
+  return probes_
+
+
+def _copied_token_alignment(model, params, tokens, length: int, rank: int) -> dict:
+  """The copied token: layer 1's values (every head's copy of the stream) in the first copy from another
+  row's tokens; in the second copy the model should then predict that row's next token."""
   source = jnp.roll(tokens, 1, axis=0)
   in_first = (jnp.arange(2 * length) < length)[:, None, None]
   counterfactual = jnp.concatenate([source[:, 1:], source[:, :1]], axis=1)
@@ -366,15 +391,12 @@ def induction_circuit(model, params, *, validation=None, rank: int = 16, out: Pa
     steps=300,
     learning_rate=0.02,
   )
-  alignment = {
+  return {
     "rank": rank,
     "accuracy": found.accuracy,
     "random_accuracy": found.random_accuracy,
     "full_accuracy": found.full_accuracy,
   }
-  circuit = Circuit(previous, induction, rise, ranked[:6], probes_, alignment)
-  _write_json(out, "circuit.json", dataclasses.asdict(circuit))
-  return circuit
 
 
 # --- what a point encodes -----------------------------------------------------------------------
