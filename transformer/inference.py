@@ -31,7 +31,7 @@ from transformer import workdir as workdir_files
 from transformer.config import MeshConfig, RunConfig, defaults_for, model_dict
 from transformer.errors import CheckpointError, ConfigError, DataError, InputWarning, UserError, WorkdirError
 from transformer.generation import beam_search
-from transformer.models import hf_families, seq2seq
+from transformer.models import hf_families, hf_files, seq2seq
 from transformer.models.hf_gpt2 import import_hf_gpt2
 from transformer.models.hf_marian import import_hf_marian, is_marian
 from transformer.tasks import labelled
@@ -218,7 +218,7 @@ def import_family(directory: str | Path) -> Trained:
   files the model alone opens (as transformers' model classes load): what needs text says so."""
   directory = Path(directory)
   config = hf_families.read_model_config(directory)
-  model_type = hf_families.read_config(directory)["model_type"]
+  model_type = hf_files.read_config(directory)["model_type"]
   if tokenizers.is_hf_tokenizer(directory):
     tokenizer = tokenizers.HFTokenizer.from_directory(directory)
     if tokenizer.vocab_size > config.vocab_size:

@@ -27,7 +27,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from safetensors import SafetensorError, safe_open
 
 from transformer import layers, tokenizers
 from transformer.errors import CheckpointError, ConfigError
@@ -504,45 +503,12 @@ def _neox_layout(cfg: GPTConfig) -> Iterator[Tensor]:
 # --- reading and writing ---
 
 
-def _shard_files(directory: Path) -> list[Path]:
-  """The safetensors files of a checkpoint: those its index names (model.safetensors.index.json),
-  else model.safetensors."""
-  index = directory / "model.safetensors.index.json"
-  if index.exists():
-    try:
-      weight_map = json.loads(index.read_text())["weight_map"]
-    except (ValueError, KeyError, TypeError) as e:
-      raise CheckpointError(
-        f"{index} is not a safetensors index ({e}); it maps each tensor to its shard file"
-      ) from None
-    files = [directory / name for name in dict.fromkeys(weight_map.values())]
-  else:
-    files = [directory / "model.safetensors"]
-  missing = [str(f) for f in files if not f.is_file()]
-  if missing:
-    raise CheckpointError(f"{directory} is missing its weights: no {', '.join(missing)}")
-  return files
-
-
-def read_config(directory: str | Path) -> dict:
-  path = Path(directory) / "config.json"
-  if not path.is_file():
-    raise CheckpointError(
-      f"no config.json in {directory}: a Hugging Face model directory has one (save_pretrained writes it) "
-      f"beside its safetensors"
-    )
-  try:
-    return json.loads(path.read_text())
-  except ValueError as e:
-    raise CheckpointError(f"{path} is not JSON ({e})") from None
-
-
 def read_model_config(directory: str | Path) -> GPTConfig:
   """The GPTConfig of a Hugging Face language model's directory: a family's from its config.json alone
   (no weights read); GPT-2's from its tensors' shapes (import_lm)."""
   if not is_family(directory):
     return import_lm(directory)[0]
-  return config_from_hf(read_config(directory), str(Path(directory) / "config.json"))
+  return config_from_hf(hf_files.read_config(directory), str(Path(directory) / "config.json"))
 
 
 def import_hf(path: str | Path, shardings=None, **overrides) -> tuple[GPTConfig, dict]:
@@ -553,7 +519,7 @@ def import_hf(path: str | Path, shardings=None, **overrides) -> tuple[GPTConfig,
   `overrides` change fields that do not alter shapes (param_dtype, dtype, attention, scan_layers,
   max_len, ...). Returns (config, params)."""
   directory = Path(path)
-  hf = read_config(directory)
+  hf = hf_files.read_config(directory)
   scan = overrides.pop("scan_layers", False)
   cfg = config_from_hf(hf, str(directory / "config.json")).replace(**overrides).check()
   entries = list(_layout(cfg, FORMATS[hf["model_type"]]))
@@ -561,8 +527,8 @@ def import_hf(path: str | Path, shardings=None, **overrides) -> tuple[GPTConfig,
   dtypes = jax.tree.map(lambda x: x.dtype, nn.unbox(param_shapes(cfg)))
   place = (lambda ours, x: jax.device_put(x, _get(shardings, ours))) if shardings and not scan else _on_device
   params, pieces = {}, {}
-  for file in _shard_files(directory):
-    for key, value in _tensors(file, cfg, hf):
+  for file in hf_files.shard_files(directory):
+    for key, value in _tensors(file, cfg):
       entry, shape = _checked(key, value, wanted, file, cfg, hf["model_type"])
       pieces[key] = value
       if all(k in pieces for k in entry.keys):  # every piece of this param read: convert and place it
@@ -601,21 +567,11 @@ def import_lm(path: str | Path, **overrides) -> tuple[GPTConfig, dict]:
   return import_hf(path, **overrides) if is_family(path) else import_hf_gpt2(path, **overrides)
 
 
-def _tensors(file: Path, cfg: GPTConfig, hf: dict) -> Iterator[tuple[str, np.ndarray]]:
-  """(key, array) of one safetensors file, less the buffers and a tied model's copy of its embedding.
-  The file is mapped anew for each tensor: a mapping holds every page it has read until it is closed,
-  so that one left open for a whole file would keep the file's bytes beside the params made of them."""
-  try:
-    with safe_open(file, framework="numpy") as f:
-      keys = list(f.keys())
-    for key in keys:
-      if _IGNORED.search(key) or (cfg.tie_embeddings and key in ("lm_head.weight", "embed_out.weight")):
-        continue
-      with safe_open(file, framework="numpy") as f:
-        tensor = f.get_tensor(key)
-      yield key, tensor
-  except SafetensorError as e:
-    raise CheckpointError(f"{file} is not a safetensors file ({e}); give a Hugging Face model's directory") from None
+def _tensors(file: Path, cfg: GPTConfig) -> Iterator[tuple[str, np.ndarray]]:
+  """(key, array) of one safetensors file, less the buffers and a tied model's copy of its embedding."""
+  tied = cfg.tie_embeddings
+  skip = lambda key: _IGNORED.search(key) or (tied and key in ("lm_head.weight", "embed_out.weight"))
+  return hf_files.read_tensors(file, skip)
 
 
 def _get(tree, path, default=...):

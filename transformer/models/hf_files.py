@@ -1,15 +1,71 @@
-"""What the Hugging Face weight formats (hf_gpt2, hf_marian) share: writing model.safetensors, and
-the comparison of our model config with the one a format's files describe (what an export refuses,
-what a fine-tuning run checks), field by field."""
+"""What the Hugging Face weight formats (hf_gpt2, hf_marian, hf_families) share: reading a directory's
+config.json and its safetensors (one file, or shards by their index, a tensor at a time), writing
+model.safetensors, and the comparison of our model config with the one a format's files describe (what an
+export refuses, what a fine-tuning run checks), field by field."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
+
+from transformer.errors import CheckpointError
+
+
+def read_config(directory: str | Path) -> dict:
+  path = Path(directory) / "config.json"
+  if not path.is_file():
+    raise CheckpointError(
+      f"no config.json in {directory}: a Hugging Face model directory has one (save_pretrained writes it) "
+      f"beside its safetensors"
+    )
+  try:
+    return json.loads(path.read_text())
+  except ValueError as e:
+    raise CheckpointError(f"{path} is not JSON ({e})") from None
+
+
+def shard_files(directory: Path) -> list[Path]:
+  """The safetensors files of a checkpoint: those its index names (model.safetensors.index.json),
+  else model.safetensors."""
+  index = directory / "model.safetensors.index.json"
+  if index.exists():
+    try:
+      weight_map = json.loads(index.read_text())["weight_map"]
+    except (ValueError, KeyError, TypeError) as e:
+      raise CheckpointError(
+        f"{index} is not a safetensors index ({e}); it maps each tensor to its shard file"
+      ) from None
+    files = [directory / name for name in dict.fromkeys(weight_map.values())]
+  else:
+    files = [directory / "model.safetensors"]
+  missing = [str(f) for f in files if not f.is_file()]
+  if missing:
+    raise CheckpointError(f"{directory} is missing its weights: no {', '.join(missing)}")
+  return files
+
+
+def read_tensors(file: Path, skip: Callable[[str], bool] = lambda key: False) -> Iterator[tuple[str, np.ndarray]]:
+  """(key, array) of one safetensors file in its stored dtype, but the keys `skip` names. The file is
+  mapped anew for each tensor: a mapping holds every page it has read until it is closed, so that one
+  left open for a whole file would keep the file's bytes beside the params made of them."""
+  try:
+    with safe_open(file, framework="numpy") as f:
+      keys = list(f.keys())
+    for key in keys:
+      if skip(key):
+        continue
+      with safe_open(file, framework="numpy") as f:
+        tensor = f.get_tensor(key)
+      yield key, tensor
+  except SafetensorError as e:
+    raise CheckpointError(f"{file} is not a safetensors file ({e}); give a Hugging Face model's directory") from None
 
 
 def save_safetensors(tensors: dict[str, np.ndarray], path: Path) -> None:
