@@ -481,3 +481,38 @@ def test_the_named_points_equal_transformer_lens_bridge(name):
   np.testing.assert_allclose(logits, lens["logits"], atol=1e-4)
   for point in names:
     np.testing.assert_allclose(cache[point], lens[point], atol=1e-4, err_msg=point)
+
+
+@pytest.mark.slow  # a planning process on 8 fake devices
+def test_a_family_plans_on_a_mesh_with_its_kv_heads_split_over_the_tensor_axis(tmp_path):
+  """The mesh's rules shard the new params (q, kv, the kv heads over `tensor`): the training step and the
+  sampler compile on fsdp 4 x tensor 2 (SmolLM2's fixture: 6 heads, 2 kv heads)."""
+  proc = run_module(
+    "launch.plan",
+    f"--config=experiments/hf.py:{FIXTURES / 'smollm'}",
+    "--devices=8",
+    "--config.mesh.data=1",
+    "--config.mesh.fsdp=4",
+    "--config.mesh.tensor=2",
+    "--config.batch_size=8",
+    "--config.seq_len=64",
+    f"--config.data.root={tmp_path}",
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "train step: batch 8 on 8 devices (data 1 × fsdp 4 × tensor 2)" in proc.stdout
+  assert "decode: batch 4 on 8 devices" in proc.stdout
+
+
+def test_interleaved_rotary_is_the_halves_layout_on_paired_channels():
+  """GPT-J's layout (channels 2i and 2i + 1 turn together) is Llama's (i and i + R/2) on the channels
+  reordered so that the pairs line up; partial rotary leaves the rest of each head as it is."""
+  x = np.random.default_rng(0).standard_normal((2, 5, 3, 8)).astype(np.float32)
+  positions = np.arange(5)[None].repeat(2, 0)
+  config = layers.RotaryConfig(theta=500.0, fraction=0.5)  # 4 of 8 channels rotated
+  frequencies = layers.rotary_frequencies(config, 8)
+  interleaved = np.asarray(layers.rotary(x, positions, frequencies=frequencies, layout="interleaved"))
+  order = np.array([0, 2, 1, 3, 4, 5, 6, 7])  # the rotated 4 as (0, 2 | 1, 3): pairs (0, 1) and (2, 3)
+  halves = np.asarray(layers.rotary(x[..., order], positions, frequencies=frequencies, layout="halves"))
+  np.testing.assert_allclose(interleaved[..., order], halves, atol=1e-6)
+  np.testing.assert_array_equal(interleaved[..., 4:], x[..., 4:])
+  assert not np.allclose(interleaved[..., :4], x[..., :4])
