@@ -7,9 +7,9 @@ TransformerLens's name, `blocks.{l}.` before it):
 |---|---|---|
 | `resid_pre`, `resid_mid`, `resid_post` | `hook_resid_pre`, `hook_resid_mid`, `hook_resid_post` | B x T x D |
 | `ln_1.scale`, `ln_1.normalized` (`ln_2.`: the MLP's) | `ln1.hook_scale`, `ln1.hook_normalized` | B x T x 1, x D |
-| `q_input`, `k_input`, `v_input` (each head's copy of the stream) | `hook_q_input`, ... | B x T x H x D |
-| `q`, `k`, `v` (after qk_norm, before rotary) | `attn.hook_q`, `attn.hook_k`, `attn.hook_v` | B x T x H x K |
-| `rot_q`, `rot_k` (after rotary; positions == "rope" only) | `attn.hook_rot_q`, `attn.hook_rot_k` | B x T x H x K |
+| `q_input`, `k_input`, `v_input` (each head's copy of the stream) | `hook_q_input`, ... | B x T x H x D (G: k, v) |
+| `q`, `k`, `v` (after qk_norm, before rotary) | `attn.hook_q`, `attn.hook_k`, `attn.hook_v` | B x T x H x K (G: k, v) |
+| `rot_q`, `rot_k` (after rotary; positions == "rope" only) | `attn.hook_rot_q`, `attn.hook_rot_k` | B x T x H x K (G: rot_k) |
 | `attn_scores` (masked, before the softmax) | `attn.hook_attn_scores` | B x H x T x S |
 | `pattern` (the attention probabilities) | `attn.hook_pattern` | B x H x T x S |
 | `z` (each head's output, before the output projection) | `attn.hook_z` | B x T x H x K |
@@ -22,6 +22,12 @@ and a GPT's `embed` (`hook_embed`), `pos_embed` (`hook_pos_embed`), `ln_f.scale`
 `ln_f.normalized` (`ln_final.hook_scale`, `ln_final.hook_normalized`), `final_norm` (its output)
 and `logits`. A decoder block's cross-attention adds `cross_attn.q`, ..., `cross_attn_out`,
 `resid_mid_cross`. A run that asks for nothing compiles to the same program as a model without them.
+
+The open families (transformer.models.hf_families) name their points as TransformerLens's bridge does
+(tests/test_families.py checks them against it): with grouped-query attention the keys and values, their
+inputs and `rot_k` have the G kv heads, not H; a block with norms after its branches (Gemma 2 and 3, OLMo 2)
+has `attn_out` and `mlp_out` after them (what enters the stream); a parallel block (GPT-NeoX, Pythia) has
+no `resid_mid`, and its `mlp_in` is a copy of `resid_pre`.
 
     >>> logits, cache = run_with_cache(model, params, tokens_BxT, names=("pattern", "resid_post"))
     >>> cache["pattern"].shape          # L x B x H x T x T
