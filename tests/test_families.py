@@ -510,9 +510,12 @@ def test_interleaved_rotary_is_the_halves_layout_on_paired_channels():
   positions = np.arange(5)[None].repeat(2, 0)
   config = layers.RotaryConfig(theta=500.0, fraction=0.5)  # 4 of 8 channels rotated
   frequencies = layers.rotary_frequencies(config, 8)
-  interleaved = np.asarray(layers.rotary(x, positions, frequencies=frequencies, layout="interleaved"))
+  turn = jax.jit(
+    lambda x, layout: layers.rotary(x, positions, frequencies=frequencies, layout=layout), static_argnums=1
+  )
+  interleaved = np.asarray(turn(x, "interleaved"))
   order = np.array([0, 2, 1, 3, 4, 5, 6, 7])  # the rotated 4 as (0, 2 | 1, 3): pairs (0, 1) and (2, 3)
-  halves = np.asarray(layers.rotary(x[..., order], positions, frequencies=frequencies, layout="halves"))
+  halves = np.asarray(turn(x[..., order], "halves"))
   np.testing.assert_allclose(interleaved[..., order], halves, atol=1e-6)
   np.testing.assert_array_equal(interleaved[..., 4:], x[..., 4:])
   assert not np.allclose(interleaved[..., :4], x[..., :4])

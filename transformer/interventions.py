@@ -7,9 +7,9 @@ TransformerLens's name, `blocks.{l}.` before it):
 |---|---|---|
 | `resid_pre`, `resid_mid`, `resid_post` | `hook_resid_pre`, `hook_resid_mid`, `hook_resid_post` | B x T x D |
 | `ln_1.scale`, `ln_1.normalized` (`ln_2.`: the MLP's) | `ln1.hook_scale`, `ln1.hook_normalized` | B x T x 1, x D |
-| `q_input`, `k_input`, `v_input` (each head's copy of the stream) | `hook_q_input`, ... | B x T x H x D (G: k, v) |
-| `q`, `k`, `v` (after qk_norm, before rotary) | `attn.hook_q`, `attn.hook_k`, `attn.hook_v` | B x T x H x K (G: k, v) |
-| `rot_q`, `rot_k` (after rotary; positions == "rope" only) | `attn.hook_rot_q`, `attn.hook_rot_k` | B x T x H x K (G: rot_k) |
+| `q_input`, `k_input`, `v_input` (each head's copy of the stream) | `hook_q_input`, ... | B x T x H x D (kv: G) |
+| `q`, `k`, `v` (after qk_norm, before rotary) | `attn.hook_q`, `attn.hook_k`, `attn.hook_v` | B x T x H x K (kv: G) |
+| `rot_q`, `rot_k` (after rotary; positions == "rope") | `attn.hook_rot_q`, `attn.hook_rot_k` | B x T x H x K (kv: G) |
 | `attn_scores` (masked, before the softmax) | `attn.hook_attn_scores` | B x H x T x S |
 | `pattern` (the attention probabilities) | `attn.hook_pattern` | B x H x T x S |
 | `z` (each head's output, before the output projection) | `attn.hook_z` | B x T x H x K |

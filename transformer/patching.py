@@ -17,6 +17,7 @@ sweep's memory is that of a chunk, not of the whole sweep). Names of the points:
 
 from __future__ import annotations
 
+import functools
 import math
 
 import flax.linen as nn
@@ -140,13 +141,19 @@ def attribution_patching(model, params, clean_BxT, corrupt_BxT, metric, *, point
 
 def _sender_delta(model, params, sender, base, source, sender_value=None):
   """What the sender (head `(layer, head)` or MLP `(layer, "mlp")`) writes into the stream with its
-  new value minus what it writes in the base run (B x T x D): its `result` for a head, `mlp_out`."""
+  new value minus what it writes in the base run (B x T x D, and as B x T x 1 x D for the heads' copies
+  of the stream): its `result` for a head, `mlp_out`. One compiled program, not one an op."""
+  name = "mlp_out" if sender[1] == "mlp" else "result"
+  new = source[name] if sender_value is None else sender_value
+  return _delta(sender, base[name], new, sender_value is not None)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _delta(sender, base_Lx, new, given: bool):
   layer, which = sender
-  if which == "mlp":
-    new = source["mlp_out"][layer] if sender_value is None else sender_value
-    return new - base["mlp_out"][layer]
-  new = source["result"][layer][:, :, which] if sender_value is None else sender_value
-  return new - base["result"][layer][:, :, which]
+  pick = (lambda x: x[layer]) if which == "mlp" else (lambda x: x[layer][:, :, which])
+  delta_BxTxD = (new if given else pick(new)) - pick(base_Lx)
+  return delta_BxTxD, delta_BxTxD[:, :, None]
 
 
 def _receiver_point(receiver, heads: dict[str, int]) -> tuple[tuple[str, int], np.ndarray | None]:
@@ -180,7 +187,7 @@ def path_patching(
   names = ("result", "mlp_out") if not model.config.block.attention_only else ("result",)
   _, base = run_with_cache(model, params, base_BxT, names=names)
   source = base if source_BxT is None else run_with_cache(model, params, source_BxT, names=names)[1]
-  delta_BxTxD = _sender_delta(model, params, sender, base, source, sender_value)
+  delta_BxTxD, per_head_BxTx1xD = _sender_delta(model, params, sender, base, source, sender_value)
   block = model.config.block
   heads = {"q": block.num_heads, "k": block.kv_heads, "v": block.kv_heads}
   wheres: dict = {}  # point -> the heads that read the change there (None: the point's one stream)
@@ -190,7 +197,6 @@ def path_patching(
     wheres[key] = where if key not in wheres or where is None else wheres[key] | where  # several heads of a layer
   if not wheres:
     return _metric_of(model, params, base_BxT, metric)
-  per_head_BxTx1xD = delta_BxTxD[:, :, None]
   patches = {
     key: Patch.steer(delta_BxTxD) if where is None else Patch.steer(per_head_BxTx1xD, where=where)
     for key, where in wheres.items()

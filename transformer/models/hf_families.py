@@ -25,7 +25,6 @@ from pathlib import Path
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from transformer import layers, tokenizers
@@ -533,7 +532,8 @@ def import_hf(path: str | Path, shardings=None, **overrides) -> tuple[GPTConfig,
       pieces[key] = value
       if all(k in pieces for k in entry.keys):  # every piece of this param read: convert and place it
         value = entry.to_ours([pieces.pop(k) for k in entry.keys])
-        _set(params, entry.ours, place(entry.ours, np.asarray(value, _get(dtypes, entry.ours))))
+        value = np.ascontiguousarray(value, _get(dtypes, entry.ours))  # (a strided one costs a device program)
+        _set(params, entry.ours, place(entry.ours, value))
   missing = [key for key in wanted if _get(params, wanted[key][0].ours, None) is None]
   if missing:
     raise CheckpointError(f"{directory} is missing tensor {missing[0]!r} (expected shape {wanted[missing[0]][1]})")
@@ -545,7 +545,7 @@ def import_hf(path: str | Path, shardings=None, **overrides) -> tuple[GPTConfig,
 
 
 def _on_device(ours, x):
-  return jnp.asarray(x)
+  return jax.device_put(x)  # (jnp.asarray of a NumPy array compiles a program for each shape)
 
 
 def _checked(key: str, value, wanted: dict, file: Path, cfg: GPTConfig, model_type: str):
