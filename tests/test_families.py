@@ -275,6 +275,7 @@ def test_named_points_of_grouped_query_attention_and_the_parallel_block():
   )
 
 
+@pytest.mark.slow  # path patching's three runs and the direct patch: ~2 s of programs (GPT-2's is in the fast tier)
 def test_path_patching_with_grouped_query_attention_patches_the_sender_through_every_reader():
   cfg, params = _imported("llama")
   model, tokens = GPT(cfg), _reference("llama")["input_ids"][:2, :10]
