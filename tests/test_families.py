@@ -520,3 +520,13 @@ def test_interleaved_rotary_is_the_halves_layout_on_paired_channels():
   np.testing.assert_allclose(interleaved[..., order], halves, atol=1e-6)
   np.testing.assert_array_equal(interleaved[..., 4:], x[..., 4:])
   assert not np.allclose(interleaved[..., :4], x[..., :4])
+
+
+@pytest.mark.slow  # a launch program's process
+def test_a_directory_of_a_model_type_we_lack_ends_a_launch_program_with_one_error_line(tmp_path):
+  directory = _copy(tmp_path)
+  _edit_config(directory, model_type="falcon")
+  proc = run_module("launch.sample", f"--hf={directory}", "--prompt=hello")
+  assert proc.returncode == 1
+  [line] = proc.stderr.strip().splitlines()[-1:]
+  assert line.startswith("error: ") and "model_type 'falcon' is not one we open; supported: gpt2, marian, llama" in line

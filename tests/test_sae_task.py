@@ -24,7 +24,7 @@ from transformer.models.sae import SAE, SAEConfig
 from transformer.tasks.sae import spliced_losses
 from transformer.train import train_and_evaluate
 
-from conftest import compiled_init, run_module
+from conftest import REPO, compiled_init, run_module
 
 
 @pytest.fixture(scope="module")
@@ -190,6 +190,19 @@ def test_an_sae_on_gpt2_weights_reads_the_mlp_of_a_hugging_face_directory(tmp_pa
   c.num_train_steps = c.eval_every_steps = c.checkpoint_every_steps = 4
   result = train_and_evaluate(c, tmp_path / "w")
   assert inference.restore(tmp_path / "w").model.config.d_in == 128
+  assert np.isfinite(result["ce_loss_score"]) and result["ce_loss_zero"] != result["ce_loss_clean"], result
+
+
+@pytest.mark.slow
+def test_an_sae_on_an_open_familys_weights_reads_its_text_with_its_tokenizer(tmp_path):
+  """--config.hf: a Llama-family directory (tests/fixtures/families/smollm, with its tokenizer.json), on
+  config.data's text tokenized as the model reads it; its gated MLP's mlp_post is d_mlp (96) wide."""
+  smollm = REPO / "tests" / "fixtures" / "families" / "smollm"
+  c = _sae_config(hf=str(smollm), point="mlp_post", layer=1)
+  c.data.root, c.data.tokenizer, c.model.k = str(tmp_path / "data"), str(smollm), 4
+  c.num_train_steps = c.eval_every_steps = c.checkpoint_every_steps = 4
+  result = train_and_evaluate(c, tmp_path / "w")
+  assert inference.restore(tmp_path / "w").model.config.d_in == 96
   assert np.isfinite(result["ce_loss_score"]) and result["ce_loss_zero"] != result["ce_loss_clean"], result
 
 

@@ -140,6 +140,7 @@ def load(
   elif hf_families.is_family(hf):
     trained = import_family(hf)
   else:
+    _check_gpt2(hf)
     trained = import_gpt2(hf, tokenizer)
   if task is not None and trained.run.task != task:
     raise WrongTaskError(Path(hf), trained.run.task, task)
@@ -209,6 +210,17 @@ def import_gpt2(directory: str | Path, tokenizer: str = "gpt2") -> Trained:
   config_dict.data.tokenizer, config_dict.data.dataset = tokenizer, ""  # no data is read
   config_dict.seq_len = config.max_len  # what a window of launch.evaluate reads by default
   return _imported(config_dict, params, tokenizers.get_tokenizer(tokenizer), str(directory))
+
+
+def _check_gpt2(hf: str | Path) -> None:
+  """A directory whose config.json names a model type we do not open is one error naming the ones we
+  do (GPT-2's files may come without a config.json: the tensors tell)."""
+  path = Path(hf) / "config.json"
+  model_type = hf_files.read_config(hf).get("model_type") if path.is_file() else None
+  if model_type not in (None, "gpt2"):
+    raise CheckpointError(
+      f"{path}: model_type {model_type!r} is not one we open; supported: gpt2, marian, {hf_families.supported()}"
+    )
 
 
 def import_family(directory: str | Path) -> Trained:

@@ -524,7 +524,9 @@ def import_hf(path: str | Path, shardings=None, **overrides) -> tuple[GPTConfig,
   entries = list(_layout(cfg, FORMATS[hf["model_type"]]))
   wanted = {key: (entry, shape) for entry in entries for key, shape in zip(entry.keys, entry.shapes)}
   dtypes = jax.tree.map(lambda x: x.dtype, nn.unbox(param_shapes(cfg)))
-  place = (lambda ours, x: jax.device_put(x, _get(shardings, ours))) if shardings and not scan else _on_device
+  place = (
+    (lambda ours, x: jax.device_put(x, hf_files.get_path(shardings, ours))) if shardings and not scan else _on_device
+  )
   params, pieces = {}, {}
   for file in hf_files.shard_files(directory):
     for key, value in _tensors(file, cfg):
@@ -532,9 +534,11 @@ def import_hf(path: str | Path, shardings=None, **overrides) -> tuple[GPTConfig,
       pieces[key] = value
       if all(k in pieces for k in entry.keys):  # every piece of this param read: convert and place it
         value = entry.to_ours([pieces.pop(k) for k in entry.keys])
-        value = np.ascontiguousarray(value, _get(dtypes, entry.ours))  # (a strided one costs a device program)
-        _set(params, entry.ours, place(entry.ours, value))
-  missing = [key for key in wanted if _get(params, wanted[key][0].ours, None) is None]
+        value = np.ascontiguousarray(
+          value, hf_files.get_path(dtypes, entry.ours)
+        )  # (a strided one costs a device program)
+        hf_files.set_path(params, entry.ours, place(entry.ours, value))
+  missing = [key for key in wanted if hf_files.get_path(params, wanted[key][0].ours, None) is None]
   if missing:
     raise CheckpointError(f"{directory} is missing tensor {missing[0]!r} (expected shape {wanted[missing[0]][1]})")
   if scan:
@@ -572,20 +576,6 @@ def _tensors(file: Path, cfg: GPTConfig) -> Iterator[tuple[str, np.ndarray]]:
   tied = cfg.tie_embeddings
   skip = lambda key: _IGNORED.search(key) or (tied and key in ("lm_head.weight", "embed_out.weight"))
   return hf_files.read_tensors(file, skip)
-
-
-def _get(tree, path, default=...):
-  for k in path:
-    if default is not ... and (not isinstance(tree, dict) or k not in tree):
-      return default
-    tree = tree[k]
-  return tree
-
-
-def _set(tree, path, value):
-  for k in path[:-1]:
-    tree = tree.setdefault(k, {})
-  tree[path[-1]] = value
 
 
 # --- export ---
@@ -688,7 +678,9 @@ def export_hf(config: GPTConfig, params: dict, out_dir: str | Path, model_type: 
     params = {**params, "h": layers.unstack_layers(params["h"], config.num_layers)}
   tensors = {}
   for entry in _layout(config, FORMATS[model_type]):
-    value = np.asarray(jax.device_get(_get(params, entry.ours)))  # in its dtype: a bfloat16 model stays one
+    value = np.asarray(
+      jax.device_get(hf_files.get_path(params, entry.ours))
+    )  # in its dtype: a bfloat16 model stays one
     for key, array in zip(entry.keys, entry.to_hf(value)):
       tensors[key] = np.ascontiguousarray(array)
   out_dir = Path(out_dir)

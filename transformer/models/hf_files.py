@@ -103,3 +103,19 @@ def _fields(a, b, prefix: str = ""):
       yield from _fields(x, y, f"{prefix}{f.name}.")
     else:
       yield f"{prefix}{f.name}", x, y
+
+
+def get_path(tree, path, default=...):
+  """tree[path[0]][path[1]]...; `default` (when given) where the path is not there."""
+  for k in path:
+    if default is not ... and (not isinstance(tree, dict) or k not in tree):
+      return default
+    tree = tree[k]
+  return tree
+
+
+def set_path(tree, path, value) -> None:
+  """tree[path[0]][path[1]]... = value, making the dicts on the way."""
+  for k in path[:-1]:
+    tree = tree.setdefault(k, {})
+  tree[path[-1]] = value

@@ -64,18 +64,6 @@ def _is_lm_head(path) -> bool:
   return path == ("lm_head", "kernel")
 
 
-def _get(tree, path):
-  for k in path:
-    tree = tree[k]
-  return tree
-
-
-def _set(tree, path, value):
-  for k in path[:-1]:
-    tree = tree.setdefault(k, {})
-  tree[path[-1]] = value
-
-
 def _gpt2_config(shapes: dict[str, tuple[int, ...]], hf: dict, where: str) -> GPTConfig:
   """The GPTConfig that GPT-2 tensors of these `shapes` (keys without "transformer.") and a config.json
   `hf` describe: what the importer builds, and what an export must read back as."""
@@ -158,8 +146,8 @@ def import_hf_gpt2(path: str | Path, **overrides) -> tuple[GPTConfig, dict]:
         f"for a GPT-2 with {cfg.num_layers} layers, d_model={cfg.block.d_model}, vocab={cfg.vocab_size}"
       )
     value = value.T if _is_lm_head(ours) else value
-    target = _get(shapes, ours)
-    _set(params, ours, jnp.asarray(value.reshape(target.shape), dtype=target.dtype))
+    target = hf_files.get_path(shapes, ours)
+    hf_files.set_path(params, ours, jnp.asarray(value.reshape(target.shape), dtype=target.dtype))
   unexpected = sorted(set(tensors) - expected)
   if unexpected:
     raise CheckpointError(f"{file} has tensors a GPT-2 does not: {', '.join(unexpected[:5])}")
@@ -215,7 +203,7 @@ def export_hf_gpt2(config: GPTConfig, params: dict, out_dir: str | Path) -> Path
     if ours[-1] == "bias" and not block.use_bias:
       value = np.zeros(hf_shape, np.float32)  # the same function: GPT-2 always has biases
     else:
-      value = np.asarray(jax.device_get(_get(params, ours)), dtype=np.float32)
+      value = np.asarray(jax.device_get(hf_files.get_path(params, ours)), dtype=np.float32)
       value = value.T if _is_lm_head(ours) else value.reshape(hf_shape)
     tensors[f"transformer.{key}" if not key.startswith("lm_head") else key] = np.ascontiguousarray(value)
   out_dir = Path(out_dir)
