@@ -1,6 +1,6 @@
 """Grokking modular addition (Power et al. 2022), with the progress measures of Nanda, Chan, Lieberum,
 Smith & Steinhardt (ICLR 2023): config.task="modular" (transformer/tasks/modular.py), the analysis in
-transformer/fourier.py. The study and its phase table: experiments/README.md, "Grokking".
+transformer/interp/fourier.py. The study and its phase table: experiments/README.md, "Grokking".
 
   python -m launch.train --config=experiments/grokking.py:paper --workdir=workdirs/grokking-113
   python -m launch.train --config=experiments/grokking.py:paper --config.seed=1 --config.split_seed=1 \

@@ -17,7 +17,8 @@ import jax
 import numpy as np
 
 from launch import bench_models, peer_env
-from transformer import benchmark, patching
+from transformer import benchmark
+from transformer.interp import patching
 from transformer.models import gpt
 from transformer.models.hf_gpt2 import export_hf_gpt2
 

@@ -28,8 +28,8 @@ attention-only model's induction circuit (circuit.json). --sae=SAE_WORKDIR (a co
 writes its features' pages (features.html: each --latents', or the most active ones', top contexts
 on held-out text, activation histogram, density and the logits it promotes; with --text, the latents
 firing on each token); --sae=W1,W2,... draws their explained variance against L0 (frontier.png). The
-same in Python: transformer.studies and transformer.features, over transformer.probes, interventions,
-activation_cache, patching and probing.
+same in Python: transformer.interp.studies and transformer.interp.features, over transformer.interp's
+probes, interventions, activation_cache, patching and probing.
 
   python -m launch.probe --workdir=workdirs/shakespeare-char --heads --ablate=L1.H0 --ablation=mean
   python -m launch.probe --workdir=workdirs/shakespeare-char --attribute --text="ROMEO: O Juli" --target=e
@@ -52,8 +52,9 @@ import numpy as np
 from absl import flags
 
 import launch
-from transformer import cli, features, inference, interventions, probes, studies
+from transformer import cli, inference
 from transformer.errors import UserError
+from transformer.interp import features, interventions, probes, studies
 from transformer.models.gpt import GPT
 
 _MODEL = launch.ModelFlags(

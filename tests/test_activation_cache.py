@@ -1,5 +1,5 @@
-"""The residual stream's algebra (transformer.activation_cache) and the patching methods
-(transformer.patching): equal to TransformerLens on the same weights (golden arrays made by
+"""The residual stream's algebra (transformer.interp.activation_cache) and the patching methods
+(transformer.interp.patching): equal to TransformerLens on the same weights (golden arrays made by
 tests/make_lens_fixtures.py), and each held to what it claims on small and planted models."""
 
 import jax
@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from test_interventions import CFG, TOKENS, _corrupted, _params, _planted
 
-from transformer import interventions, layers, patching, probing
-from transformer.interventions import Patch
+from transformer import layers
+from transformer.interp import interventions, patching, probing
+from transformer.interp.interventions import Patch
 from transformer.models.gpt import GPT
 from transformer.models.hf_gpt2 import import_hf_gpt2
 

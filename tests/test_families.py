@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from transformer import inference, interventions, layers, patching, tokenizers
+from transformer import inference, layers, tokenizers
 from transformer.errors import CheckpointError, ConfigError, TokenizerError
 from transformer.generation import sampling
-from transformer.interventions import Patch
+from transformer.interp import interventions, patching
+from transformer.interp.interventions import Patch
 from transformer.models import hf_families
 from transformer.models.gpt import GPT, GPTConfig, count_params
 

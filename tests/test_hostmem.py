@@ -20,7 +20,7 @@ _FAULTS_PER_CALL = """
 import json, os, resource
 from transformer import hostmem
 if os.environ["TRANSFORMER_KEEP_HOST_MEMORY"] == "import":  # import the library whole, as another program would
-  import transformer.inference, transformer.plan, transformer.probes, transformer.train
+  import transformer.inference, transformer.plan, transformer.interp.probes, transformer.train
 else:
   hostmem.keep_freed_blocks()
 import jax, jax.numpy as jnp

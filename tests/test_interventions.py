@@ -1,4 +1,4 @@
-"""Named points (layers.point) and what reads and changes them (transformer.interventions)."""
+"""Named points (layers.point) and what reads and changes them (transformer.interp.interventions)."""
 
 import functools
 import json
@@ -12,8 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import interventions, layers, patching, probes, tokenizers
-from transformer.interventions import Patch
+from transformer import layers, tokenizers
+from transformer.interp import interventions, patching, probes
+from transformer.interp.interventions import Patch
 from transformer.models.gpt import GPT, GPTConfig
 from transformer.models.seq2seq import Transformer, preset
 

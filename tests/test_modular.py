@@ -1,4 +1,4 @@
-"""config.task="modular" (grokking's setting) and transformer.fourier (its analysis): the split, the loss
+"""config.task="modular" (grokking's setting) and transformer.interp.fourier (its analysis): the split, the loss
 at the answer, the model without norms, the Fourier projections on logits whose frequencies are known,
 and bad input; in the slow tier (CI runs it all the same), a short run that memorises and resumes bit
 for bit."""
@@ -13,8 +13,9 @@ import optax
 import pytest
 
 from experiments import grokking
-from transformer import fourier, inference, sharding, tasks
+from transformer import inference, sharding, tasks
 from transformer.errors import ConfigError
+from transformer.interp import fourier
 from transformer.models.gpt import GPT, GPTConfig
 from transformer.tasks.modular import all_pairs, split
 from transformer.train import train_and_evaluate

@@ -1,4 +1,4 @@
-"""Probes of a model's insides (transformer.probes, launch.probe): attention maps, the residual
+"""Probes of a model's insides (transformer.interp.probes, launch.probe): attention maps, the residual
 stream, the logit lens, contextual embeddings, the translation alignment, and the pictures."""
 
 import json
@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import probes, studies
 from transformer.errors import UserError
+from transformer.interp import probes, studies
 from transformer.layers import stack_layers
 from transformer.models.gpt import GPT, GPTConfig
 from transformer.models.seq2seq import Seq2SeqConfig, Transformer
@@ -268,7 +268,7 @@ def test_launch_probe_takes_one_verb_and_refuses_flags_without_theirs_before_loa
 
 
 def test_the_probe_verbs_are_library_calls_with_arguments(tokenizer, tmp_path):
-  """transformer.studies: what launch.probe's verbs compute, called as a notebook would (no flags):
+  """transformer.interp.studies: what launch.probe's verbs compute, called as a notebook would (no flags):
   the head scores with an ablation, a logit's shares (summing to it), patching, a word compared."""
   cfg = GPTConfig().replace(vocab_size=tokenizer.vocab_size, max_len=64, num_layers=2, num_heads=2, d_model=32)
   model = GPT(cfg)

@@ -15,9 +15,10 @@ import safetensors.numpy
 
 from experiments import sae as sae_experiment
 from experiments import shakespeare
-from transformer import features, inference, interventions, metrics, tasks
+from transformer import inference, metrics, tasks
 from transformer.errors import UserError
-from transformer.interventions import Patch
+from transformer.interp import features, interventions
+from transformer.interp.interventions import Patch
 from transformer.models.gpt import GPT, GPTConfig
 from transformer.models.hf_gpt2 import export_hf_gpt2
 from transformer.models.sae import SAE, SAEConfig

@@ -29,11 +29,11 @@ import jax.numpy as jnp
 import numpy as np
 import safetensors.numpy
 
-from transformer import interventions
 from transformer.data import pipeline
 from transformer.data.prepare import Prepared
 from transformer.data.superposition import Superposition
 from transformer.errors import ConfigError, DataError
+from transformer.interp import interventions
 
 
 def point_shapes(model, params) -> dict[str, tuple[int, ...]]:

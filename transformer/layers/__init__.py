@@ -7,7 +7,7 @@
   attention   softmax(scores) V (mix, attend), SelfAttention and CrossAttention
   heads       queries, keys and values per head (fused, or grouped-query) and each head's output
   kv_cache    decoding's cache: the new tokens' positions and mask, the keys' and values' layouts
-  points      the named points where transformer.interventions reads and patches a run
+  points      the named points where transformer.interp.interventions reads and patches a run
   block       MLP, Block, Stack (unrolled or scanned, remat), stack_layers/unstack_layers
 
 Conventions (nanodo's): tensors carry their shapes in their names, with

@@ -1,4 +1,4 @@
-"""The named points: activations where transformer.interventions reads and patches a run.
+"""The named points: activations where transformer.interp.interventions reads and patches a run.
 
 A module calls `point(self, name, x)` where an activation it computes has a name its users know
 (TransformerLens's hook points); a run that neither reads nor patches compiles to the same program.
@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 
 def point(module: nn.Module, name: str, x: jax.Array) -> jax.Array:
-  """A named activation (`module`'s `name`), where transformer.interventions acts: changed where the
+  """A named activation (`module`'s `name`), where transformer.interp.interventions acts: changed where the
   "patches" collection has an entry of this name ({"replace": bool, "value": x's values where replace
   is True, "add": added}, each of x's shape: `Patch.collection_entry`), then recorded in
   "activations" when a run asks for that collection. Otherwise x itself: a run that asks for neither

@@ -262,7 +262,7 @@ class GPT(nn.Module):
 
 def blocks(config: GPTConfig, forms: str, **module) -> layers.Stack:
   """The model's stack of blocks (`module`: its name, or parent=None for one of its own, as a
-  patching sweep makes to run one block at a time: transformer.patching)."""
+  patching sweep makes to run one block at a time: transformer.interp.patching)."""
   return layers.Stack(
     config.block,
     config.num_layers,
@@ -279,7 +279,7 @@ def blocks(config: GPTConfig, forms: str, **module) -> layers.Stack:
 def unembedding(config: GPTConfig, params) -> jax.Array:
   """The head's matrix, V x D: a token's row is the direction its logit reads off the final norm's
   output (the token embedding when tied, else lm_head's kernel transposed). What `GPT.output_logits`
-  multiplies by, for the attributions that split it into components (transformer.interventions)."""
+  multiplies by, for the attributions that split it into components (transformer.interp.interventions)."""
   return params["wte"]["embedding"] if config.tie_embeddings else params["lm_head"]["kernel"].T
 
 

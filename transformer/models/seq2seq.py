@@ -264,7 +264,7 @@ class Transformer(nn.Module):
 
   def output_logits(self, y_BxTxD):
     """The decoder's residual stream -> float32 logits: the final norm (pre-LN) and the output head.
-    (The logit lens applies it to every layer's residual: transformer.probes.)"""
+    (The logit lens applies it to every layer's residual: transformer.interp.probes.)"""
     if self.config.block.pre_layer_norm:
       y_BxTxD = self.decoder_norm(y_BxTxD)
     logits_BxTxV = self.target_embed.attend(y_BxTxD) if self.config.tie_output else self.head(y_BxTxD)

@@ -14,11 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from transformer import interventions, kernels, metrics, tokenizers
+from transformer import kernels, metrics, tokenizers
 from transformer.config import RunConfig, at, check_positive, defaults_for, model_dict
 from transformer.data import pipeline
 from transformer.errors import ConfigError, TokenizerError, UserError
 from transformer.generation import sampling
+from transformer.interp import interventions
 from transformer.models import hf_families, hf_files
 from transformer.models.gpt import GPT
 from transformer.models.lstm import LSTMLanguageModel
@@ -49,7 +50,7 @@ class LMConfig:
   separate_documents: bool = at("data.separate_documents", True)
   sample: SampleConfig = SampleConfig()
   # A GPT's heads scored at every evaluation (metrics.jsonl, TensorBoard): previous-token,
-  # duplicate-token and induction scores per head, and the in-context score (transformer.interventions).
+  # duplicate-token and induction scores per head, and the in-context score (transformer.interp.interventions).
   head_scores: bool = False
   # A Hugging Face language model's directory (an open family's, transformer.models.hf_families, or
   # GPT-2's) whose weights a new run starts from: fine-tuning. experiments/hf.py:DIR sets config.model

@@ -1,6 +1,6 @@
 """config.task="modular": a GPT learns c = a ∘ b mod p from the sequence "a b =", the loss read only at
 "=" (the answer's position) — the setting where grokking was found (Power et al. 2022) and explained
-(Nanda et al. 2023; the analysis: transformer.fourier).
+(Nanda et al. 2023; the analysis: transformer.interp.fourier).
 
 The data is every pair (a, b) (b ≠ 0 for division), split once by `split_seed` into
 `train_fraction` for training and the rest for testing; the split is saved with the run
@@ -32,10 +32,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from transformer import fourier, interventions, metrics, probes, tokenizers
+from transformer import metrics, tokenizers
 from transformer.config import RunConfig
 from transformer.errors import ConfigError
-from transformer.interventions import Patch
+from transformer.interp import fourier, interventions, probes
+from transformer.interp.interventions import Patch
 from transformer.models.gpt import GPT
 from transformer.tasks.base import Task
 

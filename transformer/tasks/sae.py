@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import interventions, metrics, tokenizers
+from transformer import metrics, tokenizers
 from transformer import workdir as workdir_files
 from transformer.config import RunConfig, check_positive, resolve_for
 from transformer.data.activations import (
@@ -43,7 +43,8 @@ from transformer.data.activations import (
 )
 from transformer.data.superposition import Superposition
 from transformer.errors import ConfigError, DataError
-from transformer.interventions import Patch
+from transformer.interp import interventions
+from transformer.interp.interventions import Patch
 from transformer.models import hf_families
 from transformer.models.gpt import GPT
 from transformer.models.sae import SAE, init_decoder_bias, latent_density, norm_scale, recovery, sae_loss, scores
@@ -62,7 +63,7 @@ class SAETaskConfig:
   synthetic_d: int = 64
   synthetic_density: float = 0.02
   synthetic_importance: float = 1.0
-  point: str = "resid_pre"  # a named point (transformer.interventions)
+  point: str = "resid_pre"  # a named point (transformer.interp.interventions)
   layer: int = -1  # its block; -1: the middle one
   seq_len: int = 128  # the model's windows, each of seq_len rows
   batch_size: int = 4096  # rows a step

@@ -7,7 +7,7 @@ embeddings, and a translation's cross-attention alignment.
     >>> inside.lens_top                            # per layer and position: the top tokens of the logit lens
     >>> probes.similarity_by_layer(model, params, tokenizer, ["Harry stood ...", "Prince Harry ..."], "Harry")
 
-Each is read at the models' named points (`layers.point`; transformer.interventions reads and
+Each is read at the models' named points (`layers.point`; transformer.interp.interventions reads and
 changes them): `pattern`, `resid_pre` and `resid_post`, recorded only when a run asks for them, so
 training is unchanged. Reading them takes attention's readable path (einsum), whatever the model's
 implementation. `launch.probe` draws the pictures.
@@ -24,10 +24,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import interventions
 from transformer.errors import UserError
 from transformer.generation import beam_search
 from transformer.generation.common import round_up
+from transformer.interp import interventions
 from transformer.models.gpt import GPT
 from transformer.models.seq2seq import Transformer
 

@@ -35,11 +35,11 @@ no `resid_mid`, and its `mlp_in` is a copy of `resid_pre`.
     >>> patched = run_with_patches(model, params, corrupt_BxT,
     ...                            patches={("resid_pre", 0): Patch.replace(cache["resid_pre"][0])})
 
-`cache` is an `ActivationCache` (transformer.activation_cache): a mapping of name to array that also
+`cache` is an `ActivationCache` (transformer.interp.activation_cache): a mapping of name to array that also
 does the residual stream's algebra (`decompose_resid`, `stack_head_results`, `logit_attrs`, ...).
 The per-head inputs `q_input`, `k_input`, `v_input` (H copies of the stream) are left out of a cache
 that names nothing: ask for them by name, or patch them (then each head's queries, keys and values
-read their own copy: what path patching needs, transformer.patching).
+read their own copy: what path patching needs, transformer.interp.patching).
 
 A model with several stacks names its points by stack: `encoder.resid_pre`, `decoder.pattern`,
 `decoder.cross_attn.pattern`. Reading or patching a point takes attention's reference path (its
@@ -62,7 +62,7 @@ import flax.traverse_util
 import jax
 import jax.numpy as jnp
 
-from transformer.activation_cache import ActivationCache
+from transformer.interp.activation_cache import ActivationCache
 from transformer.jit_args import join_static, split_static
 
 _LAYER = re.compile(r"layer_(\d+)$")

@@ -28,8 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from transformer.interventions import Patch, run_with_cache
-from transformer.patching import jax_params, patched_logits
+from transformer.interp.interventions import Patch, run_with_cache
+from transformer.interp.patching import jax_params, patched_logits
 
 
 @dataclasses.dataclass

@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import interventions, patching, probes, probing
 from transformer.errors import UserError
+from transformer.interp import interventions, patching, probes, probing
 from transformer.models.gpt import GPT
 
 ABLATIONS = ("zero", "mean", "resample")

@@ -22,9 +22,10 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import inference, metrics, probes, tasks
+from transformer import inference, metrics, tasks
 from transformer.data.activations import ModelActivations
 from transformer.errors import UserError
+from transformer.interp import probes
 from transformer.models import gpt
 from transformer.models.sae import SAE
 

@@ -12,7 +12,7 @@ run into the other and asks how much of the metric's difference comes back:
     >>> edges = patching.edge_attribution_patching(model, params, clean_BxT, corrupt_BxT, metric)
 
 Sweeps run every patch in one compiled call, in chunks (`chunk_size` patched runs at a time, so a
-sweep's memory is that of a chunk, not of the whole sweep). Names of the points: transformer.interventions.
+sweep's memory is that of a chunk, not of the whole sweep). Names of the points: transformer.interp.interventions.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer import kernels, layers
-from transformer.interventions import Patch, patches_collection, run_with_cache, run_with_patches
+from transformer.interp.interventions import Patch, patches_collection, run_with_cache, run_with_patches
 from transformer.models import gpt
 
 # The axes of a point's activation (without its layer axis) that a sweep can go over.
