@@ -10,6 +10,7 @@ import numpy as np
 import optax
 import pytest
 
+from transformer import layers
 from transformer.data.superposition import Superposition
 from transformer.errors import ConfigError
 from transformer.models.sae import (
@@ -247,3 +248,55 @@ def test_the_decoder_bias_starts_at_the_mean_or_the_geometric_median():
   assert float(np.abs(init_decoder_bias(params, x, "geometric_median")["b_dec"]).max()) < 0.1
   np.testing.assert_allclose(norm_scale(np.full((4, 16), 2.0)), 0.5, rtol=1e-6)  # mean norm 8 -> √16
   np.testing.assert_array_equal(latent_density(np.array([[0.0, 1.0], [0.0, 2.0]])), [0.0, 1.0])
+
+
+# --- Transcoders: a dictionary from one point to another (d_out), with an optional skip path. ---
+
+
+def test_a_relu_transcoder_holding_an_mlps_weights_is_that_mlp_and_the_skip_path_adds():
+  """A ReLU MLP is a ReLU transcoder whose latents are its hidden units: encoder = the MLP's first
+  projection, decoder = its second; a skip transcoder adds x W_skip to that."""
+  block = layers.BlockConfig(d_model=16, num_heads=2, d_mlp=24, activation="relu")
+  mlp = layers.MLP(block)
+  mlp_params = compiled_init(mlp, np.zeros((1, 16), np.float32))
+  x = np.asarray(jax.random.normal(jax.random.key(2), (5, 16)))
+  want = np.asarray(compiled_apply(mlp, {"params": mlp_params}, x))
+  for skip in (False, True):
+    sae = SAE(SAEConfig(d_in=16, d_sae=24, d_out=16, activation="relu", skip=skip).check())
+    params = dict(compiled_init(sae, np.zeros((2, 16), np.float32)))
+    assert params["W_dec"].shape == (24, 16) and params["b_dec"].shape == (16,) and ("W_skip" in params) == skip
+    params.update(W_enc=mlp_params["fc"]["kernel"], b_enc=mlp_params["fc"]["bias"])
+    params.update(W_dec=mlp_params["proj"]["kernel"], b_dec=mlp_params["proj"]["bias"])
+    extra = np.zeros((5, 16), np.float32)
+    if skip:
+      params["W_skip"] = np.eye(16, dtype=np.float32) * 0.5
+      extra = 0.5 * x
+    y_hat, _ = _apply(sae, params, x)
+    np.testing.assert_allclose(y_hat, want + extra, atol=1e-5)
+    loss, parts, _ = _loss(sae, params, x, y_NxO=want + extra)
+    assert float(parts["mse"]) < 1e-9  # its own output is its target
+
+
+def test_a_transcoder_learns_another_points_values_and_its_widths_are_checked():
+  """TopK with a different output width (d_out 8 from d_in 16): Adam fits y = tanh(x A) far below the
+  variance; the loss refuses a missing target, the config a skip without d_out."""
+  sae = SAE(SAEConfig(d_in=16, d_sae=64, d_out=8, activation="topk", k=8).check())
+  params = compiled_init(sae, np.zeros((2, 16), np.float32))
+  A = np.asarray(jax.random.normal(jax.random.key(3), (16, 8))) / 4
+  y = np.tanh(X @ A)
+  tx = optax.adam(1e-2)
+  grad = jax.jit(jax.grad(lambda p: sae_loss(sae, p, X, y_NxO=y)[0]))
+
+  def step(_, carry):
+    p, state = carry
+    updates, state = tx.update(grad(p), state, p)
+    return optax.apply_updates(p, updates), state
+
+  trained = jax.jit(lambda p: jax.lax.fori_loop(0, 300, step, (p, tx.init(p)))[0])(params)
+  y_hat, z = _apply(sae, trained, X)
+  assert y_hat.shape == (32, 8) and int((np.asarray(z) > 0).sum(-1).max()) <= 8
+  assert np.mean((np.asarray(y_hat) - y) ** 2) < 0.1 * np.var(y)
+  with pytest.raises(ValueError, match="a transcoder's loss needs its target y_NxO"):
+    sae_loss(sae, params, X)
+  with pytest.raises(ConfigError, match="skip is a transcoder's linear path from input to output: give d_out"):
+    SAEConfig(d_in=16, skip=True).check()

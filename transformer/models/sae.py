@@ -12,6 +12,12 @@ The activations (`SAEConfig.activation`):
              straight-through estimator of the step's gradient (Rajamanoharan et al. 2024)
   relu       ReLU and an L1 penalty weighted by the decoder rows' norms (Bricken et al. 2023)
 
+A **transcoder** (Dunefsky et al. 2024) is the same dictionary from one point to another: `d_out` > 0
+reads x (d_in: an MLP's input) and writes y (d_out: its output), with no pre-encoder bias (b_dec lives
+in y's space), and `skip` adds a learned linear map x W_skip ("skip transcoders", Paulo et al. 2025):
+
+    z = activation(x W_enc + b_enc),   ŷ = z W_dec + b_dec (+ x W_skip)
+
 The decoder's rows are unit vectors by construction (W_dec is the parameter divided by its row norms)
 for every activation but relu, whose L1 penalty is weighted by the norms instead: the recipe of each.
 TopK and BatchTopK add AuxK (Gao et al.): the aux_k largest pre-activations among dead latents
@@ -51,6 +57,8 @@ class SAEConfig:
   family: ClassVar[str] = "sae"  # config.model.family (transformer.models.families())
   d_in: int = 0  # the point's width (0: taken from the activations)
   d_sae: int = 0  # latents (0: expansion x d_in)
+  d_out: int = 0  # a transcoder's output width (0: an SAE, whose output is its input)
+  skip: bool = False  # a transcoder's linear skip from input to output (W_skip)
   expansion: int = 8
   activation: str = "topk"  # ACTIVATIONS
   k: int = 32  # topk / batchtopk: latents a row
@@ -75,6 +83,15 @@ class SAEConfig:
     return self.d_sae or self.expansion * self.d_in
 
   @property
+  def transcoder(self) -> bool:
+    return self.d_out > 0
+
+  @property
+  def out_width(self) -> int:
+    """The width of what the dictionary writes: d_out for a transcoder, d_in for an SAE."""
+    return self.d_out or self.d_in
+
+  @property
   def aux_latents(self) -> int:
     return self.aux_k or max(1, self.d_in // 2)
 
@@ -85,10 +102,13 @@ class SAEConfig:
     for name in ("expansion", "k"):
       if getattr(self, name) <= 0:
         raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
-    if self.d_in < 0 or self.d_sae < 0:
+    if self.d_in < 0 or self.d_sae < 0 or self.d_out < 0:
       raise ConfigError(
-        f"d_in and d_sae are widths (0: from the activations, expansion x d_in); got {self.d_in}, {self.d_sae}"
+        f"d_in, d_sae and d_out are widths (0: from the activations, expansion x d_in, an SAE); got "
+        f"{self.d_in}, {self.d_sae}, {self.d_out}"
       )
+    if self.skip and not self.d_out:
+      raise ConfigError("skip is a transcoder's linear path from input to output: give d_out (0 is an SAE)")
     if self.activation in ("topk", "batchtopk") and 0 < self.latents < self.k:  # 0: not known before the activations
       raise ConfigError(f"k={self.k} is more than the {self.latents} latents; use at most {self.latents}")
     for name in (
@@ -163,7 +183,7 @@ class SAE(nn.Module):
 
   def setup(self):
     cfg = self.config
-    D, S = cfg.d_in, cfg.latents
+    D, S, O = cfg.d_in, cfg.latents, cfg.out_width
     dtype = jnp.dtype(cfg.param_dtype)
 
     # Decoder rows: random directions of norm decoder_init_norm (the raw parameter's; `decoder` makes
@@ -173,15 +193,19 @@ class SAE(nn.Module):
       w = jax.random.normal(key, shape, dtype)
       return cfg.decoder_init_norm * w / jnp.linalg.norm(w, axis=1, keepdims=True)
 
-    self.W_dec = self.param("W_dec", nn.with_logical_partitioning(decoder_init, ("mlp", "embed")), (S, D), dtype)
+    self.W_dec = self.param("W_dec", nn.with_logical_partitioning(decoder_init, ("mlp", "embed")), (S, O), dtype)
     w_dec = self.W_dec
-    encoder_init = lambda key, shape, dtype=dtype: w_dec.T
+    # A transcoder's encoder (its input another space than its output) starts as random rows of the same
+    # norm, not the decoder's transpose.
+    encoder_init = (lambda key, shape, dtype=dtype: w_dec.T) if not cfg.transcoder else _rows_of_norm(cfg, axis=0)
     self.W_enc = self.param("W_enc", nn.with_logical_partitioning(encoder_init, ("embed", "mlp")), (D, S), dtype)
     self.b_enc = self.param("b_enc", nn.with_logical_partitioning(nn.initializers.zeros_init(), ("mlp",)), (S,), dtype)
     self.b_dec = self.param(
-      "b_dec", nn.with_logical_partitioning(nn.initializers.zeros_init(), ("embed",)), (D,), dtype
+      "b_dec", nn.with_logical_partitioning(nn.initializers.zeros_init(), ("embed",)), (O,), dtype
     )
     zeros = nn.initializers.zeros_init()
+    if cfg.skip:  # the skip path starts at zero: the latents carry everything at first
+      self.W_skip = self.param("W_skip", nn.with_logical_partitioning(zeros, ("embed", None)), (D, O), dtype)
     if cfg.activation == "jumprelu":  # θ, learned: itself, not log θ (Adam moves log θ too slowly, SAELens #494)
       threshold_init = nn.initializers.constant(cfg.initial_threshold)
       self.threshold = self.param("threshold", nn.with_logical_partitioning(threshold_init, ("mlp",)), (S,), dtype)
@@ -189,9 +213,16 @@ class SAE(nn.Module):
       self.threshold = self.param("threshold", nn.with_logical_partitioning(zeros, ("mlp",)), (S,), dtype)
     # Tokens since each latent last fired: set by each step (sae_loss), not learned.
     self.since_fired = self.param("since_fired", nn.with_logical_partitioning(zeros, ("mlp",)), (S,), jnp.float32)
-    # The factor inputs are multiplied by (norm_scale), outputs divided by: set once, not learned.
+    # The factor inputs are multiplied by (norm_scale), outputs divided by: set once, not learned. A
+    # transcoder's output has its own (`output_scale`, its target's norm_scale).
     ones = nn.initializers.ones_init()
     self.input_scale = self.param("input_scale", nn.with_logical_partitioning(ones, ()), (), jnp.float32)
+    if cfg.transcoder:
+      self.output_scale = self.param("output_scale", nn.with_logical_partitioning(ones, ()), (), jnp.float32)
+
+  def out_scale(self) -> jax.Array:
+    """The factor of the output space: a transcoder's own, an SAE's input's."""
+    return self.output_scale if self.config.transcoder else self.input_scale
 
   def decoder(self) -> jax.Array:
     """W_dec, S x D: unit rows (every activation but relu, whose L1 penalty weighs their norms)."""
@@ -204,8 +235,17 @@ class SAE(nn.Module):
     return self.threshold + jax.lax.stop_gradient(jnp.maximum(self.threshold, 0.0) - self.threshold)
 
   def pre_activations(self, x_NxD) -> jax.Array:
-    """Of inputs already multiplied by `input_scale` (the space the SAE learns in)."""
-    return (x_NxD - self.b_dec) @ self.W_enc + self.b_enc
+    """Of inputs already multiplied by `input_scale` (the space the SAE learns in); an SAE subtracts
+    b_dec first (the pre-encoder bias), a transcoder does not (its b_dec is in the output's space)."""
+    return (x_NxD if self.config.transcoder else x_NxD - self.b_dec) @ self.W_enc + self.b_enc
+
+  def encoder_bias_in(self) -> jax.Array:
+    """What `pre_activations` subtracts from the input: b_dec for an SAE, zeros for a transcoder."""
+    return jnp.zeros(self.config.d_in, self.b_enc.dtype) if self.config.transcoder else self.b_dec
+
+  def skip_path(self, x_NxD) -> jax.Array | float:
+    """A skip transcoder's x W_skip (scaled spaces); 0 without one."""
+    return x_NxD @ self.W_skip if self.config.skip else 0.0
 
   def activate(self, pre_NxS, train: bool = False) -> jax.Array:
     cfg = self.config
@@ -230,24 +270,31 @@ class SAE(nn.Module):
     return jnp.einsum("nk,nkd->nd", values_Nxk, self.decoder()[index_Nxk]) + self.b_dec
 
   def __call__(self, x_NxD, train: bool = False):
-    """(the reconstruction, the latents) of inputs in the model's units: scaled in, and back out."""
-    z_NxS = self.activate(self.pre_activations(x_NxD * self.input_scale), train)
-    return self.decode(z_NxS) / self.input_scale, z_NxS
+    """(the reconstruction, the latents) of inputs in the model's units: scaled in, and back out. A
+    transcoder's "reconstruction" is its output: the point it writes, from the one it reads."""
+    x_scaled_NxD = x_NxD * self.input_scale
+    z_NxS = self.activate(self.pre_activations(x_scaled_NxD), train)
+    return (self.decode(z_NxS) + self.skip_path(x_scaled_NxD)) / self.out_scale(), z_NxS
 
 
-def sae_loss(sae: SAE, params, x_NxD, train: bool = True, dead_tokens: float | None = None):
+def sae_loss(sae: SAE, params, x_NxD, train: bool = True, dead_tokens: float | None = None, y_NxO=None):
   """(the training loss, its parts, the statistics' new values) on a batch, in the scaled space
   (inputs times `input_scale`): the squared error summed over d_in and averaged over rows, plus the
   activation's sparsity term (relu: L1 weighted by the decoder rows' norms; jumprelu: L0 through the
   step's estimator) or AuxK (topk, batchtopk: latents that have not fired for `dead_tokens`
   reconstruct the error; none when no latent is dead, or without `dead_tokens`). The statistics:
   `since_fired` after this batch and, for batchtopk in training, the inference `threshold` moved
-  towards the smallest activation the batch kept."""
+  towards the smallest activation the batch kept. A transcoder (d_out) reconstructs its target `y_NxO`
+  (the point it writes, scaled by `output_scale`) from x, its skip path included."""
   cfg = sae.config
   N = x_NxD.shape[0]
+  if cfg.transcoder != (y_NxO is not None):
+    raise ValueError("a transcoder's loss needs its target y_NxO, an SAE's none (it reconstructs x)")
 
   def inside(module: SAE):
     x_NxD_scaled = x_NxD * jax.lax.stop_gradient(module.input_scale)
+    target_NxO = x_NxD_scaled if y_NxO is None else y_NxO * jax.lax.stop_gradient(module.output_scale)
+    skip_NxO = module.skip_path(x_NxD_scaled)
     pre_NxS = None  # every pre-activation, where the activation needs them
     if cfg.activation == "topk":
       top_k_encode = kernels.form("sae_top_k", kernels.resolve(cfg.kernels))
@@ -255,16 +302,16 @@ def sae_loss(sae: SAE, params, x_NxD, train: bool = True, dead_tokens: float | N
         pre_NxS = module.pre_activations(x_NxD_scaled)
         values_Nxk, index_Nxk = jax.lax.top_k(pre_NxS, cfg.k)
       else:
-        values_Nxk, index_Nxk = top_k_encode(x_NxD_scaled, module.b_dec, module.W_enc, module.b_enc, cfg.k)
+        values_Nxk, index_Nxk = top_k_encode(x_NxD_scaled, module.encoder_bias_in(), module.W_enc, module.b_enc, cfg.k)
       values_Nxk = jax.nn.relu(values_Nxk)
-      x_hat_NxD = module.decode_top_k(values_Nxk, index_Nxk)
+      x_hat_NxD = module.decode_top_k(values_Nxk, index_Nxk) + skip_NxO
       fired_S = jnp.zeros(cfg.latents, jnp.int32).at[index_Nxk].max((values_Nxk > 0).astype(jnp.int32)) > 0
     else:
       pre_NxS = module.pre_activations(x_NxD_scaled)
       z_NxS = module.activate(pre_NxS, train)
-      x_hat_NxD = module.decode(z_NxS)
+      x_hat_NxD = module.decode(z_NxS) + skip_NxO
       fired_S = jnp.any(z_NxS > 0, axis=0)
-    mse = jnp.mean(jnp.sum(jnp.square(x_hat_NxD - x_NxD_scaled), -1))
+    mse = jnp.mean(jnp.sum(jnp.square(x_hat_NxD - target_NxO), -1))
     parts = {"mse": mse}
     if cfg.activation == "relu":
       parts["l1"] = cfg.l1_coefficient * jnp.mean(z_NxS @ jnp.linalg.norm(module.W_dec, axis=1))
@@ -273,7 +320,7 @@ def sae_loss(sae: SAE, params, x_NxD, train: bool = True, dead_tokens: float | N
       parts["l0"] = cfg.l0_coefficient * jnp.mean(jnp.sum(fired_NxS, -1))
     elif dead_tokens is not None:
       dead_S = module.since_fired >= dead_tokens
-      error_NxD = x_NxD_scaled - jax.lax.stop_gradient(x_hat_NxD)
+      error_NxD = target_NxO - jax.lax.stop_gradient(x_hat_NxD)
       parts["aux"] = cfg.aux_coefficient * _aux_k(module, pre_NxS, x_NxD_scaled, error_NxD, dead_S)
     stats = {"since_fired": jnp.where(fired_S, 0.0, module.since_fired + N)}
     if cfg.activation == "batchtopk" and train:
@@ -285,6 +332,16 @@ def sae_loss(sae: SAE, params, x_NxD, train: bool = True, dead_tokens: float | N
     return sum(parts.values()), parts, jax.lax.stop_gradient(stats)
 
   return nn.apply(inside, sae)({"params": params})
+
+
+def _rows_of_norm(cfg: SAEConfig, axis: int):
+  """An initialiser of random directions of norm `decoder_init_norm` along `axis` (a transcoder's encoder)."""
+
+  def init(key, shape, dtype=jnp.float32):
+    w = jax.random.normal(key, shape, dtype)
+    return cfg.decoder_init_norm * w / jnp.linalg.norm(w, axis=axis, keepdims=True)
+
+  return init
 
 
 def _aux_k(sae: SAE, pre_NxS, x_NxD, error_NxD, dead_S) -> jax.Array:
