@@ -10,7 +10,11 @@ trained here, and on rows whose features are known.
   python -m launch.probe --sae=workdirs/char-sae --out=features/char    # the features' pages
 
 Any field changes from the command line: --config.model.activation=batchtopk (or jumprelu, relu),
---config.model.k=16, --config.point=mlp_out --config.layer=1, --config.run=another/workdir.
+--config.model.k=16, --config.point=mlp_out --config.layer=1, --config.run=another/workdir. The
+activations' source is one of --config.run=WORKDIR (a GPT trained here), --config.hf=DIR (a Hugging Face
+model: GPT-2 or an open family, on --config.data's text, --config.data.tokenizer=DIR for a family's),
+--config.data.input_files=acts.npy (an array of your own, rows x d_in, .npy or .safetensors; leading
+axes beyond two are read as rows, said in a warning) or --config.synthetic_features=N.
 The recipe is SAELens's: Adam (betas 0.9, 0.999) without weight decay or clipping, a constant rate
 after a short warmup, inputs scaled to a mean norm of √d_in, b_dec at the geometric median.
 """

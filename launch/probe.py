@@ -188,10 +188,9 @@ def attribute(model, params, tokenizer, text: str, out: Path) -> None:
   _gpt(model, "attribute")
   result = studies.attribute(model, params, tokenizer, text, *_answer(tokenizer), out=out)
   capped = " (the model's, soft-capped; the sum is before the cap)" if model.config.logits_softcap else ""
-  print(
-    f"{result.metric} after {text!r}: {result.logit:.3f}{capped}; the components' sum {sum(result.share.values()):.3f}"
-  )
-  for name, value in sorted(result.share.items(), key=lambda kv: -abs(kv[1]))[:12]:
+  total = sum(result.contributions.values())
+  print(f"{result.metric} after {text!r}: {result.logit:.3f}{capped}; the components' sum {total:.3f}")
+  for name, value in sorted(result.contributions.items(), key=lambda kv: -abs(kv[1]))[:12]:
     print(f"  {name:<18}{value:9.3f}")
   print(out / "attribution.png")
 

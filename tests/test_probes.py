@@ -217,8 +217,8 @@ def test_launch_probe_reads_hugging_face_gpt2_weights(tmp_path):
   # The logit difference, split into its parts: they sum to the model's own.
   assert attribute["status"] == 0, attribute["stderr"][-3000:]
   shares = json.loads((tmp_path / "attribute" / "attribution.json").read_text())
-  assert {"embed", "pos_embed", "L0.H0", "L1.H1", "L1.mlp", "final_norm_bias"} <= set(shares["share"])
-  assert sum(shares["share"].values()) == pytest.approx(shares["logit"], abs=1e-3)
+  assert {"embed", "pos_embed", "L0.H0", "L1.H1", "L1.mlp", "final_norm_bias"} <= set(shares["contributions"])
+  assert sum(shares["contributions"].values()) == pytest.approx(shares["logit"], abs=1e-3)
   nontrivial_png(tmp_path / "attribute" / "attribution.png")
   # Patching John's position of the residual stream at layer 0 makes the corrupt run the clean one there.
   assert patch["status"] == 0, patch["stderr"][-3000:]
@@ -278,13 +278,15 @@ def test_the_probe_verbs_are_library_calls_with_arguments(tokenizer, tmp_path):
   assert list(report.losses) == ["all heads", "without L1.H0 (mean ablation)"]
   assert report.losses["all heads"] != report.losses["without L1.H0 (mean ablation)"]
   shares = studies.attribute(model, params, tokenizer, "Harry stood at th", target="e", versus="a", out=tmp_path)
-  assert sum(shares.share.values()) == pytest.approx(shares.logit, abs=1e-3)
+  assert sum(shares.contributions.values()) == pytest.approx(shares.logit, abs=1e-3)
   assert shares.metric == "logit 'e' - logit 'a'" and (tmp_path / "attribution.json").exists()
   patched = studies.patch(model, params, tokenizer, "Harry stood", "Harry stool", target="a")
   assert patched.maps["patched resid_pre, layer x position"].shape == (2, 11)
   rows = jnp.asarray(tokenizer.encode(TEXT * 8)[: 16 * 16]).reshape(16, 16)
   with pytest.raises(UserError, match="--probe_offset=16 reaches outside the 16 tokens"):
     studies.probe_layers(model, params, rows, offset=16)  # (--probe and --path run: the Hugging Face test)
+  with pytest.raises(UserError, match=r"the receivers L0.H1.k, L1.H0.q read the stream before the sender L1.H0"):
+    studies.path(model, params, tokenizer, "Harry", "Harry", "a", None, (1, 0), [(0, 1, "k"), (1, 0, "q"), (1, "mlp")])
   similarity = studies.compare(model, params, tokenizer, [TEXT, OTHER], "Harry")
   assert similarity.shape == (3, 2, 2) and similarity[0, 0, 0] == pytest.approx(1.0)
   with pytest.raises(UserError, match="the target='ee' is 2 tokens"):

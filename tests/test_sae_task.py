@@ -16,7 +16,7 @@ import safetensors.numpy
 from experiments import sae as sae_experiment
 from experiments import shakespeare
 from transformer import inference, metrics, tasks
-from transformer.errors import UserError
+from transformer.errors import InputWarning, UserError
 from transformer.interp import features, interventions
 from transformer.interp.interventions import Patch
 from transformer.models.gpt import GPT, GPTConfig
@@ -174,9 +174,10 @@ def test_an_sae_learns_an_array_a_user_brings(tmp_path, suffix):
     safetensors.numpy.save_file({"activations": rows, "tokens": np.zeros(3, np.int32)}, str(path))
   c = _sae_config(**{"data.input_files": (str(path),)})
   c.model.d_sae, c.model.k, c.eval_rows = 64, 4, 256
-  result = train_and_evaluate(c, tmp_path / "w")
+  with pytest.warns(InputWarning, match=r"shape \(1000, 2, 16\): its leading axes are read as 2000 rows of 16"):
+    result = train_and_evaluate(c, tmp_path / "w")
+    assert inference.restore(tmp_path / "w").model.config.d_in == 16  # (it reads the array's width again)
   assert 0 < result["explained_variance"] < 1 and result["l0"] <= 4 and "ce_loss_score" not in result
-  assert inference.restore(tmp_path / "w").model.config.d_in == 16
 
 
 @pytest.mark.slow

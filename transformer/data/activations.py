@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from pathlib import Path
 
 import jax
@@ -32,7 +33,7 @@ import safetensors.numpy
 from transformer.data import pipeline
 from transformer.data.prepare import Prepared
 from transformer.data.superposition import Superposition
-from transformer.errors import ConfigError, DataError
+from transformer.errors import ConfigError, DataError, InputWarning
 from transformer.interp import interventions
 
 
@@ -147,6 +148,14 @@ def read_array(path: str | Path) -> np.ndarray:
     raise DataError(f"{path} is not a readable array ({e}); write it with numpy.save or safetensors") from None
   if array.ndim < 2 or array.size == 0:
     raise DataError(f"{path} holds an array of shape {array.shape}; activations are rows x d_in, with rows")
+  if array.ndim > 2:  # (sequences x tokens x d_in, as a model's activations come) read as rows, said so
+    warnings.warn(
+      InputWarning(
+        f"{path} holds an array of shape {tuple(array.shape)}: its leading axes are read as "
+        f"{int(np.prod(array.shape[:-1]))} rows of {array.shape[-1]} (save it as rows x d_in to say so)"
+      ),
+      stacklevel=2,
+    )
   rows = np.asarray(array, np.float32).reshape(-1, array.shape[-1])
   finite = np.isfinite(rows).all(axis=1)
   if not finite.all():

@@ -244,7 +244,9 @@ class ActivationCache(collections.abc.Mapping):
     (`tokens`: an id, or ids broadcast to B x T), the difference of two (`incorrect_tokens`), or any
     `direction` (D, or B x T x D: e.g. a probe's weight). The pieces first pass through `apply_ln` at
     `layer` (None: the final norm, as for a logit; `apply_ln=False`: as they are), as
-    TransformerLens's `logit_attrs` does."""
+    TransformerLens's `logit_attrs` does. They do not sum to the logit: the final norm's bias is no piece
+    of the stream, as in TransformerLens; `direct_logit_attribution` (below, and `launch.probe --attribute`)
+    adds it as a component of its own, and its components sum to the logit."""
     if direction is None:
       if tokens is None:
         raise ValueError("logit_attrs needs tokens (and optionally incorrect_tokens) or a direction")

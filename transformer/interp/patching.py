@@ -172,6 +172,25 @@ def _receiver_point(receiver, heads: dict[str, int]) -> tuple[tuple[str, int], n
   return (f"{role}_input", layer), (np.arange(heads[role]) == head)[:, None]  # this head's copy alone
 
 
+def backward_receivers(sender, receivers, parallel: bool = False) -> list:
+  """The receivers that read the stream before the sender writes it (a path runs forward only): a head
+  at or below a head sender's layer, or below an MLP sender's; an MLP below the sender's layer, or in
+  its layer when the sender is that layer's MLP (or a head of a parallel block, whose MLP reads the
+  stream the heads read). "logits" reads after every layer."""
+  layer, which = sender
+  wrong = []
+  for receiver in receivers:
+    if receiver == "logits":
+      continue
+    if len(receiver) == 2:  # (layer, "mlp")
+      same_layer_reads_it = which != "mlp" and not parallel
+      if receiver[0] < layer or (receiver[0] == layer and not same_layer_reads_it):
+        wrong.append(receiver)
+    elif receiver[0] <= layer:
+      wrong.append(receiver)
+  return wrong
+
+
 def path_patching(
   model, params, base_BxT, metric, *, sender, receivers, source_BxT=None, sender_value=None
 ) -> jax.Array:
@@ -184,6 +203,9 @@ def path_patching(
   this is patching the sender itself). Three runs: base, source, and the patched one."""
   if source_BxT is None and sender_value is None:
     raise ValueError("path_patching needs the sender's new value: source_BxT (another input) or sender_value")
+  backward = backward_receivers(sender, receivers, model.config.block.parallel)
+  if backward:
+    raise ValueError(f"receivers {backward} read the stream before the sender {sender} writes it: a path runs forward")
   names = ("result", "mlp_out") if not model.config.block.attention_only else ("result",)
   _, base = run_with_cache(model, params, base_BxT, names=names)
   source = base if source_BxT is None else run_with_cache(model, params, source_BxT, names=names)[1]

@@ -116,7 +116,7 @@ class Attribution:
 
   metric: str  # in words: "logit of 'e'" or "logit 'e' - logit 'a'"
   logit: float  # the model's own (soft-capped, if it caps)
-  share: dict[str, float]
+  contributions: dict[str, float]  # each component's logit contribution, in logit units (not a fraction)
 
 
 def attribute(model, params, tokenizer, text: str, target: str, versus: str | None = None, out=None) -> Attribution:
@@ -135,16 +135,17 @@ def attribute(model, params, tokenizer, text: str, target: str, versus: str | No
     attributed = cache.direct_logit_attribution(jnp.full_like(tokens_1xT, token))
     return {k: float(np.asarray(x)[0, -1]) for k, x in attributed.items()}  # read on the host
 
-  share = last(target_id)
+  contributions = last(target_id)
   if versus_id is not None:
-    share = {k: v - u for (k, v), u in zip(share.items(), last(versus_id).values())}
+    contributions = {k: v - u for (k, v), u in zip(contributions.items(), last(versus_id).values())}
   logits_V = np.asarray(interventions.run_with_cache(model, params, tokens_1xT, names=())[0])[0, -1]
   logit = float(logits_V[target_id] - (0.0 if versus_id is None else logits_V[versus_id]))
   if out is not None:
     out.mkdir(parents=True, exist_ok=True)
-    probes.draw_logit_attribution(share, out / "attribution.png", f"{metric} after {text[-40:]!r}")
-  _write_json(out, "attribution.json", {"text": text, "metric": metric, "logit": logit, "share": share})
-  return Attribution(metric, logit, share)
+    probes.draw_logit_attribution(contributions, out / "attribution.png", f"{metric} after {text[-40:]!r}")
+  record = {"text": text, "metric": metric, "logit": logit, "contributions": contributions}
+  _write_json(out, "attribution.json", record)
+  return Attribution(metric, logit, contributions)
 
 
 # --- activation patching ---------------------------------------------------------------------
@@ -215,6 +216,13 @@ def path(model, params, tokenizer, clean, corrupt, target, versus, sender, recei
   corrupt text, seen only by `receivers` [(layer, head, "q"|"k"|"v")], beside patching the sender
   outright. path.json in `out`."""
   _gpt(model, "path patching")
+  backward = patching.backward_receivers(sender, receivers, model.config.block.parallel)
+  if backward:
+    names = ", ".join(f"L{r[0]}.H{r[1]}.{r[2]}" if len(r) == 3 else f"L{r[0]}.mlp" for r in backward)
+    raise UserError(
+      f"the receivers {names} read the stream before the sender L{sender[0]}.H{sender[1]} writes it: a path runs "
+      f"forward; give receivers in later layers (above L{sender[0]})"
+    )
   pair = _pair(model, params, tokenizer, clean, corrupt, target, versus)
   runs = dict(pair.runs)
   _, source = interventions.run_with_cache(model, params, pair.corrupt_1xT, names=("z",))
