@@ -16,7 +16,7 @@ import safetensors.numpy
 from experiments import sae as sae_experiment
 from experiments import shakespeare
 from transformer import inference, metrics, tasks
-from transformer.errors import InputWarning, UserError
+from transformer.errors import ConfigError, InputWarning, UserError
 from transformer.interp import features, interventions
 from transformer.interp.interventions import Patch
 from transformer.models.gpt import GPT, GPTConfig
@@ -206,6 +206,25 @@ def test_an_sae_on_an_open_familys_weights_reads_its_text_with_its_tokenizer(tmp
   result = train_and_evaluate(c, tmp_path / "w")
   assert inference.restore(tmp_path / "w").model.config.d_in == 96
   assert np.isfinite(result["ce_loss_score"]) and result["ce_loss_zero"] != result["ce_loss_clean"], result
+
+
+@pytest.mark.slow
+def test_a_transcoder_learns_an_mlp_from_its_input_to_its_output_and_replaces_it(tmp_path):
+  """--config.target_point: mlp_in -> mlp_out of block 1 of a Llama-family model (the smollm fixture): rows
+  of both points side by side, the output width its own; scored on the MLP's output, and spliced in place
+  of the MLP against the loss with the MLP's output zeroed (the zero-MLP loss)."""
+  smollm = REPO / "tests" / "fixtures" / "families" / "smollm"
+  c = _sae_config(hf=str(smollm), point="mlp_in", target_point="mlp_out", layer=1)
+  c.data.root, c.data.tokenizer, c.model.k, c.model.d_sae = str(tmp_path / "data"), str(smollm), 8, 192
+  c.num_train_steps = c.eval_every_steps = c.checkpoint_every_steps = 30
+  c.optimizer.lr = 3e-3
+  result = train_and_evaluate(c, tmp_path / "w")
+  config = inference.restore(tmp_path / "w").model.config
+  assert (config.d_in, config.d_out, config.transcoder) == (48, 48, True)
+  assert 0 < result["explained_variance"] <= 1 and result["l0"] <= 8
+  assert result["ce_loss_zero"] != result["ce_loss_clean"] and np.isfinite(result["ce_loss_score"]), result
+  with pytest.raises(ConfigError, match="--config.target_point='mlp_out' makes a transcoder, which reads two points"):
+    tasks.resolve(_sae_config(synthetic_features=128, target_point="mlp_out"))
 
 
 @pytest.mark.parametrize(

@@ -68,7 +68,9 @@ def locate(model, params, point: str, layer: int) -> tuple[int, int | None]:
 
 
 class ModelActivations:
-  """A trained GPT's activations at (`point`, `layer`) on windows of `seq_len` tokens of its text."""
+  """A trained GPT's activations at (`point`, `layer`) on windows of `seq_len` tokens of its text; with a
+  `target_point`, a transcoder's rows: each token's activation at the point and at the target (the point
+  it writes, of the same block) side by side, d_in + d_out wide, shuffled together."""
 
   def __init__(
     self,
@@ -83,10 +85,13 @@ class ModelActivations:
     batch_sequences: int,
     eval_sequences: int,
     seed: int,
+    target_point: str = "",
   ):
     self.model, self.params, self.text, self.point, self.layer = model, params, text, point, layer
     # point_layer: the patch key's layer (run_with_patches), None for a point outside the blocks.
     self.d_in, self.point_layer = locate(model, params, point, layer)
+    self.target_point = target_point
+    self.d_out = locate(model, params, target_point, layer)[0] if target_point else 0
     self.seq_len, self.batch_sequences = seq_len, batch_sequences
     self.buffer_batches = max(1, buffer_sequences // batch_sequences)
     self.windows = pipeline.lm_train_dataset(text, seq_len=seq_len, global_batch=batch_sequences, seed=seed)
@@ -95,15 +100,21 @@ class ModelActivations:
     ]
     self.seed = seed
 
-  def at_point(self, tokens_BxT) -> jax.Array:
-    """B x T x ...: the activation at the point (of its block) on these tokens."""
-    _, cache = interventions.run_with_cache(self.model, self.params, jnp.asarray(tokens_BxT), names=(self.point,))
-    x = cache[self.point]
-    return x if self.point_layer is None else x[self.point_layer]
+  def at_point(self, tokens_BxT, *points: str) -> jax.Array | tuple:
+    """B x T x ...: the activation at the point (of its block) on these tokens; given `points` (of the
+    same block), the activation at each, from one run."""
+    names = points or (self.point,)
+    _, cache = interventions.run_with_cache(self.model, self.params, jnp.asarray(tokens_BxT), names=names)
+    found = tuple(cache[n] if self.point_layer is None else cache[n][self.point_layer] for n in names)
+    return found if points else found[0]
 
   def rows(self, tokens_BxT) -> np.ndarray:
-    """(B * T) x d_in: each token's activation at the point."""
-    return np.asarray(self.at_point(tokens_BxT), np.float32).reshape(-1, self.d_in)
+    """(B * T) x d_in: each token's activation at the point; a transcoder's (B * T) x (d_in + d_out)."""
+    if not self.target_point:
+      return np.asarray(self.at_point(tokens_BxT), np.float32).reshape(-1, self.d_in)
+    x, y = self.at_point(tokens_BxT, self.point, self.target_point)
+    flat = lambda a, d: np.asarray(a, np.float32).reshape(-1, d)
+    return np.concatenate([flat(x, self.d_in), flat(y, self.d_out)], axis=1)
 
   def chunk(self, index: int) -> np.ndarray:
     first = index * self.buffer_batches
@@ -119,7 +130,8 @@ class ModelActivations:
     an SAE spliced in is scored between (computed once: neither changes while an SAE trains)."""
     tokens_BxT = jnp.asarray(self.eval_tokens_BxT())
     loss = lambda patches: float(interventions.next_token_losses(self.model, self.params, tokens_BxT, patches).mean())
-    return loss(None), loss({(self.point, self.point_layer): interventions.Patch.ablate()})
+    zeroed = self.target_point or self.point  # a transcoder replaces the point it writes: that, zeroed
+    return loss(None), loss({(zeroed, self.point_layer): interventions.Patch.ablate()})
 
   def eval_rows(self) -> np.ndarray:
     return self.rows(self.eval_tokens_BxT())

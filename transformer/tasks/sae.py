@@ -65,6 +65,9 @@ class SAETaskConfig:
   synthetic_importance: float = 1.0
   point: str = "resid_pre"  # a named point (transformer.interp.interventions)
   layer: int = -1  # its block; -1: the middle one
+  # A transcoder: the point of the same block it writes from `point` (mlp_in -> mlp_out: the MLP
+  # replaced by a sparse dictionary); "": an SAE, which reconstructs its point. A model's source only.
+  target_point: str = ""
   seq_len: int = 128  # the model's windows, each of seq_len rows
   batch_size: int = 4096  # rows a step
   buffer_sequences: int = 256  # windows a refill of the activation store computes and shuffles
@@ -105,6 +108,15 @@ class SAETaskConfig:
       )
     if self.synthetic_features:
       self.superposition()  # its own checks
+    if self.target_point and not (self.run or self.hf):
+      raise ConfigError(
+        f"--config.target_point={self.target_point!r} makes a transcoder, which reads two points of a model: give "
+        f"--config.run or --config.hf (an array or synthetic rows have one point)"
+      )
+    if bool(self.target_point) != bool(run.model.d_out) and run.model.d_out:
+      raise ConfigError(
+        "--config.model.d_out is a transcoder's: set --config.target_point (its width is taken from it)"
+      )
     if data_parallel is not None and self.batch_size % data_parallel:
       raise ConfigError(
         f"--config.batch_size={self.batch_size} is not divisible by the data-parallel size {data_parallel}"
@@ -161,23 +173,29 @@ class SparseAutoencoder(Task):
   curves = ("explained_variance",)
 
   def __init__(self, run: RunConfig, tokenizer, mesh, data: SAEData | None = None, labels=None):
-    d_in = data.source.d_in if data is not None else self.source_width(run)
+    if data is not None:
+      d_in, d_out = data.source.d_in, getattr(data.source, "d_out", 0)
+    else:
+      d_in, d_out = self.source_width(run)
     if run.model.d_in and run.model.d_in != d_in:
       raise DataError(
         f"--config.model.d_in={run.model.d_in}, but the activations are {d_in} wide; set it to 0 "
         f"(take theirs) or {d_in}"
       )
-    super().__init__(dataclasses.replace(run, model=run.model.replace(d_in=d_in)), tokenizer, mesh, data)
+    super().__init__(dataclasses.replace(run, model=run.model.replace(d_in=d_in, d_out=d_out)), tokenizer, mesh, data)
 
   @classmethod
-  def source_width(cls, run: RunConfig) -> int:
+  def source_width(cls, run: RunConfig) -> tuple[int, int]:
+    """(d_in, d_out) of the source: the point's width, and a transcoder's target's (else 0)."""
     c = run.task_config
     if c.synthetic_features:
-      return c.synthetic_d
+      return c.synthetic_d, 0
     if run.data.input_files:
-      return read_array(run.data.input_files[0]).shape[1]
+      return read_array(run.data.input_files[0]).shape[1], 0
     model, params = source_model(c)
-    return locate(model, params, c.point, middle_layer(model, c.layer))[0]
+    layer = middle_layer(model, c.layer)
+    d_out = locate(model, params, c.target_point, layer)[0] if c.target_point else 0
+    return locate(model, params, c.point, layer)[0], d_out
 
   @classmethod
   def load_data(cls, run: RunConfig, load=None) -> SAEData:
@@ -211,6 +229,7 @@ class SparseAutoencoder(Task):
       batch_sequences=c.lm_batch_size,
       eval_sequences=c.eval_sequences,
       seed=run.loop.seed,
+      target_point=c.target_point,
     )
     return SAEData(source, trained.tokenizer)
 
@@ -221,24 +240,30 @@ class SparseAutoencoder(Task):
     return (jnp.zeros((2, self.model_config.d_in)),)
 
   def init_params(self, params, restore):
-    """b_dec at the first refill's mean or geometric median, and the inputs' scale, from its rows."""
+    """b_dec at the first refill's mean or geometric median, and the inputs' scale, from its rows (a
+    transcoder's: b_dec and `output_scale` from the target's columns)."""
     rows = self.data.source.chunk(0)[: 16 * self.config.batch_size]
-    scale = norm_scale(rows) if self.config.normalize else 1.0
+    x_NxD, y_NxO = _split(self.model_config, rows)
+    scale = norm_scale(x_NxD) if self.config.normalize else 1.0
     params = {**params, "input_scale": jnp.full_like(params["input_scale"], scale)}
+    if y_NxO is not None:
+      scale = norm_scale(y_NxO) if self.config.normalize else 1.0
+      params["output_scale"] = jnp.full_like(params["output_scale"], scale)
     if self.config.init_b_dec != "zeros":
-      params = init_decoder_bias(params, rows * scale, self.config.init_b_dec)
+      params = init_decoder_bias(params, (x_NxD if y_NxO is None else y_NxO) * scale, self.config.init_b_dec)
     return params
 
   def update_scale(self):
     """The statistics and the inputs' scale are set, not learned (SAE's docstring)."""
-    set_not_learned = ("since_fired", "input_scale")
+    set_not_learned = ("since_fired", "input_scale", "output_scale")
     if self.model_config.activation == "batchtopk":  # JumpReLU's threshold is learned
       set_not_learned += ("threshold",)
     return lambda params: {k: jnp.zeros(()) if k in set_not_learned else jnp.ones(()) for k in params}
 
   def loss(self, params, batch_NxD, rng, train: bool):
     """The summed loss of the rows, their number, and (training) the statistics' new values."""
-    loss, _, stats = sae_loss(self.model, params, batch_NxD, train=train, dead_tokens=self.config.dead_tokens)
+    x_NxD, y_NxO = _split(self.model_config, batch_NxD)
+    loss, _, stats = sae_loss(self.model, params, x_NxD, train=train, dead_tokens=self.config.dead_tokens, y_NxO=y_NxO)
     rows = jnp.float32(batch_NxD.shape[0])
     return loss * rows, (rows, stats) if train else rows
 
@@ -246,7 +271,8 @@ class SparseAutoencoder(Task):
     return ActivationStore(self.data.source, self.config.batch_size)
 
   def batch_shapes(self):
-    return jax.ShapeDtypeStruct((self.config.batch_size, self.model_config.d_in), jnp.float32)
+    width = self.model_config.d_in + self.model_config.d_out  # (a transcoder's rows: its input, then its target)
+    return jax.ShapeDtypeStruct((self.config.batch_size, width), jnp.float32)
 
   def count_tokens(self, host_batch) -> int:
     return self.config.batch_size
@@ -261,8 +287,8 @@ class SparseAutoencoder(Task):
   def evaluate(self, params, eval_fn, batches: list) -> dict:
     result = super().evaluate(params, eval_fn, batches)
     del result["val_perplexity"]
-    [x_NxD] = batches
-    x_NxD, x_hat_NxD, z_NxS = _scaled_forward(self.model, params, x_NxD)
+    [rows_NxD] = batches
+    x_NxD, x_hat_NxD, z_NxS = _scaled_forward(self.model, params, rows_NxD)
     result.update(scores(x_NxD, x_hat_NxD, z_NxS))
     density_S = latent_density(z_NxS)
     result["dead_latents"] = float(np.mean(np.asarray(params["since_fired"]) >= self.config.dead_tokens))
@@ -287,21 +313,43 @@ class SparseAutoencoder(Task):
     return line
 
 
+def _split(cfg, rows_NxW):
+  """(the input columns, a transcoder's target columns or None): rows are d_in (+ d_out) wide."""
+  if not cfg.d_out:
+    return rows_NxW, None
+  return rows_NxW[:, : cfg.d_in], rows_NxW[:, cfg.d_in :]
+
+
 @functools.partial(jax.jit, static_argnums=0)
-def _scaled_forward(sae: SAE, params, x_NxD):
-  """(the rows, their reconstruction, the latents), rows and reconstruction in the space the SAE learns
-  in (times `input_scale`): what `scores` reads, one compiled program."""
-  x_hat_NxD, z_NxS = sae.apply({"params": params}, x_NxD)
-  return x_NxD * params["input_scale"], x_hat_NxD * params["input_scale"], z_NxS
+def _scaled_forward(sae: SAE, params, rows_NxW):
+  """(the target, its reconstruction, the latents), target and reconstruction in the space the SAE
+  writes in (times `input_scale`, a transcoder's `output_scale`): what `scores` reads, one program. An
+  SAE's target is its input; a transcoder's, the point it writes."""
+  x_NxD, y_NxO = _split(sae.config, rows_NxW)
+  y_hat_NxO, z_NxS = sae.apply({"params": params}, x_NxD)
+  scale = params["input_scale"] if y_NxO is None else params["output_scale"]
+  target_NxO = x_NxD if y_NxO is None else y_NxO
+  return target_NxO * scale, y_hat_NxO * scale, z_NxS
 
 
 _decoder = jax.jit(lambda sae, params: sae.apply({"params": params}, method=SAE.decoder), static_argnums=0)
 
 
 def splice(source: ModelActivations, sae: SAE, sae_params, tokens_BxT) -> dict:
-  """The patch that puts the SAE's reconstruction of the point in place of the point, on these tokens."""
-  x_hat = _reconstruction(sae, source.d_in, sae_params, source.at_point(tokens_BxT))
-  return {(source.point, source.point_layer): Patch.replace(x_hat)}
+  """The patch that puts the SAE's reconstruction of the point in place of the point, on these tokens; a
+  transcoder's output (of the point it reads, in the clean run) in place of the point it writes."""
+  x = source.at_point(tokens_BxT)
+  if not source.target_point:
+    return {(source.point, source.point_layer): Patch.replace(_reconstruction(sae, source.d_in, sae_params, x))}
+  y_hat = _transcoded(sae, source.d_in, source.d_out, sae_params, x)
+  return {(source.target_point, source.point_layer): Patch.replace(y_hat.reshape(*x.shape[:2], -1))}
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _transcoded(sae: SAE, d_in: int, d_out: int, sae_params, x):
+  """A transcoder's output from its point's activations, rows x d_out in the point's dtype: one program."""
+  y_hat, _ = sae.apply({"params": sae_params}, x.reshape(-1, d_in).astype(jnp.float32))
+  return y_hat.astype(x.dtype)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
