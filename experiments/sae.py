@@ -14,7 +14,9 @@ Any field changes from the command line: --config.model.activation=batchtopk (or
 activations' source is one of --config.run=WORKDIR (a GPT trained here), --config.hf=DIR (a Hugging Face
 model: GPT-2 or an open family, on --config.data's text, --config.data.tokenizer=DIR for a family's),
 --config.data.input_files=acts.npy (an array of your own, rows x d_in, .npy or .safetensors; leading
-axes beyond two are read as rows, said in a warning) or --config.synthetic_features=N.
+axes beyond two are read as rows, said in a warning) or --config.synthetic_features=N. A transcoder
+(a sparse dictionary from one point to another: an MLP's input to its output) is the same run with
+--config.point=mlp_in --config.target_point=mlp_out (--config.model.skip=true: with a linear skip path).
 The recipe is SAELens's: Adam (betas 0.9, 0.999) without weight decay or clipping, a constant rate
 after a short warmup, inputs scaled to a mean norm of √d_in, b_dec at the geometric median.
 """
