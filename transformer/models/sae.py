@@ -59,6 +59,9 @@ class SAEConfig:
   d_sae: int = 0  # latents (0: expansion x d_in)
   d_out: int = 0  # a transcoder's output width (0: an SAE, whose output is its input)
   skip: bool = False  # a transcoder's linear skip from input to output (W_skip)
+  # The decoder's rows unit vectors (every activation but relu). False: taken as they are (one imported
+  # from SAELens, whose decoders are not normalised: transformer.models.sae_formats).
+  normalize_decoder: bool = True
   expansion: int = 8
   activation: str = "topk"  # ACTIVATIONS
   k: int = 32  # topk / batchtopk: latents a row
@@ -225,8 +228,9 @@ class SAE(nn.Module):
     return self.output_scale if self.config.transcoder else self.input_scale
 
   def decoder(self) -> jax.Array:
-    """W_dec, S x D: unit rows (every activation but relu, whose L1 penalty weighs their norms)."""
-    if self.config.activation == "relu":
+    """W_dec, S x D: unit rows (every activation but relu, whose L1 penalty weighs their norms; and an
+    imported decoder, `normalize_decoder=False`)."""
+    if self.config.activation == "relu" or not self.config.normalize_decoder:
       return self.W_dec
     return self.W_dec / jnp.linalg.norm(self.W_dec, axis=1, keepdims=True)
 

@@ -1,0 +1,97 @@
+"""SAELens's on-disk format both ways (transformer.models.sae_formats): SAEs and transcoders that SAELens
+saved (tests/make_saelens_fixtures.py; tests/fixtures/saelens/<architecture>) encode and decode here as
+there; ours written and read back are the same functions; and SAELens loads ours (with sae-lens present)."""
+
+import json
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from transformer.errors import CheckpointError
+from transformer.models.sae import SAE, SAEConfig
+from transformer.models.sae_formats import export_saelens, import_saelens
+
+from conftest import REPO, compiled_apply, compiled_init
+
+FIXTURES = REPO / "tests" / "fixtures" / "saelens"
+ARCHITECTURES = ["standard", "topk", "jumprelu", "transcoder", "skip_transcoder", "jumprelu_transcoder"]
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_what_saelens_saved_encodes_and_decodes_here_as_there(name):
+  config, params = import_saelens(FIXTURES / name)
+  reference = np.load(FIXTURES / name / "reference.npz")
+  y, z = compiled_apply(SAE(config), {"params": params}, reference["x"])
+  np.testing.assert_allclose(z, reference["z"], atol=1e-5)
+  np.testing.assert_allclose(y, reference["y"], atol=1e-5)
+  assert (np.asarray(z) > 0).any() and (np.asarray(z) == 0).any()  # sparse, not empty
+
+
+def _ours(**changes):
+  """A random SAE or transcoder of ours with scales other than 1 (what an export must fold)."""
+  config = SAEConfig(d_in=12, d_sae=32, k=5, **changes).check()
+  params = dict(compiled_init(SAE(config), np.zeros((2, 12), np.float32)))
+  rng = np.random.default_rng(0)
+  params.update({k: rng.normal(size=np.shape(v)).astype(np.float32) * 0.3 for k, v in params.items() if k[0] in "Wb"})
+  params["input_scale"] = np.float32(2.5)
+  if config.transcoder:
+    params["output_scale"] = np.float32(0.4)
+  if "threshold" in params:
+    params["threshold"] = rng.random(32).astype(np.float32) * 0.2
+  return config, params
+
+
+CASES = [
+  dict(activation="topk"),
+  dict(activation="jumprelu"),
+  dict(activation="relu"),
+  dict(activation="batchtopk"),
+  dict(activation="relu", d_out=10),
+  dict(activation="relu", d_out=10, skip=True),
+  dict(activation="jumprelu", d_out=10),
+]
+
+
+@pytest.mark.parametrize("changes", CASES, ids=lambda c: "-".join(map(str, c.values())))
+def test_ours_written_and_read_back_is_the_same_function(changes, tmp_path):
+  config, params = _ours(**changes)
+  export_saelens(config, params, tmp_path, hook_name="blocks.1.hook_mlp_out")
+  again_config, again = import_saelens(tmp_path)
+  assert (again_config.d_in, again_config.latents, again_config.out_width) == (12, 32, config.out_width)
+  x = np.random.default_rng(1).normal(size=(16, 12)).astype(np.float32)
+  y, z = compiled_apply(SAE(config), {"params": params}, x)
+  y_again, z_again = compiled_apply(SAE(again_config), {"params": again}, x)
+  np.testing.assert_allclose(z_again, z, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(y_again, y, rtol=1e-5, atol=1e-5)
+
+
+def test_a_directory_that_is_not_an_sae_is_one_error(tmp_path):
+  with pytest.raises(CheckpointError, match="no cfg.json in .*: SAELens's SAE.save_model writes it"):
+    import_saelens(tmp_path)
+  shutil.copytree(FIXTURES / "topk", tmp_path / "gated")
+  cfg = json.loads((tmp_path / "gated" / "cfg.json").read_text())
+  (tmp_path / "gated" / "cfg.json").write_text(json.dumps({**cfg, "architecture": "gated"}))
+  with pytest.raises(CheckpointError, match="architecture 'gated' is not one we read; supported: standard, topk"):
+    import_saelens(tmp_path / "gated")
+
+
+@pytest.mark.skipif(
+  not os.environ.get("TRANSFORMER_SAE_PYTHON"), reason="set TRANSFORMER_SAE_PYTHON to a python with sae-lens"
+)
+@pytest.mark.parametrize("changes", CASES, ids=lambda c: "-".join(map(str, c.values())))
+def test_saelens_loads_ours_with_the_same_encode_and_decode(changes, tmp_path):
+  config, params = _ours(**changes)
+  export_saelens(config, params, tmp_path)
+  x = np.random.default_rng(1).normal(size=(16, 12)).astype(np.float32)
+  y, z = compiled_apply(SAE(config), {"params": params}, x)
+  np.savez(tmp_path / "ours.npz", x=x, y=np.asarray(y), z=np.asarray(z))
+  script = REPO / "tests" / "make_saelens_fixtures.py"
+  proc = subprocess.run(
+    [os.environ["TRANSFORMER_SAE_PYTHON"], script, "--check", tmp_path], capture_output=True, text=True
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  found = json.loads(proc.stdout.splitlines()[-1])
+  assert found["z"] <= 1e-4 and found["y"] <= 1e-4, found
