@@ -10,9 +10,12 @@ import subprocess
 import numpy as np
 import pytest
 
+from transformer import data, inference
+from transformer.data.activations import ModelActivations
 from transformer.errors import CheckpointError
 from transformer.models.sae import SAE, SAEConfig
 from transformer.models.sae_formats import export_saelens, import_saelens
+from transformer.tasks.sae import spliced_losses
 
 from conftest import REPO, compiled_apply, compiled_init
 
@@ -95,3 +98,35 @@ def test_saelens_loads_ours_with_the_same_encode_and_decode(changes, tmp_path):
   assert proc.returncode == 0, proc.stderr[-2000:]
   found = json.loads(proc.stdout.splitlines()[-1])
   assert found["z"] <= 1e-4 and found["y"] <= 1e-4, found
+
+
+@pytest.mark.slow  # the model's windows of text, prepared and run
+def test_an_sae_in_saelenss_format_splices_into_a_model_as_ours_does(tmp_path):
+  """An SAE of a family's resid_pre (the SmolLM2 fixture, width 48) written in SAELens's format and read
+  back splices into the model with the same loss as the SAE it was written from."""
+  smollm = REPO / "tests" / "fixtures" / "families" / "smollm"
+  trained = inference.load(hf=smollm)
+  text_file = tmp_path / "text.txt"
+  text_file.write_text(" ".join(json.loads((smollm / "tokenizer_reference.json").read_text())["texts"][:1]) * 40)
+  options = data.PrepareOptions(tokenizer=str(smollm), validation_fraction=0.2, piece_chars=500)
+  text = data.ensure_prepared(data.file_source([str(text_file)], "text"), tmp_path / "prepared", options)
+  source = ModelActivations(
+    trained.model,
+    trained.params,
+    text,
+    point="resid_pre",
+    layer=1,
+    seq_len=16,
+    buffer_sequences=4,
+    batch_sequences=4,
+    eval_sequences=4,
+    seed=0,
+  )
+  config = SAEConfig(d_in=48, d_sae=96, k=8).check()
+  params = dict(compiled_init(SAE(config), np.zeros((2, 48), np.float32)))
+  params["input_scale"] = np.float32(1.7)
+  export_saelens(config, params, tmp_path / "sae")
+  read_config, read = import_saelens(tmp_path / "sae")
+  ours, theirs = spliced_losses(source, SAE(config), params), spliced_losses(source, SAE(read_config), read)
+  assert ours["ce_loss_spliced"] == pytest.approx(theirs["ce_loss_spliced"], abs=1e-4)
+  assert ours["ce_loss_spliced"] != ours["ce_loss_clean"]
