@@ -14,7 +14,7 @@ from transformer import data, inference
 from transformer.data.activations import ModelActivations
 from transformer.errors import CheckpointError
 from transformer.models.sae import SAE, SAEConfig
-from transformer.models.sae_formats import export_saelens, import_saelens
+from transformer.models.sae_formats import export_saelens, import_gemma_scope, import_saelens
 from transformer.tasks.sae import spliced_losses
 
 from conftest import REPO, compiled_apply, compiled_init
@@ -130,3 +130,28 @@ def test_an_sae_in_saelenss_format_splices_into_a_model_as_ours_does(tmp_path):
   ours, theirs = spliced_losses(source, SAE(config), params), spliced_losses(source, SAE(read_config), read)
   assert ours["ce_loss_spliced"] == pytest.approx(theirs["ce_loss_spliced"], abs=1e-4)
   assert ours["ce_loss_spliced"] != ours["ce_loss_clean"]
+
+
+def test_a_gemma_scope_params_npz_is_its_jumprelu_sae(tmp_path):
+  """Gemma Scope's format: z = JumpReLU_θ(x W_enc + b_enc), x̂ = z W_dec + b_dec, computed here in NumPy from
+  the file's arrays (its documented forward pass), equals ours of the file."""
+  rng = np.random.default_rng(0)
+  arrays = dict(
+    W_enc=rng.normal(size=(12, 32)),
+    W_dec=rng.normal(size=(32, 12)),
+    b_enc=rng.normal(size=32) * 0.1,
+    b_dec=rng.normal(size=12),
+    threshold=rng.random(32) * 0.5,
+  )
+  arrays = {k: v.astype(np.float32) for k, v in arrays.items()}
+  np.savez(tmp_path / "params.npz", **arrays)
+  config, params = import_gemma_scope(tmp_path)
+  x = rng.normal(size=(16, 12)).astype(np.float32)
+  pre = x @ arrays["W_enc"] + arrays["b_enc"]
+  z_want = pre * (pre > arrays["threshold"])
+  y, z = compiled_apply(SAE(config), {"params": params}, x)
+  np.testing.assert_allclose(z, z_want, atol=1e-5)
+  np.testing.assert_allclose(y, z_want @ arrays["W_dec"] + arrays["b_dec"], atol=1e-4)
+  np.savez(tmp_path / "other.npz", W_enc=arrays["W_enc"])
+  with pytest.raises(CheckpointError, match="lacks W_dec, b_dec, b_enc, threshold: not a Gemma Scope JumpReLU SAE"):
+    import_gemma_scope(tmp_path / "other.npz")

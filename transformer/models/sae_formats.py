@@ -9,6 +9,10 @@ BatchTopK is written as SAELens writes it for inference: a JumpReLU with its inf
 
     >>> export_saelens(config, params, "out/", hook_name="blocks.2.hook_resid_pre")
     >>> config, params = import_saelens("out/")      # SAELens's SAE.save_model files, or ours
+    >>> config, params = import_gemma_scope("params.npz")   # a Gemma Scope JumpReLU SAE
+
+Gemma Scope's `params.npz` (W_enc d_model x d_sae, W_dec, b_enc, b_dec, threshold) is a JumpReLU SAE that
+subtracts no b_dec from its input: z = JumpReLU(x W_enc + b_enc), x̂ = z W_dec + b_dec.
 """
 
 from __future__ import annotations
@@ -123,4 +127,29 @@ def import_saelens(directory: str | Path) -> tuple[SAEConfig, dict]:
     params["threshold"] = t["threshold"]
   if skip:
     params["W_skip"] = t["W_skip"].T
+  return config, params
+
+
+def import_gemma_scope(path: str | Path) -> tuple[SAEConfig, dict]:
+  """(config, params) of a Gemma Scope SAE's params.npz (a file, or the directory holding it)."""
+  path = Path(path)
+  file = path / "params.npz" if path.is_dir() else path
+  if not file.is_file():
+    raise CheckpointError(f"no Gemma Scope params.npz at {path}: its SAEs are a directory of one params.npz each")
+  with np.load(file) as npz:
+    t = {k: np.asarray(npz[k], np.float32) for k in npz.files}
+  missing = sorted({"W_enc", "W_dec", "b_enc", "b_dec", "threshold"} - set(t))
+  if missing:
+    raise CheckpointError(f"{file} lacks {', '.join(missing)}: not a Gemma Scope JumpReLU SAE")
+  d_in, d_sae = t["W_enc"].shape
+  config = SAEConfig(d_in=d_in, d_sae=d_sae, activation="jumprelu", normalize_decoder=False).check()
+  params = {
+    "W_enc": t["W_enc"],
+    "b_enc": t["b_enc"] + t["b_dec"] @ t["W_enc"],  # ours subtracts b_dec from the input; theirs does not
+    "W_dec": t["W_dec"],
+    "b_dec": t["b_dec"],
+    "threshold": t["threshold"],
+    "since_fired": np.zeros(d_sae, np.float32),
+    "input_scale": np.ones((), np.float32),
+  }
   return config, params
