@@ -25,7 +25,7 @@ logit difference) beside attribution patching's estimate (patching.png). --path 
 later layers), beside patching the sender outright (path.json). --probe fits linear probes for the token
 --probe_offset away at the embeddings and after every layer (probe.json); --circuit traces a 2-layer
 attention-only model's induction circuit (circuit.json). --sae=SAE_WORKDIR (a config.task=sae run)
-writes its features' pages (features.html: each --latents', or the most active ones', top contexts
+writes its features' pages (features.html: each --latents', or by default readable ones', top contexts
 on held-out text, activation histogram, density and the logits it promotes; with --text, the latents
 firing on each token); --sae=W1,W2,... draws their explained variance against L0 (frontier.png). The
 same in Python: transformer.interp.studies and transformer.interp.features, over transformer.interp's
@@ -126,7 +126,9 @@ _SAE = flags.DEFINE_list(
   [],
   "A sparse autoencoder's workdir (config.task=sae): its features' pages; several: their L0 vs explained variance.",
 )
-_LATENTS = flags.DEFINE_list("latents", [], "With --sae: the latents to show (default: the 8 most active).")
+_LATENTS = flags.DEFINE_list(
+  "latents", [], "With --sae: the latents to show (default: 8 a reader learns from, features.readable_latents)."
+)
 _CLEAN = flags.DEFINE_string("clean", None, "With --patch or --path: the clean text.")
 _CORRUPT = flags.DEFINE_string(
   "corrupt", None, "With --patch or --path: the corrupted text, as many tokens as --clean."

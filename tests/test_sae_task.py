@@ -287,3 +287,20 @@ def test_an_sae_trains_on_eight_devices_as_on_one(tmp_path):
   losses = [metrics.last_per_step(metrics.read_jsonl(tmp_path / w / "metrics.jsonl"), "loss") for w in ("one", "eight")]
   assert len(losses[0]) == 20
   np.testing.assert_allclose([losses[1][s] for s in range(1, 21)], [losses[0][s] for s in range(1, 21)], rtol=1e-5)
+
+
+def test_the_pages_show_by_default_latents_a_reader_learns_from():
+  """Not the densest (a latent firing on every token), not the rare (one token), not a window-start
+  artifact (firing on each window's first token): of the rest, one per band of density, the strongest."""
+  rng = np.random.default_rng(0)
+  B, T, S = 8, 16, 12
+  z = np.zeros((B, T, S), np.float32)
+  z[:, :, 0] = 1.0  # dense: every token
+  z[0, 3, 1] = 5.0  # rare: one token
+  z[:, 0, 2] = 3.0  # where each window starts
+  for s, density in zip(range(3, S), (0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08, 0.09, 0.095)):
+    z[..., s] = (rng.random((B, T)) < density) * (1 + s / 10)
+  chosen = features.readable_latents(z, count=4)
+  assert len(chosen) == 4 and not {0, 1, 2} & set(chosen)
+  assert len(set(chosen)) == 4
+  assert set(features.readable_latents(z, count=12)) == set(range(12))  # the others after them, none lost

@@ -69,6 +69,26 @@ def latents_of(sae: SAE, sae_params, source: ModelActivations, tokens_BxT) -> np
   return np.asarray(z).reshape(*tokens_BxT.shape, -1)
 
 
+def readable_latents(z_BxTxS: np.ndarray, count: int, dense: float = 0.1, least: int = 3) -> list[int]:
+  """`count` latents to show first, as feature dashboards choose them: none that fires on more than
+  `dense` of the tokens (a space, a constant), none that fires on fewer than `least` tokens, none whose
+  activation lies mostly on the windows' first token (an artifact of where a window starts, not a
+  feature of the text); of the rest, latents spread evenly over their range of densities, each band's
+  strongest by mean activation where it fires. Fewer candidates: the most active of the others after them."""
+  B, T, S = z_BxTxS.shape
+  fires_S = (z_BxTxS > 0).reshape(-1, S).sum(0)
+  mass_S = z_BxTxS.sum((0, 1))
+  at_start_S = z_BxTxS[:, 0].sum(0) / np.maximum(mass_S, 1e-30)
+  candidates = np.flatnonzero((fires_S >= least) & (fires_S <= dense * B * T) & (at_start_S <= 0.5))
+  by_density = candidates[np.argsort(fires_S[candidates], kind="stable")]
+  strength_S = mass_S / np.maximum(fires_S, 1)
+  chosen = []
+  for band in np.array_split(by_density, min(count, len(by_density))) if len(by_density) else []:
+    chosen.append(int(band[np.argmax(strength_S[band])]))
+  rest = [int(i) for i in np.argsort(-mass_S) if int(i) not in chosen]
+  return (chosen + rest)[:count]
+
+
 def _histogram(values: np.ndarray, index: int) -> bytes:
   plt = probes.pyplot()
   fig, ax = plt.subplots(figsize=(3.2, 1.8), dpi=100)
@@ -95,14 +115,14 @@ def feature_pages(
   text: str | None = None,
   out: Path | None = None,
 ) -> FeatureReport:
-  """The pages of `latents` (None: the `count` most active on held-out text, by mean activation) on
-  the source's validation windows; `text`: which latents fire on each of its tokens."""
+  """The pages of `latents` (None: `count` a reader learns from, `readable_latents`) on the source's
+  validation windows; `text`: which latents fire on each of its tokens."""
   tokens_BxT = source.eval_tokens_BxT()
   z_BxTxS = latents_of(sae, sae_params, source, tokens_BxT)
   B, T, S = z_BxTxS.shape
   flat_NxS = z_BxTxS.reshape(-1, S)
   if latents is None:
-    latents = [int(i) for i in np.argsort(-flat_NxS.mean(0))[:count]]
+    latents = readable_latents(z_BxTxS, count)
   bad = [i for i in latents if not 0 <= i < S]
   if bad:
     raise UserError(f"latent {bad[0]} is not one of this SAE's {S} (0 to {S - 1})")
