@@ -179,3 +179,16 @@ def test_the_suite_counts_its_compilations_and_fails_a_module_over_its_budget(tm
   assert sorted(map(int, tests)) == [6, int(over.group(1))], proc.stdout
   lines = dict((where, int(n)) for n, where in re.findall(r"^ +(\d+) programs  (test_\w+\.py:\d+)$", proc.stdout, re.M))
   assert lines["test_over.py:6"] >= 2 * DEFAULT_COMPILE_BUDGET and lines["test_within.py:6"] == 6, proc.stdout
+
+
+@pytest.mark.slow  # a process that compiles the tour's programs
+def test_the_readmes_python_tour_of_the_instrument_runs_as_written():
+  """The README's Python block of reading, patching, path patching and probing runs as it is written: its
+  imports and its tiny model are in it, nothing comes from elsewhere."""
+  blocks = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+  [tour] = [b for b in blocks if "run_with_cache" in b]
+  proc = subprocess.run(
+    [sys.executable, "-c", tour + "\nprint('ran', probe.test_accuracy)"], cwd=REPO, capture_output=True, text=True
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.startswith("ran")
