@@ -231,7 +231,8 @@ def import_family(directory: str | Path) -> Trained:
   directory = Path(directory)
   config = hf_families.read_model_config(directory)
   model_type = hf_files.read_config(directory)["model_type"]
-  if tokenizers.is_hf_tokenizer(directory):
+  has_tokenizer = tokenizers.is_hf_tokenizer(directory)
+  if has_tokenizer:
     tokenizer = tokenizers.HFTokenizer.from_directory(directory)
     if tokenizer.vocab_size > config.vocab_size:
       raise CheckpointError(
@@ -243,7 +244,7 @@ def import_family(directory: str | Path) -> Trained:
   config_dict = defaults_for(LanguageModel)
   config_dict.model = model_dict(config)
   config_dict.data.dataset = ""  # no data is read
-  if tokenizers.is_hf_tokenizer(directory):  # (without one the config's default stays, never read: text is refused)
+  if has_tokenizer:  # (without one the config's default stays, never read: text is refused)
     config_dict.data.tokenizer = str(directory)
   config_dict.seq_len = min(config.max_len, 2048)  # what a window of launch.evaluate reads by default
   run, task, mesh, abstract = _on_this_machine(tasks.resolve(config_dict), tokenizer)

@@ -219,7 +219,7 @@ def config_from_hf(hf: dict, where: str = "config.json") -> GPTConfig:
     )
   H = hf["num_attention_heads"]
   window, global_layers = _windows(hf, model_type)
-  gemma = model_type.startswith("gemma")
+  gemma, stored = model_type.startswith("gemma"), _stored_dtype(hf, where)
   block = layers.BlockConfig(
     d_model=hf["hidden_size"],
     num_heads=H,
@@ -242,8 +242,8 @@ def config_from_hf(hf: dict, where: str = "config.json") -> GPTConfig:
     branch_norms={"gemma2": "pre_post", "gemma3_text": "pre_post", "olmo2": "post"}.get(model_type, "pre"),
     rotary=_rotary(hf, model_type, where),
     attention="einsum" if hf.get("attn_logit_softcapping") else "xla",
-    dtype=_stored_dtype(hf, where),
-    param_dtype=_stored_dtype(hf, where),
+    dtype=stored,
+    param_dtype=stored,
   )
   _refuse_unsupported(hf, model_type, where)
   return GPTConfig(
