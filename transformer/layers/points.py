@@ -6,11 +6,33 @@ A module calls `point(self, name, x)` where an activation it computes has a name
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
+from collections.abc import Callable, Iterator
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+
+# Functions of a point's value, applied while a model is traced (`functions_at`): TransformerLens's
+# forward hooks, for computations a patch's fixed value cannot say (a value that depends on another
+# point of the same run, e.g. a transcoder's live skip path).
+_FUNCTIONS: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("point_functions", default=None)
+
+
+@contextlib.contextmanager
+def functions_at(fn: Callable[[tuple[str, ...], jax.Array], jax.Array]) -> Iterator[None]:
+  """While the model is traced inside this block, every named point's value x becomes fn(path, x), where
+  path is the point's place in the activations tree (the module's path and the point's name: ("h",
+  "layer_3", "mlp_out")). For a function you trace yourself (jax.jit of a function that calls
+  `model.apply` inside the block): a compiled program does not know the block it was traced in."""
+  token = _FUNCTIONS.set(fn)
+  try:
+    yield
+  finally:
+    _FUNCTIONS.reset(token)
 
 
 def point(module: nn.Module, name: str, x: jax.Array) -> jax.Array:
@@ -22,6 +44,9 @@ def point(module: nn.Module, name: str, x: jax.Array) -> jax.Array:
   if module.has_variable("patches", name):
     patch = module.get_variable("patches", name)
     x = jnp.where(patch["replace"], patch["value"].astype(x.dtype), x) + patch["add"].astype(x.dtype)
+  fn = _FUNCTIONS.get()
+  if fn is not None:
+    x = fn((*module.path, name), x)
   if module.is_mutable_collection("activations"):
     module.put_variable("activations", name, x)
   return x
@@ -30,7 +55,11 @@ def point(module: nn.Module, name: str, x: jax.Array) -> jax.Array:
 def intervened(module: nn.Module) -> bool:
   """Whether a run reads or patches this module's named points (`point`): then attention takes the
   reference path, whose scores and probabilities exist to pass through them."""
-  return module.is_mutable_collection("activations") or bool(module.variables.get("patches"))
+  return (
+    module.is_mutable_collection("activations")
+    or bool(module.variables.get("patches"))
+    or _FUNCTIONS.get() is not None
+  )
 
 
 def points_of(module: nn.Module):

@@ -1,0 +1,373 @@
+"""Attribution graphs: a prompt's computation as direct effects between transcoder features
+(Ameisen, Lindsey et al. 2025, "Circuit Tracing"; the algorithm of circuit-tracer).
+
+Each MLP is read by a transcoder (transformer.models.sae, `d_out`: a sparse dictionary from the
+MLP's input point to its output). For one prompt, the **local replacement model** is the model with
+  - every attention pattern and every norm's divisor (`*.scale`) fixed at the prompt's values,
+  - every MLP's output fixed at its value, which splits into the active features' decoder vectors,
+    the transcoder's biases (and skip path, which stays live) and an **error** (what it misses),
+so that it gives the model's logits exactly and is linear in the residual stream. Its nodes: the
+active features at each (layer, position), the error at each, the token embeddings, and the top
+output logits (up to `desired_logit_prob` of probability, at most `max_n_logits`). An edge is a
+source's direct effect on a target's input through the linear model: a feature's pre-activation
+(its encoder row on the transcoder's input point) or a logit (the unembedding's column minus the
+vocabulary's mean, on the final norm's output). The rows are batched backward passes of the
+replacement model (one a target, vmapped), the columns the sources' output vectors:
+
+    edge(s -> t) = a_s · (W_dec[s] / output_scale) · ∂ input_t / ∂ mlp_out[l_s, p_s]
+
+    >>> graph = attribute(model, params, tokens_T, transcoders)
+    >>> graph.adjacency_NxN[target, source]            # rows targets, columns sources (circuit-tracer's)
+    >>> kept = graph_view.prune(graph)                 # transformer.interp.graph_view: pruning, JSON, HTML
+
+The freezing goes through the named points (transformer.layers.points.functions_at): the model that
+draws the graph is the model itself, any family it opens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer.errors import UserError
+from transformer.interp.interventions import _split
+from transformer.layers.points import functions_at
+from transformer.models.sae import SAE
+
+
+@dataclasses.dataclass(frozen=True)
+class Transcoders:
+  """One transcoder a layer of one model, each reading `point_in` and writing `point_out` of its block
+  (SAE modules with `d_out`, and their params)."""
+
+  saes: tuple[SAE, ...]
+  params: tuple[Any, ...]
+  point_in: str = "mlp_in"
+  point_out: str = "mlp_out"
+
+  def check(self, model) -> Transcoders:
+    cfg = model.config
+    if len(self.saes) != cfg.num_layers:
+      raise UserError(
+        f"a replacement model needs a transcoder at each of the model's {cfg.num_layers} layers; got "
+        f"{len(self.saes)}: train one a layer (--config.point={self.point_in} --config.target_point={self.point_out})"
+      )
+    D = cfg.block.d_model
+    for layer, sae in enumerate(self.saes):
+      if not sae.config.transcoder:
+        raise UserError(f"the dictionary of layer {layer} is an SAE, not a transcoder (it has no d_out)")
+      if (sae.config.d_in, sae.config.d_out) != (D, D):
+        raise UserError(
+          f"the transcoder of layer {layer} maps {sae.config.d_in} -> {sae.config.d_out} wide rows; this model's "
+          f"{self.point_in} and {self.point_out} are {D} wide: it was trained for another model"
+        )
+    if self.point_out not in ("mlp_out",) or self.point_in not in ("mlp_in", "resid_mid", "ln_2.normalized"):
+      raise UserError(
+        f"a replacement model replaces MLPs: transcoders from mlp_in, resid_mid or ln_2.normalized to mlp_out, "
+        f"not {self.point_in} -> {self.point_out}"
+      )
+    return self
+
+
+@dataclasses.dataclass
+class Graph:
+  """An attribution graph (circuit-tracer's `Graph`, in numpy). Nodes, in this order: the active
+  features (`active_features`: layer, position, latent; `activations`), the errors (layer-major, one
+  a position), the tokens, the logits (`logit_tokens`, `logit_probabilities`). `adjacency_NxN[t, s]`:
+  the direct effect of node s on node t's input; the rows of errors and tokens are zero."""
+
+  tokens: np.ndarray  # T
+  active_features: np.ndarray  # n x 3: layer, position, latent
+  activations: np.ndarray  # n
+  logit_tokens: np.ndarray  # K
+  logit_probabilities: np.ndarray  # K
+  adjacency_NxN: np.ndarray
+  num_layers: int
+
+  @property
+  def num_features(self) -> int:
+    return len(self.active_features)
+
+  @property
+  def num_positions(self) -> int:
+    return len(self.tokens)
+
+  def error_index(self, layer: int, position: int) -> int:
+    return self.num_features + layer * self.num_positions + position
+
+  def token_index(self, position: int) -> int:
+    return self.num_features + self.num_layers * self.num_positions + position
+
+  def logit_index(self, k: int) -> int:
+    return self.token_index(self.num_positions) + k
+
+
+@dataclasses.dataclass(frozen=True)
+class _Setup:
+  """What the prompt's clean run fixes, and the nodes it finds (all device arrays)."""
+
+  frozen: dict  # path -> the value of every pattern, norm divisor and MLP output
+  inputs_LxTxD: jax.Array  # the transcoders' input point, each layer
+  z_LxTxS: jax.Array  # the features' activations (position 0 zeroed when it is a BOS)
+  errors_LxTxD: jax.Array
+  embed_TxD: jax.Array
+  logits_V: jax.Array  # the last position's logits
+
+
+def attribute(
+  model,
+  params,
+  tokens_T,
+  transcoders: Transcoders,
+  max_n_logits: int = 10,
+  desired_logit_prob: float = 0.95,
+  batch_size: int = 256,
+  zero_first: bool = False,
+) -> Graph:
+  """The attribution graph of one prompt (`tokens_T`, its ids) through `transcoders` (one a layer):
+  every active feature's row (its direct effects from every node) and the top logits', by batched
+  backward passes of the local replacement model (this module's docstring). `zero_first`: the first
+  position's features and error left out (circuit-tracer's, when the prompt starts with a BOS, whose
+  activations are outliers)."""
+  transcoders.check(model)
+  tokens_T = np.asarray(tokens_T, np.int32).reshape(-1)
+  if len(tokens_T) > model.config.max_len:
+    raise UserError(f"a prompt of {len(tokens_T)} tokens is longer than the model's context ({model.config.max_len})")
+  params = nn.unbox(params)
+  tc_params = tuple(nn.unbox(p) for p in transcoders.params)
+  setup = _setup(model, transcoders.saes, transcoders.point_in, params, tc_params, jnp.asarray(tokens_T), zero_first)
+  z_LxTxS = np.asarray(setup.z_LxTxS)
+  active_nx3 = np.argwhere(z_LxTxS > 0)  # layer-major, then position, then latent: circuit-tracer's order
+  activations_n = z_LxTxS[tuple(active_nx3.T)]
+  logit_tokens, logit_p = salient_logits(np.asarray(setup.logits_V), max_n_logits, desired_logit_prob)
+  sources = _sources(model, transcoders, tc_params, setup, active_nx3, activations_n)
+  targets = _targets(model, params, transcoders, tc_params, active_nx3, logit_tokens, len(tokens_T))
+  rows = _rows(model, transcoders, params, tc_params, jnp.asarray(tokens_T), setup, sources, targets, batch_size)
+  n, K = len(active_nx3), len(logit_tokens)
+  N = n + (model.config.num_layers + 1) * len(tokens_T) + K
+  adjacency_NxN = np.zeros((N, N), np.float32)
+  adjacency_NxN[:n, : N - K] = rows[:n]
+  adjacency_NxN[N - K :, : N - K] = rows[n:]
+  return Graph(tokens_T, active_nx3, activations_n, logit_tokens, logit_p, adjacency_NxN, model.config.num_layers)
+
+
+def salient_logits(logits_V, max_n_logits: int = 10, desired_logit_prob: float = 0.95):
+  """(token ids, probabilities) of the fewest top tokens whose probability reaches `desired_logit_prob`,
+  at most `max_n_logits` (circuit-tracer's `compute_salient_logits`)."""
+  logits_V = np.asarray(logits_V, np.float64)
+  p_V = np.exp(logits_V - logits_V.max())
+  p_V /= p_V.sum()
+  top = np.argsort(-p_V, kind="stable")[:max_n_logits]
+  cutoff = int(np.searchsorted(np.cumsum(p_V[top]), desired_logit_prob)) + 1
+  top = top[:cutoff]
+  return top.astype(np.int32), p_V[top].astype(np.float32)
+
+
+def unembedding(model, params) -> jax.Array:
+  """D x V: what the final norm's output is multiplied by to give the logits (the tied embedding's
+  transpose, or the head's kernel)."""
+  if model.config.tie_embeddings:
+    return params["wte"]["embedding"].T
+  return params["lm_head"]["kernel"]
+
+
+def _frozen_kind(name: str) -> bool:
+  """The points the local replacement model fixes at the prompt's values."""
+  return name == "pattern" or name.rsplit(".", 1)[-1] == "scale"
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 6))
+def _setup(model, saes, point_in: str, params, tc_params, tokens_T, zero_first: bool) -> _Setup:
+  """The clean run: what the replacement model fixes, the transcoders' features and errors."""
+  frozen, inputs, outputs = {}, {}, {}
+
+  def record(path, x):
+    name, layer, _ = _split(path)
+    if _frozen_kind(name) or name == "mlp_out":
+      frozen[path] = x
+    if name == "mlp_out":
+      outputs[layer] = x[0]
+    if name == point_in:
+      inputs[layer] = x[0]
+    if name == "embed":
+      frozen[path] = x
+    return x
+
+  with functions_at(record):
+    logits_BxTxV = model.apply({"params": params}, tokens_T[None])
+  L = len(saes)
+  inputs_LxTxD = jnp.stack([inputs[layer] for layer in range(L)])
+  z, errors = [], []
+  for layer, (sae, p) in enumerate(zip(saes, tc_params)):
+    y_hat_TxD, z_TxS = sae.apply({"params": p}, inputs_LxTxD[layer].astype(jnp.float32))
+    error_TxD = outputs[layer].astype(jnp.float32) - y_hat_TxD
+    if zero_first:
+      z_TxS, error_TxD = z_TxS.at[0].set(0.0), error_TxD.at[0].set(0.0)
+    z.append(z_TxS)
+    errors.append(error_TxD)
+  embed_TxD = next(x for path, x in frozen.items() if _split(path)[0] == "embed")[0]
+  return _Setup(frozen, inputs_LxTxD, jnp.stack(z), jnp.stack(errors), embed_TxD, logits_BxTxV[0, -1])
+
+
+jax.tree_util.register_dataclass(
+  _Setup, data_fields=["frozen", "inputs_LxTxD", "z_LxTxS", "errors_LxTxD", "embed_TxD", "logits_V"], meta_fields=[]
+)
+
+
+def _sae_weights(sae: SAE, p) -> dict:
+  """The unit decoder rows (S x D) and the params the replacement model reads."""
+  return {
+    "decoder": sae.apply({"params": p}, method=SAE.decoder),
+    "W_enc": p["W_enc"],
+    "W_skip": p.get("W_skip"),
+    "input_scale": p["input_scale"],
+    "output_scale": p["output_scale"],
+  }
+
+
+def _sources(model, transcoders, tc_params, setup: _Setup, active_nx3, activations_n) -> dict:
+  """Every source node's output vector, arranged for the rows' contraction: the features' a·W_dec/
+  output_scale in cells of (layer, position), padded to the fullest cell (C x M x D) with each feature's
+  cell and slot; the errors (L x T x D) and the token embeddings (T x D)."""
+  L, T, _ = setup.errors_LxTxD.shape
+  cell_n = active_nx3[:, 0] * T + active_nx3[:, 1]
+  counts = np.bincount(cell_n, minlength=L * T)
+  M = max(1, int(counts.max(initial=0)))
+  slot_n = np.arange(len(cell_n)) - np.concatenate([[0], np.cumsum(counts)])[cell_n]
+  vectors = np.zeros((L * T, M, setup.errors_LxTxD.shape[-1]), np.float32)
+  for layer, (sae, p) in enumerate(zip(transcoders.saes, tc_params)):
+    mine = active_nx3[:, 0] == layer
+    w = _sae_weights(sae, p)
+    rows_nxD = np.asarray(w["decoder"])[active_nx3[mine, 2]] / float(w["output_scale"])
+    vectors[cell_n[mine], slot_n[mine]] = activations_n[mine, None] * rows_nxD
+  return {
+    "features_CxMxD": jnp.asarray(vectors),
+    "cell_n": jnp.asarray(cell_n, jnp.int32),
+    "slot_n": jnp.asarray(slot_n, jnp.int32),
+    "errors_LxTxD": setup.errors_LxTxD,
+    "embed_TxD": setup.embed_TxD.astype(jnp.float32),
+  }
+
+
+def _targets(model, params, transcoders, tc_params, active_nx3, logit_tokens, T: int) -> dict:
+  """Every target's input direction, where it reads: a feature's encoder column (times input_scale)
+  at its transcoder's input point (layer, position); a logit's unembedding column minus the
+  vocabulary's mean, on the final norm's output at the last position (layer L)."""
+  L = model.config.num_layers
+  vectors = []
+  for layer, (sae, p) in enumerate(zip(transcoders.saes, tc_params)):
+    w = _sae_weights(sae, p)
+    mine = active_nx3[:, 0] == layer
+    vectors.append(np.asarray(w["W_enc"]).T[active_nx3[mine, 2]] * float(w["input_scale"]))
+  unembed_DxV = np.asarray(unembedding(model, params), np.float32)
+  demeaned_KxD = (unembed_DxV[:, logit_tokens] - unembed_DxV.mean(1, keepdims=True)).T
+  return {
+    "vectors_NxD": np.concatenate([*vectors, demeaned_KxD]).astype(np.float32),
+    "layer_N": np.concatenate([active_nx3[:, 0], np.full(len(logit_tokens), L)]).astype(np.int32),
+    "position_N": np.concatenate([active_nx3[:, 1], np.full(len(logit_tokens), T - 1)]).astype(np.int32),
+  }
+
+
+def _rows(model, transcoders, params, tc_params, tokens_T, setup, sources, targets, batch_size: int) -> np.ndarray:
+  """The adjacency's rows of every target (features', then logits'), `batch_size` backward passes at a
+  time (the last batch padded, so that one program serves every batch)."""
+  N = len(targets["layer_N"])
+  weights = tuple({k: v for k, v in _sae_weights(sae, p).items() if k != "decoder"} for sae, p in zip(transcoders.saes, tc_params))
+  B = max(1, min(batch_size, N))
+  out = []
+  for start in range(0, N, B):
+    chunk = {k: _padded(v[start : start + B], B) for k, v in targets.items()}
+    rows = _row_batch(model, transcoders.point_in, params, weights, tokens_T, setup, sources, chunk)
+    out.append(np.asarray(rows)[: min(B, N - start)])
+  return np.concatenate(out) if out else np.zeros((0, sources["cell_n"].shape[0]), np.float32)
+
+
+def _padded(x: np.ndarray, size: int) -> np.ndarray:
+  return np.concatenate([x, np.zeros((size - len(x), *x.shape[1:]), x.dtype)]) if len(x) < size else x
+
+
+def replacement_inputs(model, point_in: str, params, weights, tokens_T, setup: _Setup, delta: dict):
+  """The local replacement model on the prompt, with `delta` added to every MLP's output (L x T x D:
+  "mlp_out") and to the token embeddings (T x D: "embed"): the transcoders' inputs (L x T x D) and the
+  final norm's output (T x D). Linear in delta; at delta 0, the clean run's values."""
+  live_in = {}
+
+  def replace(path, x):
+    name, layer, _ = _split(path)
+    if _frozen_kind(name):
+      return setup.frozen[path]
+    if name == point_in:
+      live_in[layer] = x
+    if name == "mlp_out":
+      out = setup.frozen[path] + delta["mlp_out"][layer].astype(x.dtype)
+      w = weights[layer]
+      if w["W_skip"] is not None:  # the skip path stays live: its change from the clean run's input
+        moved = (live_in[layer] - setup.inputs_LxTxD[layer]).astype(jnp.float32)
+        out = out + ((moved * w["input_scale"]) @ w["W_skip"] / w["output_scale"]).astype(x.dtype)
+      return out
+    if name == "embed":
+      return x + delta["embed"].astype(x.dtype)
+    return x
+
+  with functions_at(replace):
+    final_BxTxD = model.apply({"params": params}, tokens_T[None], method=type(model).hidden_states)
+  inputs_LxTxD = jnp.stack([live_in[layer][0] for layer in range(len(weights))]).astype(jnp.float32)
+  return inputs_LxTxD, final_BxTxD[0].astype(jnp.float32)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _row_batch(model, point_in: str, params, weights, tokens_T, setup, sources, targets) -> jax.Array:
+  """B rows of the adjacency: one backward pass of the replacement model a target (vmapped), each
+  gradient contracted with every source's output vector. B x (features + errors + tokens)."""
+  L, T, D = setup.errors_LxTxD.shape
+  zeros = {"mlp_out": jnp.zeros((L, T, D), jnp.float32), "embed": jnp.zeros((T, D), jnp.float32)}
+  forward = lambda delta: replacement_inputs(model, point_in, params, weights, tokens_T, setup, delta)
+  _, backward = jax.vjp(forward, zeros)
+
+  def cotangent(vector_D, layer, position):
+    """The target's input direction where it reads: a transcoder's input (layer < L) or the final norm's."""
+    at_input = jnp.zeros((L + 1, T, D)).at[layer, position].set(vector_D)
+    return at_input[:L], at_input[L]
+
+  g_inputs, g_final = jax.vmap(cotangent)(targets["vectors_NxD"], targets["layer_N"], targets["position_N"])
+  (grads,) = jax.vmap(lambda gi, gf: backward((gi, gf)))(g_inputs, g_final)
+  g_BxCxD = grads["mlp_out"].reshape(-1, L * T, D)
+  by_slot_BxCxM = jnp.einsum("bcd,cmd->bcm", g_BxCxD, sources["features_CxMxD"])
+  features_Bxn = by_slot_BxCxM[:, sources["cell_n"], sources["slot_n"]]
+  errors_BxC = jnp.einsum("bcd,cd->bc", g_BxCxD, sources["errors_LxTxD"].reshape(L * T, D))
+  tokens_BxT = jnp.einsum("btd,td->bt", grads["embed"], sources["embed_TxD"])
+  return jnp.concatenate([features_Bxn, errors_BxC, tokens_BxT], axis=1)
+
+
+def dense_rows(model, params, tokens_T, transcoders: Transcoders, graph: Graph, zero_first: bool = False) -> np.ndarray:
+  """The graph's rows by another road, for checking `attribute` (small models: one Jacobian of the whole
+  graph): every source's output vector scaled by a coefficient c_s (1: the prompt), the targets' inputs
+  as functions of all coefficients, differentiated at c = 1 by `jax.jacrev`. (features + logits) x
+  (features + errors + tokens), as `graph.adjacency_NxN`'s non-zero rows."""
+  params = nn.unbox(params)
+  tc_params = tuple(nn.unbox(p) for p in transcoders.params)
+  tokens = jnp.asarray(np.asarray(tokens_T, np.int32).reshape(-1))
+  setup = _setup(model, transcoders.saes, transcoders.point_in, params, tc_params, tokens, zero_first)
+  sources = _sources(model, transcoders, tc_params, setup, graph.active_features, graph.activations)
+  targets = _targets(model, params, transcoders, tc_params, graph.active_features, graph.logit_tokens, len(tokens))
+  weights = tuple({k: v for k, v in _sae_weights(sae, p).items() if k != "decoder"} for sae, p in zip(transcoders.saes, tc_params))
+  L, T, D = setup.errors_LxTxD.shape
+  n = len(graph.active_features)
+  features_nxD = sources["features_CxMxD"][sources["cell_n"], sources["slot_n"]]
+
+  def target_values(c):
+    c_feat, c_err, c_tok = c[:n] - 1.0, c[n : n + L * T] - 1.0, c[n + L * T :] - 1.0
+    moved_CxD = jnp.zeros((L * T, D)).at[sources["cell_n"]].add(c_feat[:, None] * features_nxD)
+    moved_CxD = moved_CxD + c_err[:, None] * sources["errors_LxTxD"].reshape(L * T, D)
+    delta = {"mlp_out": moved_CxD.reshape(L, T, D), "embed": c_tok[:, None] * sources["embed_TxD"]}
+    inputs_LxTxD, final_TxD = replacement_inputs(model, transcoders.point_in, params, weights, tokens, setup, delta)
+    read_NxD = jnp.concatenate([inputs_LxTxD, final_TxD[None]])[targets["layer_N"], targets["position_N"]]
+    return jnp.sum(read_NxD * targets["vectors_NxD"], -1)
+
+  return np.asarray(jax.jit(jax.jacrev(target_values))(jnp.ones(n + L * T + T)))
