@@ -231,6 +231,13 @@ def _sae_weights(sae: SAE, p) -> dict:
   }
 
 
+def _live_weights(transcoders: Transcoders, tc_params) -> tuple[dict, ...]:
+  """What the replacement model's forward reads of each layer's transcoder (its skip path)."""
+  return tuple(
+    {k: v for k, v in _sae_weights(sae, p).items() if k != "decoder"} for sae, p in zip(transcoders.saes, tc_params)
+  )
+
+
 def _sources(model, transcoders, tc_params, setup: _Setup, active_nx3, activations_n) -> dict:
   """Every source node's output vector, arranged for the rows' contraction: the features' a·W_dec/
   output_scale in cells of (layer, position), padded to the fullest cell (C x M x D) with each feature's
@@ -278,7 +285,7 @@ def _rows(model, transcoders, params, tc_params, tokens_T, setup, sources, targe
   """The adjacency's rows of every target (features', then logits'), `batch_size` backward passes at a
   time (the last batch padded, so that one program serves every batch)."""
   N = len(targets["layer_N"])
-  weights = tuple({k: v for k, v in _sae_weights(sae, p).items() if k != "decoder"} for sae, p in zip(transcoders.saes, tc_params))
+  weights = _live_weights(transcoders, tc_params)
   B = max(1, min(batch_size, N))
   out = []
   for start in range(0, N, B):
@@ -356,7 +363,7 @@ def dense_rows(model, params, tokens_T, transcoders: Transcoders, graph: Graph, 
   setup = _setup(model, transcoders.saes, transcoders.point_in, params, tc_params, tokens, zero_first)
   sources = _sources(model, transcoders, tc_params, setup, graph.active_features, graph.activations)
   targets = _targets(model, params, transcoders, tc_params, graph.active_features, graph.logit_tokens, len(tokens))
-  weights = tuple({k: v for k, v in _sae_weights(sae, p).items() if k != "decoder"} for sae, p in zip(transcoders.saes, tc_params))
+  weights = _live_weights(transcoders, tc_params)
   L, T, D = setup.errors_LxTxD.shape
   n = len(graph.active_features)
   features_nxD = sources["features_CxMxD"][sources["cell_n"], sources["slot_n"]]

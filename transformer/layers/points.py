@@ -15,7 +15,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-
 # Functions of a point's value, applied while a model is traced (`functions_at`): TransformerLens's
 # forward hooks, for computations a patch's fixed value cannot say (a value that depends on another
 # point of the same run, e.g. a transcoder's live skip path).
@@ -56,9 +55,7 @@ def intervened(module: nn.Module) -> bool:
   """Whether a run reads or patches this module's named points (`point`): then attention takes the
   reference path, whose scores and probabilities exist to pass through them."""
   return (
-    module.is_mutable_collection("activations")
-    or bool(module.variables.get("patches"))
-    or _FUNCTIONS.get() is not None
+    module.is_mutable_collection("activations") or bool(module.variables.get("patches")) or _FUNCTIONS.get() is not None
   )
 
 
