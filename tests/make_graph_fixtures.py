@@ -13,7 +13,8 @@ Not run by the test suite (torch is not a dependency of this project). Regenerat
 
 Each variant's directory: the transcoders (config.yaml, layer_<l>.safetensors), tokens.npy, and graph.npz
 (active_features, activation_values, selected_features, adjacency_matrix, logit_tokens, logit_probabilities,
-node_mask, edge_mask, cumulative_scores: circuit-tracer's `Graph` and `prune_graph`).
+node_mask, edge_mask, cumulative_scores, scores: circuit-tracer's `Graph`, `prune_graph` and
+`compute_graph_scores`).
 """
 
 import sys
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 import yaml
 from circuit_tracer import attribute
-from circuit_tracer.graph import prune_graph
+from circuit_tracer.graph import compute_graph_scores, prune_graph
 from circuit_tracer.replacement_model.replacement_model_transformerlens import TransformerLensReplacementModel
 from circuit_tracer.transcoder.single_layer_transcoder import load_transcoder_set
 from safetensors.torch import save_file
@@ -128,7 +129,9 @@ def graph_of(transcoder_dir: Path, tokens: np.ndarray) -> dict:
   model = replacement_model(transcoder_dir)
   graph = attribute(torch.tensor(tokens), model, max_n_logits=10, desired_logit_prob=0.95, batch_size=64)
   node_mask, edge_mask, scores = prune_graph(graph, node_threshold=0.8, edge_threshold=0.98)
+  replacement, completeness = compute_graph_scores(graph)
   return {
+    "scores": np.array([replacement, completeness]),
     "active_features": graph.active_features.numpy(),
     "activation_values": graph.activation_values.numpy(),
     "selected_features": graph.selected_features.numpy(),
