@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from pathlib import Path
 from typing import Any
 
 import flax.linen as nn
@@ -35,10 +36,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer import inference
 from transformer.errors import UserError
 from transformer.interp.interventions import _split
 from transformer.layers.points import functions_at
+from transformer.models import sae_formats
 from transformer.models.sae import SAE
+from transformer.tasks.sae import middle_layer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -378,3 +382,99 @@ def dense_rows(model, params, tokens_T, transcoders: Transcoders, graph: Graph, 
     return jnp.sum(read_NxD * targets["vectors_NxD"], -1)
 
   return np.asarray(jax.jit(jax.jacrev(target_values))(jnp.ones(n + L * T + T)))
+
+
+def intervene(
+  model,
+  params,
+  tokens_T,
+  transcoders: Transcoders,
+  interventions: list[tuple[int, int, int, float]],
+  direct_effects: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+  """(the last position's logits V, every layer's feature activations L x T x S) of the model itself with
+  features set: each (layer, position, latent, value) sets that feature's activation, and the MLP's output
+  moves by the decoder's change (circuit-tracer's `feature_intervention`), with the attention patterns fixed
+  at the prompt's. Later transcoders read the changed stream, so later features respond. `direct_effects`:
+  the norms' divisors and the MLPs' outputs fixed as well (the local replacement model), where a logit
+  moves by exactly what the graph's edges from the set features say."""
+  transcoders.check(model)
+  tokens = jnp.asarray(np.asarray(tokens_T, np.int32).reshape(-1))
+  params = nn.unbox(params)
+  tc_params = tuple(nn.unbox(p) for p in transcoders.params)
+  setup = _setup(model, transcoders.saes, transcoders.point_in, params, tc_params, tokens, True)
+  where = jnp.asarray(np.asarray(interventions, np.float32).reshape(-1, 4))
+  logits_V, z_LxTxS = _intervened(
+    model, transcoders.saes, transcoders.point_in, params, tc_params, tokens, setup, where, direct_effects
+  )
+  return np.asarray(logits_V), np.asarray(z_LxTxS)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 8))
+def _intervened(
+  model, saes, point_in: str, params, tc_params, tokens_T, setup: _Setup, where_Ix4, direct_effects: bool
+):
+  live_in, z = {}, {}
+  layer_I, position_I, latent_I, value_I = (
+    where_Ix4[:, 0].astype(int),
+    where_Ix4[:, 1].astype(int),
+    where_Ix4[:, 2].astype(int),
+    where_Ix4[:, 3],
+  )
+
+  def change(path, x):
+    name, layer, _ = _split(path)
+    if name == "pattern" or (direct_effects and _frozen_kind(name)):
+      return setup.frozen[path]
+    if name == point_in:
+      live_in[layer] = x[0]
+    if name != "mlp_out":
+      return x
+    sae, p = saes[layer], tc_params[layer]
+    _, z_TxS = sae.apply({"params": p}, live_in[layer].astype(jnp.float32))
+    kept_I = z_TxS[position_I, latent_I]
+    set_TxS = z_TxS.at[position_I, latent_I].set(jnp.where(layer_I == layer, value_I, kept_I))
+    z[layer] = set_TxS
+    moved_TxD = (set_TxS - z_TxS) @ sae.apply({"params": p}, method=SAE.decoder) / p["output_scale"]
+    base = setup.frozen[path] if direct_effects else x
+    return base + moved_TxD[None].astype(x.dtype)
+
+  with functions_at(change):
+    logits_BxTxV = model.apply({"params": params}, tokens_T[None])
+  return logits_BxTxV[0, -1], jnp.stack([z[layer] for layer in range(len(saes))])
+
+
+def load_transcoders(paths: list[str], load=None) -> tuple[Any, Transcoders]:
+  """(the model they read, as `inference.load` gives it, or None; the transcoders) of `paths`: one SAE task
+  workdir a layer (config.task=sae with --config.target_point: their model is the one they learned from),
+  or one directory of circuit-tracer's transcoder set (config.yaml; then the model is the caller's, None).
+  `load`: inference.load (what restores the model of workdirs)."""
+  from_tracer = len(paths) == 1 and (Path(paths[0]) / sae_formats.CIRCUIT_TRACER_CONFIG).is_file()
+  if from_tracer:
+    layers, point_in, point_out = sae_formats.import_circuit_tracer(paths[0])
+    params = tuple(jax.tree.map(jnp.asarray, p) for _, p in layers)
+    return None, Transcoders(tuple(SAE(c) for c, _ in layers), params, point_in, point_out)
+  trained = [inference.restore(path, task="sae") for path in paths]
+  configs = [t.run.task_config for t in trained]
+  sources = {(c.run, c.hf) for c in configs}
+  if len(sources) != 1:
+    raise UserError(
+      f"these transcoders read different models ({', '.join(map(str, sorted(sources)))}): give one model's"
+    )
+  points = {(c.point, c.target_point) for c in configs}
+  if len(points) != 1 or not configs[0].target_point:
+    raise UserError(
+      f"{', '.join(paths)}: a transcoder a layer, all from one point to another (--config.target_point); "
+      f"got {sorted(points)}"
+    )
+  c = configs[0]
+  model = load(workdir=c.run) if c.run else load(hf=c.hf, tokenizer=trained[0].run.data.tokenizer)
+  layers = [middle_layer(model.model, t.run.task_config.layer) for t in trained]
+  if sorted(layers) != list(range(model.model.config.num_layers)):
+    raise UserError(
+      f"a replacement model needs one transcoder at each of the {model.model.config.num_layers} layers; these are at "
+      f"layers {sorted(layers)}"
+    )
+  order = np.argsort(layers)
+  saes = tuple(trained[i].model for i in order)
+  return model, Transcoders(saes, tuple(nn.unbox(trained[i].params) for i in order), c.point, c.target_point)
