@@ -27,7 +27,9 @@ later layers), beside patching the sender outright (path.json). --probe fits lin
 attention-only model's induction circuit (circuit.json). --sae=SAE_WORKDIR (a config.task=sae run)
 writes its features' pages (features.html: each --latents', or by default readable ones', top contexts
 on held-out text, activation histogram, density and the logits it promotes; with --text, the latents
-firing on each token); --sae=W1,W2,... draws their explained variance against L0 (frontier.png). The
+firing on each token); --sae=W1,W2,... draws their explained variance against L0 (frontier.png). --graph
+draws the attribution graph of a --text through --transcoders (a transcoder a layer: graph.json in
+circuit-tracer's viewer's form, graph.html to open in a browser, graph.npz; transformer.interp.graph). The
 same in Python: transformer.interp.studies and transformer.interp.features, over transformer.interp's
 probes, interventions, activation_cache, patching and probing.
 
@@ -42,6 +44,8 @@ probes, interventions, activation_cache, patching and probing.
   python -m launch.probe --workdir=workdirs/shakespeare-char --probe --probe_offset=-1
   python -m launch.probe --workdir=workdirs/induction-2 --circuit
   python -m launch.probe --sae=workdirs/char-sae --latents=3,17 --text="ROMEO: O Juliet" --out=features/char
+  python -m launch.probe --graph --transcoders=workdirs/char-tc-0,workdirs/char-tc-1,workdirs/char-tc-2,... \
+      --text="ROMEO:\nO Juliet!\n\nJULI" --out=graphs/juliet
 """
 
 import json
@@ -54,7 +58,7 @@ from absl import flags
 import launch
 from transformer import cli, inference
 from transformer.errors import UserError
-from transformer.interp import features, interventions, probes, studies
+from transformer.interp import features, graph, graph_view, interventions, probes, studies
 from transformer.models.gpt import GPT
 
 _MODEL = launch.ModelFlags(
@@ -128,6 +132,17 @@ _SAE = flags.DEFINE_list(
 )
 _LATENTS = flags.DEFINE_list(
   "latents", [], "With --sae: the latents to show (default: 8 a reader learns from, features.readable_latents)."
+)
+_GRAPH = flags.DEFINE_bool(
+  "graph",
+  False,
+  "The attribution graph of --text through --transcoders (graph.json for circuit-tracer's viewer, graph.html).",
+)
+_TRANSCODERS = flags.DEFINE_list(
+  "transcoders",
+  [],
+  "With --graph: one transcoder workdir a layer (config.task=sae with --config.target_point; their model is the "
+  "one they learned from), or a directory of circuit-tracer's transcoder set (config.yaml; with --workdir or --hf).",
 )
 _CLEAN = flags.DEFINE_string("clean", None, "With --patch or --path: the clean text.")
 _CORRUPT = flags.DEFINE_string(
@@ -310,6 +325,28 @@ def sae_features(texts: list[str]) -> None:
   print(report.path)
 
 
+def attribution_graph(texts: list[str]) -> None:
+  """graph_view.study of the --text through the --transcoders, written into --out."""
+  if len(texts) != 1:
+    raise UserError(f"--graph draws the graph of one --text; got {len(texts)}")
+  trained, transcoders = graph.load_transcoders(_TRANSCODERS.value, inference.load)
+  if trained is None:  # circuit-tracer's set: the model is the flags'
+    if not (_MODEL.workdir.value or _MODEL.hf.value):
+      raise UserError("circuit-tracer's transcoders name no model of ours: give --workdir or --hf with them")
+    trained = _MODEL.load()
+  elif _MODEL.workdir.value or _MODEL.hf.value:
+    raise UserError("the transcoders' workdirs name their model: leave out --workdir and --hf")
+  _gpt(trained.model, "graph")
+  print(f"# {trained.source}", file=sys.stderr)
+  record = graph_view.study(
+    trained.model, trained.params, trained.tokenizer, texts[0], transcoders, out=Path(_OUT.value)
+  )
+  print(f"{record['active_features']} active features; kept {record['kept_nodes']} nodes, {record['kept_edges']} edges")
+  print(f"replacement score {record['replacement']:.3f}, completeness {record['completeness']:.3f}")
+  print("top logits: " + ", ".join(f"{t!r} ({p:.2f})" for t, p in record["logits"]))
+  print(Path(_OUT.value) / "graph.html")
+
+
 def _gpt(model, verb: str) -> None:
   if not isinstance(model, GPT):
     raise UserError(f"--{verb} works on a GPT's heads and residual stream; this is a {type(model).__name__}")
@@ -325,6 +362,7 @@ _VERBS = {
   "circuit": _CIRCUIT,
   "probe": _PROBE,
   "sae": _SAE,
+  "graph": _GRAPH,
 }
 
 
@@ -368,6 +406,8 @@ def _check_verbs() -> None:
     raise UserError(f"give one of {', '.join('--' + v for v in _VERBS)} at a time, not {' and '.join(verbs)}")
   if _ABLATE.value and not _HEADS.value:
     raise UserError("--ablate names heads to remove while --heads scores them: give --heads with it")
+  if _GRAPH.value != bool(_TRANSCODERS.value):
+    raise UserError("--graph draws a graph through --transcoders: give both (a transcoder workdir a layer)")
   if _PATH.value and (_SENDER.value is None or not _RECEIVERS.value):
     raise UserError("--path needs --sender (a head, e.g. L0.H1) and --receivers (e.g. L1.k)")
   for name in _ABLATE.value:
@@ -380,6 +420,9 @@ def main(argv):
   _check_verbs()
   if _SAE.value:
     sae_features(texts)
+    return
+  if _GRAPH.value:
+    attribution_graph(texts)
     return
   if not texts and not (_HEADS.value or _PATCH.value or _PATH.value or _CIRCUIT.value or _PROBE.value):
     raise UserError(

@@ -132,27 +132,27 @@ def attribute(
   max_n_logits: int = 10,
   desired_logit_prob: float = 0.95,
   batch_size: int = 256,
-  zero_first: bool = False,
+  zero_first: bool = True,
 ) -> Graph:
   """The attribution graph of one prompt (`tokens_T`, its ids) through `transcoders` (one a layer):
   every active feature's row (its direct effects from every node) and the top logits', by batched
   backward passes of the local replacement model (this module's docstring). `zero_first`: the first
-  position's features and error left out (circuit-tracer's, when the prompt starts with a BOS, whose
-  activations are outliers)."""
+  position's features and error left out (circuit-tracer's: the first position is an attention sink, a
+  BOS, whose activations are outliers; its MLP output stays in the replacement model as a constant)."""
   transcoders.check(model)
   tokens_T = np.asarray(tokens_T, np.int32).reshape(-1)
   if len(tokens_T) > model.config.max_len:
     raise UserError(f"a prompt of {len(tokens_T)} tokens is longer than the model's context ({model.config.max_len})")
   params = nn.unbox(params)
   tc_params = tuple(nn.unbox(p) for p in transcoders.params)
-  setup = _setup(model, transcoders.saes, transcoders.point_in, params, tc_params, jnp.asarray(tokens_T), zero_first)
+  setup = _setup(model, transcoders.saes, transcoders.point_in, params, tc_params, jax.device_put(tokens_T), zero_first)
   z_LxTxS = np.asarray(setup.z_LxTxS)
   active_nx3 = np.argwhere(z_LxTxS > 0)  # layer-major, then position, then latent: circuit-tracer's order
   activations_n = z_LxTxS[tuple(active_nx3.T)]
   logit_tokens, logit_p = salient_logits(np.asarray(setup.logits_V), max_n_logits, desired_logit_prob)
   sources = _sources(model, transcoders, tc_params, setup, active_nx3, activations_n)
   targets = _targets(model, params, transcoders, tc_params, active_nx3, logit_tokens, len(tokens_T))
-  rows = _rows(model, transcoders, params, tc_params, jnp.asarray(tokens_T), setup, sources, targets, batch_size)
+  rows = _rows(model, transcoders, params, tc_params, jax.device_put(tokens_T), setup, sources, targets, batch_size)
   n, K = len(active_nx3), len(logit_tokens)
   N = n + (model.config.num_layers + 1) * len(tokens_T) + K
   adjacency_NxN = np.zeros((N, N), np.float32)
@@ -258,9 +258,9 @@ def _sources(model, transcoders, tc_params, setup: _Setup, active_nx3, activatio
     rows_nxD = np.asarray(w["decoder"])[active_nx3[mine, 2]] / float(w["output_scale"])
     vectors[cell_n[mine], slot_n[mine]] = activations_n[mine, None] * rows_nxD
   return {
-    "features_CxMxD": jnp.asarray(vectors),
-    "cell_n": jnp.asarray(cell_n, jnp.int32),
-    "slot_n": jnp.asarray(slot_n, jnp.int32),
+    "features_CxMxD": jax.device_put(vectors),
+    "cell_n": jax.device_put(cell_n.astype(np.int32)),
+    "slot_n": jax.device_put(slot_n.astype(np.int32)),
     "errors_LxTxD": setup.errors_LxTxD,
     "embed_TxD": setup.embed_TxD.astype(jnp.float32),
   }
@@ -317,11 +317,7 @@ def replacement_inputs(model, point_in: str, params, weights, tokens_T, setup: _
       live_in[layer] = x
     if name == "mlp_out":
       out = setup.frozen[path] + delta["mlp_out"][layer].astype(x.dtype)
-      w = weights[layer]
-      if w["W_skip"] is not None:  # the skip path stays live: its change from the clean run's input
-        moved = (live_in[layer] - setup.inputs_LxTxD[layer]).astype(jnp.float32)
-        out = out + ((moved * w["input_scale"]) @ w["W_skip"] / w["output_scale"]).astype(x.dtype)
-      return out
+      return out + _skip_change(weights[layer], live_in[layer], setup.inputs_LxTxD[layer]).astype(x.dtype)
     if name == "embed":
       return x + delta["embed"].astype(x.dtype)
     return x
@@ -330,6 +326,15 @@ def replacement_inputs(model, point_in: str, params, weights, tokens_T, setup: _
     final_BxTxD = model.apply({"params": params}, tokens_T[None], method=type(model).hidden_states)
   inputs_LxTxD = jnp.stack([live_in[layer][0] for layer in range(len(weights))]).astype(jnp.float32)
   return inputs_LxTxD, final_BxTxD[0].astype(jnp.float32)
+
+
+def _skip_change(w: dict, live_in, clean_in) -> jax.Array:
+  """A skip transcoder's output moved by its input's change from the clean run (the skip path stays live in
+  the replacement model: it is linear); 0 without one."""
+  if w.get("W_skip") is None:
+    return jnp.zeros((), jnp.float32)
+  moved = (live_in - clean_in).astype(jnp.float32)
+  return (moved * w["input_scale"]) @ w["W_skip"] / w["output_scale"]
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
@@ -356,14 +361,14 @@ def _row_batch(model, point_in: str, params, weights, tokens_T, setup, sources, 
   return jnp.concatenate([features_Bxn, errors_BxC, tokens_BxT], axis=1)
 
 
-def dense_rows(model, params, tokens_T, transcoders: Transcoders, graph: Graph, zero_first: bool = False) -> np.ndarray:
+def dense_rows(model, params, tokens_T, transcoders: Transcoders, graph: Graph, zero_first: bool = True) -> np.ndarray:
   """The graph's rows by another road, for checking `attribute` (small models: one Jacobian of the whole
   graph): every source's output vector scaled by a coefficient c_s (1: the prompt), the targets' inputs
   as functions of all coefficients, differentiated at c = 1 by `jax.jacrev`. (features + logits) x
   (features + errors + tokens), as `graph.adjacency_NxN`'s non-zero rows."""
   params = nn.unbox(params)
   tc_params = tuple(nn.unbox(p) for p in transcoders.params)
-  tokens = jnp.asarray(np.asarray(tokens_T, np.int32).reshape(-1))
+  tokens = jax.device_put(np.asarray(tokens_T, np.int32).reshape(-1))
   setup = _setup(model, transcoders.saes, transcoders.point_in, params, tc_params, tokens, zero_first)
   sources = _sources(model, transcoders, tc_params, setup, graph.active_features, graph.activations)
   targets = _targets(model, params, transcoders, tc_params, graph.active_features, graph.logit_tokens, len(tokens))
@@ -399,11 +404,11 @@ def intervene(
   the norms' divisors and the MLPs' outputs fixed as well (the local replacement model), where a logit
   moves by exactly what the graph's edges from the set features say."""
   transcoders.check(model)
-  tokens = jnp.asarray(np.asarray(tokens_T, np.int32).reshape(-1))
+  tokens = jax.device_put(np.asarray(tokens_T, np.int32).reshape(-1))
   params = nn.unbox(params)
   tc_params = tuple(nn.unbox(p) for p in transcoders.params)
   setup = _setup(model, transcoders.saes, transcoders.point_in, params, tc_params, tokens, True)
-  where = jnp.asarray(np.asarray(interventions, np.float32).reshape(-1, 4))
+  where = jax.device_put(np.asarray(interventions, np.float32).reshape(-1, 4))
   logits_V, z_LxTxS = _intervened(
     model, transcoders.saes, transcoders.point_in, params, tc_params, tokens, setup, where, direct_effects
   )
@@ -428,7 +433,7 @@ def _intervened(
       return setup.frozen[path]
     if name == point_in:
       live_in[layer] = x[0]
-    if name != "mlp_out":
+    if name != "mlp_out":  # (a pattern, and with direct effects a norm's divisor, fixed above)
       return x
     sae, p = saes[layer], tc_params[layer]
     _, z_TxS = sae.apply({"params": p}, live_in[layer].astype(jnp.float32))
@@ -436,8 +441,10 @@ def _intervened(
     set_TxS = z_TxS.at[position_I, latent_I].set(jnp.where(layer_I == layer, value_I, kept_I))
     z[layer] = set_TxS
     moved_TxD = (set_TxS - z_TxS) @ sae.apply({"params": p}, method=SAE.decoder) / p["output_scale"]
-    base = setup.frozen[path] if direct_effects else x
-    return base + moved_TxD[None].astype(x.dtype)
+    if direct_effects:  # the MLP fixed, its skip path live, as in the replacement model
+      moved_TxD = moved_TxD + _skip_change(p, live_in[layer], setup.inputs_LxTxD[layer])
+      x = setup.frozen[path]
+    return x + moved_TxD[None].astype(x.dtype)
 
   with functions_at(change):
     logits_BxTxV = model.apply({"params": params}, tokens_T[None])
@@ -452,7 +459,7 @@ def load_transcoders(paths: list[str], load=None) -> tuple[Any, Transcoders]:
   from_tracer = len(paths) == 1 and (Path(paths[0]) / sae_formats.CIRCUIT_TRACER_CONFIG).is_file()
   if from_tracer:
     layers, point_in, point_out = sae_formats.import_circuit_tracer(paths[0])
-    params = tuple(jax.tree.map(jnp.asarray, p) for _, p in layers)
+    params = tuple(jax.device_put(p) for _, p in layers)
     return None, Transcoders(tuple(SAE(c) for c, _ in layers), params, point_in, point_out)
   trained = [inference.restore(path, task="sae") for path in paths]
   configs = [t.run.task_config for t in trained]

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from transformer.interp.graph import Graph
+from transformer.errors import UserError
+from transformer.interp import graph_page
+from transformer.interp.graph import Graph, attribute
 
 
 @dataclasses.dataclass
@@ -168,3 +170,43 @@ def write_json(graph: Graph, kept: Pruned, path: str | Path, decode, slug: str =
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(json.dumps(to_json(graph, kept, decode, slug), indent=1))
   return path
+
+
+def study(model, params, tokenizer, text: str, transcoders, out: str | Path | None = None, **attribute_kwargs) -> dict:
+  """The attribution graph of `text` through `transcoders`, pruned (the first position left out, as
+  circuit-tracer leaves out its BOS): its numbers, and in `out` graph.json (circuit-tracer's viewer's),
+  graph.html (transformer.interp.graph_page) and graph.npz (the whole adjacency and its nodes)."""
+  tokens = tokenizer.encode(text)
+  if len(tokens) < 2:
+    raise UserError(f"the text {text!r} is {len(tokens)} token(s): a graph needs a first token and one to explain")
+  graph = attribute(model, params, np.asarray(tokens), transcoders, zero_first=True, **attribute_kwargs)
+  kept = prune(graph)
+  decode = lambda token: tokenizer.decode([int(token)])
+  record = {
+    "tokens": [decode(t) for t in graph.tokens],
+    "active_features": graph.num_features,
+    "kept_nodes": int(kept.node_mask.sum()),
+    "kept_edges": int(kept.edge_mask.sum()),
+    "logits": [(decode(t), float(p)) for t, p in zip(graph.logit_tokens, graph.logit_probabilities)],
+    **scores(graph),
+  }
+  if out is not None:
+    out = Path(out)
+    data = to_json(graph, kept, decode, slug=out.name or "graph")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "graph.json").write_text(json.dumps(data, indent=1))
+    summary = (
+      f"{record['kept_nodes']} of {len(kept.node_mask)} nodes kept; replacement score {record['replacement']:.3f}"
+    )
+    graph_page.write_page(data, graph.num_layers, out / "graph.html", summary=summary)
+    np.savez_compressed(
+      out / "graph.npz",
+      tokens=graph.tokens,
+      active_features=graph.active_features,
+      activations=graph.activations,
+      logit_tokens=graph.logit_tokens,
+      logit_probabilities=graph.logit_probabilities,
+      adjacency=graph.adjacency_NxN,
+      node_mask=kept.node_mask,
+    )
+  return record

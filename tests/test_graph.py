@@ -1,0 +1,329 @@
+"""Attribution graphs (transformer.interp.graph, graph_view): equal to circuit-tracer 0.5's on its own
+transcoder files (golden graphs of tests/make_graph_fixtures.py), to a dense Jacobian of the replacement
+model and to finite differences of it; the replacement model gives the model's logits; pruning keeps what
+carries the logits' influence; interventions on features move the logits as the graph says; circuit-tracer's
+files in and out; every bad input one error."""
+
+import json
+import os
+import subprocess
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import sae as sae_experiment
+from experiments import shakespeare
+from transformer import inference
+from transformer.errors import CheckpointError, ConfigError, UserError
+from transformer.interp import graph as G
+from transformer.interp import graph_view
+from transformer.models import sae_formats
+from transformer.models.gpt import GPT, GPTConfig
+from transformer.models.hf_gpt2 import import_hf_gpt2
+from transformer.models.sae import SAE, SAEConfig
+from transformer.train import train_and_evaluate
+
+from conftest import REPO, compiled_apply, compiled_init, replaced, run_module
+
+FIXTURES = REPO / "tests" / "fixtures" / "graph"
+TINY = GPTConfig().replace(vocab_size=40, max_len=16, num_layers=2, num_heads=2, d_model=16)
+TOKENS = np.array([0, 5, 9, 3, 5, 9, 3, 7, 1, 5])
+
+
+@pytest.fixture(scope="module")
+def gpt2_tiny():
+  cfg, params = import_hf_gpt2(REPO / "tests" / "fixtures" / "gpt2_tiny_a")
+  return GPT(cfg), params
+
+
+def _circuit_tracer_set(name: str) -> G.Transcoders:
+  layers, point_in, point_out = sae_formats.import_circuit_tracer(FIXTURES / name)
+  return G.Transcoders(
+    tuple(SAE(c) for c, _ in layers), tuple(jax.device_put(p) for _, p in layers), point_in, point_out
+  )
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  """A tiny GPT and random transcoders of every kind the graph reads: TopK on layer 0, a JumpReLU skip
+  transcoder on layer 1, their scales not 1 (folded in wherever a vector enters the graph), their encoders
+  scaled to the stream's size (features that fire with activations near 1)."""
+  model = GPT(TINY)
+  params = compiled_init(model, np.zeros((1, 8), np.int32))
+  kinds = [SAEConfig(d_in=16, d_out=16, d_sae=48, activation="topk", k=4)]
+  kinds.append(SAEConfig(d_in=16, d_out=16, d_sae=48, activation="jumprelu", skip=True))
+  rng = np.random.default_rng(0)
+  saes, tc_params = [], []
+  for layer, config in enumerate(kinds):
+    sae = SAE(config)
+    p = {k: np.asarray(v) for k, v in compiled_init(sae, np.zeros((2, 16), np.float32), seed=layer + 1).items()}
+    p.update(W_enc=rng.normal(size=(16, 48)).astype(np.float32) * 10, b_enc=np.full(48, -0.2, np.float32))
+    p.update(input_scale=np.float32(1.3), output_scale=np.float32(0.7))
+    if config.skip:
+      p.update(W_skip=0.2 * rng.normal(size=(16, 16)).astype(np.float32), threshold=np.full(48, 0.3, np.float32))
+    saes.append(sae)
+    tc_params.append(jax.device_put(p))
+  return model, params, G.Transcoders(tuple(saes), tuple(tc_params))
+
+
+@pytest.mark.parametrize("name", ["relu", "skip_jumprelu"])
+def test_the_graph_equals_circuit_tracers_on_its_own_transcoder_files(gpt2_tiny, name):
+  """Same active features and activations, same logits, the adjacency to 1e-4 of its largest entry, the same
+  pruned nodes and edges, the same replacement and completeness scores."""
+  model, params = gpt2_tiny
+  ref = np.load(FIXTURES / name / "graph.npz")
+  graph = G.attribute(model, params, np.load(FIXTURES / name / "tokens.npy"), _circuit_tracer_set(name))
+  np.testing.assert_array_equal(graph.active_features, ref["active_features"])
+  np.testing.assert_allclose(graph.activations, ref["activation_values"], atol=1e-5)
+  np.testing.assert_array_equal(graph.logit_tokens, ref["logit_tokens"])
+  np.testing.assert_allclose(graph.logit_probabilities, ref["logit_probabilities"], atol=1e-6)
+  A, R = graph.adjacency_NxN, ref["adjacency_matrix"]
+  assert A.shape == R.shape and np.abs(A - R).max() <= 1e-4 * np.abs(R).max()
+  kept = graph_view.prune(graph)
+  np.testing.assert_array_equal(kept.node_mask, ref["node_mask"])
+  np.testing.assert_array_equal(kept.edge_mask, ref["edge_mask"])
+  np.testing.assert_allclose(kept.cumulative_scores, ref["cumulative_scores"], atol=1e-5)
+  s = graph_view.scores(graph)
+  np.testing.assert_allclose([s["replacement"], s["completeness"]], ref["scores"], atol=1e-5)
+
+
+def test_the_rows_equal_a_dense_jacobian_of_the_replacement_model(tiny):
+  model, params, transcoders = tiny
+  graph = G.attribute(model, params, TOKENS, transcoders, batch_size=7)  # batches that do not divide the rows
+  n, K = graph.num_features, len(graph.logit_tokens)
+  rows = np.concatenate([graph.adjacency_NxN[:n], graph.adjacency_NxN[-K:]])[:, :-K]
+  dense = G.dense_rows(model, params, TOKENS, transcoders, graph)
+  assert n > 30 and np.abs(rows).max() > 1e-2
+  np.testing.assert_allclose(rows, dense, atol=1e-5 * np.abs(dense).max())
+  assert not graph.adjacency_NxN[n : graph.logit_index(0)].any()  # errors and tokens have no inputs
+  feature_layer = graph.active_features[:, 0]
+  assert not graph.adjacency_NxN[:n, :n][feature_layer[:, None] <= feature_layer[None, :]].any()  # forward only
+
+
+def test_an_edge_is_the_change_of_its_targets_input_when_its_source_is_removed(tiny):
+  """A forward pass of the replacement model without one source (its output vector subtracted where it
+  writes) moves each target's input by minus its edge: a finite difference, on a feature and on a token."""
+  model, params, transcoders = tiny
+  graph = G.attribute(model, params, TOKENS, transcoders)
+  setup, weights, sources, targets = _parts(model, params, transcoders, graph)
+  L, T, D = setup.errors_LxTxD.shape
+  zeros = {"mlp_out": np.zeros((L, T, D), np.float32), "embed": np.zeros((T, D), np.float32)}
+  run = jax.jit(lambda delta: G.replacement_inputs(model, "mlp_in", params, weights, jnp.asarray(TOKENS), setup, delta))
+  clean = _read(run(zeros), targets)
+  rows = np.concatenate([graph.adjacency_NxN[: graph.num_features], graph.adjacency_NxN[-len(graph.logit_tokens) :]])
+  first_layer = np.flatnonzero(graph.active_features[:, 0] == 0)
+  s = int(first_layer[np.argmax(np.abs(rows[:, first_layer]).max(0))])  # the layer-0 feature of the largest edge
+  layer, pos, _ = graph.active_features[s]
+  vector = sources["features_CxMxD"][sources["cell_n"][s], sources["slot_n"][s]]
+  without = _read(run({**zeros, "mlp_out": jax.device_put(replaced(zeros["mlp_out"], (layer, pos), -vector))}), targets)
+  np.testing.assert_allclose(clean - without, rows[:, s], atol=1e-4)
+  assert np.abs(rows[:, s]).max() > 1e-2
+  p = 4
+  without = _read(
+    run({**zeros, "embed": jax.device_put(replaced(zeros["embed"], p, -sources["embed_TxD"][p]))}), targets
+  )
+  np.testing.assert_allclose(clean - without, rows[:, graph.token_index(p)], atol=1e-4)
+
+
+def _parts(model, params, transcoders, graph):
+  setup = G._setup(model, transcoders.saes, "mlp_in", params, transcoders.params, jnp.asarray(TOKENS), True)
+  weights = G._live_weights(transcoders, transcoders.params)
+  sources = G._sources(model, transcoders, transcoders.params, setup, graph.active_features, graph.activations)
+  targets = G._targets(model, params, transcoders, transcoders.params, graph.active_features, graph.logit_tokens, 10)
+  return setup, weights, sources, targets
+
+
+def _read(result, targets) -> np.ndarray:
+  inputs_LxTxD, final_TxD = map(np.asarray, result)
+  read = np.concatenate([inputs_LxTxD, final_TxD[None]])[targets["layer_N"], targets["position_N"]]
+  return (read * targets["vectors_NxD"]).sum(-1)
+
+
+def test_the_replacement_model_gives_the_models_logits_and_a_perfect_transcoder_leaves_no_error():
+  """A ReLU MLP is itself a transcoder from its norm's output (ln_2.normalized, the norm's weight folded into the
+  encoder): with it, every error is zero and the replacement model still gives the model's logits."""
+  model = GPT(TINY.replace(activation="relu"))
+  params = compiled_init(model, np.zeros((1, 8), np.int32), seed=3)
+  saes, tc_params = [], []
+  for layer in range(2):
+    block = params["h"][f"layer_{layer}"]
+    gamma, beta = block["ln_2"]["scale"], block["ln_2"]["bias"]
+    fc, proj = block["mlp"]["fc"], block["mlp"]["proj"]
+    sae = SAE(SAEConfig(d_in=16, d_out=16, d_sae=64, activation="relu"))
+    p = dict(compiled_init(sae, np.zeros((2, 16), np.float32)))
+    gamma, beta, fc_kernel = np.asarray(gamma), np.asarray(beta), np.asarray(fc["kernel"])
+    p.update(W_enc=gamma[:, None] * fc_kernel, b_enc=beta @ fc_kernel + np.asarray(fc["bias"]))
+    p.update(W_dec=proj["kernel"], b_dec=proj["bias"])
+    saes.append(sae)
+    tc_params.append(p)
+  perfect = G.Transcoders(tuple(saes), tuple(tc_params), point_in="ln_2.normalized")
+  setup = G._setup(model, perfect.saes, perfect.point_in, params, perfect.params, jnp.asarray(TOKENS), False)
+  assert np.abs(np.asarray(setup.errors_LxTxD)).max() < 1e-5
+  weights = G._live_weights(perfect, perfect.params)
+  zeros = {"mlp_out": np.zeros((2, 10, 16), np.float32), "embed": np.zeros((10, 16), np.float32)}
+  run = jax.jit(lambda d: G.replacement_inputs(model, perfect.point_in, params, weights, jnp.asarray(TOKENS), setup, d))
+  _, final_TxD = run(zeros)
+  logits = np.asarray(compiled_apply(model, {"params": params}, TOKENS[None])[0])
+  np.testing.assert_allclose(np.asarray(final_TxD) @ np.asarray(G.unembedding(model, params)), logits, atol=1e-5)
+  graph = G.attribute(model, params, TOKENS, perfect)
+  assert not graph.adjacency_NxN[:, graph.num_features : graph.token_index(0)].any()  # no error has an effect
+
+
+def test_pruning_keeps_the_nodes_that_carry_the_stated_share_of_the_logits_influence():
+  """A hand-built graph: one token, two features, an error and one logit. Feature a carries 0.9 of the logit's
+  input (feature b 0.05, the error 0.05); the token feeds both features. At 0.8, a and the token stay, b and
+  the error go, and so do their edges; at 0.99, all stay."""
+  A = np.zeros((5, 5), np.float32)  # nodes: a, b, error (layer 0, position 0), token, logit
+  A[4, 0], A[4, 1], A[4, 2] = 0.9, -0.05, 0.05
+  A[0, 3], A[1, 3] = 1.0, 1.0
+  graph = G.Graph(np.array([7]), np.array([[0, 0, 1], [0, 0, 2]]), np.ones(2), np.array([3]), np.ones(1), A, 1)
+  kept = graph_view.prune(graph, node_threshold=0.8, edge_threshold=0.98)
+  np.testing.assert_array_equal(kept.node_mask, [True, False, False, True, True])
+  assert kept.edge_mask[4, 0] and kept.edge_mask[0, 3] and not kept.edge_mask[:, 1].any()
+  assert graph_view.prune(graph, node_threshold=0.99, edge_threshold=0.999).node_mask.all()
+  s = graph_view.scores(graph)
+  assert s["replacement"] == pytest.approx(0.95 / (0.95 + 0.05), abs=1e-6)
+  with pytest.raises(ValueError, match="node_threshold is a share of the influence, between 0 and 1; got 1.5"):
+    graph_view.prune(graph, node_threshold=1.5)
+
+
+def test_a_feature_set_through_the_model_moves_the_logits_as_its_edges_say(tiny):
+  """Zeroing the feature with the largest direct effect on the top logit, with the norms and MLPs fixed (direct
+  effects), moves every demeaned logit by minus its edge; through the model (later features responding) the
+  top logit moves too, by another amount; no intervention is the model itself."""
+  model, params, transcoders = tiny
+  graph = G.attribute(model, params, TOKENS, transcoders)
+  logits = np.asarray(compiled_apply(model, {"params": params}, TOKENS[None])[0, -1])
+  base, z = G.intervene(model, params, TOKENS, transcoders, [])
+  np.testing.assert_allclose(base, logits, atol=1e-5)
+  top = graph.logit_index(0)
+  s = int(np.argmax(np.abs(graph.adjacency_NxN[top, : graph.num_features])))
+  layer, pos, latent = graph.active_features[s]
+  moved, z_moved = G.intervene(model, params, TOKENS, transcoders, [(layer, pos, latent, 0.0)], direct_effects=True)
+  demeaned = (moved - base) - (moved - base).mean()
+  expected = -graph.adjacency_NxN[graph.logit_index(0) :, s]
+  np.testing.assert_allclose(demeaned[graph.logit_tokens], expected, atol=1e-5)
+  assert z_moved[layer, pos, latent] == 0 and z[layer, pos, latent] > 0
+  through, _ = G.intervene(model, params, TOKENS, transcoders, [(layer, pos, latent, 0.0)])
+  assert np.abs(through - base).max() > 1e-4
+
+
+def test_circuit_tracers_files_round_trip_and_carry_our_scales(tiny, tmp_path):
+  """Our transcoders written as circuit-tracer's set and read back give the same outputs and latents (the
+  scales folded into the weights); the graph through the files equals the graph through ours."""
+  model, params, transcoders = tiny
+  layers = [(sae.config, p) for sae, p in zip(transcoders.saes, transcoders.params)]
+  with pytest.raises(ConfigError, match="circuit-tracer reads ReLU and JumpReLU transcoders"):
+    sae_formats.export_circuit_tracer(layers, tmp_path / "no")
+  relu = G.Transcoders(
+    (SAE(transcoders.saes[0].config.replace(activation="relu")), transcoders.saes[1]), transcoders.params
+  )
+  layers = [(sae.config, p) for sae, p in zip(relu.saes, relu.params)]
+  sae_formats.export_circuit_tracer(layers, tmp_path / "set", model_name="tiny")
+  config = (tmp_path / "set" / "config.yaml").read_text()
+  assert "feature_input_hook: hook_resid_mid" in config and "feature_output_hook: hook_mlp_out" in config
+  back, point_in, point_out = sae_formats.import_circuit_tracer(tmp_path / "set")
+  assert (point_in, point_out) == ("mlp_in", "mlp_out")
+  x = np.random.default_rng(5).normal(size=(6, 16)).astype(np.float32)
+  for (config, p), sae, ours in zip(back, relu.saes, relu.params):
+    y, z = compiled_apply(SAE(config), {"params": p}, x)
+    y_ours, z_ours = compiled_apply(sae, {"params": ours}, x)
+    np.testing.assert_allclose(y, y_ours, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(z, z_ours, rtol=1e-5, atol=1e-5)
+  g_ours = G.attribute(model, params, TOKENS, relu)
+  g_back = G.attribute(model, params, TOKENS, G.load_transcoders([str(tmp_path / "set")])[1])
+  np.testing.assert_allclose(g_back.adjacency_NxN, g_ours.adjacency_NxN, atol=1e-5)
+
+
+def test_bad_input_is_one_error(tiny, gpt2_tiny, tmp_path):
+  model, params, transcoders = tiny
+  with pytest.raises(UserError, match="it was trained for another model"):
+    G.attribute(*gpt2_tiny, TOKENS, transcoders)
+  with pytest.raises(UserError, match="a transcoder at each of the model's 2 layers; got 1"):
+    G.attribute(model, params, TOKENS, G.Transcoders(transcoders.saes[:1], transcoders.params[:1]))
+  with pytest.raises(UserError, match="a prompt of 17 tokens is longer than the model's context \\(16\\)"):
+    G.attribute(model, params, np.zeros(17, int), transcoders)
+  sae = SAE(SAEConfig(d_in=16, d_sae=32))
+  with pytest.raises(UserError, match="the dictionary of layer 0 is an SAE, not a transcoder"):
+    G.attribute(model, params, TOKENS, G.Transcoders((sae, sae), transcoders.params))
+  with pytest.raises(
+    UserError, match="transcoders from mlp_in, resid_mid or ln_2.normalized to mlp_out, not mlp_in -> attn_out"
+  ):
+    G.attribute(model, params, TOKENS, G.Transcoders(transcoders.saes, transcoders.params, point_out="attn_out"))
+  with pytest.raises(CheckpointError, match="no config.yaml in"):
+    sae_formats.import_circuit_tracer(tmp_path)
+  (tmp_path / "config.yaml").write_text("feature_input_hook: mlp.hook_in\nfeature_output_hook: hook_mlp_out\n")
+  with pytest.raises(CheckpointError, match="transcoders from 'mlp.hook_in' to 'hook_mlp_out'; we read those from"):
+    sae_formats.import_circuit_tracer(tmp_path)
+
+
+def test_launch_probe_refuses_a_graph_without_transcoders_before_loading_anything(tmp_path):
+  refused = run_module("launch.probe", "--graph", "--text=ROMEO:", f"--out={tmp_path / 'g'}")
+  assert refused.returncode != 0 and "--graph draws a graph through --transcoders: give both" in refused.stderr
+  assert not (tmp_path / "g").exists()
+
+
+@pytest.mark.slow
+def test_launch_probe_draws_the_graph_of_a_text_through_transcoders_trained_here(tmp_path):
+  """A tiny GPT trained on Shakespeare, a transcoder trained on each of its layers (mlp_in -> mlp_out), and
+  `launch.probe --graph`: graph.json in circuit-tracer's viewer's form, graph.html, the numbers printed."""
+  c = shakespeare.get_config("tiny")
+  c.data.root = str(tmp_path / "data")
+  c.num_train_steps = c.eval_every_steps = c.checkpoint_every_steps = 10
+  c.sample.max_new_tokens = 0
+  train_and_evaluate(c, tmp_path / "lm")
+  layers = inference.restore(tmp_path / "lm").model.config.num_layers
+  for layer in range(layers):
+    t = sae_experiment.get_config("tiny")
+    t.synthetic_features, t.run, t.point, t.target_point, t.layer = 0, str(tmp_path / "lm"), "mlp_in", "mlp_out", layer
+    t.seq_len, t.batch_size, t.buffer_sequences, t.lm_batch_size, t.eval_sequences = 32, 128, 16, 8, 4
+    t.model.activation, t.model.d_sae = "relu", 128
+    train_and_evaluate(t, tmp_path / f"tc{layer}")
+  tcs = ",".join(str(tmp_path / f"tc{layer}") for layer in range(layers))
+  shown = run_module(
+    "launch.probe", "--graph", f"--transcoders={tcs}", "--text=ROMEO:\nO Juli", f"--out={tmp_path / 'g'}"
+  )
+  assert shown.returncode == 0, shown.stderr[-3000:]
+  assert "active features; kept" in shown.stdout and "replacement score" in shown.stdout
+  data = json.loads((tmp_path / "g" / "graph.json").read_text())
+  assert {"metadata", "qParams", "nodes", "links"} <= set(data) and data["links"]
+  assert any(n["feature_type"] == "logit" for n in data["nodes"])
+  assert "<svg" in (tmp_path / "g" / "graph.html").read_text()
+  refused = run_module(
+    "launch.probe", "--graph", f"--transcoders={tmp_path / 'tc0'}", "--text=RO", f"--out={tmp_path / 'n'}"
+  )
+  assert refused.returncode != 0 and f"one transcoder at each of the {layers} layers" in refused.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+  not os.environ.get("TRANSFORMER_CT_PYTHON"), reason="set TRANSFORMER_CT_PYTHON to a python with circuit-tracer"
+)
+def test_circuit_tracer_reads_our_exported_transcoders_and_draws_our_graph(gpt2_tiny, tmp_path):
+  """Transcoders of ours (scales not 1, a skip path) exported to circuit-tracer's format: circuit-tracer 0.5's
+  graph of them on the tiny GPT-2 equals ours."""
+  model, params = gpt2_tiny
+  transcoders = _circuit_tracer_set("skip_jumprelu")
+  layers = []
+  for sae, p in zip(transcoders.saes, transcoders.params):
+    p = dict(p, input_scale=jnp.float32(2.0), output_scale=jnp.float32(0.5))
+    p["W_enc"], p["W_dec"], p["b_dec"] = p["W_enc"] / 2.0, p["W_dec"] * 0.5, p["b_dec"] * 0.5
+    p["W_skip"] = p["W_skip"] / 4.0
+    layers.append((sae.config, p))
+  sae_formats.export_circuit_tracer(layers, tmp_path, model_name="gpt2-tiny")
+  tokens = np.load(FIXTURES / "skip_jumprelu" / "tokens.npy")
+  np.save(tmp_path / "tokens.npy", tokens)
+  script = REPO / "tests" / "make_graph_fixtures.py"
+  done = subprocess.run(
+    [os.environ["TRANSFORMER_CT_PYTHON"], script, "--check", tmp_path], capture_output=True, text=True
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  theirs = np.load(tmp_path / "circuit_tracer.npz")
+  ours = G.attribute(
+    model, params, tokens, G.Transcoders(tuple(SAE(c) for c, _ in layers), tuple(p for _, p in layers))
+  )
+  np.testing.assert_array_equal(ours.active_features, theirs["active_features"])
+  R = theirs["adjacency_matrix"]
+  assert np.abs(ours.adjacency_NxN - R).max() <= 1e-4 * np.abs(R).max()
