@@ -87,6 +87,9 @@ def test_the_graph_equals_circuit_tracers_on_its_own_transcoder_files(gpt2_tiny,
   np.testing.assert_allclose(kept.cumulative_scores, ref["cumulative_scores"], atol=1e-5)
   s = graph_view.scores(graph)
   np.testing.assert_allclose([s["replacement"], s["completeness"]], ref["scores"], atol=1e-5)
+  viewer = json.loads(json.dumps(graph_view.to_json(graph, kept, str)))  # circuit-tracer's viewer's form
+  assert len(viewer["nodes"]) == kept.node_mask.sum() and len(viewer["links"]) == kept.edge_mask.sum()
+  assert {n["feature_type"] for n in viewer["nodes"]} >= {"cross layer transcoder", "embedding", "logit"}
 
 
 def test_the_rows_equal_a_dense_jacobian_of_the_replacement_model(tiny):

@@ -8,4 +8,6 @@ probes            what launch.probe draws: attention maps, residual norms, the l
 studies           launch.probe's verbs as calls with arguments (heads, attribution, patching, circuits)
 features          an SAE's features: top contexts, histograms, the logits they promote (features.html)
 fourier           grokking's Fourier progress measures
+graph             attribution graphs through transcoders: the local replacement model, edges, feature interventions
+graph_view        pruning a graph, its scores, circuit-tracer's viewer JSON; graph_page: its HTML page
 """

@@ -130,7 +130,7 @@ def to_json(graph: Graph, kept: Pruned, decode, slug: str = "graph", node_thresh
   T, L, n = graph.num_positions, graph.num_layers, graph.num_features
   show = lambda text: text.replace("\n", "⏎").replace("\t", "→").replace("\r", "↵")
   nodes = []
-  for i in np.flatnonzero(kept.node_mask):
+  for i in map(int, np.flatnonzero(kept.node_mask)):
     node = {"node_id": ids[i], "jsNodeId": ids[i], "influence": float(kept.cumulative_scores[i])}
     if i < n:
       layer, pos, latent = map(int, graph.active_features[i])
