@@ -16,6 +16,7 @@ r"""Benchmarks that print tables (medians of several runs). Speed is measured he
   python -m launch.bench --what=accelerator --batch_sizes=1,8,32 --new_tokens=256  # the accelerator check (a GPU)
   python -m launch.bench --what=patching --preset=gpt2 --seq_len=64  # patching sweeps vs TransformerLens
   python -m launch.bench --what=sae    # a TopK SAE's training vs SAELens on the same activations
+  python -m launch.bench --what=graph --preset=gpt2 --seq_len=64 --repeats=3  # an attribution graph vs circuit-tracer
   python -m launch.bench --what=hf --hf_shape=smollm2-135m   # an open family vs transformers (bench_hf.py)
   python -m launch.bench --what=load --hf_shape=llama3.2-1b  # host memory opening a checkpoint (bench_load.py)
 
@@ -47,6 +48,7 @@ from absl import flags
 from launch import (
   bench_accelerator,
   bench_ceilings,
+  bench_graph,
   bench_hf,
   bench_load,
   bench_models,
@@ -72,6 +74,7 @@ TABLES = {
   "accelerator": bench_accelerator.accelerator_table,
   "patching": bench_patching.patching_table,
   "sae": bench_sae.sae_table,
+  "graph": bench_graph.graph_table,
   "hf": bench_hf.hf_table,
   "load": bench_load.load_table,
 }
@@ -171,6 +174,9 @@ _SAE_BATCH = flags.DEFINE_integer("sae_batch", 4096, "--what=sae: rows a step.")
 _SAE_BATCHES = flags.DEFINE_integer("sae_batches", 16, "--what=sae: distinct batches in the activations file.")
 _SAE_STEPS = flags.DEFINE_integer("sae_steps", 200, "--what=sae: training steps (the file's batches cycled).")
 _SAE_LR = flags.DEFINE_float("sae_lr", 4e-4, "--what=sae: Adam's learning rate.")
+_GRAPH_EXPANSION = flags.DEFINE_integer("graph_expansion", 8, "--what=graph: the transcoders' latents per d_model.")
+_GRAPH_L0 = flags.DEFINE_integer("graph_l0", 16, "--what=graph: the transcoders' active latents a position.")
+_GRAPH_BATCH = flags.DEFINE_integer("graph_batch", 256, "--what=graph: backward passes a batch (both).")
 _PEER_PYTHON = flags.DEFINE_string(
   "peer_python",
   None,

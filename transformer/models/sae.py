@@ -68,7 +68,10 @@ class SAEConfig:
   l1_coefficient: float = 5.0  # relu: the L1 penalty's weight
   l0_coefficient: float = 1.0  # jumprelu: the L0 penalty's weight
   bandwidth: float = 0.05  # jumprelu: the straight-through estimator's kernel width (SAELens's)
-  initial_threshold: float = 0.01  # jumprelu: θ at initialisation (SAELens's; see the synthetic preset's 0.5)
+  initial_threshold: float = 0.01  # jumprelu: θ at initialisation (SAELens's), where initial_density is 0
+  # jumprelu: θ₀ per latent from the data instead: each latent fires on this share of the first rows (the
+  # task's init_params; `threshold_from_data`), so that it starts sparse whatever the data's scale
+  initial_density: float = 0.0
   aux_k: int = 0  # AuxK: dead latents that reconstruct the error (0: d_in // 2)
   aux_coefficient: float = 1 / 32
   decoder_init_norm: float = 0.1  # the raw decoder rows' norm at initialisation (encoder: their transpose)
@@ -119,6 +122,7 @@ class SAEConfig:
       "l0_coefficient",
       "bandwidth",
       "initial_threshold",
+      "initial_density",
       "aux_coefficient",
       "threshold_rate",
     ):
@@ -375,6 +379,15 @@ def calibrate(sae: SAE, params, x_NxD) -> dict:
   _, z_NxS = sae.apply({"params": params}, x_NxD, True)
   smallest_kept = jnp.min(jnp.where(z_NxS > 0, z_NxS, jnp.inf))
   return {**params, "threshold": jnp.full_like(params["threshold"], smallest_kept)}
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def threshold_from_data(sae: SAE, params, x_NxD, density: float) -> dict:
+  """JumpReLU's θ₀ per latent from rows of its data (in the model's units): the (1 - density) quantile of
+  the latent's pre-activations, at least 0, so that each latent starts firing on `density` of the rows: a
+  latent learns from the few rows it fires on, as TopK's do, and takes a feature (experiments/README.md)."""
+  pre_NxS = sae.apply({"params": params}, x_NxD * params["input_scale"], method=SAE.pre_activations)
+  return {**params, "threshold": jnp.maximum(jnp.quantile(pre_NxS, 1.0 - density, axis=0), 0.0)}
 
 
 def init_decoder_bias(params, x_NxD, how: str = "mean", iterations: int = 50) -> dict:

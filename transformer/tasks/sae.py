@@ -47,7 +47,16 @@ from transformer.interp import interventions
 from transformer.interp.interventions import Patch
 from transformer.models import hf_families
 from transformer.models.gpt import GPT
-from transformer.models.sae import SAE, init_decoder_bias, latent_density, norm_scale, recovery, sae_loss, scores
+from transformer.models.sae import (
+  SAE,
+  init_decoder_bias,
+  latent_density,
+  norm_scale,
+  recovery,
+  sae_loss,
+  scores,
+  threshold_from_data,
+)
 from transformer.tasks.base import Task
 from transformer.tasks.lm import LanguageModel
 
@@ -241,7 +250,8 @@ class SparseAutoencoder(Task):
 
   def init_params(self, params, restore):
     """b_dec at the first refill's mean or geometric median, and the inputs' scale, from its rows (a
-    transcoder's: b_dec and `output_scale` from the target's columns)."""
+    transcoder's: b_dec and `output_scale` from the target's columns); JumpReLU's θ₀ from them too
+    (`initial_density`)."""
     rows = self.data.source.chunk(0)[: 16 * self.config.batch_size]
     x_NxD, y_NxO = _split(self.model_config, rows)
     scale = norm_scale(x_NxD) if self.config.normalize else 1.0
@@ -251,6 +261,8 @@ class SparseAutoencoder(Task):
       params["output_scale"] = jnp.full_like(params["output_scale"], scale)
     if self.config.init_b_dec != "zeros":
       params = init_decoder_bias(params, (x_NxD if y_NxO is None else y_NxO) * scale, self.config.init_b_dec)
+    if self.model_config.activation == "jumprelu" and self.model_config.initial_density > 0:
+      params = threshold_from_data(self.model, params, x_NxD, self.model_config.initial_density)
     return params
 
   def update_scale(self):
