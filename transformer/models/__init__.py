@@ -6,7 +6,8 @@
   encoder    the encoder-only Transformer (classification, tagging)
   lstm       stacked LSTMs, one-way or bidirectional: the recurrent baselines
   classifier heads on a body (gpt, encoder, lstm): a label per text or per token
-  sae        sparse autoencoders on a point's activations (TopK, BatchTopK, JumpReLU, ReLU + L1)
+  sae        sparse autoencoders on a point's activations (TopK, BatchTopK, JumpReLU, ReLU + L1) and transcoders;
+             clt: cross-layer transcoders (an SAEConfig with `layers`)
   hf_gpt2    Hugging Face GPT-2 safetensors <-> GPT params
   hf_marian  Hugging Face Marian (OPUS-MT) files <-> seq2seq params and config
   hf_files   what the two weight formats share (writing model.safetensors)

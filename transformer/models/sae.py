@@ -59,6 +59,7 @@ class SAEConfig:
   d_sae: int = 0  # latents (0: expansion x d_in)
   d_out: int = 0  # a transcoder's output width (0: an SAE, whose output is its input)
   skip: bool = False  # a transcoder's linear skip from input to output (W_skip)
+  layers: int = 0  # a cross-layer transcoder over this many layers (transformer.models.clt); 0: one point
   # The decoder's rows unit vectors (every activation but relu). False: taken as they are (one imported
   # from SAELens, whose decoders are not normalised: transformer.models.sae_formats).
   normalize_decoder: bool = True
@@ -113,6 +114,10 @@ class SAEConfig:
         f"d_in, d_sae and d_out are widths (0: from the activations, expansion x d_in, an SAE); got "
         f"{self.d_in}, {self.d_sae}, {self.d_out}"
       )
+    if self.layers < 0:
+      raise ConfigError(f"layers is a cross-layer transcoder's span (0: none), got {self.layers}")
+    if self.layers and (self.skip or self.activation == "batchtopk"):
+      raise ConfigError("a cross-layer transcoder is TopK, JumpReLU or ReLU + L1, without a skip path")
     if self.skip and not self.d_out:
       raise ConfigError("skip is a transcoder's linear path from input to output: give d_out (0 is an SAE)")
     if self.activation in ("topk", "batchtopk") and 0 < self.latents < self.k:  # 0: not known before the activations
@@ -129,6 +134,13 @@ class SAEConfig:
       if getattr(self, name) < 0:
         raise ConfigError(f"{name} must be at least 0, got {getattr(self, name)}")
     return self
+
+
+def _summed_to(g, shape: tuple[int, ...]) -> jax.Array:
+  """A gradient of a broadcast value summed back to its shape (θ per latent: S; a cross-layer
+  transcoder's per layer, broadcast over rows: L x 1 x S)."""
+  g = g.sum(tuple(range(g.ndim - len(shape))))
+  return g.sum(tuple(i for i, n in enumerate(shape) if n == 1), keepdims=True).reshape(shape)
 
 
 def _rectangle(u):
@@ -151,7 +163,7 @@ def _jump_relu_bwd(bandwidth, saved, g):
   pre, threshold = saved
   d_pre = g * (pre > threshold)
   d_threshold = -(threshold / bandwidth) * _rectangle((pre - threshold) / bandwidth) * g
-  return d_pre, d_threshold.reshape(-1, threshold.shape[-1]).sum(0)
+  return d_pre, _summed_to(d_threshold, threshold.shape)
 
 
 jump_relu.defvjp(_jump_relu_fwd, _jump_relu_bwd)
@@ -170,7 +182,7 @@ def _step_fwd(pre, threshold, bandwidth):
 def _step_bwd(bandwidth, saved, g):
   pre, threshold = saved
   d_threshold = -(1.0 / bandwidth) * _rectangle((pre - threshold) / bandwidth) * g
-  return jnp.zeros_like(pre), d_threshold.reshape(-1, threshold.shape[-1]).sum(0)
+  return jnp.zeros_like(pre), _summed_to(d_threshold, threshold.shape)
 
 
 step.defvjp(_step_fwd, _step_bwd)
