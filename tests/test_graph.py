@@ -20,6 +20,7 @@ from transformer.errors import CheckpointError, ConfigError, UserError
 from transformer.interp import graph as G
 from transformer.interp import graph_view
 from transformer.models import sae_formats
+from transformer.models.clt import CrossLayerTranscoder
 from transformer.models.gpt import GPT, GPTConfig
 from transformer.models.hf_gpt2 import import_hf_gpt2
 from transformer.models.sae import SAE, SAEConfig
@@ -68,6 +69,19 @@ def tiny():
   return model, params, G.Transcoders(tuple(saes), tuple(tc_params))
 
 
+@pytest.fixture(scope="module")
+def tiny_clt(tiny):
+  """The tiny GPT and a random cross-layer transcoder (TopK, k 4) over its two layers, scales not 1."""
+  model, params, _ = tiny
+  clt = CrossLayerTranscoder(SAEConfig(d_in=16, d_out=16, d_sae=48, layers=2, activation="topk", k=4))
+  p = {k: np.asarray(v) for k, v in compiled_init(clt, np.zeros((2, 3, 16), np.float32)).items()}
+  rng = np.random.default_rng(1)
+  p.update(W_enc=rng.normal(size=(2, 16, 48)).astype(np.float32) * 10, b_enc=np.full((2, 48), -0.2, np.float32))
+  p.update(input_scale=np.array([1.3, 0.8], np.float32), output_scale=np.array([0.7, 1.2], np.float32))
+  p.update({f"W_dec_{l}": p[f"W_dec_{l}"] * 10 for l in range(2)})
+  return model, params, G.Transcoders(params=jax.device_put(p), clt=clt)
+
+
 @pytest.mark.parametrize("name", ["relu", "skip_jumprelu"])
 def test_the_graph_equals_circuit_tracers_on_its_own_transcoder_files(gpt2_tiny, name):
   """Same active features and activations, same logits, the adjacency to 1e-4 of its largest entry, the same
@@ -92,8 +106,9 @@ def test_the_graph_equals_circuit_tracers_on_its_own_transcoder_files(gpt2_tiny,
   assert {n["feature_type"] for n in viewer["nodes"]} >= {"cross layer transcoder", "embedding", "logit"}
 
 
-def test_the_rows_equal_a_dense_jacobian_of_the_replacement_model(tiny):
-  model, params, transcoders = tiny
+@pytest.mark.parametrize("which", ["tiny", "tiny_clt"])
+def test_the_rows_equal_a_dense_jacobian_of_the_replacement_model(which, request):
+  model, params, transcoders = request.getfixturevalue(which)
   graph = G.attribute(model, params, TOKENS, transcoders, batch_size=7)  # batches that do not divide the rows
   n, K = graph.num_features, len(graph.logit_tokens)
   rows = np.concatenate([graph.adjacency_NxN[:n], graph.adjacency_NxN[-K:]])[:, :-K]
@@ -105,22 +120,31 @@ def test_the_rows_equal_a_dense_jacobian_of_the_replacement_model(tiny):
   assert not graph.adjacency_NxN[:n, :n][feature_layer[:, None] <= feature_layer[None, :]].any()  # forward only
 
 
-def test_an_edge_is_the_change_of_its_targets_input_when_its_source_is_removed(tiny):
-  """A forward pass of the replacement model without one source (its output vector subtracted where it
-  writes) moves each target's input by minus its edge: a finite difference, on a feature and on a token."""
-  model, params, transcoders = tiny
+@pytest.mark.parametrize("which", ["tiny", "tiny_clt"])
+def test_an_edge_is_the_change_of_its_targets_input_when_its_source_is_removed(which, request):
+  """A forward pass of the replacement model without one source (its output vectors subtracted where it
+  writes: one layer, or a cross-layer transcoder's every later one) moves each target's input by minus its edge:
+  a finite difference, on a feature and on a token."""
+  model, params, transcoders = request.getfixturevalue(which)
   graph = G.attribute(model, params, TOKENS, transcoders)
-  setup, weights, sources, targets = _parts(model, params, transcoders, graph)
+  tc = transcoders.unboxed()
+  setup = G._setup(model, G._static(tc), params, tc.params, jax.device_put(TOKENS), True)
+  sources = G._sources(tc, setup, graph.active_features, graph.activations)
+  targets = G._targets(model, params, tc, graph.active_features, graph.logit_tokens, len(TOKENS))
   L, T, D = setup.errors_LxTxD.shape
   zeros = {"mlp_out": np.zeros((L, T, D), np.float32), "embed": np.zeros((T, D), np.float32)}
-  run = jax.jit(lambda delta: G.replacement_inputs(model, "mlp_in", params, weights, jnp.asarray(TOKENS), setup, delta))
+  run = jax.jit(lambda delta: G.replacement_inputs(model, tc, params, jax.device_put(TOKENS), setup, delta))
   clean = _read(run(zeros), targets)
   rows = np.concatenate([graph.adjacency_NxN[: graph.num_features], graph.adjacency_NxN[-len(graph.logit_tokens) :]])
   first_layer = np.flatnonzero(graph.active_features[:, 0] == 0)
   s = int(first_layer[np.argmax(np.abs(rows[:, first_layer]).max(0))])  # the layer-0 feature of the largest edge
-  layer, pos, _ = graph.active_features[s]
-  vector = sources["features_CxMxD"][sources["cell_n"][s], sources["slot_n"][s]]
-  without = _read(run({**zeros, "mlp_out": jax.device_put(replaced(zeros["mlp_out"], (layer, pos), -vector))}), targets)
+  removed = np.zeros((L * T, D), np.float32)
+  cells = np.asarray(sources["features_CxMxD"])
+  for e in np.flatnonzero(np.asarray(sources["feature_e"]) == s):  # every cell it writes
+    cell, slot = int(sources["cell_e"][e]), int(sources["slot_e"][e])
+    removed[cell] -= cells[cell, slot]
+  assert (np.abs(removed).sum(1) > 0).sum() == (L if which == "tiny_clt" else 1)
+  without = _read(run({**zeros, "mlp_out": removed.reshape(L, T, D)}), targets)
   np.testing.assert_allclose(clean - without, rows[:, s], atol=1e-4)
   assert np.abs(rows[:, s]).max() > 1e-2
   p = 4
@@ -128,14 +152,6 @@ def test_an_edge_is_the_change_of_its_targets_input_when_its_source_is_removed(t
     run({**zeros, "embed": jax.device_put(replaced(zeros["embed"], p, -sources["embed_TxD"][p]))}), targets
   )
   np.testing.assert_allclose(clean - without, rows[:, graph.token_index(p)], atol=1e-4)
-
-
-def _parts(model, params, transcoders, graph):
-  setup = G._setup(model, transcoders.saes, "mlp_in", params, transcoders.params, jnp.asarray(TOKENS), True)
-  weights = G._live_weights(transcoders, transcoders.params)
-  sources = G._sources(model, transcoders, transcoders.params, setup, graph.active_features, graph.activations)
-  targets = G._targets(model, params, transcoders, transcoders.params, graph.active_features, graph.logit_tokens, 10)
-  return setup, weights, sources, targets
 
 
 def _read(result, targets) -> np.ndarray:
@@ -162,16 +178,16 @@ def test_the_replacement_model_gives_the_models_logits_and_a_perfect_transcoder_
     saes.append(sae)
     tc_params.append(p)
   perfect = G.Transcoders(tuple(saes), tuple(tc_params), point_in="ln_2.normalized")
-  setup = G._setup(model, perfect.saes, perfect.point_in, params, perfect.params, jnp.asarray(TOKENS), False)
+  setup = G._setup(model, G._static(perfect), params, perfect.params, jax.device_put(TOKENS), False)
   assert np.abs(np.asarray(setup.errors_LxTxD)).max() < 1e-5
-  weights = G._live_weights(perfect, perfect.params)
   zeros = {"mlp_out": np.zeros((2, 10, 16), np.float32), "embed": np.zeros((10, 16), np.float32)}
-  run = jax.jit(lambda d: G.replacement_inputs(model, perfect.point_in, params, weights, jnp.asarray(TOKENS), setup, d))
+  run = jax.jit(lambda d: G.replacement_inputs(model, perfect, params, jax.device_put(TOKENS), setup, d))
   _, final_TxD = run(zeros)
   logits = np.asarray(compiled_apply(model, {"params": params}, TOKENS[None])[0])
   np.testing.assert_allclose(np.asarray(final_TxD) @ np.asarray(G.unembedding(model, params)), logits, atol=1e-5)
   graph = G.attribute(model, params, TOKENS, perfect)
-  assert not graph.adjacency_NxN[:, graph.num_features : graph.token_index(0)].any()  # no error has an effect
+  from_errors = graph.adjacency_NxN[:, graph.num_features : graph.token_index(0)]
+  assert np.abs(from_errors).max() < 1e-6 * np.abs(graph.adjacency_NxN).max()  # no error has an effect
 
 
 def test_pruning_keeps_the_nodes_that_carry_the_stated_share_of_the_logits_influence():
@@ -192,11 +208,12 @@ def test_pruning_keeps_the_nodes_that_carry_the_stated_share_of_the_logits_influ
     graph_view.prune(graph, node_threshold=1.5)
 
 
-def test_a_feature_set_through_the_model_moves_the_logits_as_its_edges_say(tiny):
+@pytest.mark.parametrize("which", ["tiny", "tiny_clt"])
+def test_a_feature_set_through_the_model_moves_the_logits_as_its_edges_say(which, request):
   """Zeroing the feature with the largest direct effect on the top logit, with the norms and MLPs fixed (direct
   effects), moves every demeaned logit by minus its edge; through the model (later features responding) the
   top logit moves too, by another amount; no intervention is the model itself."""
-  model, params, transcoders = tiny
+  model, params, transcoders = request.getfixturevalue(which)
   graph = G.attribute(model, params, TOKENS, transcoders)
   logits = np.asarray(compiled_apply(model, {"params": params}, TOKENS[None])[0, -1])
   base, z = G.intervene(model, params, TOKENS, transcoders, [])

@@ -67,6 +67,11 @@ def locate(model, params, point: str, layer: int) -> tuple[int, int | None]:
   return math.prod(shape[2:]), layer if in_block else None
 
 
+def middle_layer(model, layer: int) -> int:
+  """The block a config's `layer` names: -1 is the middle one."""
+  return model.config.num_layers // 2 if layer < 0 else layer
+
+
 class ModelActivations:
   """A trained GPT's activations at (`point`, `layer`) on windows of `seq_len` tokens of its text; with a
   `target_point`, a transcoder's rows: each token's activation at the point and at the target (the point

@@ -37,46 +37,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer import inference
+from transformer.data.activations import middle_layer
 from transformer.errors import UserError
+from transformer.interp import replacement
 from transformer.interp.interventions import _split
+from transformer.interp.replacement import Transcoders
 from transformer.layers.points import functions_at
 from transformer.models import sae_formats
 from transformer.models.sae import SAE
-from transformer.tasks.sae import middle_layer
-
-
-@dataclasses.dataclass(frozen=True)
-class Transcoders:
-  """One transcoder a layer of one model, each reading `point_in` and writing `point_out` of its block
-  (SAE modules with `d_out`, and their params)."""
-
-  saes: tuple[SAE, ...]
-  params: tuple[Any, ...]
-  point_in: str = "mlp_in"
-  point_out: str = "mlp_out"
-
-  def check(self, model) -> Transcoders:
-    cfg = model.config
-    if len(self.saes) != cfg.num_layers:
-      raise UserError(
-        f"a replacement model needs a transcoder at each of the model's {cfg.num_layers} layers; got "
-        f"{len(self.saes)}: train one a layer (--config.point={self.point_in} --config.target_point={self.point_out})"
-      )
-    D = cfg.block.d_model
-    for layer, sae in enumerate(self.saes):
-      if not sae.config.transcoder:
-        raise UserError(f"the dictionary of layer {layer} is an SAE, not a transcoder (it has no d_out)")
-      if (sae.config.d_in, sae.config.d_out) != (D, D):
-        raise UserError(
-          f"the transcoder of layer {layer} maps {sae.config.d_in} -> {sae.config.d_out} wide rows; this model's "
-          f"{self.point_in} and {self.point_out} are {D} wide: it was trained for another model"
-        )
-    if self.point_out not in ("mlp_out",) or self.point_in not in ("mlp_in", "resid_mid", "ln_2.normalized"):
-      raise UserError(
-        f"a replacement model replaces MLPs: transcoders from mlp_in, resid_mid or ln_2.normalized to mlp_out, "
-        f"not {self.point_in} -> {self.point_out}"
-      )
-    return self
 
 
 @dataclasses.dataclass
@@ -139,20 +107,19 @@ def attribute(
   backward passes of the local replacement model (this module's docstring). `zero_first`: the first
   position's features and error left out (circuit-tracer's: the first position is an attention sink, a
   BOS, whose activations are outliers; its MLP output stays in the replacement model as a constant)."""
-  transcoders.check(model)
+  tc = transcoders.check(model).unboxed()
   tokens_T = np.asarray(tokens_T, np.int32).reshape(-1)
   if len(tokens_T) > model.config.max_len:
     raise UserError(f"a prompt of {len(tokens_T)} tokens is longer than the model's context ({model.config.max_len})")
   params = nn.unbox(params)
-  tc_params = tuple(nn.unbox(p) for p in transcoders.params)
-  setup = _setup(model, transcoders.saes, transcoders.point_in, params, tc_params, jax.device_put(tokens_T), zero_first)
+  setup = _setup(model, _static(tc), params, tc.params, jax.device_put(tokens_T), zero_first)
   z_LxTxS = np.asarray(setup.z_LxTxS)
   active_nx3 = np.argwhere(z_LxTxS > 0)  # layer-major, then position, then latent: circuit-tracer's order
   activations_n = z_LxTxS[tuple(active_nx3.T)]
   logit_tokens, logit_p = salient_logits(np.asarray(setup.logits_V), max_n_logits, desired_logit_prob)
-  sources = _sources(model, transcoders, tc_params, setup, active_nx3, activations_n)
-  targets = _targets(model, params, transcoders, tc_params, active_nx3, logit_tokens, len(tokens_T))
-  rows = _rows(model, transcoders, params, tc_params, jax.device_put(tokens_T), setup, sources, targets, batch_size)
+  sources = _sources(tc, setup, active_nx3, activations_n)
+  targets = _targets(model, params, tc, active_nx3, logit_tokens, len(tokens_T))
+  rows = _rows(model, tc, params, jax.device_put(tokens_T), setup, sources, targets, batch_size)
   n, K = len(active_nx3), len(logit_tokens)
   N = n + (model.config.num_layers + 1) * len(tokens_T) + K
   adjacency_NxN = np.zeros((N, N), np.float32)
@@ -186,37 +153,45 @@ def _frozen_kind(name: str) -> bool:
   return name == "pattern" or name.rsplit(".", 1)[-1] == "scale"
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 6))
-def _setup(model, saes, point_in: str, params, tc_params, tokens_T, zero_first: bool) -> _Setup:
+def _static(tc: Transcoders) -> tuple:
+  """The transcoders' modules and points: what a compiled program is specialised to (their params are traced)."""
+  return tc.saes, tc.clt, tc.point_in
+
+
+def _with(static: tuple, tc_params) -> Transcoders:
+  saes, clt, point_in = static
+  return Transcoders(saes, tc_params, point_in, clt=clt)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 5))
+def _setup(model, static: tuple, params, tc_params, tokens_T, zero_first: bool) -> _Setup:
   """The clean run: what the replacement model fixes, the transcoders' features and errors."""
+  tc = _with(static, tc_params)
   frozen, inputs, outputs = {}, {}, {}
 
   def record(path, x):
     name, layer, _ = _split(path)
-    if _frozen_kind(name) or name == "mlp_out":
+    if _frozen_kind(name) or name in ("mlp_out", "embed"):
       frozen[path] = x
     if name == "mlp_out":
       outputs[layer] = x[0]
-    if name == point_in:
+    if name == tc.point_in:
       inputs[layer] = x[0]
-    if name == "embed":
-      frozen[path] = x
     return x
 
   with functions_at(record):
     logits_BxTxV = model.apply({"params": params}, tokens_T[None])
-  L = len(saes)
-  inputs_LxTxD = jnp.stack([inputs[layer] for layer in range(L)])
-  z, errors = [], []
-  for layer, (sae, p) in enumerate(zip(saes, tc_params)):
-    y_hat_TxD, z_TxS = sae.apply({"params": p}, inputs_LxTxD[layer].astype(jnp.float32))
-    error_TxD = outputs[layer].astype(jnp.float32) - y_hat_TxD
-    if zero_first:
-      z_TxS, error_TxD = z_TxS.at[0].set(0.0), error_TxD.at[0].set(0.0)
-    z.append(z_TxS)
-    errors.append(error_TxD)
+  L = tc.num_layers
+  inputs_LxTxD = jnp.stack([inputs[layer] for layer in range(L)]).astype(jnp.float32)
+  z_LxTxS = jnp.stack([replacement.encode(tc, tc_params, layer, inputs_LxTxD[layer]) for layer in range(L)])
+  if zero_first:
+    z_LxTxS = z_LxTxS.at[:, 0].set(0.0)
+  y_hat_LxTxD = replacement.outputs(tc, tc_params, z_LxTxS, inputs_LxTxD)
+  errors_LxTxD = jnp.stack([outputs[layer] for layer in range(L)]).astype(jnp.float32) - y_hat_LxTxD
+  if zero_first:
+    errors_LxTxD = errors_LxTxD.at[:, 0].set(0.0)
   embed_TxD = next(x for path, x in frozen.items() if _split(path)[0] == "embed")[0]
-  return _Setup(frozen, inputs_LxTxD, jnp.stack(z), jnp.stack(errors), embed_TxD, logits_BxTxV[0, -1])
+  return _Setup(frozen, inputs_LxTxD, z_LxTxS, errors_LxTxD, embed_TxD, logits_BxTxV[0, -1])
 
 
 jax.tree_util.register_dataclass(
@@ -224,58 +199,48 @@ jax.tree_util.register_dataclass(
 )
 
 
-def _sae_weights(sae: SAE, p) -> dict:
-  """The unit decoder rows (S x D) and the params the replacement model reads."""
+def _sources(tc: Transcoders, setup: _Setup, active_nx3, activations_n) -> dict:
+  """Every source node's output vectors, arranged for the rows' contraction: each feature's a·W_dec at each
+  (layer, position) it writes (one for a transcoder a layer; its layer and every later one for a cross-layer
+  transcoder), in cells of (layer, position) padded to the fullest cell (C x M x D), each entry's feature, cell
+  and slot; the errors (L x T x D) and the token embeddings (T x D)."""
+  L, T, D = setup.errors_LxTxD.shape
+  feature_e, cell_e, vectors = [], [], []
+  for layer in range(L):
+    mine = np.flatnonzero(active_nx3[:, 0] == layer)
+    dec_SxMxD, first = map(np.asarray, replacement.decoders(tc, tc.params, layer))
+    for m in range(dec_SxMxD.shape[1]):
+      feature_e.append(mine)
+      cell_e.append((first + m) * T + active_nx3[mine, 1])
+      vectors.append(activations_n[mine, None] * dec_SxMxD[active_nx3[mine, 2], m])
+  feature_e, cell_e = np.concatenate(feature_e), np.concatenate(cell_e)
+  vectors_ExD = np.concatenate(vectors).astype(np.float32) if vectors else np.zeros((0, D), np.float32)
+  counts = np.bincount(cell_e, minlength=L * T)
+  order = np.argsort(cell_e, kind="stable")
+  slot_e = np.empty_like(cell_e)
+  slot_e[order] = np.arange(len(cell_e)) - np.concatenate([[0], np.cumsum(counts)])[cell_e[order]]
+  cells_CxMxD = np.zeros((L * T, max(1, int(counts.max(initial=0))), D), np.float32)
+  cells_CxMxD[cell_e, slot_e] = vectors_ExD
   return {
-    "decoder": sae.apply({"params": p}, method=SAE.decoder),
-    "W_enc": p["W_enc"],
-    "W_skip": p.get("W_skip"),
-    "input_scale": p["input_scale"],
-    "output_scale": p["output_scale"],
-  }
-
-
-def _live_weights(transcoders: Transcoders, tc_params) -> tuple[dict, ...]:
-  """What the replacement model's forward reads of each layer's transcoder (its skip path)."""
-  return tuple(
-    {k: v for k, v in _sae_weights(sae, p).items() if k != "decoder"} for sae, p in zip(transcoders.saes, tc_params)
-  )
-
-
-def _sources(model, transcoders, tc_params, setup: _Setup, active_nx3, activations_n) -> dict:
-  """Every source node's output vector, arranged for the rows' contraction: the features' a·W_dec/
-  output_scale in cells of (layer, position), padded to the fullest cell (C x M x D) with each feature's
-  cell and slot; the errors (L x T x D) and the token embeddings (T x D)."""
-  L, T, _ = setup.errors_LxTxD.shape
-  cell_n = active_nx3[:, 0] * T + active_nx3[:, 1]
-  counts = np.bincount(cell_n, minlength=L * T)
-  M = max(1, int(counts.max(initial=0)))
-  slot_n = np.arange(len(cell_n)) - np.concatenate([[0], np.cumsum(counts)])[cell_n]
-  vectors = np.zeros((L * T, M, setup.errors_LxTxD.shape[-1]), np.float32)
-  for layer, (sae, p) in enumerate(zip(transcoders.saes, tc_params)):
-    mine = active_nx3[:, 0] == layer
-    w = _sae_weights(sae, p)
-    rows_nxD = np.asarray(w["decoder"])[active_nx3[mine, 2]] / float(w["output_scale"])
-    vectors[cell_n[mine], slot_n[mine]] = activations_n[mine, None] * rows_nxD
-  return {
-    "features_CxMxD": jax.device_put(vectors),
-    "cell_n": jax.device_put(cell_n.astype(np.int32)),
-    "slot_n": jax.device_put(slot_n.astype(np.int32)),
+    "features_CxMxD": jax.device_put(cells_CxMxD),
+    "feature_e": jax.device_put(feature_e.astype(np.int32)),
+    "cell_e": jax.device_put(cell_e.astype(np.int32)),
+    "slot_e": jax.device_put(slot_e.astype(np.int32)),
+    "num_features": len(active_nx3),
     "errors_LxTxD": setup.errors_LxTxD,
     "embed_TxD": setup.embed_TxD.astype(jnp.float32),
   }
 
 
-def _targets(model, params, transcoders, tc_params, active_nx3, logit_tokens, T: int) -> dict:
-  """Every target's input direction, where it reads: a feature's encoder column (times input_scale)
-  at its transcoder's input point (layer, position); a logit's unembedding column minus the
-  vocabulary's mean, on the final norm's output at the last position (layer L)."""
+def _targets(model, params, tc: Transcoders, active_nx3, logit_tokens, T: int) -> dict:
+  """Every target's input direction, where it reads: a feature's encoder column (its input_scale folded in)
+  at its transcoder's input point (layer, position); a logit's unembedding column minus the vocabulary's
+  mean, on the final norm's output at the last position (layer L)."""
   L = model.config.num_layers
   vectors = []
-  for layer, (sae, p) in enumerate(zip(transcoders.saes, tc_params)):
-    w = _sae_weights(sae, p)
+  for layer in range(L):
     mine = active_nx3[:, 0] == layer
-    vectors.append(np.asarray(w["W_enc"]).T[active_nx3[mine, 2]] * float(w["input_scale"]))
+    vectors.append(np.asarray(replacement.encoders(tc, tc.params, layer)).T[active_nx3[mine, 2]])
   unembed_DxV = np.asarray(unembedding(model, params), np.float32)
   demeaned_KxD = (unembed_DxV[:, logit_tokens] - unembed_DxV.mean(1, keepdims=True)).T
   return {
@@ -285,25 +250,26 @@ def _targets(model, params, transcoders, tc_params, active_nx3, logit_tokens, T:
   }
 
 
-def _rows(model, transcoders, params, tc_params, tokens_T, setup, sources, targets, batch_size: int) -> np.ndarray:
+def _rows(model, tc: Transcoders, params, tokens_T, setup, sources, targets, batch_size: int) -> np.ndarray:
   """The adjacency's rows of every target (features', then logits'), `batch_size` backward passes at a
   time (the last batch padded, so that one program serves every batch)."""
   N = len(targets["layer_N"])
-  weights = _live_weights(transcoders, tc_params)
   B = max(1, min(batch_size, N))
   out = []
+  arrays = {k: v for k, v in sources.items() if k != "num_features"}
   for start in range(0, N, B):
     chunk = {k: _padded(v[start : start + B], B) for k, v in targets.items()}
-    rows = _row_batch(model, transcoders.point_in, params, weights, tokens_T, setup, sources, chunk)
+    rows = _row_batch(model, _static(tc), sources["num_features"], params, tc.params, tokens_T, setup, arrays, chunk)
     out.append(np.asarray(rows)[: min(B, N - start)])
-  return np.concatenate(out) if out else np.zeros((0, sources["cell_n"].shape[0]), np.float32)
+  L, T, _ = setup.errors_LxTxD.shape
+  return np.concatenate(out) if out else np.zeros((0, sources["num_features"] + (L + 1) * T), np.float32)
 
 
 def _padded(x: np.ndarray, size: int) -> np.ndarray:
   return np.concatenate([x, np.zeros((size - len(x), *x.shape[1:]), x.dtype)]) if len(x) < size else x
 
 
-def replacement_inputs(model, point_in: str, params, weights, tokens_T, setup: _Setup, delta: dict):
+def replacement_inputs(model, tc: Transcoders, params, tokens_T, setup: _Setup, delta: dict):
   """The local replacement model on the prompt, with `delta` added to every MLP's output (L x T x D:
   "mlp_out") and to the token embeddings (T x D: "embed"): the transcoders' inputs (L x T x D) and the
   final norm's output (T x D). Linear in delta; at delta 0, the clean run's values."""
@@ -313,38 +279,29 @@ def replacement_inputs(model, point_in: str, params, weights, tokens_T, setup: _
     name, layer, _ = _split(path)
     if _frozen_kind(name):
       return setup.frozen[path]
-    if name == point_in:
+    if name == tc.point_in:
       live_in[layer] = x
-    if name == "mlp_out":
-      out = setup.frozen[path] + delta["mlp_out"][layer].astype(x.dtype)
-      return out + _skip_change(weights[layer], live_in[layer], setup.inputs_LxTxD[layer]).astype(x.dtype)
+    if name == "mlp_out":  # fixed, but for a skip path, which stays live (it is linear)
+      moved = replacement.skip(tc, tc.params, layer, live_in[layer] - setup.inputs_LxTxD[layer])
+      return setup.frozen[path] + (delta["mlp_out"][layer] + moved).astype(x.dtype)
     if name == "embed":
       return x + delta["embed"].astype(x.dtype)
     return x
 
   with functions_at(replace):
     final_BxTxD = model.apply({"params": params}, tokens_T[None], method=type(model).hidden_states)
-  inputs_LxTxD = jnp.stack([live_in[layer][0] for layer in range(len(weights))]).astype(jnp.float32)
+  inputs_LxTxD = jnp.stack([live_in[layer][0] for layer in range(tc.num_layers)]).astype(jnp.float32)
   return inputs_LxTxD, final_BxTxD[0].astype(jnp.float32)
 
 
-def _skip_change(w: dict, live_in, clean_in) -> jax.Array:
-  """A skip transcoder's output moved by its input's change from the clean run (the skip path stays live in
-  the replacement model: it is linear); 0 without one."""
-  if w.get("W_skip") is None:
-    return jnp.zeros((), jnp.float32)
-  moved = (live_in - clean_in).astype(jnp.float32)
-  return (moved * w["input_scale"]) @ w["W_skip"] / w["output_scale"]
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _row_batch(model, point_in: str, params, weights, tokens_T, setup, sources, targets) -> jax.Array:
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _row_batch(model, static, n: int, params, tc_params, tokens_T, setup, sources, targets) -> jax.Array:
   """B rows of the adjacency: one backward pass of the replacement model a target (vmapped), each
-  gradient contracted with every source's output vector. B x (features + errors + tokens)."""
+  gradient contracted with every source's output vectors. B x (features + errors + tokens)."""
+  tc = _with(static, tc_params)
   L, T, D = setup.errors_LxTxD.shape
   zeros = {"mlp_out": jnp.zeros((L, T, D), jnp.float32), "embed": jnp.zeros((T, D), jnp.float32)}
-  forward = lambda delta: replacement_inputs(model, point_in, params, weights, tokens_T, setup, delta)
-  _, backward = jax.vjp(forward, zeros)
+  _, backward = jax.vjp(lambda delta: replacement_inputs(model, tc, params, tokens_T, setup, delta), zeros)
 
   def cotangent(vector_D, layer, position):
     """The target's input direction where it reads: a transcoder's input (layer < L) or the final norm's."""
@@ -355,7 +312,8 @@ def _row_batch(model, point_in: str, params, weights, tokens_T, setup, sources, 
   (grads,) = jax.vmap(lambda gi, gf: backward((gi, gf)))(g_inputs, g_final)
   g_BxCxD = grads["mlp_out"].reshape(-1, L * T, D)
   by_slot_BxCxM = jnp.einsum("bcd,cmd->bcm", g_BxCxD, sources["features_CxMxD"])
-  features_Bxn = by_slot_BxCxM[:, sources["cell_n"], sources["slot_n"]]
+  entries_BxE = by_slot_BxCxM[:, sources["cell_e"], sources["slot_e"]]
+  features_Bxn = jnp.zeros((g_BxCxD.shape[0], n)).at[:, sources["feature_e"]].add(entries_BxE)
   errors_BxC = jnp.einsum("bcd,cd->bc", g_BxCxD, sources["errors_LxTxD"].reshape(L * T, D))
   tokens_BxT = jnp.einsum("btd,td->bt", grads["embed"], sources["embed_TxD"])
   return jnp.concatenate([features_Bxn, errors_BxC, tokens_BxT], axis=1)
@@ -363,26 +321,25 @@ def _row_batch(model, point_in: str, params, weights, tokens_T, setup, sources, 
 
 def dense_rows(model, params, tokens_T, transcoders: Transcoders, graph: Graph, zero_first: bool = True) -> np.ndarray:
   """The graph's rows by another road, for checking `attribute` (small models: one Jacobian of the whole
-  graph): every source's output vector scaled by a coefficient c_s (1: the prompt), the targets' inputs
+  graph): every source's output vectors scaled by a coefficient c_s (1: the prompt), the targets' inputs
   as functions of all coefficients, differentiated at c = 1 by `jax.jacrev`. (features + logits) x
   (features + errors + tokens), as `graph.adjacency_NxN`'s non-zero rows."""
+  tc = transcoders.check(model).unboxed()
   params = nn.unbox(params)
-  tc_params = tuple(nn.unbox(p) for p in transcoders.params)
   tokens = jax.device_put(np.asarray(tokens_T, np.int32).reshape(-1))
-  setup = _setup(model, transcoders.saes, transcoders.point_in, params, tc_params, tokens, zero_first)
-  sources = _sources(model, transcoders, tc_params, setup, graph.active_features, graph.activations)
-  targets = _targets(model, params, transcoders, tc_params, graph.active_features, graph.logit_tokens, len(tokens))
-  weights = _live_weights(transcoders, tc_params)
+  setup = _setup(model, _static(tc), params, tc.params, tokens, zero_first)
+  sources = _sources(tc, setup, graph.active_features, graph.activations)
+  targets = _targets(model, params, tc, graph.active_features, graph.logit_tokens, len(tokens))
   L, T, D = setup.errors_LxTxD.shape
   n = len(graph.active_features)
-  features_nxD = sources["features_CxMxD"][sources["cell_n"], sources["slot_n"]]
+  vectors_ExD = sources["features_CxMxD"][sources["cell_e"], sources["slot_e"]]
 
   def target_values(c):
     c_feat, c_err, c_tok = c[:n] - 1.0, c[n : n + L * T] - 1.0, c[n + L * T :] - 1.0
-    moved_CxD = jnp.zeros((L * T, D)).at[sources["cell_n"]].add(c_feat[:, None] * features_nxD)
+    moved_CxD = jnp.zeros((L * T, D)).at[sources["cell_e"]].add(c_feat[sources["feature_e"], None] * vectors_ExD)
     moved_CxD = moved_CxD + c_err[:, None] * sources["errors_LxTxD"].reshape(L * T, D)
     delta = {"mlp_out": moved_CxD.reshape(L, T, D), "embed": c_tok[:, None] * sources["embed_TxD"]}
-    inputs_LxTxD, final_TxD = replacement_inputs(model, transcoders.point_in, params, weights, tokens, setup, delta)
+    inputs_LxTxD, final_TxD = replacement_inputs(model, tc, params, tokens, setup, delta)
     read_NxD = jnp.concatenate([inputs_LxTxD, final_TxD[None]])[targets["layer_N"], targets["position_N"]]
     return jnp.sum(read_NxD * targets["vectors_NxD"], -1)
 
@@ -398,63 +355,62 @@ def intervene(
   direct_effects: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
   """(the last position's logits V, every layer's feature activations L x T x S) of the model itself with
-  features set: each (layer, position, latent, value) sets that feature's activation, and the MLP's output
-  moves by the decoder's change (circuit-tracer's `feature_intervention`), with the attention patterns fixed
-  at the prompt's. Later transcoders read the changed stream, so later features respond. `direct_effects`:
+  features set: each (layer, position, latent, value) sets that feature's activation, and the MLP outputs it
+  writes move by its decoders' change (circuit-tracer's `feature_intervention`), with the attention patterns
+  fixed at the prompt's. Later transcoders read the changed stream, so later features respond. `direct_effects`:
   the norms' divisors and the MLPs' outputs fixed as well (the local replacement model), where a logit
   moves by exactly what the graph's edges from the set features say."""
-  transcoders.check(model)
+  tc = transcoders.check(model).unboxed()
   tokens = jax.device_put(np.asarray(tokens_T, np.int32).reshape(-1))
   params = nn.unbox(params)
-  tc_params = tuple(nn.unbox(p) for p in transcoders.params)
-  setup = _setup(model, transcoders.saes, transcoders.point_in, params, tc_params, tokens, True)
+  setup = _setup(model, _static(tc), params, tc.params, tokens, True)
   where = jax.device_put(np.asarray(interventions, np.float32).reshape(-1, 4))
-  logits_V, z_LxTxS = _intervened(
-    model, transcoders.saes, transcoders.point_in, params, tc_params, tokens, setup, where, direct_effects
-  )
+  logits_V, z_LxTxS = _intervened(model, _static(tc), params, tc.params, tokens, setup, where, direct_effects)
   return np.asarray(logits_V), np.asarray(z_LxTxS)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 8))
-def _intervened(
-  model, saes, point_in: str, params, tc_params, tokens_T, setup: _Setup, where_Ix4, direct_effects: bool
-):
-  live_in, z = {}, {}
-  layer_I, position_I, latent_I, value_I = (
-    where_Ix4[:, 0].astype(int),
-    where_Ix4[:, 1].astype(int),
-    where_Ix4[:, 2].astype(int),
-    where_Ix4[:, 3],
-  )
+@functools.partial(jax.jit, static_argnums=(0, 1, 7))
+def _intervened(model, static, params, tc_params, tokens_T, setup: _Setup, where_Ix4, direct_effects: bool):
+  tc = _with(static, tc_params)
+  live_in, z, moved = {}, {}, {}  # moved[l]: layer l's latents' change (set - as they came)
+  layer_I, position_I, latent_I = (where_Ix4[:, i].astype(int) for i in range(3))
 
   def change(path, x):
     name, layer, _ = _split(path)
     if name == "pattern" or (direct_effects and _frozen_kind(name)):
       return setup.frozen[path]
-    if name == point_in:
+    if name == tc.point_in:
       live_in[layer] = x[0]
+      z_TxS = replacement.encode(tc, tc_params, layer, x[0])
+      kept_I = z_TxS[position_I, latent_I]
+      z[layer] = z_TxS.at[position_I, latent_I].set(jnp.where(layer_I == layer, where_Ix4[:, 3], kept_I))
+      moved[layer] = z[layer] - z_TxS
     if name != "mlp_out":  # (a pattern, and with direct effects a norm's divisor, fixed above)
       return x
-    sae, p = saes[layer], tc_params[layer]
-    _, z_TxS = sae.apply({"params": p}, live_in[layer].astype(jnp.float32))
-    kept_I = z_TxS[position_I, latent_I]
-    set_TxS = z_TxS.at[position_I, latent_I].set(jnp.where(layer_I == layer, value_I, kept_I))
-    z[layer] = set_TxS
-    moved_TxD = (set_TxS - z_TxS) @ sae.apply({"params": p}, method=SAE.decoder) / p["output_scale"]
+    change_TxD = sum(_written(tc, tc_params, source, layer, moved[source]) for source in range(layer + 1))
     if direct_effects:  # the MLP fixed, its skip path live, as in the replacement model
-      moved_TxD = moved_TxD + _skip_change(p, live_in[layer], setup.inputs_LxTxD[layer])
+      change_TxD = change_TxD + replacement.skip(tc, tc_params, layer, live_in[layer] - setup.inputs_LxTxD[layer])
       x = setup.frozen[path]
-    return x + moved_TxD[None].astype(x.dtype)
+    return x + change_TxD[None].astype(x.dtype)
 
   with functions_at(change):
     logits_BxTxV = model.apply({"params": params}, tokens_T[None])
-  return logits_BxTxV[0, -1], jnp.stack([z[layer] for layer in range(len(saes))])
+  return logits_BxTxV[0, -1], jnp.stack([z[layer] for layer in range(tc.num_layers)])
+
+
+def _written(tc: Transcoders, tc_params, source: int, layer: int, z_TxS) -> jax.Array:
+  """What latents of layer `source` write into layer `layer`'s MLP output (0 where they write nothing)."""
+  dec_SxMxD, first = replacement.decoders(tc, tc_params, source)
+  if not first <= layer < first + dec_SxMxD.shape[1]:
+    return jnp.zeros((), jnp.float32)
+  return z_TxS @ dec_SxMxD[:, layer - first]
 
 
 def load_transcoders(paths: list[str], load=None) -> tuple[Any, Transcoders]:
   """(the model they read, as `inference.load` gives it, or None; the transcoders) of `paths`: one SAE task
-  workdir a layer (config.task=sae with --config.target_point: their model is the one they learned from),
-  or one directory of circuit-tracer's transcoder set (config.yaml; then the model is the caller's, None).
+  workdir a layer (config.task=sae with --config.target_point: their model is the one they learned from), one
+  cross-layer transcoder's workdir (--config.cross_layer), or one directory of circuit-tracer's transcoder
+  set (config.yaml; then the model is the caller's, None).
   `load`: inference.load (what restores the model of workdirs)."""
   from_tracer = len(paths) == 1 and (Path(paths[0]) / sae_formats.CIRCUIT_TRACER_CONFIG).is_file()
   if from_tracer:
@@ -462,6 +418,10 @@ def load_transcoders(paths: list[str], load=None) -> tuple[Any, Transcoders]:
     params = tuple(jax.device_put(p) for _, p in layers)
     return None, Transcoders(tuple(SAE(c) for c, _ in layers), params, point_in, point_out)
   trained = [inference.restore(path, task="sae") for path in paths]
+  if len(trained) == 1 and trained[0].model.config.layers:  # one cross-layer transcoder
+    c = trained[0].run.task_config
+    model = load(workdir=c.run) if c.run else load(hf=c.hf, tokenizer=trained[0].run.data.tokenizer)
+    return model, Transcoders((), nn.unbox(trained[0].params), c.point, c.target_point, clt=trained[0].model)
   configs = [t.run.task_config for t in trained]
   sources = {(c.run, c.hf) for c in configs}
   if len(sources) != 1:

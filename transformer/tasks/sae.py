@@ -39,6 +39,7 @@ from transformer.data.activations import (
   ModelActivations,
   SyntheticActivations,
   locate,
+  middle_layer,
   read_array,
 )
 from transformer.data.superposition import Superposition
@@ -165,10 +166,6 @@ def source_model(config: SAETaskConfig) -> tuple[Any, Any]:
   vocab = tokenizers.load_tokenizer(Path(config.run) / workdir_files.TOKENIZER).vocab_size
   model = GPT(run.model_config(vocab))
   return model, jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
-
-
-def middle_layer(model, layer: int) -> int:
-  return model.config.num_layers // 2 if layer < 0 else layer
 
 
 class SparseAutoencoder(Task):
