@@ -1,6 +1,7 @@
 """Golden fixtures from circuit-tracer for tests/test_graph.py: attribution graphs of a prompt through the tiny
 GPT-2 of tests/fixtures/gpt2_tiny_a and random per-layer transcoders in circuit-tracer's own format (a
-config.yaml and one safetensors a layer), computed by circuit-tracer 0.5 on TransformerLens, with its pruning.
+config.yaml and one safetensors a layer) and a random cross-layer transcoder in its files (W_enc_<l>, W_dec_<l>),
+computed by circuit-tracer 0.5 on TransformerLens, with its pruning.
 
 Not run by the test suite (torch is not a dependency of this project). Regenerate with a Python 3.11 venv:
 
@@ -26,6 +27,7 @@ import yaml
 from circuit_tracer import attribute
 from circuit_tracer.graph import compute_graph_scores, prune_graph
 from circuit_tracer.replacement_model.replacement_model_transformerlens import TransformerLensReplacementModel
+from circuit_tracer.transcoder.cross_layer_transcoder import CrossLayerTranscoder, load_clt
 from circuit_tracer.transcoder.single_layer_transcoder import load_transcoder_set
 from safetensors.torch import save_file
 from transformer_lens import HookedTransformerConfig
@@ -38,6 +40,7 @@ FIXTURES = HERE / "fixtures" / "graph"
 TOKENS = np.array([50 % 97, 3, 17, 42, 17, 8, 91, 3, 17, 42], np.int64)  # a repeat in it: something to copy
 D_SAE = 96
 VARIANTS = {"relu": dict(skip=False, jumprelu=False), "skip_jumprelu": dict(skip=True, jumprelu=True)}
+CLT_VARIANTS = {"clt_jumprelu": dict(jumprelu=True)}
 
 
 class IdTokenizer:
@@ -73,16 +76,16 @@ def replacement_model(transcoder_dir: Path) -> TransformerLensReplacementModel:
     device="cpu",
   )
   config = yaml.safe_load((transcoder_dir / "config.yaml").read_text())
-  paths = {t["layer"]: str(transcoder_dir / t["filepath"]) for t in config["transcoders"]}
-  transcoders = load_transcoder_set(
-    paths,
-    scan=config.get("scan", "tiny"),
-    feature_input_hook=config["feature_input_hook"],
-    feature_output_hook=config["feature_output_hook"],
-    device=torch.device("cpu"),
-    lazy_encoder=False,
-    lazy_decoder=False,
-  )
+  hooks = dict(feature_input_hook=config["feature_input_hook"], feature_output_hook=config["feature_output_hook"])
+  if config.get("model_kind") == "cross_layer_transcoder":
+    transcoders = load_clt(
+      str(transcoder_dir), scan="tiny", device=torch.device("cpu"), dtype=torch.float32, lazy_decoder=False, **hooks
+    )
+  else:
+    paths = {t["layer"]: str(transcoder_dir / t["filepath"]) for t in config["transcoders"]}
+    transcoders = load_transcoder_set(
+      paths, scan="tiny", device=torch.device("cpu"), lazy_encoder=False, lazy_decoder=False, **hooks
+    )
   model = TransformerLensReplacementModel(cfg)
   model.load_and_process_state_dict(
     convert_gpt2_weights(hf, cfg), fold_ln=False, center_writing_weights=False, center_unembed=False
@@ -125,6 +128,41 @@ def random_transcoders(out: Path, seed: int, skip: bool, jumprelu: bool) -> None
   (out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
 
+def random_clt(out: Path, seed: int, jumprelu: bool) -> None:
+  """A random cross-layer transcoder over both layers in circuit-tracer's files (its own `to_safetensors`), scaled
+  as `random_transcoders` scales its per-layer ones."""
+  g = torch.Generator().manual_seed(seed)
+  hf = GPT2LMHeadModel.from_pretrained(MODEL)
+  d, L = hf.config.n_embd, hf.config.n_layer
+  with torch.no_grad():
+    streams = hf(torch.tensor(TOKENS)[None], output_hidden_states=True).hidden_states
+  sizes = [float(streams[layer][0, 1:].norm(dim=-1).mean()) for layer in range(L)]
+  clt = CrossLayerTranscoder(
+    L,
+    D_SAE,
+    d,
+    activation_function="jump_relu" if jumprelu else "relu",
+    lazy_decoder=False,
+    device="cpu",
+    dtype=torch.float32,
+  )
+  with torch.no_grad():
+    clt.W_enc.copy_(torch.stack([torch.randn(D_SAE, d, generator=g) / size for size in sizes]))
+    clt.b_enc.copy_(-0.8 + 0.1 * torch.randn(L, D_SAE, generator=g))
+    clt.b_dec.copy_(0.05 * torch.randn(L, d, generator=g))
+    for layer in range(L):
+      clt.W_dec[layer].copy_(torch.randn(D_SAE, L - layer, d, generator=g) * 0.1 * sizes[layer] / d**0.5)
+    if jumprelu:
+      clt.activation_function.threshold.copy_(0.1 + 0.2 * torch.rand(L, 1, D_SAE, generator=g))
+  clt.to_safetensors(str(out))
+  config = {
+    "model_kind": "cross_layer_transcoder",
+    "feature_input_hook": "hook_resid_mid",
+    "feature_output_hook": "hook_mlp_out",
+  }
+  (out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+
 def graph_of(transcoder_dir: Path, tokens: np.ndarray) -> dict:
   model = replacement_model(transcoder_dir)
   graph = attribute(torch.tensor(tokens), model, max_n_logits=10, desired_logit_prob=0.95, batch_size=64)
@@ -154,6 +192,13 @@ def main(argv: list[str]) -> None:
     out = FIXTURES / name
     out.mkdir(parents=True, exist_ok=True)
     random_transcoders(out, seed=i, **how)
+    np.save(out / "tokens.npy", TOKENS)
+    np.savez_compressed(out / "graph.npz", **graph_of(out, TOKENS))
+    print(name, {k: v.shape for k, v in np.load(out / "graph.npz").items()})
+  for i, (name, how) in enumerate(CLT_VARIANTS.items()):
+    out = FIXTURES / name
+    out.mkdir(parents=True, exist_ok=True)
+    random_clt(out, seed=10 + i, **how)
     np.save(out / "tokens.npy", TOKENS)
     np.savez_compressed(out / "graph.npz", **graph_of(out, TOKENS))
     print(name, {k: v.shape for k, v in np.load(out / "graph.npz").items()})

@@ -18,7 +18,7 @@ from experiments import shakespeare
 from transformer import inference
 from transformer.errors import CheckpointError, ConfigError, UserError
 from transformer.interp import graph as G
-from transformer.interp import graph_view
+from transformer.interp import graph_view, replacement
 from transformer.models import sae_formats
 from transformer.models.clt import CrossLayerTranscoder
 from transformer.models.gpt import GPT, GPTConfig
@@ -82,13 +82,16 @@ def tiny_clt(tiny):
   return model, params, G.Transcoders(params=jax.device_put(p), clt=clt)
 
 
-@pytest.mark.parametrize("name", ["relu", "skip_jumprelu"])
+@pytest.mark.parametrize("name", ["relu", "skip_jumprelu", "clt_jumprelu"])
 def test_the_graph_equals_circuit_tracers_on_its_own_transcoder_files(gpt2_tiny, name):
-  """Same active features and activations, same logits, the adjacency to 1e-4 of its largest entry, the same
-  pruned nodes and edges, the same replacement and completeness scores."""
+  """Per-layer transcoders (ReLU; JumpReLU with skip paths) and a cross-layer transcoder (JumpReLU) in circuit-tracer's
+  files: the same active features and activations, the same logits, the adjacency to 1e-4 of its largest entry, the
+  same pruned nodes and edges, the same replacement and completeness scores."""
   model, params = gpt2_tiny
   ref = np.load(FIXTURES / name / "graph.npz")
-  graph = G.attribute(model, params, np.load(FIXTURES / name / "tokens.npy"), _circuit_tracer_set(name))
+  _, transcoders = G.load_transcoders([str(FIXTURES / name)])
+  assert (transcoders.clt is not None) == name.startswith("clt")
+  graph = G.attribute(model, params, np.load(FIXTURES / name / "tokens.npy"), transcoders)
   np.testing.assert_array_equal(graph.active_features, ref["active_features"])
   np.testing.assert_allclose(graph.activations, ref["activation_values"], atol=1e-5)
   np.testing.assert_array_equal(graph.logit_tokens, ref["logit_tokens"])
@@ -186,6 +189,8 @@ def test_the_replacement_model_gives_the_models_logits_and_a_perfect_transcoder_
   logits = np.asarray(compiled_apply(model, {"params": params}, TOKENS[None])[0])
   np.testing.assert_allclose(np.asarray(final_TxD) @ np.asarray(G.unembedding(model, params)), logits, atol=1e-5)
   graph = G.attribute(model, params, TOKENS, perfect)
+  losses = replacement.replacement_losses(model, params, TOKENS[None], perfect)  # every MLP replaced, live
+  assert losses["replaced"] == pytest.approx(losses["clean"], abs=1e-5) and losses["zero_mlp"] != losses["clean"]
   from_errors = graph.adjacency_NxN[:, graph.num_features : graph.token_index(0)]
   assert np.abs(from_errors).max() < 1e-6 * np.abs(graph.adjacency_NxN).max()  # no error has an effect
 
@@ -287,30 +292,39 @@ def test_launch_probe_refuses_a_graph_without_transcoders_before_loading_anythin
 
 @pytest.mark.slow
 def test_launch_probe_draws_the_graph_of_a_text_through_transcoders_trained_here(tmp_path):
-  """A tiny GPT trained on Shakespeare, a transcoder trained on each of its layers (mlp_in -> mlp_out), and
-  `launch.probe --graph`: graph.json in circuit-tracer's viewer's form, graph.html, the numbers printed."""
+  """A tiny GPT trained on Shakespeare, a transcoder trained on each of its layers (mlp_in -> mlp_out) and a
+  cross-layer transcoder over both (its evaluation: the replacement model's loss, every MLP replaced at once), and
+  `launch.probe --graph` through each: graph.json in circuit-tracer's viewer's form, graph.html, the numbers."""
   c = shakespeare.get_config("tiny")
   c.data.root = str(tmp_path / "data")
   c.num_train_steps = c.eval_every_steps = c.checkpoint_every_steps = 10
   c.sample.max_new_tokens = 0
   train_and_evaluate(c, tmp_path / "lm")
   layers = inference.restore(tmp_path / "lm").model.config.num_layers
-  for layer in range(layers):
+  for name, changes in [(f"tc{layer}", dict(layer=layer)) for layer in range(layers)] + [
+    ("clt", dict(cross_layer=True))
+  ]:
     t = sae_experiment.get_config("tiny")
-    t.synthetic_features, t.run, t.point, t.target_point, t.layer = 0, str(tmp_path / "lm"), "mlp_in", "mlp_out", layer
+    t.synthetic_features, t.run, t.point, t.target_point = 0, str(tmp_path / "lm"), "mlp_in", "mlp_out"
     t.seq_len, t.batch_size, t.buffer_sequences, t.lm_batch_size, t.eval_sequences = 32, 128, 16, 8, 4
     t.model.activation, t.model.d_sae = "relu", 128
-    train_and_evaluate(t, tmp_path / f"tc{layer}")
-  tcs = ",".join(str(tmp_path / f"tc{layer}") for layer in range(layers))
-  shown = run_module(
-    "launch.probe", "--graph", f"--transcoders={tcs}", "--text=ROMEO:\nO Juli", f"--out={tmp_path / 'g'}"
-  )
-  assert shown.returncode == 0, shown.stderr[-3000:]
-  assert "active features; kept" in shown.stdout and "replacement score" in shown.stdout
-  data = json.loads((tmp_path / "g" / "graph.json").read_text())
-  assert {"metadata", "qParams", "nodes", "links"} <= set(data) and data["links"]
-  assert any(n["feature_type"] == "logit" for n in data["nodes"])
-  assert "<svg" in (tmp_path / "g" / "graph.html").read_text()
+    t.update(changes)
+    result = train_and_evaluate(t, tmp_path / name)
+  assert result["ce_loss_zero"] > result["ce_loss_clean"] and np.isfinite(result["ce_loss_score"]), result
+  assert inference.restore(tmp_path / "clt").model.config.layers == layers
+  for name, tcs in [
+    ("per_layer", ",".join(str(tmp_path / f"tc{layer}") for layer in range(layers))),
+    ("clt", tmp_path / "clt"),
+  ]:
+    shown = run_module(
+      "launch.probe", "--graph", f"--transcoders={tcs}", "--text=ROMEO:\nO Juli", f"--out={tmp_path / name}"
+    )
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert "active features; kept" in shown.stdout and "replacement score" in shown.stdout
+    data = json.loads((tmp_path / name / "graph.json").read_text())
+    assert {"metadata", "qParams", "nodes", "links"} <= set(data) and data["links"]
+    assert any(n["feature_type"] == "logit" for n in data["nodes"])
+    assert "<svg" in (tmp_path / name / "graph.html").read_text()
   refused = run_module(
     "launch.probe", "--graph", f"--transcoders={tmp_path / 'tc0'}", "--text=RO", f"--out={tmp_path / 'n'}"
   )
@@ -321,19 +335,30 @@ def test_launch_probe_draws_the_graph_of_a_text_through_transcoders_trained_here
 @pytest.mark.skipif(
   not os.environ.get("TRANSFORMER_CT_PYTHON"), reason="set TRANSFORMER_CT_PYTHON to a python with circuit-tracer"
 )
-def test_circuit_tracer_reads_our_exported_transcoders_and_draws_our_graph(gpt2_tiny, tmp_path):
-  """Transcoders of ours (scales not 1, a skip path) exported to circuit-tracer's format: circuit-tracer 0.5's
-  graph of them on the tiny GPT-2 equals ours."""
+@pytest.mark.parametrize("name", ["skip_jumprelu", "clt_jumprelu"])
+def test_circuit_tracer_reads_our_exported_transcoders_and_draws_our_graph(gpt2_tiny, tmp_path, name):
+  """Transcoders of ours (scales not 1; a skip path, or cross-layer) exported to circuit-tracer's format:
+  circuit-tracer 0.5's graph of them on the tiny GPT-2 equals ours."""
   model, params = gpt2_tiny
-  transcoders = _circuit_tracer_set("skip_jumprelu")
-  layers = []
-  for sae, p in zip(transcoders.saes, transcoders.params):
-    p = dict(p, input_scale=jnp.float32(2.0), output_scale=jnp.float32(0.5))
-    p["W_enc"], p["W_dec"], p["b_dec"] = p["W_enc"] / 2.0, p["W_dec"] * 0.5, p["b_dec"] * 0.5
-    p["W_skip"] = p["W_skip"] / 4.0
-    layers.append((sae.config, p))
-  sae_formats.export_circuit_tracer(layers, tmp_path, model_name="gpt2-tiny")
-  tokens = np.load(FIXTURES / "skip_jumprelu" / "tokens.npy")
+  _, tc = G.load_transcoders([str(FIXTURES / name)])
+  if tc.clt is None:
+    layers = []
+    for sae, p in zip(tc.saes, tc.params):
+      p = dict(p, input_scale=jnp.float32(2.0), output_scale=jnp.float32(0.5))
+      p["W_enc"], p["W_dec"], p["b_dec"] = p["W_enc"] / 2.0, p["W_dec"] * 0.5, p["b_dec"] * 0.5
+      p["W_skip"] = p["W_skip"] / 4.0
+      layers.append((sae.config, p))
+    sae_formats.export_circuit_tracer(layers, tmp_path, model_name="gpt2-tiny")
+    ours = G.Transcoders(tuple(SAE(c) for c, _ in layers), tuple(p for _, p in layers))
+  else:
+    p = dict(tc.params, input_scale=jnp.array([2.0, 0.5]), output_scale=jnp.array([0.5, 4.0]))
+    p["W_enc"] = tc.params["W_enc"] / p["input_scale"][:, None, None]
+    p["b_dec"] = tc.params["b_dec"] * p["output_scale"][:, None]
+    for layer in range(2):
+      p[f"W_dec_{layer}"] = tc.params[f"W_dec_{layer}"] * p["output_scale"][layer:, None]
+    sae_formats.export_circuit_tracer_clt(tc.clt.config, p, tmp_path)
+    ours = G.Transcoders(params=p, clt=tc.clt)
+  tokens = np.load(FIXTURES / name / "tokens.npy")
   np.save(tmp_path / "tokens.npy", tokens)
   script = REPO / "tests" / "make_graph_fixtures.py"
   done = subprocess.run(
@@ -341,9 +366,7 @@ def test_circuit_tracer_reads_our_exported_transcoders_and_draws_our_graph(gpt2_
   )
   assert done.returncode == 0, done.stderr[-3000:]
   theirs = np.load(tmp_path / "circuit_tracer.npz")
-  ours = G.attribute(
-    model, params, tokens, G.Transcoders(tuple(SAE(c) for c, _ in layers), tuple(p for _, p in layers))
-  )
-  np.testing.assert_array_equal(ours.active_features, theirs["active_features"])
+  graph = G.attribute(model, params, tokens, ours)
+  np.testing.assert_array_equal(graph.active_features, theirs["active_features"])
   R = theirs["adjacency_matrix"]
-  assert np.abs(ours.adjacency_NxN - R).max() <= 1e-4 * np.abs(R).max()
+  assert np.abs(graph.adjacency_NxN - R).max() <= 1e-4 * np.abs(R).max()

@@ -13,6 +13,7 @@ import pytest
 from transformer import layers
 from transformer.data.superposition import Superposition
 from transformer.errors import ConfigError
+from transformer.models.clt import CrossLayerTranscoder, clt_loss
 from transformer.models.sae import (
   SAE,
   SAEConfig,
@@ -300,3 +301,25 @@ def test_a_transcoder_learns_another_points_values_and_its_widths_are_checked():
     sae_loss(sae, params, X)
   with pytest.raises(ConfigError, match="skip is a transcoder's linear path from input to output: give d_out"):
     SAEConfig(d_in=16, skip=True).check()
+
+
+def test_a_cross_layer_transcoders_decoders_reach_only_later_layers():
+  """Layer l's latents write layers l, l + 1, ... and none before (W_dec_l: S x (L - l) x d_out); its loss
+  is every layer's squared error; JumpReLU's θ learns a layer at a time."""
+  cfg = SAEConfig(d_in=6, d_out=5, d_sae=8, layers=3, activation="jumprelu", initial_threshold=0.1).check()
+  clt = CrossLayerTranscoder(cfg)
+  params = compiled_init(clt, np.zeros((3, 2, 6), np.float32))
+  assert [params[f"W_dec_{l}"].shape for l in range(3)] == [(8, 3, 5), (8, 2, 5), (8, 1, 5)]
+  z = np.random.default_rng(0).random((3, 4, 8)).astype(np.float32)
+  decode = lambda z: np.asarray(compiled_apply(clt, {"params": params}, z, method=CrossLayerTranscoder.decode))
+  base = decode(z)
+  for layer in range(3):
+    moved = decode(np.where(np.arange(3)[:, None, None] == layer, 2 * z, z)) - base
+    changed = np.abs(moved).max(axis=(1, 2)) > 1e-6
+    np.testing.assert_array_equal(changed, np.arange(3) >= layer)
+  x = np.random.default_rng(1).normal(size=(3, 16, 6)).astype(np.float32)
+  y = np.random.default_rng(2).normal(size=(3, 16, 5)).astype(np.float32)
+  grads = jax.jit(jax.grad(lambda p: clt_loss(clt, p, x, y)[0]))(params)
+  assert grads["threshold"].shape == (3, 8) and all(np.abs(grads[f"W_dec_{l}"]).max() > 0 for l in range(3))
+  with pytest.raises(ConfigError, match="a cross-layer transcoder is TopK, JumpReLU or ReLU \\+ L1, without a skip"):
+    SAEConfig(d_in=6, d_out=5, layers=3, skip=True).check()

@@ -91,8 +91,11 @@ class ModelActivations:
     eval_sequences: int,
     seed: int,
     target_point: str = "",
+    all_layers: bool = False,
   ):
     self.model, self.params, self.text, self.point, self.layer = model, params, text, point, layer
+    # all_layers: a cross-layer transcoder's rows, every layer's point (then every layer's target) side by side
+    self.layers = model.config.num_layers if all_layers else 0
     # point_layer: the patch key's layer (run_with_patches), None for a point outside the blocks.
     self.d_in, self.point_layer = locate(model, params, point, layer)
     self.target_point = target_point
@@ -110,7 +113,8 @@ class ModelActivations:
     same block), the activation at each, from one run."""
     names = points or (self.point,)
     _, cache = interventions.run_with_cache(self.model, self.params, jnp.asarray(tokens_BxT), names=names)
-    found = tuple(cache[n] if self.point_layer is None else cache[n][self.point_layer] for n in names)
+    at = lambda n: cache[n] if self.point_layer is None or self.layers else cache[n][self.point_layer]
+    found = tuple(map(at, names))  # all_layers: L x B x T x ...
     return found if points else found[0]
 
   def rows(self, tokens_BxT) -> np.ndarray:
@@ -119,6 +123,8 @@ class ModelActivations:
       return np.asarray(self.at_point(tokens_BxT), np.float32).reshape(-1, self.d_in)
     x, y = self.at_point(tokens_BxT, self.point, self.target_point)
     flat = lambda a, d: np.asarray(a, np.float32).reshape(-1, d)
+    if self.layers:  # L x B x T x D -> (B * T) x (L * D): a token's every layer in one row
+      flat = lambda a, d: np.moveaxis(np.asarray(a, np.float32), 0, -2).reshape(-1, self.layers * d)
     return np.concatenate([flat(x, self.d_in), flat(y, self.d_out)], axis=1)
 
   def chunk(self, index: int) -> np.ndarray:
@@ -136,7 +142,8 @@ class ModelActivations:
     tokens_BxT = jnp.asarray(self.eval_tokens_BxT())
     loss = lambda patches: float(interventions.next_token_losses(self.model, self.params, tokens_BxT, patches).mean())
     zeroed = self.target_point or self.point  # a transcoder replaces the point it writes: that, zeroed
-    return loss(None), loss({(zeroed, self.point_layer): interventions.Patch.ablate()})
+    layers = range(self.layers) if self.layers else (self.point_layer,)  # a cross-layer one's: every layer's
+    return loss(None), loss({(zeroed, layer): interventions.Patch.ablate() for layer in layers})
 
   def eval_rows(self) -> np.ndarray:
     return self.rows(self.eval_tokens_BxT())

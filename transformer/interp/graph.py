@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from pathlib import Path
 from typing import Any
 
 import flax.linen as nn
@@ -44,6 +43,7 @@ from transformer.interp.interventions import _split
 from transformer.interp.replacement import Transcoders
 from transformer.layers.points import functions_at
 from transformer.models import sae_formats
+from transformer.models.clt import CrossLayerTranscoder
 from transformer.models.sae import SAE
 
 
@@ -412,8 +412,11 @@ def load_transcoders(paths: list[str], load=None) -> tuple[Any, Transcoders]:
   cross-layer transcoder's workdir (--config.cross_layer), or one directory of circuit-tracer's transcoder
   set (config.yaml; then the model is the caller's, None).
   `load`: inference.load (what restores the model of workdirs)."""
-  from_tracer = len(paths) == 1 and (Path(paths[0]) / sae_formats.CIRCUIT_TRACER_CONFIG).is_file()
-  if from_tracer:
+  kind = sae_formats.circuit_tracer_kind(paths[0]) if len(paths) == 1 else ""
+  if kind == "cross_layer_transcoder":
+    config, params, point_in, point_out = sae_formats.import_circuit_tracer_clt(paths[0])
+    return None, Transcoders((), jax.device_put(params), point_in, point_out, clt=CrossLayerTranscoder(config))
+  if kind:
     layers, point_in, point_out = sae_formats.import_circuit_tracer(paths[0])
     params = tuple(jax.device_put(p) for _, p in layers)
     return None, Transcoders(tuple(SAE(c) for c, _ in layers), params, point_in, point_out)

@@ -20,8 +20,9 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from transformer.models.sae import SAEConfig, jump_relu, step, top_k_mask
+from transformer.models.sae import SAEConfig, init_decoder_bias, jump_relu, norm_scale, step, top_k_mask
 
 
 class CrossLayerTranscoder(nn.Module):
@@ -109,3 +110,21 @@ def clt_loss(clt: CrossLayerTranscoder, params, x_LxNxD, y_LxNxO, dead_tokens: f
     return sum(parts.values()), parts, jax.lax.stop_gradient(stats)
 
   return nn.apply(inside, clt)({"params": params})
+
+
+def init_clt_params(clt: CrossLayerTranscoder, params, x_LxNxD, y_LxNxO, normalize: bool, init_b_dec: str) -> dict:
+  """What an SAE's first rows set, a layer at a time: each layer's input and output scale (`norm_scale`), its
+  b_dec at its target's mean or geometric median (`init_b_dec`: or "zeros"), and with `initial_density`
+  JumpReLU's θ₀ from its pre-activations (`threshold_from_data`)."""
+  cfg = clt.config
+  x, y = np.asarray(x_LxNxD, np.float32), np.asarray(y_LxNxO, np.float32)
+  s_in = np.array([norm_scale(a) if normalize else 1.0 for a in x], np.float32)
+  s_out = np.array([norm_scale(a) if normalize else 1.0 for a in y], np.float32)
+  params = {**params, "input_scale": jnp.asarray(s_in), "output_scale": jnp.asarray(s_out)}
+  if init_b_dec != "zeros":
+    centre = lambda rows: init_decoder_bias({"b_dec": jnp.zeros(rows.shape[1])}, rows, init_b_dec)["b_dec"]
+    params["b_dec"] = jnp.stack([centre(y[l] * s_out[l]) for l in range(cfg.layers)]).astype(params["b_dec"].dtype)
+  if cfg.activation == "jumprelu" and cfg.initial_density > 0:
+    pre_LxNxS = jnp.einsum("lnd,lds->lns", x * s_in[:, None, None], params["W_enc"]) + params["b_enc"][:, None]
+    params["threshold"] = jnp.maximum(jnp.quantile(pre_LxNxS, 1.0 - cfg.initial_density, axis=1), 0.0)
+  return params

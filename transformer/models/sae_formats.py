@@ -18,6 +18,7 @@ d_out), `b_enc`, `b_dec`, a skip transcoder's `W_skip` (d_out x d_in) and a Jump
 
     >>> export_circuit_tracer([(config, params), ...], "set/", point_in="mlp_in")   # one transcoder a layer
     >>> layers, point_in, point_out = import_circuit_tracer("set/")
+    >>> config, params, point_in, point_out = import_circuit_tracer_clt("clt/")   # its cross-layer transcoders
 
 Gemma Scope's `params.npz` (W_enc d_model x d_sae, W_dec, b_enc, b_dec, threshold) is a JumpReLU SAE that
 subtracts no b_dec from its input: z = JumpReLU(x W_enc + b_enc), x̂ = z W_dec + b_dec.
@@ -199,6 +200,7 @@ def export_circuit_tracer(
     hf_files.save_safetensors(tensors, out_dir / f"layer_{layer}.safetensors")
     entries.append({"id": f"layer_{layer}", "layer": layer, "filepath": f"layer_{layer}.safetensors"})
   config = {
+    "model_kind": "transcoder_set",
     "model_name": model_name,
     "scan": out_dir.name,
     "feature_input_hook": _TRACER_IN[point_in],
@@ -259,3 +261,83 @@ def _tracer_layer(file: Path) -> tuple[SAEConfig, dict]:
   if "W_skip" in t:
     params["W_skip"] = t["W_skip"].T
   return config, params
+
+
+def circuit_tracer_kind(directory: str | Path) -> str:
+  """circuit-tracer's `model_kind` of a directory's config.yaml: "transcoder_set" (one file a layer) or
+  "cross_layer_transcoder" (W_enc_<l> and W_dec_<l> files); "" where there is no config.yaml."""
+  path = Path(directory) / CIRCUIT_TRACER_CONFIG
+  if not path.is_file():
+    return ""
+  return (yaml.safe_load(path.read_text()) or {}).get("model_kind", "transcoder_set")
+
+
+def export_circuit_tracer_clt(config: SAEConfig, params: dict, out_dir: str | Path, point_in: str = "mlp_in") -> Path:
+  """Writes a cross-layer transcoder as circuit-tracer writes one (`CrossLayerTranscoder.to_safetensors`:
+  W_enc_<l>.safetensors with W_enc_<l> (S x D), b_enc_<l>, b_dec_<l> and a JumpReLU's threshold_<l>;
+  W_dec_<l>.safetensors with W_dec_<l> (S x (L - l) x D)) and a config.yaml, the scales folded in."""
+  if config.activation not in ("relu", "jumprelu"):
+    raise ConfigError(f"circuit-tracer reads ReLU and JumpReLU cross-layer transcoders, not {config.activation}")
+  p = {k: np.asarray(jax.device_get(v), np.float32) for k, v in params.items()}
+  s_in, s_out = p["input_scale"], p["output_scale"]
+  out_dir = Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  for layer in range(config.layers):
+    encoder = {
+      f"W_enc_{layer}": (p["W_enc"][layer] * s_in[layer]).T,
+      f"b_enc_{layer}": p["b_enc"][layer],
+      f"b_dec_{layer}": p["b_dec"][layer] / s_out[layer],
+    }
+    if config.activation == "jumprelu":
+      encoder[f"threshold_{layer}"] = np.maximum(p["threshold"][layer], 0.0)
+    hf_files.save_safetensors(encoder, out_dir / f"W_enc_{layer}.safetensors")
+    decoder = p[f"W_dec_{layer}"] / s_out[layer:, None]
+    hf_files.save_safetensors({f"W_dec_{layer}": decoder}, out_dir / f"W_dec_{layer}.safetensors")
+  cfg = {
+    "model_kind": "cross_layer_transcoder",
+    "scan": out_dir.name,
+    "feature_input_hook": _TRACER_IN[point_in],
+    "feature_output_hook": "hook_mlp_out",
+  }
+  (out_dir / CIRCUIT_TRACER_CONFIG).write_text(yaml.safe_dump(cfg, sort_keys=False))
+  return out_dir
+
+
+def import_circuit_tracer_clt(directory: str | Path) -> tuple[SAEConfig, dict, str, str]:
+  """(config, params, the point it reads, the point it writes) of circuit-tracer's cross-layer transcoder files
+  in `directory` (W_enc_<l>.safetensors, W_dec_<l>.safetensors; config.yaml for the hooks, when there is one)."""
+  directory = Path(directory)
+  cfg = yaml.safe_load((directory / CIRCUIT_TRACER_CONFIG).read_text()) if circuit_tracer_kind(directory) else {}
+  hook_in = cfg.get("feature_input_hook", "hook_resid_mid")
+  if hook_in not in _TRACER_IN_READ or cfg.get("feature_output_hook", "hook_mlp_out") not in _TRACER_OUT_READ:
+    raise CheckpointError(
+      f"{directory}: a cross-layer transcoder from {hook_in!r}; we read {', '.join(_TRACER_IN_READ)}"
+    )
+  L = 0
+  while (directory / f"W_enc_{L}.safetensors").is_file():
+    L += 1
+  if not L or any(not (directory / f"W_dec_{layer}.safetensors").is_file() for layer in range(L)):
+    raise CheckpointError(
+      f"{directory}: no W_enc_<l> and W_dec_<l>.safetensors for layers 0 .. L-1 (circuit-tracer's CLT)"
+    )
+  enc = [dict(hf_files.read_tensors(directory / f"W_enc_{layer}.safetensors")) for layer in range(L)]
+  S, D = enc[0]["W_enc_0"].shape
+  jumprelu = "threshold_0" in enc[0]
+  params = {
+    "W_enc": np.stack([e[f"W_enc_{layer}"].T for layer, e in enumerate(enc)]).astype(np.float32),
+    "b_enc": np.stack([e[f"b_enc_{layer}"] for layer, e in enumerate(enc)]).astype(np.float32),
+    "b_dec": np.stack([e[f"b_dec_{layer}"] for layer, e in enumerate(enc)]).astype(np.float32),
+    "since_fired": np.zeros((L, S), np.float32),
+    "input_scale": np.ones(L, np.float32),
+    "output_scale": np.ones(L, np.float32),
+  }
+  for layer in range(L):
+    decoder = dict(hf_files.read_tensors(directory / f"W_dec_{layer}.safetensors"))[f"W_dec_{layer}"]
+    params[f"W_dec_{layer}"] = np.asarray(decoder, np.float32)
+  if jumprelu:
+    params["threshold"] = np.stack([e[f"threshold_{layer}"].reshape(-1) for layer, e in enumerate(enc)]).astype(
+      np.float32
+    )
+  activation = "jumprelu" if jumprelu else "relu"
+  config = SAEConfig(d_in=D, d_out=D, d_sae=S, layers=L, activation=activation, normalize_decoder=False).check()
+  return config, params, _TRACER_IN_READ[hook_in], "mlp_out"

@@ -44,9 +44,10 @@ from transformer.data.activations import (
 )
 from transformer.data.superposition import Superposition
 from transformer.errors import ConfigError, DataError
-from transformer.interp import interventions
+from transformer.interp import interventions, replacement
 from transformer.interp.interventions import Patch
 from transformer.models import hf_families
+from transformer.models.clt import CrossLayerTranscoder, clt_loss, init_clt_params
 from transformer.models.gpt import GPT
 from transformer.models.sae import (
   SAE,
@@ -78,6 +79,9 @@ class SAETaskConfig:
   # A transcoder: the point of the same block it writes from `point` (mlp_in -> mlp_out: the MLP
   # replaced by a sparse dictionary); "": an SAE, which reconstructs its point. A model's source only.
   target_point: str = ""
+  # A cross-layer transcoder (transformer.models.clt): `point` read at every layer, `target_point` written at
+  # each from its own and every earlier layer's latents (--config.layer unused); with target_point.
+  cross_layer: bool = False
   seq_len: int = 128  # the model's windows, each of seq_len rows
   batch_size: int = 4096  # rows a step
   buffer_sequences: int = 256  # windows a refill of the activation store computes and shuffles
@@ -122,6 +126,10 @@ class SAETaskConfig:
       raise ConfigError(
         f"--config.target_point={self.target_point!r} makes a transcoder, which reads two points of a model: give "
         f"--config.run or --config.hf (an array or synthetic rows have one point)"
+      )
+    if self.cross_layer and not self.target_point:
+      raise ConfigError(
+        "--config.cross_layer makes a cross-layer transcoder: give --config.target_point (e.g. mlp_in -> mlp_out)"
       )
     if bool(self.target_point) != bool(run.model.d_out) and run.model.d_out:
       raise ConfigError(
@@ -180,28 +188,30 @@ class SparseAutoencoder(Task):
 
   def __init__(self, run: RunConfig, tokenizer, mesh, data: SAEData | None = None, labels=None):
     if data is not None:
-      d_in, d_out = data.source.d_in, getattr(data.source, "d_out", 0)
+      d_in, d_out, layers = data.source.d_in, getattr(data.source, "d_out", 0), getattr(data.source, "layers", 0)
     else:
-      d_in, d_out = self.source_width(run)
+      d_in, d_out, layers = self.source_width(run)
     if run.model.d_in and run.model.d_in != d_in:
       raise DataError(
         f"--config.model.d_in={run.model.d_in}, but the activations are {d_in} wide; set it to 0 "
         f"(take theirs) or {d_in}"
       )
-    super().__init__(dataclasses.replace(run, model=run.model.replace(d_in=d_in, d_out=d_out)), tokenizer, mesh, data)
+    model = run.model.replace(d_in=d_in, d_out=d_out, layers=layers)
+    super().__init__(dataclasses.replace(run, model=model), tokenizer, mesh, data)
 
   @classmethod
-  def source_width(cls, run: RunConfig) -> tuple[int, int]:
-    """(d_in, d_out) of the source: the point's width, and a transcoder's target's (else 0)."""
+  def source_width(cls, run: RunConfig) -> tuple[int, int, int]:
+    """(d_in, d_out, layers) of the source: the point's width, a transcoder's target's (else 0), and the
+    layers a cross-layer transcoder spans (else 0)."""
     c = run.task_config
     if c.synthetic_features:
-      return c.synthetic_d, 0
+      return c.synthetic_d, 0, 0
     if run.data.input_files:
-      return read_array(run.data.input_files[0]).shape[1], 0
+      return read_array(run.data.input_files[0]).shape[1], 0, 0
     model, params = source_model(c)
-    layer = middle_layer(model, c.layer)
+    layer = 0 if c.cross_layer else middle_layer(model, c.layer)
     d_out = locate(model, params, c.target_point, layer)[0] if c.target_point else 0
-    return locate(model, params, c.point, layer)[0], d_out
+    return locate(model, params, c.point, layer)[0], d_out, model.config.num_layers if c.cross_layer else 0
 
   @classmethod
   def load_data(cls, run: RunConfig, load=None) -> SAEData:
@@ -229,27 +239,33 @@ class SparseAutoencoder(Task):
       trained.params,
       text,
       point=c.point,
-      layer=middle_layer(trained.model, c.layer),
+      layer=0 if c.cross_layer else middle_layer(trained.model, c.layer),
       seq_len=min(c.seq_len, trained.model.config.max_len),
       buffer_sequences=c.buffer_sequences,
       batch_sequences=c.lm_batch_size,
       eval_sequences=c.eval_sequences,
       seed=run.loop.seed,
       target_point=c.target_point,
+      all_layers=c.cross_layer,
     )
     return SAEData(source, trained.tokenizer)
 
   def build_model(self, model_config):
-    return SAE(model_config)
+    return CrossLayerTranscoder(model_config) if model_config.layers else SAE(model_config)
 
   def init_inputs(self) -> tuple:
-    return (jnp.zeros((2, self.model_config.d_in)),)
+    cfg = self.model_config
+    return (jnp.zeros((cfg.layers, 2, cfg.d_in)),) if cfg.layers else (jnp.zeros((2, cfg.d_in)),)
 
   def init_params(self, params, restore):
     """b_dec at the first refill's mean or geometric median, and the inputs' scale, from its rows (a
     transcoder's: b_dec and `output_scale` from the target's columns); JumpReLU's θ₀ from them too
     (`initial_density`)."""
     rows = self.data.source.chunk(0)[: 16 * self.config.batch_size]
+    if self.model_config.layers:
+      return init_clt_params(
+        self.model, params, *_split(self.model_config, rows), self.config.normalize, self.config.init_b_dec
+      )
     x_NxD, y_NxO = _split(self.model_config, rows)
     scale = norm_scale(x_NxD) if self.config.normalize else 1.0
     params = {**params, "input_scale": jnp.full_like(params["input_scale"], scale)}
@@ -272,7 +288,12 @@ class SparseAutoencoder(Task):
   def loss(self, params, batch_NxD, rng, train: bool):
     """The summed loss of the rows, their number, and (training) the statistics' new values."""
     x_NxD, y_NxO = _split(self.model_config, batch_NxD)
-    loss, _, stats = sae_loss(self.model, params, x_NxD, train=train, dead_tokens=self.config.dead_tokens, y_NxO=y_NxO)
+    if self.model_config.layers:
+      loss, _, stats = clt_loss(self.model, params, x_NxD, y_NxO, dead_tokens=self.config.dead_tokens)
+    else:
+      loss, _, stats = sae_loss(
+        self.model, params, x_NxD, train=train, dead_tokens=self.config.dead_tokens, y_NxO=y_NxO
+      )
     rows = jnp.float32(batch_NxD.shape[0])
     return loss * rows, (rows, stats) if train else rows
 
@@ -280,7 +301,8 @@ class SparseAutoencoder(Task):
     return ActivationStore(self.data.source, self.config.batch_size)
 
   def batch_shapes(self):
-    width = self.model_config.d_in + self.model_config.d_out  # (a transcoder's rows: its input, then its target)
+    cfg = self.model_config  # a transcoder's rows: its input, then its target (a cross-layer one's: every layer's)
+    width = (cfg.d_in + cfg.d_out) * max(1, cfg.layers)
     return jax.ShapeDtypeStruct((self.config.batch_size, width), jnp.float32)
 
   def count_tokens(self, host_batch) -> int:
@@ -303,7 +325,9 @@ class SparseAutoencoder(Task):
     result["dead_latents"] = float(np.mean(np.asarray(params["since_fired"]) >= self.config.dead_tokens))
     result["dense_latents"] = float(np.mean(density_S > DENSE))
     source = self.data.source
-    if isinstance(source, ModelActivations):
+    if isinstance(source, ModelActivations) and self.model_config.layers:
+      result.update(_replaced_losses(source, self.model, params))
+    elif isinstance(source, ModelActivations):
       result.update(spliced_losses(source, self.model, params))
     if isinstance(source, SyntheticActivations):
       decoder_SxD = _decoder(self.model, params)
@@ -323,9 +347,14 @@ class SparseAutoencoder(Task):
 
 
 def _split(cfg, rows_NxW):
-  """(the input columns, a transcoder's target columns or None): rows are d_in (+ d_out) wide."""
+  """(the input columns, a transcoder's target columns or None): rows are d_in (+ d_out) wide; a cross-layer
+  transcoder's, every layer's input then every layer's target: (L x N x d_in, L x N x d_out)."""
   if not cfg.d_out:
     return rows_NxW, None
+  if cfg.layers:
+    L, N = cfg.layers, rows_NxW.shape[0]
+    x_LxNxD = rows_NxW[:, : L * cfg.d_in].reshape(N, L, cfg.d_in).transpose(1, 0, 2)
+    return x_LxNxD, rows_NxW[:, L * cfg.d_in :].reshape(N, L, cfg.d_out).transpose(1, 0, 2)
   return rows_NxW[:, : cfg.d_in], rows_NxW[:, cfg.d_in :]
 
 
@@ -336,6 +365,10 @@ def _scaled_forward(sae: SAE, params, rows_NxW):
   SAE's target is its input; a transcoder's, the point it writes."""
   x_NxD, y_NxO = _split(sae.config, rows_NxW)
   y_hat_NxO, z_NxS = sae.apply({"params": params}, x_NxD)
+  if sae.config.layers:  # every layer's target side by side (N x L·O), every layer's latents (N x L·S)
+    side_by_side = lambda a_LxNxW: a_LxNxW.transpose(1, 0, 2).reshape(a_LxNxW.shape[1], -1)
+    scale_LxNx1 = params["output_scale"][:, None, None]
+    return side_by_side(y_NxO * scale_LxNx1), side_by_side(y_hat_NxO * scale_LxNx1), side_by_side(z_NxS)
   scale = params["input_scale"] if y_NxO is None else params["output_scale"]
   target_NxO = x_NxD if y_NxO is None else y_NxO
   return target_NxO * scale, y_hat_NxO * scale, z_NxS
@@ -366,6 +399,19 @@ def _reconstruction(sae: SAE, d_in: int, sae_params, x):
   """The SAE's reconstruction of a point's activations, in their shape and dtype: one compiled program."""
   x_hat, _ = sae.apply({"params": sae_params}, x.reshape(-1, d_in).astype(jnp.float32))
   return x_hat.reshape(x.shape).astype(x.dtype)
+
+
+def _replaced_losses(source: ModelActivations, clt: CrossLayerTranscoder, params) -> dict[str, float]:
+  """A cross-layer transcoder's replacement model (every MLP replaced at once, on the stream as it is then)
+  against the clean model and every MLP zeroed, on the evaluation windows, named as `spliced_losses` names."""
+  tc = replacement.Transcoders(params=params, point_in=source.point, point_out=source.target_point, clt=clt)
+  losses = replacement.replacement_losses(source.model, source.params, jnp.asarray(source.eval_tokens_BxT()), tc)
+  return {
+    "ce_loss_clean": losses["clean"],
+    "ce_loss_spliced": losses["replaced"],
+    "ce_loss_zero": losses["zero_mlp"],
+    "ce_loss_score": losses["score"],
+  }
 
 
 def spliced_losses(source: ModelActivations, sae: SAE, sae_params) -> dict[str, float]:
