@@ -150,6 +150,25 @@ def test_patching_beside_transformer_lens_runs_and_agrees():
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+  not os.environ.get("TRANSFORMER_CT_PYTHON"), reason="set TRANSFORMER_CT_PYTHON to a python with circuit-tracer"
+)
+def test_an_attribution_graph_beside_circuit_tracer_runs_and_agrees():
+  proc = run_module(
+    "launch.bench",
+    "--what=graph",
+    "--preset=cpu-tiny",
+    "--seq_len=12",
+    "--repeats=2",
+    f"--peer_python={os.environ['TRANSFORMER_CT_PYTHON']}",
+  )
+  assert proc.returncode == 0, proc.stderr
+  assert "the same active features: True" in proc.stdout, proc.stdout
+  apart = float(proc.stdout.split("adjacencies apart by ")[1].split()[0])
+  assert apart < 1e-4, proc.stdout
+
+
+@pytest.mark.slow
 def test_the_accelerator_check_runs_end_to_end_on_a_cpu(tmp_path):
   """The prepared accelerator check (--what=accelerator), shrunk to a smoke run on this CPU: its test
   selection in a pytest process, the cuDNN row skipped and said so, a planned and timed training
