@@ -57,6 +57,7 @@ from absl import flags
 
 import launch
 from transformer import cli, inference
+from transformer import workdir as workdir_files
 from transformer.errors import UserError
 from transformer.interp import features, graph, graph_view, interventions, probes, studies
 from transformer.models.gpt import GPT
@@ -339,12 +340,24 @@ def attribution_graph(texts: list[str]) -> None:
   _gpt(trained.model, "graph")
   print(f"# {trained.source}", file=sys.stderr)
   record = graph_view.study(
-    trained.model, trained.params, trained.tokenizer, texts[0], transcoders, out=Path(_OUT.value)
+    trained.model, trained.params, trained.tokenizer, texts[0], transcoders, Path(_OUT.value), _held_out(trained)
   )
   print(f"{record['active_features']} active features; kept {record['kept_nodes']} nodes, {record['kept_edges']} edges")
   print(f"replacement score {record['replacement']:.3f}, completeness {record['completeness']:.3f}")
   print("top logits: " + ", ".join(f"{t!r} ({p:.2f})" for t, p in record["logits"]))
   print(Path(_OUT.value) / "graph.html")
+
+
+def _held_out(trained, windows: int = 64):
+  """Windows of the model's validation text when the transcoders' model is a run of ours (their features'
+  top contexts on the graph's page); None otherwise."""
+  saved = workdir_files.saved_config_dict(Path(_TRANSCODERS.value[0])) or {}
+  run_dir = _MODEL.workdir.value or saved.get("run")
+  if not run_dir or trained.run.task != "lm":
+    return None
+  tokens = np.asarray(inference.split_task(trained, run_dir).data.tokens("validation"))
+  width = min(64, trained.model.config.max_len)
+  return tokens[: windows * width].reshape(-1, width)
 
 
 def _gpt(model, verb: str) -> None:

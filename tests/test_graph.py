@@ -195,6 +195,23 @@ def test_the_replacement_model_gives_the_models_logits_and_a_perfect_transcoder_
   assert np.abs(from_errors).max() < 1e-6 * np.abs(graph.adjacency_NxN).max()  # no error has an effect
 
 
+def test_a_features_top_contexts_are_where_it_is_most_active(tiny):
+  model, params, transcoders = tiny
+  held_out = np.stack([TOKENS[::-1], TOKENS])  # the prompt among them: where its features fire
+  graph = G.attribute(model, params, TOKENS, transcoders)
+  layer, _, latent = graph.active_features[0]
+  found = graph_view.top_contexts(model, params, CharIds(), transcoders, held_out, [(layer, latent)], count=2)
+  contexts = found[(layer, latent)]
+  assert 1 <= len(contexts) <= 2 and all(c.count("[") == 1 for c in contexts), contexts
+
+
+class CharIds:
+  """A tokenizer of ids as letters (a = 0), enough for contexts."""
+
+  def decode(self, ids):
+    return "".join(chr(97 + i) for i in ids)
+
+
 def test_pruning_keeps_the_nodes_that_carry_the_stated_share_of_the_logits_influence():
   """A hand-built graph: one token, two features, an error and one logit. Feature a carries 0.9 of the logit's
   input (feature b 0.05, the error 0.05); the token feeds both features. At 0.8, a and the token stay, b and
@@ -324,7 +341,9 @@ def test_launch_probe_draws_the_graph_of_a_text_through_transcoders_trained_here
     data = json.loads((tmp_path / name / "graph.json").read_text())
     assert {"metadata", "qParams", "nodes", "links"} <= set(data) and data["links"]
     assert any(n["feature_type"] == "logit" for n in data["nodes"])
-    assert "<svg" in (tmp_path / name / "graph.html").read_text()
+    page = (tmp_path / name / "graph.html").read_text()
+    kept_features = any(n["feature_type"] == "cross layer transcoder" for n in data["nodes"])
+    assert "<svg" in page and ('"contexts": {"' in page) == kept_features  # their top contexts in held-out text
   refused = run_module(
     "launch.probe", "--graph", f"--transcoders={tmp_path / 'tc0'}", "--text=RO", f"--out={tmp_path / 'n'}"
   )

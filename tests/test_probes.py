@@ -258,8 +258,8 @@ def test_launch_probe_takes_one_verb_and_refuses_flags_without_theirs_before_loa
   ]
   stderrs = [r["stderr"] for r in run_cases("launch.probe", cases, tmp_path)]
   assert (
-    "error: give one of --compare, --heads, --attribute, --patch, --path, --circuit, --probe, --sae at a time, not heads and patch"
-    in stderrs[0]
+    "error: give one of --compare, --heads, --attribute, --patch, --path, --circuit, --probe, --sae, --graph at a time, "
+    "not heads and patch" in stderrs[0]
   )
   assert "error: --ablate names heads to remove while --heads scores them: give --heads with it" in stderrs[1]
   assert "error: --ablate='layer1' is not a head of this model: write L<layer>.H<head>, e.g. L0.H1" in stderrs[2]

@@ -14,14 +14,18 @@ then the edges that carry `edge_threshold` of it, then drops features left witho
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 
+import jax
 import numpy as np
 
 from transformer.errors import UserError
-from transformer.interp import graph_page
+from transformer.interp import graph_page, replacement
 from transformer.interp.graph import Graph, attribute
+from transformer.interp.interventions import run_with_cache
+from transformer.interp.replacement import Transcoders
 
 
 @dataclasses.dataclass
@@ -172,10 +176,13 @@ def write_json(graph: Graph, kept: Pruned, path: str | Path, decode, slug: str =
   return path
 
 
-def study(model, params, tokenizer, text: str, transcoders, out: str | Path | None = None, **attribute_kwargs) -> dict:
+def study(
+  model, params, tokenizer, text: str, transcoders, out: str | Path | None = None, held_out_BxT=None, **attribute_kwargs
+) -> dict:
   """The attribution graph of `text` through `transcoders`, pruned (the first position left out, as
   circuit-tracer leaves out its BOS): its numbers, and in `out` graph.json (circuit-tracer's viewer's),
-  graph.html (transformer.interp.graph_page) and graph.npz (the whole adjacency and its nodes)."""
+  graph.html (transformer.interp.graph_page; with `held_out_BxT`, windows of held-out text, each kept
+  feature's top contexts in them) and graph.npz (the whole adjacency and its nodes)."""
   tokens = tokenizer.encode(text)
   if len(tokens) < 2:
     raise UserError(f"the text {text!r} is {len(tokens)} token(s): a graph needs a first token and one to explain")
@@ -210,3 +217,33 @@ def study(model, params, tokenizer, text: str, transcoders, out: str | Path | No
       node_mask=kept.node_mask,
     )
   return record
+
+
+def top_contexts(model, params, tokenizer, transcoders, tokens_BxT, features: list, count: int = 3) -> dict:
+  """{(layer, latent): [context, ...]}: the `count` windows' positions of held-out text (`tokens_BxT`) where each
+  feature is most active, as text with that token in brackets (12 tokens before it, 3 after): what a graph's
+  page shows beside a feature node (the SAE feature pages' contexts)."""
+  tc = transcoders.check(model).unboxed()
+  tokens_BxT = np.asarray(tokens_BxT)
+  inputs_LxBxTxD = np.asarray(run_with_cache(model, params, tokens_BxT, names=(tc.point_in,))[1][tc.point_in])
+  out = {}
+  B, T = tokens_BxT.shape
+  for layer in sorted({layer for layer, _ in features}):
+    z_NxS = np.asarray(
+      _encoded(tc.saes, tc.clt, tc.point_in, tc.params, layer, inputs_LxBxTxD[layer].reshape(B * T, -1))
+    )
+    for latent in sorted({latent for l, latent in features if l == layer}):
+      best = np.argsort(-z_NxS[:, latent], kind="stable")[:count]
+      out[(layer, latent)] = [_context(tokenizer, tokens_BxT[n // T], n % T) for n in best if z_NxS[n, latent] > 0]
+  return out
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 4))
+def _encoded(saes, clt, point_in: str, tc_params, layer: int, x_NxD):
+  return replacement.encode(Transcoders(saes, tc_params, point_in, clt=clt), tc_params, layer, x_NxD)
+
+
+def _context(tokenizer, row_T, position: int, before: int = 12, after: int = 3) -> str:
+  text = lambda ids: tokenizer.decode([int(i) for i in ids])
+  start, end = max(0, position - before), min(len(row_T), position + after + 1)
+  return f"{text(row_T[start:position])}[{text(row_T[position : position + 1])}]{text(row_T[position + 1 : end])}"
