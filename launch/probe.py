@@ -344,6 +344,12 @@ def attribution_graph(texts: list[str]) -> None:
   )
   print(f"{record['active_features']} active features; kept {record['kept_nodes']} nodes, {record['kept_edges']} edges")
   print(f"replacement score {record['replacement']:.3f}, completeness {record['completeness']:.3f}")
+  if "replacement_losses" in record:
+    r = record["replacement_losses"]
+    print(
+      f"held-out loss: {r['clean']:.4f} clean, {r['replaced']:.4f} with every MLP replaced, {r['zero_mlp']:.4f} with "
+      f"every MLP zeroed (score {r['score']:.3f})"
+    )
   print("top logits: " + ", ".join(f"{t!r} ({p:.2f})" for t, p in record["logits"]))
   print(Path(_OUT.value) / "graph.html")
 

@@ -19,7 +19,7 @@ from transformer import inference
 from transformer.errors import CheckpointError, ConfigError, UserError
 from transformer.interp import graph as G
 from transformer.interp import graph_view, replacement
-from transformer.models import sae_formats
+from transformer.models import hf_families, sae_formats
 from transformer.models.clt import CrossLayerTranscoder
 from transformer.models.gpt import GPT, GPTConfig
 from transformer.models.hf_gpt2 import import_hf_gpt2
@@ -82,12 +82,20 @@ def tiny_clt(tiny):
   return model, params, G.Transcoders(params=jax.device_put(p), clt=clt)
 
 
-@pytest.mark.parametrize("name", ["relu", "skip_jumprelu", "clt_jumprelu"])
-def test_the_graph_equals_circuit_tracers_on_its_own_transcoder_files(gpt2_tiny, name):
+@pytest.fixture(scope="module")
+def llama_tiny():
+  """The Llama-family fixture of SmolLM's shape (grouped-query attention, rotary, RMSNorm, SwiGLU), tiny."""
+  cfg, params = hf_families.import_lm(REPO / "tests" / "fixtures" / "families" / "smollm")
+  return GPT(cfg), params
+
+
+@pytest.mark.parametrize("name", ["relu", "skip_jumprelu", "clt_jumprelu", "llama_skip_jumprelu"])
+def test_the_graph_equals_circuit_tracers_on_its_own_transcoder_files(name, request):
   """Per-layer transcoders (ReLU; JumpReLU with skip paths) and a cross-layer transcoder (JumpReLU) in circuit-tracer's
-  files: the same active features and activations, the same logits, the adjacency to 1e-4 of its largest entry, the
-  same pruned nodes and edges, the same replacement and completeness scores."""
-  model, params = gpt2_tiny
+  files, on the tiny GPT-2 and on a tiny Llama: the same active features and activations, the same logits, the
+  adjacency to 1e-4 of its largest entry, the same pruned nodes and edges, the same replacement and completeness
+  scores."""
+  model, params = request.getfixturevalue("llama_tiny" if name.startswith("llama") else "gpt2_tiny")
   ref = np.load(FIXTURES / name / "graph.npz")
   _, transcoders = G.load_transcoders([str(FIXTURES / name)])
   assert (transcoders.clt is not None) == name.startswith("clt")
@@ -338,6 +346,7 @@ def test_launch_probe_draws_the_graph_of_a_text_through_transcoders_trained_here
     )
     assert shown.returncode == 0, shown.stderr[-3000:]
     assert "active features; kept" in shown.stdout and "replacement score" in shown.stdout
+    assert "with every MLP replaced" in shown.stdout
     data = json.loads((tmp_path / name / "graph.json").read_text())
     assert {"metadata", "qParams", "nodes", "links"} <= set(data) and data["links"]
     assert any(n["feature_type"] == "logit" for n in data["nodes"])

@@ -182,7 +182,8 @@ def study(
   """The attribution graph of `text` through `transcoders`, pruned (the first position left out, as
   circuit-tracer leaves out its BOS): its numbers, and in `out` graph.json (circuit-tracer's viewer's),
   graph.html (transformer.interp.graph_page; with `held_out_BxT`, windows of held-out text, each kept
-  feature's top contexts in them) and graph.npz (the whole adjacency and its nodes)."""
+  feature's top contexts in them) and graph.npz (the whole adjacency and its nodes). With held-out text,
+  `replacement_losses` too: the model's loss on it clean, with every MLP replaced and with every MLP zeroed."""
   tokens = tokenizer.encode(text)
   if len(tokens) < 2:
     raise UserError(f"the text {text!r} is {len(tokens)} token(s): a graph needs a first token and one to explain")
@@ -197,6 +198,8 @@ def study(
     "logits": [(decode(t), float(p)) for t, p in zip(graph.logit_tokens, graph.logit_probabilities)],
     **scores(graph),
   }
+  if held_out_BxT is not None:  # how much of the model the transcoders are: every MLP replaced at once
+    record["replacement_losses"] = replacement.replacement_losses(model, params, np.asarray(held_out_BxT), transcoders)
   if out is not None:
     out = Path(out)
     data = to_json(graph, kept, decode, slug=out.name or "graph")
