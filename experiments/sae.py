@@ -46,10 +46,10 @@ def get_config(preset: str = "char"):
   elif preset == "synthetic":
     c.synthetic_features, c.synthetic_d, c.synthetic_density = 512, 64, 0.01
     c.model.k, c.model.d_sae = 8, 1024
-    # JumpReLU (--config.model.activation=jumprelu) starts sparse here: from SAELens's 0.01 every latent
-    # fires on half the rows at first, a dense code of the 64 dimensions forms and none of the 512
-    # features is found; from 0.5 (~5x the first pre-activations' spread) 98% are (experiments/README.md).
-    c.model.initial_threshold = 0.5
+    # JumpReLU (--config.model.activation=jumprelu) starts sparse, each latent's θ₀ set from the first rows
+    # so that it fires on 0.1% of them (model.initial_density): 98% of the 512 features are found. From
+    # SAELens's fixed θ₀ 0.01 every latent fires on half the rows, a dense code forms and none is
+    # (experiments/README.md).
     c.optimizer.lr = 3e-3
     c.num_train_steps = 1500
     c.dead_tokens = 1_000_000

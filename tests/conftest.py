@@ -184,7 +184,7 @@ COMPILE_BUDGET: dict[str, int] = {
   "test_kernels.py": 155,
   "test_layers.py": 100,
   "test_probes.py": 90,
-  "test_sae.py": 85,
+  "test_sae.py": 95,
   "test_sae_formats.py": 40,
   "test_sae_task.py": 40,
   "test_sampling.py": 50,

@@ -24,6 +24,7 @@ from transformer.models.sae import (
   recovery,
   sae_loss,
   scores,
+  threshold_from_data,
 )
 
 from conftest import compiled_apply, compiled_init
@@ -184,6 +185,8 @@ def _train_on_planted(cfg: SAEConfig, source: Superposition, *, scale_inputs: bo
     rows = source.batch(99_999, 2048)
     params["input_scale"] = jnp.asarray(norm_scale(rows), jnp.float32)
     params = init_decoder_bias(params, rows * norm_scale(rows), "geometric_median")
+    if cfg.activation == "jumprelu" and cfg.initial_density:  # θ₀ from the rows, as the task sets it
+      params = threshold_from_data(sae, params, rows, cfg.initial_density)
   tx = optax.adam(1e-2)
   state = tx.init(params)
   fixed = {"input_scale": 0.0, "since_fired": 0.0}  # set, not learned (the task freezes them so)
@@ -216,14 +219,15 @@ def test_a_short_training_recovers_a_planted_dictionary():
   assert s["l0"] <= 3 and s["explained_variance"] > 0.8, s
 
 
-def test_jumprelu_started_sparse_recovers_a_planted_dictionary():
-  """JumpReLU finds the planted features when it starts sparse: θ₀ 0.5, above the initial
-  pre-activations (decoder rows of norm 0.1 and the encoder at their transpose, on inputs scaled to a
-  mean norm of √d_in: a spread of ~0.1), so that a latent learns from the few rows it fires on. From
-  SAELens's θ₀ 0.01 every latent fires on half the rows at first and a dense code forms instead
-  (experiments/README.md's ground-truth table)."""
+@pytest.mark.parametrize("initial", [dict(initial_density=1e-3), dict(initial_density=0.0, initial_threshold=0.5)])
+def test_jumprelu_started_sparse_recovers_a_planted_dictionary(initial):
+  """JumpReLU finds the planted features when it starts sparse, so that a latent learns from the few rows it
+  fires on: each latent's θ₀ from the data (firing on 0.1% of the first rows: the default), or a fixed θ₀ 0.5,
+  above the initial pre-activations' spread of ~0.1 on inputs scaled to a mean norm of √d_in. From SAELens's
+  θ₀ 0.01 every latent fires on half the rows at first and a dense code forms instead (experiments/README.md's
+  ground-truth table)."""
   source = Superposition(num_features=24, d=12, density=0.04, seed=3)
-  cfg = SAEConfig(d_in=12, d_sae=48, activation="jumprelu", initial_threshold=0.5, l0_coefficient=3.0).check()
+  cfg = SAEConfig(d_in=12, d_sae=48, activation="jumprelu", l0_coefficient=3.0, **initial).check()
   sae, params = _train_on_planted(cfg, source, scale_inputs=True)
   found = recovery(np.asarray(_decoder(sae, params)), source.directions_FxD)
   assert found["mcc"] >= 0.9 and found["recovered"] >= 0.9, found
@@ -231,6 +235,15 @@ def test_jumprelu_started_sparse_recovers_a_planted_dictionary():
   x_hat, z = _apply(sae, params, x)
   s = scores(x, x_hat, z)
   assert s["l0"] <= 1.5 and s["explained_variance"] > 0.9, s  # ~1 feature a row (24 x 0.04)
+
+
+def test_the_threshold_from_the_data_makes_each_latent_fire_on_that_share_of_the_rows():
+  sae = SAE(SAEConfig(d_in=12, d_sae=32, activation="jumprelu").check())
+  params = compiled_init(sae, np.zeros((2, 12), np.float32))
+  rows = np.random.default_rng(0).normal(size=(4000, 12)).astype(np.float32)
+  params = threshold_from_data(sae, params, rows, 0.01)
+  _, z = _apply(sae, params, rows)
+  np.testing.assert_allclose((np.asarray(z) > 0).mean(0), 0.01, atol=0.003)
 
 
 def test_bad_configs_are_one_clear_error():
