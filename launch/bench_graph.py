@@ -2,7 +2,7 @@
 
 A GPT of the --preset's shape (GPT-2 124M's by default) with random weights, and one random ReLU transcoder a
 layer of --graph_expansion x d_model latents reading mlp_in and writing mlp_out, each latent's encoder bias set so
-that about --graph_l0 latents fire at a position (on 16 random prompts: a sparse code, as trained transcoders
+that about --graph_l0 latents fire at a position (on 64 random prompts: a sparse code, as trained transcoders
 have). The weights are written once, the model as Hugging Face's GPT-2 files and the transcoders as circuit-tracer's
 set, and both read them: ours (transformer.interp.graph.attribute) and circuit-tracer 0.5's `attribute` on its
 TransformerLens replacement model (launch/graph_peer.py, in a venv of its own), each with batches of
@@ -33,8 +33,8 @@ CT_REQUIREMENTS = ("torch==2.13.0", "circuit-tracer==0.5.0")
 
 def _transcoders(model, params, vocab_size: int, seq_len: int, expansion: int, l0: int) -> graph.Transcoders:
   """Random ReLU transcoders on the model's mlp_in -> mlp_out, each latent's bias at the quantile of its
-  pre-activations on 16 random prompts that leaves it firing on about l0 / latents of the positions."""
-  prompts_BxT = np.random.default_rng(2).integers(0, vocab_size, (16, seq_len)).astype(np.int32)
+  pre-activations on 64 random prompts that leaves it firing on about l0 / latents of the positions."""
+  prompts_BxT = np.random.default_rng(2).integers(0, vocab_size, (64, seq_len)).astype(np.int32)
   _, cache = run_with_cache(model, params, prompts_BxT, names=("mlp_in",))
   inputs_LxNxD = np.asarray(cache["mlp_in"])[:, :, 1:].reshape(model.config.num_layers, -1, model.config.block.d_model)
   D = inputs_LxNxD.shape[-1]

@@ -150,10 +150,9 @@ def test_an_edge_is_the_change_of_its_targets_input_when_its_source_is_removed(w
   first_layer = np.flatnonzero(graph.active_features[:, 0] == 0)
   s = int(first_layer[np.argmax(np.abs(rows[:, first_layer]).max(0))])  # the layer-0 feature of the largest edge
   removed = np.zeros((L * T, D), np.float32)
-  cells = np.asarray(sources["features_CxMxD"])
+  vectors = np.asarray(sources["vectors_ExD"])
   for e in np.flatnonzero(np.asarray(sources["feature_e"]) == s):  # every cell it writes
-    cell, slot = int(sources["cell_e"][e]), int(sources["slot_e"][e])
-    removed[cell] -= cells[cell, slot]
+    removed[int(sources["cell_e"][e])] -= vectors[e]
   assert (np.abs(removed).sum(1) > 0).sum() == (L if which == "tiny_clt" else 1)
   without = _read(run({**zeros, "mlp_out": removed.reshape(L, T, D)}), targets)
   np.testing.assert_allclose(clean - without, rows[:, s], atol=1e-4)

@@ -35,6 +35,7 @@ def test_the_notebook_runs_on_cpu(tmp_path, monkeypatch):
   parameters = dict(
     LM_PRESET="tiny",
     SAE_STEPS=20,
+    CLT_STEPS=20,
     MT_PRESET="tiny",
     CPU_DEVICES=2,
     MESH_DATA=1,

@@ -200,10 +200,9 @@ jax.tree_util.register_dataclass(
 
 
 def _sources(tc: Transcoders, setup: _Setup, active_nx3, activations_n) -> dict:
-  """Every source node's output vectors, arranged for the rows' contraction: each feature's a·W_dec at each
-  (layer, position) it writes (one for a transcoder a layer; its layer and every later one for a cross-layer
-  transcoder), in cells of (layer, position) padded to the fullest cell (C x M x D), each entry's feature, cell
-  and slot; the errors (L x T x D) and the token embeddings (T x D)."""
+  """Every source node's output vectors: each feature's a·W_dec at each (layer, position) it writes (one for a
+  transcoder a layer; its layer and every later one for a cross-layer transcoder), an entry each (its vector,
+  feature and cell, layer-major); the errors (L x T x D) and the token embeddings (T x D)."""
   L, T, D = setup.errors_LxTxD.shape
   feature_e, cell_e, vectors = [], [], []
   for layer in range(L):
@@ -213,19 +212,10 @@ def _sources(tc: Transcoders, setup: _Setup, active_nx3, activations_n) -> dict:
       feature_e.append(mine)
       cell_e.append((first + m) * T + active_nx3[mine, 1])
       vectors.append(activations_n[mine, None] * dec_SxMxD[active_nx3[mine, 2], m])
-  feature_e, cell_e = np.concatenate(feature_e), np.concatenate(cell_e)
-  vectors_ExD = np.concatenate(vectors).astype(np.float32) if vectors else np.zeros((0, D), np.float32)
-  counts = np.bincount(cell_e, minlength=L * T)
-  order = np.argsort(cell_e, kind="stable")
-  slot_e = np.empty_like(cell_e)
-  slot_e[order] = np.arange(len(cell_e)) - np.concatenate([[0], np.cumsum(counts)])[cell_e[order]]
-  cells_CxMxD = np.zeros((L * T, max(1, int(counts.max(initial=0))), D), np.float32)
-  cells_CxMxD[cell_e, slot_e] = vectors_ExD
   return {
-    "features_CxMxD": jax.device_put(cells_CxMxD),
-    "feature_e": jax.device_put(feature_e.astype(np.int32)),
-    "cell_e": jax.device_put(cell_e.astype(np.int32)),
-    "slot_e": jax.device_put(slot_e.astype(np.int32)),
+    "vectors_ExD": jax.device_put(np.concatenate(vectors).astype(np.float32)),
+    "feature_e": jax.device_put(np.concatenate(feature_e).astype(np.int32)),
+    "cell_e": jax.device_put(np.concatenate(cell_e).astype(np.int32)),
     "num_features": len(active_nx3),
     "errors_LxTxD": setup.errors_LxTxD,
     "embed_TxD": setup.embed_TxD.astype(jnp.float32),
@@ -251,18 +241,23 @@ def _targets(model, params, tc: Transcoders, active_nx3, logit_tokens, T: int) -
 
 
 def _rows(model, tc: Transcoders, params, tokens_T, setup, sources, targets, batch_size: int) -> np.ndarray:
-  """The adjacency's rows of every target (features', then logits'), `batch_size` backward passes at a
-  time (the last batch padded, so that one program serves every batch)."""
+  """The adjacency's rows of every target (features', then logits'), `batch_size` backward passes at a time,
+  one program for the targets of each layer (a target at layer l reads nothing later: its backward pass starts
+  there), the last batch of each padded so that one program serves each layer's batches."""
   N = len(targets["layer_N"])
-  B = max(1, min(batch_size, N))
-  out = []
-  arrays = {k: v for k, v in sources.items() if k != "num_features"}
-  for start in range(0, N, B):
-    chunk = {k: _padded(v[start : start + B], B) for k, v in targets.items()}
-    rows = _row_batch(model, _static(tc), sources["num_features"], params, tc.params, tokens_T, setup, arrays, chunk)
-    out.append(np.asarray(rows)[: min(B, N - start)])
   L, T, _ = setup.errors_LxTxD.shape
-  return np.concatenate(out) if out else np.zeros((0, sources["num_features"] + (L + 1) * T), np.float32)
+  out = np.zeros((N, sources["num_features"] + (L + 1) * T), np.float32)
+  arrays = {k: v for k, v in sources.items() if k != "num_features"}
+  for layer in np.unique(targets["layer_N"]):
+    mine = np.flatnonzero(targets["layer_N"] == layer)
+    B = max(1, min(batch_size, len(mine)))
+    for start in range(0, len(mine), B):
+      rows_b = mine[start : start + B]
+      chunk = {k: _padded(targets[k][rows_b], B) for k in ("vectors_NxD", "position_N")}
+      static = (_static(tc), sources["num_features"], int(layer))
+      rows = _row_batch(model, static, params, tc.params, tokens_T, setup, arrays, chunk)
+      out[rows_b] = np.asarray(rows)[: len(rows_b)]
+  return out
 
 
 def _padded(x: np.ndarray, size: int) -> np.ndarray:
@@ -294,25 +289,27 @@ def replacement_inputs(model, tc: Transcoders, params, tokens_T, setup: _Setup, 
   return inputs_LxTxD, final_BxTxD[0].astype(jnp.float32)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _row_batch(model, static, n: int, params, tc_params, tokens_T, setup, sources, targets) -> jax.Array:
-  """B rows of the adjacency: one backward pass of the replacement model a target (vmapped), each
-  gradient contracted with every source's output vectors. B x (features + errors + tokens)."""
-  tc = _with(static, tc_params)
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _row_batch(model, static, params, tc_params, tokens_T, setup, sources, targets) -> jax.Array:
+  """B rows of the adjacency, of targets that read one layer's input (`static`'s layer; L: the final norm's
+  output): one backward pass of the replacement model a target (vmapped) from that layer down, each gradient
+  contracted with every source's output vectors. B x (features + errors + tokens)."""
+  static_tc, n, layer = static
+  tc = _with(static_tc, tc_params)
   L, T, D = setup.errors_LxTxD.shape
   zeros = {"mlp_out": jnp.zeros((L, T, D), jnp.float32), "embed": jnp.zeros((T, D), jnp.float32)}
-  _, backward = jax.vjp(lambda delta: replacement_inputs(model, tc, params, tokens_T, setup, delta), zeros)
 
-  def cotangent(vector_D, layer, position):
-    """The target's input direction where it reads: a transcoder's input (layer < L) or the final norm's."""
-    at_input = jnp.zeros((L + 1, T, D)).at[layer, position].set(vector_D)
-    return at_input[:L], at_input[L]
+  def read(delta):  # what the targets read: nothing after it is computed (XLA drops the later layers)
+    inputs_LxTxD, final_TxD = replacement_inputs(model, tc, params, tokens_T, setup, delta)
+    return final_TxD if layer == L else inputs_LxTxD[layer]
 
-  g_inputs, g_final = jax.vmap(cotangent)(targets["vectors_NxD"], targets["layer_N"], targets["position_N"])
-  (grads,) = jax.vmap(lambda gi, gf: backward((gi, gf)))(g_inputs, g_final)
+  _, backward = jax.vjp(read, zeros)
+  at_TxD = lambda vector_D, position: jnp.zeros((T, D)).at[position].set(vector_D)
+  (grads,) = jax.vmap(lambda v, p: backward(at_TxD(v, p)))(targets["vectors_NxD"], targets["position_N"])
   g_BxCxD = grads["mlp_out"].reshape(-1, L * T, D)
-  by_slot_BxCxM = jnp.einsum("bcd,cmd->bcm", g_BxCxD, sources["features_CxMxD"])
-  entries_BxE = by_slot_BxCxM[:, sources["cell_e"], sources["slot_e"]]
+  # Each entry's gradient where it writes, dotted with its vector (XLA fuses the gather into the sum: B x E, not
+  # B x E x D), summed over a feature's entries.
+  entries_BxE = jnp.einsum("bed,ed->be", g_BxCxD[:, sources["cell_e"]], sources["vectors_ExD"])
   features_Bxn = jnp.zeros((g_BxCxD.shape[0], n)).at[:, sources["feature_e"]].add(entries_BxE)
   errors_BxC = jnp.einsum("bcd,cd->bc", g_BxCxD, sources["errors_LxTxD"].reshape(L * T, D))
   tokens_BxT = jnp.einsum("btd,td->bt", grads["embed"], sources["embed_TxD"])
@@ -332,7 +329,7 @@ def dense_rows(model, params, tokens_T, transcoders: Transcoders, graph: Graph, 
   targets = _targets(model, params, tc, graph.active_features, graph.logit_tokens, len(tokens))
   L, T, D = setup.errors_LxTxD.shape
   n = len(graph.active_features)
-  vectors_ExD = sources["features_CxMxD"][sources["cell_e"], sources["slot_e"]]
+  vectors_ExD = sources["vectors_ExD"]
 
   def target_values(c):
     c_feat, c_err, c_tok = c[:n] - 1.0, c[n : n + L * T] - 1.0, c[n + L * T :] - 1.0
