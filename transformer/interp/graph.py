@@ -202,7 +202,7 @@ jax.tree_util.register_dataclass(
 def _sources(tc: Transcoders, setup: _Setup, active_nx3, activations_n) -> dict:
   """Every source node's output vectors: each feature's a·W_dec at each (layer, position) it writes (one for a
   transcoder a layer; its layer and every later one for a cross-layer transcoder), an entry each (its vector,
-  feature and cell, layer-major); the errors (L x T x D) and the token embeddings (T x D)."""
+  feature, cell and slot in the cell); the errors (L x T x D) and the token embeddings (T x D)."""
   L, T, D = setup.errors_LxTxD.shape
   feature_e, cell_e, vectors = [], [], []
   for layer in range(L):
@@ -212,10 +212,22 @@ def _sources(tc: Transcoders, setup: _Setup, active_nx3, activations_n) -> dict:
       feature_e.append(mine)
       cell_e.append((first + m) * T + active_nx3[mine, 1])
       vectors.append(activations_n[mine, None] * dec_SxMxD[active_nx3[mine, 2], m])
+  feature_e, cell_e = np.concatenate(feature_e), np.concatenate(cell_e)
+  vectors_ExD = np.concatenate(vectors).astype(np.float32)
+  # Each cell's entries side by side, padded to the fullest cell's count: the rows' contraction is then one
+  # batched product (gathering B x E x D gradients instead runs ~50x slower on a CPU, and ragged_dot slower still)
+  counts = np.bincount(cell_e, minlength=L * T)
+  order = np.argsort(cell_e, kind="stable")
+  slot_e = np.empty_like(cell_e)
+  slot_e[order] = np.arange(len(cell_e)) - np.concatenate([[0], np.cumsum(counts)])[cell_e[order]]
+  cells_CxMxD = np.zeros((L * T, max(1, int(counts.max(initial=0))), D), np.float32)
+  cells_CxMxD[cell_e, slot_e] = vectors_ExD
   return {
-    "vectors_ExD": jax.device_put(np.concatenate(vectors).astype(np.float32)),
-    "feature_e": jax.device_put(np.concatenate(feature_e).astype(np.int32)),
-    "cell_e": jax.device_put(np.concatenate(cell_e).astype(np.int32)),
+    "vectors_ExD": jax.device_put(vectors_ExD),
+    "cells_CxMxD": jax.device_put(cells_CxMxD),
+    "feature_e": jax.device_put(feature_e.astype(np.int32)),
+    "cell_e": jax.device_put(cell_e.astype(np.int32)),
+    "slot_e": jax.device_put(slot_e.astype(np.int32)),
     "num_features": len(active_nx3),
     "errors_LxTxD": setup.errors_LxTxD,
     "embed_TxD": setup.embed_TxD.astype(jnp.float32),
@@ -268,6 +280,13 @@ def replacement_inputs(model, tc: Transcoders, params, tokens_T, setup: _Setup, 
   """The local replacement model on the prompt, with `delta` added to every MLP's output (L x T x D:
   "mlp_out") and to the token embeddings (T x D: "embed"): the transcoders' inputs (L x T x D) and the
   final norm's output (T x D). Linear in delta; at delta 0, the clean run's values."""
+  inputs, final_TxD = _replacement_run(model, tc, params, tokens_T, setup, delta)
+  return jnp.stack([inputs[layer] for layer in range(tc.num_layers)]), final_TxD
+
+
+def _replacement_run(model, tc: Transcoders, params, tokens_T, setup: _Setup, delta: dict):
+  """`replacement_inputs`, the inputs as {layer: T x D}: a caller that reads one layer's leaves the others'
+  cotangents zero by construction, so that a backward pass from it never enters the layers after it."""
   live_in = {}
 
   def replace(path, x):
@@ -285,8 +304,7 @@ def replacement_inputs(model, tc: Transcoders, params, tokens_T, setup: _Setup, 
 
   with functions_at(replace):
     final_BxTxD = model.apply({"params": params}, tokens_T[None], method=type(model).hidden_states)
-  inputs_LxTxD = jnp.stack([live_in[layer][0] for layer in range(tc.num_layers)]).astype(jnp.float32)
-  return inputs_LxTxD, final_BxTxD[0].astype(jnp.float32)
+  return {layer: x[0].astype(jnp.float32) for layer, x in live_in.items()}, final_BxTxD[0].astype(jnp.float32)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
@@ -299,17 +317,17 @@ def _row_batch(model, static, params, tc_params, tokens_T, setup, sources, targe
   L, T, D = setup.errors_LxTxD.shape
   zeros = {"mlp_out": jnp.zeros((L, T, D), jnp.float32), "embed": jnp.zeros((T, D), jnp.float32)}
 
-  def read(delta):  # what the targets read: nothing after it is computed (XLA drops the later layers)
-    inputs_LxTxD, final_TxD = replacement_inputs(model, tc, params, tokens_T, setup, delta)
-    return final_TxD if layer == L else inputs_LxTxD[layer]
+  def read(delta):  # what the targets read: the backward pass starts there
+    inputs, final_TxD = _replacement_run(model, tc, params, tokens_T, setup, delta)
+    return final_TxD if layer == L else inputs[layer]
 
   _, backward = jax.vjp(read, zeros)
   at_TxD = lambda vector_D, position: jnp.zeros((T, D)).at[position].set(vector_D)
   (grads,) = jax.vmap(lambda v, p: backward(at_TxD(v, p)))(targets["vectors_NxD"], targets["position_N"])
   g_BxCxD = grads["mlp_out"].reshape(-1, L * T, D)
-  # Each entry's gradient where it writes, dotted with its vector (XLA fuses the gather into the sum: B x E, not
-  # B x E x D), summed over a feature's entries.
-  entries_BxE = jnp.einsum("bed,ed->be", g_BxCxD[:, sources["cell_e"]], sources["vectors_ExD"])
+  # Each entry's vector dotted with the gradient where it writes (cell by cell), summed over a feature's entries.
+  by_slot_BxCxM = jnp.einsum("bcd,cmd->bcm", g_BxCxD, sources["cells_CxMxD"])
+  entries_BxE = by_slot_BxCxM[:, sources["cell_e"], sources["slot_e"]]
   features_Bxn = jnp.zeros((g_BxCxD.shape[0], n)).at[:, sources["feature_e"]].add(entries_BxE)
   errors_BxC = jnp.einsum("bcd,cd->bc", g_BxCxD, sources["errors_LxTxD"].reshape(L * T, D))
   tokens_BxT = jnp.einsum("btd,td->bt", grads["embed"], sources["embed_TxD"])
