@@ -7,6 +7,8 @@ TransformerLens replacement model from them, times `attribute` on the prompt (th
 the rest), writes the last graph's adjacency and active features to the .npz named, and prints one JSON line.
 
   <venv>/bin/python launch/graph_peer.py '<json spec>'
+
+tests/make_graph_fixtures.py builds its golden graphs with the same replacement model (`replacement_model`).
 """
 
 import json
@@ -21,14 +23,17 @@ import torch
 import yaml
 from circuit_tracer import attribute
 from circuit_tracer.replacement_model.replacement_model_transformerlens import TransformerLensReplacementModel
+from circuit_tracer.transcoder.cross_layer_transcoder import load_clt
 from circuit_tracer.transcoder.single_layer_transcoder import load_transcoder_set
+from safetensors.torch import load_file
 from transformer_lens import HookedTransformerConfig
-from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights
-from transformers import GPT2LMHeadModel
+from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights, convert_llama_weights
+from transformers import GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 
 class IdTokenizer:
-  """What circuit-tracer asks of a tokenizer, for a prompt of ids: its first id counts as the BOS."""
+  """What circuit-tracer asks of a tokenizer, for a prompt of ids: its first id counts as the BOS (so that
+  circuit-tracer prepends none), a token decodes to its id."""
 
   def __init__(self, first: int, vocab_size: int):
     self.all_special_ids = [first]
@@ -40,42 +45,84 @@ class IdTokenizer:
     return " ".join(map(str, ids if isinstance(ids, list) else [ids]))
 
 
-def replacement_model(model_dir: Path, transcoder_dir: Path, first: int) -> TransformerLensReplacementModel:
-  hf = GPT2LMHeadModel.from_pretrained(model_dir)
+def hf_model(model_dir: Path):
+  """transformers' model of a directory: GPT-2's, or a Llama's (the families' fixtures, written by transformers 5,
+  whose rope_parameters this transformers reads as rope_theta)."""
+  config = json.loads((model_dir / "config.json").read_text())
+  if config["model_type"] == "gpt2":
+    return GPT2LMHeadModel.from_pretrained(model_dir)
+  config["rope_theta"] = config.pop("rope_parameters", {}).get("rope_theta", 10000.0)
+  for key in ("transformers_version", "dtype", "architectures", "attn_implementation"):
+    config.pop(key, None)
+  hf = LlamaForCausalLM(LlamaConfig(**config))
+  hf.load_state_dict(load_file(model_dir / "model.safetensors"), strict=False)  # a tied head is not in the file
+  hf.tie_weights()
+  return hf.eval()
+
+
+def tl_config(hf) -> HookedTransformerConfig:
   c = hf.config
-  cfg = HookedTransformerConfig(
-    n_layers=c.n_layer,
-    d_model=c.n_embd,
-    n_ctx=c.n_positions,
-    d_head=c.n_embd // c.n_head,
-    n_heads=c.n_head,
-    d_mlp=4 * c.n_embd,
+  if c.model_type == "gpt2":
+    shape = dict(
+      n_layers=c.n_layer, d_model=c.n_embd, n_ctx=c.n_positions, d_head=c.n_embd // c.n_head, n_heads=c.n_head
+    )
+    return HookedTransformerConfig(
+      **shape,
+      d_mlp=4 * c.n_embd,
+      d_vocab=c.vocab_size,
+      act_fn="gelu_new",
+      normalization_type="LN",
+      eps=c.layer_norm_epsilon,
+      model_name="gpt2-tiny",
+      original_architecture="GPT2LMHeadModel",
+      default_prepend_bos=False,
+      device="cpu",
+    )
+  return HookedTransformerConfig(
+    n_layers=c.num_hidden_layers,
+    d_model=c.hidden_size,
+    n_ctx=c.max_position_embeddings,
+    d_head=c.head_dim,
+    n_heads=c.num_attention_heads,
+    n_key_value_heads=c.num_key_value_heads,
+    d_mlp=c.intermediate_size,
     d_vocab=c.vocab_size,
-    act_fn="gelu_new",
-    normalization_type="LN",
-    eps=c.layer_norm_epsilon,
-    model_name="gpt2-shape",
-    original_architecture="GPT2LMHeadModel",
+    act_fn="silu",
+    normalization_type="RMS",
+    positional_embedding_type="rotary",
+    rotary_dim=c.head_dim,
+    rotary_base=c.rope_theta,
+    gated_mlp=True,
+    final_rms=True,
+    eps=c.rms_norm_eps,
+    model_name="llama-tiny",
+    original_architecture="LlamaForCausalLM",
     default_prepend_bos=False,
     device="cpu",
   )
+
+
+def replacement_model(model_dir: Path, transcoder_dir: Path, first: int) -> TransformerLensReplacementModel:
+  """circuit-tracer's TransformerLens replacement model of a GPT-2 or Llama directory and a transcoder set or a
+  cross-layer transcoder in circuit-tracer's files (config.yaml's model_kind says which)."""
+  hf = hf_model(model_dir)
+  cfg = tl_config(hf)
+  convert = convert_gpt2_weights if hf.config.model_type == "gpt2" else convert_llama_weights
   config = yaml.safe_load((transcoder_dir / "config.yaml").read_text())
-  paths = {t["layer"]: str(transcoder_dir / t["filepath"]) for t in config["transcoders"]}
-  transcoders = load_transcoder_set(
-    paths,
-    scan=config.get("scan", "bench"),
-    feature_input_hook=config["feature_input_hook"],
-    feature_output_hook=config["feature_output_hook"],
-    device=torch.device("cpu"),
-    lazy_encoder=False,
-    lazy_decoder=False,
-  )
+  hooks = dict(feature_input_hook=config["feature_input_hook"], feature_output_hook=config["feature_output_hook"])
+  if config.get("model_kind") == "cross_layer_transcoder":
+    transcoders = load_clt(
+      str(transcoder_dir), scan="tiny", device=torch.device("cpu"), dtype=torch.float32, lazy_decoder=False, **hooks
+    )
+  else:
+    paths = {t["layer"]: str(transcoder_dir / t["filepath"]) for t in config["transcoders"]}
+    transcoders = load_transcoder_set(
+      paths, scan="tiny", device=torch.device("cpu"), lazy_encoder=False, lazy_decoder=False, **hooks
+    )
   model = TransformerLensReplacementModel(cfg)
-  model.load_and_process_state_dict(
-    convert_gpt2_weights(hf, cfg), fold_ln=False, center_writing_weights=False, center_unembed=False
-  )
+  model.load_and_process_state_dict(convert(hf, cfg), fold_ln=False, center_writing_weights=False, center_unembed=False)
   model._configure_replacement_model(transcoders)
-  model.tokenizer = IdTokenizer(first, c.vocab_size)
+  model.tokenizer = IdTokenizer(first, hf.config.vocab_size)
   return model
 
 

@@ -18,7 +18,7 @@ node_mask, edge_mask, cumulative_scores, scores: circuit-tracer's `Graph`, `prun
 `compute_graph_scores`).
 """
 
-import json
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -27,15 +27,14 @@ import torch
 import yaml
 from circuit_tracer import attribute
 from circuit_tracer.graph import compute_graph_scores, prune_graph
-from circuit_tracer.replacement_model.replacement_model_transformerlens import TransformerLensReplacementModel
-from circuit_tracer.transcoder.cross_layer_transcoder import CrossLayerTranscoder, load_clt
-from circuit_tracer.transcoder.single_layer_transcoder import load_transcoder_set
-from safetensors.torch import load_file, save_file
-from transformer_lens import HookedTransformerConfig
-from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights, convert_llama_weights
-from transformers import GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from circuit_tracer.transcoder.cross_layer_transcoder import CrossLayerTranscoder
+from safetensors.torch import save_file
 
 HERE = Path(__file__).resolve().parent
+# launch/graph_peer.py's replacement model (it imports nothing of this repository, so it loads by its path)
+_spec = importlib.util.spec_from_file_location("graph_peer", HERE.parent / "launch" / "graph_peer.py")
+PEER = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(PEER)
 MODEL = HERE / "fixtures" / "gpt2_tiny_a"
 FIXTURES = HERE / "fixtures" / "graph"
 TOKENS = np.array([50 % 97, 3, 17, 42, 17, 8, 91, 3, 17, 42], np.int64)  # a repeat in it: something to copy
@@ -49,105 +48,11 @@ VARIANTS = {
 CLT_VARIANTS = {"clt_jumprelu": dict(jumprelu=True)}
 
 
-class IdTokenizer:
-  """What circuit-tracer asks of a tokenizer, for a model of ids alone: the prompt's first id counts as its BOS
-  (so that circuit-tracer prepends none), a token decodes to its id."""
-
-  all_special_ids = [int(TOKENS[0])]
-  bos_token_id = pad_token_id = eos_token_id = int(TOKENS[0])
-  padding_side = "right"
-
-  def __init__(self, vocab_size: int = 97):
-    self.vocab_size = vocab_size
-
-  def decode(self, ids):
-    return " ".join(map(str, ids if isinstance(ids, list) else [ids]))
-
-
-def hf_model(model_dir: Path):
-  """transformers' model of a directory: GPT-2's, or a Llama's (the families' fixtures, written by transformers 5,
-  whose rope_parameters this transformers reads as rope_theta)."""
-  config = json.loads((model_dir / "config.json").read_text())
-  if config["model_type"] == "gpt2":
-    return GPT2LMHeadModel.from_pretrained(model_dir)
-  config["rope_theta"] = config.pop("rope_parameters", {}).get("rope_theta", 10000.0)
-  for key in ("transformers_version", "dtype", "architectures", "attn_implementation"):
-    config.pop(key, None)
-  hf = LlamaForCausalLM(LlamaConfig(**config))
-  hf.load_state_dict(load_file(model_dir / "model.safetensors"), strict=False)  # a tied head is not in the file
-  hf.tie_weights()
-  return hf.eval()
-
-
-def tl_config(hf) -> HookedTransformerConfig:
-  c = hf.config
-  if c.model_type == "gpt2":
-    shape = dict(
-      n_layers=c.n_layer, d_model=c.n_embd, n_ctx=c.n_positions, d_head=c.n_embd // c.n_head, n_heads=c.n_head
-    )
-    return HookedTransformerConfig(
-      **shape,
-      d_mlp=4 * c.n_embd,
-      d_vocab=c.vocab_size,
-      act_fn="gelu_new",
-      normalization_type="LN",
-      eps=c.layer_norm_epsilon,
-      model_name="gpt2-tiny",
-      original_architecture="GPT2LMHeadModel",
-      default_prepend_bos=False,
-      device="cpu",
-    )
-  return HookedTransformerConfig(
-    n_layers=c.num_hidden_layers,
-    d_model=c.hidden_size,
-    n_ctx=c.max_position_embeddings,
-    d_head=c.head_dim,
-    n_heads=c.num_attention_heads,
-    n_key_value_heads=c.num_key_value_heads,
-    d_mlp=c.intermediate_size,
-    d_vocab=c.vocab_size,
-    act_fn="silu",
-    normalization_type="RMS",
-    positional_embedding_type="rotary",
-    rotary_dim=c.head_dim,
-    rotary_base=c.rope_theta,
-    gated_mlp=True,
-    final_rms=True,
-    eps=c.rms_norm_eps,
-    model_name="llama-tiny",
-    original_architecture="LlamaForCausalLM",
-    default_prepend_bos=False,
-    device="cpu",
-  )
-
-
-def replacement_model(transcoder_dir: Path, model_dir: Path = MODEL) -> TransformerLensReplacementModel:
-  hf = hf_model(model_dir)
-  cfg = tl_config(hf)
-  convert = convert_gpt2_weights if hf.config.model_type == "gpt2" else convert_llama_weights
-  config = yaml.safe_load((transcoder_dir / "config.yaml").read_text())
-  hooks = dict(feature_input_hook=config["feature_input_hook"], feature_output_hook=config["feature_output_hook"])
-  if config.get("model_kind") == "cross_layer_transcoder":
-    transcoders = load_clt(
-      str(transcoder_dir), scan="tiny", device=torch.device("cpu"), dtype=torch.float32, lazy_decoder=False, **hooks
-    )
-  else:
-    paths = {t["layer"]: str(transcoder_dir / t["filepath"]) for t in config["transcoders"]}
-    transcoders = load_transcoder_set(
-      paths, scan="tiny", device=torch.device("cpu"), lazy_encoder=False, lazy_decoder=False, **hooks
-    )
-  model = TransformerLensReplacementModel(cfg)
-  model.load_and_process_state_dict(convert(hf, cfg), fold_ln=False, center_writing_weights=False, center_unembed=False)
-  model._configure_replacement_model(transcoders)
-  model.tokenizer = IdTokenizer(hf.config.vocab_size)
-  return model
-
-
 def random_transcoders(out: Path, seed: int, skip: bool, jumprelu: bool, model_dir: Path = MODEL) -> None:
   """Random transcoders on the model's activations: encoders scaled to the MLP input's size and biases
   that keep about a fifth of the latents firing (a graph of a few hundred features)."""
   g = torch.Generator().manual_seed(seed)
-  hf = hf_model(model_dir)
+  hf = PEER.hf_model(model_dir)
   d = hf.config.hidden_size
   with torch.no_grad():
     streams = hf(torch.tensor(TOKENS)[None], output_hidden_states=True).hidden_states
@@ -180,7 +85,7 @@ def random_clt(out: Path, seed: int, jumprelu: bool) -> None:
   """A random cross-layer transcoder over both layers in circuit-tracer's files (its own `to_safetensors`), scaled
   as `random_transcoders` scales its per-layer ones."""
   g = torch.Generator().manual_seed(seed)
-  hf = GPT2LMHeadModel.from_pretrained(MODEL)
+  hf = PEER.hf_model(MODEL)
   d, L = hf.config.n_embd, hf.config.n_layer
   with torch.no_grad():
     streams = hf(torch.tensor(TOKENS)[None], output_hidden_states=True).hidden_states
@@ -212,7 +117,7 @@ def random_clt(out: Path, seed: int, jumprelu: bool) -> None:
 
 
 def graph_of(transcoder_dir: Path, tokens: np.ndarray, model_dir: Path = MODEL) -> dict:
-  model = replacement_model(transcoder_dir, model_dir)
+  model = PEER.replacement_model(model_dir, transcoder_dir, int(tokens[0]))
   graph = attribute(torch.tensor(tokens), model, max_n_logits=10, desired_logit_prob=0.95, batch_size=64)
   node_mask, edge_mask, scores = prune_graph(graph, node_threshold=0.8, edge_threshold=0.98)
   replacement, completeness = compute_graph_scores(graph)
