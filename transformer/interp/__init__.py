@@ -8,6 +8,7 @@ probes            what launch.probe draws: attention maps, residual norms, the l
 studies           launch.probe's verbs as calls with arguments (heads, attribution, patching, circuits)
 features          an SAE's features: top contexts, histograms, the logits they promote (features.html)
 fourier           grokking's Fourier progress measures
+replacement       the model with its MLPs replaced by transcoders (one a layer, or cross-layer): losses, shared parts
 graph             attribution graphs through transcoders: the local replacement model, edges, feature interventions
 graph_view        pruning a graph, its scores, circuit-tracer's viewer JSON; graph_page: its HTML page
 """

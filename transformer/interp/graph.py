@@ -2,7 +2,10 @@
 (Ameisen, Lindsey et al. 2025, "Circuit Tracing"; the algorithm of circuit-tracer).
 
 Each MLP is read by a transcoder (transformer.models.sae, `d_out`: a sparse dictionary from the
-MLP's input point to its output). For one prompt, the **local replacement model** is the model with
+MLP's input point to its output), or all of them by one cross-layer transcoder (transformer.models.clt:
+a feature writes its own layer's MLP output and every later one's; its edges are summed over them;
+the functions both share: transformer.interp.replacement). For one prompt, the **local replacement
+model** is the model with
   - every attention pattern and every norm's divisor (`*.scale`) fixed at the prompt's values,
   - every MLP's output fixed at its value, which splits into the active features' decoder vectors,
     the transcoder's biases (and skip path, which stays live) and an **error** (what it misses),
