@@ -218,7 +218,7 @@ def _sources(tc: Transcoders, setup: _Setup, active_nx3, activations_n) -> dict:
   feature_e, cell_e = np.concatenate(feature_e), np.concatenate(cell_e)
   vectors_ExD = np.concatenate(vectors).astype(np.float32)
   # Each cell's entries side by side, padded to the fullest cell's count: the rows' contraction is then one
-  # batched product (gathering B x E x D gradients instead runs ~50x slower on a CPU, and ragged_dot slower still)
+  # batched product, not a gather of B x E x D gradients (far slower on a CPU: launch/BENCHMARKS.md)
   counts = np.bincount(cell_e, minlength=L * T)
   order = np.argsort(cell_e, kind="stable")
   slot_e = np.empty_like(cell_e)

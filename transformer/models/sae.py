@@ -72,8 +72,7 @@ class SAEConfig:
   initial_threshold: float = 0.01  # jumprelu: θ at initialisation (SAELens's), where initial_density is 0
   # jumprelu: θ₀ per latent from the data instead: each latent fires on this share of the first rows (the
   # task's init_params; `threshold_from_data`), so that it starts sparse whatever the data's scale and a
-  # latent learns from the few rows it fires on (experiments/README.md: 1e-3 finds 96-98% of two planted
-  # dictionaries, 1e-4 89%, SAELens's θ₀ 0.01 none); 0: initial_threshold
+  # latent learns from the few rows it fires on (experiments/README.md, "θ₀ from the data"); 0: initial_threshold
   initial_density: float = 1e-3
   aux_k: int = 0  # AuxK: dead latents that reconstruct the error (0: d_in // 2)
   aux_coefficient: float = 1 / 32
