@@ -120,7 +120,8 @@ def test_the_graph_equals_circuit_tracers_on_its_own_transcoder_files(name, requ
 @pytest.mark.parametrize("which", ["tiny", "tiny_clt"])
 def test_the_rows_equal_a_dense_jacobian_of_the_replacement_model(which, request):
   model, params, transcoders = request.getfixturevalue(which)
-  graph = G.attribute(model, params, TOKENS, transcoders, batch_size=7)  # batches that do not divide the rows
+  # CLT's: batches that do not divide the rows (the per-layer set's: the other tests' programs, compiled once)
+  graph = G.attribute(model, params, TOKENS, transcoders, **({"batch_size": 7} if which == "tiny_clt" else {}))
   n, K = graph.num_features, len(graph.logit_tokens)
   rows = np.concatenate([graph.adjacency_NxN[:n], graph.adjacency_NxN[-K:]])[:, :-K]
   dense = G.dense_rows(model, params, TOKENS, transcoders, graph)
