@@ -25,7 +25,7 @@ from transformer.errors import UserError
 from transformer.interp.interventions import _next_token_nll, _split
 from transformer.layers.points import functions_at
 from transformer.models.clt import CrossLayerTranscoder
-from transformer.models.sae import SAE
+from transformer.models.sae import SAE, top_k_mask
 
 POINTS_IN = ("mlp_in", "resid_mid", "ln_2.normalized")
 
@@ -95,11 +95,10 @@ def encode(tc: Transcoders, params, layer: int, x_NxD) -> jax.Array:
 
 
 def _clt_activate(clt: CrossLayerTranscoder, p, layer: int, pre_NxS) -> jax.Array:
+  """`CrossLayerTranscoder.activate` for one layer's pre-activations (what a live replacement reads)."""
   cfg = clt.config
   if cfg.activation == "topk":
-    _, index_Nxk = jax.lax.top_k(pre_NxS, cfg.k)
-    kept = jnp.zeros(pre_NxS.shape, bool).at[jnp.arange(pre_NxS.shape[0])[:, None], index_Nxk].set(True)
-    return jax.nn.relu(pre_NxS) * kept
+    return jax.nn.relu(pre_NxS) * top_k_mask(pre_NxS, cfg.k)
   if cfg.activation == "jumprelu":
     return pre_NxS * (pre_NxS > jnp.maximum(p["threshold"][layer], 0.0))
   return jax.nn.relu(pre_NxS)
