@@ -150,12 +150,14 @@ def test_an_edge_is_the_change_of_its_targets_input_when_its_source_is_removed(w
   rows = np.concatenate([graph.adjacency_NxN[: graph.num_features], graph.adjacency_NxN[-len(graph.logit_tokens) :]])
   first_layer = np.flatnonzero(graph.active_features[:, 0] == 0)
   s = int(first_layer[np.argmax(np.abs(rows[:, first_layer]).max(0))])  # the layer-0 feature of the largest edge
-  removed = np.zeros((L * T, D), np.float32)
-  vectors = np.asarray(sources["vectors_ExD"])
-  for e in np.flatnonzero(np.asarray(sources["feature_e"]) == s):  # every cell it writes
-    removed[int(sources["cell_e"][e])] -= vectors[e]
-  assert (np.abs(removed).sum(1) > 0).sum() == (L if which == "tiny_clt" else 1)
-  without = _read(run({**zeros, "mlp_out": removed.reshape(L, T, D)}), targets)
+  removed = np.zeros((L, T, D), np.float32)
+  for w, written in enumerate(sources["written"]):  # every layer and position it writes
+    cells_TxMxD = np.asarray(written["cells_TxMxD"])
+    for e in np.flatnonzero(np.asarray(written["feature_e"]) == s):
+      p, m = int(written["position_e"][e]), int(written["slot_e"][e])
+      removed[w, p] -= cells_TxMxD[p, m]
+  assert (np.abs(removed).sum(-1) > 0).sum() == (L if which == "tiny_clt" else 1)
+  without = _read(run({**zeros, "mlp_out": removed}), targets)
   np.testing.assert_allclose(clean - without, rows[:, s], atol=1e-4)
   assert np.abs(rows[:, s]).max() > 1e-2
   p = 4

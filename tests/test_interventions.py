@@ -15,6 +15,8 @@ import pytest
 from transformer import layers, tokenizers
 from transformer.interp import interventions, patching, probes
 from transformer.interp.interventions import Patch
+from transformer.layers import heads
+from transformer.layers.points import functions_at
 from transformer.models.gpt import GPT, GPTConfig
 from transformer.models.seq2seq import Transformer, preset
 
@@ -45,6 +47,35 @@ def test_a_run_that_asks_for_nothing_compiles_to_the_same_program(monkeypatch):
   with_points = lowered()
   monkeypatch.setattr(layers, "point", lambda module, name, x: x)
   assert lowered() == with_points
+
+
+def test_a_function_at_named_points_makes_only_what_they_need(monkeypatch):
+  """`functions_at(fn, names)`: a function at the MLP's output alone leaves the attention, its per-head results
+  and the norms as a plain run has them (the same program); one that fixes the pattern takes the fused q/k/v
+  projection part by part, so that the gradient through the fixed pattern computes no product for q and k."""
+  params, tokens = _params(), jax.device_put(TOKENS)
+
+  def gradient(names, fn=lambda path, x: x):
+    def run(p, x_BxTxD):  # a gradient with respect to the stream: the attribution graph's backward pass
+      def added(path, x):
+        return fn(path, x) + x_BxTxD if path[-1] == "embed" else fn(path, x)
+
+      with functions_at(added, names):
+        return jnp.sum(GPT(CFG).apply({"params": p}, tokens))
+
+    return jax.jit(jax.grad(run, argnums=1)).lower(params, jnp.zeros((2, 8, 16)))
+
+  assert gradient({"embed", "mlp_out"}).as_text() == gradient({"embed"}).as_text()
+  assert gradient({"embed", "mlp_out"}).as_text() != gradient(None).as_text()  # every point: results, reference path
+  fixed = {"pattern": jnp.full((2, 2, 8, 8), 1 / 8)}
+  flops = lambda: (
+    gradient({"embed", "pattern"}, lambda path, x: fixed.get(path[-1], x)).compile().cost_analysis()["flops"]
+  )
+  apart = flops()
+  monkeypatch.setattr(heads, "_apart", lambda module: False)  # the fused product, as a plain run has it
+  fused = flops()
+  # q's and k's share of the projection's gradient: 2 x (B T) x D x (H K) x 2 flops a layer, two layers
+  assert fused - apart == pytest.approx(2 * 2 * 16 * 16 * 16 * 2 * 2, rel=0.2)
 
 
 def test_every_named_point_is_read_with_a_layer_axis():

@@ -156,6 +156,12 @@ def _frozen_kind(name: str) -> bool:
   return name == "pattern" or name.rsplit(".", 1)[-1] == "scale"
 
 
+def _acted_on(tc: Transcoders) -> frozenset:
+  """The points' names the replacement model's functions act on (`functions_at`'s `names`: the others, e.g.
+  each head's result, are not made)."""
+  return frozenset({"pattern", "scale", "mlp_out", "embed", tc.point_in.rsplit(".", 1)[-1]})
+
+
 def _static(tc: Transcoders) -> tuple:
   """The transcoders' modules and points: what a compiled program is specialised to (their params are traced)."""
   return tc.saes, tc.clt, tc.point_in
@@ -182,7 +188,7 @@ def _setup(model, static: tuple, params, tc_params, tokens_T, zero_first: bool) 
       inputs[layer] = x[0]
     return x
 
-  with functions_at(record):
+  with functions_at(record, _acted_on(tc)):
     logits_BxTxV = model.apply({"params": params}, tokens_T[None])
   L = tc.num_layers
   inputs_LxTxD = jnp.stack([inputs[layer] for layer in range(L)]).astype(jnp.float32)
@@ -204,36 +210,44 @@ jax.tree_util.register_dataclass(
 
 def _sources(tc: Transcoders, setup: _Setup, active_nx3, activations_n) -> dict:
   """Every source node's output vectors: each feature's a·W_dec at each (layer, position) it writes (one for a
-  transcoder a layer; its layer and every later one for a cross-layer transcoder), an entry each (its vector,
-  feature, cell and slot in the cell); the errors (L x T x D) and the token embeddings (T x D)."""
+  transcoder a layer; its layer and every later one for a cross-layer transcoder), an entry each, grouped by the
+  layer written (its vector, feature, position and slot among that cell's entries); the errors (L x T x D) and
+  the token embeddings (T x D)."""
   L, T, D = setup.errors_LxTxD.shape
-  feature_e, cell_e, vectors = [], [], []
+  entries = [[] for _ in range(L)]  # by the layer written: (features, their vectors)
   for layer in range(L):
     mine = np.flatnonzero(active_nx3[:, 0] == layer)
     dec_SxMxD, first = map(np.asarray, replacement.decoders(tc, tc.params, layer))
     for m in range(dec_SxMxD.shape[1]):
-      feature_e.append(mine)
-      cell_e.append((first + m) * T + active_nx3[mine, 1])
-      vectors.append(activations_n[mine, None] * dec_SxMxD[active_nx3[mine, 2], m])
-  feature_e, cell_e = np.concatenate(feature_e), np.concatenate(cell_e)
-  vectors_ExD = np.concatenate(vectors).astype(np.float32)
-  # Each cell's entries side by side, padded to the fullest cell's count: the rows' contraction is then one
-  # batched product, not a gather of B x E x D gradients (far slower on a CPU: launch/BENCHMARKS.md)
-  counts = np.bincount(cell_e, minlength=L * T)
-  order = np.argsort(cell_e, kind="stable")
-  slot_e = np.empty_like(cell_e)
-  slot_e[order] = np.arange(len(cell_e)) - np.concatenate([[0], np.cumsum(counts)])[cell_e[order]]
-  cells_CxMxD = np.zeros((L * T, max(1, int(counts.max(initial=0))), D), np.float32)
-  cells_CxMxD[cell_e, slot_e] = vectors_ExD
+      entries[first + m].append((mine, activations_n[mine, None] * dec_SxMxD[active_nx3[mine, 2], m]))
+  written = [_cells(active_nx3, entries[layer], T, D) for layer in range(L)]
   return {
-    "vectors_ExD": jax.device_put(vectors_ExD),
-    "cells_CxMxD": jax.device_put(cells_CxMxD),
-    "feature_e": jax.device_put(feature_e.astype(np.int32)),
-    "cell_e": jax.device_put(cell_e.astype(np.int32)),
-    "slot_e": jax.device_put(slot_e.astype(np.int32)),
+    "written": [{k: jax.device_put(v) for k, v in cells.items()} for cells in written],
     "num_features": len(active_nx3),
     "errors_LxTxD": setup.errors_LxTxD,
     "embed_TxD": setup.embed_TxD.astype(jnp.float32),
+  }
+
+
+def _cells(active_nx3, entries: list, T: int, D: int) -> dict:
+  """One layer's written entries (features, vectors) as cells: each position's entries side by side, padded to
+  the fullest position's count, so that the rows' contraction is one batched product, not a gather of
+  B x E x D gradients (far slower on a CPU: launch/BENCHMARKS.md)."""
+  feature_e = np.concatenate([f for f, _ in entries] or [np.zeros(0, np.int64)])
+  vectors_ExD = np.concatenate([v for _, v in entries] or [np.zeros((0, D))]).astype(np.float32)
+  position_e = active_nx3[feature_e, 1]
+  counts = np.bincount(position_e, minlength=T)
+  order = np.argsort(position_e, kind="stable")
+  slot_e = np.empty_like(position_e)
+  slot_e[order] = np.arange(len(position_e)) - np.concatenate([[0], np.cumsum(counts)])[position_e[order]]
+  cells_TxMxD = np.zeros((T, max(1, int(counts.max(initial=0))), D), np.float32)
+  cells_TxMxD[position_e, slot_e] = vectors_ExD
+  as_int = lambda x: x.astype(np.int32)
+  return {
+    "cells_TxMxD": cells_TxMxD,
+    "feature_e": as_int(feature_e),
+    "position_e": as_int(position_e),
+    "slot_e": as_int(slot_e),
   }
 
 
@@ -283,13 +297,16 @@ def replacement_inputs(model, tc: Transcoders, params, tokens_T, setup: _Setup, 
   """The local replacement model on the prompt, with `delta` added to every MLP's output (L x T x D:
   "mlp_out") and to the token embeddings (T x D: "embed"): the transcoders' inputs (L x T x D) and the
   final norm's output (T x D). Linear in delta; at delta 0, the clean run's values."""
-  inputs, final_TxD = _replacement_run(model, tc, params, tokens_T, setup, delta)
+  inputs, final_TxD = _replacement_run(
+    model, tc, params, tokens_T, setup, {**delta, "mlp_out": dict(enumerate(delta["mlp_out"]))}
+  )
   return jnp.stack([inputs[layer] for layer in range(tc.num_layers)]), final_TxD
 
 
 def _replacement_run(model, tc: Transcoders, params, tokens_T, setup: _Setup, delta: dict):
-  """`replacement_inputs`, the inputs as {layer: T x D}: a caller that reads one layer's leaves the others'
-  cotangents zero by construction, so that a backward pass from it never enters the layers after it."""
+  """`replacement_inputs`, `delta`'s MLP outputs and the inputs as {layer: T x D} (a layer not in delta: not
+  moved): a caller that reads one layer's leaves the others' cotangents zero by construction, so that a backward
+  pass from it never enters the layers after it."""
   live_in = {}
 
   def replace(path, x):
@@ -300,12 +317,12 @@ def _replacement_run(model, tc: Transcoders, params, tokens_T, setup: _Setup, de
       live_in[layer] = x
     if name == "mlp_out":  # fixed, but for a skip path, which stays live (it is linear)
       moved = replacement.skip(tc, tc.params, layer, live_in[layer] - setup.inputs_LxTxD[layer])
-      return setup.frozen[path] + (delta["mlp_out"][layer] + moved).astype(x.dtype)
+      return setup.frozen[path] + (delta["mlp_out"].get(layer, 0.0) + moved).astype(x.dtype)
     if name == "embed":
       return x + delta["embed"].astype(x.dtype)
     return x
 
-  with functions_at(replace):
+  with functions_at(replace, _acted_on(tc)):
     final_BxTxD = model.apply({"params": params}, tokens_T[None], method=type(model).hidden_states)
   return {layer: x[0].astype(jnp.float32) for layer, x in live_in.items()}, final_BxTxD[0].astype(jnp.float32)
 
@@ -318,7 +335,8 @@ def _row_batch(model, static, params, tc_params, tokens_T, setup, sources, targe
   static_tc, n, layer = static
   tc = _with(static_tc, tc_params)
   L, T, D = setup.errors_LxTxD.shape
-  zeros = {"mlp_out": jnp.zeros((L, T, D), jnp.float32), "embed": jnp.zeros((T, D), jnp.float32)}
+  # Only the MLP outputs before the targets' layer move what they read: the others are no inputs of the pass.
+  zeros = {"mlp_out": {w: jnp.zeros((T, D), jnp.float32) for w in range(layer)}, "embed": jnp.zeros((T, D))}
 
   def read(delta):  # what the targets read: the backward pass starts there
     inputs, final_TxD = _replacement_run(model, tc, params, tokens_T, setup, delta)
@@ -326,15 +344,22 @@ def _row_batch(model, static, params, tc_params, tokens_T, setup, sources, targe
 
   _, backward = jax.vjp(read, zeros)
   at_TxD = lambda vector_D, position: jnp.zeros((T, D)).at[position].set(vector_D)
-  (grads,) = jax.vmap(lambda v, p: backward(at_TxD(v, p)))(targets["vectors_NxD"], targets["position_N"])
-  g_BxCxD = grads["mlp_out"].reshape(-1, L * T, D)
-  # Each entry's vector dotted with the gradient where it writes (cell by cell), summed over a feature's entries.
-  by_slot_BxCxM = jnp.einsum("bcd,cmd->bcm", g_BxCxD, sources["cells_CxMxD"])
-  entries_BxE = by_slot_BxCxM[:, sources["cell_e"], sources["slot_e"]]
-  features_Bxn = jnp.zeros((g_BxCxD.shape[0], n)).at[:, sources["feature_e"]].add(entries_BxE)
-  errors_BxC = jnp.einsum("bcd,cd->bc", g_BxCxD, sources["errors_LxTxD"].reshape(L * T, D))
-  tokens_BxT = jnp.einsum("btd,td->bt", grads["embed"], sources["embed_TxD"])
-  return jnp.concatenate([features_Bxn, errors_BxC, tokens_BxT], axis=1)
+  # Gradients position-major (T x B x D): the contraction's batch is the position.
+  (grads,) = jax.vmap(lambda v, p: backward(at_TxD(v, p)), out_axes=1)(targets["vectors_NxD"], targets["position_N"])
+  B = targets["position_N"].shape[0]
+  features_Bxn, errors = jnp.zeros((B, n)), []
+  for w in range(L):
+    if w >= layer:
+      errors.append(jnp.zeros((B, T)))
+      continue
+    g_TxBxD, written = grads["mlp_out"][w], sources["written"][w]
+    # Each entry's vector dotted with the gradient where it writes, summed over a feature's entries.
+    by_slot_TxBxM = jnp.einsum("tbd,tmd->tbm", g_TxBxD, written["cells_TxMxD"])
+    entries_BxE = by_slot_TxBxM[written["position_e"], :, written["slot_e"]].T
+    features_Bxn = features_Bxn.at[:, written["feature_e"]].add(entries_BxE)
+    errors.append(jnp.einsum("tbd,td->bt", g_TxBxD, sources["errors_LxTxD"][w]))
+  tokens_BxT = jnp.einsum("tbd,td->bt", grads["embed"], sources["embed_TxD"])
+  return jnp.concatenate([features_Bxn, *errors, tokens_BxT], axis=1)
 
 
 def dense_rows(model, params, tokens_T, transcoders: Transcoders, graph: Graph, zero_first: bool = True) -> np.ndarray:
@@ -350,13 +375,15 @@ def dense_rows(model, params, tokens_T, transcoders: Transcoders, graph: Graph, 
   targets = _targets(model, params, tc, graph.active_features, graph.logit_tokens, len(tokens))
   L, T, D = setup.errors_LxTxD.shape
   n = len(graph.active_features)
-  vectors_ExD = sources["vectors_ExD"]
 
   def target_values(c):
     c_feat, c_err, c_tok = c[:n] - 1.0, c[n : n + L * T] - 1.0, c[n + L * T :] - 1.0
-    moved_CxD = jnp.zeros((L * T, D)).at[sources["cell_e"]].add(c_feat[sources["feature_e"], None] * vectors_ExD)
-    moved_CxD = moved_CxD + c_err[:, None] * sources["errors_LxTxD"].reshape(L * T, D)
-    delta = {"mlp_out": moved_CxD.reshape(L, T, D), "embed": c_tok[:, None] * sources["embed_TxD"]}
+    moved = []
+    for w, written in enumerate(sources["written"]):
+      vectors_ExD = written["cells_TxMxD"][written["position_e"], written["slot_e"]]
+      moved_TxD = jnp.zeros((T, D)).at[written["position_e"]].add(c_feat[written["feature_e"], None] * vectors_ExD)
+      moved.append(moved_TxD + c_err[w * T : (w + 1) * T, None] * sources["errors_LxTxD"][w])
+    delta = {"mlp_out": jnp.stack(moved), "embed": c_tok[:, None] * sources["embed_TxD"]}
     inputs_LxTxD, final_TxD = replacement_inputs(model, tc, params, tokens, setup, delta)
     read_NxD = jnp.concatenate([inputs_LxTxD, final_TxD[None]])[targets["layer_N"], targets["position_N"]]
     return jnp.sum(read_NxD * targets["vectors_NxD"], -1)
@@ -411,7 +438,7 @@ def _intervened(model, static, params, tc_params, tokens_T, setup: _Setup, where
       x = setup.frozen[path]
     return x + change_TxD[None].astype(x.dtype)
 
-  with functions_at(change):
+  with functions_at(change, _acted_on(tc)):
     logits_BxTxV = model.apply({"params": params}, tokens_T[None])
   return logits_BxTxV[0, -1], jnp.stack([z[layer] for layer in range(tc.num_layers)])
 

@@ -164,9 +164,9 @@ def _losses(model, saes, clt, point_in: str, params, tc_params, tokens_BxT):
   tc = Transcoders(saes, tc_params, point_in, clt=clt)
   mean_loss = lambda logits: _next_token_nll(logits, tokens_BxT).mean()
   clean = mean_loss(model.apply({"params": params}, tokens_BxT))
-  with functions_at(_replacing(tc, tc_params)):
+  with functions_at(_replacing(tc, tc_params), (tc.point_in.rsplit(".", 1)[-1], "mlp_out")):
     replaced = mean_loss(model.apply({"params": params}, tokens_BxT))
-  with functions_at(lambda path, x: jnp.zeros_like(x) if _split(path)[0] == "mlp_out" else x):
+  with functions_at(lambda path, x: jnp.zeros_like(x), ("mlp_out",)):
     zero = mean_loss(model.apply({"params": params}, tokens_BxT))
   return clean, replaced, zero
 

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.layers.params import Projection
-from transformer.layers.points import intervened, point
+from transformer.layers.points import acts_on, intervened, point
 
 
 def qkv(self, x_BxTxD):
@@ -25,15 +25,36 @@ def qkv(self, x_BxTxD):
   per_head_inputs = isinstance(x_BxTxD, tuple)
   if G == H:
     fused = self.projection((3, H, K), ("embed", None, "heads", "kv"), name="qkv", use_bias=bias)
+    if _apart(self) and not per_head_inputs:
+      return _parts(self, fused, x_BxTxD)
     qkv_BxTx3xHxK = per_head_projection(fused, x_BxTxD) if per_head_inputs else fused(x_BxTxD)
     return tuple(qkv_BxTx3xHxK[:, :, i] for i in range(3))
   q = self.projection((H, K), ("embed", "heads", "kv"), name="q", use_bias=bias)
   kv = self.projection((2, G, K), ("embed", None, "heads", "kv"), name="kv", use_bias=bias)
   if per_head_inputs:
     q_BxTxHxK, kv_BxTx2xGxK = per_head_projection(q, x_BxTxD[:1])[:, :, 0], per_head_projection(kv, x_BxTxD[1:])
-  else:
-    q_BxTxHxK, kv_BxTx2xGxK = q(x_BxTxD), kv(x_BxTxD)
+    return q_BxTxHxK, kv_BxTx2xGxK[:, :, 0], kv_BxTx2xGxK[:, :, 1]
+  q_BxTxHxK = q(x_BxTxD)
+  if _apart(self):
+    return (q_BxTxHxK, *_parts(self, kv, x_BxTxD))
+  kv_BxTx2xGxK = kv(x_BxTxD)
   return q_BxTxHxK, kv_BxTx2xGxK[:, :, 0], kv_BxTx2xGxK[:, :, 1]
+
+
+def _apart(self) -> bool:
+  """Whether the fused projections are taken part by part: in a run that acts on the attention pattern (reads,
+  patches or fixes it). When a run fixes the pattern, the queries and keys feed nothing, and their products
+  then drop out of its gradients; a fused product's gradient would be padded with zeros for them and computed
+  whole (an attribution graph's backward passes: three times the value path's work)."""
+  return intervened(self, ("attn_scores", "pattern")) and not self.is_initializing()
+
+
+def _parts(self, projection: Projection, x_BxTxD) -> tuple:
+  """A fused projection (kernel D x N x H x K) as N products of its kernel's parts, each B x T x H x K."""
+  kernel_DxNxHxK, bias = projection.weights()
+  x_BxTxD = x_BxTxD.astype(kernel_DxNxHxK.dtype)
+  parts = [jnp.einsum("btd,dhk->bthk", x_BxTxD, kernel_DxNxHxK[:, i]) for i in range(kernel_DxNxHxK.shape[1])]
+  return tuple(parts) if bias is None else tuple(part + bias[i] for i, part in enumerate(parts))
 
 
 def per_head_projection(projection: Projection, inputs) -> jax.Array:
@@ -52,10 +73,10 @@ def per_head_projection(projection: Projection, inputs) -> jax.Array:
 
 
 def output(module: nn.Module, out: Projection, z_BxTxHxK) -> jax.Array:
-  """The output projection of the heads' outputs. A run that reads or patches takes it head by head:
-  each head's `result` (B x T x H x D, what it adds to the residual stream, TransformerLens's
-  `attn.hook_result`) is a named point, summed over heads, plus the bias."""
-  if not intervened(module) or module.is_initializing():
+  """The output projection of the heads' outputs. A run that reads, patches or applies a function to
+  `result` takes it head by head: each head's `result` (B x T x H x D, what it adds to the residual stream,
+  TransformerLens's `attn.hook_result`) is a named point, summed over heads, plus the bias."""
+  if not acts_on(module, "result") or module.is_initializing():
     return out(z_BxTxHxK)
   kernel_HxKxD, bias_D = out.weights()
   result_BxTxHxD = point(

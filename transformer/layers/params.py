@@ -125,7 +125,7 @@ class Norm(nn.Module):
       offset = nn.with_logical_partitioning(nn.initializers.zeros_init(), ("embed",))
       w = lambda: self.param("scale", offset, (x.shape[-1],), dtype(cfg.param_dtype)).reshape(features)
       weight = lambda: cfg.norm_offset + w().astype(jnp.float32)  # in float32: 1 + w in bfloat16 would round w away
-    if points and intervened(self):
+    if points and intervened(self, ("scale", "normalized")):
       scale = point(self, "scale", jnp.sqrt(var + cfg.layer_norm_epsilon))
       y = point(self, "normalized", centred / scale) * weight()
     else:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import flax.linen as nn
 import jax
@@ -18,16 +18,23 @@ import jax.numpy as jnp
 # Functions of a point's value, applied while a model is traced (`functions_at`): TransformerLens's
 # forward hooks, for computations a patch's fixed value cannot say (a value that depends on another
 # point of the same run, e.g. a transcoder's live skip path).
-_FUNCTIONS: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("point_functions", default=None)
+# With the names of the points they act on (None: every point).
+_FUNCTIONS: contextvars.ContextVar[tuple[Callable, frozenset | None] | None] = contextvars.ContextVar(
+  "point_functions", default=None
+)
 
 
 @contextlib.contextmanager
-def functions_at(fn: Callable[[tuple[str, ...], jax.Array], jax.Array]) -> Iterator[None]:
+def functions_at(
+  fn: Callable[[tuple[str, ...], jax.Array], jax.Array], names: Iterable[str] | None = None
+) -> Iterator[None]:
   """While the model is traced inside this block, every named point's value x becomes fn(path, x), where
   path is the point's place in the activations tree (the module's path and the point's name: ("h",
-  "layer_3", "mlp_out")). For a function you trace yourself (jax.jit of a function that calls
+  "layer_3", "mlp_out")). `names`: the points' names (a path's last part) fn acts on, the others left as they
+  are; then a point that costs work only to exist (attention's per-head `result`: the output projection head
+  by head) is not made unless named. For a function you trace yourself (jax.jit of a function that calls
   `model.apply` inside the block): a compiled program does not know the block it was traced in."""
-  token = _FUNCTIONS.set(fn)
+  token = _FUNCTIONS.set((fn, None if names is None else frozenset(names)))
   try:
     yield
   finally:
@@ -43,7 +50,7 @@ def point(module: nn.Module, name: str, x: jax.Array) -> jax.Array:
   if module.has_variable("patches", name):
     patch = module.get_variable("patches", name)
     x = jnp.where(patch["replace"], patch["value"].astype(x.dtype), x) + patch["add"].astype(x.dtype)
-  fn = _FUNCTIONS.get()
+  fn = _function(name)
   if fn is not None:
     x = fn((*module.path, name), x)
   if module.is_mutable_collection("activations"):
@@ -51,17 +58,31 @@ def point(module: nn.Module, name: str, x: jax.Array) -> jax.Array:
   return x
 
 
-def intervened(module: nn.Module) -> bool:
-  """Whether a run reads or patches this module's named points (`point`): then attention takes the
-  reference path, whose scores and probabilities exist to pass through them."""
+def _function(name: str) -> Callable | None:
+  """The function of `functions_at` that acts on points called `name`, if any."""
+  active = _FUNCTIONS.get()
+  if active is None or (active[1] is not None and name not in active[1]):
+    return None
+  return active[0]
+
+
+def acts_on(module: nn.Module, name: str) -> bool:
+  """Whether a run reads, patches or applies a function to `module`'s point `name`."""
   return (
-    module.is_mutable_collection("activations") or bool(module.variables.get("patches")) or _FUNCTIONS.get() is not None
+    module.is_mutable_collection("activations") or module.has_variable("patches", name) or _function(name) is not None
   )
+
+
+def intervened(module: nn.Module, names: Iterable[str]) -> bool:
+  """Whether a run reads, patches or applies a function to any of `module`'s points `names`: then attention
+  takes the reference path, whose scores and probabilities exist to pass through them, and a norm makes its
+  divisor and normalised input."""
+  return any(acts_on(module, name) for name in names)
 
 
 def points_of(module: nn.Module):
   """The attention module's named points for `mix` (`at`) when a run reads or patches them; otherwise
   None, and no score is materialised for them."""
-  if not intervened(module):
+  if not intervened(module, ("attn_scores", "pattern")):
     return None
   return functools.partial(point, module)
