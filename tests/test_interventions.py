@@ -68,9 +68,7 @@ def test_a_function_at_named_points_makes_only_what_they_need(monkeypatch):
   assert gradient({"embed", "mlp_out"}).as_text() == gradient({"embed"}).as_text()
   assert gradient({"embed", "mlp_out"}).as_text() != gradient(None).as_text()  # every point: results, reference path
   fixed = {"pattern": np.full((2, 2, 8, 8), 1 / 8, np.float32)}
-  flops = lambda: (
-    gradient({"embed", "pattern"}, lambda path, x: fixed.get(path[-1], x)).cost_analysis()["flops"]
-  )
+  flops = lambda: gradient({"embed", "pattern"}, lambda path, x: fixed.get(path[-1], x)).cost_analysis()["flops"]
   apart = flops()
   monkeypatch.setattr(heads, "_apart", lambda module: False)  # the fused product, as a plain run has it
   fused = flops()
