@@ -279,13 +279,26 @@ def test_greedy_decoding_with_the_cpu_kernels_makes_the_reference_tokens(prompts
 
 def test_one_sequence_reads_a_head_larger_than_the_cache_through_its_transposed_copy():
   """At batch 1, a head of 16 MiB keeps the embedding's rows; one entry more (streamed from memory at
-  every step) is read through a D x V copy of the embedding."""
+  every step) is read through a D x V copy of the embedding, made once before the decoding loop (XLA
+  laid a D x V transpose out as the embedding's own bytes and copied those into rows: two copies)."""
+  D = CFG.block.d_model
   for vocab, copied in ((2**17, False), (2**17 + 1, True)):
     model = GPT(CFG.replace(tie_embeddings=True, vocab_size=vocab, kernels="cpu"))
     params = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]))
-    step = lambda p, c, t: model.apply({"params": p, "cache": c}, t, decode=True, mutable=["cache"])
-    text = jax.jit(step).lower(params, sampler.init_cache(model, 1, 8), jnp.zeros((1, 1), jnp.int32)).as_text()
-    assert (f"tensor<{CFG.block.d_model}x{vocab}xf32>" in text) == copied
+
+    def steps(params, cache, tokens_Bx1):
+      def step(i, carry):
+        logits_Bx1xV, variables = model.apply(
+          {"params": params, "cache": carry[0]}, carry[1], decode=True, mutable=["cache"]
+        )
+        return variables["cache"], jnp.argmax(logits_Bx1xV, axis=-1).astype(jnp.int32)
+
+      return jax.lax.fori_loop(0, 2, step, (cache, tokens_Bx1))
+
+    lowered = jax.jit(steps).lower(params, sampler.init_cache(model, 1, 8), jnp.zeros((1, 1), jnp.int32))
+    assert (f"tensor<{D}x{vocab}xf32>" in lowered.as_text()) == copied
+  program = lowered.compile().as_text().split("ENTRY")[1]
+  assert len(re.findall(rf"= f32\[{D},(?:1,)?{vocab}\]\S* (?:fusion|copy)\(", program)) == 1
 
 
 def _vocab_major(x_BxV):

@@ -7,7 +7,7 @@ XLA:CPU runs fastest at the batch size (config.model.kernels: the CPU's forms; t
     is read faster as the D x V copy below, streamed row after row.
   - A few sequences (fewer than `vocab_major` asks for): x times the embedding transposed into a
     D x V copy, whose rows the product reads contiguously. XLA hoists the copy out of the decode
-    loop: it is made once per `generate` call.
+    loop: it is made once per `generate` call (one copy: see `tied_head_cpu`).
   - More (VOCAB_MAJOR_MIN_BATCH; a streamed head from STREAMED_VOCAB_MAJOR_MIN_BATCH): the logits
     computed V x B and handed over transposed. A reduction over the vocabulary
     (`kernels.argmax.argmax(..., vocab_major=True)`) transposes them back, the two transposes
@@ -50,5 +50,8 @@ def tied_head_cpu(embedding_VxD: jax.Array, x_BxTxD: jax.Array) -> jax.Array:
     return jnp.einsum("vd,btd->btv", embedding_VxD, x_BxTxD)
   if vocab_major(B, *embedding_VxD.shape, embedding_VxD.dtype):
     return jnp.einsum("vd,btd->vbt", embedding_VxD, x_BxTxD).transpose(1, 2, 0)
-  # The barrier keeps XLA from folding the transpose back into the product's dimension numbers.
-  return x_BxTxD @ jax.lax.optimization_barrier(embedding_VxD.T)
+  # The barrier keeps XLA from folding the transpose back into the product's dimension numbers. Its
+  # operand is D x 1 x V, not D x V: XLA lays a D x V transpose out as the embedding's own bytes, so the
+  # barrier's copy of it is those bytes again and a second copy makes the rows; D x 1 x V is copied once.
+  embedding_Dx1xV = jax.lax.optimization_barrier(embedding_VxD.T[:, None, :])
+  return x_BxTxD @ embedding_Dx1xV[:, 0, :]
