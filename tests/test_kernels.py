@@ -297,7 +297,7 @@ def test_one_sequence_reads_a_head_larger_than_the_cache_through_its_transposed_
 
     lowered = jax.jit(steps).lower(params, sampler.init_cache(model, 1, 8), jnp.zeros((1, 1), jnp.int32))
     assert (f"tensor<{D}x{vocab}xf32>" in lowered.as_text()) == copied
-  program = lowered.compile().as_text().split("ENTRY")[1]
+  program = lowered.compile().as_text().split("ENTRY")[1]  # the streamed head's decoding loop (the last)
   assert len(re.findall(rf"= f32\[{D},(?:1,)?{vocab}\]\S* (?:fusion|copy)\(", program)) == 1
 
 
