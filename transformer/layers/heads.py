@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.layers.params import Projection
-from transformer.layers.points import acts_on, intervened, point
+from transformer.layers.points import MIXING_POINTS, acts_on, intervened, point
 
 
 def qkv(self, x_BxTxD):
@@ -46,7 +46,7 @@ def _apart(self) -> bool:
   patches or fixes it). When a run fixes the pattern, the queries and keys feed nothing, and their products
   then drop out of its gradients; a fused product's gradient would be padded with zeros for them and computed
   whole (an attribution graph's backward passes: three times the value path's work)."""
-  return intervened(self, ("attn_scores", "pattern")) and not self.is_initializing()
+  return intervened(self, MIXING_POINTS) and not self.is_initializing()
 
 
 def _parts(self, projection: Projection, x_BxTxD) -> tuple:

@@ -80,9 +80,13 @@ def intervened(module: nn.Module, names: Iterable[str]) -> bool:
   return any(acts_on(module, name) for name in names)
 
 
+# Attention's points that exist only on its reference path (the scores and probabilities, B x H x T x S).
+MIXING_POINTS = ("attn_scores", "pattern")
+
+
 def points_of(module: nn.Module):
   """The attention module's named points for `mix` (`at`) when a run reads or patches them; otherwise
   None, and no score is materialised for them."""
-  if not intervened(module, ("attn_scores", "pattern")):
+  if not intervened(module, MIXING_POINTS):
     return None
   return functools.partial(point, module)
