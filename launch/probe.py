@@ -56,10 +56,10 @@ import numpy as np
 from absl import flags
 
 import launch
-from transformer import cli, inference
+from transformer import cli, dictionaries, inference
 from transformer import workdir as workdir_files
 from transformer.errors import UserError
-from transformer.interp import features, graph, graph_view, interventions, probes, studies
+from transformer.interp import features, graph_view, interventions, probes, studies
 from transformer.models.gpt import GPT
 
 _MODEL = launch.ModelFlags(
@@ -297,10 +297,10 @@ def probe(model, params, validation) -> None:
 
 def sae_features(texts: list[str]) -> None:
   """features.feature_pages of the --sae workdir's SAE, written into --out; of several SAEs, their
-  frontier (features.frontier: frontier.png and frontier.json)."""
+  frontier (dictionaries.frontier: frontier.png and frontier.json)."""
   if len(_SAE.value) > 1:
     out = Path(_OUT.value)
-    rows = features.frontier(_SAE.value, out / "frontier.png")
+    rows = dictionaries.frontier(_SAE.value, out / "frontier.png")
     (out / "frontier.json").write_text(json.dumps(rows, indent=1))
     print(f"{'activation':<10} {'L0':>6} {'expl. var.':>10} {'ce_loss_score':>13}  workdir")
     for r in rows:
@@ -312,7 +312,7 @@ def sae_features(texts: list[str]) -> None:
     latents = [int(i) for i in _LATENTS.value] or None
   except ValueError:
     raise UserError(f"--latents={','.join(_LATENTS.value)}: give latent numbers, e.g. 3,17") from None
-  trained, source = features.load_sae(_SAE.value[0])
+  trained, source = dictionaries.load_sae(_SAE.value[0])
   print(
     f"# {trained.source or _SAE.value[0]}: {trained.model.config.latents} latents on {source.point}", file=sys.stderr
   )
@@ -330,7 +330,7 @@ def attribution_graph(texts: list[str]) -> None:
   """graph_view.study of the --text through the --transcoders, written into --out."""
   if len(texts) != 1:
     raise UserError(f"--graph draws the graph of one --text; got {len(texts)}")
-  trained, transcoders = graph.load_transcoders(_TRANSCODERS.value, inference.load)
+  trained, transcoders = dictionaries.load_transcoders(_TRANSCODERS.value)
   if trained is None:  # circuit-tracer's set: the model is the flags'
     if not (_MODEL.workdir.value or _MODEL.hf.value):
       raise UserError("circuit-tracer's transcoders name no model of ours: give --workdir or --hf with them")

@@ -15,7 +15,7 @@ import pytest
 
 from experiments import sae as sae_experiment
 from experiments import shakespeare
-from transformer import inference
+from transformer import dictionaries, inference
 from transformer.errors import CheckpointError, ConfigError, UserError
 from transformer.interp import graph as G
 from transformer.interp import graph_view, replacement
@@ -97,7 +97,7 @@ def test_the_graph_equals_circuit_tracers_on_its_own_transcoder_files(name, requ
   scores."""
   model, params = request.getfixturevalue("llama_tiny" if name.startswith("llama") else "gpt2_tiny")
   ref = np.load(FIXTURES / name / "graph.npz")
-  _, transcoders = G.load_transcoders([str(FIXTURES / name)])
+  _, transcoders = dictionaries.load_transcoders([str(FIXTURES / name)])
   assert (transcoders.clt is not None) == name.startswith("clt")
   graph = G.attribute(model, params, np.load(FIXTURES / name / "tokens.npy"), transcoders)
   np.testing.assert_array_equal(graph.active_features, ref["active_features"])
@@ -285,7 +285,7 @@ def test_circuit_tracers_files_round_trip_and_carry_our_scales(tiny, tmp_path):
     np.testing.assert_allclose(y, y_ours, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(z, z_ours, rtol=1e-5, atol=1e-5)
   g_ours = G.attribute(model, params, TOKENS, relu)
-  g_back = G.attribute(model, params, TOKENS, G.load_transcoders([str(tmp_path / "set")])[1])
+  g_back = G.attribute(model, params, TOKENS, dictionaries.load_transcoders([str(tmp_path / "set")])[1])
   np.testing.assert_allclose(g_back.adjacency_NxN, g_ours.adjacency_NxN, atol=1e-5)
 
 
@@ -370,7 +370,7 @@ def test_circuit_tracer_reads_our_exported_transcoders_and_draws_our_graph(gpt2_
   """Transcoders of ours (scales not 1; a skip path, or cross-layer) exported to circuit-tracer's format:
   circuit-tracer 0.5's graph of them on the tiny GPT-2 equals ours."""
   model, params = gpt2_tiny
-  _, tc = G.load_transcoders([str(FIXTURES / name)])
+  _, tc = dictionaries.load_transcoders([str(FIXTURES / name)])
   if tc.clt is None:
     layers = []
     for sae, p in zip(tc.saes, tc.params):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from transformer import inference, metrics, tasks, tokenizers
+from transformer import data, inference, metrics, tasks, tokenizers
 from transformer.errors import CheckpointError, ConfigError, TokenizerError
 from transformer.generation import beam_search
 from transformer.models.hf_marian import export_hf_marian, import_hf_marian
@@ -321,7 +321,7 @@ def test_fine_tuning_starts_from_the_marian_weights_and_refuses_another_model_or
   config.data.direction = "target-source"
   run = tasks.resolve(config)
   with pytest.raises(ConfigError, match="a Marian tokenizer pair encodes the first column with its source model"):
-    Translation.check_source(run, run.data.source("pairs"))
+    Translation.check_source(run, data.source_of(run.data, "pairs"))
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from transformer import layers, tokenizers
 from transformer.interp import interventions, patching, probes
 from transformer.interp.interventions import Patch
 from transformer.layers import heads
-from transformer.layers.points import functions_at
+from transformer.layers.points import TL_NAMES, TL_OUTSIDE, Point, functions_at
 from transformer.models.gpt import GPT, GPTConfig
 from transformer.models.seq2seq import Transformer, preset
 
@@ -120,6 +120,58 @@ def test_every_named_point_is_read_with_a_layer_axis():
   np.testing.assert_allclose(some["pattern"], cache["pattern"], atol=1e-7)
   with pytest.raises(KeyError, match="no named point 'hook_q'"):
     interventions.run_with_cache(GPT(CFG), _params(), TOKENS, names=("hook_q",))
+
+
+def _table_names() -> dict[str, list[str]]:
+  """{our name: TransformerLens's names} as the interventions' docstring table lists a block's points."""
+  table = {}
+  for row in interventions.__doc__.splitlines():
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    if len(cells) == 3 and cells[0].startswith("`"):
+      ours = [w for w in cells[0].split("`")[1::2] if not w.startswith("ln_2.")]
+      table.update(zip(ours, [w for w in cells[1].split("`")[1::2] if not w.startswith("ln2.")]))
+  return table
+
+
+def test_every_transformer_lens_name_parses_to_ours_and_back():
+  """Each name of the docstring's table and outside the blocks: TransformerLens's parses to ours and
+  formats back; ours with a block and a head reads back; a TransformerLens-shaped name it does not have
+  is one error naming the ones it has."""
+  table = _table_names()
+  assert len(table) == 23 and {k: TL_NAMES[k] for k in table} == table  # the docstring agrees with the map
+  for ours, tl in TL_NAMES.items():
+    point = Point.parse(f"blocks.3.{tl}")
+    assert point == Point(ours, 3) == Point.parse(f"L3.{ours}") and point.tl_name() == f"blocks.3.{tl}"
+  for ours, tl in TL_OUTSIDE.items():
+    assert Point.parse(tl) == Point(ours) == Point.parse(ours) and Point(ours).tl_name() == tl
+  assert str(Point("z", 3, 5)) == "L3H5.z" and Point.parse("L3H5.z") == Point("z", 3, 5)
+  assert Point.parse("encoder.pattern") == Point("encoder.pattern")
+  with pytest.raises(KeyError, match="no named point 'blocks.0.hook_nothing'.*blocks.{l}.hook_resid_pre"):
+    Point.parse("blocks.0.hook_nothing")
+  with pytest.raises(KeyError, match="'cross_attn.q' in block 1 has no TransformerLens name"):
+    Point("cross_attn.q", 1).tl_name()
+
+
+def test_a_cache_read_by_transformer_lens_names_equals_the_one_read_by_ours():
+  """run_with_cache kept by TransformerLens's names, read by them (and by ours with a block and a head),
+  gives exactly ours; a patch keyed by either name is the same patch."""
+  _, ours = interventions.run_with_cache(GPT(CFG), _params(), TOKENS, names=("resid_post", "pattern", "embed"))
+  tl_names = ("blocks.1.hook_resid_post", "blocks.0.attn.hook_pattern", "hook_embed")
+  _, theirs = interventions.run_with_cache(GPT(CFG), _params(), TOKENS, names=tl_names)
+  assert sorted(theirs) == ["embed", "pattern", "resid_post"]
+  np.testing.assert_array_equal(theirs["blocks.1.hook_resid_post"], ours["resid_post"][1])
+  np.testing.assert_array_equal(theirs["blocks.0.attn.hook_pattern"], ours["pattern"][0])
+  np.testing.assert_array_equal(theirs["hook_embed"], ours["embed"])
+  np.testing.assert_array_equal(theirs["L0H1.pattern"], ours["pattern"][0][:, 1])
+  np.testing.assert_array_equal(theirs[Point("resid_post", 0)], ours["resid_post"][0])
+  with pytest.raises(KeyError, match="'resid_post' has no heads' axis"):
+    theirs["L0H1.resid_post"]
+  steer = Patch.steer(np.ones(16, np.float32))
+  by_tuple = interventions.run_with_patches(GPT(CFG), _params(), TOKENS, patches={("resid_pre", 1): steer})
+  by_tl = interventions.run_with_patches(GPT(CFG), _params(), TOKENS, patches={"blocks.1.hook_resid_pre": steer})
+  np.testing.assert_array_equal(by_tl, by_tuple)
+  with pytest.raises(KeyError, match="names layer 0 and layer 1"):
+    interventions.run_with_patches(GPT(CFG), _params(), TOKENS, patches={("blocks.0.hook_resid_pre", 1): steer})
 
 
 def test_the_cached_read_equals_what_look_inside_reports():

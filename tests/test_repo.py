@@ -105,6 +105,42 @@ def test_the_library_has_no_import_cycle_and_no_import_inside_a_function():
   assert local == []
 
 
+# The library's floors, lowest first: a module may import its own floor's and those below, never one
+# above. `config` holds plain values (no data set is read to resolve one); `data` prepares tokens and
+# runs no model; `interp` studies models as values (a training run's config and task are above it:
+# opening a workdir is `transformer.inference`'s and `transformer.dictionaries`'); `layers` and `models`
+# are the pure functions everything else calls.
+_ABOVE_MODELS = ("config", "data", "interp", "tasks", "inference", "train", "dictionaries")
+_BELOW = {
+  "config": ("data",),
+  "data": ("interp", "tasks", "inference", "train", "dictionaries"),
+  "interp": ("tasks", "inference", "train", "dictionaries"),
+  "layers": _ABOVE_MODELS,
+  "models": _ABOVE_MODELS,
+}
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+  inside = lambda module, package: module == f"transformer.{package}" or module.startswith(f"transformer.{package}.")
+  return [
+    f"{module} imports {imported}"
+    for module, imports in sorted(graph.items())
+    for floor, above in _BELOW.items()
+    if inside(module, floor)
+    for imported in sorted(imports)
+    if any(inside(imported, a) for a in above)
+  ]
+
+
+def test_no_import_runs_upward():
+  """A lower package never imports a higher one (`_BELOW`): the instrument opens nothing by itself, the
+  data package runs no model, the config reads no data; the check fails on a planted upward import."""
+  graph, _ = _library_imports()
+  assert _upward(graph) == []
+  planted = {**graph, "transformer.interp.graph": graph["transformer.interp.graph"] | {"transformer.inference"}}
+  assert _upward(planted) == ["transformer.interp.graph imports transformer.inference"]
+
+
 # What a measurement looks like in a comment or docstring: a machine, a speed, a score, a ratio of
 # speeds, a date, "today".
 _MEASUREMENTS = re.compile(

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from transformer import data, inference
-from transformer.data.activations import ModelActivations
 from transformer.errors import CheckpointError
+from transformer.interp.activations import ModelActivations
 from transformer.models.sae import SAE, SAEConfig
 from transformer.models.sae_formats import export_saelens, import_gemma_scope, import_saelens
 from transformer.tasks.sae import spliced_losses

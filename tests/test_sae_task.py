@@ -15,7 +15,7 @@ import safetensors.numpy
 
 from experiments import sae as sae_experiment
 from experiments import shakespeare
-from transformer import inference, metrics, tasks
+from transformer import dictionaries, inference, metrics, tasks
 from transformer.errors import ConfigError, InputWarning, UserError
 from transformer.interp import features, interventions
 from transformer.interp.interventions import Patch
@@ -88,7 +88,7 @@ def test_an_sae_on_a_gpts_point_is_scored_as_saelens_scores_and_resumes_bit_for_
 
 @pytest.mark.slow
 def test_a_features_page_shows_top_contexts_histograms_logits_and_a_texts_latents(sae_run, tmp_path):
-  trained, source = features.load_sae(sae_run[0])
+  trained, source = dictionaries.load_sae(sae_run[0])
   report = features.feature_pages(
     trained.model, trained.params, source, trained.tokenizer, count=3, text="ROMEO: O Juliet", out=tmp_path
   )

@@ -29,12 +29,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
-from pathlib import Path
 from typing import Any, ClassVar
 
 import ml_collections
 
-from transformer import data, sharding
+from transformer import sharding
 from transformer.errors import ConfigError, UserError
 
 ALL = ("*",)  # `may_change` of a config piece whose every field may change when a run resumes
@@ -194,8 +193,10 @@ class MeshConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-  """config.data: which text, and how it is tokenized and split (transformer.data). The data set is
-  prepared on first use into `<root>/<dataset>-<tokenizer>` (or `dir`) and reused after."""
+  """config.data: which text, and how it is tokenized and split. The data set is prepared on first use
+  into `<root>/<dataset>-<tokenizer>` (or `dir`) and reused after. What these values do is
+  transformer.data's (`data.source_of`, `data.prepared_for`, `data.check_config`): this piece only
+  holds them, so that the config stands below the data package."""
 
   dataset: str = "shakespeare"  # a named data set (transformer.data.NAMED) ...
   input_files: tuple[str, ...] = ()  # ... or your own files, which override `dataset`
@@ -214,38 +215,6 @@ class DataConfig:
   lexicon: str = ""
 
   may_change: ClassVar[tuple[str, ...]] = ("root", "dir")  # where it is prepared; its content is checked
-
-  def options(self) -> data.PrepareOptions:
-    return data.PrepareOptions(
-      tokenizer=self.tokenizer,
-      vocab_size=self.vocab_size or None,
-      lowercase=self.lowercase,
-      seed=self.split_seed,
-      validation_fraction=self.validation_fraction,
-      test_fraction=self.test_fraction,
-      piece_chars=self.piece_chars,
-    )
-
-  def check(self) -> None:
-    try:
-      self.options().check()
-    except UserError as e:
-      raise ConfigError(f"--config.data: {e}") from None
-
-  def source(self, kind: str) -> data.Source:
-    """The files of the data set (a named one is fetched on first use), read as `kind` records."""
-    return data.file_source(list(self.input_files), kind) if self.input_files else data.named_source(self.dataset)
-
-  def column_names(self) -> tuple[str, ...]:
-    """The names of a pair's two columns, known without reading or fetching the data: the named data
-    set's (ding_de_en: de, en), or source and target for a TSV of your own."""
-    return data.PAIR_COLUMNS if self.input_files else data.NAMED_COLUMNS.get(self.dataset, data.PAIR_COLUMNS)
-
-  def prepared(self, source: data.Source) -> data.Prepared:
-    """`source` tokenized per these options, prepared now if it has not been."""
-    lexicon = data.lexicon_source(self.lexicon, source)
-    directory = Path(self.dir) if self.dir else data.default_dir(source, self.options(), self.root, lexicon)
-    return data.ensure_prepared(source, directory, self.options(), lexicon)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,7 +260,7 @@ def resolve_for(task_cls, config: ml_collections.ConfigDict, *, num_devices: int
 
   loop.check()
   optimizer.check()
-  data_config.check()
+  task_cls.check_data(data_config)
   try:  # every model check but the vocabulary size, which may come from the tokenizer
     model.replace(vocab_size=model.vocab_size or 1).check()
   except UserError as e:

@@ -31,6 +31,7 @@ import numpy as np
 
 from transformer import layers
 from transformer.jit_args import join_static, split_static
+from transformer.layers.points import Point
 from transformer.models import gpt
 
 
@@ -59,6 +60,12 @@ def _compiled(method):
   return run
 
 
+# Where a point's heads are, after its layer is taken: the scores and pattern B x H x T x S, the rest B x T x H x ...
+_HEAD_AXIS = {"attn_scores": 1, "pattern": 1} | dict.fromkeys(
+  ("q_input", "k_input", "v_input", "q", "k", "v", "rot_q", "rot_k", "z", "result"), 2
+)
+
+
 class ActivationCache(collections.abc.Mapping):
   """{point name: activation} of one run (a block's points with a leading layer axis), with the model
   and params that made it, for the residual stream's algebra. Stacks are N x B x T x D."""
@@ -68,13 +75,26 @@ class ActivationCache(collections.abc.Mapping):
     self.model = model
     self.params = params
 
-  def __getitem__(self, name: str) -> jax.Array:
-    if name not in self._activations:
+  def __getitem__(self, name) -> jax.Array:
+    """A point by our name (`resid_post`: every block's, L x ...), one block's or head's (`L3.resid_post`,
+    `L3H5.z`, a `Point`), or TransformerLens's name (`blocks.3.hook_resid_post`, `hook_embed`)."""
+    if isinstance(name, str) and name in self._activations:
+      return self._activations[name]
+    point = Point.parse(name)
+    if point.name not in self._activations:
       raise KeyError(
-        f"this cache has no {name!r}: it holds {', '.join(sorted(self._activations)) or 'nothing'}; "
-        f"run run_with_cache without names (or with {name!r} among them)"
+        f"this cache has no {str(point)!r}: it holds {', '.join(sorted(self._activations)) or 'nothing'}; "
+        f"run run_with_cache without names (or with {point.name!r} among them)"
       )
-    return self._activations[name]
+    x = self._activations[point.name]
+    if point.layer is not None:
+      x = x[point.layer]
+    if point.head is not None:
+      axis = _HEAD_AXIS.get(point.name.rsplit(".", 1)[-1])
+      if axis is None:
+        raise KeyError(f"{point.name!r} has no heads' axis: name it without a head ({point.name!r} or L<layer>.)")
+      x = jnp.take(x, point.head, axis=axis + (point.layer is None))
+    return x
 
   def __iter__(self):
     return iter(self._activations)

@@ -22,10 +22,9 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import inference, metrics, tasks
-from transformer.data.activations import ModelActivations
 from transformer.errors import UserError
 from transformer.interp import probes
+from transformer.interp.activations import ModelActivations
 from transformer.models import gpt
 from transformer.models.sae import SAE
 
@@ -50,16 +49,6 @@ class FeatureReport:
   latents: list[Latent]
   text_latents: list  # for a text: [(token, [(latent, activation), ...]), ...]
   path: Path | None = None  # the HTML page
-
-
-def load_sae(workdir: str | Path) -> tuple[inference.Trained, ModelActivations]:
-  """A trained SAE (config.task=sae: its latest checkpoint) and the activations it learned, whose
-  model is restored and whose text is read again (its validation windows: held-out text)."""
-  trained = inference.restore(workdir, task="sae")
-  source = tasks.load_data(trained.run, inference.load).source
-  if not isinstance(source, ModelActivations):
-    raise UserError(f"{workdir} learned rows without text (an array or synthetic ones): pages show a model's text")
-  return trained, source
 
 
 def latents_of(sae: SAE, sae_params, source: ModelActivations, tokens_BxT) -> np.ndarray:
@@ -218,32 +207,3 @@ def _write(report: FeatureReport, out: Path) -> Path:
   }
   (out / "features.json").write_text(json.dumps(numbers, indent=1))
   return page
-
-
-def frontier(workdirs: list[str | Path], png: Path | None = None) -> list[dict]:
-  """Each SAE run's last evaluation (activation, L0, explained variance, ce_loss_score, ...) and, with
-  `png`, the sparsity-fidelity frontier papers draw: explained variance against L0, one line per
-  activation (TopK, BatchTopK, JumpReLU, ReLU)."""
-  rows = []
-  for workdir in map(Path, workdirs):
-    run = inference.saved_run(workdir)
-    evaluations = [r for r in metrics.read_jsonl(workdir / "metrics.jsonl") if "explained_variance" in r]
-    if run is None or not evaluations:
-      raise UserError(f"{workdir} holds no evaluated SAE run (config.json and metrics.jsonl with its scores)")
-    rows.append({"workdir": str(workdir), "activation": run.model.activation, **evaluations[-1]})
-  if png is not None:
-    plt = probes.pyplot()
-    fig, ax = plt.subplots(figsize=(5.5, 4))
-    for activation in sorted({r["activation"] for r in rows}):
-      points = sorted((r["l0"], r["explained_variance"]) for r in rows if r["activation"] == activation)
-      ax.plot(*zip(*points), marker="o", label=activation)
-    ax.set_xlabel("L0 (latents firing a token)")
-    ax.set_ylabel("explained variance")
-    ax.set_xscale("log")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    Path(png).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
-  return rows

@@ -31,23 +31,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import inference
-from transformer.data.activations import middle_layer
 from transformer.errors import UserError
 from transformer.interp import replacement
-from transformer.interp.interventions import _split
 from transformer.interp.replacement import Transcoders
-from transformer.layers.points import functions_at
-from transformer.models import sae_formats
-from transformer.models.clt import CrossLayerTranscoder
-from transformer.models.sae import SAE
+from transformer.layers.points import functions_at, split_path
 
 
 @dataclasses.dataclass
@@ -179,7 +172,7 @@ def _setup(model, static: tuple, params, tc_params, tokens_T, zero_first: bool) 
   frozen, inputs, outputs = {}, {}, {}
 
   def record(path, x):
-    name, layer, _ = _split(path)
+    name, layer, _ = split_path(path)
     if _frozen_kind(name) or name in ("mlp_out", "embed"):
       frozen[path] = x
     if name == "mlp_out":
@@ -199,7 +192,7 @@ def _setup(model, static: tuple, params, tc_params, tokens_T, zero_first: bool) 
   errors_LxTxD = jnp.stack([outputs[layer] for layer in range(L)]).astype(jnp.float32) - y_hat_LxTxD
   if zero_first:
     errors_LxTxD = errors_LxTxD.at[:, 0].set(0.0)
-  embed_TxD = next(x for path, x in frozen.items() if _split(path)[0] == "embed")[0]
+  embed_TxD = next(x for path, x in frozen.items() if split_path(path)[0] == "embed")[0]
   return _Setup(frozen, inputs_LxTxD, z_LxTxS, errors_LxTxD, embed_TxD, logits_BxTxV[0, -1])
 
 
@@ -310,7 +303,7 @@ def _replacement_run(model, tc: Transcoders, params, tokens_T, setup: _Setup, de
   live_in = {}
 
   def replace(path, x):
-    name, layer, _ = _split(path)
+    name, layer, _ = split_path(path)
     if _frozen_kind(name):
       return setup.frozen[path]
     if name == tc.point_in:
@@ -421,7 +414,7 @@ def _intervened(model, static, params, tc_params, tokens_T, setup: _Setup, where
   layer_I, position_I, latent_I = (where_Ix4[:, i].astype(int) for i in range(3))
 
   def change(path, x):
-    name, layer, _ = _split(path)
+    name, layer, _ = split_path(path)
     if name == "pattern" or (direct_effects and _frozen_kind(name)):
       return setup.frozen[path]
     if name == tc.point_in:
@@ -449,47 +442,3 @@ def _written(tc: Transcoders, tc_params, source: int, layer: int, z_TxS) -> jax.
   if not first <= layer < first + dec_SxMxD.shape[1]:
     return jnp.zeros((), jnp.float32)
   return z_TxS @ dec_SxMxD[:, layer - first]
-
-
-def load_transcoders(paths: list[str], load=None) -> tuple[Any, Transcoders]:
-  """(the model they read, as `inference.load` gives it, or None; the transcoders) of `paths`: one SAE task
-  workdir a layer (config.task=sae with --config.target_point: their model is the one they learned from), one
-  cross-layer transcoder's workdir (--config.cross_layer), or one directory of circuit-tracer's transcoder
-  set (config.yaml; then the model is the caller's, None).
-  `load`: inference.load (what restores the model of workdirs)."""
-  kind = sae_formats.circuit_tracer_kind(paths[0]) if len(paths) == 1 else ""
-  if kind == "cross_layer_transcoder":
-    config, params, point_in, point_out = sae_formats.import_circuit_tracer_clt(paths[0])
-    return None, Transcoders((), jax.device_put(params), point_in, point_out, clt=CrossLayerTranscoder(config))
-  if kind:
-    layers, point_in, point_out = sae_formats.import_circuit_tracer(paths[0])
-    params = tuple(jax.device_put(p) for _, p in layers)
-    return None, Transcoders(tuple(SAE(c) for c, _ in layers), params, point_in, point_out)
-  trained = [inference.restore(path, task="sae") for path in paths]
-  if len(trained) == 1 and trained[0].model.config.layers:  # one cross-layer transcoder
-    c = trained[0].run.task_config
-    model = load(workdir=c.run) if c.run else load(hf=c.hf, tokenizer=trained[0].run.data.tokenizer)
-    return model, Transcoders((), nn.unbox(trained[0].params), c.point, c.target_point, clt=trained[0].model)
-  configs = [t.run.task_config for t in trained]
-  sources = {(c.run, c.hf) for c in configs}
-  if len(sources) != 1:
-    raise UserError(
-      f"these transcoders read different models ({', '.join(map(str, sorted(sources)))}): give one model's"
-    )
-  points = {(c.point, c.target_point) for c in configs}
-  if len(points) != 1 or not configs[0].target_point:
-    raise UserError(
-      f"{', '.join(paths)}: a transcoder a layer, all from one point to another (--config.target_point); "
-      f"got {sorted(points)}"
-    )
-  c = configs[0]
-  model = load(workdir=c.run) if c.run else load(hf=c.hf, tokenizer=trained[0].run.data.tokenizer)
-  layers = [middle_layer(model.model, t.run.task_config.layer) for t in trained]
-  if sorted(layers) != list(range(model.model.config.num_layers)):
-    raise UserError(
-      f"a replacement model needs one transcoder at each of the {model.model.config.num_layers} layers; these are at "
-      f"layers {sorted(layers)}"
-    )
-  order = np.argsort(layers)
-  saes = tuple(trained[i].model for i in order)
-  return model, Transcoders(saes, tuple(nn.unbox(trained[i].params) for i in order), c.point, c.target_point)

@@ -7,7 +7,7 @@ TransformerLens's name, `blocks.{l}.` before it):
 |---|---|---|
 | `resid_pre`, `resid_mid`, `resid_post` | `hook_resid_pre`, `hook_resid_mid`, `hook_resid_post` | B x T x D |
 | `ln_1.scale`, `ln_1.normalized` (`ln_2.`: the MLP's) | `ln1.hook_scale`, `ln1.hook_normalized` | B x T x 1, x D |
-| `q_input`, `k_input`, `v_input` (each head's copy of the stream) | `hook_q_input`, ... | B x T x H x D (kv: G) |
+| `q_input`, `k_input`, `v_input` (per head) | `hook_q_input`, `hook_k_input`, `hook_v_input` | B x T x H x D |
 | `q`, `k`, `v` (after qk_norm, before rotary) | `attn.hook_q`, `attn.hook_k`, `attn.hook_v` | B x T x H x K (kv: G) |
 | `rot_q`, `rot_k` (after rotary; positions == "rope") | `attn.hook_rot_q`, `attn.hook_rot_k` | B x T x H x K (kv: G) |
 | `attn_scores` (masked, before the softmax) | `attn.hook_attn_scores` | B x H x T x S |
@@ -16,7 +16,7 @@ TransformerLens's name, `blocks.{l}.` before it):
 | `result` (each head's output projected, bias apart) | `attn.hook_result` | B x T x H x D |
 | `attn_out`, `mlp_out` | `hook_attn_out`, `hook_mlp_out` | B x T x D |
 | `mlp_in` (the MLP's own copy of the stream) | `hook_mlp_in` | B x T x D |
-| `mlp_pre`, `mlp_post` (gated: `mlp_pre_linear` too) | `mlp.hook_pre`, `mlp.hook_post`, `hook_pre_linear` | B x T x F |
+| `mlp_pre`, `mlp_post`, gated: `mlp_pre_linear` | `mlp.hook_pre`, `mlp.hook_post`, `mlp.hook_pre_linear` | B x T x F |
 
 and a GPT's `embed` (`hook_embed`), `pos_embed` (`hook_pos_embed`), `ln_f.scale`,
 `ln_f.normalized` (`ln_final.hook_scale`, `ln_final.hook_normalized`), `final_norm` (its output)
@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 from typing import Any
 
 import flax.linen as nn
@@ -64,9 +63,7 @@ import jax.numpy as jnp
 
 from transformer.interp.activation_cache import ActivationCache
 from transformer.jit_args import join_static, split_static
-
-_LAYER = re.compile(r"layer_(\d+)$")
-_SUBMODULES = ("attn", "mlp")  # a point of theirs is named without them: `q`, not `attn.q`
+from transformer.layers.points import Point, split_path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,26 +117,13 @@ def _set_layer(entry_LxS: dict, layer, entry_S: dict) -> dict:
   return {field: x.at[layer].set(entry_S[field]) for field, x in entry_LxS.items()}
 
 
-def _split(path: tuple[str, ...]) -> tuple[str, int | None, str]:
-  """A point's path in the activations tree -> (its name, its layer (None: scanned, or not in a
-  block), the key its block is under: "layer_<i>" unrolled, "layers" scanned, "" outside blocks)."""
-  for i, part in enumerate(path):
-    match = _LAYER.match(part)
-    if match or part == "layers":
-      stack, rest = path[:i], path[i + 1 :]
-      name = rest[-1] if len(rest) == 1 or rest[0] in _SUBMODULES else ".".join(rest)
-      prefix = "" if stack == ("h",) else ".".join(stack) + "."
-      return prefix + name, int(match.group(1)) if match else None, part
-  return ".".join(path), None, ""
-
-
 def flatten(activations: dict) -> dict[str, jax.Array]:
   """The "activations" collection of a run as {name: array}, a block's point with a leading layer
   axis (unrolled layers stacked in order, scanned ones as they come)."""
   by_layer: dict[str, dict[int, jax.Array]] = {}
   out = {}
   for path, x in flax.traverse_util.flatten_dict(activations).items():
-    name, layer, _ = _split(path)
+    name, layer, _ = split_path(path)
     if layer is None:
       out[name] = x
     else:
@@ -170,14 +154,33 @@ def _cached_run(model, params, args, kwargs, names, static, collection=None):
   return output, _kept(flatten(state["activations"]), names)
 
 
-def run_with_cache(model, params, *args, names: tuple[str, ...] | None = None, **kwargs):
+def _kept_names(names) -> tuple[str, ...] | None:
+  """The points a cache keeps for `names` in any spelling (`Point.parse`: ours, one block's, TransformerLens's):
+  each point whole (every block's), once, in order; the cache reads a block's out of it."""
+  return None if names is None else tuple(dict.fromkeys(Point.parse(n).name for n in names))
+
+
+def _patch_key(key) -> tuple[str, int | None]:
+  """A patch's point as (name, layer): given so, or as a `Point` or a name in any spelling (`L1.resid_pre`,
+  `blocks.1.hook_resid_pre`)."""
+  if isinstance(key, tuple):
+    name, layer = key
+    point = Point.parse(name)
+    if point.layer is not None and point.layer != layer:
+      raise KeyError(f"the patch key {key!r} names layer {point.layer} and layer {layer}: give the point once")
+    return point.name, layer
+  point = Point.parse(key)
+  return point.name, point.layer
+
+
+def run_with_cache(model, params, *args, names: tuple | None = None, **kwargs):
   """(the model's output, its `ActivationCache`) of `model.apply({"params": params}, *args, **kwargs)`,
   jit-compiled (Python values among the arguments, e.g. `decode=False`, static); `names` keeps only
-  those points (memory stays that of the run and those arrays)."""
+  those points (memory stays that of the run and those arrays), named in our words or TransformerLens's
+  (`Point.parse`; a block's name keeps that point of every block: the cache reads the block's)."""
   (arrays, array_kwargs), static = split_static(args, kwargs)
   params = nn.unbox(params)
-  names = None if names is None else tuple(names)
-  output, cache = _cached_run(model, params, arrays, array_kwargs, names, static)
+  output, cache = _cached_run(model, params, arrays, array_kwargs, _kept_names(names), static)
   return output, ActivationCache(cache, model, params)
 
 
@@ -196,7 +199,8 @@ def _point_shapes(model, treedef, leaves: tuple, static: tuple) -> dict:
 
 def patches_collection(model, params, patches: dict, *args, **kwargs) -> dict:
   """The "patches" collection that applies `patches` ({(name, layer): Patch}; layer None for a point
-  outside the blocks) to a run of `model` on these inputs. Scanned blocks take one entry per point
+  outside the blocks; or {point: Patch}, a `Point` or its name in any spelling, `blocks.1.hook_resid_pre`)
+  to a run of `model` on these inputs. Scanned blocks take one entry per point
   with a leading layer axis, in which only the patched layers' entries act."""
   (arrays, array_kwargs), static = split_static(args, kwargs)
   specs = jax.tree.map(
@@ -204,10 +208,11 @@ def patches_collection(model, params, patches: dict, *args, **kwargs) -> dict:
   )
   leaves, treedef = jax.tree.flatten(specs)
   flat_shapes = _point_shapes(model, treedef, tuple(leaves), static)
-  by_point = {_split(path)[:2]: path for path in flat_shapes}
-  scanned = {(_split(path)[0]): path for path in flat_shapes if _split(path)[2] == "layers"}
+  by_point = {split_path(path)[:2]: path for path in flat_shapes}
+  scanned = {(split_path(path)[0]): path for path in flat_shapes if split_path(path)[2] == "layers"}
   out = {}
-  for (name, layer), patch in patches.items():
+  for key, patch in patches.items():
+    name, layer = _patch_key(key)
     if name in scanned:
       path = scanned[name]
       L, shape = flat_shapes[path].shape[0], flat_shapes[path].shape[1:]
@@ -228,8 +233,8 @@ def run_with_patches(model, params, *args, patches: dict, names=None, return_cac
   collection = patches_collection(model, params, patches, *args, **kwargs)
   (arrays, array_kwargs), static = split_static(args, kwargs)
   params = nn.unbox(params)
-  names = None if names is None else tuple(names)
-  output, cache = _cached_run(model, params, arrays, array_kwargs, names if return_cache else (), static, collection)
+  names = _kept_names(names) if return_cache else ()
+  output, cache = _cached_run(model, params, arrays, array_kwargs, names, static, collection)
   return (output, ActivationCache(cache, model, params)) if return_cache else output
 
 
@@ -287,11 +292,12 @@ def next_token_losses(model, params, tokens_BxT, patches: dict | None = None) ->
     logits_BxTxV = run_with_patches(model, params, tokens_BxT, patches=patches)
   else:
     logits_BxTxV, _ = run_with_cache(model, params, tokens_BxT, names=())
-  return _next_token_nll(logits_BxTxV, tokens_BxT)
+  return next_token_nll(logits_BxTxV, tokens_BxT)
 
 
 @jax.jit
-def _next_token_nll(logits_BxTxV, tokens_BxT):
+def next_token_nll(logits_BxTxV, tokens_BxT) -> jax.Array:
+  """B x (T - 1): each position's cross-entropy of the next token under `logits_BxTxV` (float32)."""
   logp_BxTxV = jax.nn.log_softmax(logits_BxTxV[:, :-1].astype(jnp.float32))
   return -jnp.take_along_axis(logp_BxTxV, tokens_BxT[:, 1:, None], -1)[..., 0].mean(0)
 

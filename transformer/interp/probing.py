@@ -30,6 +30,7 @@ import optax
 
 from transformer.interp.interventions import Patch, run_with_cache
 from transformer.interp.patching import jax_params, patched_logits
+from transformer.layers.points import Point
 
 
 @dataclasses.dataclass
@@ -124,9 +125,14 @@ def fit_probe(
 def linear_probe(model, params, tokens_BxT, labels_BxT, *, point: str, layer: int | None = None, mask_BxT=None, **fit):
   """`fit_probe` on a point's activations (B x T x D; `layer`: which block's), one row per position
   where `mask_BxT` is True (default: all), held out by sequence, the control task's token types the
-  input tokens there."""
-  _, cache = run_with_cache(model, params, tokens_BxT, names=(point,))
-  x_BxTxD = cache[point] if layer is None else cache[point][layer]
+  input tokens there. `point` in our words or TransformerLens's (`Point.parse`); one that names its block
+  (`blocks.2.hook_resid_post`) needs no `layer`."""
+  at = Point.parse(point)
+  if at.layer is not None and layer not in (None, at.layer):
+    raise ValueError(f"point={point!r} is in block {at.layer}, and layer={layer}: name the block once")
+  layer = at.layer if layer is None else layer
+  _, cache = run_with_cache(model, params, tokens_BxT, names=(at.name,))
+  x_BxTxD = cache[at.name] if layer is None else cache[at.name][layer]
   if x_BxTxD.ndim != 3:
     raise ValueError(f"a probe reads a point of B x T x D; {point!r} is {tuple(x_BxTxD.shape)}")
   mask_BxT = np.ones(tokens_BxT.shape, bool) if mask_BxT is None else np.asarray(mask_BxT)

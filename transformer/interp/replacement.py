@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 
 from transformer.errors import UserError
-from transformer.interp.interventions import _next_token_nll, _split
-from transformer.layers.points import functions_at
+from transformer.interp.interventions import next_token_nll
+from transformer.layers.points import functions_at, split_path
 from transformer.models.clt import CrossLayerTranscoder
 from transformer.models.sae import SAE, top_k_mask
 
@@ -162,7 +162,7 @@ def replacement_losses(model, params, tokens_BxT, tc: Transcoders) -> dict[str, 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
 def _losses(model, saes, clt, point_in: str, params, tc_params, tokens_BxT):
   tc = Transcoders(saes, tc_params, point_in, clt=clt)
-  mean_loss = lambda logits: _next_token_nll(logits, tokens_BxT).mean()
+  mean_loss = lambda logits: next_token_nll(logits, tokens_BxT).mean()
   clean = mean_loss(model.apply({"params": params}, tokens_BxT))
   with functions_at(_replacing(tc, tc_params), (tc.point_in.rsplit(".", 1)[-1], "mlp_out")):
     replaced = mean_loss(model.apply({"params": params}, tokens_BxT))
@@ -176,7 +176,7 @@ def _replacing(tc: Transcoders, tc_params):
   z, live = {}, {}
 
   def replace(path, x):
-    name, layer, _ = _split(path)
+    name, layer, _ = split_path(path)
     if name == tc.point_in:
       live[layer] = x
       z[layer] = encode(tc, tc_params, layer, x.reshape(-1, x.shape[-1]))

@@ -21,6 +21,7 @@ import numpy as np
 
 from transformer.errors import UserError
 from transformer.interp import interventions, patching, probes, probing
+from transformer.layers.points import Point
 from transformer.models.gpt import GPT
 
 ABLATIONS = ("zero", "mean", "resample")
@@ -416,6 +417,9 @@ def probe_layers(model, params, tokens_BxT, *, point: str = "resid_post", offset
   "control_accuracy"}} (probing.linear_probe: held out by sequence, the control task a random label
   per current token). probe.json in `out`."""
   _gpt(model, "probing")
+  if Point.parse(point).layer is not None:
+    raise UserError(f"--probe_point={point!r} names a block; the probes read every block's: name the point alone")
+  point = Point.parse(point).name
   T = tokens_BxT.shape[1]
   if not -T < offset < T:
     raise UserError(f"--probe_offset={offset} reaches outside the {T} tokens of a row")

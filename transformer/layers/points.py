@@ -2,13 +2,20 @@
 
 A module calls `point(self, name, x)` where an activation it computes has a name its users know
 (TransformerLens's hook points); a run that neither reads nor patches compiles to the same program.
+
+A point as a value is a `Point`: its name, its block and, where one is meant, a head. It is written in
+our words (`L3.resid_post`, `L3H5.z`, `embed`) or TransformerLens's (`blocks.3.hook_resid_post`,
+`blocks.0.attn.hook_pattern`, `hook_embed`: the names SAELens's `cfg.json` and circuit-tracer's
+`config.yaml` carry), and `Point.parse` reads both.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import functools
+import re
 from collections.abc import Callable, Iterable, Iterator
 
 import flax.linen as nn
@@ -90,3 +97,115 @@ def points_of(module: nn.Module):
   if not intervened(module, MIXING_POINTS):
     return None
   return functools.partial(point, module)
+
+
+# Ours -> TransformerLens's name of each point (within `blocks.{l}.` for a block's points).
+TL_NAMES = {
+  "resid_pre": "hook_resid_pre",
+  "resid_mid": "hook_resid_mid",
+  "resid_post": "hook_resid_post",
+  "ln_1.scale": "ln1.hook_scale",
+  "ln_1.normalized": "ln1.hook_normalized",
+  "ln_2.scale": "ln2.hook_scale",
+  "ln_2.normalized": "ln2.hook_normalized",
+  "q_input": "hook_q_input",
+  "k_input": "hook_k_input",
+  "v_input": "hook_v_input",
+  "q": "attn.hook_q",
+  "k": "attn.hook_k",
+  "v": "attn.hook_v",
+  "rot_q": "attn.hook_rot_q",
+  "rot_k": "attn.hook_rot_k",
+  "attn_scores": "attn.hook_attn_scores",
+  "pattern": "attn.hook_pattern",
+  "z": "attn.hook_z",
+  "result": "attn.hook_result",
+  "attn_out": "hook_attn_out",
+  "mlp_out": "hook_mlp_out",
+  "mlp_in": "hook_mlp_in",
+  "mlp_pre": "mlp.hook_pre",
+  "mlp_pre_linear": "mlp.hook_pre_linear",
+  "mlp_post": "mlp.hook_post",
+}
+# The points outside the blocks.
+TL_OUTSIDE = {
+  "embed": "hook_embed",
+  "pos_embed": "hook_pos_embed",
+  "ln_f.scale": "ln_final.hook_scale",
+  "ln_f.normalized": "ln_final.hook_normalized",
+}
+_FROM_TL = {tl: ours for ours, tl in TL_NAMES.items()}
+_FROM_TL_OUTSIDE = {tl: ours for ours, tl in TL_OUTSIDE.items()}
+_OURS = re.compile(r"L(\d+)(?:H(\d+))?\.(.+)")
+_TL_BLOCK = re.compile(r"blocks\.(\d+)\.(.+)")
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Point:
+  """A named point of a model: `name` (ours: `resid_post`, `ln_2.normalized`, `encoder.pattern`), its block
+  (`layer`; None: outside the blocks, or every block's at once), and a `head` where one is meant (`z`'s,
+  `pattern`'s: the heads' axis indexed; None: all of them).
+
+      >>> Point.parse("blocks.3.hook_resid_post") == Point.parse("L3.resid_post") == Point("resid_post", 3)
+      >>> Point("z", 3, 5).tl_name()      # 'blocks.3.attn.hook_z' (TransformerLens's names carry no head)
+  """
+
+  name: str
+  layer: int | None = None
+  head: int | None = None
+
+  def __str__(self) -> str:
+    where = "" if self.layer is None else f"L{self.layer}" + ("" if self.head is None else f"H{self.head}") + "."
+    return where + self.name
+
+  def tl_name(self) -> str:
+    """TransformerLens's name of this point (`blocks.{layer}.hook_...`); one clear error for a point it
+    has no name for (a decoder's cross-attention, `final_norm`, `logits`)."""
+    if self.layer is None and self.name in TL_OUTSIDE:
+      return TL_OUTSIDE[self.name]
+    if self.layer is not None and self.name in TL_NAMES:
+      return f"blocks.{self.layer}.{TL_NAMES[self.name]}"
+    where = "outside the blocks" if self.layer is None else f"in block {self.layer}"
+    raise KeyError(f"{self.name!r} {where} has no TransformerLens name; its names are {', '.join(_tl_examples())}")
+
+  @classmethod
+  def parse(cls, text: str) -> Point:
+    """A point written in our words (`resid_post`, `L3.resid_post`, `L3H5.z`) or TransformerLens's
+    (`blocks.3.hook_resid_post`, `blocks.0.attn.hook_pattern`, `hook_embed`, `ln_final.hook_normalized`).
+    A TransformerLens-shaped name that is not one of its points is one error naming the ones it has."""
+    if isinstance(text, Point):
+      return text
+    text = str(text).strip()
+    if text in _FROM_TL_OUTSIDE:
+      return cls(_FROM_TL_OUTSIDE[text])
+    block = _TL_BLOCK.fullmatch(text)
+    if block and block.group(2) in _FROM_TL:
+      return cls(_FROM_TL[block.group(2)], int(block.group(1)))
+    if block or text.startswith("hook_") or ".hook_" in text:
+      raise KeyError(f"no named point {text!r}: TransformerLens's names of the points are {', '.join(_tl_examples())}")
+    ours = _OURS.fullmatch(text)
+    if ours:
+      return cls(ours.group(3), int(ours.group(1)), None if ours.group(2) is None else int(ours.group(2)))
+    return cls(text)
+
+
+def _tl_examples() -> list[str]:
+  return [*TL_OUTSIDE.values(), *(f"blocks.{{l}}.{tl}" for tl in TL_NAMES.values())]
+
+
+_LAYER = re.compile(r"layer_(\d+)$")
+_SUBMODULES = ("attn", "mlp")  # a point of theirs is named without them: `q`, not `attn.q`
+
+
+def split_path(path: tuple[str, ...]) -> tuple[str, int | None, str]:
+  """A point's path in the "activations" tree -> (its name, its layer (None: scanned, or not in a block),
+  the key its block is under: "layer_<i>" unrolled (`layers.Stack`), "layers" scanned, "" outside blocks).
+  A GPT's blocks are under `h` and named without it; another stack's name comes first (`encoder.z`)."""
+  for i, part in enumerate(path):
+    match = _LAYER.match(part)
+    if match or part == "layers":
+      stack, rest = path[:i], path[i + 1 :]
+      name = rest[-1] if len(rest) == 1 or rest[0] in _SUBMODULES else ".".join(rest)
+      prefix = "" if stack == ("h",) else ".".join(stack) + "."
+      return prefix + name, int(match.group(1)) if match else None, part
+  return ".".join(path), None, ""

@@ -22,7 +22,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from transformer import models, sharding
+from transformer import data, models, sharding
 from transformer.config import RunConfig
 from transformer.errors import ConfigError, DataError
 
@@ -116,9 +116,9 @@ class Task(abc.ABC):
     """The task's data (with a `.tokenizer`): config.data prepared as `data_kind` records, now if it
     has not been. Tasks that make their own data override this; one whose data a trained model makes
     (sae) sets `data_from_model` and takes `load` (inference.load) too: `tasks.load_data`."""
-    source = run.data.source(cls.data_kind)
+    source = data.source_of(run.data, cls.data_kind)
     cls.check_source(run, source)
-    prepared = run.data.prepared(source)
+    prepared = data.prepared_for(run.data, source)
     if prepared.kind != cls.data_kind:
       raise DataError(
         f"config.task={cls.name!r} trains on {cls.data_kind} data, but {prepared.directory} holds "
@@ -126,6 +126,12 @@ class Task(abc.ABC):
         f"--config.data.input_files)"
       )
     return prepared
+
+  @classmethod
+  def check_data(cls, data_config) -> None:
+    """config.data checked as `load_data` will prepare it (before any file is read): one error naming
+    the value. A task that makes its own data, or reads config.data otherwise, overrides this."""
+    data.check_config(data_config)
 
   @classmethod
   def check_source(cls, run: RunConfig, source) -> None:

@@ -1,7 +1,7 @@
 """config.task="sae": a sparse autoencoder (transformer.models.sae) on activations, trained by the one
 loop (checkpoints, resume, metrics.jsonl, TensorBoard, `--config.x=` overrides come with it).
 
-The activations (transformer.data.activations), one source a run:
+The activations (transformer.data.activations; a model's, transformer.interp.activations), one source a run:
   --config.run=WORKDIR         a trained GPT's, at --config.point (resid_pre, resid_post, mlp_out,
                                z, ...) of block --config.layer (-1: the middle one), computed on the
                                fly from that run's text
@@ -30,22 +30,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import metrics, tokenizers
+from transformer import data, metrics, tokenizers
 from transformer import workdir as workdir_files
 from transformer.config import RunConfig, check_positive, resolve_for
-from transformer.data.activations import (
-  ActivationStore,
-  ArrayActivations,
-  ModelActivations,
-  SyntheticActivations,
-  locate,
-  middle_layer,
-  read_array,
-)
+from transformer.data.activations import ActivationStore, ArrayActivations, SyntheticActivations, read_array
 from transformer.data.superposition import Superposition
 from transformer.errors import ConfigError, DataError
 from transformer.interp import interventions, replacement
+from transformer.interp.activations import ModelActivations, locate, middle_layer
 from transformer.interp.interventions import Patch
+from transformer.layers.points import Point
 from transformer.models import hf_families
 from transformer.models.clt import CrossLayerTranscoder, clt_loss, init_clt_params
 from transformer.models.gpt import GPT
@@ -74,7 +68,9 @@ class SAETaskConfig:
   synthetic_d: int = 64
   synthetic_density: float = 0.02
   synthetic_importance: float = 1.0
-  point: str = "resid_pre"  # a named point (transformer.interp.interventions)
+  # A named point (transformer.interp.interventions), in our words or TransformerLens's: a name that says its
+  # block (`blocks.3.hook_resid_pre`, `L3.resid_pre`) sets --config.layer (given both, they must agree).
+  point: str = "resid_pre"
   layer: int = -1  # its block; -1: the middle one
   # A transcoder: the point of the same block it writes from `point` (mlp_in -> mlp_out: the MLP
   # replaced by a sparse dictionary); "": an SAE, which reconstructs its point. A model's source only.
@@ -93,6 +89,27 @@ class SAETaskConfig:
   normalize: bool = True  # inputs scaled to a mean norm of √d_in
 
   may_change: ClassVar[tuple[str, ...]] = ("eval_sequences", "eval_rows")
+
+  def __post_init__(self):
+    # The points in our words, once, and the block a point's name says: what every reader of them takes.
+    layers = {}
+    for key in ("point", "target_point"):
+      try:
+        point = Point.parse(getattr(self, key)) if getattr(self, key) else None
+      except KeyError as e:
+        raise ConfigError(f"--config.{key}: {e.args[0]}") from None
+      if point is not None:
+        if point.head is not None:
+          raise ConfigError(f"--config.{key}={getattr(self, key)!r} names a head; an SAE reads a whole point")
+        object.__setattr__(self, key, point.name)
+        if point.layer is not None:
+          layers[key] = point.layer
+    named = set(layers.values())
+    if len(named) > 1 or (named and self.layer not in (-1, *named)):
+      given = ", ".join(f"--config.{k} in block {v}" for k, v in layers.items())
+      raise ConfigError(f"{given} and --config.layer={self.layer}: name one block (or leave --config.layer out)")
+    if named:
+      object.__setattr__(self, "layer", named.pop())
 
   def check(self, run: RunConfig, data_parallel: int | None) -> None:
     check_positive(self, ("seq_len", "batch_size", "buffer_sequences", "lm_batch_size", "eval_sequences", "eval_rows"))
@@ -231,7 +248,7 @@ class SparseAutoencoder(Task):
       return SAEData(source, tokenizers.get_tokenizer("gpt2"))
     trained = load(workdir=c.run) if c.run else load(hf=c.hf, tokenizer=run.data.tokenizer)
     text_run = trained.run if c.run else run
-    text = text_run.data.prepared(text_run.data.source("text"))
+    text = data.prepared_for(text_run.data, data.source_of(text_run.data, "text"))
     if not tokenizers.identical(text.tokenizer, trained.tokenizer):
       raise DataError(f"{text.directory} is tokenized by {text.tokenizer.name}, not the model's tokenizer")
     source = ModelActivations(

@@ -16,7 +16,7 @@ import optax
 
 from transformer import layers, metrics, tokenizers
 from transformer.config import RunConfig, at, check_positive, defaults_for, model_dict
-from transformer.data import fuzzy, pipeline
+from transformer.data import column_names, fuzzy, pipeline
 from transformer.data.prepare import LEXICON
 from transformer.errors import ConfigError, DataError
 from transformer.generation import beam_search
@@ -201,7 +201,7 @@ class Translation(Task):
     super().__init__(run, tokenizer, mesh, data)
     # The data set's column order unless config.data.direction says otherwise (a restored model
     # without its data takes the names from the config: "de-en" for ding_de_en, "source-target" for a TSV).
-    self.languages = tuple(data.manifest["columns"]) if data is not None else run.data.column_names()
+    self.languages = tuple(data.manifest["columns"]) if data is not None else column_names(run.data)
     self.direction = self.config.direction or "-".join(self.languages)
     if data is not None:
       pipeline.pair_columns(self.direction, self.languages)  # an unknown direction fails here, named

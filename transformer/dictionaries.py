@@ -1,0 +1,117 @@
+"""Opening sparse dictionaries (SAEs, per-layer and cross-layer transcoders) from where they are: an SAE
+task's training workdir (restored with the model it learned from, whose text is read again) or a
+published format's files (circuit-tracer's transcoder sets: transformer.models.sae_formats).
+
+The instrument (transformer.interp) takes what these return as plain values; opening a workdir
+restores a run, which is why this stands beside transformer.inference and not inside the instrument.
+
+    >>> trained, source = load_sae("workdirs/sae-char")                 # an SAE and its activations
+    >>> model, transcoders = load_transcoders(["workdirs/clt-char"])    # a replacement model's pieces
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from transformer import inference, metrics, tasks
+from transformer.errors import UserError
+from transformer.interp import probes
+from transformer.interp.activations import ModelActivations, middle_layer
+from transformer.interp.replacement import Transcoders
+from transformer.models import sae_formats
+from transformer.models.clt import CrossLayerTranscoder
+from transformer.models.sae import SAE
+
+
+def load_sae(workdir: str | Path) -> tuple[inference.Trained, ModelActivations]:
+  """A trained SAE (config.task=sae: its latest checkpoint) and the activations it learned, whose
+  model is restored and whose text is read again (its validation windows: held-out text)."""
+  trained = inference.restore(workdir, task="sae")
+  source = tasks.load_data(trained.run, inference.load).source
+  if not isinstance(source, ModelActivations):
+    raise UserError(f"{workdir} learned rows without text (an array or synthetic ones): pages show a model's text")
+  return trained, source
+
+
+def load_transcoders(paths: list[str]) -> tuple[Any, Transcoders]:
+  """(the model they read, as `inference.load` gives it, or None; the transcoders) of `paths`: one SAE task
+  workdir a layer (config.task=sae with --config.target_point: their model is the one they learned from), one
+  cross-layer transcoder's workdir (--config.cross_layer), or one directory of circuit-tracer's transcoder
+  set (config.yaml; then the model is the caller's, None)."""
+  kind = sae_formats.circuit_tracer_kind(paths[0]) if len(paths) == 1 else ""
+  if kind == "cross_layer_transcoder":
+    config, params, point_in, point_out = sae_formats.import_circuit_tracer_clt(paths[0])
+    return None, Transcoders((), jax.device_put(params), point_in, point_out, clt=CrossLayerTranscoder(config))
+  if kind:
+    layers, point_in, point_out = sae_formats.import_circuit_tracer(paths[0])
+    params = tuple(jax.device_put(p) for _, p in layers)
+    return None, Transcoders(tuple(SAE(c) for c, _ in layers), params, point_in, point_out)
+  trained = [inference.restore(path, task="sae") for path in paths]
+  if len(trained) == 1 and trained[0].model.config.layers:  # one cross-layer transcoder
+    c = trained[0].run.task_config
+    model = _learned_from(trained[0])
+    return model, Transcoders((), nn.unbox(trained[0].params), c.point, c.target_point, clt=trained[0].model)
+  configs = [t.run.task_config for t in trained]
+  sources = {(c.run, c.hf) for c in configs}
+  if len(sources) != 1:
+    raise UserError(
+      f"these transcoders read different models ({', '.join(map(str, sorted(sources)))}): give one model's"
+    )
+  points = {(c.point, c.target_point) for c in configs}
+  if len(points) != 1 or not configs[0].target_point:
+    raise UserError(
+      f"{', '.join(paths)}: a transcoder a layer, all from one point to another (--config.target_point); "
+      f"got {sorted(points)}"
+    )
+  c = configs[0]
+  model = _learned_from(trained[0])
+  layers = [middle_layer(model.model, t.run.task_config.layer) for t in trained]
+  if sorted(layers) != list(range(model.model.config.num_layers)):
+    raise UserError(
+      f"a replacement model needs one transcoder at each of the {model.model.config.num_layers} layers; these are at "
+      f"layers {sorted(layers)}"
+    )
+  order = np.argsort(layers)
+  saes = tuple(trained[i].model for i in order)
+  return model, Transcoders(saes, tuple(nn.unbox(trained[i].params) for i in order), c.point, c.target_point)
+
+
+def _learned_from(trained: inference.Trained) -> inference.Trained:
+  """The model an SAE task's run learned its activations from: a training run's (--config.run) or a
+  Hugging Face directory's (--config.hf, read with the run's tokenizer)."""
+  c = trained.run.task_config
+  return inference.load(workdir=c.run) if c.run else inference.load(hf=c.hf, tokenizer=trained.run.data.tokenizer)
+
+
+def frontier(workdirs: list[str | Path], png: Path | None = None) -> list[dict]:
+  """Each SAE run's last evaluation (activation, L0, explained variance, ce_loss_score, ...) and, with
+  `png`, the sparsity-fidelity frontier papers draw: explained variance against L0, one line per
+  activation (TopK, BatchTopK, JumpReLU, ReLU)."""
+  rows = []
+  for workdir in map(Path, workdirs):
+    run = inference.saved_run(workdir)
+    evaluations = [r for r in metrics.read_jsonl(workdir / "metrics.jsonl") if "explained_variance" in r]
+    if run is None or not evaluations:
+      raise UserError(f"{workdir} holds no evaluated SAE run (config.json and metrics.jsonl with its scores)")
+    rows.append({"workdir": str(workdir), "activation": run.model.activation, **evaluations[-1]})
+  if png is not None:
+    plt = probes.pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for activation in sorted({r["activation"] for r in rows}):
+      points = sorted((r["l0"], r["explained_variance"]) for r in rows if r["activation"] == activation)
+      ax.plot(*zip(*points), marker="o", label=activation)
+    ax.set_xlabel("L0 (latents firing a token)")
+    ax.set_ylabel("explained variance")
+    ax.set_xscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    Path(png).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+  return rows
