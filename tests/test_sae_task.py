@@ -22,7 +22,7 @@ from transformer.interp.interventions import Patch
 from transformer.models.gpt import GPT, GPTConfig
 from transformer.models.hf_gpt2 import export_hf_gpt2
 from transformer.models.sae import SAE, SAEConfig
-from transformer.tasks.sae import spliced_losses
+from transformer.tasks.sae import SAETaskConfig, spliced_losses
 from transformer.train import train_and_evaluate
 
 from conftest import REPO, compiled_init, run_module
@@ -227,6 +227,19 @@ def test_a_transcoder_learns_an_mlp_from_its_input_to_its_output_and_replaces_it
     tasks.resolve(_sae_config(synthetic_features=128, target_point="mlp_out"))
 
 
+def test_a_point_named_as_transformer_lens_names_it_is_ours_with_its_block():
+  """--config.point and --config.target_point in TransformerLens's words (as SAELens's cfg.json carries them)
+  resolve to our names, and the block the name says is the run's layer."""
+  run = tasks.resolve(_sae_config(synthetic_features=128, point="blocks.1.hook_mlp_in", layer=-1))
+  assert (run.task_config.point, run.task_config.layer) == ("mlp_in", 1)
+  transcoder = SAETaskConfig(point="blocks.1.hook_mlp_in", target_point="L1.mlp_out")
+  assert (transcoder.point, transcoder.target_point, transcoder.layer) == ("mlp_in", "mlp_out", 1)
+  with pytest.raises(ConfigError, match="--config.point in block 0, --config.target_point in block 1"):
+    SAETaskConfig(point="L0.mlp_in", target_point="L1.mlp_out")
+  with pytest.raises(ConfigError, match="names a head; an SAE reads a whole point"):
+    SAETaskConfig(point="L1H0.z")
+
+
 @pytest.mark.parametrize(
   "changes,array,message",
   [
@@ -236,6 +249,8 @@ def test_a_transcoder_learns_an_mlp_from_its_input_to_its_output_and_replaces_it
       "--config.point='resid_middle' is not a named point of this model; choose one of",
     ),
     ({"layer": 7}, None, r"--config.layer=7 is beyond the model's 2 layers; choose 0 to 1"),
+    ({"point": "blocks.0.hook_resid_pre"}, None, r"--config.point in block 0 and --config.layer=1: name one block"),
+    ({"point": "blocks.0.hook_nothing"}, None, r"--config.point: no named point 'blocks.0.hook_nothing'"),
     ({"point": "pattern"}, None, "--config.point='pattern' is not a vector per token"),
     ({"run": "NOT_A_RUN"}, None, "is not a training workdir"),
     ({"run": "", "synthetic_features": 8, "hf": "x"}, None, "give exactly one of"),
