@@ -22,7 +22,7 @@ import numpy as np
 
 from launch import bench_models, peer_env
 from transformer import benchmark, metrics
-from transformer.interp import graph
+from transformer.interp import graph, replacement
 from transformer.interp.interventions import run_with_cache
 from transformer.models import gpt, sae_formats
 from transformer.models.hf_gpt2 import export_hf_gpt2
@@ -31,7 +31,7 @@ from transformer.models.sae import SAE, SAEConfig
 CT_REQUIREMENTS = ("torch==2.13.0", "circuit-tracer==0.5.0")
 
 
-def _transcoders(model, params, vocab_size: int, seq_len: int, expansion: int, l0: int) -> graph.Transcoders:
+def _transcoders(model, params, vocab_size: int, seq_len: int, expansion: int, l0: int) -> replacement.Transcoders:
   """Random ReLU transcoders on the model's mlp_in -> mlp_out, each latent's bias at the quantile of its
   pre-activations on 64 random prompts that leaves it firing on about l0 / latents of the positions."""
   prompts_BxT = np.random.default_rng(2).integers(0, vocab_size, (64, seq_len)).astype(np.int32)
@@ -58,7 +58,7 @@ def _transcoders(model, params, vocab_size: int, seq_len: int, expansion: int, l
         "output_scale": np.ones((), np.float32),
       }
     )
-  return graph.Transcoders(tuple(saes), tuple(jax.device_put(p) for p in tc_params))
+  return replacement.PerLayerTranscoders(tuple(saes), tuple(jax.device_put(p) for p in tc_params))
 
 
 def _ours(model, params, tokens_T, transcoders, o) -> tuple[dict, graph.Graph]:

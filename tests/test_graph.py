@@ -39,9 +39,9 @@ def gpt2_tiny():
   return GPT(cfg), params
 
 
-def _circuit_tracer_set(name: str) -> G.Transcoders:
+def _circuit_tracer_set(name: str) -> replacement.Transcoders:
   layers, point_in, point_out = sae_formats.import_circuit_tracer(FIXTURES / name)
-  return G.Transcoders(
+  return replacement.PerLayerTranscoders(
     tuple(SAE(c) for c, _ in layers), tuple(jax.device_put(p) for _, p in layers), point_in, point_out
   )
 
@@ -66,7 +66,7 @@ def tiny():
       p.update(W_skip=0.2 * rng.normal(size=(16, 16)).astype(np.float32), threshold=np.full(48, 0.3, np.float32))
     saes.append(sae)
     tc_params.append(jax.device_put(p))
-  return model, params, G.Transcoders(tuple(saes), tuple(tc_params))
+  return model, params, replacement.PerLayerTranscoders(tuple(saes), tuple(tc_params))
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def tiny_clt(tiny):
   p.update(W_enc=rng.normal(size=(2, 16, 48)).astype(np.float32) * 10, b_enc=np.full((2, 48), -0.2, np.float32))
   p.update(input_scale=np.array([1.3, 0.8], np.float32), output_scale=np.array([0.7, 1.2], np.float32))
   p.update({f"W_dec_{l}": p[f"W_dec_{l}"] * 10 for l in range(2)})
-  return model, params, G.Transcoders(params=jax.device_put(p), clt=clt)
+  return model, params, replacement.CrossLayerTranscoders(clt, jax.device_put(p))
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def test_the_graph_equals_circuit_tracers_on_its_own_transcoder_files(name, requ
   model, params = request.getfixturevalue("llama_tiny" if name.startswith("llama") else "gpt2_tiny")
   ref = np.load(FIXTURES / name / "graph.npz")
   _, transcoders = dictionaries.load_transcoders([str(FIXTURES / name)])
-  assert (transcoders.clt is not None) == name.startswith("clt")
+  assert isinstance(transcoders, replacement.CrossLayerTranscoders) == name.startswith("clt")
   graph = G.attribute(model, params, np.load(FIXTURES / name / "tokens.npy"), transcoders)
   np.testing.assert_array_equal(graph.active_features, ref["active_features"])
   np.testing.assert_allclose(graph.activations, ref["activation_values"], atol=1e-5)
@@ -140,7 +140,7 @@ def test_an_edge_is_the_change_of_its_targets_input_when_its_source_is_removed(w
   model, params, transcoders = request.getfixturevalue(which)
   graph = G.attribute(model, params, TOKENS, transcoders)
   tc = transcoders.unboxed()
-  setup = G._setup(model, G._static(tc), params, tc.params, jax.device_put(TOKENS), True)
+  setup = G._setup(model, tc.static(), params, tc.params, jax.device_put(TOKENS), True)
   sources = G._sources(tc, setup, graph.active_features, graph.activations)
   targets = G._targets(model, params, tc, graph.active_features, graph.logit_tokens, len(TOKENS))
   L, T, D = setup.errors_LxTxD.shape
@@ -190,8 +190,8 @@ def test_the_replacement_model_gives_the_models_logits_and_a_perfect_transcoder_
     p.update(W_dec=proj["kernel"], b_dec=proj["bias"])
     saes.append(sae)
     tc_params.append(p)
-  perfect = G.Transcoders(tuple(saes), tuple(tc_params), point_in="ln_2.normalized")
-  setup = G._setup(model, G._static(perfect), params, perfect.params, jax.device_put(TOKENS), False)
+  perfect = replacement.PerLayerTranscoders(tuple(saes), tuple(tc_params), point_in="ln_2.normalized")
+  setup = G._setup(model, perfect.static(), params, perfect.params, jax.device_put(TOKENS), False)
   assert np.abs(np.asarray(setup.errors_LxTxD)).max() < 1e-5
   zeros = {"mlp_out": np.zeros((2, 10, 16), np.float32), "embed": np.zeros((10, 16), np.float32)}
   run = jax.jit(lambda d: G.replacement_inputs(model, perfect, params, jax.device_put(TOKENS), setup, d))
@@ -269,7 +269,7 @@ def test_circuit_tracers_files_round_trip_and_carry_our_scales(tiny, tmp_path):
   layers = [(sae.config, p) for sae, p in zip(transcoders.saes, transcoders.params)]
   with pytest.raises(ConfigError, match="circuit-tracer reads ReLU and JumpReLU transcoders"):
     sae_formats.export_circuit_tracer(layers, tmp_path / "no")
-  relu = G.Transcoders(
+  relu = replacement.PerLayerTranscoders(
     (SAE(transcoders.saes[0].config.replace(activation="relu")), transcoders.saes[1]), transcoders.params
   )
   layers = [(sae.config, p) for sae, p in zip(relu.saes, relu.params)]
@@ -294,16 +294,18 @@ def test_bad_input_is_one_error(tiny, gpt2_tiny, tmp_path):
   with pytest.raises(UserError, match="it was trained for another model"):
     G.attribute(*gpt2_tiny, TOKENS, transcoders)
   with pytest.raises(UserError, match="a transcoder at each of the model's 2 layers; got 1"):
-    G.attribute(model, params, TOKENS, G.Transcoders(transcoders.saes[:1], transcoders.params[:1]))
+    G.attribute(model, params, TOKENS, replacement.PerLayerTranscoders(transcoders.saes[:1], transcoders.params[:1]))
   with pytest.raises(UserError, match="a prompt of 17 tokens is longer than the model's context \\(16\\)"):
     G.attribute(model, params, np.zeros(17, int), transcoders)
   sae = SAE(SAEConfig(d_in=16, d_sae=32))
   with pytest.raises(UserError, match="the dictionary of layer 0 is an SAE, not a transcoder"):
-    G.attribute(model, params, TOKENS, G.Transcoders((sae, sae), transcoders.params))
+    G.attribute(model, params, TOKENS, replacement.PerLayerTranscoders((sae, sae), transcoders.params))
   with pytest.raises(
     UserError, match="transcoders from mlp_in, resid_mid or ln_2.normalized to mlp_out, not mlp_in -> attn_out"
   ):
-    G.attribute(model, params, TOKENS, G.Transcoders(transcoders.saes, transcoders.params, point_out="attn_out"))
+    G.attribute(
+      model, params, TOKENS, replacement.PerLayerTranscoders(transcoders.saes, transcoders.params, point_out="attn_out")
+    )
   with pytest.raises(CheckpointError, match="no config.yaml in"):
     sae_formats.import_circuit_tracer(tmp_path)
   (tmp_path / "config.yaml").write_text("feature_input_hook: mlp.hook_in\nfeature_output_hook: hook_mlp_out\n")
@@ -371,7 +373,7 @@ def test_circuit_tracer_reads_our_exported_transcoders_and_draws_our_graph(gpt2_
   circuit-tracer 0.5's graph of them on the tiny GPT-2 equals ours."""
   model, params = gpt2_tiny
   _, tc = dictionaries.load_transcoders([str(FIXTURES / name)])
-  if tc.clt is None:
+  if isinstance(tc, replacement.PerLayerTranscoders):
     layers = []
     for sae, p in zip(tc.saes, tc.params):
       p = dict(p, input_scale=jnp.float32(2.0), output_scale=jnp.float32(0.5))
@@ -379,7 +381,7 @@ def test_circuit_tracer_reads_our_exported_transcoders_and_draws_our_graph(gpt2_
       p["W_skip"] = p["W_skip"] / 4.0
       layers.append((sae.config, p))
     sae_formats.export_circuit_tracer(layers, tmp_path, model_name="gpt2-tiny")
-    ours = G.Transcoders(tuple(SAE(c) for c, _ in layers), tuple(p for _, p in layers))
+    ours = replacement.PerLayerTranscoders(tuple(SAE(c) for c, _ in layers), tuple(p for _, p in layers))
   else:
     p = dict(tc.params, input_scale=jnp.array([2.0, 0.5]), output_scale=jnp.array([0.5, 4.0]))
     p["W_enc"] = tc.params["W_enc"] / p["input_scale"][:, None, None]
@@ -387,7 +389,7 @@ def test_circuit_tracer_reads_our_exported_transcoders_and_draws_our_graph(gpt2_
     for layer in range(2):
       p[f"W_dec_{layer}"] = tc.params[f"W_dec_{layer}"] * p["output_scale"][layer:, None]
     sae_formats.export_circuit_tracer_clt(tc.clt.config, p, tmp_path)
-    ours = G.Transcoders(params=p, clt=tc.clt)
+    ours = replacement.CrossLayerTranscoders(tc.clt, p)
   tokens = np.load(FIXTURES / name / "tokens.npy")
   np.save(tmp_path / "tokens.npy", tokens)
   script = REPO / "tests" / "make_graph_fixtures.py"

@@ -22,7 +22,7 @@ from transformer import inference, metrics, tasks
 from transformer.errors import UserError
 from transformer.interp import probes
 from transformer.interp.activations import ModelActivations, middle_layer
-from transformer.interp.replacement import Transcoders
+from transformer.interp.replacement import CrossLayerTranscoders, PerLayerTranscoders, Transcoders
 from transformer.models import sae_formats
 from transformer.models.clt import CrossLayerTranscoder
 from transformer.models.sae import SAE
@@ -46,16 +46,16 @@ def load_transcoders(paths: list[str]) -> tuple[Any, Transcoders]:
   kind = sae_formats.circuit_tracer_kind(paths[0]) if len(paths) == 1 else ""
   if kind == "cross_layer_transcoder":
     config, params, point_in, point_out = sae_formats.import_circuit_tracer_clt(paths[0])
-    return None, Transcoders((), jax.device_put(params), point_in, point_out, clt=CrossLayerTranscoder(config))
+    return None, CrossLayerTranscoders(CrossLayerTranscoder(config), jax.device_put(params), point_in, point_out)
   if kind:
     layers, point_in, point_out = sae_formats.import_circuit_tracer(paths[0])
     params = tuple(jax.device_put(p) for _, p in layers)
-    return None, Transcoders(tuple(SAE(c) for c, _ in layers), params, point_in, point_out)
+    return None, PerLayerTranscoders(tuple(SAE(c) for c, _ in layers), params, point_in, point_out)
   trained = [inference.restore(path, task="sae") for path in paths]
   if len(trained) == 1 and trained[0].model.config.layers:  # one cross-layer transcoder
     c = trained[0].run.task_config
     model = _learned_from(trained[0])
-    return model, Transcoders((), nn.unbox(trained[0].params), c.point, c.target_point, clt=trained[0].model)
+    return model, CrossLayerTranscoders(trained[0].model, nn.unbox(trained[0].params), c.point, c.target_point)
   configs = [t.run.task_config for t in trained]
   sources = {(c.run, c.hf) for c in configs}
   if len(sources) != 1:
@@ -78,7 +78,7 @@ def load_transcoders(paths: list[str]) -> tuple[Any, Transcoders]:
     )
   order = np.argsort(layers)
   saes = tuple(trained[i].model for i in order)
-  return model, Transcoders(saes, tuple(nn.unbox(trained[i].params) for i in order), c.point, c.target_point)
+  return model, PerLayerTranscoders(saes, tuple(nn.unbox(trained[i].params) for i in order), c.point, c.target_point)
 
 
 def _learned_from(trained: inference.Trained) -> inference.Trained:

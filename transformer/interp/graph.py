@@ -108,7 +108,7 @@ def attribute(
   if len(tokens_T) > model.config.max_len:
     raise UserError(f"a prompt of {len(tokens_T)} tokens is longer than the model's context ({model.config.max_len})")
   params = nn.unbox(params)
-  setup = _setup(model, _static(tc), params, tc.params, jax.device_put(tokens_T), zero_first)
+  setup = _setup(model, tc.static(), params, tc.params, jax.device_put(tokens_T), zero_first)
   z_LxTxS = np.asarray(setup.z_LxTxS)
   active_nx3 = np.argwhere(z_LxTxS > 0)  # layer-major, then position, then latent: circuit-tracer's order
   activations_n = z_LxTxS[tuple(active_nx3.T)]
@@ -155,20 +155,10 @@ def _acted_on(tc: Transcoders) -> frozenset:
   return frozenset({"pattern", "scale", "mlp_out", "embed", tc.point_in.rsplit(".", 1)[-1]})
 
 
-def _static(tc: Transcoders) -> tuple:
-  """The transcoders' modules and points: what a compiled program is specialised to (their params are traced)."""
-  return tc.saes, tc.clt, tc.point_in
-
-
-def _with(static: tuple, tc_params) -> Transcoders:
-  saes, clt, point_in = static
-  return Transcoders(saes, tc_params, point_in, clt=clt)
-
-
 @functools.partial(jax.jit, static_argnums=(0, 1, 5))
-def _setup(model, static: tuple, params, tc_params, tokens_T, zero_first: bool) -> _Setup:
+def _setup(model, static: Transcoders, params, tc_params, tokens_T, zero_first: bool) -> _Setup:
   """The clean run: what the replacement model fixes, the transcoders' features and errors."""
-  tc = _with(static, tc_params)
+  tc = static.with_params(tc_params)
   frozen, inputs, outputs = {}, {}, {}
 
   def record(path, x):
@@ -185,7 +175,7 @@ def _setup(model, static: tuple, params, tc_params, tokens_T, zero_first: bool) 
     logits_BxTxV = model.apply({"params": params}, tokens_T[None])
   L = tc.num_layers
   inputs_LxTxD = jnp.stack([inputs[layer] for layer in range(L)]).astype(jnp.float32)
-  z_LxTxS = jnp.stack([replacement.encode(tc, tc_params, layer, inputs_LxTxD[layer]) for layer in range(L)])
+  z_LxTxS = jnp.stack([tc.encode(tc_params, layer, inputs_LxTxD[layer]) for layer in range(L)])
   if zero_first:
     z_LxTxS = z_LxTxS.at[:, 0].set(0.0)
   y_hat_LxTxD = replacement.outputs(tc, tc_params, z_LxTxS, inputs_LxTxD)
@@ -210,7 +200,7 @@ def _sources(tc: Transcoders, setup: _Setup, active_nx3, activations_n) -> dict:
   entries = [[] for _ in range(L)]  # by the layer written: (features, their vectors)
   for layer in range(L):
     mine = np.flatnonzero(active_nx3[:, 0] == layer)
-    dec_SxMxD, first = map(np.asarray, replacement.decoders(tc, tc.params, layer))
+    dec_SxMxD, first = map(np.asarray, tc.decoders(tc.params, layer))
     for m in range(dec_SxMxD.shape[1]):
       entries[first + m].append((mine, activations_n[mine, None] * dec_SxMxD[active_nx3[mine, 2], m]))
   written = [_cells(active_nx3, entries[layer], T, D) for layer in range(L)]
@@ -252,7 +242,7 @@ def _targets(model, params, tc: Transcoders, active_nx3, logit_tokens, T: int) -
   vectors = []
   for layer in range(L):
     mine = active_nx3[:, 0] == layer
-    vectors.append(np.asarray(replacement.encoders(tc, tc.params, layer)).T[active_nx3[mine, 2]])
+    vectors.append(np.asarray(tc.encoders(tc.params, layer)).T[active_nx3[mine, 2]])
   unembed_DxV = np.asarray(unembedding(model, params), np.float32)
   demeaned_KxD = (unembed_DxV[:, logit_tokens] - unembed_DxV.mean(1, keepdims=True)).T
   return {
@@ -276,7 +266,7 @@ def _rows(model, tc: Transcoders, params, tokens_T, setup, sources, targets, bat
     for start in range(0, len(mine), B):
       rows_b = mine[start : start + B]
       chunk = {k: _padded(targets[k][rows_b], B) for k in ("vectors_NxD", "position_N")}
-      static = (_static(tc), sources["num_features"], int(layer))
+      static = (tc.static(), sources["num_features"], int(layer))
       rows = _row_batch(model, static, params, tc.params, tokens_T, setup, arrays, chunk)
       out[rows_b] = np.asarray(rows)[: len(rows_b)]
   return out
@@ -309,7 +299,7 @@ def _replacement_run(model, tc: Transcoders, params, tokens_T, setup: _Setup, de
     if name == tc.point_in:
       live_in[layer] = x
     if name == "mlp_out":  # fixed, but for a skip path, which stays live (it is linear)
-      moved = replacement.skip(tc, tc.params, layer, live_in[layer] - setup.inputs_LxTxD[layer])
+      moved = tc.skip(tc.params, layer, live_in[layer] - setup.inputs_LxTxD[layer])
       return setup.frozen[path] + (delta["mlp_out"].get(layer, 0.0) + moved).astype(x.dtype)
     if name == "embed":
       return x + delta["embed"].astype(x.dtype)
@@ -326,7 +316,7 @@ def _row_batch(model, static, params, tc_params, tokens_T, setup, sources, targe
   output): one backward pass of the replacement model a target (vmapped) from that layer down, each gradient
   contracted with every source's output vectors. B x (features + errors + tokens)."""
   static_tc, n, layer = static
-  tc = _with(static_tc, tc_params)
+  tc = static_tc.with_params(tc_params)
   L, T, D = setup.errors_LxTxD.shape
   # Only the MLP outputs before the targets' layer move what they read: the others are no inputs of the pass.
   zeros = {"mlp_out": {w: jnp.zeros((T, D), jnp.float32) for w in range(layer)}, "embed": jnp.zeros((T, D))}
@@ -363,7 +353,7 @@ def dense_rows(model, params, tokens_T, transcoders: Transcoders, graph: Graph, 
   tc = transcoders.check(model).unboxed()
   params = nn.unbox(params)
   tokens = jax.device_put(np.asarray(tokens_T, np.int32).reshape(-1))
-  setup = _setup(model, _static(tc), params, tc.params, tokens, zero_first)
+  setup = _setup(model, tc.static(), params, tc.params, tokens, zero_first)
   sources = _sources(tc, setup, graph.active_features, graph.activations)
   targets = _targets(model, params, tc, graph.active_features, graph.logit_tokens, len(tokens))
   L, T, D = setup.errors_LxTxD.shape
@@ -401,15 +391,15 @@ def intervene(
   tc = transcoders.check(model).unboxed()
   tokens = jax.device_put(np.asarray(tokens_T, np.int32).reshape(-1))
   params = nn.unbox(params)
-  setup = _setup(model, _static(tc), params, tc.params, tokens, True)
+  setup = _setup(model, tc.static(), params, tc.params, tokens, True)
   where = jax.device_put(np.asarray(interventions, np.float32).reshape(-1, 4))
-  logits_V, z_LxTxS = _intervened(model, _static(tc), params, tc.params, tokens, setup, where, direct_effects)
+  logits_V, z_LxTxS = _intervened(model, tc.static(), params, tc.params, tokens, setup, where, direct_effects)
   return np.asarray(logits_V), np.asarray(z_LxTxS)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 7))
 def _intervened(model, static, params, tc_params, tokens_T, setup: _Setup, where_Ix4, direct_effects: bool):
-  tc = _with(static, tc_params)
+  tc = static.with_params(tc_params)
   live_in, z, moved = {}, {}, {}  # moved[l]: layer l's latents' change (set - as they came)
   layer_I, position_I, latent_I = (where_Ix4[:, i].astype(int) for i in range(3))
 
@@ -419,7 +409,7 @@ def _intervened(model, static, params, tc_params, tokens_T, setup: _Setup, where
       return setup.frozen[path]
     if name == tc.point_in:
       live_in[layer] = x[0]
-      z_TxS = replacement.encode(tc, tc_params, layer, x[0])
+      z_TxS = tc.encode(tc_params, layer, x[0])
       kept_I = z_TxS[position_I, latent_I]
       z[layer] = z_TxS.at[position_I, latent_I].set(jnp.where(layer_I == layer, where_Ix4[:, 3], kept_I))
       moved[layer] = z[layer] - z_TxS
@@ -427,7 +417,7 @@ def _intervened(model, static, params, tc_params, tokens_T, setup: _Setup, where
       return x
     change_TxD = sum(_written(tc, tc_params, source, layer, moved[source]) for source in range(layer + 1))
     if direct_effects:  # the MLP fixed, its skip path live, as in the replacement model
-      change_TxD = change_TxD + replacement.skip(tc, tc_params, layer, live_in[layer] - setup.inputs_LxTxD[layer])
+      change_TxD = change_TxD + tc.skip(tc_params, layer, live_in[layer] - setup.inputs_LxTxD[layer])
       x = setup.frozen[path]
     return x + change_TxD[None].astype(x.dtype)
 
@@ -438,7 +428,7 @@ def _intervened(model, static, params, tc_params, tokens_T, setup: _Setup, where
 
 def _written(tc: Transcoders, tc_params, source: int, layer: int, z_TxS) -> jax.Array:
   """What latents of layer `source` write into layer `layer`'s MLP output (0 where they write nothing)."""
-  dec_SxMxD, first = replacement.decoders(tc, tc_params, source)
+  dec_SxMxD, first = tc.decoders(tc_params, source)
   if not first <= layer < first + dec_SxMxD.shape[1]:
     return jnp.zeros((), jnp.float32)
   return z_TxS @ dec_SxMxD[:, layer - first]

@@ -232,18 +232,16 @@ def top_contexts(model, params, tokenizer, transcoders, tokens_BxT, features: li
   out = {}
   B, T = tokens_BxT.shape
   for layer in sorted({layer for layer, _ in features}):
-    z_NxS = np.asarray(
-      _encoded(tc.saes, tc.clt, tc.point_in, tc.params, layer, inputs_LxBxTxD[layer].reshape(B * T, -1))
-    )
+    z_NxS = np.asarray(_encoded(tc.static(), tc.params, layer, inputs_LxBxTxD[layer].reshape(B * T, -1)))
     for latent in sorted({latent for l, latent in features if l == layer}):
       best = np.argsort(-z_NxS[:, latent], kind="stable")[:count]
       out[(layer, latent)] = [_context(tokenizer, tokens_BxT[n // T], n % T) for n in best if z_NxS[n, latent] > 0]
   return out
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 4))
-def _encoded(saes, clt, point_in: str, tc_params, layer: int, x_NxD):
-  return replacement.encode(Transcoders(saes, tc_params, point_in, clt=clt), tc_params, layer, x_NxD)
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _encoded(static: Transcoders, tc_params, layer: int, x_NxD):
+  return static.encode(tc_params, layer, x_NxD)
 
 
 def _context(tokenizer, row_T, position: int, before: int = 12, after: int = 3) -> str:

@@ -3,7 +3,7 @@ one cross-layer transcoder (transformer.models.clt), behind one set of functions
 (transformer.interp.graph), the SAE task's evaluation and the studies share, in the model's units (the
 dictionaries' scales folded in).
 
-    >>> tc = Transcoders(saes=(sae_0, sae_1), params=(p_0, p_1))       # or Transcoders(clt=clt, params=p)
+    >>> tc = PerLayerTranscoders((sae_0, sae_1), (p_0, p_1))    # or CrossLayerTranscoders(clt, p)
     >>> losses = replacement_losses(model, params, tokens_BxT, tc)    # clean, every MLP replaced, every MLP zeroed
 
 The **replacement model** runs each layer's transcoder on the stream as it is in that run (each layer's MLP
@@ -13,6 +13,7 @@ graph explains, and the loss that says how much of the model it is.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import functools
 from typing import Any
@@ -24,29 +25,66 @@ import jax.numpy as jnp
 from transformer.errors import UserError
 from transformer.interp.interventions import next_token_nll
 from transformer.layers.points import functions_at, split_path
-from transformer.models.clt import CrossLayerTranscoder
-from transformer.models.sae import SAE, top_k_mask
+from transformer.models.clt import CrossLayerTranscoder, activation
+from transformer.models.sae import SAE
 
 POINTS_IN = ("mlp_in", "resid_mid", "ln_2.normalized")
 
 
-@dataclasses.dataclass(frozen=True)
-class Transcoders:
-  """A model's MLPs as features: one transcoder a layer (`saes`, `params` one a layer) or one cross-layer
-  transcoder (`clt`, `params` its own), reading `point_in` and writing `point_out` of each block."""
+class Transcoders(abc.ABC):
+  """A model's MLPs as features, reading `point_in` and writing `point_out` of each block: what the replacement
+  model, the graph and the studies ask of any kind of transcoder. Two kinds implement it: `PerLayerTranscoders`
+  (one SAE with `d_out` a layer) and `CrossLayerTranscoders` (one `CrossLayerTranscoder` whose layer l latents
+  write layers l..L-1). Each method takes the params apart from the modules (they are traced, the modules and
+  points static: `static()` is what a compiled program is keyed on) and answers in the model's units (the
+  dictionaries' input and output scales folded in)."""
 
-  saes: tuple[SAE, ...] = ()
-  params: Any = ()
-  point_in: str = "mlp_in"
-  point_out: str = "mlp_out"
-  clt: CrossLayerTranscoder | None = None
+  params: Any
+  point_in: str
+  point_out: str
 
   @property
-  def num_layers(self) -> int:
-    return self.clt.config.layers if self.clt is not None else len(self.saes)
+  @abc.abstractmethod
+  def num_layers(self) -> int: ...
 
+  @abc.abstractmethod
   def configs(self) -> list:
-    return [self.clt.config] if self.clt is not None else [sae.config for sae in self.saes]
+    """The SAEConfig of each dictionary (one, for a cross-layer transcoder)."""
+
+  @abc.abstractmethod
+  def encode(self, params, layer: int, x_NxD) -> jax.Array:
+    """Layer `layer`'s latents (N x S) of its input."""
+
+  @abc.abstractmethod
+  def decoders(self, params, layer: int) -> tuple[jax.Array, int]:
+    """(S x M x D: layer `layer`'s latents' output vectors to the M layers they write; the first of those)."""
+
+  @abc.abstractmethod
+  def encoders(self, params, layer: int) -> jax.Array:
+    """D x S: the directions whose dot product with layer `layer`'s input gives each latent's pre-activation
+    (less its bias)."""
+
+  @abc.abstractmethod
+  def output_bias(self, params, layer: int) -> jax.Array: ...
+
+  def skip(self, params, layer: int, x_NxD) -> jax.Array:
+    """A skip transcoder's linear path of layer `layer`; 0 without one."""
+    return jnp.zeros((), jnp.float32)
+
+  @abc.abstractmethod
+  def unboxed(self) -> Transcoders:
+    """These transcoders with their params as plain arrays (a workdir's are boxed with their sharding)."""
+
+  def static(self) -> Transcoders:
+    """The modules and points without the params: hashable, what a compiled program is specialised to."""
+    return dataclasses.replace(self, params=None)
+
+  def with_params(self, params) -> Transcoders:
+    return dataclasses.replace(self, params=params)
+
+  @property
+  def latents(self) -> int:
+    return self.configs()[0].latents
 
   def check(self, model) -> Transcoders:
     cfg = model.config
@@ -76,73 +114,88 @@ class Transcoders:
       )
     return self
 
-  def unboxed(self) -> Transcoders:
-    params = nn.unbox(self.params) if self.clt is not None else tuple(nn.unbox(p) for p in self.params)
-    return dataclasses.replace(self, params=params)
 
+@dataclasses.dataclass(frozen=True)
+class PerLayerTranscoders(Transcoders):
+  """One transcoder a layer (`saes[l]`, SAEs with `d_out`; `params[l]` its params), each writing its own layer."""
 
-# Each function below takes the Transcoders and their params apart (the modules static, the params traced).
+  saes: tuple[SAE, ...]
+  params: Any = ()
+  point_in: str = "mlp_in"
+  point_out: str = "mlp_out"
 
+  @property
+  def num_layers(self) -> int:
+    return len(self.saes)
 
-def encode(tc: Transcoders, params, layer: int, x_NxD) -> jax.Array:
-  """Layer `layer`'s latents (N x S) of its input in the model's units."""
-  x_NxD = x_NxD.astype(jnp.float32)
-  if tc.clt is None:
-    return tc.saes[layer].apply({"params": params[layer]}, x_NxD)[1]
-  p = params
-  pre_NxS = (x_NxD * p["input_scale"][layer]) @ p["W_enc"][layer] + p["b_enc"][layer]
-  return _clt_activate(tc.clt, p, layer, pre_NxS)
+  def configs(self) -> list:
+    return [sae.config for sae in self.saes]
 
+  def encode(self, params, layer: int, x_NxD) -> jax.Array:
+    return self.saes[layer].apply({"params": params[layer]}, x_NxD.astype(jnp.float32))[1]
 
-def _clt_activate(clt: CrossLayerTranscoder, p, layer: int, pre_NxS) -> jax.Array:
-  """`CrossLayerTranscoder.activate` for one layer's pre-activations (what a live replacement reads)."""
-  cfg = clt.config
-  if cfg.activation == "topk":
-    return jax.nn.relu(pre_NxS) * top_k_mask(pre_NxS, cfg.k)
-  if cfg.activation == "jumprelu":
-    return pre_NxS * (pre_NxS > jnp.maximum(p["threshold"][layer], 0.0))
-  return jax.nn.relu(pre_NxS)
+  def decoders(self, params, layer: int) -> tuple[jax.Array, int]:
+    p = params[layer]
+    return (self.saes[layer].apply({"params": p}, method=SAE.decoder) / p["output_scale"])[:, None], layer
 
-
-def decoders(tc: Transcoders, params, layer: int) -> tuple[jax.Array, int]:
-  """(S x M x D: layer `layer`'s latents' output vectors to the M layers they write, in the model's units;
-  the first of those layers): a transcoder's to its own layer, a cross-layer one's to it and every later."""
-  if tc.clt is None:
-    sae, p = tc.saes[layer], params[layer]
-    return (sae.apply({"params": p}, method=SAE.decoder) / p["output_scale"])[:, None], layer
-  p = params
-  return p[f"W_dec_{layer}"] / p["output_scale"][layer:, None], layer
-
-
-def encoders(tc: Transcoders, params, layer: int) -> jax.Array:
-  """D x S: the directions whose dot product with layer `layer`'s input (model units) gives each latent's
-  pre-activation (less its bias)."""
-  if tc.clt is None:
+  def encoders(self, params, layer: int) -> jax.Array:
     return params[layer]["W_enc"] * params[layer]["input_scale"]
-  return params["W_enc"][layer] * params["input_scale"][layer]
 
-
-def output_bias(tc: Transcoders, params, layer: int) -> jax.Array:
-  if tc.clt is None:
+  def output_bias(self, params, layer: int) -> jax.Array:
     return params[layer]["b_dec"] / params[layer]["output_scale"]
-  return params["b_dec"][layer] / params["output_scale"][layer]
+
+  def skip(self, params, layer: int, x_NxD) -> jax.Array:
+    p = params[layer]
+    if "W_skip" not in p:
+      return super().skip(params, layer, x_NxD)
+    return (x_NxD.astype(jnp.float32) * p["input_scale"]) @ p["W_skip"] / p["output_scale"]
+
+  def unboxed(self) -> PerLayerTranscoders:
+    return self.with_params(tuple(nn.unbox(p) for p in self.params))
 
 
-def skip(tc: Transcoders, params, layer: int, x_NxD) -> jax.Array:
-  """A skip transcoder's linear path of layer `layer` (model units); 0 without one."""
-  if tc.clt is not None or "W_skip" not in params[layer]:
-    return jnp.zeros((), jnp.float32)
-  p = params[layer]
-  return (x_NxD.astype(jnp.float32) * p["input_scale"]) @ p["W_skip"] / p["output_scale"]
+@dataclasses.dataclass(frozen=True)
+class CrossLayerTranscoders(Transcoders):
+  """One cross-layer transcoder (`clt`, `params` its own) over every layer: layer l's latents read layer l's
+  input and write layers l..L-1."""
+
+  clt: CrossLayerTranscoder
+  params: Any = ()
+  point_in: str = "mlp_in"
+  point_out: str = "mlp_out"
+
+  @property
+  def num_layers(self) -> int:
+    return self.clt.config.layers
+
+  def configs(self) -> list:
+    return [self.clt.config]
+
+  def encode(self, params, layer: int, x_NxD) -> jax.Array:
+    x_NxD = x_NxD.astype(jnp.float32) * params["input_scale"][layer]
+    threshold_S = params["threshold"][layer] if "threshold" in params else None
+    return activation(self.clt.config, x_NxD @ params["W_enc"][layer] + params["b_enc"][layer], threshold_S)
+
+  def decoders(self, params, layer: int) -> tuple[jax.Array, int]:
+    return params[f"W_dec_{layer}"] / params["output_scale"][layer:, None], layer
+
+  def encoders(self, params, layer: int) -> jax.Array:
+    return params["W_enc"][layer] * params["input_scale"][layer]
+
+  def output_bias(self, params, layer: int) -> jax.Array:
+    return params["b_dec"][layer] / params["output_scale"][layer]
+
+  def unboxed(self) -> CrossLayerTranscoders:
+    return self.with_params(nn.unbox(self.params))
 
 
 def outputs(tc: Transcoders, params, z_LxNxS, inputs_LxNxD) -> jax.Array:
   """Every layer's output (L x N x D, model units) from every layer's latents (and inputs: skip paths)."""
   L = tc.num_layers
-  y = [output_bias(tc, params, m) + skip(tc, params, m, inputs_LxNxD[m]) for m in range(L)]
+  y = [tc.output_bias(params, m) + tc.skip(params, m, inputs_LxNxD[m]) for m in range(L)]
   y_LxNxD = jnp.stack([jnp.broadcast_to(v, inputs_LxNxD.shape[1:]) for v in y])
   for layer in range(L):
-    dec_SxMxD, first = decoders(tc, params, layer)
+    dec_SxMxD, first = tc.decoders(params, layer)
     y_LxNxD = y_LxNxD.at[first : first + dec_SxMxD.shape[1]].add(jnp.einsum("ns,smd->mnd", z_LxNxS[layer], dec_SxMxD))
   return y_LxNxD
 
@@ -152,16 +205,14 @@ def replacement_losses(model, params, tokens_BxT, tc: Transcoders) -> dict[str, 
   every MLP's output the transcoders' of the stream as it is in that run), and with every MLP's output zeroed
   (`zero_mlp`); `score` = (zero_mlp - replaced) / (zero_mlp - clean): 1, the transcoders lose nothing."""
   tc = tc.check(model).unboxed()
-  clean, replaced, zero = map(
-    float, _losses(model, tc.saes, tc.clt, tc.point_in, nn.unbox(params), tc.params, tokens_BxT)
-  )
+  clean, replaced, zero = map(float, _losses(model, tc.static(), nn.unbox(params), tc.params, tokens_BxT))
   score = (zero - replaced) / (zero - clean) if zero != clean else float("nan")
   return {"clean": clean, "replaced": replaced, "zero_mlp": zero, "score": score}
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
-def _losses(model, saes, clt, point_in: str, params, tc_params, tokens_BxT):
-  tc = Transcoders(saes, tc_params, point_in, clt=clt)
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _losses(model, static: Transcoders, params, tc_params, tokens_BxT):
+  tc = static.with_params(tc_params)
   mean_loss = lambda logits: next_token_nll(logits, tokens_BxT).mean()
   clean = mean_loss(model.apply({"params": params}, tokens_BxT))
   with functions_at(_replacing(tc, tc_params), (tc.point_in.rsplit(".", 1)[-1], "mlp_out")):
@@ -179,12 +230,12 @@ def _replacing(tc: Transcoders, tc_params):
     name, layer, _ = split_path(path)
     if name == tc.point_in:
       live[layer] = x
-      z[layer] = encode(tc, tc_params, layer, x.reshape(-1, x.shape[-1]))
+      z[layer] = tc.encode(tc_params, layer, x.reshape(-1, x.shape[-1]))
     if name != "mlp_out":
       return x
-    y = output_bias(tc, tc_params, layer) + skip(tc, tc_params, layer, live[layer])
+    y = tc.output_bias(tc_params, layer) + tc.skip(tc_params, layer, live[layer])
     for source in range(layer + 1):
-      dec_SxMxD, first = decoders(tc, tc_params, source)
+      dec_SxMxD, first = tc.decoders(tc_params, source)
       if first + dec_SxMxD.shape[1] > layer:
         y = y + (z[source] @ dec_SxMxD[:, layer - first]).reshape(x.shape)
     return y.astype(x.dtype)

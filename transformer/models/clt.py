@@ -17,6 +17,8 @@ through it. Its decoders are kept as circuit-tracer keeps them, `W_dec_<l>`: S x
 
 from __future__ import annotations
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -59,12 +61,11 @@ class CrossLayerTranscoder(nn.Module):
     return jnp.einsum("lnd,lds->lns", x_LxNxD, self.W_enc) + self.b_enc[:, None]
 
   def activate(self, pre_LxNxS) -> jax.Array:
-    cfg = self.config
-    if cfg.activation == "topk":
-      return jax.nn.relu(pre_LxNxS) * jax.vmap(lambda p: top_k_mask(p, cfg.k))(pre_LxNxS)
-    if cfg.activation == "jumprelu":
-      return jump_relu(pre_LxNxS, jnp.maximum(self.threshold, 0.0)[:, None], cfg.bandwidth)
-    return jax.nn.relu(pre_LxNxS)
+    """Every layer's latents of its pre-activations (`activation`, layer by layer)."""
+    each = functools.partial(activation, self.config)
+    if self.config.activation == "jumprelu":
+      return jax.vmap(each)(pre_LxNxS, self.threshold)
+    return jax.vmap(each)(pre_LxNxS)
 
   def decode(self, z_LxNxS) -> jax.Array:
     """Each layer's output (scaled space) from every layer's latents up to it, plus its b_dec."""
@@ -83,6 +84,16 @@ class CrossLayerTranscoder(nn.Module):
     """(every layer's output L x N x O, the latents L x N x S) of every layer's input, in the model's units."""
     z_LxNxS = self.activate(self.pre_activations(x_LxNxD * self.input_scale[:, None, None]))
     return self.decode(z_LxNxS) / self.output_scale[:, None, None], z_LxNxS
+
+
+def activation(config, pre_NxS, threshold_S=None) -> jax.Array:
+  """One layer's latents of its pre-activations (N x S): TopK, JumpReLU (at that layer's `threshold_S`) or
+  ReLU. What training and a replacement model reading one layer at a time both call."""
+  if config.activation == "topk":
+    return jax.nn.relu(pre_NxS) * top_k_mask(pre_NxS, config.k)
+  if config.activation == "jumprelu":
+    return jump_relu(pre_NxS, jnp.maximum(threshold_S, 0.0), config.bandwidth)
+  return jax.nn.relu(pre_NxS)
 
 
 def clt_loss(clt: CrossLayerTranscoder, params, x_LxNxD, y_LxNxO, dead_tokens: float | None = None):

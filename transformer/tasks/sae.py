@@ -421,7 +421,7 @@ def _reconstruction(sae: SAE, d_in: int, sae_params, x):
 def _replaced_losses(source: ModelActivations, clt: CrossLayerTranscoder, params) -> dict[str, float]:
   """A cross-layer transcoder's replacement model (every MLP replaced at once, on the stream as it is then)
   against the clean model and every MLP zeroed, on the evaluation windows, named as `spliced_losses` names."""
-  tc = replacement.Transcoders(params=params, point_in=source.point, point_out=source.target_point, clt=clt)
+  tc = replacement.CrossLayerTranscoders(clt, params, source.point, source.target_point)
   losses = replacement.replacement_losses(source.model, source.params, jnp.asarray(source.eval_tokens_BxT()), tc)
   return {
     "ce_loss_clean": losses["clean"],
