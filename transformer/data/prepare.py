@@ -45,6 +45,7 @@ from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from transformer import tokenizers
+from transformer.data.records import LEXICON, RECORD_WRITERS, SplitWriter, write_lexicon, write_text_piece
 from transformer.data.sources import COMPRESSED, Source, read_text, records, split_of
 from transformer.errors import DataError
 
@@ -53,7 +54,6 @@ BATCH_CHARS = 1 << 22  # text tokenized at a time (on threads): ~4 MB
 # A Python tokenizer (char, word) tokenizes in worker processes from this much input on: starting
 # them takes about a second, which less text does not repay (launch/BENCHMARKS.md, "Data preparation").
 PROCESSES_FROM_BYTES = 1 << 25
-LEXICON = "lexicon"  # the training-only pairs of a lexicon source, when one was prepared
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
 
@@ -126,37 +126,6 @@ def _file_sha256(path: Path) -> str:
     for block in iter(lambda: f.read(1 << 20), b""):
       h.update(block)
   return h.hexdigest()
-
-
-class _Writer:
-  """Appends token ids of one split to binary files and keeps its index rows."""
-
-  def __init__(self, directory: Path, split: str, kind: str, dtype):
-    columns = ("src", "tgt") if kind == "pairs" else ("",)
-    self.kind = kind
-    self.paths = [directory / (f"{split}.{c}.bin" if c else f"{split}.bin") for c in columns]
-    self.files = [open(p, "wb") for p in self.paths]
-    self.lengths = [0] * len(columns)
-    self.dtype = dtype
-    self.rows: list[tuple] = []
-    self.labels: list[float] = []
-    self.documents: set[int] = set()
-
-  def append(self, column: int, ids: list[int] | np.ndarray) -> tuple[int, int]:
-    np.asarray(ids, self.dtype).tofile(self.files[column])
-    start = self.lengths[column]
-    self.lengths[column] += len(ids)
-    return start, start + len(ids)
-
-  def close(self, directory: Path, split: str) -> None:
-    for f in self.files:
-      f.close()
-    width = {"text": 4, "pairs": 5, "classification": 3, "tagged": 3}[self.kind]
-    np.save(directory / f"{split}.idx.npy", np.asarray(self.rows, dtype=np.int64).reshape(-1, width))
-    if self.kind == "classification":
-      np.save(directory / f"{split}.labels.npy", np.asarray(self.labels, dtype=str))
-    elif self.kind == "tagged":
-      np.save(directory / f"{split}.labels.npy", np.asarray(self.labels, dtype=np.int16))
 
 
 def _too_small(kind: str, options: PrepareOptions) -> str:
@@ -487,47 +456,23 @@ def _write_splits(
   lexicon: Source | None = None,
 ) -> tuple[dict, int, list[str]]:
   fractions = _fractions(options)
-  writers = [_Writer(directory, s, source.kind, dtype) for s in SPLITS]
+  writers = [SplitWriter(directory, s, source.kind, dtype) for s in SPLITS]
   compressed = any(p.suffix in COMPRESSED for p in source.files)  # their text's size is known once read
   total = None if compressed else sum(p.stat().st_size for p in source.files)
   bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"tokenizing {source.name}", disable=not progress)
   counts = {s: {"records": 0, "documents": 0, "tokens": 0, "chars": 0} for s in SPLITS}
   dropped = {"dropped": 0}
-  tags: dict[str, int] = {}
-  held_out: set[str] = set()  # the sides of validation and test pairs, which no lexicon pair may repeat
-  sentence_pairs: set[bytes] = set()
+  kind = None if source.kind == "text" else RECORD_WRITERS[source.kind](tokenizer, lexicon is not None)
   try:
-    if source.kind == "text":
+    if kind is None:
       for batch, ids_of in _tokenized_batches(source, options, tokenizer, bar):
         for (doc, piece, text, last), ids in zip(batch, ids_of):
           s = split_of(options.seed, doc, piece, fractions=fractions)
-          w = writers[s]
-          start, end = w.append(0, ids)
-          if last:
-            w.append(0, [tokenizer.eot_id])
-          w.rows.append((doc, piece, start, end))
-          w.documents.add(doc)
+          write_text_piece(writers[s], doc, piece, ids, last, tokenizer.eot_id)
           counts[SPLITS[s]]["chars"] += len(text)
     else:
       for s, lineno, rec in _assigned_records(source, options, dropped):
-        w = writers[s]
-        if source.kind == "pairs":
-          a = w.append(0, tokenizer.encode(rec[0]))
-          b = w.append(1, tokenizer.encode_target(rec[1]))
-          w.rows.append((lineno, *a, *b))
-          if lexicon is not None:
-            sentence_pairs.add(_pair_key(rec))
-            if s:
-              held_out.update(map(_side_key, rec))
-        elif source.kind == "classification":
-          w.rows.append((lineno, *w.append(0, tokenizer.encode(tokenizers.fit_text(tokenizer, rec[1])))))
-          w.labels.append(rec[0])
-        else:  # tagged: the tag at each word's first token, -1 at the others
-          ids, firsts = tokenizers.word_pieces(tokenizer, [word for word, _ in rec])
-          labels = np.full(len(ids), -1, np.int16)
-          labels[firsts] = [tags.setdefault(tag, len(tags)) for _, tag in rec]
-          w.rows.append((lineno, *w.append(0, ids)))
-          w.labels.extend(labels.tolist())
+        kind.write(writers[s], s, lineno, rec)
         counts[SPLITS[s]]["chars"] += sum(map(len, _texts(source, rec)))
       bar.update((total or bar.n) - bar.n)
   finally:
@@ -541,43 +486,8 @@ def _write_splits(
       tokens=int(sum(w.lengths)),
     )
   if lexicon is not None:
-    counts[LEXICON] = _write_lexicon(lexicon, tokenizer, dtype, directory, held_out, sentence_pairs)
-  if len(tags) > np.iinfo(np.int16).max:
-    raise DataError(f"{source.name} has {len(tags)} distinct tags; at most {np.iinfo(np.int16).max} are supported")
-  return counts, dropped["dropped"], list(tags)
-
-
-def _side_key(text: str) -> str:
-  return " ".join(text.split()).casefold()
-
-
-def _pair_key(rec: tuple) -> bytes:
-  return hashlib.blake2b(repr(tuple(map(_side_key, rec))).encode(), digest_size=12).digest()
-
-
-def _write_lexicon(
-  lexicon: Source, tokenizer, dtype, directory: Path, held_out: set[str], sentence_pairs: set[bytes]
-) -> dict:
-  """The lexicon's pairs into the `lexicon` split: once each, none that repeats a sentence pair or
-  has a side of a validation or test pair (compared case- and space-insensitively)."""
-  w = _Writer(directory, LEXICON, "pairs", dtype)
-  counts = {"records": 0, "tokens": 0, "chars": 0, "duplicates": 0, "held_out": 0}
-  seen = set(sentence_pairs)
-  try:
-    for _, lineno, rec in records(lexicon):
-      key = _pair_key(rec)
-      if key in seen:
-        counts["duplicates"] += 1
-      elif any(_side_key(side) in held_out for side in rec):
-        counts["held_out"] += 1
-      else:
-        seen.add(key)
-        w.rows.append((lineno, *w.append(0, tokenizer.encode(rec[0])), *w.append(1, tokenizer.encode_target(rec[1]))))
-        counts["chars"] += len(rec[0]) + len(rec[1])
-  finally:
-    w.close(directory, LEXICON)
-  counts.update(records=len(w.rows), documents=len(w.rows), tokens=int(sum(w.lengths)))
-  return counts
+    counts[LEXICON] = write_lexicon(lexicon, tokenizer, dtype, directory, kind.held_out, kind.sentence_pairs)
+  return counts, dropped["dropped"], kind.label_names(source.name) if kind is not None else []
 
 
 # ---------------------------------------------------------------------------------------------
