@@ -131,6 +131,34 @@ class BeamState(NamedTuple):
   finished_score_BxK: jax.Array  # their length-penalised scores
 
 
+def _advanced(state: BeamState, lp_NxV, cache, *, alpha: float, penalty: str, eos_id: int) -> BeamState:
+  """The beams one token on: the K live hypotheses' continuations by `lp_NxV` (N = B * K rows) kept or
+  finished, the cache gathered to the beams kept."""
+  i = state.step
+  B, K, L = state.alive_BxKxL.shape
+  # The 2K best continuations of the K live hypotheses: enough that K of them have not ended.
+  V = lp_NxV.shape[-1]
+  cand_BxKV = (state.alive_lp_BxK[:, :, None] + lp_NxV.reshape(B, K, V)).reshape(B, K * V)
+  top_lp_Bx2K, top_idx_Bx2K = jax.lax.top_k(cand_BxKV, 2 * K)
+  beam_Bx2K, token_Bx2K = top_idx_Bx2K // V, top_idx_Bx2K % V
+  seq_Bx2KxL = jnp.take_along_axis(state.alive_BxKxL, beam_Bx2K[:, :, None], axis=1)
+  seq_Bx2KxL = seq_Bx2KxL.at[:, :, i].set(token_Bx2K)
+  ended_Bx2K = token_Bx2K == eos_id
+  # Live: the K best that did not end (ending at max_len is forced below).
+  alive_lp_BxK, pick_BxK = jax.lax.top_k(jnp.where(ended_Bx2K, NEG_INF, top_lp_Bx2K), K)
+  alive_BxKxL = jnp.take_along_axis(seq_Bx2KxL, pick_BxK[:, :, None], axis=1)
+  cache = _gather_beams(cache, jnp.take_along_axis(beam_Bx2K, pick_BxK, axis=1), K)
+  # Finished: those among the K best that ended now (all K at the last step), merged with earlier
+  # ones. Only the K best may finish (fairseq's rule): with beam_size 1 that is greedy decoding.
+  ends = (ended_Bx2K | (i == L - 1)) & (jnp.arange(2 * K) < K)[None]
+  score_Bx2K = jnp.where(ends, top_lp_Bx2K / length_penalty(i + 1, alpha, penalty), NEG_INF)
+  all_score = jnp.concatenate([state.finished_score_BxK, score_Bx2K], axis=1)
+  all_seq = jnp.concatenate([state.finished_BxKxL, seq_Bx2KxL], axis=1)
+  finished_score_BxK, keep_BxK = jax.lax.top_k(all_score, K)
+  finished_BxKxL = jnp.take_along_axis(all_seq, keep_BxK[:, :, None], axis=1)
+  return BeamState(i + 1, cache, alive_BxKxL, alive_lp_BxK, finished_BxKxL, finished_score_BxK)
+
+
 @functools.partial(
   jax.jit,
   static_argnames=(
@@ -184,29 +212,8 @@ def beam_search(
     return lp_NxV, cache
 
   def step(state: BeamState, encoded=None) -> BeamState:
-    i = state.step
     lp_NxV, cache = next_log_probs(state, encoded)
-    # The 2K best continuations of the K live hypotheses: enough that K of them have not ended.
-    V = lp_NxV.shape[-1]
-    cand_BxKV = (state.alive_lp_BxK[:, :, None] + lp_NxV.reshape(B, K, V)).reshape(B, K * V)
-    top_lp_Bx2K, top_idx_Bx2K = jax.lax.top_k(cand_BxKV, 2 * K)
-    beam_Bx2K, token_Bx2K = top_idx_Bx2K // V, top_idx_Bx2K % V
-    seq_Bx2KxL = jnp.take_along_axis(state.alive_BxKxL, beam_Bx2K[:, :, None], axis=1)
-    seq_Bx2KxL = seq_Bx2KxL.at[:, :, i].set(token_Bx2K)
-    ended_Bx2K = token_Bx2K == eos_id
-    # Live: the K best that did not end (ending at max_len is forced below).
-    alive_lp_BxK, pick_BxK = jax.lax.top_k(jnp.where(ended_Bx2K, NEG_INF, top_lp_Bx2K), K)
-    alive_BxKxL = jnp.take_along_axis(seq_Bx2KxL, pick_BxK[:, :, None], axis=1)
-    cache = _gather_beams(cache, jnp.take_along_axis(beam_Bx2K, pick_BxK, axis=1), K)
-    # Finished: those among the K best that ended now (all K at the last step), merged with earlier
-    # ones. Only the K best may finish (fairseq's rule): with beam_size 1 that is greedy decoding.
-    ends = (ended_Bx2K | (i == L - 1)) & (jnp.arange(2 * K) < K)[None]
-    score_Bx2K = jnp.where(ends, top_lp_Bx2K / length_penalty(i + 1, alpha, penalty), NEG_INF)
-    all_score = jnp.concatenate([state.finished_score_BxK, score_Bx2K], axis=1)
-    all_seq = jnp.concatenate([state.finished_BxKxL, seq_Bx2KxL], axis=1)
-    finished_score_BxK, keep_BxK = jax.lax.top_k(all_score, K)
-    finished_BxKxL = jnp.take_along_axis(all_seq, keep_BxK[:, :, None], axis=1)
-    return BeamState(i + 1, cache, alive_BxKxL, alive_lp_BxK, finished_BxKxL, finished_score_BxK)
+    return _advanced(state, lp_NxV, cache, alpha=alpha, penalty=penalty, eos_id=eos_id)
 
   def keep_going(state: BeamState):
     # The best a live hypothesis can still reach: its log-prob only falls, the penalty grows to max_len's.
@@ -281,6 +288,18 @@ def check_sources(sources: Sequence[Sequence[int]], max_len: int, vocab_size: in
   return sources
 
 
+def _decoded(search, params, sources, B: int, max_len: int, mesh, rules, rows: list[int]) -> np.ndarray:
+  """The best hypotheses of these sources (`rows`, sorted by length), B x L on the host."""
+  S = min(round_up(len(sources[rows[-1]]), SOURCE_BUCKET), max_len)
+  source_BxS, valid_BxS = pad_rows([sources[i] for i in rows], B, S, left=False)
+  if mesh is None:
+    tokens = search(params, source_BxS, valid_BxS)
+  else:
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      tokens = search(params, *put_on_mesh(mesh, rules, source_BxS, valid_BxS))
+  return multihost_utils.process_allgather(tokens, tiled=True) if jax.process_count() > 1 else np.asarray(tokens)
+
+
 def translate_ids(
   model: Transformer,
   params,
@@ -327,16 +346,7 @@ def translate_ids(
   out: list[list[int]] = [[] for _ in sources]
   batches = [order[start : start + B] for start in range(0, len(order), B)]
 
-  def decode(rows: list[int]) -> np.ndarray:  # the best hypotheses of these sources, B x L on the host
-    S = min(round_up(len(sources[rows[-1]]), SOURCE_BUCKET), cfg.max_len)
-    source_BxS, valid_BxS = pad_rows([sources[i] for i in rows], B, S, left=False)
-    if mesh is None:
-      tokens = search(params, source_BxS, valid_BxS)
-    else:
-      with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        tokens = search(params, *put_on_mesh(mesh, rules, source_BxS, valid_BxS))
-    return multihost_utils.process_allgather(tokens, tiled=True) if jax.process_count() > 1 else np.asarray(tokens)
-
+  decode = functools.partial(_decoded, search, params, sources, B, cfg.max_len, mesh, rules)
   threads = decode_threads.threads(kernels.resolve(cfg.kernels), mesh)
   for rows, best_BxL in zip(batches, decode_threads.on_threads(decode, batches, threads)):
     for r, i in enumerate(rows):

@@ -173,6 +173,14 @@ class DecodeState(NamedTuple):
   tokens_BxN: jax.Array  # the new tokens so far (stop_id after a row's stop)
 
 
+def _next_logits(model, params, cache, tokens_BxT, valid_BxT):
+  """The next token's logits after `tokens_BxT`, and the cache with them written."""
+  logits_BxTxV, variables = model.apply(
+    {"params": params, "cache": cache}, tokens_BxT, valid_BxT=valid_BxT, decode=True, mutable=["cache"]
+  )
+  return logits_BxTxV[:, -1], variables["cache"]
+
+
 def sample_padded(
   params,
   prompt_BxP,
@@ -208,12 +216,7 @@ def sample_padded(
     bool(kernels.form("tied_head_decode", forms)) and _tied(model) and decode_head.vocab_major(B, *_head(model))
   )
 
-  def forward(cache, tokens_BxT, valid_BxT):
-    """The next token's logits after `tokens_BxT`, and the cache with them written."""
-    logits_BxTxV, variables = model.apply(
-      {"params": params, "cache": cache}, tokens_BxT, valid_BxT=valid_BxT, decode=True, mutable=["cache"]
-    )
-    return logits_BxTxV[:, -1], variables["cache"]
+  forward = functools.partial(_next_logits, model, params)
 
   def emit(i, logits_BxV, done_B, tokens_BxN):
     """Token i of every row drawn from its logits (stop_id for rows already stopped), streamed if asked."""

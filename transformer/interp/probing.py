@@ -169,6 +169,24 @@ def interchange(model, params, base_BxT, base_act, source_act, subspace_Dxr, *, 
   return patched_logits(model, params, {(point, layer): Patch.replace(value, where=where)}, base_BxT)
 
 
+def _adam_fitted(loss, w, steps: int, learning_rate: float) -> tuple[jax.Array, list[float]]:
+  """`w` after `steps` Adam steps on `loss(w)` (one compiled step), and the loss before each."""
+  tx = optax.adam(learning_rate)
+  state = tx.init(w)
+
+  @jax.jit
+  def step(w, state):
+    value, grads = jax.value_and_grad(loss)(w)
+    updates, state = tx.update(grads, state, w)
+    return optax.apply_updates(w, updates), state, value
+
+  losses = []
+  for _ in range(steps):
+    w, state, value = step(w, state)
+    losses.append(float(value))
+  return w, losses
+
+
 def distributed_alignment_search(
   model,
   params,
@@ -213,21 +231,8 @@ def distributed_alignment_search(
     right_BxT = jnp.argmax(logits_with(subspace_Dxr), -1) == targets_BxT
     return float(jnp.sum(right_BxT * mask_BxT) / jnp.maximum(mask_BxT.sum(), 1))
 
-  tx = optax.adam(learning_rate)
   key_train, key_random = jax.random.split(jax.random.key(seed))
-  w_Dxr = jax.random.normal(key_train, (D, rank))
-  state = tx.init(w_Dxr)
-
-  @jax.jit
-  def step(w, state):
-    value, grads = jax.value_and_grad(loss)(w)
-    updates, state = tx.update(grads, state, w)
-    return optax.apply_updates(w, updates), state, value
-
-  losses = []
-  for _ in range(steps):
-    w_Dxr, state, value = step(w_Dxr, state)
-    losses.append(float(value))
+  w_Dxr, losses = _adam_fitted(loss, jax.random.normal(key_train, (D, rank)), steps, learning_rate)
   found_Dxr = _orthonormal(w_Dxr)
   random_Dxr = _orthonormal(jax.random.normal(key_random, (D, rank)))
   full = accuracy(jnp.eye(D))

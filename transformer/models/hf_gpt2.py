@@ -92,14 +92,9 @@ def _read_config_json(directory: Path) -> dict:
   return json.loads(path.read_text()) if path.exists() else {}
 
 
-def import_hf_gpt2(path: str | Path, **overrides) -> tuple[GPTConfig, dict]:
-  """Loads a Hugging Face GPT-2 `model.safetensors` (gpt2 ... gpt2-xl, or any GPT-2 shape).
-
-  The config is inferred from the tensor shapes (and `config.json` beside it, for the number of
-  heads and the LayerNorm epsilon); `overrides` change fields that do not alter shapes (dtype,
-  attention, scan_layers, ...), or shorten `max_len`. Returns (config, params).
-  """
-  path = Path(path)
+def _read_tensors(path: Path) -> tuple[Path, dict]:
+  """(the safetensors file at `path`, its GPT-2 tensors under their names without `transformer.`); one error
+  for a missing or unreadable file or one that is not a GPT-2's."""
   file = path / "model.safetensors" if path.is_dir() else path
   if not file.is_file():
     raise CheckpointError(f"no GPT-2 safetensors at {path} (looked for {file})")
@@ -111,27 +106,14 @@ def import_hf_gpt2(path: str | Path, **overrides) -> tuple[GPTConfig, dict]:
     ) from None
   tensors = {k.removeprefix("transformer."): v for k, v in tensors.items()}
   tensors = {k: v for k, v in tensors.items() if not _IGNORED.match(k)}
-  hf = _read_config_json(file.parent)
-
   for key in ("wte.weight", "wpe.weight", "h.0.mlp.c_fc.weight"):
     if key not in tensors:
       raise CheckpointError(f"{file} has no tensor {key!r}: not a GPT-2 checkpoint")
-  tied = "lm_head.weight" not in tensors or np.array_equal(tensors["lm_head.weight"], tensors["wte.weight"])
-  if tied:
-    tensors.pop("lm_head.weight", None)
-  cfg = _gpt2_config({k: v.shape for k, v in tensors.items()}, hf, str(file))
-  table_length = cfg.max_len
-  scan = overrides.pop("scan_layers", False)
-  cfg = cfg.replace(**overrides)
-  if cfg.max_len > table_length:
-    raise CheckpointError(
-      f"max_len={cfg.max_len} is longer than the position table of "
-      f"{file} ({table_length} rows); use max_len <= {table_length}"
-    )
-  if cfg.max_len < table_length:  # keep the first rows: positions beyond are never used
-    tensors["wpe.weight"] = tensors["wpe.weight"][: cfg.max_len]
-  cfg.check()
+  return file, tensors
 
+
+def _params_of(cfg: GPTConfig, tensors: dict, file: Path) -> dict:
+  """Our params from the checkpoint's tensors: every key of the layout there in its shape, and no other."""
   params: dict = {}
   expected = set()
   shapes = nn.unbox(param_shapes(cfg))
@@ -151,6 +133,35 @@ def import_hf_gpt2(path: str | Path, **overrides) -> tuple[GPTConfig, dict]:
   unexpected = sorted(set(tensors) - expected)
   if unexpected:
     raise CheckpointError(f"{file} has tensors a GPT-2 does not: {', '.join(unexpected[:5])}")
+  return params
+
+
+def import_hf_gpt2(path: str | Path, **overrides) -> tuple[GPTConfig, dict]:
+  """Loads a Hugging Face GPT-2 `model.safetensors` (gpt2 ... gpt2-xl, or any GPT-2 shape).
+
+  The config is inferred from the tensor shapes (and `config.json` beside it, for the number of
+  heads and the LayerNorm epsilon); `overrides` change fields that do not alter shapes (dtype,
+  attention, scan_layers, ...), or shorten `max_len`. Returns (config, params).
+  """
+  file, tensors = _read_tensors(Path(path))
+  hf = _read_config_json(file.parent)
+  tied = "lm_head.weight" not in tensors or np.array_equal(tensors["lm_head.weight"], tensors["wte.weight"])
+  if tied:
+    tensors.pop("lm_head.weight", None)
+  cfg = _gpt2_config({k: v.shape for k, v in tensors.items()}, hf, str(file))
+  table_length = cfg.max_len
+  scan = overrides.pop("scan_layers", False)
+  cfg = cfg.replace(**overrides)
+  if cfg.max_len > table_length:
+    raise CheckpointError(
+      f"max_len={cfg.max_len} is longer than the position table of "
+      f"{file} ({table_length} rows); use max_len <= {table_length}"
+    )
+  if cfg.max_len < table_length:  # keep the first rows: positions beyond are never used
+    tensors["wpe.weight"] = tensors["wpe.weight"][: cfg.max_len]
+  cfg.check()
+
+  params = _params_of(cfg, tensors, file)
   if scan:
     cfg = cfg.replace(scan_layers=True)
     params["h"] = layers.stack_layers(params["h"], cfg.num_layers)

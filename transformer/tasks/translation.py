@@ -76,27 +76,14 @@ class TranslationConfig:
     """Tokens a source may take: the sentence (< max_len), then <|endoftext|> and its fuzzy match."""
     return self.max_len + self.fuzzy_match_tokens
 
-  def check(self, run: RunConfig, data_parallel: int | None) -> None:
-    check_positive(self, ("batch_tokens",))
-    if self.batching not in pipeline.BATCHING:
-      raise ConfigError(
-        f"--config.data.batching={self.batching!r} is unknown; choose one of {', '.join(pipeline.BATCHING)}"
-      )
+  def _check_eval(self, run: RunConfig) -> None:
+    """config.eval: how dev and test translations are decoded and which checkpoints are averaged."""
     check_positive(self.eval, ("decode_batch_size", "beam_size", "average_last"), prefix="eval.")
     if self.eval.length_penalty not in beam_search.PENALTIES:
       raise ConfigError(
         f"--config.eval.length_penalty={self.eval.length_penalty!r} is unknown; choose one of "
         f"{', '.join(beam_search.PENALTIES)}"
       )
-    # A run restored or resumed elsewhere starts from its checkpoints, not from init_from: the
-    # directory is read only where it is (a new run that lacks it fails in init_params, naming it).
-    if self.init_from and hf_marian.is_marian(self.init_from):
-      other = hf_marian.differences(run.model, hf_marian.read_config(self.init_from))
-      if other:
-        raise ConfigError(
-          f"--config.init_from={self.init_from} is another model than --config.model: {'; '.join(other)}; "
-          f"start from its preset, --config=experiments/translation.py:marian={self.init_from}"
-        )
     if self.eval.no_repeat_ngram < 0:
       raise ConfigError(f"--config.eval.no_repeat_ngram must be >= 0 (0: off), got {self.eval.no_repeat_ngram}")
     if self.eval.test_sentences < 0:
@@ -108,6 +95,23 @@ class TranslationConfig:
         f"--config.eval.average_last={self.eval.average_last} averages more checkpoints than "
         f"--config.keep_checkpoints={run.loop.keep_checkpoints} keeps; raise keep_checkpoints"
       )
+
+  def check(self, run: RunConfig, data_parallel: int | None) -> None:
+    check_positive(self, ("batch_tokens",))
+    if self.batching not in pipeline.BATCHING:
+      raise ConfigError(
+        f"--config.data.batching={self.batching!r} is unknown; choose one of {', '.join(pipeline.BATCHING)}"
+      )
+    self._check_eval(run)
+    # A run restored or resumed elsewhere starts from its checkpoints, not from init_from: the
+    # directory is read only where it is (a new run that lacks it fails in init_params, naming it).
+    if self.init_from and hf_marian.is_marian(self.init_from):
+      other = hf_marian.differences(run.model, hf_marian.read_config(self.init_from))
+      if other:
+        raise ConfigError(
+          f"--config.init_from={self.init_from} is another model than --config.model: {'; '.join(other)}; "
+          f"start from its preset, --config=experiments/translation.py:marian={self.init_from}"
+        )
     if self.fuzzy_match_tokens < 0:
       raise ConfigError(f"--config.data.fuzzy_match_tokens must be >= 0 (0: off), got {self.fuzzy_match_tokens}")
     if self.fuzzy_match_tokens and self.batching != "packed":
