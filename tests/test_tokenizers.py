@@ -1,3 +1,4 @@
+import json
 import os
 import shutil
 import subprocess
@@ -8,8 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from transformer import tokenizers
 from transformer.errors import TokenizerError
 from transformer.tokenizers import EOT, get_tokenizer, load_tokenizer
+
+from conftest import REPO
 
 SEED_004 = (
   "OpenAI's large language models (sometimes referred to as GPT's) process text using tokens, "
@@ -195,3 +199,17 @@ def test_tiktoken_itself_works_offline(tmp_path):
   seeded.write_bytes(b"garbage")
   out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
   assert out.returncode == 0, out.stderr
+
+
+def test_every_saved_kind_loads_back_what_was_saved(gpt2, bpe, char, tmp_path):
+  """One registry of kinds (tokenizers.SAVED_KINDS): each kind a tokenizer saves is read back by it, as the same
+  tokenizer (`identical`: the same saved config), and the registry holds no kind that nothing saves."""
+  words = get_tokenizer("word", corpus=["The jury said it.", "It said the jury."], vocab_size=8)
+  marian = tokenizers.MarianTokenizer.from_directory(REPO / "tests" / "fixtures" / "marian_tiny")
+  saved = {}
+  for i, tok in enumerate((gpt2, bpe, char, words, marian)):
+    directory = tok.save(tmp_path / str(i))
+    saved[json.loads((directory / tokenizers.CONFIG_FILE).read_text())["kind"]] = tok
+    assert tokenizers.identical(load_tokenizer(directory), tok)
+    assert load_tokenizer(directory).encode("It said.") == tok.encode("It said.")
+  assert sorted(saved) == sorted(tokenizers.SAVED_KINDS)
