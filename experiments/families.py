@@ -1,4 +1,4 @@
-"""The open families' published shapes (transformer.models.hf_families.SHAPES: Llama 3 8B, Llama 3.2 1B,
+"""The open families' published shapes (experiments/shapes.py: Llama 3 8B, Llama 3.2 1B,
 SmolLM2 135M, Mistral 7B, Qwen3 0.6B, Gemma 2 2B, Pythia 70M, OLMo 2 1B) as language-model runs: to plan
 their memory and FLOPs on a mesh before renting one, or to train one from scratch. (To start from a
 checkpoint's weights instead: experiments/hf.py:DIR.)
@@ -15,13 +15,12 @@ is tokenized with GPT-2's tokenizer unless --config.data.tokenizer names another
 tokenizer.json directory); the vocabulary stays the family's.
 """
 
-from experiments import base
+from experiments import base, shapes
 from transformer import config as run_config
-from transformer.models import hf_families
 
 
 def get_config(name: str = "smollm2-135m"):
-  model = hf_families.shape(name, dtype="bfloat16", param_dtype="float32", scan_layers=True)
+  model = shapes.shape(name, dtype="bfloat16", param_dtype="float32", scan_layers=True)
   c = base.lm_config()
   c.model = run_config.model_dict(model)
   c.data.tokenizer = "gpt2"

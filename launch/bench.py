@@ -163,7 +163,9 @@ _CHECK_TESTS_S = flags.DEFINE_integer(
   "check_tests_s", 240, "--what=accelerator: the chip's pytest run is stopped (and reported) after this long."
 )
 _CHECK_JSON = flags.DEFINE_string("check_json", "accelerator_check.json", "--what=accelerator: the table as JSON.")
-_HF_SHAPE = flags.DEFINE_string("hf_shape", "smollm2-135m", "--what=hf, load: a published shape (hf_families.SHAPES).")
+_HF_SHAPE = flags.DEFINE_string(
+  "hf_shape", "smollm2-135m", "--what=hf, load: a published shape (experiments/shapes.py)."
+)
 _LOAD_DIR = flags.DEFINE_string(
   "load_dir", None, "--what=load: where the checkpoint is written (kept); default a temp dir."
 )

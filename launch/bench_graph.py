@@ -25,7 +25,7 @@ from transformer import benchmark, metrics
 from transformer.interp import graph, replacement
 from transformer.interp.interventions import run_with_cache
 from transformer.models import gpt, sae_formats
-from transformer.models.hf_gpt2 import export_hf_gpt2
+from transformer.models.formats.gpt2 import export_hf_gpt2
 from transformer.models.sae import SAE, SAEConfig
 
 CT_REQUIREMENTS = ("torch==2.13.0", "circuit-tracer==0.5.0")

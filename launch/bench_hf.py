@@ -2,7 +2,7 @@
 
 The model is a published shape (--hf_shape, default SmolLM2-135M's: a Llama of 30 layers, d_model 576,
 9 heads and 3 kv heads, MLP 1,536, vocabulary 49,152, tied) with random weights, made here and exported
-(hf_families.export_hf) into a temporary directory that both load: the peer (launch/torch_peer.py's
+(formats.export_hf) into a temporary directory that both load: the peer (launch/torch_peer.py's
 `family`) with AutoModelForCausalLM in float32, eager. Reported per batch size: the prefill (one forward
 over --prompt_len tokens a row) in tokens a second, and greedy generation of --new_tokens with each one's
 KV cache in new tokens a second; and whether the first row's greedy tokens are the same in both.
@@ -15,22 +15,23 @@ import tempfile
 import jax
 import numpy as np
 
+from experiments import shapes
 from launch import bench_models, peer_env
 from transformer import benchmark
 from transformer.generation import sampling
-from transformer.models import hf_families
+from transformer.models import formats
 from transformer.models.gpt import GPT, count_params
 
 
 def hf_table(o) -> str:
   """The table, for launch.bench's options `o` (hf_shape, batch_sizes, prompt_len, new_tokens, peer_python)."""
-  cfg = hf_families.shape(o.hf_shape, kernels=o.kernels)
+  cfg = shapes.shape(o.hf_shape, kernels=o.kernels)
   params = bench_models.params_of(cfg)
   batch_sizes = [int(b) for b in o.batch_sizes]
   prompts = np.random.default_rng(0).integers(0, cfg.vocab_size, (max(batch_sizes), o.prompt_len)).tolist()
   with tempfile.TemporaryDirectory() as directory:
-    model_type = hf_families.SHAPES[o.hf_shape]["model_type"]
-    hf_families.export_hf(cfg, params, directory, model_type)
+    model_type = shapes.SHAPES[o.hf_shape]["model_type"]
+    formats.export_hf(cfg, params, directory, model_type)
     spec = {
       "peers": ["family"],
       "family": {"directory": directory, "batch_sizes": batch_sizes, "prompts": prompts, "new_tokens": o.new_tokens},

@@ -1,7 +1,7 @@
 """`launch.bench --what=load`: the host memory that opening a big checkpoint takes.
 
 A random checkpoint of a published shape (--hf_shape; Llama 3.2 1B's for the table in
-launch/BENCHMARKS.md) is written once in bfloat16 (hf_families.export_hf, as the Hub stores it) into
+launch/BENCHMARKS.md) is written once in bfloat16 (formats.export_hf, as the Hub stores it) into
 --load_dir, then opened in a fresh process by `inference.load(hf=DIR)`: every param read in its stored
 dtype, one safetensors file at a time, and put on its shards. Reported: the file's size, the process's
 peak resident memory above what it held before the load (its own jax and numpy), the ratio of the two,
@@ -24,8 +24,9 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+from experiments import shapes
 from transformer import benchmark
-from transformer.models import hf_families
+from transformer.models import formats
 from transformer.models.gpt import GPT
 
 
@@ -34,9 +35,9 @@ def write_checkpoint(shape: str, directory: Path) -> Path:
   stamp = directory / "bench_shape.txt"
   if stamp.exists() and stamp.read_text() == shape:
     return directory
-  cfg = hf_families.shape(shape, dtype="bfloat16", param_dtype="bfloat16")
+  cfg = shapes.shape(shape, dtype="bfloat16", param_dtype="bfloat16")
   init = jax.jit(lambda: GPT(cfg).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
-  hf_families.export_hf(cfg, init(), directory, hf_families.SHAPES[shape]["model_type"])
+  formats.export_hf(cfg, init(), directory, shapes.SHAPES[shape]["model_type"])
   stamp.write_text(shape)
   return directory
 

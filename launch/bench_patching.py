@@ -3,7 +3,7 @@ random-weight GPT (default cpu-small; the results page uses --preset=gpt2) and o
 of --seq_len tokens: the full layer x position sweep of `resid_pre` and the layer x head sweep of
 each head's output (`z`, every position). Ours is timed on its first call, compilation included; the
 peer (launch/lens_peer.py, TransformerLens on Hugging Face's GPT-2 with the same weights, exported
-by transformer.models.hf_gpt2) in a Python 3.11 venv with torch's CPU wheel and transformer-lens,
+by transformer.models.formats.gpt2) in a Python 3.11 venv with torch's CPU wheel and transformer-lens,
 made once under the asset cache ($TRANSFORMER_CACHE/lens-peer-venv) or given by --peer_python.
 """
 
@@ -20,7 +20,7 @@ from launch import bench_models, peer_env
 from transformer import benchmark
 from transformer.interp import patching
 from transformer.models import gpt
-from transformer.models.hf_gpt2 import export_hf_gpt2
+from transformer.models.formats.gpt2 import export_hf_gpt2
 
 ANSWER, WRONG = 11, 13  # the metric: logit of ANSWER minus logit of WRONG at the last position
 

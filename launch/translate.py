@@ -28,7 +28,7 @@ import launch
 from transformer import cli, inference, metrics
 from transformer.errors import UserError
 from transformer.generation.beam_search import PENALTIES
-from transformer.models.hf_marian import export_hf_marian
+from transformer.models.formats.marian import export_hf_marian
 
 _MODEL = launch.ModelFlags(
   "A translation training workdir (launch.train's --workdir).",

@@ -11,8 +11,8 @@ from test_interventions import CFG, TOKENS, _corrupted, _params, _planted
 from transformer import layers
 from transformer.interp import interventions, patching, probing
 from transformer.interp.interventions import Patch
+from transformer.models.formats.gpt2 import import_hf_gpt2
 from transformer.models.gpt import GPT
-from transformer.models.hf_gpt2 import import_hf_gpt2
 
 from conftest import REPO
 

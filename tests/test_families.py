@@ -17,12 +17,13 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from experiments import shapes
 from transformer import inference, layers, tokenizers
 from transformer.errors import CheckpointError, ConfigError, TokenizerError
 from transformer.generation import sampling
 from transformer.interp import interventions, patching
 from transformer.interp.interventions import Patch
-from transformer.models import hf_families
+from transformer.models import formats
 from transformer.models.gpt import GPT, GPTConfig, count_params
 
 from conftest import REPO, compiled_apply, run_module
@@ -33,7 +34,7 @@ FAMILIES = ["llama", "smollm", "mistral", "qwen2", "qwen3", "gpt_neox", "olmo2",
 
 @functools.lru_cache  # imported once per fixture in a test process (tests copy what they change)
 def _imported(name: str) -> tuple[GPTConfig, dict]:
-  return hf_families.import_hf(FIXTURES / name)
+  return formats.import_hf(FIXTURES / name)
 
 
 def _reference(name: str):
@@ -126,7 +127,7 @@ def export(name: str, out_dir: Path) -> Path:
   """Our export of fixture `name` (as its own model type) into `out_dir`."""
   cfg, params = _imported(name)
   model_type = json.loads((FIXTURES / name / "config.json").read_text())["model_type"]
-  return hf_families.export_hf(cfg, params, out_dir, model_type)
+  return formats.export_hf(cfg, params, out_dir, model_type)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -140,15 +141,15 @@ def test_an_export_is_the_checkpoint_transformers_wrote_and_loads_with_the_same_
   checked = json.loads((FIXTURES / name / "export_check.json").read_text())
   assert hashlib.sha256((tmp_path / "config.json").read_bytes()).hexdigest() == checked["config_sha256"]
   assert checked["max_abs_diff"] <= 1e-4
-  assert hf_families.import_hf(tmp_path)[0] == _imported(name)[0]
+  assert formats.import_hf(tmp_path)[0] == _imported(name)[0]
 
 
 def test_export_refuses_what_a_format_cannot_hold(tmp_path):
   cfg, params = _imported("llama")
   with pytest.raises(ConfigError, match=r"llama format cannot hold this model: block.parallel=True \(llama's: False\)"):
-    hf_families.export_hf(cfg.replace(parallel=True), params, tmp_path, "llama")
+    formats.export_hf(cfg.replace(parallel=True), params, tmp_path, "llama")
   with pytest.raises(ConfigError, match="no weight format for model_type 'gpt3'; supported: llama, mistral"):
-    hf_families.export_hf(cfg, params, tmp_path, "gpt3")
+    formats.export_hf(cfg, params, tmp_path, "gpt3")
   assert not list(tmp_path.iterdir())  # nothing written
 
 
@@ -195,7 +196,7 @@ def _shard(directory: Path) -> None:
 def test_a_sharded_checkpoint_reads_as_one_file(tmp_path):
   directory = _copy(tmp_path)
   _shard(directory)
-  cfg, params = hf_families.import_hf(directory)
+  cfg, params = formats.import_hf(directory)
   jax.tree.map(np.testing.assert_array_equal, params, _imported("llama")[1])
 
 
@@ -241,13 +242,17 @@ def _missing_shard(directory: Path) -> None:
     ),
     (lambda d: _edit_config(d, hidden_act="relu"), "hidden_act 'relu' of a llama is not one we run; supported: silu"),
     (lambda d: _edit_config(d, mlp_bias=True), "a llama with mlp_bias=true is not one we run"),
+    (
+      lambda d: _edit_config(d, attention_sink_size=4),
+      "a llama's config.json with attention_sink_size=4: this key is not one we read, and may change the model",
+    ),
   ],
 )
 def test_a_bad_directory_is_one_error_naming_it(tmp_path, damage, message):
   directory = _copy(tmp_path)
   damage(directory)
   with pytest.raises(CheckpointError, match=message):
-    hf_families.import_hf(directory)
+    formats.import_hf(directory)
 
 
 if __name__ == "__main__":  # our export of every fixture, which make_family_fixtures.py --check-exports loads
@@ -426,14 +431,14 @@ def test_a_bfloat16_checkpoint_loads_in_bfloat16_and_computes_as_its_float32_ori
   tensors = load_file(directory / "model.safetensors")
   save_file({k: v.astype(ml_dtypes.bfloat16) for k, v in tensors.items()}, directory / "model.safetensors")
   _edit_config(directory, dtype="bfloat16")
-  cfg, params = hf_families.import_hf(directory)
+  cfg, params = formats.import_hf(directory)
   assert cfg.block.param_dtype == cfg.block.dtype == "bfloat16"
   assert {x.dtype for x in jax.tree.leaves(params)} == {np.dtype(ml_dtypes.bfloat16)}  # no float32 copy
   reference = _reference("llama")
   assert _largest_difference(cfg, params, reference) < 0.05  # bfloat16's rounding, not another model
   _edit_config(directory, dtype="float8_e4m3")
   with pytest.raises(CheckpointError, match="dtype 'float8_e4m3' is not one we load; supported: float32, bfloat16"):
-    hf_families.import_hf(directory)
+    formats.import_hf(directory)
 
 
 # transformers' num_parameters() of each published shape (built on torch's meta device from the same
@@ -451,7 +456,7 @@ PUBLISHED = {
 
 
 def test_the_published_shapes_have_their_checkpoints_parameter_counts():
-  counts = {name: count_params(hf_families.shape(name, scan_layers=True)) for name in hf_families.SHAPES}
+  counts = {name: count_params(shapes.shape(name, scan_layers=True)) for name in shapes.SHAPES}
   assert counts == PUBLISHED  # (scanned: one block traced, its params stacked)
 
 
@@ -460,7 +465,7 @@ def test_the_published_shapes_have_their_checkpoints_parameter_counts():
 def test_scanned_rematerialised_and_last_only_forms_compute_the_same_logits(name):
   cfg, params = _imported(name)
   reference = _reference(name)
-  scanned_cfg, scanned = hf_families.import_hf(FIXTURES / name, scan_layers=True)
+  scanned_cfg, scanned = formats.import_hf(FIXTURES / name, scan_layers=True)
   assert _largest_difference(scanned_cfg, scanned, reference) <= 1e-4  # local and global layers in one scan
   assert _largest_difference(cfg.replace(remat_policy="full"), params, reference) <= 1e-4
   row = reference["input_ids"][:1]

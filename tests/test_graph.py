@@ -19,10 +19,10 @@ from transformer import dictionaries, inference
 from transformer.errors import CheckpointError, ConfigError, UserError
 from transformer.interp import graph as G
 from transformer.interp import graph_view, replacement
-from transformer.models import hf_families, sae_formats
+from transformer.models import formats, sae_formats
 from transformer.models.clt import CrossLayerTranscoder
+from transformer.models.formats.gpt2 import import_hf_gpt2
 from transformer.models.gpt import GPT, GPTConfig
-from transformer.models.hf_gpt2 import import_hf_gpt2
 from transformer.models.sae import SAE, SAEConfig
 from transformer.train import train_and_evaluate
 
@@ -85,7 +85,7 @@ def tiny_clt(tiny):
 @pytest.fixture(scope="module")
 def llama_tiny():
   """The Llama-family fixture of SmolLM's shape (grouped-query attention, rotary, RMSNorm, SwiGLU), tiny."""
-  cfg, params = hf_families.import_lm(REPO / "tests" / "fixtures" / "families" / "smollm")
+  cfg, params = formats.import_lm(REPO / "tests" / "fixtures" / "families" / "smollm")
   return GPT(cfg), params
 
 

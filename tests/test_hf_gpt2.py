@@ -13,8 +13,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from transformer.errors import CheckpointError, ConfigError
+from transformer.models.formats.gpt2 import export_hf_gpt2, import_hf_gpt2
 from transformer.models.gpt import GPT, GPTConfig
-from transformer.models.hf_gpt2 import export_hf_gpt2, import_hf_gpt2
 
 from conftest import REPO
 
@@ -147,6 +147,23 @@ def test_errors_name_the_tensor(tmp_path):
   save_file(load_file(FIXTURES / "gpt2_tiny_a" / "model.safetensors"), tmp_path / "d" / "model.safetensors")
   with pytest.raises(CheckpointError, match="cannot tell the number of heads"):
     import_hf_gpt2(tmp_path / "d")  # d_model 64 is no OpenAI size and there is no config.json
+
+
+@pytest.mark.parametrize(
+  "change, message",
+  [
+    ({"n_special": 2}, "a gpt2's config.json with n_special=2: this key is not one we read, and may change the model"),
+    ({"scale_attn_by_inverse_layer_idx": True}, r"scale_attn_by_inverse_layer_idx=True \(we compute False\)"),
+    ({"activation_function": "relu"}, r"activation_function='relu' \(we compute 'gelu_new'\) is not one we run"),
+  ],
+)
+def test_a_config_key_we_do_not_compute_is_one_error_naming_it(tmp_path, change, message):
+  """The allowlist: a GPT-2 config.json key the format does not read, or one read only at its value, at another."""
+  shutil.copytree(FIXTURES / "gpt2_tiny_a", tmp_path / "gpt2")
+  config = json.loads((tmp_path / "gpt2" / "config.json").read_text())
+  (tmp_path / "gpt2" / "config.json").write_text(json.dumps({**config, **change}))
+  with pytest.raises(CheckpointError, match=message):
+    import_hf_gpt2(tmp_path / "gpt2")
 
 
 def test_export_refuses_what_the_gpt2_format_cannot_hold(tmp_path):

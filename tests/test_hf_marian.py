@@ -17,7 +17,7 @@ from safetensors.numpy import load_file, save_file
 from transformer import data, inference, metrics, tasks, tokenizers
 from transformer.errors import CheckpointError, ConfigError, TokenizerError
 from transformer.generation import beam_search
-from transformer.models.hf_marian import export_hf_marian, import_hf_marian
+from transformer.models.formats.marian import export_hf_marian, import_hf_marian
 from transformer.models.seq2seq import Transformer
 from transformer.tasks.translation import Translation
 from transformer.tokenizers import load_tokenizer
@@ -408,3 +408,22 @@ def test_bad_marian_directories_end_the_launch_programs_with_one_error_line(tmp_
       errors = [line for line in case["stderr"].splitlines() if line.startswith("error: ")]
       assert case["status"] == 1 and len(errors) == 1 and expected[name] in errors[0], (program, name, case["stderr"])
   assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+  "change, message",
+  [
+    (
+      {"layernorm_embedding": True},
+      "a marian's config.json with layernorm_embedding=True: this key is not one we read",
+    ),
+    ({"normalize_before": True}, r"a marian with normalize_before=True \(we compute False\) is not one we run"),
+  ],
+)
+def test_a_config_key_we_do_not_compute_is_one_error_naming_it(tmp_path, change, message):
+  """The allowlist: a Marian config.json key the format does not read, or a BART-era one at another value."""
+  shutil.copytree(FIXTURE, tmp_path / "marian")
+  config = json.loads((tmp_path / "marian" / "config.json").read_text())
+  (tmp_path / "marian" / "config.json").write_text(json.dumps({**config, **change}))
+  with pytest.raises(CheckpointError, match=message):
+    import_hf_marian(tmp_path / "marian")

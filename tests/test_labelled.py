@@ -18,8 +18,8 @@ from transformer.data.sources import split_of
 from transformer.errors import ConfigError, DataError, TokenizerError, UserError
 from transformer.models import classifier
 from transformer.models.encoder import EncoderConfig
+from transformer.models.formats.gpt2 import export_hf_gpt2
 from transformer.models.gpt import GPT, GPTConfig
-from transformer.models.hf_gpt2 import export_hf_gpt2
 from transformer.models.lstm import LSTMConfig, LSTMLanguageModel
 from transformer.tasks import labelled, tagging
 

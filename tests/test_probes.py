@@ -159,7 +159,7 @@ def test_launch_probe_draws_pictures_and_compares_a_word(trained, tmp_path):
 
 @pytest.mark.slow
 def test_launch_probe_reads_hugging_face_gpt2_weights(tmp_path):
-  from transformer.models.hf_gpt2 import export_hf_gpt2
+  from transformer.models.formats.gpt2 import export_hf_gpt2
 
   cfg = GPTConfig().replace(max_len=32, num_layers=2, num_heads=2, d_model=16)  # GPT-2's vocabulary
   export_hf_gpt2(cfg, GPT(cfg).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"], tmp_path / "hf")

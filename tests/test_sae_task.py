@@ -19,8 +19,8 @@ from transformer import dictionaries, inference, metrics, tasks
 from transformer.errors import ConfigError, InputWarning, UserError
 from transformer.interp import features, interventions
 from transformer.interp.interventions import Patch
+from transformer.models.formats.gpt2 import export_hf_gpt2
 from transformer.models.gpt import GPT, GPTConfig
-from transformer.models.hf_gpt2 import export_hf_gpt2
 from transformer.models.sae import SAE, SAEConfig
 from transformer.tasks.sae import SAETaskConfig, spliced_losses
 from transformer.train import train_and_evaluate

@@ -12,8 +12,8 @@ from experiments import shakespeare
 from transformer import evaluation, inference, tokenizers, train
 from transformer.errors import DataError
 from transformer.generation import sampling as sampler
+from transformer.models.formats.gpt2 import export_hf_gpt2, import_hf_gpt2
 from transformer.models.gpt import GPT, GPTConfig
-from transformer.models.hf_gpt2 import export_hf_gpt2, import_hf_gpt2
 
 from conftest import run_cases, run_module
 

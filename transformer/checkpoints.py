@@ -8,7 +8,7 @@ that cannot be read (its files torn by a crash or a full disk) is not a checkpoi
 moves it aside to `unreadable_checkpoints/` with a warning and falls back to the newest intact one.
 A save that Orbax did not finish (the process killed while writing) stays a temporary directory,
 which Orbax ignores and removes. (Hugging Face GPT-2 weights are converted by
-`transformer.models.hf_gpt2`; a trained model for inference is restored by `transformer.inference`.)
+`transformer.models.formats.gpt2`; a trained model for inference is restored by `transformer.inference`.)
 """
 
 from __future__ import annotations

@@ -31,9 +31,9 @@ from transformer import workdir as workdir_files
 from transformer.config import MeshConfig, RunConfig, defaults_for, model_dict
 from transformer.errors import CheckpointError, ConfigError, DataError, InputWarning, UserError, WorkdirError
 from transformer.generation import beam_search
-from transformer.models import hf_families, hf_files, seq2seq
-from transformer.models.hf_gpt2 import import_hf_gpt2
-from transformer.models.hf_marian import import_hf_marian, is_marian
+from transformer.models import formats, hf_files, seq2seq
+from transformer.models.formats.gpt2 import import_hf_gpt2
+from transformer.models.formats.marian import import_hf_marian, is_marian
 from transformer.tasks import labelled
 from transformer.tasks.lm import LanguageModel
 from transformer.tasks.translation import marian_defaults
@@ -120,7 +120,7 @@ def load(
 ) -> Trained:
   """A trained model, whatever made it: a training run's `workdir` (at `step`: None is
   `default_step`'s choice; `average` > 1 averages that many checkpoints) or a Hugging Face directory
-  `hf` (Marian's files, an open family's (Llama, Qwen, Gemma, ...: hf_families.FORMATS) with its own
+  `hf` (Marian's files, an open family's (Llama, Qwen, Gemma, ...: formats.FAMILIES) with its own
   tokenizer.json, or GPT-2's read with the tokenizer named `tokenizer`). `task` (a config.task
   name), when given, is what the caller can use: another one is a `WrongTaskError`. What every
   launch program and the notebook load a model with."""
@@ -137,7 +137,7 @@ def load(
   marian = task == "translation" or (task is None and is_marian(hf))
   if marian:
     trained = import_marian(hf)
-  elif hf_families.is_family(hf):
+  elif formats.is_family(hf):
     trained = import_family(hf)
   else:
     _check_gpt2(hf)
@@ -219,17 +219,17 @@ def _check_gpt2(hf: str | Path) -> None:
   model_type = hf_files.read_config(hf).get("model_type") if path.is_file() else None
   if model_type not in (None, "gpt2"):
     raise CheckpointError(
-      f"{path}: model_type {model_type!r} is not one we open; supported: gpt2, marian, {hf_families.supported()}"
+      f"{path}: model_type {model_type!r} is not one we open; supported: gpt2, marian, {', '.join(formats.FAMILIES)}"
     )
 
 
 def import_family(directory: str | Path) -> Trained:
   """An open family's Hugging Face directory (config.json, safetensors, and tokenizer.json with
-  tokenizer_config.json: a download from the Hub or an export; hf_families) as a trained language model on
+  tokenizer_config.json: from the Hub or an export: transformer.models.formats) as a trained language model on
   this machine's devices, each param read in its stored dtype straight onto its shards. Without tokenizer
   files the model alone opens (as transformers' model classes load): what needs text says so."""
   directory = Path(directory)
-  config = hf_families.read_model_config(directory)
+  config = formats.read_model_config(directory)
   model_type = hf_files.read_config(directory)["model_type"]
   has_tokenizer = tokenizers.is_hf_tokenizer(directory)
   if has_tokenizer:
@@ -248,7 +248,7 @@ def import_family(directory: str | Path) -> Trained:
     config_dict.data.tokenizer = str(directory)
   config_dict.seq_len = min(config.max_len, 2048)  # what a window of launch.evaluate reads by default
   run, task, mesh, abstract = _on_this_machine(tasks.resolve(config_dict), tokenizer)
-  _, params = hf_families.import_hf(directory, shardings=jax.tree.map(lambda a: a.sharding, abstract))
+  _, params = formats.import_hf(directory, shardings=jax.tree.map(lambda a: a.sharding, abstract))
   return Trained(task, params, tokenizer, mesh, 0, run, source=f"{directory} ({model_type})")
 
 

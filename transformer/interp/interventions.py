@@ -23,7 +23,7 @@ and a GPT's `embed` (`hook_embed`), `pos_embed` (`hook_pos_embed`), `ln_f.scale`
 and `logits`. A decoder block's cross-attention adds `cross_attn.q`, ..., `cross_attn_out`,
 `resid_mid_cross`. A run that asks for nothing compiles to the same program as a model without them.
 
-The open families (transformer.models.hf_families) name their points as TransformerLens's bridge does
+The open families (transformer.models.formats) name their points as TransformerLens's bridge does
 (tests/test_families.py checks them against it): with grouped-query attention the keys and values, their
 inputs and `rot_k` have the G kv heads, not H; a block with norms after its branches (Gemma 2 and 3, OLMo 2)
 has `attn_out` and `mlp_out` after them (what enters the stream); a parallel block (GPT-NeoX, Pythia) has

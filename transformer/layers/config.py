@@ -101,7 +101,7 @@ class BlockConfig:
   # "xavier": Glorot uniform (the 2017 paper's tensor2tensor, flax's wmt example), whose larger
   # scale at small widths lets attention learn from the first steps.
   kernel_init: str = "gpt2"
-  # The open families' attention and block shapes (transformer.models.hf_families sets them from a
+  # The open families' attention and block shapes (transformer.models.formats sets them from a
   # checkpoint's config.json; each defaults to GPT-2's, which changes nothing in its program).
   num_kv_heads: int = 0  # 0: num_heads. Fewer: grouped-query attention (1: multi-query); the cache holds these
   d_head: int = 0  # 0: d_model / num_heads. Gemma's heads are wider (256 at d_model 3072)

@@ -8,8 +8,8 @@
   classifier heads on a body (gpt, encoder, lstm): a label per text or per token
   sae        sparse autoencoders on a point's activations (TopK, BatchTopK, JumpReLU, ReLU + L1) and transcoders;
              clt: cross-layer transcoders (an SAEConfig with `layers`)
-  hf_gpt2    Hugging Face GPT-2 safetensors <-> GPT params
-  hf_marian  Hugging Face Marian (OPUS-MT) files <-> seq2seq params and config
+  formats    Hugging Face checkpoints <-> our params and configs: one Format a model type (GPT-2, Marian, the
+             open families: Llama ... OLMo 2), chosen by config.json's model_type
   hf_files   what the two weight formats share (writing model.safetensors)
 
 A run's config.model names its family (`config.model.family`, `families()` below) and holds that

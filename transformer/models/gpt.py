@@ -8,13 +8,13 @@ That is GPT-2, the defaults. Each later change of the recipe is one config value
 checkpoint format holds none of them): `positions` ("rope", "sinusoidal", "none"),
 `block.norm="rms_norm"`, `block.activation` ("relu2", "swiglu", "geglu"), `block.qk_norm`, an untied head
 (`tie_embeddings=False`), `logits_softcap`; and those of the open families (Llama, Mistral, Qwen, SmolLM,
-Gemma, Pythia, OLMo: their weights through transformer.models.hf_families), each a field of
+Gemma, Pythia, OLMo: their weights through transformer.models.formats), each a field of
 `layers.BlockConfig` or of this config: grouped-query attention, rotary bases and scalings, sliding windows
 with `global_layers`, soft-capped scores, parallel blocks, norms after the branches, `scale_embeddings`.
 
 Presets `gpt2`, `gpt2-medium`, `gpt2-large`, `gpt2-xl` have the exact shapes of OpenAI's GPT-2
 (124,439,808 / 354,823,168 / 774,030,080 / 1,557,611,200 parameters with the tied head), so real
-weights load into them (`transformer.models.hf_gpt2.import_hf_gpt2`); `cpu-small` and `cpu-tiny`
+weights load into them (`transformer.models.formats.gpt2.import_hf_gpt2`); `cpu-small` and `cpu-tiny`
 train on a laptop CPU.
 
     >>> cfg = preset("gpt2")

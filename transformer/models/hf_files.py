@@ -1,4 +1,4 @@
-"""What the Hugging Face weight formats (hf_gpt2, hf_marian, hf_families) share: reading a directory's
+"""What the Hugging Face weight formats (transformer.models.formats) share: reading a directory's
 config.json and its safetensors (one file, or shards by their index, a tensor at a time), writing
 model.safetensors, and the comparison of our model config with the one a format's files describe (what an
 export refuses, what a fine-tuning run checks), field by field."""

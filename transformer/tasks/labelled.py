@@ -26,7 +26,7 @@ from transformer import workdir as workdir_files
 from transformer.config import RunConfig, check_positive
 from transformer.errors import ConfigError, DataError
 from transformer.models import classifier
-from transformer.models.hf_gpt2 import import_hf_gpt2
+from transformer.models.formats.gpt2 import import_hf_gpt2
 from transformer.tasks.base import Task
 
 

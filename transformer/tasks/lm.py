@@ -20,7 +20,7 @@ from transformer.data import pipeline
 from transformer.errors import ConfigError, TokenizerError, UserError
 from transformer.generation import sampling
 from transformer.interp import interventions
-from transformer.models import hf_families, hf_files
+from transformer.models import formats, hf_files
 from transformer.models.gpt import GPT
 from transformer.models.lstm import LSTMLanguageModel
 from transformer.tasks.base import Task
@@ -52,7 +52,7 @@ class LMConfig:
   # A GPT's heads scored at every evaluation (metrics.jsonl, TensorBoard): previous-token,
   # duplicate-token and induction scores per head, and the in-context score (transformer.interp.interventions).
   head_scores: bool = False
-  # A Hugging Face language model's directory (an open family's, transformer.models.hf_families, or
+  # A Hugging Face language model's directory (an open family's, transformer.models.formats, or
   # GPT-2's) whose weights a new run starts from: fine-tuning. experiments/hf.py:DIR sets config.model
   # and the tokenizer from it (`hf_defaults`); a resumed run starts from its own checkpoints.
   init_from: str = ""
@@ -118,7 +118,7 @@ def _check_pretrained(path: str, run: RunConfig) -> None:
       f"--config.init_from={path} starts a GPT from a Hugging Face model; this model is an {run.model.family}"
     )
   try:
-    theirs = hf_families.read_model_config(path)
+    theirs = formats.read_model_config(path)
   except UserError as e:
     raise ConfigError(f"--config.init_from={path}: {e}") from None
   other = hf_files.differences(
@@ -137,7 +137,7 @@ def hf_defaults(directory: str):
   (tokenizer.json; GPT-2's files have none: gpt2), its weights (init_from), AdamW at a fine-tuning rate.
   The data is yours (config.data.input_files, or a named data set)."""
   c = defaults_for(LanguageModel)
-  model = hf_families.read_model_config(directory)
+  model = formats.read_model_config(directory)
   c.model = model_dict(model)
   c.model.block.param_dtype = "float32"  # the optimizer's master weights, whatever the checkpoint stores
   c.init_from = directory
@@ -201,7 +201,7 @@ class LanguageModel(Task):
     path = self.config.init_from
     if not path:
       return params
-    family = hf_families.is_family(path)
+    family = formats.is_family(path)
     if family and not tokenizers.is_hf_tokenizer(path):
       raise ConfigError(f"--config.init_from={path} has no tokenizer.json: the data must be tokenized as the model was")
     theirs = tokenizers.load_tokenizer(path) if family else tokenizers.get_tokenizer("gpt2")
@@ -210,7 +210,7 @@ class LanguageModel(Task):
         f"--config.init_from={path} reads other tokens ({theirs}) than this run's data ({self.tokenizer}); "
         f"prepare the data with its tokenizer: --config.data.tokenizer={path if family else 'gpt2'}"
       )
-    _, pretrained = hf_families.import_lm(path, scan_layers=self.model_config.scan_layers)
+    _, pretrained = formats.import_lm(path, scan_layers=self.model_config.scan_layers)
     return jax.tree.map(lambda p, ours: jnp.asarray(p, ours.dtype), pretrained, nn.unbox(params))
 
   def build_model(self, model_config):

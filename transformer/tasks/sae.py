@@ -40,7 +40,7 @@ from transformer.interp import interventions, replacement
 from transformer.interp.activations import ModelActivations, locate, middle_layer
 from transformer.interp.interventions import Patch
 from transformer.layers.points import Point
-from transformer.models import hf_families
+from transformer.models import formats
 from transformer.models.clt import CrossLayerTranscoder, clt_loss, init_clt_params
 from transformer.models.gpt import GPT
 from transformer.models.sae import (
@@ -185,7 +185,7 @@ def source_model(config: SAETaskConfig) -> tuple[Any, Any]:
   """(GPT, abstract params) of the model whose activations a run or hf source reads: its shapes only,
   from its config (what the SAE's width needs when its model is restored for inference)."""
   if config.hf:
-    gpt_config, params = hf_families.import_lm(config.hf)
+    gpt_config, params = formats.import_lm(config.hf)
     return GPT(gpt_config), params
   run = resolve_for(LanguageModel, workdir_files.saved_config_dict(Path(config.run)))  # a GPT's: config.check
   vocab = tokenizers.load_tokenizer(Path(config.run) / workdir_files.TOKENIZER).vocab_size

@@ -20,7 +20,8 @@ from transformer.data import column_names, fuzzy, pipeline
 from transformer.data.prepare import LEXICON
 from transformer.errors import ConfigError, DataError
 from transformer.generation import beam_search
-from transformer.models import hf_marian, seq2seq
+from transformer.models import seq2seq
+from transformer.models.formats import marian
 from transformer.tasks import labelled
 from transformer.tasks.base import Task
 
@@ -105,8 +106,8 @@ class TranslationConfig:
     self._check_eval(run)
     # A run restored or resumed elsewhere starts from its checkpoints, not from init_from: the
     # directory is read only where it is (a new run that lacks it fails in init_params, naming it).
-    if self.init_from and hf_marian.is_marian(self.init_from):
-      other = hf_marian.differences(run.model, hf_marian.read_config(self.init_from))
+    if self.init_from and marian.is_marian(self.init_from):
+      other = marian.differences(run.model, marian.read_config(self.init_from))
       if other:
         raise ConfigError(
           f"--config.init_from={self.init_from} is another model than --config.model: {'; '.join(other)}; "
@@ -260,7 +261,7 @@ class Translation(Task):
     path = self.config.init_from
     if not path:
       return params
-    if not hf_marian.is_marian(path):
+    if not marian.is_marian(path):
       raise ConfigError(
         f"--config.init_from={path} is not a Marian model's directory (a config.json of model_type 'marian', "
         f"model.safetensors, source.spm, target.spm, vocab.json)"
@@ -271,7 +272,7 @@ class Translation(Task):
         f"--config.init_from={path} reads other tokens ({theirs}) than this run's data ({self.tokenizer}); "
         f"prepare the data with its tokenizer pair: --config.data.tokenizer={path}"
       )
-    _, pretrained = hf_marian.import_hf_marian(path)
+    _, pretrained = marian.import_hf_marian(path)
     if self.model_config.scan_layers:
       pretrained = {
         **pretrained,
@@ -477,7 +478,7 @@ def marian_defaults(directory: str) -> ml_collections.ConfigDict:
   weights (init_from), and its decoding (transformers' length penalty, alpha 1, 4 beams). The data
   is yours (config.data.input_files, or a named data set); the direction is the model's."""
   c = defaults_for(Translation)
-  c.model = model_dict(hf_marian.read_config(directory))
+  c.model = model_dict(marian.read_config(directory))
   c.init_from = c.data.tokenizer = str(directory)
   c.data.max_len = min(c.model.max_len, 128)  # tokens a sentence may have (OPUS-MT's models read 512)
   c.eval.length_penalty, c.eval.alpha = "hf", 1.0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import flax.linen as nn
@@ -26,6 +27,7 @@ from safetensors.numpy import load_file
 from transformer import layers
 from transformer.errors import CheckpointError, ConfigError
 from transformer.models import hf_files
+from transformer.models.formats.base import Format, Tensor, as_is, linear, reshaped
 from transformer.models.gpt import GPTConfig, param_shapes
 from transformer.models.hf_files import save_safetensors
 
@@ -33,6 +35,55 @@ from transformer.models.hf_files import save_safetensors
 _GPT2_HEADS = {768: 12, 1024: 16, 1280: 20, 1600: 25}
 # Buffers some GPT-2 files carry (the causal mask), not parameters.
 _IGNORED = re.compile(r"^h\.\d+\.attn\.(bias|masked_bias)$")
+
+
+class GPT2Format(Format):
+  """GPT-2 (GPT2LMHeadModel): its config.json keys, and the layout `_hf_layout` gives as `Tensor` entries."""
+
+  model_type = "gpt2"
+  architecture = "GPT2LMHeadModel"
+  handled = frozenset(
+    {"vocab_size", "n_positions", "n_ctx", "n_embd", "n_layer", "n_head", "n_inner", "layer_norm_epsilon"}
+    | {"tie_word_embeddings", "dtype", "torch_dtype", "resid_pdrop", "embd_pdrop", "attn_pdrop", "task_specific_params"}
+    # the sequence-classification head's, which the language model does not have
+    | {"summary_activation", "summary_first_dropout", "summary_proj_to_labels", "summary_type", "summary_use_proj"}
+  )
+  fixed = {
+    "activation_function": "gelu_new",
+    "add_cross_attention": False,
+    "scale_attn_weights": True,
+    "scale_attn_by_inverse_layer_idx": False,
+    "reorder_and_upcast_attn": False,
+  }
+
+  def config_from_hf(self, hf: dict, where: str) -> GPTConfig:
+    """The GPTConfig of a GPT-2 config.json alone (the importer reads its tensors' shapes as well)."""
+    self.check_keys(hf, where)
+    D, L, V = hf["n_embd"], hf["n_layer"], hf["vocab_size"]
+    shapes = {"wte.weight": (V, D), "wpe.weight": (hf["n_positions"], D)}
+    shapes |= {f"h.{i}.mlp.c_fc.weight": (D, hf.get("n_inner") or 4 * D) for i in range(L)}
+    return _gpt2_config(
+      shapes if hf.get("tie_word_embeddings", True) else shapes | {"lm_head.weight": (V, D)}, hf, where
+    )
+
+  def config_to_hf(self, config: GPTConfig) -> dict:
+    return _export_config(config)
+
+  def layout(self, cfg: GPTConfig) -> Iterator[Tensor]:
+    for key, ours, hf_shape in _hf_layout(cfg):
+      if _is_lm_head(ours):  # a torch Linear, [out, in]
+        yield linear(ours, key, hf_shape, hf_shape[::-1])
+      elif ours[-2:] == ("qkv", "kernel") or ours[-2:] == ("qkv", "bias"):  # (D, 3D) as (D, 3, H, K)
+        H = cfg.block.num_heads
+        yield reshaped(ours, key, hf_shape, (*hf_shape[:-1], 3, H, hf_shape[-1] // (3 * H)))
+      elif ours[-2:] == ("out", "kernel"):  # (D, D) as (H, K, D)
+        H = cfg.block.num_heads
+        yield reshaped(ours, key, hf_shape, (H, hf_shape[0] // H, hf_shape[1]))
+      else:
+        yield as_is(ours, key, hf_shape)
+
+
+FORMAT = GPT2Format()
 
 
 def _hf_layout(cfg: GPTConfig):
@@ -116,8 +167,9 @@ def _params_of(cfg: GPTConfig, tensors: dict, file: Path) -> dict:
   """Our params from the checkpoint's tensors: every key of the layout there in its shape, and no other."""
   params: dict = {}
   expected = set()
-  shapes = nn.unbox(param_shapes(cfg))
-  for key, ours, hf_shape in _hf_layout(cfg):
+  dtypes = jax.tree.map(lambda x: x.dtype, nn.unbox(param_shapes(cfg)))
+  for entry in FORMAT.layout(cfg):
+    (key,), (hf_shape,) = entry.keys, entry.shapes
     expected.add(key)
     if key not in tensors:
       raise CheckpointError(f"{file} is missing tensor {key!r} (expected shape {hf_shape})")
@@ -127,9 +179,8 @@ def _params_of(cfg: GPTConfig, tensors: dict, file: Path) -> dict:
         f"tensor {key!r} in {file} has shape {value.shape}, expected {hf_shape} "
         f"for a GPT-2 with {cfg.num_layers} layers, d_model={cfg.block.d_model}, vocab={cfg.vocab_size}"
       )
-    value = value.T if _is_lm_head(ours) else value
-    target = hf_files.get_path(shapes, ours)
-    hf_files.set_path(params, ours, jnp.asarray(value.reshape(target.shape), dtype=target.dtype))
+    dtype = hf_files.get_path(dtypes, entry.ours)
+    hf_files.set_path(params, entry.ours, jnp.asarray(entry.to_ours([value]), dtype=dtype))
   unexpected = sorted(set(tensors) - expected)
   if unexpected:
     raise CheckpointError(f"{file} has tensors a GPT-2 does not: {', '.join(unexpected[:5])}")
@@ -145,6 +196,8 @@ def import_hf_gpt2(path: str | Path, **overrides) -> tuple[GPTConfig, dict]:
   """
   file, tensors = _read_tensors(Path(path))
   hf = _read_config_json(file.parent)
+  if hf:
+    FORMAT.check_keys(hf, str(file.parent / "config.json"))
   tied = "lm_head.weight" not in tensors or np.array_equal(tensors["lm_head.weight"], tensors["wte.weight"])
   if tied:
     tensors.pop("lm_head.weight", None)
@@ -210,12 +263,12 @@ def export_hf_gpt2(config: GPTConfig, params: dict, out_dir: str | Path) -> Path
   if config.scan_layers:
     params = {**params, "h": layers.unstack_layers(params["h"], config.num_layers)}
   tensors = {}
-  for key, ours, hf_shape in _hf_layout(config):
-    if ours[-1] == "bias" and not block.use_bias:
+  for entry in FORMAT.layout(config):
+    (key,), (hf_shape,) = entry.keys, entry.shapes
+    if entry.ours[-1] == "bias" and not block.use_bias:
       value = np.zeros(hf_shape, np.float32)  # the same function: GPT-2 always has biases
     else:
-      value = np.asarray(jax.device_get(hf_files.get_path(params, ours)), dtype=np.float32)
-      value = value.T if _is_lm_head(ours) else value.reshape(hf_shape)
+      (value,) = entry.to_hf(np.asarray(jax.device_get(hf_files.get_path(params, entry.ours)), dtype=np.float32))
     tensors[f"transformer.{key}" if not key.startswith("lm_head") else key] = np.ascontiguousarray(value)
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,6 @@ trained translation model.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from safetensors.numpy import load_file
 from transformer import layers
 from transformer.errors import CheckpointError, ConfigError
 from transformer.models import hf_files
+from transformer.models.formats.base import Format, as_is, linear, reshaped, stacked, stacked_bias, vector
 from transformer.models.hf_files import save_safetensors
 from transformer.models.seq2seq import Seq2SeqConfig, Transformer
 
@@ -50,11 +50,47 @@ class _Reading(dict):
     return super().__getitem__(key)
 
 
+class MarianFormat(Format):
+  """Marian (MarianMTModel): the config.json keys `marian_config` reads, those older (BART-era) files carry
+  at the one value Marian uses, and the layout (`_layout`)."""
+
+  model_type = "marian"
+  architecture = "MarianMTModel"
+  handled = frozenset(
+    {"vocab_size", "decoder_vocab_size", "share_encoder_decoder_embeddings", "tie_word_embeddings", "d_model"}
+    | {"max_position_embeddings", "encoder_layers", "decoder_layers", "encoder_attention_heads", "dtype"}
+    | {"decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "activation_function", "torch_dtype"}
+    | {"scale_embedding", "is_encoder_decoder", "encoder_layerdrop", "decoder_layerdrop", "num_hidden_layers"}
+    | {"classif_dropout"}
+  )
+  fixed = {
+    "normalize_before": False,
+    "normalize_embedding": False,
+    "add_final_layer_norm": False,
+    "add_bias_logits": False,
+    "static_position_embeddings": True,
+    "extra_pos_embeddings": 0,
+  }
+
+  def config_from_hf(self, hf: dict, where: str) -> Seq2SeqConfig:
+    return marian_config(hf, where)
+
+  def config_to_hf(self, config: Seq2SeqConfig, tokenizer=None) -> dict:
+    return export_config(config, tokenizer)
+
+  def layout(self, config: Seq2SeqConfig):
+    return _layout(config.replace(scan_layers=False))
+
+
+FORMAT = MarianFormat()
+
+
 def marian_config(hf: dict, where: str) -> Seq2SeqConfig:
   """Our Seq2SeqConfig for a Marian `config.json` (`hf`, read from `where`), or a CheckpointError naming
   the first field our model cannot express."""
   if hf.get("model_type") != "marian":
     raise CheckpointError(f"{where} is not a Marian config (model_type {hf.get('model_type')!r}, not 'marian')")
+  FORMAT.check_keys(hf, where)
   for ours, theirs in (("heads", "attention_heads"), ("MLP width", "ffn_dim")):
     if hf[f"encoder_{theirs}"] != hf[f"decoder_{theirs}"]:
       raise CheckpointError(
@@ -118,34 +154,19 @@ def differences(ours: Seq2SeqConfig, marian: Seq2SeqConfig) -> list[str]:
   return hf_files.differences(ours, marian, "Marian")
 
 
-@dataclasses.dataclass(frozen=True)
-class Tensor:
-  """One tensor of Marian's model.safetensors and where it lives in our params: `ours`, the path; `part`,
-  for a fused projection (q, k and v in one kernel), (axis, index) of its piece; `linear`, a torch
-  Linear's weight ([out, in]: ours is its transpose, reshaped); `shape`, the file's."""
-
-  key: str
-  ours: tuple[str, ...]
-  shape: tuple[int, ...]
-  part: tuple[int, int] | None = None
-  linear: bool = False
-
-  def to_ours(self, x: np.ndarray, piece_shape: tuple[int, ...]) -> np.ndarray:
-    return (x.T if self.linear else x).reshape(piece_shape)
-
-  def to_theirs(self, x: np.ndarray) -> np.ndarray:
-    return x.reshape(self.shape[::-1]).T if self.linear else x.reshape(self.shape)
-
-
 def _layout(cfg: Seq2SeqConfig):
-  """Every tensor of the Marian model with config `cfg` (Tensor), what drives import and export alike:
-  the shared embedding, the logits bias, an untied head, and each layer's attention, norms and MLP.
-  (The copies older files keep of the embedding and the sinusoid tables are checked on import.)"""
+  """Every param of the Marian model with config `cfg` as the Hugging Face tensors it is made of (`Tensor`),
+  what drives import and export alike: the shared embedding, the logits bias, an untied head, and each
+  layer's attention, norms and MLP. Self-attention's q, k, v are one fused projection of ours (`qkv`);
+  cross-attention's `q` stands alone and its k, v are fused (`kv`), the encoder's output being their one
+  input. (The copies older files keep of the embedding and the sinusoid tables are checked on import.)"""
   D, F, V = cfg.block.d_model, cfg.block.mlp_width, cfg.vocab_size
-  yield Tensor("model.shared.weight", ("source_embed", "table", "embedding"), (V, D))
-  yield Tensor("final_logits_bias", ("final_logits_bias",), (1, V))
+  H = cfg.block.num_heads
+  K = D // H
+  yield as_is(("source_embed", "table", "embedding"), "model.shared.weight", (V, D))
+  yield reshaped(("final_logits_bias",), "final_logits_bias", (1, V), (V,))
   if not cfg.tie_output:
-    yield Tensor("lm_head.weight", ("head", "kernel"), (V, D), linear=True)
+    yield linear(("head", "kernel"), "lm_head.weight", (V, D), (D, V))
   for side, count in (("encoder", cfg.num_layers), ("decoder", cfg.decoder_layers())):
     for i in range(count):
       key, ours = f"model.{side}.layers.{i}", (side, f"layer_{i}")
@@ -155,32 +176,21 @@ def _layout(cfg: Seq2SeqConfig):
       norms = [("self_attn_layer_norm", "ln_1"), ("final_layer_norm", "ln_2")]
       norms += [("encoder_attn_layer_norm", "ln_cross")] if side == "decoder" else []
       for theirs, mine, fused in attentions:
-        # Self-attention's q, k, v are one fused projection of ours (`qkv`); cross-attention's `q`
-        # stands alone and its k, v are fused (`kv`), the encoder's output being their one input.
-        pieces = {"q": ("q", None)} if fused == "kv" else {}
-        pieces |= {name: (fused, i) for i, name in enumerate(fused)}
-        for name, (projection, index) in pieces.items():
-          at = ours + (mine, projection)
-          kernel_part = None if index is None else (1, index)
-          bias_part = None if index is None else (0, index)
-          yield Tensor(f"{key}.{theirs}.{name}_proj.weight", at + ("kernel",), (D, D), kernel_part, linear=True)
-          yield Tensor(f"{key}.{theirs}.{name}_proj.bias", at + ("bias",), (D,), bias_part)
-        yield Tensor(f"{key}.{theirs}.out_proj.weight", ours + (mine, "out", "kernel"), (D, D), linear=True)
-        yield Tensor(f"{key}.{theirs}.out_proj.bias", ours + (mine, "out", "bias"), (D,))
+        at, names = ours + (mine,), [f"{key}.{theirs}.{name}_proj" for name in fused]
+        if fused == "kv":
+          yield linear((*at, "q", "kernel"), f"{key}.{theirs}.q_proj.weight", (D, D), (D, H, K))
+          yield vector((*at, "q", "bias"), f"{key}.{theirs}.q_proj.bias", (H, K))
+        n = len(fused)
+        yield stacked((*at, fused, "kernel"), tuple(f"{k}.weight" for k in names), ((D, D),) * n, (D, n, H, K))
+        yield stacked_bias((*at, fused, "bias"), tuple(f"{k}.bias" for k in names), (n, H, K))
+        yield linear((*at, "out", "kernel"), f"{key}.{theirs}.out_proj.weight", (D, D), (H, K, D))
+        yield as_is((*at, "out", "bias"), f"{key}.{theirs}.out_proj.bias", (D,))
       for theirs, mine in norms:
-        yield Tensor(f"{key}.{theirs}.weight", ours + (mine, "scale"), (D,))
-        yield Tensor(f"{key}.{theirs}.bias", ours + (mine, "bias"), (D,))
+        yield as_is(ours + (mine, "scale"), f"{key}.{theirs}.weight", (D,))
+        yield as_is(ours + (mine, "bias"), f"{key}.{theirs}.bias", (D,))
       for theirs, mine, shape in (("fc1", "fc", (F, D)), ("fc2", "proj", (D, F))):
-        yield Tensor(f"{key}.{theirs}.weight", ours + ("mlp", mine, "kernel"), shape, linear=True)
-        yield Tensor(f"{key}.{theirs}.bias", ours + ("mlp", mine, "bias"), shape[:1])
-
-
-def _piece(part: tuple[int, int] | None):
-  """The index of a fused tensor's piece (everything where `part` is None)."""
-  if part is None:
-    return ...
-  axis, index = part
-  return (slice(None),) * axis + (index,)
+        yield linear(ours + ("mlp", mine, "kernel"), f"{key}.{theirs}.weight", shape, shape[::-1])
+        yield as_is(ours + ("mlp", mine, "bias"), f"{key}.{theirs}.bias", shape[:1])
 
 
 def _param_shapes(cfg: Seq2SeqConfig) -> dict:
@@ -220,27 +230,26 @@ def import_hf_marian(directory: str | Path) -> tuple[Seq2SeqConfig, dict]:
     if key in tensors and not np.allclose(tensors[key], sinusoids, atol=1e-5):
       raise CheckpointError(f"{weights}: {key} is not Marian's sinusoid table; ours computes that table")
 
-  shapes = _param_shapes(cfg)
-  flat_shapes = flax.traverse_util.flatten_dict(shapes)
-  arrays = {path: np.zeros(x.shape, np.float32) for path, x in flat_shapes.items()}
+  flat_shapes = flax.traverse_util.flatten_dict(_param_shapes(cfg))
   layout = list(_layout(cfg.replace(scan_layers=False)))
-  uncovered = set(arrays) - {t.ours for t in layout}
+  uncovered = set(flat_shapes) - {t.ours for t in layout}
   if uncovered:  # the table and the model disagree: a bug here, not in the file
     raise AssertionError(f"the Marian layout has no tensor for {sorted(uncovered)[:3]}")
+  arrays = {}
   for t in layout:
-    if t.key.removeprefix("model.") not in tensors:
-      raise CheckpointError(f"{weights} is missing tensor {t.key!r} for {cfg.num_layers}+{cfg.decoder_layers()} layers")
-    value = tensors[t.key.removeprefix("model.")]
-    if value.shape != t.shape:
-      raise CheckpointError(f"{weights}: {t.key} has shape {value.shape}, our model needs {t.shape}")
-    target = arrays[t.ours]
-    target[_piece(t.part)] = t.to_ours(value, target[_piece(t.part)].shape)
+    pieces = []
+    for key, shape in zip(t.keys, t.shapes):
+      if key.removeprefix("model.") not in tensors:
+        raise CheckpointError(f"{weights} is missing tensor {key!r} for {cfg.num_layers}+{cfg.decoder_layers()} layers")
+      value = tensors[key.removeprefix("model.")]
+      if value.shape != shape:
+        raise CheckpointError(f"{weights}: {key} has shape {value.shape}, our model needs {shape}")
+      pieces.append(value)
+    arrays[t.ours] = jnp.asarray(t.to_ours(pieces), flat_shapes[t.ours].dtype)
   unexpected = sorted(set(tensors) - tensors.read)
   if unexpected:
     raise CheckpointError(f"{weights} has tensors our model does not: {', '.join(unexpected[:5])}")
-  params = flax.traverse_util.unflatten_dict(
-    {path: jnp.asarray(x, flat_shapes[path].dtype) for path, x in arrays.items()}
-  )
+  params = flax.traverse_util.unflatten_dict(arrays)
   return cfg, params
 
 
@@ -320,7 +329,9 @@ def export_hf_marian(cfg: Seq2SeqConfig, params: dict, tokenizer, out_dir: str |
       for side, n in (("encoder", cfg.num_layers), ("decoder", cfg.decoder_layers()))
     }
   flat = flax.traverse_util.flatten_dict(params)
-  tensors = {t.key: t.to_theirs(flat[t.ours][_piece(t.part)]) for t in _layout(cfg.replace(scan_layers=False))}
+  tensors = {
+    key: array for t in _layout(cfg.replace(scan_layers=False)) for key, array in zip(t.keys, t.to_hf(flat[t.ours]))
+  }
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   save_safetensors(tensors, out_dir / "model.safetensors")

@@ -1,0 +1,151 @@
+"""What a Hugging Face weight format is here (`Format`), and the entries of its layout (`Tensor`).
+
+A format knows one family of checkpoints: the `model_type`s of config.json it reads, the config.json keys it
+handles (every other key is refused by name: an allowlist, so that an option we do not compute is never
+silently dropped), config.json -> our model config (`config_from_hf`) and back (`config_to_hf`), and its
+layout: for each of our params, the Hugging Face tensors it is made of and the two conversions. The one
+importer and exporter (transformer.models.formats) drive import and export from the layout alike.
+torch's Linear stores [out, in], our kernels (in, out...): import transposes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
+
+import numpy as np
+
+from transformer.errors import CheckpointError
+
+# config.json keys that never change the function a model computes: which class saved it, special tokens'
+# ids, generation and caching switches, initialisation, dropout (training only), the attention's
+# implementation. Any format may meet them.
+METADATA = frozenset(
+  {
+    "_name_or_path",
+    "architectures",
+    "attn_implementation",
+    "bos_token_id",
+    "cache_implementation",
+    "classifier_dropout",
+    "decoder_start_token_id",
+    "eos_token_id",
+    "forced_bos_token_id",
+    "forced_eos_token_id",
+    "initializer_range",
+    "init_std",
+    "is_decoder",
+    "model_type",
+    "pad_token_id",
+    "pretraining_tp",  # Llama's tensor-parallel split of its products: the same sums
+    "return_dict",
+    "transformers_version",
+    "use_cache",
+    "attention_dropout",
+    "hidden_dropout",
+    "activation_dropout",
+    "dropout",
+    # generation's settings and a classifier's labels, which some older files carry
+    "bad_words_ids",
+    "max_length",
+    "num_beams",
+    "id2label",
+    "label2id",
+    "gradient_checkpointing",
+    "_num_labels",
+    "attention_probs_dropout_prob",
+    "hidden_dropout_prob",
+  }
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tensor:
+  """One of our params (`ours`, its path) and the Hugging Face tensors it is made of (`keys`, of
+  `shapes`): `to_ours(arrays) -> array` on import, `to_hf(array) -> arrays` on export."""
+
+  ours: tuple[str, ...]
+  keys: tuple[str, ...]
+  shapes: tuple[tuple[int, ...], ...]
+  to_ours: Callable
+  to_hf: Callable
+
+
+def as_is(ours, key, shape) -> Tensor:
+  return Tensor(ours, (key,), (shape,), lambda ws: ws[0], lambda x: [x])
+
+
+def reshaped(ours, key, hf_shape, shape) -> Tensor:
+  """A tensor stored as `hf_shape`, ours of `shape` (the same values in the same order)."""
+  return Tensor(ours, (key,), (hf_shape,), lambda ws: ws[0].reshape(shape), lambda x: [x.reshape(hf_shape)])
+
+
+def linear(ours, key, out_in, shape) -> Tensor:
+  """A torch Linear's weight [out, in] as our kernel of `shape` (in..., out...)."""
+  return Tensor(ours, (key,), (out_in,), lambda ws: ws[0].T.reshape(shape), lambda x: [x.reshape(out_in[::-1]).T])
+
+
+def vector(ours, key, shape) -> Tensor:
+  n = int(np.prod(shape))
+  return Tensor(ours, (key,), ((n,),), lambda ws: ws[0].reshape(shape), lambda x: [x.reshape(n)])
+
+
+def stacked(ours, keys, out_ins, shape) -> Tensor:
+  """Linears stacked on our kernel's axis 1 (q, k, v -> qkv: D x 3 x H x K; k, v -> kv)."""
+  D, per = shape[0], shape[2:]
+  return Tensor(
+    ours,
+    keys,
+    out_ins,
+    lambda ws: np.stack([w.T.reshape(D, *per) for w in ws], axis=1),
+    lambda x: [x[:, i].reshape(D, -1).T for i in range(len(keys))],
+  )
+
+
+def stacked_bias(ours, keys, shape) -> Tensor:
+  n = int(np.prod(shape[1:]))
+  return Tensor(
+    ours,
+    keys,
+    ((n,),) * len(keys),
+    lambda ws: np.stack([w.reshape(shape[1:]) for w in ws]),
+    lambda x: [x[i].reshape(n) for i in range(len(keys))],
+  )
+
+
+class Format:
+  """One weight format: a family's model types, the config.json keys it handles, the two config
+  conversions and the layout. A family's module defines one (or one per model type) and registers it in
+  transformer.models.formats.FORMATS."""
+
+  model_type: str  # config.json's
+  architecture: str  # transformers' class, written into an export's config.json
+  handled: ClassVar[frozenset[str]] = frozenset()  # the keys config_from_hf reads
+  fixed: ClassVar[dict] = {}  # keys read only at this value (what we compute); another value is refused
+  ignored: ClassVar[re.Pattern | None] = None  # buffers older checkpoints carry, not parameters
+  tied_copies: ClassVar[tuple[str, ...]] = ()  # a tied checkpoint's copy of its embedding, skipped
+
+  def config_from_hf(self, hf: dict, where: str) -> Any:
+    raise NotImplementedError
+
+  def config_to_hf(self, config) -> dict:
+    raise NotImplementedError
+
+  def layout(self, config) -> Iterator[Tensor]:
+    raise NotImplementedError
+
+  def check_keys(self, hf: dict, where: str) -> None:
+    """One error naming every config.json key neither this format handles nor is metadata (`METADATA`), or
+    one of its `fixed` keys at another value than the one we compute."""
+    other = [f"{k}={hf[k]!r} (we compute {v!r})" for k, v in self.fixed.items() if k in hf and hf[k] != v]
+    if other:
+      raise CheckpointError(f"{where}: a {self.model_type} with {', '.join(other)} is not one we run")
+    unknown = sorted(set(hf) - self.handled - set(self.fixed) - METADATA)
+    if unknown:
+      raise CheckpointError(
+        f"{where}: a {self.model_type}'s config.json with {', '.join(f'{k}={hf[k]!r}' for k in unknown)}: "
+        f"{'this key is' if len(unknown) == 1 else 'these keys are'} not one we read, and may change the model; "
+        f"we read {', '.join(sorted(self.handled))}"
+      )
