@@ -31,8 +31,10 @@ from circuit_tracer.transcoder.cross_layer_transcoder import CrossLayerTranscode
 from safetensors.torch import save_file
 
 HERE = Path(__file__).resolve().parent
-# launch/graph_peer.py's replacement model (it imports nothing of this repository, so it loads by its path)
-_spec = importlib.util.spec_from_file_location("graph_peer", HERE.parent / "launch" / "graph_peer.py")
+# launch/bench/peers/graph_peer.py's replacement model (it imports nothing of this repository, so it loads by its path)
+_spec = importlib.util.spec_from_file_location(
+  "graph_peer", HERE.parent / "launch" / "bench" / "peers" / "graph_peer.py"
+)
 PEER = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(PEER)
 MODEL = HERE / "fixtures" / "gpt2_tiny_a"

@@ -1,4 +1,4 @@
-"""launch/bench.py and transformer.benchmark: the programs run and print their tables (speed itself
+"""launch/bench/__init__.py and transformer.benchmark: the programs run and print their tables (speed itself
 is measured there, never asserted in tests)."""
 
 import os

@@ -165,6 +165,26 @@ def test_no_module_of_the_library_narrates_a_measurement():
   assert _MEASUREMENTS.search("a step 1.7× faster (Zen 3: 523 → 244 ms), BLEU 5.39 on 2026-11-28")
 
 
+def _rooms_too_big(roots=("transformer", "launch"), module_lines: int = 600, function_lines: int = 60) -> list[str]:
+  found = []
+  for root in roots:
+    for path in sorted((REPO / root).rglob("*.py")):
+      text = path.read_text()
+      if (n := len(text.splitlines())) > module_lines:
+        found.append(f"{path.relative_to(REPO)}: {n} lines")
+      for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+          if (n := node.end_lineno - node.lineno + 1) > function_lines:
+            found.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}: {n} lines")
+  return found
+
+
+def test_no_module_over_600_lines_and_no_function_over_60():
+  """Rooms that fit: a module a reader holds whole, a function read at a glance (its docstring counts)."""
+  assert _rooms_too_big() == []
+  assert _rooms_too_big(function_lines=40)  # the check sees functions (a lower bar finds some)
+
+
 def test_each_layers_module_is_one_idea_a_reader_can_hold():
   """transformer/layers/ is split by concern (its __init__ lists them); a module that grows past
   ~300 lines is holding a second idea."""

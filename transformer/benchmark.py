@@ -1,7 +1,7 @@
-"""Timing helpers for benchmarks (launch/bench.py): medians over repeats, printed as tables.
+"""Timing helpers for benchmarks (launch/bench/__init__.py): medians over repeats, printed as tables.
 
-Never used by tests: speed is measured here, not asserted. (The PyTorch peers that launch/bench.py
-compares against are set up by launch/peer_env.py.)
+Never used by tests: speed is measured here, not asserted. (The PyTorch peers that launch/bench/__init__.py
+compares against are set up by launch/bench/peer_env.py.)
 """
 
 from __future__ import annotations

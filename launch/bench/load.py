@@ -69,7 +69,7 @@ def load_table(o) -> str:
   write_checkpoint(o.hf_shape, directory)
   file_bytes = sum(f.stat().st_size for f in directory.glob("*.safetensors"))
   proc = subprocess.run(
-    [sys.executable, "-m", "launch.bench_load", str(directory)], capture_output=True, text=True, check=False
+    [sys.executable, "-m", "launch.bench.load", str(directory)], capture_output=True, text=True, check=False
   )
   if proc.returncode:
     raise RuntimeError(f"the load failed:\n{proc.stderr[-3000:]}")

@@ -5,7 +5,7 @@ layer of --graph_expansion x d_model latents reading mlp_in and writing mlp_out,
 that about --graph_l0 latents fire at a position (on 64 random prompts: a sparse code, as trained transcoders
 have). The weights are written once, the model as Hugging Face's GPT-2 files and the transcoders as circuit-tracer's
 set, and both read them: ours (transformer.interp.graph.attribute) and circuit-tracer 0.5's `attribute` on its
-TransformerLens replacement model (launch/graph_peer.py, in a venv of its own), each with batches of
+TransformerLens replacement model (launch/bench/peers/graph_peer.py, in a venv of its own), each with batches of
 --graph_batch backward passes, on a prompt of --seq_len random ids. Reported: the first call (ours compiles in it)
 and the median of the next --repeats - 1, the features found, and how far the two adjacencies differ.
 """
@@ -20,7 +20,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from launch import bench_models, peer_env
+from launch.bench import models as bench_models
+from launch.bench import peer_env
 from transformer import benchmark, metrics
 from transformer.interp import graph, replacement
 from transformer.interp.interventions import run_with_cache

@@ -1,5 +1,5 @@
 """The PyTorch peers of `launch.bench --what=vs_hf|vs_torch`: a virtualenv with torch (CPU) and
-transformers, made once under the asset cache, and a run of launch/torch_peer.py (Hugging Face's
+transformers, made once under the asset cache, and a run of launch/bench/peers/torch_peer.py (Hugging Face's
 GPT-2 and a minimal nanoGPT-style GPT) in it. Neither torch nor transformers is a dependency of this
 project: only these benchmarks use them.
 """
@@ -15,13 +15,13 @@ from pathlib import Path
 from transformer import assets
 from transformer.errors import UserError
 
-# The PyTorch peers (launch/torch_peer.py) run in their own venv: torch has CPU wheels for
+# The PyTorch peers (launch/bench/peers/torch_peer.py) run in their own venv: torch has CPU wheels for
 # Python 3.11 only, and neither torch nor transformers is a dependency of this project.
 PEER_PYTHON_VERSION = (3, 11)
 PEER_REQUIREMENTS = ("torch==2.13.0", "transformers==5.23.0")
-# TransformerLens for `--what=patching` (launch/lens_peer.py), in a venv of its own beside the first.
+# TransformerLens for `--what=patching` (launch/bench/peers/lens_peer.py), in a venv of its own beside the first.
 LENS_REQUIREMENTS = (*PEER_REQUIREMENTS, "transformer-lens==4.3.0")
-# SAELens for `--what=sae` (launch/sae_peer.py): in a venv of its own, for it pins another transformer-lens.
+# SAELens for `--what=sae` (launch/bench/peers/sae_peer.py): in a venv of its own, for it pins another transformer-lens.
 SAE_REQUIREMENTS = (*PEER_REQUIREMENTS, "sae-lens==6.54.12")
 
 
@@ -67,8 +67,9 @@ def peer_python(explicit: str | None = None, requirements=PEER_REQUIREMENTS, nam
 
 
 def run_peers(python: str, spec: dict, script: str = "torch_peer.py") -> dict:
-  """Runs launch/<script> (torch_peer.py, lens_peer.py) under `python` with `spec`; returns its JSON result."""
-  script = Path(__file__).resolve().parent / script
+  """Runs launch/bench/peers/<script> (torch_peer.py, lens_peer.py, ...) under `python` with `spec`; returns its
+  JSON result."""
+  script = Path(__file__).resolve().parent / "peers" / script
   proc = subprocess.run([python, str(script), json.dumps(spec)], capture_output=True, text=True)
   if proc.returncode:
     raise UserError(f"the PyTorch peer failed ({python} {script}):\n{proc.stderr[-2000:]}")

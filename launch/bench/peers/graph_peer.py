@@ -1,12 +1,12 @@
 """circuit-tracer's attribution graph, timed for `launch.bench --what=graph` beside ours on the same weights.
 
-Runs in a venv of its own with circuit-tracer (launch/peer_env.py makes it); imports nothing from this
+Runs in a venv of its own with circuit-tracer (launch/bench/peer_env.py makes it); imports nothing from this
 repository. Reads a JSON spec (a GPT-2 directory in Hugging Face's files, a circuit-tracer transcoder set,
 the prompt's ids as .npy, the batch size, the repeats, where to write the graph), builds circuit-tracer's
 TransformerLens replacement model from them, times `attribute` on the prompt (the first call and the median of
 the rest), writes the last graph's adjacency and active features to the .npz named, and prints one JSON line.
 
-  <venv>/bin/python launch/graph_peer.py '<json spec>'
+  <venv>/bin/python launch/bench/peers/graph_peer.py '<json spec>'
 
 tests/make_graph_fixtures.py builds its golden graphs with the same replacement model (`replacement_model`).
 """

@@ -2,7 +2,7 @@
 random-weight GPT (default cpu-small; the results page uses --preset=gpt2) and one clean/corrupt pair
 of --seq_len tokens: the full layer x position sweep of `resid_pre` and the layer x head sweep of
 each head's output (`z`, every position). Ours is timed on its first call, compilation included; the
-peer (launch/lens_peer.py, TransformerLens on Hugging Face's GPT-2 with the same weights, exported
+peer (launch/bench/peers/lens_peer.py, TransformerLens on Hugging Face's GPT-2 with the same weights, exported
 by transformer.models.formats.gpt2) in a Python 3.11 venv with torch's CPU wheel and transformer-lens,
 made once under the asset cache ($TRANSFORMER_CACHE/lens-peer-venv) or given by --peer_python.
 """
@@ -16,7 +16,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from launch import bench_models, peer_env
+from launch.bench import models as bench_models
+from launch.bench import peer_env
 from transformer import benchmark
 from transformer.interp import patching
 from transformer.models import gpt

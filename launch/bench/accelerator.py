@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from experiments import base
 from experiments import gpt2 as gpt2_experiment
-from launch import bench_models
+from launch.bench import models as bench_models
 from transformer import benchmark, metrics, plan, tasks, tokenizers, train
 from transformer.models import gpt
 

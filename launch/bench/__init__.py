@@ -17,8 +17,8 @@ r"""Benchmarks that print tables (medians of several runs). Speed is measured he
   python -m launch.bench --what=patching --preset=gpt2 --seq_len=64  # patching sweeps vs TransformerLens
   python -m launch.bench --what=sae    # a TopK SAE's training vs SAELens on the same activations
   python -m launch.bench --what=graph --preset=gpt2 --seq_len=64 --repeats=3  # an attribution graph vs circuit-tracer
-  python -m launch.bench --what=hf --hf_shape=smollm2-135m   # an open family vs transformers (bench_hf.py)
-  python -m launch.bench --what=load --hf_shape=llama3.2-1b  # host memory opening a checkpoint (bench_load.py)
+  python -m launch.bench --what=hf --hf_shape=smollm2-135m   # an open family vs transformers (launch/bench/hf.py)
+  python -m launch.bench --what=load --hf_shape=llama3.2-1b  # host memory opening a checkpoint (launch/bench/load.py)
 
 --what=accelerator is the whole accelerator path in one table and --check_json, for the few minutes a
 chip is lent (launch/accelerator_check.sh carries what the machine lacks and runs it): the kernel
@@ -30,7 +30,7 @@ KV-cache generation (greedy, --prompt_len prompt tokens + --new_tokens new ones,
 --batch_sizes) and one training step (forward, backward, AdamW with clipping; --train_batch x
 --seq_len tokens), here in JAX and in HF transformers' PyTorch GPT-2 (eager, `generate` with its
 KV cache). --what=vs_torch does the same on the README main job's shape and on cpu-small, with a
-minimal nanoGPT-style PyTorch GPT beside HF's. The peers (launch/torch_peer.py) run in a Python 3.11
+minimal nanoGPT-style PyTorch GPT beside HF's. The peers (launch/bench/peers/torch_peer.py) run in a Python 3.11
 venv with torch's CPU wheel, created on first use under the asset cache
 ($TRANSFORMER_CACHE/torch-peer-venv) or given by --peer_python.
 
@@ -45,19 +45,16 @@ import dataclasses
 
 from absl import flags
 
-from launch import (
-  bench_accelerator,
-  bench_ceilings,
-  bench_graph,
-  bench_hf,
-  bench_load,
-  bench_models,
-  bench_patching,
-  bench_prepare,
-  bench_sae,
-  bench_torch,
-)
-from transformer import cli
+from launch.bench import accelerator as bench_accelerator
+from launch.bench import ceilings as bench_ceilings
+from launch.bench import graph as bench_graph
+from launch.bench import hf as bench_hf
+from launch.bench import load as bench_load
+from launch.bench import models as bench_models
+from launch.bench import patching as bench_patching
+from launch.bench import prepare as bench_prepare
+from launch.bench import sae as bench_sae
+from launch.bench import vs_torch as bench_torch
 
 # Each benchmark's table, in the module that measures it (what --what names).
 TABLES = {
@@ -214,7 +211,3 @@ def main(argv):
   options = options_from_flags()
   for i, what in enumerate(_WHAT.value):
     print(("\n" if i else "") + TABLES[what](options), flush=True)
-
-
-if __name__ == "__main__":
-  cli.run(main)

@@ -1,4 +1,4 @@
-"""The PyTorch peers for launch/bench.py, timed the same way as ours (CPU, eager):
+"""The PyTorch peers for launch/bench/__init__.py, timed the same way as ours (CPU, eager):
 
   hf       Hugging Face transformers' GPT2LMHeadModel: `generate` (its KV cache) and a training step.
   family   An open family's model from a directory (AutoModelForCausalLM): a prefill and `generate`.
@@ -8,9 +8,9 @@
 
 Both train with AdamW (betas 0.9/0.95, weight decay 0.1) and global-norm clipping at 1.0, as ours.
 Runs in its own Python 3.11 venv with torch + transformers (torch has CPU wheels for 3.11 only;
-neither is a dependency of this project). launch/bench.py makes that venv and runs:
+neither is a dependency of this project). launch/bench/__init__.py makes that venv and runs:
 
-  <venv>/bin/python launch/torch_peer.py '<json spec>'
+  <venv>/bin/python launch/bench/peers/torch_peer.py '<json spec>'
 
 and reads one JSON line back: for each peer, median seconds of generation (greedy, exactly
 new_tokens per row) for each batch size and of one training step. Standalone on purpose: it
@@ -158,7 +158,7 @@ def hf_peer(spec: dict) -> dict:
 
 
 def family_peer(spec: dict) -> dict:
-  """An open family's model (spec["family"]["directory"]: what launch/bench_hf.py exported), loaded with
+  """An open family's model (spec["family"]["directory"]: what launch/bench/hf.py exported), loaded with
   AutoModelForCausalLM in float32: a prefill (one forward over the prompt) and greedy `generate` per
   batch size, and the first row's greedy tokens (that the two generate the same)."""
   f = spec["family"]

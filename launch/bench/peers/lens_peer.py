@@ -1,13 +1,13 @@
 """TransformerLens's activation patching, timed for `launch.bench --what=patching` beside ours.
 
-Runs in the PyTorch peers' venv with transformer-lens added (launch/peer_env.py makes it); imports
+Runs in the PyTorch peers' venv with transformer-lens added (launch/bench/peer_env.py makes it); imports
 nothing from this repository. Reads a JSON spec (a Hugging Face GPT-2 directory, the clean and
 corrupt token ids, the answer and wrong token of the metric), loads the model with TransformerLens's
 GPT-2 bridge (Hugging Face's numerics), and times `get_act_patch_resid_pre` (layer x position) and
 `get_act_patch_attn_head_out_all_pos` (layer x head) on the pair; prints one JSON line: seconds and
 the sweeps' values.
 
-  <venv>/bin/python launch/lens_peer.py '<json spec>'
+  <venv>/bin/python launch/bench/peers/lens_peer.py '<json spec>'
 """
 
 import json

@@ -1,13 +1,13 @@
 """SAELens's TopK SAE, trained for `launch.bench --what=sae` beside ours on the same activations.
 
-Runs in a venv of its own with sae-lens (launch/peer_env.py makes it: sae-lens pins another
+Runs in a venv of its own with sae-lens (launch/bench/peer_env.py makes it: sae-lens pins another
 transformer-lens than the patching peer's); imports nothing from this repository. Reads a JSON spec
 (the .npy of training rows, the .npy of held-out rows, d_sae, k, batch, steps, lr), trains
 `TopKTrainingSAE` with Adam (betas 0.9, 0.999) on the training rows' batches in order, cycled, and
 prints one JSON line: the median seconds a step (after warmup), and the explained variance and L0 of
 the trained SAE on the held-out rows.
 
-  <venv>/bin/python launch/sae_peer.py '<json spec>'
+  <venv>/bin/python launch/bench/peers/sae_peer.py '<json spec>'
 """
 
 import json

@@ -1,5 +1,5 @@
-"""`launch.bench --what=vs_hf|vs_torch`: ours beside the PyTorch peers (launch/torch_peer.py: Hugging Face's
-GPT-2 and a minimal nanoGPT-style GPT) on the same shapes, in their own venv (launch/peer_env.py).
+"""`launch.bench --what=vs_hf|vs_torch`: ours beside the PyTorch peers (launch/bench/peers/torch_peer.py: Hugging Face's
+GPT-2 and a minimal nanoGPT-style GPT) on the same shapes, in their own venv (launch/bench/peer_env.py).
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import jax
 import numpy as np
 
 from experiments import shakespeare
-from launch import bench_models, peer_env
+from launch.bench import models as bench_models
+from launch.bench import peer_env
 from transformer import benchmark
 from transformer.models import gpt
 
@@ -24,7 +25,7 @@ VS_TORCH_SHAPES = (
 
 
 def peer_shape(cfg: gpt.GPTConfig) -> dict:
-  """The model's shape as launch/torch_peer.py builds its PyTorch GPT-2."""
+  """The model's shape as launch/bench/peers/torch_peer.py builds its PyTorch GPT-2."""
   return {
     "vocab_size": cfg.vocab_size,
     "max_len": cfg.max_len,
@@ -73,7 +74,7 @@ def vs_hf_table(o) -> str:
 
 
 def vs_torch_table(o) -> str:
-  """Ours beside the minimal PyTorch GPT and HF's GPT-2 (launch/torch_peer.py) on both shapes:
+  """Ours beside the minimal PyTorch GPT and HF's GPT-2 (launch/bench/peers/torch_peer.py) on both shapes:
   a training step, and greedy generation at --batch_sizes; --rounds times, alternating."""
   batch_sizes = [int(b) for b in o.batch_sizes]
   python = peer_env.peer_python(o.peer_python)

@@ -2,7 +2,7 @@
 
 The model is a published shape (--hf_shape, default SmolLM2-135M's: a Llama of 30 layers, d_model 576,
 9 heads and 3 kv heads, MLP 1,536, vocabulary 49,152, tied) with random weights, made here and exported
-(formats.export_hf) into a temporary directory that both load: the peer (launch/torch_peer.py's
+(formats.export_hf) into a temporary directory that both load: the peer (launch/bench/peers/torch_peer.py's
 `family`) with AutoModelForCausalLM in float32, eager. Reported per batch size: the prefill (one forward
 over --prompt_len tokens a row) in tokens a second, and greedy generation of --new_tokens with each one's
 KV cache in new tokens a second; and whether the first row's greedy tokens are the same in both.
@@ -16,7 +16,8 @@ import jax
 import numpy as np
 
 from experiments import shapes
-from launch import bench_models, peer_env
+from launch.bench import models as bench_models
+from launch.bench import peer_env
 from transformer import benchmark
 from transformer.generation import sampling
 from transformer.models import formats

@@ -3,7 +3,7 @@
 The activations are rows in superposition (transformer.data.superposition: 4 x d_in features in d_in
 dimensions), written once to .npy files that both read: --sae_batches batches of --sae_batch rows to
 train on, cycled for --sae_steps steps in the same order, and 8192 held-out rows. Ours is the `sae`
-task's step as the loop compiles it (transformer.train); the peer (launch/sae_peer.py) SAELens's
+task's step as the loop compiles it (transformer.train); the peer (launch/bench/peers/sae_peer.py) SAELens's
 `TopKTrainingSAE`, both with Adam (lr --sae_lr, betas 0.9 and 0.999, no weight decay, constant rate),
 no input scaling, b_dec starting at zero. Reported: the median step after warmup as training rows
 (tokens) a second, and each trained SAE's explained variance and L0 on the held-out rows.
@@ -19,7 +19,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from launch import peer_env
+from launch.bench import peer_env
 from transformer import benchmark, metrics, tasks, train
 from transformer.data.superposition import Superposition
 from transformer.models.sae import scores
