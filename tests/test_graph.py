@@ -19,7 +19,7 @@ from transformer import dictionaries, inference
 from transformer.errors import CheckpointError, ConfigError, UserError
 from transformer.interp import graph as G
 from transformer.interp import graph_view, replacement
-from transformer.models import formats, sae_formats
+from transformer.models import formats, gpt, sae_formats
 from transformer.models.clt import CrossLayerTranscoder
 from transformer.models.formats.gpt2 import import_hf_gpt2
 from transformer.models.gpt import GPT, GPTConfig
@@ -197,7 +197,9 @@ def test_the_replacement_model_gives_the_models_logits_and_a_perfect_transcoder_
   run = jax.jit(lambda d: G.replacement_inputs(model, perfect, params, jax.device_put(TOKENS), setup, d))
   _, final_TxD = run(zeros)
   logits = np.asarray(compiled_apply(model, {"params": params}, TOKENS[None])[0])
-  np.testing.assert_allclose(np.asarray(final_TxD) @ np.asarray(G.unembedding(model, params)), logits, atol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(final_TxD) @ np.asarray(gpt.unembedding(model.config, params)).T, logits, atol=1e-5
+  )
   graph = G.attribute(model, params, TOKENS, perfect)
   losses = replacement.replacement_losses(model, params, TOKENS[None], perfect)  # every MLP replaced, live
   assert losses["replaced"] == pytest.approx(losses["clean"], abs=1e-5) and losses["zero_mlp"] != losses["clean"]

@@ -21,8 +21,7 @@ from transformer.generation import sampling as sampler
 from transformer.generation.sampling import Sampling
 from transformer.kernels import argmax, attention, decode_head, decode_threads, draw, lm_loss, projection
 from transformer.models import seq2seq
-from transformer.models.gpt import GPT, GPTConfig
-from transformer.tasks.lm import next_token_nll
+from transformer.models.gpt import GPT, GPTConfig, next_token_nll
 
 from conftest import compiled_init
 

@@ -41,6 +41,7 @@ from transformer.errors import UserError
 from transformer.interp import replacement
 from transformer.interp.replacement import Transcoders
 from transformer.layers.points import functions_at, split_path
+from transformer.models import gpt
 
 
 @dataclasses.dataclass
@@ -134,14 +135,6 @@ def salient_logits(logits_V, max_n_logits: int = 10, desired_logit_prob: float =
   cutoff = int(np.searchsorted(np.cumsum(p_V[top]), desired_logit_prob)) + 1
   top = top[:cutoff]
   return top.astype(np.int32), p_V[top].astype(np.float32)
-
-
-def unembedding(model, params) -> jax.Array:
-  """D x V: what the final norm's output is multiplied by to give the logits (the tied embedding's
-  transpose, or the head's kernel)."""
-  if model.config.tie_embeddings:
-    return params["wte"]["embedding"].T
-  return params["lm_head"]["kernel"]
 
 
 def _frozen_kind(name: str) -> bool:
@@ -243,7 +236,7 @@ def _targets(model, params, tc: Transcoders, active_nx3, logit_tokens, T: int) -
   for layer in range(L):
     mine = active_nx3[:, 0] == layer
     vectors.append(np.asarray(tc.encoders(tc.params, layer)).T[active_nx3[mine, 2]])
-  unembed_DxV = np.asarray(unembedding(model, params), np.float32)
+  unembed_DxV = np.asarray(gpt.unembedding(model.config, params), np.float32).T
   demeaned_KxD = (unembed_DxV[:, logit_tokens] - unembed_DxV.mean(1, keepdims=True)).T
   return {
     "vectors_NxD": np.concatenate([*vectors, demeaned_KxD]).astype(np.float32),

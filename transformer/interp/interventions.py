@@ -64,6 +64,7 @@ import jax.numpy as jnp
 from transformer.interp.activation_cache import ActivationCache
 from transformer.jit_args import join_static, split_static
 from transformer.layers.points import Point, split_path
+from transformer.models import gpt
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,9 +298,9 @@ def next_token_losses(model, params, tokens_BxT, patches: dict | None = None) ->
 
 @jax.jit
 def next_token_nll(logits_BxTxV, tokens_BxT) -> jax.Array:
-  """B x (T - 1): each position's cross-entropy of the next token under `logits_BxTxV` (float32)."""
-  logp_BxTxV = jax.nn.log_softmax(logits_BxTxV[:, :-1].astype(jnp.float32))
-  return -jnp.take_along_axis(logp_BxTxV, tokens_BxT[:, 1:, None], -1)[..., 0].mean(0)
+  """(T - 1): each position's cross-entropy of the next token under `logits_BxTxV`, averaged over the batch
+  (the language model's loss, gpt.next_token_nll, of a run's own tokens)."""
+  return gpt.next_token_nll(logits_BxTxV[:, :-1], tokens_BxT[:, 1:]).mean(0)
 
 
 def ablating(heads: list[tuple[int, int]], num_heads: int, how: str = "zero", reference_z=None) -> dict:

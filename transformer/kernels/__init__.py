@@ -70,7 +70,7 @@ DISPATCH: dict[str, dict[str, Callable]] = {
   "tied_head_decode": {"cpu": decode_head.tied_head_cpu},  # models.gpt, when decoding
   "argmax": {"cpu": argmax.argmax},  # generation.sampling.next_token, greedy
   "draw": {"cpu": draw.inverse_cdf, "accelerator": draw.inverse_cdf},  # sampled
-  "lm_loss": {"accelerator": lm_loss.next_token_nll},  # tasks.lm.next_token_nll
+  "lm_loss": {"accelerator": lm_loss.next_token_nll},  # models.gpt.next_token_nll
   "sae_top_k": {"cpu": sae_top_k.top_k_encode},  # models.sae.sae_loss, TopK
 }
 

@@ -31,6 +31,7 @@ from typing import ClassVar
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import optax
 
 from transformer import kernels, layers
 from transformer.errors import ConfigError
@@ -281,6 +282,17 @@ def unembedding(config: GPTConfig, params) -> jax.Array:
   output (the token embedding when tied, else lm_head's kernel transposed). What `GPT.output_logits`
   multiplies by, for the attributions that split it into components (transformer.interp.interventions)."""
   return params["wte"]["embedding"] if config.tie_embeddings else params["lm_head"]["kernel"].T
+
+
+def next_token_nll(logits_BxTxV: jax.Array, targets_BxT: jax.Array, forms: str = "reference") -> jax.Array:
+  """-log softmax(logits)[target] at each position, in float32: a language model's loss (the GPT's and the
+  LSTM's, transformer.tasks.lm) and what the instrument scores a run by (interp.interventions). `forms`
+  (kernels.resolve of config.model.kernels): the accelerators' form has its backward pass written out
+  (kernels.lm_loss)."""
+  fast = kernels.form("lm_loss", forms)
+  if fast:
+    return fast(logits_BxTxV, targets_BxT)
+  return optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV.astype(jnp.float32), targets_BxT)
 
 
 def param_shapes(config: GPTConfig):

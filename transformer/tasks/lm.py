@@ -12,7 +12,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from transformer import kernels, metrics, tokenizers
 from transformer.config import RunConfig, at, check_positive, defaults_for, model_dict
@@ -21,7 +20,7 @@ from transformer.errors import ConfigError, TokenizerError, UserError
 from transformer.generation import sampling
 from transformer.interp import interventions
 from transformer.models import formats, hf_files
-from transformer.models.gpt import GPT
+from transformer.models.gpt import GPT, next_token_nll
 from transformer.models.lstm import LSTMLanguageModel
 from transformer.tasks.base import Task
 
@@ -152,15 +151,6 @@ def hf_defaults(directory: str):
 def document_ids(tokens_BxL, eot_id: int):
   """Which document of its row each token is in: a new one begins at every <|endoftext|>."""
   return jnp.cumsum(tokens_BxL == eot_id, axis=1)
-
-
-def next_token_nll(logits_BxTxV: jax.Array, targets_BxT: jax.Array, forms: str = "reference") -> jax.Array:
-  """-log softmax(logits)[target] at each position, in float32. `forms` (kernels.resolve of
-  config.model.kernels): the accelerators' form has its backward pass written out (kernels.lm_loss)."""
-  fast = kernels.form("lm_loss", forms)
-  if fast:
-    return fast(logits_BxTxV, targets_BxT)
-  return optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV.astype(jnp.float32), targets_BxT)
 
 
 def lm_nll(model: GPT | LSTMLanguageModel, params, batch_BxL1, rng, train: bool, eot_id: int | None = None):
