@@ -1,16 +1,15 @@
 """Host memory: keep the block XLA:CPU frees after a call for its next call, mapped.
 
-XLA:CPU allocates all of a program's temporary buffers as one block at every call (hundreds of MB
-for a small GPT's training step), from a thread of its pool, and frees it when the call ends. glibc
-serves a block that large with a fresh `mmap`, and unmaps it on free, unless it comes from the main
-arena with `mmap` turned off: a thread's own arena is made of heaps of at most 64 MB, so a larger
-block is always mmapped there. Each call then faults all of the block's pages in again, a minor
-fault a page, which can cost a small model a large part of its step (launch/BENCHMARKS.md has the
-counts and times). So: one arena (every thread allocates from the main heap), no `mmap`, no trimming
-of the heap's top. A freed block then serves the next call with its pages mapped. For the first
-calls the heap still grows (small allocations take pieces of a freed block, and the next block comes
-from fresh memory), so a few of a process's first steps still fault, then none. (With a second
-arena, steps whose block a thread of that arena allocated would still fault.)
+XLA:CPU allocates all of a program's temporary buffers as one block at every call (hundreds of MB for a
+small GPT's training step), from a thread of its pool, and frees it when the call ends. glibc serves a
+block that large with a fresh `mmap`, and unmaps it on free, unless it comes from the main arena with
+`mmap` turned off: a thread's own arena is made of heaps of at most 64 MB, so a larger block is always
+mmapped there. Each call then faults all of the block's pages in again, a minor fault a page, which can
+cost a small model a large part of its step. So: one arena (every thread allocates from the main heap),
+no `mmap`, no trimming of the heap's top. A freed block then serves the next call with its pages mapped.
+For the first calls the heap still grows (small allocations take pieces of a freed block, and the next
+block comes from fresh memory), so a few of a process's first steps still fault, then none. (With a
+second arena, steps whose block a thread of that arena allocated would still fault.)
 
 The price: the process keeps its peak heap (freed memory serves later allocations but is not given
 back to the OS while the process lives), and every thread allocates from the one arena, which costs

@@ -51,8 +51,8 @@ from transformer.errors import DataError
 
 SPLITS = ("train", "validation", "test")
 BATCH_CHARS = 1 << 22  # text tokenized at a time (on threads): ~4 MB
-# A Python tokenizer (char, word) tokenizes in worker processes from this much input on: starting
-# them takes about a second, which less text does not repay (launch/BENCHMARKS.md, "Data preparation").
+# A Python tokenizer (char, word) tokenizes in worker processes from this much input on: starting the
+# processes costs a fixed time, which a smaller input does not repay.
 PROCESSES_FROM_BYTES = 1 << 25
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1

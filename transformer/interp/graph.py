@@ -208,7 +208,7 @@ def _sources(tc: Transcoders, setup: _Setup, active_nx3, activations_n) -> dict:
 def _cells(active_nx3, entries: list, T: int, D: int) -> dict:
   """One layer's written entries (features, vectors) as cells: each position's entries side by side, padded to
   the fullest position's count, so that the rows' contraction is one batched product, not a gather of
-  B x E x D gradients (far slower on a CPU: launch/BENCHMARKS.md)."""
+  B x E x D gradients, which XLA:CPU makes by transposing all of them."""
   feature_e = np.concatenate([f for f, _ in entries] or [np.zeros(0, np.int64)])
   vectors_ExD = np.concatenate([v for _, v in entries] or [np.zeros((0, D))]).astype(np.float32)
   position_e = active_nx3[feature_e, 1]

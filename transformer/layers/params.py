@@ -106,8 +106,8 @@ class Norm(nn.Module):
     cfg = self.cfg
     if cfg.norm == "none":  # the identity: no statistics, no parameters, no named points
       return x
-    # Flax's order of operations (nn.LayerNorm, nn.RMSNorm), so that a run that neither reads nor
-    # patches compiles to the program it always did.
+    # Flax's order of operations (nn.LayerNorm, nn.RMSNorm): the same numbers as Flax's own norms, and a
+    # run that neither reads nor patches compiles to the program of one without named points.
     x32 = x.astype(jnp.promote_types(dtype(cfg.dtype), jnp.float32))
     square = jax.lax.square(x32)
     if cfg.norm == "rms_norm":

@@ -107,7 +107,7 @@ def rotary(
 def rotated(rotary_config, x_BxTxHxK: jax.Array, positions_BxT: jax.Array, local) -> jax.Array:
   """`rotary` as a block's `layers.RotaryConfig` sets it (`local`: a sliding-window layer, which may have
   its own base; a traced bool in a scanned mix of local and global layers, which rotates both ways and
-  keeps its own); GPT's default config runs the default form, as it always ran."""
+  keeps its own); GPT's default config runs the default form."""
   if rotary_config == type(rotary_config)():
     return rotary(x_BxTxHxK, positions_BxT)
   K, layout = x_BxTxHxK.shape[-1], rotary_config.layout
