@@ -11,7 +11,7 @@ Python 3.11 venv of tests/make_gpt2_fixtures.py, plus sentencepiece:
   /tmp/torchenv/bin/pip install torch==2.13.0 transformers safetensors numpy sentencepiece
   /tmp/torchenv/bin/python tests/make_marian_fixtures.py        # writes tests/fixtures/marian_tiny/
   /tmp/torchenv/bin/python tests/make_marian_fixtures.py --tokenizer   # only tokenizer_reference.json
-  .venv/bin/python tests/test_marian.py /tmp/marian-export     # our export of the fixture, perturbed
+  .venv/bin/python tests/test_hf_marian.py /tmp/marian-export     # our export of the fixture, perturbed
   /tmp/torchenv/bin/python tests/make_marian_fixtures.py --check /tmp/marian-export \
       > tests/fixtures/marian_tiny/export_check.json
       # loads the export with MarianMTModel/MarianTokenizer.from_pretrained: its logits against ours,

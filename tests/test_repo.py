@@ -110,11 +110,11 @@ def test_the_library_has_no_import_cycle_and_no_import_inside_a_function():
 # runs no model; `interp` studies models as values (a training run's config and task are above it:
 # opening a workdir is `transformer.inference`'s and `transformer.dictionaries`'); `layers` and `models`
 # are the pure functions everything else calls.
-_ABOVE_MODELS = ("config", "data", "interp", "tasks", "inference", "train", "dictionaries")
+_ABOVE_MODELS = ("config", "data", "interp", "tasks", "inference", "train", "dictionaries", "opening")
 _BELOW = {
   "config": ("data",),
-  "data": ("interp", "tasks", "inference", "train", "dictionaries"),
-  "interp": ("tasks", "inference", "train", "dictionaries"),
+  "data": ("interp", "tasks", "inference", "train", "dictionaries", "opening"),
+  "interp": ("tasks", "inference", "train", "dictionaries", "opening"),
   "layers": _ABOVE_MODELS,
   "models": _ABOVE_MODELS,
 }

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import flax.linen as nn
 import jax
 import numpy as np
 import yaml
@@ -85,7 +86,8 @@ def export_saelens(config: SAEConfig, params: dict, out_dir: str | Path, hook_na
 def _folded(config: SAEConfig, params: dict) -> dict[str, np.ndarray]:
   """The weights in the model's units (the scales folded in), as SAELens orients them: W_enc d_in x d_sae,
   W_dec d_sae x d_out (unit rows where ours are), W_skip d_out x d_in, JumpReLU's threshold at least 0."""
-  p = {k: np.asarray(jax.device_get(v), np.float32) for k, v in params.items()}
+  # (params as SAE.init or a restored workdir gives them: boxed with their logical axes)
+  p = {k: np.asarray(jax.device_get(v), np.float32) for k, v in nn.unbox(params).items()}
   s_in = float(p["input_scale"])
   s_out = float(p["output_scale"]) if config.transcoder else s_in
   decoder_SxO = np.asarray(SAE(config).apply({"params": params}, method=SAE.decoder), np.float32)
@@ -278,7 +280,8 @@ def export_circuit_tracer_clt(config: SAEConfig, params: dict, out_dir: str | Pa
   W_dec_<l>.safetensors with W_dec_<l> (S x (L - l) x D)) and a config.yaml, the scales folded in."""
   if config.activation not in ("relu", "jumprelu"):
     raise ConfigError(f"circuit-tracer reads ReLU and JumpReLU cross-layer transcoders, not {config.activation}")
-  p = {k: np.asarray(jax.device_get(v), np.float32) for k, v in params.items()}
+  # (params as SAE.init or a restored workdir gives them: boxed with their logical axes)
+  p = {k: np.asarray(jax.device_get(v), np.float32) for k, v in nn.unbox(params).items()}
   s_in, s_out = p["input_scale"], p["output_scale"]
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
