@@ -418,8 +418,9 @@ def _receivers(names: list[str], num_layers: int, num_heads: int, kv_heads: int)
   return receivers
 
 
-def _check_verbs() -> None:
-  """One verb a run, and the flags of another verb only with it: refused before a model loads."""
+def _check_verbs() -> str:
+  """The one verb of this run ("look": none given), after refusing, before a model loads, two verbs at once
+  and a verb's own flags without it."""
   verbs = [name for name, flag in _VERBS.items() if flag.value]
   if len(verbs) > 1:
     raise UserError(f"give one of {', '.join('--' + v for v in _VERBS)} at a time, not {' and '.join(verbs)}")
@@ -431,57 +432,79 @@ def _check_verbs() -> None:
     raise UserError("--path needs --sender (a head, e.g. L0.H1) and --receivers (e.g. L1.k)")
   for name in _ABLATE.value:
     _head(name)  # the form now; the model's range once it is loaded
+  return verbs[0] if verbs else "look"
+
+
+def _opened():
+  """The model of --workdir / --hf (named on stderr): (model, params, tokenizer, the run's validation tokens)."""
+  model, params, tokenizer, source, validation = load()
+  print(f"# {source}", file=sys.stderr)
+  return model, params, tokenizer, validation
+
+
+def _with_validation():
+  model, params, _, validation = _opened()
+  return model, params, validation
+
+
+def _run_heads(texts):
+  model, params, _, validation = _opened()
+  _gpt(model, "heads")
+  for name in _ABLATE.value:  # before any table prints: a head this model does not have
+    _head(name, model.config.num_layers, model.config.block.num_heads)
+  heads(model, params, validation)
+
+
+def _run_attribute(texts):
+  model, params, tokenizer, _ = _opened()
+  for i, text in enumerate(texts):
+    attribute(model, params, tokenizer, text, _out(i, len(texts)))
+
+
+def _run_look(texts):
+  """The default verb: each --text's pictures (attention, residual norms, logit lens) and the lens' last row."""
+  model, params, tokenizer, _ = _opened()
+  for i, text in enumerate(texts):
+    inside = probes.look_inside(model, params, tokenizer, text, target=_TARGET.value)
+    if inside.translation is not None:
+      print(f"translation (greedy): {inside.translation}")
+    for path in probes.write_pictures(inside, tokenizer, _out(i, len(texts))):
+      print(path)
+    last = [row[-1][0] for row in inside.lens_top(1, tokenizer)]
+    print("logit lens at the last position, by layer: " + ", ".join(f"{t!r} ({p:.2f})" for t, p in last))
+
+
+def _out(i: int, count: int) -> Path:
+  return Path(_OUT.value) / str(i + 1) if count > 1 else Path(_OUT.value)
+
+
+# One program, a verb a flag (not subcommands): the verbs share what they read (--workdir or --hf, --text,
+# --out, --target), absl's flags are one namespace, and `_check_verbs` refuses a verb's own flags without it.
+# Each verb's run takes the texts and opens what it needs; "look" runs where no verb is given.
+RUNS = {
+  "compare": lambda texts: compare(*_opened()[:3], texts),
+  "heads": _run_heads,
+  "attribute": _run_attribute,
+  "patch": lambda texts: patch(*_opened()[:3]),
+  "path": lambda texts: path_patch(*_opened()[:3]),
+  "circuit": lambda texts: circuit(*_with_validation()),
+  "probe": lambda texts: probe(*_with_validation()),
+  "sae": sae_features,
+  "graph": attribution_graph,
+  "look": _run_look,
+}
+_NEED_TEXT = ("compare", "attribute", "look")
 
 
 def main(argv):
   del argv
   texts = list(_TEXT.value)
-  _check_verbs()
-  if _SAE.value:
-    sae_features(texts)
-    return
-  if _GRAPH.value:
-    attribution_graph(texts)
-    return
-  if not texts and not (_HEADS.value or _PATCH.value or _PATH.value or _CIRCUIT.value or _PROBE.value):
+  verb = _check_verbs()
+  if verb in _NEED_TEXT and not texts:
     raise UserError(
       "give a --text to look inside (or --heads, --circuit, --probe, or --patch or --path with --clean and --corrupt)"
     )
-  model, params, tokenizer, source, validation = load()
-  print(f"# {source}", file=sys.stderr)
-  if _HEADS.value:
-    _gpt(model, "heads")
-    for name in _ABLATE.value:  # before any table prints: a head this model does not have
-      _head(name, model.config.num_layers, model.config.block.num_heads)
-    heads(model, params, validation)
-    return
-  if _PATCH.value:
-    patch(model, params, tokenizer)
-    return
-  if _PATH.value:
-    path_patch(model, params, tokenizer)
-    return
-  if _CIRCUIT.value:
-    circuit(model, params, validation)
-    return
-  if _PROBE.value:
-    probe(model, params, validation)
-    return
-  if _COMPARE.value:
-    compare(model, params, tokenizer, texts)
-    return
-  for i, text in enumerate(texts):
-    out = Path(_OUT.value) / str(i + 1) if len(texts) > 1 else Path(_OUT.value)
-    if _ATTRIBUTE.value:
-      attribute(model, params, tokenizer, text, out)
-      continue
-    inside = probes.look_inside(model, params, tokenizer, text, target=_TARGET.value)
-    if inside.translation is not None:
-      print(f"translation (greedy): {inside.translation}")
-    for path in probes.write_pictures(inside, tokenizer, out):
-      print(path)
-    last = [row[-1][0] for row in inside.lens_top(1, tokenizer)]
-    print("logit lens at the last position, by layer: " + ", ".join(f"{t!r} ({p:.2f})" for t, p in last))
+  RUNS[verb](texts)
 
 
 if __name__ == "__main__":
