@@ -11,10 +11,12 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import flax.linen as nn
 import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from transformer import layers
 from transformer.errors import CheckpointError
 
 
@@ -103,6 +105,14 @@ def _fields(a, b, prefix: str = ""):
       yield from _fields(x, y, f"{prefix}{f.name}.")
     else:
       yield f"{prefix}{f.name}", x, y
+
+
+def unrolled(config, params) -> dict:
+  """A GPT's params as a layout names them: unboxed, a scanned stack's layers apart (`h.layer_<i>`)."""
+  params = nn.unbox(params)
+  if config.scan_layers:
+    params = {**params, "h": layers.unstack_layers(params["h"], config.num_layers)}
+  return params
 
 
 def get_path(tree, path, default=...):

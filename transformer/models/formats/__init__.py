@@ -161,9 +161,7 @@ def export_hf(config: GPTConfig, params: dict, out_dir: str | Path, model_type: 
   other = hf_files.differences(config, theirs, model_type, hf_files.FREE)
   if other:
     raise ConfigError(f"the Hugging Face {model_type} format cannot hold this model: {'; '.join(other)}")
-  params = nn.unbox(params)
-  if config.scan_layers:
-    params = {**params, "h": layers.unstack_layers(params["h"], config.num_layers)}
+  params = hf_files.unrolled(config, params)
   tensors = {}
   for entry in FAMILIES[model_type].layout(config):
     value = np.asarray(jax.device_get(hf_files.get_path(params, entry.ours)))  # in its dtype: bfloat16 stays

@@ -259,9 +259,7 @@ def export_hf_gpt2(config: GPTConfig, params: dict, out_dir: str | Path) -> Path
   other = hf_files.differences(ours, theirs, "GPT-2", hf_files.FREE | {"use_bias"})
   if other:
     raise ConfigError(f"the Hugging Face GPT-2 format cannot hold this model: {'; '.join(other)}")
-  params = nn.unbox(params)
-  if config.scan_layers:
-    params = {**params, "h": layers.unstack_layers(params["h"], config.num_layers)}
+  params = hf_files.unrolled(config, params)
   tensors = {}
   for entry in FORMAT.layout(config):
     (key,), (hf_shape,) = entry.keys, entry.shapes
