@@ -39,8 +39,15 @@ def functions_at(
   path is the point's place in the activations tree (the module's path and the point's name: ("h",
   "layer_3", "mlp_out")). `names`: the points' names (a path's last part) fn acts on, the others left as they
   are; then a point that costs work only to exist (attention's per-head `result`: the output projection head
-  by head) is not made unless named. For a function you trace yourself (jax.jit of a function that calls
-  `model.apply` inside the block): a compiled program does not know the block it was traced in."""
+  by head) is not made unless named.
+
+  Why a context and not an argument: the function reaches every block's `point` calls without each module's
+  `__call__` taking and passing it down (the model's signature stays the one every family shares), and a
+  linen module's fields must be hashable data, not closures over traced arrays. The price: a compiled program
+  is keyed on its arguments, not on this block. So enter the block inside the function you jit, and make what
+  selects `fn` one of that function's static arguments (as transformer.interp.graph and replacement do with
+  the transcoders' `static()`): a jitted function called inside the block, but traced outside it, does not
+  see it."""
   token = _FUNCTIONS.set((fn, None if names is None else frozenset(names)))
   try:
     yield
