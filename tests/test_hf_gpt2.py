@@ -13,6 +13,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from transformer.errors import CheckpointError, ConfigError
+from transformer.models import formats
 from transformer.models.formats.gpt2 import export_hf_gpt2, import_hf_gpt2
 from transformer.models.gpt import GPT, GPTConfig
 
@@ -204,3 +205,14 @@ def test_hf_loads_our_export(name, tmp_path):
   )
   assert out.returncode == 0, out.stderr
   assert float(out.stdout.split()[-1]) <= 1e-4
+
+
+def test_the_formats_registry_reads_gpt2s_config_json_as_the_importer_reads_its_tensors():
+  """GPT-2 through the one interface: its config.json read by formats.FORMATS["gpt2"] is the config the importer
+  infers from the tensors' shapes, its export's config.json is config_to_hf's, and its layout covers every param."""
+  hf = json.loads((FIXTURES / "gpt2_tiny_a" / "config.json").read_text())
+  fmt = formats.FORMATS["gpt2"]
+  config, params = import_hf_gpt2(FIXTURES / "gpt2_tiny_a")
+  assert fmt.config_from_hf(hf, "config.json") == config
+  assert {e.ours for e in fmt.layout(config)} == {tuple(k.key for k in p) for p, _ in jax.tree.leaves_with_path(params)}
+  assert fmt.config_to_hf(config)["n_layer"] == config.num_layers
