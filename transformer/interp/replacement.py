@@ -82,10 +82,6 @@ class Transcoders(abc.ABC):
   def with_params(self, params) -> Transcoders:
     return dataclasses.replace(self, params=params)
 
-  @property
-  def latents(self) -> int:
-    return self.configs()[0].latents
-
   def check(self, model) -> Transcoders:
     cfg = model.config
     if self.num_layers != cfg.num_layers:
