@@ -25,13 +25,13 @@ def mix(
   mask_BxTxS,
   dropout: nn.Dropout | None = None,
   deterministic: bool = True,
-  at=None,
+  points=None,
   values: str = "bshk",
   softcap: float = 0.0,
 ) -> jax.Array:
   """softmax(scores) V over the keys that `mask` allows (True = attend; None: causal), however the
   scores were made. Scores in float32; masking by jnp.where, never by adding a large negative number
-  (which overflows in half precision). `at(name, x) -> x`, when given, is the attention module's
+  (which overflows in half precision). `points(name, x) -> x`, when given, is the attention module's
   named points (`point`): the masked scores, "attn_scores", and the probabilities, "pattern", pass
   through it.
   `values`: the layout of V ("bhsk": a KV cache's). `softcap` > 0: the scores bounded by
@@ -42,11 +42,11 @@ def mix(
   if softcap:
     scores_BxHxTxS = softcap * jnp.tanh(scores_BxHxTxS / softcap)
   scores_BxHxTxS = jnp.where(mask_BxTxS[:, None], scores_BxHxTxS, jnp.finfo(jnp.float32).min)
-  if at is not None:
-    scores_BxHxTxS = at("attn_scores", scores_BxHxTxS)
+  if points is not None:
+    scores_BxHxTxS = points("attn_scores", scores_BxHxTxS)
   probs_BxHxTxS = jax.nn.softmax(scores_BxHxTxS, axis=-1)
-  if at is not None:
-    probs_BxHxTxS = at("pattern", probs_BxHxTxS)
+  if points is not None:
+    probs_BxHxTxS = points("pattern", probs_BxHxTxS)
   if dropout is not None:
     probs_BxHxTxS = dropout(probs_BxHxTxS, deterministic=deterministic)
   return jnp.einsum(f"bhts,{values}->bthk", probs_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK)
@@ -61,18 +61,18 @@ def attend(
   forms: str = "reference",
   dropout: nn.Dropout | None = None,
   deterministic: bool = True,
-  at=None,
+  points=None,
   softcap: float = 0.0,
 ) -> jax.Array:
   """softmax(Q Kᵀ / √K) V over the keys that `mask` allows (True = attend; None: causal, query t sees
   keys 0..t); `softcap` as `mix` (the einsum's alone). The reference is the einsum below
-  (`forms="reference"`, `implementation="einsum"`, and always with named points to pass (`at`: a run
+  (`forms="reference"`, `implementation="einsum"`, and always with named points to pass (`points`: a run
   read or patched), attention dropout or a soft-cap, which need the scores); otherwise the fused forms
   of transformer.kernels.attention compute the same (XLA's or cuDNN's kernel, causal blocks)."""
   fast = kernels.form("attention", forms)
-  if fast is None or implementation == "einsum" or at is not None or dropout is not None or softcap:
+  if fast is None or implementation == "einsum" or points is not None or dropout is not None or softcap:
     scores_BxHxTxS = dot_product_scores(None, None, q_BxTxHxK, k_BxSxHxK, None)
-    return mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, dropout, deterministic, at, softcap=softcap)
+    return mix(scores_BxHxTxS, v_BxSxHxK, mask_BxTxS, dropout, deterministic, points, softcap=softcap)
   return fast(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, implementation, forms)
 
 
@@ -84,7 +84,7 @@ def attend_cached(
   forms: str = "reference",
   dropout: nn.Dropout | None = None,
   deterministic: bool = True,
-  at=None,
+  points=None,
   softcap: float = 0.0,
 ) -> jax.Array:
   """`attend` over a KV cache (keys B x G x K x S, values B x G x S x K: kv_cache.CACHE_LAYOUTS; G kv
@@ -92,13 +92,13 @@ def attend_cached(
   after the prompt) takes matrix-vector products over the cache as it is
   (transformer.kernels.attention.one_token_cpu); the reference repeats the kv heads."""
   fast = kernels.form("attention_one_token", forms)
-  if fast is not None and q_BxTxHxK.shape[1] == 1 and at is None and dropout is None and not softcap:
+  if fast is not None and q_BxTxHxK.shape[1] == 1 and points is None and dropout is None and not softcap:
     return fast(q_BxTxHxK, k_BxGxKxS, v_BxGxSxK, mask_BxTxS)
   H = q_BxTxHxK.shape[2]
   k_BxHxKxS, v_BxHxSxK = kv_cache.repeat_kv(k_BxGxKxS, H, 1), kv_cache.repeat_kv(v_BxGxSxK, H, 1)
   scale = 1.0 / math.sqrt(q_BxTxHxK.shape[-1])
   scores_BxHxTxS = jnp.einsum("bthk,bhks->bhts", q_BxTxHxK, k_BxHxKxS, preferred_element_type=jnp.float32) * scale
-  return mix(scores_BxHxTxS, v_BxHxSxK, mask_BxTxS, dropout, deterministic, at, values="bhsk", softcap=softcap)
+  return mix(scores_BxHxTxS, v_BxHxSxK, mask_BxTxS, dropout, deterministic, points, values="bhsk", softcap=softcap)
 
 
 def _attention_dropout(cfg: BlockConfig) -> nn.Dropout | None:

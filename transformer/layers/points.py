@@ -99,7 +99,7 @@ MIXING_POINTS = ("attn_scores", "pattern")
 
 
 def points_of(module: nn.Module):
-  """The attention module's named points for `mix` (`at`) when a run reads or patches them; otherwise
+  """The attention module's named points for `mix` (its `points`) when a run reads or patches them; otherwise
   None, and no score is materialised for them."""
   if not intervened(module, MIXING_POINTS):
     return None
