@@ -186,7 +186,7 @@ def _check_decode(o, preset: str) -> list[list]:
       f"{ms_token:.3f}, {b * 1000 / ms_token:,.0f}",
     ]
     if bandwidth:
-      share = bench_models._roofline_ms(o, cfg, weight_bytes, b, bandwidth) / ms_token
+      share = bench_models.roofline_ms(o, cfg, weight_bytes, b, bandwidth) / ms_token
       target = b == 1 and fixed is None and preset == "gpt2-xl"
       row += [f"{share:.1%} of the HBM roofline" + (" (>= 60%)" if target else ""), share >= 0.6 if target else None]
     else:

@@ -123,7 +123,7 @@ def forward_table(o) -> str:
   return header(o, "forward pass", cfg) + "\n" + benchmark.table(["batch", "seq", "ms/forward", "tokens/s"], rows)
 
 
-def _roofline_ms(o, cfg, weight_bytes: int, batch: int, bandwidth: float) -> float:
+def roofline_ms(o, cfg, weight_bytes: int, batch: int, bandwidth: float) -> float:
   """The fastest a decoding step can be: every weight and the KV cache up to the mean position of
   the --prompt_len + --new_tokens run read once, at the chip's bandwidth."""
   mean_position = o.prompt_len + o.new_tokens / 2
@@ -146,8 +146,8 @@ def generate_table(o) -> str:
     ms_token = seconds * 1000 / o.new_tokens
     row = [b, o.prompt_len, o.new_tokens, seconds * 1000, ms_token, b * o.new_tokens / seconds]
     if bandwidth:
-      roofline_ms = _roofline_ms(o, cfg, weight_bytes, b, bandwidth)
-      row += [roofline_ms, f"{roofline_ms / ms_token:.1%}"]
+      bound_ms = roofline_ms(o, cfg, weight_bytes, b, bandwidth)
+      row += [bound_ms, f"{bound_ms / ms_token:.1%}"]
     rows.append(row)
   headers = ["batch", "prompt", "new", "ms/call", "ms/token", "new tokens/s"]
   if bandwidth:
