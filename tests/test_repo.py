@@ -185,6 +185,35 @@ def test_no_module_over_600_lines_and_no_function_over_60():
   assert _rooms_too_big(function_lines=40)  # the check sees functions (a lower bar finds some)
 
 
+def _private_names_crossing(roots=("transformer", "launch")) -> list[str]:
+  """Every `from <ours> import _x` and `<our module>._x` in the library and the programs."""
+  found = []
+  for root in roots:
+    for path in sorted((REPO / root).rglob("*.py")):
+      tree, ours = ast.parse(path.read_text()), set()
+      for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("transformer", "launch"):
+          found += [
+            f"{path.relative_to(REPO)}: from {node.module} import {a.name}" for a in node.names if a.name[0] == "_"
+          ]
+          ours |= {a.asname or a.name for a in node.names}
+        elif isinstance(node, ast.Import):
+          ours |= {a.asname or a.name for a in node.names if a.name.split(".")[0] in ("transformer", "launch")}
+      found += [
+        f"{path.relative_to(REPO)}:{node.lineno}: {node.value.id}.{node.attr}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ours
+        if node.attr.startswith("_") and not node.attr.startswith("__")
+      ]
+  return found
+
+
+def test_no_private_name_is_imported_across_modules():
+  """A name with a leading underscore is its module's own: another module that needs it needs a public one."""
+  assert _private_names_crossing() == []
+  assert _private_names_crossing(("tests",))  # the check sees them (tests may reach inside)
+
+
 def test_each_layers_module_is_one_idea_a_reader_can_hold():
   """transformer/layers/ is split by concern (its __init__ lists them); a module that grows past
   ~300 lines is holding a second idea."""
