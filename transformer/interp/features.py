@@ -52,29 +52,29 @@ class FeatureReport:
 
 
 def latents_of(sae: SAE, sae_params, source: ModelActivations, tokens_BxT) -> np.ndarray:
-  """B x T x S: every latent's activation on every token."""
+  """B x T x Z: every latent's activation on every token."""
   x = source.at_point(jnp.asarray(tokens_BxT))
   _, z = sae.apply({"params": sae_params}, x.reshape(-1, source.d_in).astype(jnp.float32))
   return np.asarray(z).reshape(*tokens_BxT.shape, -1)
 
 
-def readable_latents(z_BxTxS: np.ndarray, count: int, dense: float = 0.1, least: int = 3) -> list[int]:
+def readable_latents(z_BxTxZ: np.ndarray, count: int, dense: float = 0.1, least: int = 3) -> list[int]:
   """`count` latents to show first, as feature dashboards choose them: none that fires on more than
   `dense` of the tokens (a space, a constant), none that fires on fewer than `least` tokens, none whose
   activation lies mostly on the windows' first token (an artifact of where a window starts, not a
   feature of the text); of the rest, latents spread evenly over their range of densities, each band's
   strongest by mean activation where it fires. Fewer candidates: the most active of the others after them."""
-  B, T, S = z_BxTxS.shape
-  fires_S = (z_BxTxS > 0).reshape(-1, S).sum(0)
-  mass_S = z_BxTxS.sum((0, 1))
-  at_start_S = z_BxTxS[:, 0].sum(0) / np.maximum(mass_S, 1e-30)
-  candidates = np.flatnonzero((fires_S >= least) & (fires_S <= dense * B * T) & (at_start_S <= 0.5))
-  by_density = candidates[np.argsort(fires_S[candidates], kind="stable")]
-  strength_S = mass_S / np.maximum(fires_S, 1)
+  B, T, Z = z_BxTxZ.shape
+  fires_Z = (z_BxTxZ > 0).reshape(-1, Z).sum(0)
+  mass_Z = z_BxTxZ.sum((0, 1))
+  at_start_Z = z_BxTxZ[:, 0].sum(0) / np.maximum(mass_Z, 1e-30)
+  candidates = np.flatnonzero((fires_Z >= least) & (fires_Z <= dense * B * T) & (at_start_Z <= 0.5))
+  by_density = candidates[np.argsort(fires_Z[candidates], kind="stable")]
+  strength_Z = mass_Z / np.maximum(fires_Z, 1)
   chosen = []
   for band in np.array_split(by_density, min(count, len(by_density))) if len(by_density) else []:
-    chosen.append(int(band[np.argmax(strength_S[band])]))
-  rest = [int(i) for i in np.argsort(-mass_S) if int(i) not in chosen]
+    chosen.append(int(band[np.argmax(strength_Z[band])]))
+  rest = [int(i) for i in np.argsort(-mass_Z) if int(i) not in chosen]
   return (chosen + rest)[:count]
 
 
@@ -107,18 +107,18 @@ def feature_pages(
   """The pages of `latents` (None: `count` a reader learns from, `readable_latents`) on the source's
   validation windows; `text`: which latents fire on each of its tokens."""
   tokens_BxT = source.eval_tokens_BxT()
-  z_BxTxS = latents_of(sae, sae_params, source, tokens_BxT)
-  B, T, S = z_BxTxS.shape
-  flat_NxS = z_BxTxS.reshape(-1, S)
+  z_BxTxZ = latents_of(sae, sae_params, source, tokens_BxT)
+  B, T, Z = z_BxTxZ.shape
+  flat_NxZ = z_BxTxZ.reshape(-1, Z)
   if latents is None:
-    latents = readable_latents(z_BxTxS, count)
-  bad = [i for i in latents if not 0 <= i < S]
+    latents = readable_latents(z_BxTxZ, count)
+  bad = [i for i in latents if not 0 <= i < Z]
   if bad:
-    raise UserError(f"latent {bad[0]} is not one of this SAE's {S} (0 to {S - 1})")
+    raise UserError(f"latent {bad[0]} is not one of this SAE's {Z} (0 to {Z - 1})")
   ids = tokenizer.encode(text) if text else []
   if len(ids) > source.model.config.max_len:
     raise UserError(f"the text is {len(ids)} tokens, longer than the model's context of {source.model.config.max_len}")
-  decoder_SxD = np.asarray(sae.apply({"params": sae_params}, method=SAE.decoder)) / float(sae_params["input_scale"])
+  decoder_ZxD = np.asarray(sae.apply({"params": sae_params}, method=SAE.decoder)) / float(sae_params["input_scale"])
   # A direction in the residual stream's basis meets the unembedding directly (the direct path, the
   # final norm left out); one elsewhere (z, mlp_post) does not.
   in_stream = source.point in RESIDUAL_POINTS
@@ -126,27 +126,27 @@ def feature_pages(
   piece = lambda t: tokenizer.decode([int(t)])
   report = []
   for index in latents:
-    acts = flat_NxS[:, index]
+    acts = flat_NxZ[:, index]
     order = [i for i in np.argsort(-acts)[:contexts] if acts[i] > 0]
     tops, peaks, centres = [], [float(acts[i]) for i in order], []
     for i in order:
       b, t = divmod(int(i), T)
       lo, hi = max(0, t - window), min(T, t + 4)
-      tops.append([(piece(tokens_BxT[b, j]), float(z_BxTxS[b, j, index])) for j in range(lo, hi)])
+      tops.append([(piece(tokens_BxT[b, j]), float(z_BxTxZ[b, j, index])) for j in range(lo, hi)])
       centres.append(t - lo)
     promoted = suppressed = []
     if unembed_VxD is not None:
-      weights_V = unembed_VxD @ decoder_SxD[index]
+      weights_V = unembed_VxD @ decoder_ZxD[index]
       promoted = [(piece(v), float(weights_V[v])) for v in np.argsort(-weights_V)[:8]]
       suppressed = [(piece(v), float(weights_V[v])) for v in np.argsort(weights_V)[:8]]
     density = float((acts > 0).mean())
     report.append(Latent(index, density, tops, peaks, centres, promoted, suppressed, _histogram(acts, index)))
   text_latents = []
   if ids:
-    z_1xTxS = latents_of(sae, sae_params, source, np.asarray([ids], np.int32))[0]
+    z_1xTxZ = latents_of(sae, sae_params, source, np.asarray([ids], np.int32))[0]
     for t, token in enumerate(ids):
-      firing = np.argsort(-z_1xTxS[t])[:4]
-      text_latents.append((piece(token), [(int(s), float(z_1xTxS[t, s])) for s in firing if z_1xTxS[t, s] > 0]))
+      firing = np.argsort(-z_1xTxZ[t])[:4]
+      text_latents.append((piece(token), [(int(s), float(z_1xTxZ[t, s])) for s in firing if z_1xTxZ[t, s] > 0]))
   result = FeatureReport(report, text_latents)
   if out is not None:
     result.path = _write(result, Path(out))

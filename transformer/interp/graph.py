@@ -83,7 +83,7 @@ class _Setup:
 
   frozen: dict  # path -> the value of every pattern, norm divisor and MLP output
   inputs_LxTxD: jax.Array  # the transcoders' input point, each layer
-  z_LxTxS: jax.Array  # the features' activations (position 0 zeroed when it is a BOS)
+  z_LxTxZ: jax.Array  # the features' activations (position 0 zeroed when it is a BOS)
   errors_LxTxD: jax.Array
   embed_TxD: jax.Array
   logits_V: jax.Array  # the last position's logits
@@ -110,9 +110,9 @@ def attribute(
     raise UserError(f"a prompt of {len(tokens_T)} tokens is longer than the model's context ({model.config.max_len})")
   params = nn.unbox(params)
   setup = _setup(model, tc.static(), params, tc.params, jax.device_put(tokens_T), zero_first)
-  z_LxTxS = np.asarray(setup.z_LxTxS)
-  active_nx3 = np.argwhere(z_LxTxS > 0)  # layer-major, then position, then latent: circuit-tracer's order
-  activations_n = z_LxTxS[tuple(active_nx3.T)]
+  z_LxTxZ = np.asarray(setup.z_LxTxZ)
+  active_nx3 = np.argwhere(z_LxTxZ > 0)  # layer-major, then position, then latent: circuit-tracer's order
+  activations_n = z_LxTxZ[tuple(active_nx3.T)]
   logit_tokens, logit_p = salient_logits(np.asarray(setup.logits_V), max_n_logits, desired_logit_prob)
   sources = _sources(tc, setup, active_nx3, activations_n)
   targets = _targets(model, params, tc, active_nx3, logit_tokens, len(tokens_T))
@@ -168,19 +168,19 @@ def _setup(model, static: Transcoders, params, tc_params, tokens_T, zero_first: 
     logits_BxTxV = model.apply({"params": params}, tokens_T[None])
   L = tc.num_layers
   inputs_LxTxD = jnp.stack([inputs[layer] for layer in range(L)]).astype(jnp.float32)
-  z_LxTxS = jnp.stack([tc.encode(tc_params, layer, inputs_LxTxD[layer]) for layer in range(L)])
+  z_LxTxZ = jnp.stack([tc.encode(tc_params, layer, inputs_LxTxD[layer]) for layer in range(L)])
   if zero_first:
-    z_LxTxS = z_LxTxS.at[:, 0].set(0.0)
-  y_hat_LxTxD = replacement.outputs(tc, tc_params, z_LxTxS, inputs_LxTxD)
+    z_LxTxZ = z_LxTxZ.at[:, 0].set(0.0)
+  y_hat_LxTxD = replacement.outputs(tc, tc_params, z_LxTxZ, inputs_LxTxD)
   errors_LxTxD = jnp.stack([outputs[layer] for layer in range(L)]).astype(jnp.float32) - y_hat_LxTxD
   if zero_first:
     errors_LxTxD = errors_LxTxD.at[:, 0].set(0.0)
   embed_TxD = next(x for path, x in frozen.items() if split_path(path)[0] == "embed")[0]
-  return _Setup(frozen, inputs_LxTxD, z_LxTxS, errors_LxTxD, embed_TxD, logits_BxTxV[0, -1])
+  return _Setup(frozen, inputs_LxTxD, z_LxTxZ, errors_LxTxD, embed_TxD, logits_BxTxV[0, -1])
 
 
 jax.tree_util.register_dataclass(
-  _Setup, data_fields=["frozen", "inputs_LxTxD", "z_LxTxS", "errors_LxTxD", "embed_TxD", "logits_V"], meta_fields=[]
+  _Setup, data_fields=["frozen", "inputs_LxTxD", "z_LxTxZ", "errors_LxTxD", "embed_TxD", "logits_V"], meta_fields=[]
 )
 
 
@@ -193,9 +193,9 @@ def _sources(tc: Transcoders, setup: _Setup, active_nx3, activations_n) -> dict:
   entries = [[] for _ in range(L)]  # by the layer written: (features, their vectors)
   for layer in range(L):
     mine = np.flatnonzero(active_nx3[:, 0] == layer)
-    dec_SxMxD, first = map(np.asarray, tc.decoders(tc.params, layer))
-    for m in range(dec_SxMxD.shape[1]):
-      entries[first + m].append((mine, activations_n[mine, None] * dec_SxMxD[active_nx3[mine, 2], m]))
+    dec_ZxMxD, first = map(np.asarray, tc.decoders(tc.params, layer))
+    for m in range(dec_ZxMxD.shape[1]):
+      entries[first + m].append((mine, activations_n[mine, None] * dec_ZxMxD[active_nx3[mine, 2], m]))
   written = [_cells(active_nx3, entries[layer], T, D) for layer in range(L)]
   return {
     "written": [{k: jax.device_put(v) for k, v in cells.items()} for cells in written],
@@ -375,7 +375,7 @@ def intervene(
   interventions: list[tuple[int, int, int, float]],
   direct_effects: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
-  """(the last position's logits V, every layer's feature activations L x T x S) of the model itself with
+  """(the last position's logits V, every layer's feature activations L x T x Z) of the model itself with
   features set: each (layer, position, latent, value) sets that feature's activation, and the MLP outputs it
   writes move by its decoders' change (circuit-tracer's `feature_intervention`), with the attention patterns
   fixed at the prompt's. Later transcoders read the changed stream, so later features respond. `direct_effects`:
@@ -386,8 +386,8 @@ def intervene(
   params = nn.unbox(params)
   setup = _setup(model, tc.static(), params, tc.params, tokens, True)
   where = jax.device_put(np.asarray(interventions, np.float32).reshape(-1, 4))
-  logits_V, z_LxTxS = _intervened(model, tc.static(), params, tc.params, tokens, setup, where, direct_effects)
-  return np.asarray(logits_V), np.asarray(z_LxTxS)
+  logits_V, z_LxTxZ = _intervened(model, tc.static(), params, tc.params, tokens, setup, where, direct_effects)
+  return np.asarray(logits_V), np.asarray(z_LxTxZ)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 7))
@@ -402,10 +402,10 @@ def _intervened(model, static, params, tc_params, tokens_T, setup: _Setup, where
       return setup.frozen[path]
     if name == tc.point_in:
       live_in[layer] = x[0]
-      z_TxS = tc.encode(tc_params, layer, x[0])
-      kept_I = z_TxS[position_I, latent_I]
-      z[layer] = z_TxS.at[position_I, latent_I].set(jnp.where(layer_I == layer, where_Ix4[:, 3], kept_I))
-      moved[layer] = z[layer] - z_TxS
+      z_TxZ = tc.encode(tc_params, layer, x[0])
+      kept_I = z_TxZ[position_I, latent_I]
+      z[layer] = z_TxZ.at[position_I, latent_I].set(jnp.where(layer_I == layer, where_Ix4[:, 3], kept_I))
+      moved[layer] = z[layer] - z_TxZ
     if name != "mlp_out":  # (a pattern, and with direct effects a norm's divisor, fixed above)
       return x
     change_TxD = sum(_written(tc, tc_params, source, layer, moved[source]) for source in range(layer + 1))
@@ -419,9 +419,9 @@ def _intervened(model, static, params, tc_params, tokens_T, setup: _Setup, where
   return logits_BxTxV[0, -1], jnp.stack([z[layer] for layer in range(tc.num_layers)])
 
 
-def _written(tc: Transcoders, tc_params, source: int, layer: int, z_TxS) -> jax.Array:
+def _written(tc: Transcoders, tc_params, source: int, layer: int, z_TxZ) -> jax.Array:
   """What latents of layer `source` write into layer `layer`'s MLP output (0 where they write nothing)."""
-  dec_SxMxD, first = tc.decoders(tc_params, source)
-  if not first <= layer < first + dec_SxMxD.shape[1]:
+  dec_ZxMxD, first = tc.decoders(tc_params, source)
+  if not first <= layer < first + dec_ZxMxD.shape[1]:
     return jnp.zeros((), jnp.float32)
-  return z_TxS @ dec_SxMxD[:, layer - first]
+  return z_TxZ @ dec_ZxMxD[:, layer - first]

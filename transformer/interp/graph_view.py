@@ -232,10 +232,10 @@ def top_contexts(model, params, tokenizer, transcoders, tokens_BxT, features: li
   out = {}
   B, T = tokens_BxT.shape
   for layer in sorted({layer for layer, _ in features}):
-    z_NxS = np.asarray(_encoded(tc.static(), tc.params, layer, inputs_LxBxTxD[layer].reshape(B * T, -1)))
+    z_NxZ = np.asarray(_encoded(tc.static(), tc.params, layer, inputs_LxBxTxD[layer].reshape(B * T, -1)))
     for latent in sorted({latent for l, latent in features if l == layer}):
-      best = np.argsort(-z_NxS[:, latent], kind="stable")[:count]
-      out[(layer, latent)] = [_context(tokenizer, tokens_BxT[n // T], n % T) for n in best if z_NxS[n, latent] > 0]
+      best = np.argsort(-z_NxZ[:, latent], kind="stable")[:count]
+      out[(layer, latent)] = [_context(tokenizer, tokens_BxT[n // T], n % T) for n in best if z_NxZ[n, latent] > 0]
   return out
 
 

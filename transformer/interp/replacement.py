@@ -53,15 +53,15 @@ class Transcoders(abc.ABC):
 
   @abc.abstractmethod
   def encode(self, params, layer: int, x_NxD) -> jax.Array:
-    """Layer `layer`'s latents (N x S) of its input."""
+    """Layer `layer`'s latents (N x Z) of its input."""
 
   @abc.abstractmethod
   def decoders(self, params, layer: int) -> tuple[jax.Array, int]:
-    """(S x M x D: layer `layer`'s latents' output vectors to the M layers they write; the first of those)."""
+    """(Z x M x D: layer `layer`'s latents' output vectors to the M layers they write; the first of those)."""
 
   @abc.abstractmethod
   def encoders(self, params, layer: int) -> jax.Array:
-    """D x S: the directions whose dot product with layer `layer`'s input gives each latent's pre-activation
+    """D x Z: the directions whose dot product with layer `layer`'s input gives each latent's pre-activation
     (less its bias)."""
 
   @abc.abstractmethod
@@ -169,8 +169,8 @@ class CrossLayerTranscoders(Transcoders):
 
   def encode(self, params, layer: int, x_NxD) -> jax.Array:
     x_NxD = x_NxD.astype(jnp.float32) * params["input_scale"][layer]
-    threshold_S = params["threshold"][layer] if "threshold" in params else None
-    return activation(self.clt.config, x_NxD @ params["W_enc"][layer] + params["b_enc"][layer], threshold_S)
+    threshold_Z = params["threshold"][layer] if "threshold" in params else None
+    return activation(self.clt.config, x_NxD @ params["W_enc"][layer] + params["b_enc"][layer], threshold_Z)
 
   def decoders(self, params, layer: int) -> tuple[jax.Array, int]:
     return params[f"W_dec_{layer}"] / params["output_scale"][layer:, None], layer
@@ -185,14 +185,14 @@ class CrossLayerTranscoders(Transcoders):
     return self.with_params(nn.unbox(self.params))
 
 
-def outputs(tc: Transcoders, params, z_LxNxS, inputs_LxNxD) -> jax.Array:
+def outputs(tc: Transcoders, params, z_LxNxZ, inputs_LxNxD) -> jax.Array:
   """Every layer's output (L x N x D, model units) from every layer's latents (and inputs: skip paths)."""
   L = tc.num_layers
   y = [tc.output_bias(params, m) + tc.skip(params, m, inputs_LxNxD[m]) for m in range(L)]
   y_LxNxD = jnp.stack([jnp.broadcast_to(v, inputs_LxNxD.shape[1:]) for v in y])
   for layer in range(L):
-    dec_SxMxD, first = tc.decoders(params, layer)
-    y_LxNxD = y_LxNxD.at[first : first + dec_SxMxD.shape[1]].add(jnp.einsum("ns,smd->mnd", z_LxNxS[layer], dec_SxMxD))
+    dec_ZxMxD, first = tc.decoders(params, layer)
+    y_LxNxD = y_LxNxD.at[first : first + dec_ZxMxD.shape[1]].add(jnp.einsum("ns,smd->mnd", z_LxNxZ[layer], dec_ZxMxD))
   return y_LxNxD
 
 
@@ -231,9 +231,9 @@ def _replacing(tc: Transcoders, tc_params):
       return x
     y = tc.output_bias(tc_params, layer) + tc.skip(tc_params, layer, live[layer])
     for source in range(layer + 1):
-      dec_SxMxD, first = tc.decoders(tc_params, source)
-      if first + dec_SxMxD.shape[1] > layer:
-        y = y + (z[source] @ dec_SxMxD[:, layer - first]).reshape(x.shape)
+      dec_ZxMxD, first = tc.decoders(tc_params, source)
+      if first + dec_ZxMxD.shape[1] > layer:
+        y = y + (z[source] @ dec_ZxMxD[:, layer - first]).reshape(x.shape)
     return y.astype(x.dtype)
 
   return replace

@@ -12,7 +12,7 @@
 
 Conventions (nanodo's): tensors carry their shapes in their names, with
   B batch, T query length, S key/value length, D model width, H heads, K head width (D = H*K),
-  F MLP width, V vocabulary.
+  F MLP width, V vocabulary (and, beyond the layers: L layers, N rows, Z a dictionary's latents).
 Every parameter is created with logical axis names (`nn.with_logical_partitioning`) and the main
 activations carry logical constraints, so that sharding is a matter of rules and a mesh
 (`transformer.sharding`), never of model edits. Logical names used:

@@ -2,17 +2,17 @@
 layer's MLP input, and decoders from each layer's latents to its own MLP's output and every later one's, trained
 jointly, so that a feature computed once writes wherever the model uses it:
 
-    z_l = activation(x_l W_enc[l] + b_enc[l])                 layer l's latents (S), from its MLP's input x_l
+    z_l = activation(x_l W_enc[l] + b_enc[l])                 layer l's latents (Z), from its MLP's input x_l
     ŷ_m = Σ_{l ≤ m} z_l W_dec_l[:, m - l] + b_dec[m]          layer m's MLP output, from every layer up to it
 
 in the scaled spaces the SAEs learn in (layer l's input times input_scale[l], layer m's output times
 output_scale[m]; each set from the data, as an SAE's). An SAEConfig with `layers` = L > 0 and `d_out` configures
 one (TopK a layer, JumpReLU or ReLU + L1, whose penalty weighs a latent by the norm of all its decoders); the SAE
 task trains it with --config.cross_layer (transformer.tasks.sae) and transformer.interp.graph draws graphs
-through it. Its decoders are kept as circuit-tracer keeps them, `W_dec_<l>`: S x (L - l) x d_out.
+through it. Its decoders are kept as circuit-tracer keeps them, `W_dec_<l>`: Z x (L - l) x d_out.
 
     >>> clt = CrossLayerTranscoder(SAEConfig(d_in=64, d_out=64, d_sae=256, layers=4, activation="topk", k=8))
-    >>> y_LxNxO, z_LxNxS = clt.apply({"params": params}, x_LxNxD)
+    >>> y_LxNxO, z_LxNxZ = clt.apply({"params": params}, x_LxNxD)
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ from transformer.models.sae import SAEConfig, init_decoder_bias, jump_relu, norm
 
 
 class CrossLayerTranscoder(nn.Module):
-  """The cross-layer transcoder of `config` (layers L, d_in D, latents S a layer, d_out O)."""
+  """The cross-layer transcoder of `config` (layers L, d_in D, latents Z a layer, d_out O)."""
 
   config: SAEConfig
 
   def setup(self):
     cfg = self.config
-    L, D, S, O = cfg.layers, cfg.d_in, cfg.latents, cfg.out_width
+    L, D, Z, O = cfg.layers, cfg.d_in, cfg.latents, cfg.out_width
     dtype = jnp.dtype(cfg.param_dtype)
 
     def rows(shape, axis):  # random directions of norm decoder_init_norm along `axis`
@@ -45,14 +45,14 @@ class CrossLayerTranscoder(nn.Module):
       return init
 
     zeros, ones = nn.initializers.zeros_init(), nn.initializers.ones_init()
-    self.W_enc = self.param("W_enc", rows((L, D, S), 1), (L, D, S), dtype)
-    self.b_enc = self.param("b_enc", zeros, (L, S), dtype)
+    self.W_enc = self.param("W_enc", rows((L, D, Z), 1), (L, D, Z), dtype)
+    self.b_enc = self.param("b_enc", zeros, (L, Z), dtype)
     # A latent's decoders to the L - l layers it writes, shared in norm across them (a feature's one size).
-    self.W_dec = [self.param(f"W_dec_{l}", rows((S, L - l, O), (1, 2)), (S, L - l, O), dtype) for l in range(L)]
+    self.W_dec = [self.param(f"W_dec_{l}", rows((Z, L - l, O), (1, 2)), (Z, L - l, O), dtype) for l in range(L)]
     self.b_dec = self.param("b_dec", zeros, (L, O), dtype)
     if cfg.activation == "jumprelu":
-      self.threshold = self.param("threshold", nn.initializers.constant(cfg.initial_threshold), (L, S), dtype)
-    self.since_fired = self.param("since_fired", zeros, (L, S), jnp.float32)
+      self.threshold = self.param("threshold", nn.initializers.constant(cfg.initial_threshold), (L, Z), dtype)
+    self.since_fired = self.param("since_fired", zeros, (L, Z), jnp.float32)
     self.input_scale = self.param("input_scale", ones, (L,), jnp.float32)
     self.output_scale = self.param("output_scale", ones, (L,), jnp.float32)
 
@@ -60,40 +60,40 @@ class CrossLayerTranscoder(nn.Module):
     """Of inputs already scaled (each layer's times its input_scale)."""
     return jnp.einsum("lnd,lds->lns", x_LxNxD, self.W_enc) + self.b_enc[:, None]
 
-  def activate(self, pre_LxNxS) -> jax.Array:
+  def activate(self, pre_LxNxZ) -> jax.Array:
     """Every layer's latents of its pre-activations (`activation`, layer by layer)."""
     each = functools.partial(activation, self.config)
     if self.config.activation == "jumprelu":
-      return jax.vmap(each)(pre_LxNxS, self.threshold)
-    return jax.vmap(each)(pre_LxNxS)
+      return jax.vmap(each)(pre_LxNxZ, self.threshold)
+    return jax.vmap(each)(pre_LxNxZ)
 
-  def decode(self, z_LxNxS) -> jax.Array:
+  def decode(self, z_LxNxZ) -> jax.Array:
     """Each layer's output (scaled space) from every layer's latents up to it, plus its b_dec."""
     L = self.config.layers
-    y_LxNxO = jnp.broadcast_to(self.b_dec[:, None], (L, z_LxNxS.shape[1], self.b_dec.shape[-1]))
+    y_LxNxO = jnp.broadcast_to(self.b_dec[:, None], (L, z_LxNxZ.shape[1], self.b_dec.shape[-1]))
     for l in range(L):
-      y_MxNxO = jnp.einsum("ns,smo->mno", z_LxNxS[l], self.W_dec[l])
+      y_MxNxO = jnp.einsum("ns,smo->mno", z_LxNxZ[l], self.W_dec[l])
       y_LxNxO = y_LxNxO.at[l:].add(y_MxNxO)
     return y_LxNxO
 
   def decoder_norms(self) -> jax.Array:
-    """L x S: each latent's decoders' norm, over all the layers it writes."""
+    """L x Z: each latent's decoders' norm, over all the layers it writes."""
     return jnp.stack([jnp.sqrt(jnp.sum(jnp.square(w), axis=(1, 2))) for w in self.W_dec])
 
   def __call__(self, x_LxNxD, train: bool = False):
-    """(every layer's output L x N x O, the latents L x N x S) of every layer's input, in the model's units."""
-    z_LxNxS = self.activate(self.pre_activations(x_LxNxD * self.input_scale[:, None, None]))
-    return self.decode(z_LxNxS) / self.output_scale[:, None, None], z_LxNxS
+    """(every layer's output L x N x O, the latents L x N x Z) of every layer's input, in the model's units."""
+    z_LxNxZ = self.activate(self.pre_activations(x_LxNxD * self.input_scale[:, None, None]))
+    return self.decode(z_LxNxZ) / self.output_scale[:, None, None], z_LxNxZ
 
 
-def activation(config, pre_NxS, threshold_S=None) -> jax.Array:
-  """One layer's latents of its pre-activations (N x S): TopK, JumpReLU (at that layer's `threshold_S`) or
+def activation(config, pre_NxZ, threshold_Z=None) -> jax.Array:
+  """One layer's latents of its pre-activations (N x Z): TopK, JumpReLU (at that layer's `threshold_Z`) or
   ReLU. What training and a replacement model reading one layer at a time both call."""
   if config.activation == "topk":
-    return jax.nn.relu(pre_NxS) * top_k_mask(pre_NxS, config.k)
+    return jax.nn.relu(pre_NxZ) * top_k_mask(pre_NxZ, config.k)
   if config.activation == "jumprelu":
-    return jump_relu(pre_NxS, jnp.maximum(threshold_S, 0.0), config.bandwidth)
-  return jax.nn.relu(pre_NxS)
+    return jump_relu(pre_NxZ, jnp.maximum(threshold_Z, 0.0), config.bandwidth)
+  return jax.nn.relu(pre_NxZ)
 
 
 def clt_loss(clt: CrossLayerTranscoder, params, x_LxNxD, y_LxNxO, dead_tokens: float | None = None):
@@ -107,17 +107,17 @@ def clt_loss(clt: CrossLayerTranscoder, params, x_LxNxD, y_LxNxO, dead_tokens: f
   def inside(module: CrossLayerTranscoder):
     x_scaled = x_LxNxD * jax.lax.stop_gradient(module.input_scale)[:, None, None]
     target = y_LxNxO * jax.lax.stop_gradient(module.output_scale)[:, None, None]
-    pre_LxNxS = module.pre_activations(x_scaled)
-    z_LxNxS = module.activate(pre_LxNxS)
-    mse = jnp.sum(jnp.mean(jnp.sum(jnp.square(module.decode(z_LxNxS) - target), -1), -1))
+    pre_LxNxZ = module.pre_activations(x_scaled)
+    z_LxNxZ = module.activate(pre_LxNxZ)
+    mse = jnp.sum(jnp.mean(jnp.sum(jnp.square(module.decode(z_LxNxZ) - target), -1), -1))
     parts = {"mse": mse}
     if cfg.activation == "relu":
-      parts["l1"] = cfg.l1_coefficient * jnp.sum(jnp.mean(z_LxNxS * module.decoder_norms()[:, None], 1))
+      parts["l1"] = cfg.l1_coefficient * jnp.sum(jnp.mean(z_LxNxZ * module.decoder_norms()[:, None], 1))
     elif cfg.activation == "jumprelu":
-      fired = step(pre_LxNxS, jnp.maximum(module.threshold, 0.0)[:, None], cfg.bandwidth)
+      fired = step(pre_LxNxZ, jnp.maximum(module.threshold, 0.0)[:, None], cfg.bandwidth)
       parts["l0"] = cfg.l0_coefficient * jnp.sum(jnp.mean(jnp.sum(fired, -1), -1))
-    fired_LxS = jnp.any(z_LxNxS > 0, axis=1)
-    stats = {"since_fired": jnp.where(fired_LxS, 0.0, module.since_fired + N)}
+    fired_LxZ = jnp.any(z_LxNxZ > 0, axis=1)
+    stats = {"since_fired": jnp.where(fired_LxZ, 0.0, module.since_fired + N)}
     return sum(parts.values()), parts, jax.lax.stop_gradient(stats)
 
   return nn.apply(inside, clt)({"params": params})
@@ -136,6 +136,6 @@ def init_clt_params(clt: CrossLayerTranscoder, params, x_LxNxD, y_LxNxO, normali
     centre = lambda rows: init_decoder_bias({"b_dec": jnp.zeros(rows.shape[1])}, rows, init_b_dec)["b_dec"]
     params["b_dec"] = jnp.stack([centre(y[l] * s_out[l]) for l in range(cfg.layers)]).astype(params["b_dec"].dtype)
   if cfg.activation == "jumprelu" and cfg.initial_density > 0:
-    pre_LxNxS = jnp.einsum("lnd,lds->lns", x * s_in[:, None, None], params["W_enc"]) + params["b_enc"][:, None]
-    params["threshold"] = jnp.maximum(jnp.quantile(pre_LxNxS, 1.0 - cfg.initial_density, axis=1), 0.0)
+    pre_LxNxZ = jnp.einsum("lnd,lds->lns", x * s_in[:, None, None], params["W_enc"]) + params["b_enc"][:, None]
+    params["threshold"] = jnp.maximum(jnp.quantile(pre_LxNxZ, 1.0 - cfg.initial_density, axis=1), 0.0)
   return params

@@ -30,7 +30,7 @@ of the smallest activation the batch selection keeps (SAELens's). Kept in the pa
 checkpointed, restored and sharded with the SAE.
 
     >>> sae = SAE(SAEConfig(d_in=64, d_sae=512, activation="topk", k=32))
-    >>> x_hat_NxD, z_NxS = sae.apply({"params": params}, x_NxD)
+    >>> x_hat_NxD, z_NxZ = sae.apply({"params": params}, x_NxD)
     >>> loss, parts, stats = sae_loss(sae, params, x_NxD, dead_tokens=10**6)
 """
 
@@ -138,8 +138,8 @@ class SAEConfig:
 
 
 def _summed_to(g, shape: tuple[int, ...]) -> jax.Array:
-  """A gradient of a broadcast value summed back to its shape (θ per latent: S; a cross-layer
-  transcoder's per layer, broadcast over rows: L x 1 x S)."""
+  """A gradient of a broadcast value summed back to its shape (θ per latent: Z; a cross-layer
+  transcoder's per layer, broadcast over rows: L x 1 x Z)."""
   g = g.sum(tuple(range(g.ndim - len(shape))))
   return g.sum(tuple(i for i, n in enumerate(shape) if n == 1), keepdims=True).reshape(shape)
 
@@ -189,10 +189,10 @@ def _step_bwd(bandwidth, saved, g):
 step.defvjp(_step_fwd, _step_bwd)
 
 
-def top_k_mask(values_NxS, k: int):
+def top_k_mask(values_NxZ, k: int):
   """True at each row's k largest values (exactly k: ties broken by index)."""
-  _, index_Nxk = jax.lax.top_k(values_NxS, k)
-  return jnp.zeros(values_NxS.shape, bool).at[jnp.arange(values_NxS.shape[0])[:, None], index_Nxk].set(True)
+  _, index_Nxk = jax.lax.top_k(values_NxZ, k)
+  return jnp.zeros(values_NxZ.shape, bool).at[jnp.arange(values_NxZ.shape[0])[:, None], index_Nxk].set(True)
 
 
 class SAE(nn.Module):
@@ -203,7 +203,7 @@ class SAE(nn.Module):
 
   def setup(self):
     cfg = self.config
-    D, S, O = cfg.d_in, cfg.latents, cfg.out_width
+    D, Z, O = cfg.d_in, cfg.latents, cfg.out_width
     dtype = jnp.dtype(cfg.param_dtype)
 
     # Decoder rows: random directions of norm decoder_init_norm (the raw parameter's; `decoder` makes
@@ -213,13 +213,13 @@ class SAE(nn.Module):
       w = jax.random.normal(key, shape, dtype)
       return cfg.decoder_init_norm * w / jnp.linalg.norm(w, axis=1, keepdims=True)
 
-    self.W_dec = self.param("W_dec", nn.with_logical_partitioning(decoder_init, ("mlp", "embed")), (S, O), dtype)
+    self.W_dec = self.param("W_dec", nn.with_logical_partitioning(decoder_init, ("mlp", "embed")), (Z, O), dtype)
     w_dec = self.W_dec
     # A transcoder's encoder (its input another space than its output) starts as random rows of the same
     # norm, not the decoder's transpose.
     encoder_init = (lambda key, shape, dtype=dtype: w_dec.T) if not cfg.transcoder else _rows_of_norm(cfg, axis=0)
-    self.W_enc = self.param("W_enc", nn.with_logical_partitioning(encoder_init, ("embed", "mlp")), (D, S), dtype)
-    self.b_enc = self.param("b_enc", nn.with_logical_partitioning(nn.initializers.zeros_init(), ("mlp",)), (S,), dtype)
+    self.W_enc = self.param("W_enc", nn.with_logical_partitioning(encoder_init, ("embed", "mlp")), (D, Z), dtype)
+    self.b_enc = self.param("b_enc", nn.with_logical_partitioning(nn.initializers.zeros_init(), ("mlp",)), (Z,), dtype)
     self.b_dec = self.param(
       "b_dec", nn.with_logical_partitioning(nn.initializers.zeros_init(), ("embed",)), (O,), dtype
     )
@@ -228,11 +228,11 @@ class SAE(nn.Module):
       self.W_skip = self.param("W_skip", nn.with_logical_partitioning(zeros, ("embed", None)), (D, O), dtype)
     if cfg.activation == "jumprelu":  # θ, learned: itself, not log θ (Adam moves log θ too slowly, SAELens #494)
       threshold_init = nn.initializers.constant(cfg.initial_threshold)
-      self.threshold = self.param("threshold", nn.with_logical_partitioning(threshold_init, ("mlp",)), (S,), dtype)
+      self.threshold = self.param("threshold", nn.with_logical_partitioning(threshold_init, ("mlp",)), (Z,), dtype)
     if cfg.activation == "batchtopk":  # the inference threshold: set by each step (sae_loss), not learned
-      self.threshold = self.param("threshold", nn.with_logical_partitioning(zeros, ("mlp",)), (S,), dtype)
+      self.threshold = self.param("threshold", nn.with_logical_partitioning(zeros, ("mlp",)), (Z,), dtype)
     # Tokens since each latent last fired: set by each step (sae_loss), not learned.
-    self.since_fired = self.param("since_fired", nn.with_logical_partitioning(zeros, ("mlp",)), (S,), jnp.float32)
+    self.since_fired = self.param("since_fired", nn.with_logical_partitioning(zeros, ("mlp",)), (Z,), jnp.float32)
     # The factor inputs are multiplied by (norm_scale), outputs divided by: set once, not learned. A
     # transcoder's output has its own (`output_scale`, its target's norm_scale).
     ones = nn.initializers.ones_init()
@@ -245,7 +245,7 @@ class SAE(nn.Module):
     return self.output_scale if self.config.transcoder else self.input_scale
 
   def decoder(self) -> jax.Array:
-    """W_dec, S x D: unit rows (every activation but relu, whose L1 penalty weighs their norms; and an
+    """W_dec, Z x D: unit rows (every activation but relu, whose L1 penalty weighs their norms; and an
     imported decoder, `normalize_decoder=False`)."""
     if self.config.activation == "relu" or not self.config.normalize_decoder:
       return self.W_dec
@@ -268,34 +268,34 @@ class SAE(nn.Module):
     """A skip transcoder's x W_skip (scaled spaces); 0 without one."""
     return x_NxD @ self.W_skip if self.config.skip else 0.0
 
-  def activate(self, pre_NxS, train: bool = False) -> jax.Array:
+  def activate(self, pre_NxZ, train: bool = False) -> jax.Array:
     cfg = self.config
     if cfg.activation == "relu":
-      return jax.nn.relu(pre_NxS)
+      return jax.nn.relu(pre_NxZ)
     if cfg.activation == "topk":
-      return jax.nn.relu(pre_NxS) * top_k_mask(pre_NxS, cfg.k)
+      return jax.nn.relu(pre_NxZ) * top_k_mask(pre_NxZ, cfg.k)
     if cfg.activation == "jumprelu":
-      return jump_relu(pre_NxS, self.jump_threshold(), cfg.bandwidth)
-    relu_NxS = jax.nn.relu(pre_NxS)
+      return jump_relu(pre_NxZ, self.jump_threshold(), cfg.bandwidth)
+    relu_NxZ = jax.nn.relu(pre_NxZ)
     if train:  # the k·N largest of the batch
-      kept = top_k_mask(relu_NxS.reshape(1, -1), cfg.k * pre_NxS.shape[0]).reshape(pre_NxS.shape)
-      return relu_NxS * kept
-    return relu_NxS * (relu_NxS >= jax.lax.stop_gradient(self.threshold))
+      kept = top_k_mask(relu_NxZ.reshape(1, -1), cfg.k * pre_NxZ.shape[0]).reshape(pre_NxZ.shape)
+      return relu_NxZ * kept
+    return relu_NxZ * (relu_NxZ >= jax.lax.stop_gradient(self.threshold))
 
-  def decode(self, z_NxS) -> jax.Array:
-    return z_NxS @ self.decoder() + self.b_dec
+  def decode(self, z_NxZ) -> jax.Array:
+    return z_NxZ @ self.decoder() + self.b_dec
 
   def decode_top_k(self, values_Nxk, index_Nxk) -> jax.Array:
     """`decode` of latents given as each row's k values and their indices (TopK's): k decoder rows a
-    row instead of all S of them (Gao et al.'s sparse decoding)."""
+    row instead of all Z of them (Gao et al.'s sparse decoding)."""
     return jnp.einsum("nk,nkd->nd", values_Nxk, self.decoder()[index_Nxk]) + self.b_dec
 
   def __call__(self, x_NxD, train: bool = False):
     """(the reconstruction, the latents) of inputs in the model's units: scaled in, and back out. A
     transcoder's "reconstruction" is its output: the point it writes, from the one it reads."""
     x_scaled_NxD = x_NxD * self.input_scale
-    z_NxS = self.activate(self.pre_activations(x_scaled_NxD), train)
-    return (self.decode(z_NxS) + self.skip_path(x_scaled_NxD)) / self.out_scale(), z_NxS
+    z_NxZ = self.activate(self.pre_activations(x_scaled_NxD), train)
+    return (self.decode(z_NxZ) + self.skip_path(x_scaled_NxD)) / self.out_scale(), z_NxZ
 
 
 def sae_loss(sae: SAE, params, x_NxD, train: bool = True, dead_tokens: float | None = None, y_NxO=None):
@@ -316,40 +316,40 @@ def sae_loss(sae: SAE, params, x_NxD, train: bool = True, dead_tokens: float | N
     x_NxD_scaled = x_NxD * jax.lax.stop_gradient(module.input_scale)
     target_NxO = x_NxD_scaled if y_NxO is None else y_NxO * jax.lax.stop_gradient(module.output_scale)
     skip_NxO = module.skip_path(x_NxD_scaled)
-    pre_NxS = None  # every pre-activation, where the activation needs them
+    pre_NxZ = None  # every pre-activation, where the activation needs them
     if cfg.activation == "topk":
       top_k_encode = kernels.form("sae_top_k", kernels.resolve(cfg.kernels))
       if top_k_encode is None:  # the reference: autodiff of the top k of every pre-activation
-        pre_NxS = module.pre_activations(x_NxD_scaled)
-        values_Nxk, index_Nxk = jax.lax.top_k(pre_NxS, cfg.k)
+        pre_NxZ = module.pre_activations(x_NxD_scaled)
+        values_Nxk, index_Nxk = jax.lax.top_k(pre_NxZ, cfg.k)
       else:
         values_Nxk, index_Nxk = top_k_encode(x_NxD_scaled, module.encoder_bias_in(), module.W_enc, module.b_enc, cfg.k)
       values_Nxk = jax.nn.relu(values_Nxk)
       x_hat_NxD = module.decode_top_k(values_Nxk, index_Nxk) + skip_NxO
-      fired_S = jnp.zeros(cfg.latents, jnp.int32).at[index_Nxk].max((values_Nxk > 0).astype(jnp.int32)) > 0
+      fired_Z = jnp.zeros(cfg.latents, jnp.int32).at[index_Nxk].max((values_Nxk > 0).astype(jnp.int32)) > 0
     else:
-      pre_NxS = module.pre_activations(x_NxD_scaled)
-      z_NxS = module.activate(pre_NxS, train)
-      x_hat_NxD = module.decode(z_NxS) + skip_NxO
-      fired_S = jnp.any(z_NxS > 0, axis=0)
+      pre_NxZ = module.pre_activations(x_NxD_scaled)
+      z_NxZ = module.activate(pre_NxZ, train)
+      x_hat_NxD = module.decode(z_NxZ) + skip_NxO
+      fired_Z = jnp.any(z_NxZ > 0, axis=0)
     mse = jnp.mean(jnp.sum(jnp.square(x_hat_NxD - target_NxO), -1))
     parts = {"mse": mse}
     if cfg.activation == "relu":
-      parts["l1"] = cfg.l1_coefficient * jnp.mean(z_NxS @ jnp.linalg.norm(module.W_dec, axis=1))
+      parts["l1"] = cfg.l1_coefficient * jnp.mean(z_NxZ @ jnp.linalg.norm(module.W_dec, axis=1))
     elif cfg.activation == "jumprelu":
-      fired_NxS = step(pre_NxS, module.jump_threshold(), cfg.bandwidth)
-      parts["l0"] = cfg.l0_coefficient * jnp.mean(jnp.sum(fired_NxS, -1))
+      fired_NxZ = step(pre_NxZ, module.jump_threshold(), cfg.bandwidth)
+      parts["l0"] = cfg.l0_coefficient * jnp.mean(jnp.sum(fired_NxZ, -1))
     elif dead_tokens is not None:
-      dead_S = module.since_fired >= dead_tokens
+      dead_Z = module.since_fired >= dead_tokens
       error_NxD = target_NxO - jax.lax.stop_gradient(x_hat_NxD)
-      parts["aux"] = cfg.aux_coefficient * _aux_k(module, pre_NxS, x_NxD_scaled, error_NxD, dead_S)
-    stats = {"since_fired": jnp.where(fired_S, 0.0, module.since_fired + N)}
+      parts["aux"] = cfg.aux_coefficient * _aux_k(module, pre_NxZ, x_NxD_scaled, error_NxD, dead_Z)
+    stats = {"since_fired": jnp.where(fired_Z, 0.0, module.since_fired + N)}
     if cfg.activation == "batchtopk" and train:
-      smallest_kept = jnp.min(jnp.where(z_NxS > 0, z_NxS, jnp.inf))
+      smallest_kept = jnp.min(jnp.where(z_NxZ > 0, z_NxZ, jnp.inf))
       smallest_kept = jnp.where(jnp.isfinite(smallest_kept), smallest_kept, 0.0)
-      old_S = module.threshold
-      moved_S = (1 - cfg.threshold_rate) * old_S + cfg.threshold_rate * smallest_kept
-      stats["threshold"] = jax.lax.stop_gradient(jnp.where(old_S > 0, moved_S, smallest_kept))
+      old_Z = module.threshold
+      moved_Z = (1 - cfg.threshold_rate) * old_Z + cfg.threshold_rate * smallest_kept
+      stats["threshold"] = jax.lax.stop_gradient(jnp.where(old_Z > 0, moved_Z, smallest_kept))
     return sum(parts.values()), parts, jax.lax.stop_gradient(stats)
 
   return nn.apply(inside, sae)({"params": params})
@@ -365,21 +365,21 @@ def _rows_of_norm(cfg: SAEConfig, axis: int):
   return init
 
 
-def _aux_k(sae: SAE, pre_NxS, x_NxD, error_NxD, dead_S) -> jax.Array:
+def _aux_k(sae: SAE, pre_NxZ, x_NxD, error_NxD, dead_Z) -> jax.Array:
   """AuxK: the error reconstructed from the aux_k largest pre-activations among dead latents (no
-  b_dec: the error has none), its squared error; 0, and not computed, when none is dead. `pre_NxS`:
+  b_dec: the error has none), its squared error; 0, and not computed, when none is dead. `pre_NxZ`:
   the pre-activations of `x_NxD` (scaled inputs), or None where only the dead latents' branch needs
   them (TopK's CPU form computes only the top k's gradients)."""
   k = min(sae.config.aux_latents, sae.config.latents)
-  decoder_SxD = sae.decoder()
+  decoder_ZxD = sae.decoder()
 
   def aux(x_NxD, error_NxD):
-    all_pre_NxS = sae.pre_activations(x_NxD) if pre_NxS is None else pre_NxS
-    dead_pre_NxS = jnp.where(dead_S, all_pre_NxS, -jnp.inf)
-    z_NxS = jax.nn.relu(jnp.where(top_k_mask(dead_pre_NxS, k) & dead_S, all_pre_NxS, 0.0))
-    return jnp.mean(jnp.sum(jnp.square(z_NxS @ decoder_SxD - error_NxD), -1))
+    all_pre_NxZ = sae.pre_activations(x_NxD) if pre_NxZ is None else pre_NxZ
+    dead_pre_NxZ = jnp.where(dead_Z, all_pre_NxZ, -jnp.inf)
+    z_NxZ = jax.nn.relu(jnp.where(top_k_mask(dead_pre_NxZ, k) & dead_Z, all_pre_NxZ, 0.0))
+    return jnp.mean(jnp.sum(jnp.square(z_NxZ @ decoder_ZxD - error_NxD), -1))
 
-  return jax.lax.cond(dead_S.any(), aux, lambda *_: jnp.zeros((), error_NxD.dtype), x_NxD, error_NxD)
+  return jax.lax.cond(dead_Z.any(), aux, lambda *_: jnp.zeros((), error_NxD.dtype), x_NxD, error_NxD)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -389,8 +389,8 @@ def calibrate(sae: SAE, params, x_NxD) -> dict:
   et al.). Training keeps a moving average of the same (`sae_loss`)."""
   if sae.config.activation != "batchtopk":
     return dict(params)
-  _, z_NxS = sae.apply({"params": params}, x_NxD, True)
-  smallest_kept = jnp.min(jnp.where(z_NxS > 0, z_NxS, jnp.inf))
+  _, z_NxZ = sae.apply({"params": params}, x_NxD, True)
+  smallest_kept = jnp.min(jnp.where(z_NxZ > 0, z_NxZ, jnp.inf))
   return {**params, "threshold": jnp.full_like(params["threshold"], smallest_kept)}
 
 
@@ -399,8 +399,8 @@ def threshold_from_data(sae: SAE, params, x_NxD, density: float) -> dict:
   """JumpReLU's θ₀ per latent from rows of its data (in the model's units): the (1 - density) quantile of
   the latent's pre-activations, at least 0, so that each latent starts firing on `density` of the rows: a
   latent learns from the few rows it fires on, as TopK's do, and takes a feature (experiments/README.md)."""
-  pre_NxS = sae.apply({"params": params}, x_NxD * params["input_scale"], method=SAE.pre_activations)
-  return {**params, "threshold": jnp.maximum(jnp.quantile(pre_NxS, 1.0 - density, axis=0), 0.0)}
+  pre_NxZ = sae.apply({"params": params}, x_NxD * params["input_scale"], method=SAE.pre_activations)
+  return {**params, "threshold": jnp.maximum(jnp.quantile(pre_NxZ, 1.0 - density, axis=0), 0.0)}
 
 
 def init_decoder_bias(params, x_NxD, how: str = "mean", iterations: int = 50) -> dict:
@@ -431,39 +431,39 @@ def norm_scale(x_NxD) -> float:
   return float(np.sqrt(x_NxD.shape[1]) / np.mean(np.linalg.norm(x_NxD, axis=1)))
 
 
-def latent_density(z_NxS) -> np.ndarray:
+def latent_density(z_NxZ) -> np.ndarray:
   """Each latent's firing frequency over these rows: 0 is dead (SAELens counts a latent dead that has
   not fired in its window of tokens), above 0.1 dense."""
-  return np.mean(np.asarray(z_NxS) > 0, axis=0)
+  return np.mean(np.asarray(z_NxZ) > 0, axis=0)
 
 
-def scores(x_NxD, x_hat_NxD, z_NxS) -> dict[str, float]:
+def scores(x_NxD, x_hat_NxD, z_NxZ) -> dict[str, float]:
   """SAELens's names: L0 (latents firing a row), MSE (squared error a row, summed over d_in),
   explained variance and FVU (1 - explained variance: the error's share of the data's variance)."""
-  error, variance, l0 = map(float, _score_sums(x_NxD, x_hat_NxD, z_NxS))
+  error, variance, l0 = map(float, _score_sums(x_NxD, x_hat_NxD, z_NxZ))
   explained = 1.0 - error / variance
   return {"l0": l0, "mse": error / x_NxD.shape[0], "explained_variance": explained, "fvu": 1.0 - explained}
 
 
 @jax.jit
-def _score_sums(x_NxD, x_hat_NxD, z_NxS):
+def _score_sums(x_NxD, x_hat_NxD, z_NxZ):
   """The squared error, the data's variance (both summed) and L0: one compiled program."""
   error = jnp.sum(jnp.square(x_hat_NxD - x_NxD))
   variance = jnp.sum(jnp.square(x_NxD - x_NxD.mean(0)))
-  return error, variance, jnp.mean(jnp.sum(z_NxS > 0, -1))
+  return error, variance, jnp.mean(jnp.sum(z_NxZ > 0, -1))
 
 
-def recovery(learned_SxD, true_FxD, found_at: float = 0.9) -> dict[str, float]:
+def recovery(learned_ZxD, true_FxD, found_at: float = 0.9) -> dict[str, float]:
   """How well learned directions (a decoder's rows) recover known ones: the mean over true features of
   their best cosine similarity with a learned one, the share of true features whose best is at least
   `found_at` (`recovered`), and the mean cosine of a one-to-one matching (Hungarian: the mean
   correlation coefficient, MCC, of dictionary-learning papers)."""
   unit = lambda m: m / np.maximum(np.linalg.norm(m, axis=1, keepdims=True), 1e-12)
-  cosine_FxS = unit(np.asarray(true_FxD)) @ unit(np.asarray(learned_SxD)).T
-  rows, cols = linear_sum_assignment(-cosine_FxS)
-  best_F = cosine_FxS.max(1)
+  cosine_FxZ = unit(np.asarray(true_FxD)) @ unit(np.asarray(learned_ZxD)).T
+  rows, cols = linear_sum_assignment(-cosine_FxZ)
+  best_F = cosine_FxZ.max(1)
   return {
     "mean_max_cosine": float(best_F.mean()),
     "recovered": float(np.mean(best_F >= found_at)),
-    "mcc": float(cosine_FxS[rows, cols].mean()),
+    "mcc": float(cosine_FxZ[rows, cols].mean()),
   }

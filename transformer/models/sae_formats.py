@@ -90,8 +90,8 @@ def _folded(config: SAEConfig, params: dict) -> dict[str, np.ndarray]:
   p = {k: np.asarray(jax.device_get(v), np.float32) for k, v in nn.unbox(params).items()}
   s_in = float(p["input_scale"])
   s_out = float(p["output_scale"]) if config.transcoder else s_in
-  decoder_SxO = np.asarray(SAE(config).apply({"params": params}, method=SAE.decoder), np.float32)
-  tensors = {"W_enc": p["W_enc"] * s_in, "b_enc": p["b_enc"], "W_dec": decoder_SxO / s_out, "b_dec": p["b_dec"] / s_out}
+  decoder_ZxO = np.asarray(SAE(config).apply({"params": params}, method=SAE.decoder), np.float32)
+  tensors = {"W_enc": p["W_enc"] * s_in, "b_enc": p["b_enc"], "W_dec": decoder_ZxO / s_out, "b_dec": p["b_dec"] / s_out}
   if config.activation in ("jumprelu", "batchtopk"):
     tensors["threshold"] = np.maximum(p["threshold"], 0.0)
   if config.skip:
@@ -126,13 +126,13 @@ def import_saelens(directory: str | Path) -> tuple[SAEConfig, dict]:
   b_enc = t["b_enc"]
   if not transcoder and not cfg.get("apply_b_dec_to_input", True):  # ours subtracts b_dec: add it back in b_enc
     b_enc = b_enc + t["b_dec"] @ t["W_enc"]
-  S = config.latents
+  Z = config.latents
   params = {
     "W_enc": t["W_enc"],
     "b_enc": b_enc,
     "W_dec": t["W_dec"],
     "b_dec": t["b_dec"],
-    "since_fired": np.zeros(S, np.float32),
+    "since_fired": np.zeros(Z, np.float32),
     "input_scale": np.ones((), np.float32),
   }
   if transcoder:
@@ -276,8 +276,8 @@ def circuit_tracer_kind(directory: str | Path) -> str:
 
 def export_circuit_tracer_clt(config: SAEConfig, params: dict, out_dir: str | Path, point_in: str = "mlp_in") -> Path:
   """Writes a cross-layer transcoder as circuit-tracer writes one (`CrossLayerTranscoder.to_safetensors`:
-  W_enc_<l>.safetensors with W_enc_<l> (S x D), b_enc_<l>, b_dec_<l> and a JumpReLU's threshold_<l>;
-  W_dec_<l>.safetensors with W_dec_<l> (S x (L - l) x D)) and a config.yaml, the scales folded in."""
+  W_enc_<l>.safetensors with W_enc_<l> (Z x D), b_enc_<l>, b_dec_<l> and a JumpReLU's threshold_<l>;
+  W_dec_<l>.safetensors with W_dec_<l> (Z x (L - l) x D)) and a config.yaml, the scales folded in."""
   if config.activation not in ("relu", "jumprelu"):
     raise ConfigError(f"circuit-tracer reads ReLU and JumpReLU cross-layer transcoders, not {config.activation}")
   # (params as SAE.init or a restored workdir gives them: boxed with their logical axes)
@@ -324,13 +324,13 @@ def import_circuit_tracer_clt(directory: str | Path) -> tuple[SAEConfig, dict, s
       f"{directory}: no W_enc_<l> and W_dec_<l>.safetensors for layers 0 .. L-1 (circuit-tracer's CLT)"
     )
   enc = [dict(hf_files.read_tensors(directory / f"W_enc_{layer}.safetensors")) for layer in range(L)]
-  S, D = enc[0]["W_enc_0"].shape
+  Z, D = enc[0]["W_enc_0"].shape
   jumprelu = "threshold_0" in enc[0]
   params = {
     "W_enc": np.stack([e[f"W_enc_{layer}"].T for layer, e in enumerate(enc)]).astype(np.float32),
     "b_enc": np.stack([e[f"b_enc_{layer}"] for layer, e in enumerate(enc)]).astype(np.float32),
     "b_dec": np.stack([e[f"b_dec_{layer}"] for layer, e in enumerate(enc)]).astype(np.float32),
-    "since_fired": np.zeros((L, S), np.float32),
+    "since_fired": np.zeros((L, Z), np.float32),
     "input_scale": np.ones(L, np.float32),
     "output_scale": np.ones(L, np.float32),
   }
@@ -342,5 +342,5 @@ def import_circuit_tracer_clt(directory: str | Path) -> tuple[SAEConfig, dict, s
       np.float32
     )
   activation = "jumprelu" if jumprelu else "relu"
-  config = SAEConfig(d_in=D, d_out=D, d_sae=S, layers=L, activation=activation, normalize_decoder=False).check()
+  config = SAEConfig(d_in=D, d_out=D, d_sae=Z, layers=L, activation=activation, normalize_decoder=False).check()
   return config, params, _TRACER_IN_READ[hook_in], "mlp_out"

@@ -336,19 +336,19 @@ class SparseAutoencoder(Task):
     result = super().evaluate(params, eval_fn, batches)
     del result["val_perplexity"]
     [rows_NxD] = batches
-    x_NxD, x_hat_NxD, z_NxS = _scaled_forward(self.model, params, rows_NxD)
-    result.update(scores(x_NxD, x_hat_NxD, z_NxS))
-    density_S = latent_density(z_NxS)
+    x_NxD, x_hat_NxD, z_NxZ = _scaled_forward(self.model, params, rows_NxD)
+    result.update(scores(x_NxD, x_hat_NxD, z_NxZ))
+    density_Z = latent_density(z_NxZ)
     result["dead_latents"] = float(np.mean(np.asarray(params["since_fired"]) >= self.config.dead_tokens))
-    result["dense_latents"] = float(np.mean(density_S > DENSE))
+    result["dense_latents"] = float(np.mean(density_Z > DENSE))
     source = self.data.source
     if isinstance(source, ModelActivations) and self.model_config.layers:
       result.update(_replaced_losses(source, self.model, params))
     elif isinstance(source, ModelActivations):
       result.update(spliced_losses(source, self.model, params))
     if isinstance(source, SyntheticActivations):
-      decoder_SxD = _decoder(self.model, params)
-      result.update(recovery(np.asarray(decoder_SxD), source.source.directions_FxD))
+      decoder_ZxD = _decoder(self.model, params)
+      result.update(recovery(np.asarray(decoder_ZxD), source.source.directions_FxD))
     return result
 
   def describe(self, result: dict) -> str:
@@ -381,14 +381,14 @@ def _scaled_forward(sae: SAE, params, rows_NxW):
   writes in (times `input_scale`, a transcoder's `output_scale`): what `scores` reads, one program. An
   SAE's target is its input; a transcoder's, the point it writes."""
   x_NxD, y_NxO = _split(sae.config, rows_NxW)
-  y_hat_NxO, z_NxS = sae.apply({"params": params}, x_NxD)
-  if sae.config.layers:  # every layer's target side by side (N x L·O), every layer's latents (N x L·S)
+  y_hat_NxO, z_NxZ = sae.apply({"params": params}, x_NxD)
+  if sae.config.layers:  # every layer's target side by side (N x L·O), every layer's latents (N x L·Z)
     side_by_side = lambda a_LxNxW: a_LxNxW.transpose(1, 0, 2).reshape(a_LxNxW.shape[1], -1)
     scale_LxNx1 = params["output_scale"][:, None, None]
-    return side_by_side(y_NxO * scale_LxNx1), side_by_side(y_hat_NxO * scale_LxNx1), side_by_side(z_NxS)
+    return side_by_side(y_NxO * scale_LxNx1), side_by_side(y_hat_NxO * scale_LxNx1), side_by_side(z_NxZ)
   scale = params["input_scale"] if y_NxO is None else params["output_scale"]
   target_NxO = x_NxD if y_NxO is None else y_NxO
-  return target_NxO * scale, y_hat_NxO * scale, z_NxS
+  return target_NxO * scale, y_hat_NxO * scale, z_NxZ
 
 
 _decoder = jax.jit(lambda sae, params: sae.apply({"params": params}, method=SAE.decoder), static_argnums=0)
