@@ -189,15 +189,36 @@ def import_marian(directory: str | Path) -> Trained:
   trained translation model on this machine's devices, its run config `marian_defaults`': what
   launch.translate, launch.evaluate and launch.probe use with --hf."""
   config, params = import_hf_marian(directory)
-  tokenizer = tokenizers.MarianTokenizer.from_directory(directory)
-  if tokenizer.vocab_size != config.vocab_size:
-    raise CheckpointError(
-      f"{Path(directory) / 'vocab.json'} has {tokenizer.vocab_size} pieces but the model's embedding "
-      f"{config.vocab_size} rows: the files are of different models"
-    )
+  tokenizer = marian_tokenizer(directory, config.vocab_size)
   config_dict = marian_defaults(str(directory))
   config_dict.data.dataset = ""  # no data is read: its sides are "source" and "target"
   return _imported(config_dict, params, tokenizer, f"{directory} (Marian)")
+
+
+def marian_tokenizer(directory: str | Path, vocab_size: int):
+  """A Marian directory's tokenizer pair, refused where its vocabulary is not the model's embedding's."""
+  tokenizer = tokenizers.MarianTokenizer.from_directory(directory)
+  if tokenizer.vocab_size != vocab_size:
+    raise CheckpointError(
+      f"{Path(directory) / 'vocab.json'} has {tokenizer.vocab_size} pieces but the model's embedding "
+      f"{vocab_size} rows: the files are of different models"
+    )
+  return tokenizer
+
+
+def family_tokenizer(directory: str | Path, vocab_size: int):
+  """An open family's directory's tokenizer.json (refused where its ids outrun the model's embedding), or
+  none: the model alone opens, on token ids (as transformers' model classes load), and what needs text says so."""
+  directory = Path(directory)
+  if not tokenizers.is_hf_tokenizer(directory):
+    return tokenizers.NoTokenizer(vocab_size, str(directory))
+  tokenizer = tokenizers.HFTokenizer.from_directory(directory)
+  if tokenizer.vocab_size > vocab_size:
+    raise CheckpointError(
+      f"{directory / CONFIG_FILE} has {tokenizer.vocab_size} tokens but the model's embedding "
+      f"{vocab_size} rows: the files are of different models"
+    )
+  return tokenizer
 
 
 def import_gpt2(directory: str | Path, tokenizer: str = "gpt2") -> Trained:
@@ -231,16 +252,8 @@ def import_family(directory: str | Path) -> Trained:
   directory = Path(directory)
   config = formats.read_model_config(directory)
   model_type = hf_files.read_config(directory)["model_type"]
-  has_tokenizer = tokenizers.is_hf_tokenizer(directory)
-  if has_tokenizer:
-    tokenizer = tokenizers.HFTokenizer.from_directory(directory)
-    if tokenizer.vocab_size > config.vocab_size:
-      raise CheckpointError(
-        f"{directory / CONFIG_FILE} has {tokenizer.vocab_size} tokens but the model's embedding "
-        f"{config.vocab_size} rows: the files are of different models"
-      )
-  else:
-    tokenizer = tokenizers.NoTokenizer(config.vocab_size, str(directory))
+  tokenizer = family_tokenizer(directory, config.vocab_size)
+  has_tokenizer = isinstance(tokenizer, tokenizers.HFTokenizer)
   config_dict = defaults_for(LanguageModel)
   config_dict.model = model_dict(config)
   config_dict.data.dataset = ""  # no data is read

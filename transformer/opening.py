@@ -118,18 +118,14 @@ def _hugging_face(directory: Path, mesh, rules: tuple, tokenizer_name: str) -> M
   model_type = hf_files.read_config(directory).get("model_type") if (directory / "config.json").is_file() else None
   if model_type == "marian":
     config, params = import_hf_marian(directory)
-    module, tokenizer = Transformer(config), tokenizers.MarianTokenizer.from_directory(directory)
+    module, tokenizer = Transformer(config), inference.marian_tokenizer(directory, config.vocab_size)
     inputs = (jnp.zeros((1, 2), jnp.int32),) * 2
   elif formats.is_family(directory):
     config = formats.read_model_config(directory)
     module, inputs = GPT(config), (jnp.zeros((1, min(8, config.max_len)), jnp.int32),)
     shardings = _shardings(module, inputs, mesh, rules)
     config, params = formats.import_hf(directory, shardings=shardings)
-    tokenizer = (
-      tokenizers.HFTokenizer.from_directory(directory)
-      if tokenizers.is_hf_tokenizer(directory)
-      else tokenizers.NoTokenizer(config.vocab_size, str(directory))
-    )
+    tokenizer = inference.family_tokenizer(directory, config.vocab_size)
     return Model(module, params, tokenizer, f"{directory} ({model_type})", shardings)
   else:
     config, params = import_hf_gpt2(directory)
