@@ -5,7 +5,7 @@ Pythia, OLMo 2; or GPT-2's) on your text, its model, tokenizer and weights taken
   python -m launch.train --config=experiments/hf.py:path/to/SmolLM2-135M \\
       --config.data.input_files=my_text.txt --workdir=workdirs/smollm-ft
   python -m launch.sample --workdir=workdirs/smollm-ft --prompt="Once upon a time"
-  python -m launch.export --workdir=workdirs/smollm-ft --out=exported/   # back to the Hugging Face format
+  python -m launch.sample --workdir=workdirs/smollm-ft --export=exported/   # back to the Hugging Face format
 
   --config.optimizer.lr=1e-5 --config.num_train_steps=1000   the schedule (AdamW, 10 warmup steps)
   --config.seq_len=512 --config.batch_size=16                 the windows (seq_len <= the model's context)

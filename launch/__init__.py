@@ -29,6 +29,15 @@ def load(task: str | None = None, **where) -> inference.Trained:
   return trained
 
 
+# What --hf opens: a language model (launch.sample); launch.evaluate and launch.probe take Marian's too (HF_MARIAN).
+HF_HELP = (
+  "Instead of --workdir: a Hugging Face language model's directory: an open family's (config.json, safetensors "
+  "and tokenizer.json: Llama, Mistral, Qwen2/3, SmolLM, Gemma 1-3, Pythia, OLMo 2) or GPT-2's (model.safetensors, "
+  "with its tokenizer.json or vocab.json + merges.txt where it has a tokenizer of its own)."
+)
+HF_MARIAN = " Or a Marian model's directory (MarianMTModel + MarianTokenizer files: a translation model)."
+
+
 class ModelFlags:
   """The flags that say which model a program uses, the same in every program: --workdir, --step,
   and, where the program takes Hugging Face weights, --hf and --tokenizer. `load()` reads them."""
@@ -45,8 +54,10 @@ class ModelFlags:
     self.hf = self.tokenizer = None
     if hf_help:
       self.hf = flags.DEFINE_string("hf", None, hf_help)
-    if hf_help and gpt2:  # GPT-2's files hold no tokenizer
-      self.tokenizer = flags.DEFINE_string("tokenizer", "gpt2", "With --hf of GPT-2: the tokenizer (gpt2: OpenAI's).")
+    if hf_help and gpt2:  # OpenAI's GPT-2 files hold no tokenizer
+      self.tokenizer = flags.DEFINE_string(
+        "tokenizer", "gpt2", "With --hf of a GPT-2 without tokenizer files of its own: the tokenizer (gpt2: OpenAI's)."
+      )
 
   def where(self) -> dict:
     """The model's place as `inference.load` takes it."""

@@ -32,8 +32,7 @@ from transformer.generation.beam_search import PENALTIES
 
 _MODEL = launch.ModelFlags(
   "A training workdir (launch.train's --workdir).",
-  hf_help="Instead of --workdir: a Hugging Face GPT-2 directory (model.safetensors + config.json) or file, or a "
-  "Marian model's directory (MarianMTModel + MarianTokenizer files: a translation model).",
+  hf_help=launch.HF_HELP + launch.HF_MARIAN,
 )
 _INPUT_FILE = flags.DEFINE_string("input_file", None, "The file to score (its format: the model's task, above).")
 _SPLIT = flags.DEFINE_enum(
@@ -44,6 +43,9 @@ _CONTEXT = flags.DEFINE_integer(
 )
 _STRIDE = flags.DEFINE_integer(
   "stride", 0, "Language models: tokens between window starts (0: the context; less gives each token more context)."
+)
+_ALLOW_SPECIAL = flags.DEFINE_bool(
+  "allow_special", False, "Language models: special tokens written in the text (<|endoftext|>) read as their ids."
 )
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Windows, texts or sentences scored together.")
 _BEAM_SIZE = flags.DEFINE_integer("beam_size", 4, "Translation: hypotheses kept per sentence; 1 is greedy.")
@@ -95,7 +97,7 @@ def _score_lm(model, params, tokenizer, text: str | None, *, context: int, max_c
       InputWarning,
       stacklevel=2,
     )
-  return evaluation.score_text(model, params, tokenizer, fitted, **options)
+  return evaluation.score_text(model, params, tokenizer, fitted, allow_special=_ALLOW_SPECIAL.value, **options)
 
 
 def _run_lm(trained: inference.Trained, text: str | None) -> None:

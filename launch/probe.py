@@ -64,7 +64,7 @@ from transformer.models.gpt import GPT
 
 _MODEL = launch.ModelFlags(
   "A training workdir (launch.train's --workdir).",
-  hf_help="Instead of --workdir: Hugging Face GPT-2 safetensors (a directory or file), or a Marian model's directory.",
+  hf_help=launch.HF_HELP + launch.HF_MARIAN,
 )
 _TEXT = flags.DEFINE_multi_string("text", [], "A text (a source sentence for a translation model); repeatable.")
 _TARGET = flags.DEFINE_string(

@@ -28,8 +28,7 @@ from transformer.models import formats, hf_files
 
 _MODEL = launch.ModelFlags(
   "A training workdir (launch.train's --workdir).",
-  hf_help="Instead of --workdir: a Hugging Face model's directory (an open family's config.json, safetensors and "
-  "tokenizer.json: Llama, Mistral, Qwen2/3, SmolLM, Gemma 1-3, Pythia, OLMo 2; or GPT-2's model.safetensors).",
+  hf_help=launch.HF_HELP,
 )
 _PROMPT = flags.DEFINE_multi_string("prompt", [], "A prompt; repeat the flag for several.")
 _PROMPTS_FILE = flags.DEFINE_string("prompts_file", None, "One prompt per line; '-' reads stdin.")

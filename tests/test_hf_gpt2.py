@@ -142,6 +142,10 @@ def test_errors_name_the_tensor(tmp_path):
     import_hf_gpt2(_broken(tmp_path / "c", extra))
   with pytest.raises(CheckpointError, match="no GPT-2 safetensors at /nowhere"):
     import_hf_gpt2("/nowhere")
+  (tmp_path / "torch").mkdir()
+  (tmp_path / "torch" / "pytorch_model.bin").write_bytes(b"PK")  # PyTorch's weights alone: what to do, said
+  with pytest.raises(CheckpointError, match=r"PyTorch's pickled weights \(pytorch_model.bin\).*safe_serialization"):
+    import_hf_gpt2(tmp_path / "torch")
   with pytest.raises(CheckpointError, match=r"max_len=64 is longer than the position table .* \(32 rows\)"):
     import_hf_gpt2(FIXTURES / "gpt2_tiny_a", max_len=64)
   (tmp_path / "d").mkdir()
@@ -216,3 +220,41 @@ def test_the_formats_registry_reads_gpt2s_config_json_as_the_importer_reads_its_
   assert fmt.config_from_hf(hf, "config.json") == config
   assert {e.ours for e in fmt.layout(config)} == {tuple(k.key for k in p) for p, _ in jax.tree.leaves_with_path(params)}
   assert fmt.config_to_hf(config)["n_layer"] == config.num_layers
+
+
+@pytest.mark.parametrize("files", ["tokenizer.json", "vocab.json + merges.txt"])
+def test_a_gpt2_with_its_own_tokenizer_opens_with_transformers_ids_and_logits(files, tmp_path):
+  """A GPT-2 of a 320-token byte-level BPE: its directory's tokenizer (save_pretrained's tokenizer.json, or GPT-2's
+  older vocab.json + merges.txt) is the one read, by inference.load and by opening.open_path, with AutoTokenizer's
+  ids of the text and GPT2LMHeadModel's logits; without the files, one error naming them (not a config flag)."""
+  from transformer import inference, opening
+
+  source = FIXTURES / "gpt2_own_tokenizer"
+  directory = tmp_path / "model"
+  directory.mkdir()
+  for name in ("config.json", "model.safetensors"):
+    shutil.copy(source / name, directory)
+  for name in (
+    ("tokenizer.json", "tokenizer_config.json") if files == "tokenizer.json" else ("vocab.json", "merges.txt")
+  ):
+    shutil.copy(source / name if files == "tokenizer.json" else source / "slow" / name, directory)
+  ids = np.load(source / "input_ids.npy")
+  text = (source / "text.txt").read_text()
+  trained = inference.load(hf=directory)
+  assert trained.tokenizer.encode(text) == ids[0].tolist()
+  assert trained.tokenizer.decode(ids[0].tolist()) == text
+  np.testing.assert_allclose(
+    _logits(trained.task.model_config, trained.params, ids), np.load(source / "logits.npy"), atol=1e-5
+  )
+  assert opening.open_path(directory).tokenizer.encode(text) == ids[0].tolist()
+  for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"):
+    (directory / name).unlink(missing_ok=True)
+  with pytest.raises(
+    CheckpointError,
+    match=r"a GPT-2 of 320 tokens with no tokenizer files.*put the model's tokenizer.json \(or vocab.json and merges.txt\) beside",
+  ):
+    inference.load(hf=directory)
+  assert opening.open_path(directory).tokenizer.vocab_size == 320  # ids alone, for the tools that need no text
+  (directory / "tokenizer.json").write_text('{"model": ')  # cut short: said so, not "no tokenizer"
+  with pytest.raises(Exception, match=r"tokenizer.json is not JSON"):
+    inference.load(hf=directory)

@@ -279,6 +279,10 @@ def test_bad_inputs_give_one_clear_error(params):
       "prompt 0 \\(40 tokens\\) \\+ max_new_tokens=9 is longer than the model's context of 48 tokens.*"
       "lower max_new_tokens to 8.*sliding_window",
     ),
+    (  # a prompt as long as the context: no count of new tokens fits, so none is advised
+      dict(prompts=[list(range(48))], max_new_tokens=1),
+      "context of 48 tokens; shorten the prompt to fewer than 48 tokens, or use the sliding window",
+    ),
     (dict(prompts=[[1]], max_new_tokens=0), "max_new_tokens must be >= 1"),
     (dict(prompts=[[1]], decode_phase=0), r"decode_phase must be >= 1 \(max_new_tokens or more: one phase\)"),
     (dict(prompts="hello"), "prompts must be a non-empty list of token-id lists"),

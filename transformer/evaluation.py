@@ -109,12 +109,13 @@ def lm_nll_sum(
   return total
 
 
-def score_text(model, params, tokenizer, text: str, **options) -> TextScore:
+def score_text(model, params, tokenizer, text: str, allow_special=False, **options) -> TextScore:
   """`lm_nll_sum` of a text read as one document after <|endoftext|> (`options`: context, stride,
-  batch_size, eot_id, put). Special tokens written in the text are refused (the tokenizer's error)."""
+  batch_size, eot_id, put). Special tokens written in the text are refused (the tokenizer's error) unless
+  `allow_special` (True, or a set of them) reads them as their ids."""
   if not text:
     raise DataError("the text is empty; give a file with text in it")
-  tokens = np.asarray([tokenizer.eot_id, *tokenizer.encode(text)], np.int32)
+  tokens = np.asarray([tokenizer.eot_id, *tokenizer.encode(text, allow_special=allow_special)], np.int32)
   nll = lm_nll_sum(model, params, tokens, **options)
   return TextScore(len(tokens) - 1, nll, len(text.encode("utf-8")), len(text))
 

@@ -212,25 +212,57 @@ def family_tokenizer(directory: str | Path, vocab_size: int):
   directory = Path(directory)
   if not tokenizers.is_hf_tokenizer(directory):
     return tokenizers.NoTokenizer(vocab_size, str(directory))
-  tokenizer = tokenizers.HFTokenizer.from_directory(directory)
+  return _fitting(tokenizers.HFTokenizer.from_directory(directory), directory, vocab_size)
+
+
+def _fitting(tokenizer, directory: Path, vocab_size: int):
+  """The directory's own tokenizer, refused where its ids outrun the model's embedding."""
   if tokenizer.vocab_size > vocab_size:
     raise CheckpointError(
-      f"{directory / CONFIG_FILE} has {tokenizer.vocab_size} tokens but the model's embedding "
+      f"{directory}'s tokenizer files have {tokenizer.vocab_size} tokens but the model's embedding "
       f"{vocab_size} rows: the files are of different models"
     )
   return tokenizer
 
 
+def has_own_tokenizer(directory: str | Path) -> bool:
+  """Whether a GPT-2 directory holds its tokenizer's files (tokenizer.json, or GPT-2's vocab.json + merges.txt)."""
+  return tokenizers.is_hf_tokenizer(directory) or tokenizers.has_vocab_and_merges(directory)
+
+
+def gpt2_tokenizer(directory: str | Path, name: str, vocab_size: int, required: bool = True):
+  """A GPT-2 directory's own tokenizer files where it has them (as an open family's); else the tokenizer
+  `name` (OpenAI's gpt2) where its ids fit the model's embedding; else, `required`, one error saying which files
+  to put beside the weights, or (not `required`) none: the model opens on token ids."""
+  directory = Path(directory)
+  directory = directory if directory.is_dir() else directory.parent  # (a model.safetensors named itself)
+  if has_own_tokenizer(directory):
+    return _fitting(tokenizers.load_tokenizer(directory), directory, vocab_size)
+  named = tokenizers.get_tokenizer(name)
+  if named.vocab_size <= vocab_size:
+    return named
+  if not required:
+    return tokenizers.NoTokenizer(vocab_size, str(directory))
+  raise CheckpointError(
+    f"{directory}: a GPT-2 of {vocab_size} tokens with no tokenizer files, and {name}'s {named.vocab_size} ids do "
+    f"not fit its embedding: put the model's tokenizer.json (or vocab.json and merges.txt) beside its weights"
+  )
+
+
 def import_gpt2(directory: str | Path, tokenizer: str = "gpt2") -> Trained:
   """Hugging Face GPT-2 weights (config.json + model.safetensors) as a trained language model on this
-  machine's devices, read with the tokenizer named `tokenizer` (gpt2 for OpenAI's): what
-  launch.sample, launch.evaluate and launch.probe use with --hf."""
+  machine's devices, read with the directory's own tokenizer files, else the tokenizer named `tokenizer`
+  (gpt2 for OpenAI's): what launch.sample, launch.evaluate and launch.probe use with --hf."""
   config, params = import_hf_gpt2(directory)
+  chosen = gpt2_tokenizer(directory, tokenizer, config.vocab_size)
   config_dict = defaults_for(LanguageModel)
   config_dict.model = model_dict(config)
-  config_dict.data.tokenizer, config_dict.data.dataset = tokenizer, ""  # no data is read
+  # (a directory's own files are named by the directory, as an open family's are)
+  own = not isinstance(chosen, tokenizers.TiktokenTokenizer)
+  config_dict.data.tokenizer = str(chosen.name) if own else tokenizer
+  config_dict.data.dataset = ""  # no data is read
   config_dict.seq_len = config.max_len  # what a window of launch.evaluate reads by default
-  return _imported(config_dict, params, tokenizers.get_tokenizer(tokenizer), str(directory))
+  return _imported(config_dict, params, chosen, str(directory))
 
 
 def _check_gpt2(hf: str | Path) -> None:

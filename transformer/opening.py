@@ -129,20 +129,12 @@ def _hugging_face(directory: Path, mesh, rules: tuple, tokenizer_name: str) -> M
     return Model(module, params, tokenizer, f"{directory} ({model_type})", shardings)
   else:
     config, params = import_hf_gpt2(directory)
-    module, tokenizer = GPT(config), _gpt2_tokenizer(directory, tokenizer_name, config.vocab_size)
+    module = GPT(config)
+    tokenizer = inference.gpt2_tokenizer(directory, tokenizer_name, config.vocab_size, required=False)
     inputs = (jnp.zeros((1, min(8, config.max_len)), jnp.int32),)
   shardings = _shardings(module, inputs, mesh, rules)
   params = jax.device_put(params, shardings) if shardings is not None else jax.device_put(params)
   return Model(module, params, tokenizer, f"{directory} ({model_type or 'gpt2'})", shardings)
-
-
-def _gpt2_tokenizer(directory: Path, name: str, vocab_size: int):
-  """A GPT-2 directory's own tokenizer.json where it has one; else the tokenizer `name` where its ids fit the
-  model's vocabulary; else none (the model opens on token ids, and what needs text says so)."""
-  if tokenizers.is_hf_tokenizer(directory):
-    return tokenizers.HFTokenizer.from_directory(directory)
-  named = tokenizers.get_tokenizer(name)
-  return named if named.vocab_size <= vocab_size else tokenizers.NoTokenizer(vocab_size, str(directory))
 
 
 def _shardings(module: nn.Module, inputs: tuple, mesh, rules: tuple):

@@ -94,15 +94,15 @@ class PrepareOptions:
     if self.saved_tokenizer is None and self.tokenizer not in tokenizers.NAMES:
       raise DataError(
         f"tokenizer {self.tokenizer!r} is neither one of {', '.join(tokenizers.NAMES)} nor a "
-        f"directory holding a saved tokenizer ({tokenizers.CONFIG_FILE}) or a Marian model's "
-        f"({', '.join(tokenizers.MarianTokenizer.FILES)})"
+        f"directory holding a saved tokenizer ({tokenizers.CONFIG_FILE}), a Marian model's "
+        f"({', '.join(tokenizers.MarianTokenizer.FILES)}) or GPT-2's (vocab.json, merges.txt)"
       )
 
   @property
   def saved_tokenizer(self) -> Path | None:
     """The directory of a saved tokenizer, when `tokenizer` names one."""
     path = Path(self.tokenizer).expanduser()
-    return path if (path / tokenizers.CONFIG_FILE).is_file() or tokenizers.is_marian_pair(path) else None
+    return path if tokenizers.is_saved(path) else None
 
 
 def default_dir(

@@ -400,9 +400,13 @@ def _beyond_the_context(model, params, prompts, max_new_tokens, sampling, rng, s
   longest, context = len(prompts[which]), model.config.max_len
   raise ConfigError(
     f"prompt {which} ({longest} token{'s' * (longest > 1)}) + max_new_tokens={max_new_tokens} is longer "
-    f"than the model's context of {context} tokens; shorten the prompt, lower max_new_tokens to "
-    f"{max(context - longest, 0)}, or use the sliding window (sliding_window=True / --sliding_window), "
-    f"which is much slower"
+    f"than the model's context of {context} tokens; "
+    + (
+      f"shorten the prompt, lower max_new_tokens to {context - longest}, "
+      if longest < context
+      else f"shorten the prompt to fewer than {context} tokens, "
+    )
+    + "or use the sliding window (sliding_window=True / --sliding_window), which is much slower"
   )
 
 

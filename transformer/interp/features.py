@@ -164,7 +164,9 @@ def _shaded(context: list, centre: int, peak: float) -> str:
     alpha = 0.0 if peak <= 0 else min(1.0, act / peak)
     border = "border-bottom:2px solid #000;" if i == centre else ""
     style = f"background:rgba(192,57,43,{alpha:.2f});{border}"
-    spans.append(f'<span title="{act:.3f}" style="{style}">{html.escape(token)}</span>')
+    # a newline drawn as one would break the line and leave its shading nothing to colour: a visible mark
+    shown = token.replace("\r", "").replace("\n", "\u21b5")
+    spans.append(f'<span title="{act:.3f}" style="{style}">{html.escape(shown)}</span>')
   return "".join(spans)
 
 

@@ -27,7 +27,10 @@ const G = %(data)s;
 const svg = document.getElementById("graph"), info = document.getElementById("info");
 const W = svg.clientWidth || 900, H = %(height)d, T = G.metadata.prompt_tokens.length, L = G.layers + 2;
 const x = n => 40 + (n.ctx_idx + 0.5) * (W - 60) / T + (n.slot || 0) * 7;
-const y = n => H - 40 - (n.layer === "E" ? 0 : (+n.layer + 1)) * (H - 80) / (L - 1);
+// rows 0 .. L - 1: the embeddings, each layer's features and errors, the logits (whose layer is
+// circuit-tracer's, one past the last: their row is the top one, not a step above it)
+const row = n => n.layer === "E" ? 0 : n.feature_type === "logit" ? L - 1 : +n.layer + 1;
+const y = n => H - 40 - row(n) * (H - 80) / (L - 1);
 const byId = {}; const slots = {};
 for (const n of G.nodes) {
   const k = n.layer + "/" + n.ctx_idx;

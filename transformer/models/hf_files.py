@@ -49,8 +49,21 @@ def shard_files(directory: Path) -> list[Path]:
     files = [directory / "model.safetensors"]
   missing = [str(f) for f in files if not f.is_file()]
   if missing:
-    raise CheckpointError(f"{directory} is missing its weights: no {', '.join(missing)}")
+    raise CheckpointError(f"{directory} is missing its weights: no {', '.join(missing)}{torch_only(directory)}")
   return files
+
+
+def torch_only(directory: Path) -> str:
+  """What to do with a directory of PyTorch's pickled weights alone (pytorch_model.bin), said after the
+  missing safetensors; "" when it has none."""
+  pickled = sorted(p.name for p in Path(directory).glob("pytorch_model*.bin"))
+  if not pickled:
+    return ""
+  return (
+    f"; it holds PyTorch's pickled weights ({', '.join(pickled[:3])}), which we do not read: download the "
+    "repository's *.safetensors, or convert them with transformers (from_pretrained, then "
+    "save_pretrained(..., safe_serialization=True))"
+  )
 
 
 def read_tensors(file: Path, skip: Callable[[str], bool] = lambda key: False) -> Iterator[tuple[str, np.ndarray]]:

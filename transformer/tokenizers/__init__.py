@@ -35,7 +35,7 @@ from transformer.tokenizers.bpe import (
   seed_tiktoken_cache,
   train_bpe,
 )
-from transformer.tokenizers.hf import HFTokenizer, is_hf_tokenizer
+from transformer.tokenizers.hf import HFTokenizer, has_vocab_and_merges, is_hf_tokenizer
 from transformer.tokenizers.marian import MarianTokenizer
 from transformer.tokenizers.words import CharTokenizer, WordTokenizer, fit_text, split_words, word_pieces
 
@@ -48,6 +48,13 @@ def is_marian_pair(directory: str | os.PathLike) -> bool:
   return (Path(directory) / MarianTokenizer.FILES[0]).is_file()
 
 
+def is_saved(directory: str | os.PathLike) -> bool:
+  """Whether `directory` holds what `load_tokenizer` reads: a saved or Hugging Face tokenizer.json, a Marian
+  model's pair, or GPT-2's vocab.json + merges.txt."""
+  directory = Path(directory)
+  return (directory / CONFIG_FILE).is_file() or is_marian_pair(directory) or has_vocab_and_merges(directory)
+
+
 def saved_sha256(directory: str | os.PathLike) -> str:
   """The sha256 of what makes a saved tokenizer (its tokenizer.json, or a Marian directory's three
   files): the name of the data prepared with it."""
@@ -55,6 +62,8 @@ def saved_sha256(directory: str | os.PathLike) -> str:
   names = (CONFIG_FILE,) if (directory / CONFIG_FILE).exists() else MarianTokenizer.FILES
   if is_hf_tokenizer(directory):
     names = tuple(n for n in HFTokenizer.FILES if (directory / n).exists())
+  elif has_vocab_and_merges(directory) and not (directory / CONFIG_FILE).exists():
+    names = tuple(n for n in ("vocab.json", "merges.txt", "tokenizer_config.json") if (directory / n).exists())
   digest = hashlib.sha256()
   for name in names:
     digest.update((directory / name).read_bytes())
@@ -68,6 +77,8 @@ def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
   config_path = directory / CONFIG_FILE
   if is_marian_pair(directory) and not config_path.exists():  # a Marian model's directory
     return MarianTokenizer.from_directory(directory)
+  if has_vocab_and_merges(directory) and not config_path.exists():  # GPT-2's own files
+    return HFTokenizer.from_vocab_and_merges(directory)
   if not config_path.exists():
     raise TokenizerError(f"no saved tokenizer at {directory} (looked for {config_path})")
   if is_hf_tokenizer(directory):
@@ -148,9 +159,11 @@ __all__ = [
   "WordTokenizer",
   "fit_text",
   "get_tokenizer",
+  "has_vocab_and_merges",
   "identical",
   "is_hf_tokenizer",
   "is_marian_pair",
+  "is_saved",
   "load_tokenizer",
   "saved_sha256",
   "seed_tiktoken_cache",

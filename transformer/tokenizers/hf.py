@@ -12,7 +12,10 @@ import numpy as np
 import tokenizers as hf_tokenizers
 
 from transformer.errors import TokenizerError
-from transformer.tokenizers.base import CONFIG_FILE, Tokenizer
+from transformer.tokenizers.base import CONFIG_FILE, EOT, Tokenizer
+
+# GPT-2's own tokenizer files (GPT2Tokenizer's), where a directory has no tokenizer.json
+VOCAB, MERGES = "vocab.json", "merges.txt"
 
 
 class HFTokenizer(Tokenizer):
@@ -59,6 +62,26 @@ class HFTokenizer(Tokenizer):
         f"{path} is not a Hugging Face tokenizer.json ({e}); give the model's own directory"
       ) from None
 
+  @classmethod
+  def from_vocab_and_merges(cls, directory: str | os.PathLike) -> HFTokenizer:
+    """GPT-2's own tokenizer files (vocab.json + merges.txt, what GPT2Tokenizer.save_pretrained writes): a
+    byte-level BPE, as transformers' GPT2TokenizerFast builds from them, its special tokens those of
+    tokenizer_config.json (GPT-2's <|endoftext|> where it names none)."""
+    directory = Path(directory)
+    config_path = directory / "tokenizer_config.json"
+    try:
+      config = json.loads(config_path.read_text()) if config_path.exists() else {}
+      model = hf_tokenizers.models.BPE.from_file(str(directory / VOCAB), str(directory / MERGES))
+    except (OSError, ValueError, Exception) as e:  # tokenizers raises its own Exception for a bad file
+      raise TokenizerError(f"{directory}: {VOCAB} and {MERGES} are not a GPT-2 tokenizer's ({e})") from None
+    tokenizer = hf_tokenizers.Tokenizer(model)
+    tokenizer.pre_tokenizer = hf_tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = hf_tokenizers.decoders.ByteLevel()
+    config = {"bos_token": EOT, "eos_token": EOT, "add_bos_token": False, **config}
+    named = {config[k] for k in ("bos_token", "eos_token", "unk_token", "pad_token") if isinstance(config.get(k), str)}
+    tokenizer.add_special_tokens([t for t in sorted(named) if tokenizer.token_to_id(t) is not None])
+    return cls(tokenizer.to_str(), config, str(directory))
+
   def _encode(self, text: str, allowed: set[str]) -> list[int]:
     # Special tokens in the text were refused by `encode` unless allowed; the post-processor's BOS unless
     # tokenizer_config.json says otherwise (then its flags decide).
@@ -94,11 +117,19 @@ class HFTokenizer(Tokenizer):
     self.__init__(**state)
 
 
+def has_vocab_and_merges(directory: str | os.PathLike) -> bool:
+  return (Path(directory) / VOCAB).is_file() and (Path(directory) / MERGES).is_file()
+
+
 def is_hf_tokenizer(directory: str | os.PathLike) -> bool:
   """Whether `directory`'s tokenizer.json is Hugging Face's (a "model" section), not one `Tokenizer.save` wrote."""
   path = Path(directory) / CONFIG_FILE
   try:
-    config = json.loads(path.read_text())
-  except (OSError, ValueError):
+    text = path.read_text()
+  except OSError:
     return False
+  try:
+    config = json.loads(text)
+  except ValueError as e:  # there, but cut or not JSON: said as such, not as a directory without one
+    raise TokenizerError(f"{path} is not JSON ({e}): copy the model's tokenizer.json again") from None
   return isinstance(config, dict) and "model" in config and "kind" not in config

@@ -183,6 +183,13 @@ def export_lm(config: GPTConfig, params: dict, out_dir: str | Path, model_type: 
     export_hf_gpt2(config, params, out_dir)
   else:
     export_hf(config, params, out_dir, model_type)
+  if tokenizer is not None and not isinstance(tokenizer, tokenizers.NoTokenizer):
+    # the ids generation starts and stops on (transformers' generate reads them from config.json)
+    path = out_dir / "config.json"
+    hf = json.loads(path.read_text())
+    bos = getattr(tokenizer, "bos_id", tokenizer.eot_id)  # (GPT-2's: its <|endoftext|>, both)
+    hf.update(eos_token_id=tokenizer.eot_id, **({} if bos is None else {"bos_token_id": bos}))
+    path.write_text(json.dumps(hf, indent=2) + "\n")
   if isinstance(tokenizer, tokenizers.HFTokenizer):
     tokenizer.save(out_dir)
   return out_dir

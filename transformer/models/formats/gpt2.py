@@ -148,7 +148,7 @@ def _read_tensors(path: Path) -> tuple[Path, dict]:
   for a missing or unreadable file or one that is not a GPT-2's."""
   file = path / "model.safetensors" if path.is_dir() else path
   if not file.is_file():
-    raise CheckpointError(f"no GPT-2 safetensors at {path} (looked for {file})")
+    raise CheckpointError(f"no GPT-2 safetensors at {path} (looked for {file}){hf_files.torch_only(file.parent)}")
   try:
     tensors = load_file(file)
   except SafetensorError as e:  # random bytes, an empty or cut file: its header cannot be read
