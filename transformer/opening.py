@@ -27,7 +27,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer import dictionaries, inference, sharding, tokenizers
+from transformer import dictionaries, inference, sharding
 from transformer import workdir as workdir_files
 from transformer.config import MeshConfig
 from transformer.errors import CheckpointError

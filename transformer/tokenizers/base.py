@@ -89,8 +89,8 @@ class Tokenizer:
       if token not in allowed and token in text:
         raise TokenizerError(
           f"text contains the special token {token!r} at character {text.index(token)}; pass "
-          f"allow_special=True (or a set naming it; --allow_special in launch.sample and launch.evaluate) to encode it as "
-          f"id {self.special_tokens[token]}, or remove it from the text"
+          f"allow_special=True (or a set naming it; --allow_special in launch.sample and launch.evaluate) to "
+          f"encode it as id {self.special_tokens[token]}, or remove it from the text"
         )
     return allowed
 
