@@ -48,6 +48,18 @@ VARIANTS = {
   "llama_skip_jumprelu": dict(skip=True, jumprelu=True, model_dir=LLAMA),
 }
 CLT_VARIANTS = {"clt_jumprelu": dict(jumprelu=True)}
+# circuit-tracer 0.5's layouts, each written by its own functions (a Gemma Scope npz as Google's files are: numpy),
+# the transcoders reading the MLP's own input (mlp.hook_in, after ln2's weight) on GPT-2 and on the Llama
+LAYOUT_VARIANTS = {
+  "cache_mlp_hook_in": dict(layout="cache", skip=True, jumprelu=True, hooks=("mlp.hook_in", "mlp.hook_out")),
+  "llama_cache_mlp_hook_in": dict(
+    layout="cache", skip=False, jumprelu=True, hooks=("mlp.hook_in", "mlp.hook_out"), model_dir=LLAMA
+  ),
+  "published": dict(layout="published", skip=False, jumprelu=False, hooks=("mlp.hook_in", "hook_mlp_out")),
+  "gemma_scope": dict(layout="gemma_scope", skip=False, jumprelu=True, hooks=("mlp.hook_in", "hook_mlp_out")),
+}
+# The hooks whose tensors a fixture keeps (circuit-tracer's replacement model's, on its prompt): hooks.npz
+KEPT_HOOKS = ("mlp.hook_in", "mlp.hook_out", "hook_mlp_out", "hook_resid_mid", "ln2.hook_normalized")
 
 
 def random_transcoders(out: Path, seed: int, skip: bool, jumprelu: bool, model_dir: Path = MODEL) -> None:
@@ -81,6 +93,79 @@ def random_transcoders(out: Path, seed: int, skip: bool, jumprelu: bool, model_d
     "transcoders": transcoders,
   }
   (out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def mlp_input_sizes(hf) -> list[float]:
+  """The mean size of each layer's MLP input (after its norm) on TOKENS, position 0 apart."""
+  blocks = hf.transformer.h if hf.config.model_type == "gpt2" else hf.model.layers
+  sizes = []
+  hooks = [
+    b.mlp.register_forward_pre_hook(lambda m, args: sizes.append(float(args[0][0, 1:].norm(dim=-1).mean())))
+    for b in blocks
+  ]
+  with torch.no_grad():
+    hf(torch.tensor(TOKENS)[None])
+  for h in hooks:
+    h.remove()
+  return sizes
+
+
+def random_set(out: Path, seed: int, layout: str, skip: bool, jumprelu: bool, hooks, model_dir: Path = MODEL) -> None:
+  """Random transcoders on the MLPs' own inputs (scaled as `random_transcoders` scales its own) in one of
+  circuit-tracer 0.5's layouts: the cache's (TranscoderSet.to_safetensors and the config.yaml that
+  save_transcoders_to_cache writes), a published repository's (hf:// URIs of each SingleLayerTranscoder's
+  to_safetensors file), or Gemma Scope's (params.npz a layer, W_enc d_model x d_sae, read by its gemma-scope loader)."""
+  from circuit_tracer.transcoder.activation_functions import JumpReLU
+  from circuit_tracer.transcoder.single_layer_transcoder import SingleLayerTranscoder, TranscoderSet
+
+  g = torch.Generator().manual_seed(seed)
+  hf = PEER.hf_model(model_dir)
+  d = hf.config.hidden_size
+  sizes = mlp_input_sizes(hf)
+  transcoders = {}
+  for layer, size in enumerate(sizes):
+    threshold = 0.1 + 0.2 * torch.rand(D_SAE, generator=g)
+    activation = JumpReLU(threshold, 0.1) if jumprelu else torch.nn.functional.relu
+    tc = SingleLayerTranscoder(d, D_SAE, activation, layer, skip_connection=skip, dtype=torch.float32)
+    with torch.no_grad():
+      tc.W_enc.copy_(torch.randn(D_SAE, d, generator=g) / size)
+      tc.W_dec.copy_(torch.randn(D_SAE, d, generator=g) * 0.1 * size / d**0.5)
+      tc.b_enc.copy_(-0.8 + 0.1 * torch.randn(D_SAE, generator=g))
+      tc.b_dec.copy_(0.05 * torch.randn(d, generator=g))
+      if skip:
+        tc.W_skip.copy_(torch.randn(d, d, generator=g) / d**0.5)
+    transcoders[layer] = tc
+  hook_in, hook_out = hooks
+  config = {"model_kind": "transcoder_set", "feature_input_hook": hook_in, "feature_output_hook": hook_out}
+  if layout == "cache":  # save_transcoders_to_cache's: the repository's config less transcoders, repo_id, subfolder
+    TranscoderSet(transcoders, hook_in, hook_out, scan="tiny-org/tiny-transcoders").to_safetensors(str(out))
+    config |= {"model_name": "tiny", "revision": None, "scan": "tiny-org/tiny-transcoders"}
+    (out / "config.yaml").write_text(yaml.dump(config))
+    return
+  uris = []
+  for layer, tc in transcoders.items():
+    if layout == "published":
+      tc.to_safetensors(str(out / f"layer_{layer}.safetensors"))
+      uris.append(f"hf://tiny-org/tiny-transcoders/layer_{layer}.safetensors")
+    else:
+      npz = out / f"layer_{layer}" / "width_96" / "params.npz"
+      npz.parent.mkdir(parents=True, exist_ok=True)
+      w = {k: v.detach().numpy() for k, v in tc.state_dict().items()}
+      w["W_enc"], w["threshold"] = w["W_enc"].T, w.pop("activation_function.threshold")
+      np.savez(npz, **w)
+      uris.append(f"hf://google/gemma-scope-tiny-transcoders/layer_{layer}/width_96/params.npz")
+  (out / "config.yaml").write_text(
+    yaml.safe_dump({**config, "model_name": "tiny", "transcoders": uris}, sort_keys=False)
+  )
+
+
+def kept_hooks(out: Path, model_dir: Path) -> None:
+  """circuit-tracer's replacement model's tensors at KEPT_HOOKS of every layer, on TOKENS: hooks.npz."""
+  model = PEER.replacement_model(model_dir, out, int(TOKENS[0]))
+  names = [f"blocks.{layer}.{hook}" for layer in range(model.cfg.n_layers) for hook in KEPT_HOOKS]
+  with torch.no_grad():
+    _, cache = model.run_with_cache(torch.tensor(TOKENS)[None], names_filter=lambda n: n in names)
+  np.savez(out / "hooks.npz", **{n: cache[n][0].numpy() for n in names if n in cache})
 
 
 def random_clt(out: Path, seed: int, jumprelu: bool) -> None:
@@ -143,12 +228,32 @@ def main(argv: list[str]) -> None:
     out = Path(argv[1])
     np.savez(out / "circuit_tracer.npz", **graph_of(out, np.load(out / "tokens.npy")))
     return
+  if argv[:1] == ["--layouts"]:  # the layout variants alone (the others' files stay as they were made)
+    variants = {k: v for k, v in LAYOUT_VARIANTS.items() if k in argv[1:]} or LAYOUT_VARIANTS
+    for i, (name, how) in enumerate(LAYOUT_VARIANTS.items()):
+      if name in variants:
+        out = FIXTURES / name
+        out.mkdir(parents=True, exist_ok=True)
+        random_set(out, seed=20 + i, **how)
+        np.save(out / "tokens.npy", TOKENS)
+        np.savez_compressed(out / "graph.npz", **graph_of(out, TOKENS, how.get("model_dir", MODEL)))
+        kept_hooks(out, how.get("model_dir", MODEL))
+        print(name, {k: v.shape for k, v in np.load(out / "graph.npz").items()})
+    return
   for i, (name, how) in enumerate(VARIANTS.items()):
     out = FIXTURES / name
     out.mkdir(parents=True, exist_ok=True)
     random_transcoders(out, seed=i, **how)
     np.save(out / "tokens.npy", TOKENS)
     np.savez_compressed(out / "graph.npz", **graph_of(out, TOKENS, how.get("model_dir", MODEL)))
+    print(name, {k: v.shape for k, v in np.load(out / "graph.npz").items()})
+  for i, (name, how) in enumerate(LAYOUT_VARIANTS.items()):
+    out = FIXTURES / name
+    out.mkdir(parents=True, exist_ok=True)
+    random_set(out, seed=20 + i, **how)
+    np.save(out / "tokens.npy", TOKENS)
+    np.savez_compressed(out / "graph.npz", **graph_of(out, TOKENS, how.get("model_dir", MODEL)))
+    kept_hooks(out, how.get("model_dir", MODEL))
     print(name, {k: v.shape for k, v in np.load(out / "graph.npz").items()})
   for i, (name, how) in enumerate(CLT_VARIANTS.items()):
     out = FIXTURES / name

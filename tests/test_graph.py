@@ -6,6 +6,7 @@ files in and out; every bad input one error."""
 
 import json
 import os
+import shutil
 import subprocess
 
 import jax
@@ -18,8 +19,8 @@ from experiments import shakespeare
 from transformer import dictionaries, inference
 from transformer.errors import CheckpointError, ConfigError, UserError
 from transformer.interp import graph as G
-from transformer.interp import graph_view, replacement
-from transformer.models import formats, gpt, sae_formats
+from transformer.interp import graph_view, interventions, replacement
+from transformer.models import formats, gpt, tracer_formats
 from transformer.models.clt import CrossLayerTranscoder
 from transformer.models.formats.gpt2 import import_hf_gpt2
 from transformer.models.gpt import GPT, GPTConfig
@@ -40,7 +41,7 @@ def gpt2_tiny():
 
 
 def _circuit_tracer_set(name: str) -> replacement.Transcoders:
-  layers, point_in, point_out = sae_formats.import_circuit_tracer(FIXTURES / name)
+  layers, point_in, point_out = tracer_formats.import_circuit_tracer(FIXTURES / name)
   return replacement.PerLayerTranscoders(
     tuple(SAE(c) for c, _ in layers), tuple(jax.device_put(p) for _, p in layers), point_in, point_out
   )
@@ -89,12 +90,19 @@ def llama_tiny():
   return GPT(cfg), params
 
 
-@pytest.mark.parametrize("name", ["relu", "skip_jumprelu", "clt_jumprelu", "llama_skip_jumprelu"])
+# circuit-tracer's files: its first releases' layout (relu, skip_jumprelu, llama_skip_jumprelu, clt_jumprelu, from
+# hook_resid_mid), its 0.5 cache layout (written by its TranscoderSet.to_safetensors) and a published repository's
+# (hf:// URIs, the files beside config.yaml), Gemma Scope's npz files; from mlp.hook_in, on GPT-2 and the Llama
+GOLDEN_SETS = ["relu", "skip_jumprelu", "clt_jumprelu", "llama_skip_jumprelu"]
+GOLDEN_SETS += ["cache_mlp_hook_in", "llama_cache_mlp_hook_in", "published", "gemma_scope"]
+
+
+@pytest.mark.parametrize("name", GOLDEN_SETS)
 def test_the_graph_equals_circuit_tracers_on_its_own_transcoder_files(name, request):
   """Per-layer transcoders (ReLU; JumpReLU with skip paths) and a cross-layer transcoder (JumpReLU) in circuit-tracer's
-  files, on the tiny GPT-2 and on a tiny Llama: the same active features and activations, the same logits, the
-  adjacency to 1e-4 of its largest entry, the same pruned nodes and edges, the same replacement and completeness
-  scores."""
+  files, in each of its layouts, reading each of its hooks, on the tiny GPT-2 and on a tiny Llama: the same active
+  features and activations, the same logits, the adjacency to 1e-4 of its largest entry, the same pruned nodes and
+  edges, the same replacement and completeness scores."""
   model, params = request.getfixturevalue("llama_tiny" if name.startswith("llama") else "gpt2_tiny")
   ref = np.load(FIXTURES / name / "graph.npz")
   _, transcoders = dictionaries.load_transcoders([str(FIXTURES / name)])
@@ -115,6 +123,21 @@ def test_the_graph_equals_circuit_tracers_on_its_own_transcoder_files(name, requ
   viewer = json.loads(json.dumps(graph_view.to_json(graph, kept, str)))  # circuit-tracer's viewer's form
   assert len(viewer["nodes"]) == kept.node_mask.sum() and len(viewer["links"]) == kept.edge_mask.sum()
   assert {n["feature_type"] for n in viewer["nodes"]} >= {"cross layer transcoder", "embedding", "logit"}
+
+
+@pytest.mark.parametrize("name", ["cache_mlp_hook_in", "llama_cache_mlp_hook_in"])
+def test_each_circuit_tracer_hook_is_the_tensor_its_replacement_model_reads(name, request):
+  """Each hook circuit-tracer's sets name, read by that name from our run, is the tensor circuit-tracer's own
+  replacement model has there on the same prompt (hooks.npz): mlp.hook_in (the MLP's input after ln2's weight)
+  apart from ln2.hook_normalized (before it), mlp.hook_out and hook_mlp_out one tensor here (no norm after the MLP)."""
+  model, params = request.getfixturevalue("llama_tiny" if name.startswith("llama") else "gpt2_tiny")
+  theirs = np.load(FIXTURES / name / "hooks.npz")
+  tokens = np.load(FIXTURES / name / "tokens.npy")[None]
+  _, cache = interventions.run_with_cache(model, params, tokens, names=tuple(theirs.files))
+  for hook in theirs.files:
+    np.testing.assert_allclose(cache[hook][0], theirs[hook], atol=2e-5, err_msg=hook)
+  assert np.abs(theirs["blocks.1.mlp.hook_in"] - theirs["blocks.1.ln2.hook_normalized"]).max() > 1e-2
+  np.testing.assert_array_equal(theirs["blocks.1.mlp.hook_out"], theirs["blocks.1.hook_mlp_out"])
 
 
 @pytest.mark.parametrize("which", ["tiny", "tiny_clt"])
@@ -269,16 +292,16 @@ def test_circuit_tracers_files_round_trip_and_carry_our_scales(tiny, tmp_path):
   scales folded into the weights); the graph through the files equals the graph through ours."""
   model, params, transcoders = tiny
   layers = [(sae.config, p) for sae, p in zip(transcoders.saes, transcoders.params)]
-  with pytest.raises(ConfigError, match="circuit-tracer reads ReLU and JumpReLU transcoders"):
-    sae_formats.export_circuit_tracer(layers, tmp_path / "no")
+  with pytest.raises(ConfigError, match="circuit-tracer's loaders read ReLU and JumpReLU transcoders.*way to say TopK"):
+    tracer_formats.export_circuit_tracer(layers, tmp_path / "no")
   relu = replacement.PerLayerTranscoders(
     (SAE(transcoders.saes[0].config.replace(activation="relu")), transcoders.saes[1]), transcoders.params
   )
   layers = [(sae.config, p) for sae, p in zip(relu.saes, relu.params)]
-  sae_formats.export_circuit_tracer(layers, tmp_path / "set", model_name="tiny")
+  tracer_formats.export_circuit_tracer(layers, tmp_path / "set", model_name="tiny")
   config = (tmp_path / "set" / "config.yaml").read_text()
   assert "feature_input_hook: hook_resid_mid" in config and "feature_output_hook: hook_mlp_out" in config
-  back, point_in, point_out = sae_formats.import_circuit_tracer(tmp_path / "set")
+  back, point_in, point_out = tracer_formats.import_circuit_tracer(tmp_path / "set")
   assert (point_in, point_out) == ("mlp_in", "mlp_out")
   x = np.random.default_rng(5).normal(size=(6, 16)).astype(np.float32)
   for (config, p), sae, ours in zip(back, relu.saes, relu.params):
@@ -303,16 +326,32 @@ def test_bad_input_is_one_error(tiny, gpt2_tiny, tmp_path):
   with pytest.raises(UserError, match="the dictionary of layer 0 is an SAE, not a transcoder"):
     G.attribute(model, params, TOKENS, replacement.PerLayerTranscoders((sae, sae), transcoders.params))
   with pytest.raises(
-    UserError, match="transcoders from mlp_in, resid_mid or ln_2.normalized to mlp_out, not mlp_in -> attn_out"
+    UserError,
+    match="transcoders from mlp_in, resid_mid, ln_2.normalized or mlp_input to mlp_out .or mlp_output., not mlp_in -> attn_out",
   ):
     G.attribute(
       model, params, TOKENS, replacement.PerLayerTranscoders(transcoders.saes, transcoders.params, point_out="attn_out")
     )
   with pytest.raises(CheckpointError, match="no config.yaml in"):
-    sae_formats.import_circuit_tracer(tmp_path)
-  (tmp_path / "config.yaml").write_text("feature_input_hook: mlp.hook_in\nfeature_output_hook: hook_mlp_out\n")
-  with pytest.raises(CheckpointError, match="transcoders from 'mlp.hook_in' to 'hook_mlp_out'; we read those from"):
-    sae_formats.import_circuit_tracer(tmp_path)
+    tracer_formats.import_circuit_tracer(tmp_path)
+  published = tmp_path / "published"
+  shutil.copytree(FIXTURES / "published", published)
+  config = (published / "config.yaml").read_text()
+  (published / "config.yaml").write_text(config.replace("tiny-org/tiny-transcoders/layer_1", "other/repo/sub/layer_1"))
+  with pytest.raises(
+    CheckpointError,
+    match=r"layer 1's file hf://other/repo/sub/layer_1.safetensors is not beside it .* in the repository other/repo; "
+    r"fetch it there with `huggingface-cli download other/repo sub/layer_1.safetensors --local-dir",
+  ):
+    tracer_formats.import_circuit_tracer(published)
+  cache = tmp_path / "cache"
+  shutil.copytree(FIXTURES / "cache_mlp_hook_in", cache)
+  (cache / "layer_0.safetensors").unlink()
+  with pytest.raises(CheckpointError, match=r"a transcoder a layer from 0 is needed; found layers \[1\]"):
+    tracer_formats.import_circuit_tracer(cache)
+  (tmp_path / "config.yaml").write_text("feature_input_hook: mlp.hook_pre\nfeature_output_hook: hook_mlp_out\n")
+  with pytest.raises(CheckpointError, match="transcoders from 'mlp.hook_pre' to 'hook_mlp_out'; we read those from"):
+    tracer_formats.import_circuit_tracer(tmp_path)
 
 
 def test_launch_probe_refuses_a_graph_without_transcoders_before_loading_anything(tmp_path):
@@ -382,7 +421,7 @@ def test_circuit_tracer_reads_our_exported_transcoders_and_draws_our_graph(gpt2_
       p["W_enc"], p["W_dec"], p["b_dec"] = p["W_enc"] / 2.0, p["W_dec"] * 0.5, p["b_dec"] * 0.5
       p["W_skip"] = p["W_skip"] / 4.0
       layers.append((sae.config, p))
-    sae_formats.export_circuit_tracer(layers, tmp_path, model_name="gpt2-tiny")
+    tracer_formats.export_circuit_tracer(layers, tmp_path, model_name="gpt2-tiny")
     ours = replacement.PerLayerTranscoders(tuple(SAE(c) for c, _ in layers), tuple(p for _, p in layers))
   else:
     p = dict(tc.params, input_scale=jnp.array([2.0, 0.5]), output_scale=jnp.array([0.5, 4.0]))
@@ -390,7 +429,7 @@ def test_circuit_tracer_reads_our_exported_transcoders_and_draws_our_graph(gpt2_
     p["b_dec"] = tc.params["b_dec"] * p["output_scale"][:, None]
     for layer in range(2):
       p[f"W_dec_{layer}"] = tc.params[f"W_dec_{layer}"] * p["output_scale"][layer:, None]
-    sae_formats.export_circuit_tracer_clt(tc.clt.config, p, tmp_path)
+    tracer_formats.export_circuit_tracer_clt(tc.clt.config, p, tmp_path)
     ours = replacement.CrossLayerTranscoders(tc.clt, p)
   tokens = np.load(FIXTURES / name / "tokens.npy")
   np.save(tmp_path / "tokens.npy", tokens)

@@ -138,7 +138,7 @@ def test_every_transformer_lens_name_parses_to_ours_and_back():
   formats back; ours with a block and a head reads back; a TransformerLens-shaped name it does not have
   is one error naming the ones it has."""
   table = _table_names()
-  assert len(table) == 23 and {k: TL_NAMES[k] for k in table} == table  # the docstring agrees with the map
+  assert len(table) == 25 and {k: TL_NAMES[k] for k in table} == table  # the docstring agrees with the map
   for ours, tl in TL_NAMES.items():
     point = Point.parse(f"blocks.3.{tl}")
     assert point == Point(ours, 3) == Point.parse(f"L3.{ours}") and point.tl_name() == f"blocks.3.{tl}"

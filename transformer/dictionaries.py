@@ -1,6 +1,6 @@
 """Opening sparse dictionaries (SAEs, per-layer and cross-layer transcoders) from where they are: an SAE
 task's training workdir (restored with the model it learned from, whose text is read again) or a
-published format's files (circuit-tracer's transcoder sets: transformer.models.sae_formats).
+published format's files (circuit-tracer's transcoder sets: transformer.models.tracer_formats).
 
 The instrument (transformer.interp) takes what these return as plain values; opening a workdir
 restores a run, which is why this stands beside transformer.inference and not inside the instrument.
@@ -23,7 +23,7 @@ from transformer.errors import UserError
 from transformer.interp import probes
 from transformer.interp.activations import ModelActivations, middle_layer
 from transformer.interp.replacement import CrossLayerTranscoders, PerLayerTranscoders, Transcoders
-from transformer.models import sae_formats
+from transformer.models import tracer_formats
 from transformer.models.clt import CrossLayerTranscoder
 from transformer.models.sae import SAE
 
@@ -43,12 +43,12 @@ def load_transcoders(paths: list[str]) -> tuple[Any, Transcoders]:
   workdir a layer (config.task=sae with --config.target_point: their model is the one they learned from), one
   cross-layer transcoder's workdir (--config.cross_layer), or one directory of circuit-tracer's transcoder
   set (config.yaml; then the model is the caller's, None)."""
-  kind = sae_formats.circuit_tracer_kind(paths[0]) if len(paths) == 1 else ""
+  kind = tracer_formats.kind(paths[0]) if len(paths) == 1 else ""
   if kind == "cross_layer_transcoder":
-    config, params, point_in, point_out = sae_formats.import_circuit_tracer_clt(paths[0])
+    config, params, point_in, point_out = tracer_formats.import_circuit_tracer_clt(paths[0])
     return None, CrossLayerTranscoders(CrossLayerTranscoder(config), jax.device_put(params), point_in, point_out)
   if kind:
-    layers, point_in, point_out = sae_formats.import_circuit_tracer(paths[0])
+    layers, point_in, point_out = tracer_formats.import_circuit_tracer(paths[0])
     params = tuple(jax.device_put(p) for _, p in layers)
     return None, PerLayerTranscoders(tuple(SAE(c) for c, _ in layers), params, point_in, point_out)
   trained = [inference.restore(path, task="sae") for path in paths]

@@ -32,7 +32,7 @@ from transformer import workdir as workdir_files
 from transformer.config import MeshConfig
 from transformer.errors import CheckpointError
 from transformer.layers.points import Point
-from transformer.models import formats, hf_files, sae_formats
+from transformer.models import formats, hf_files, sae_formats, tracer_formats
 from transformer.models.formats.gpt2 import import_hf_gpt2
 from transformer.models.formats.marian import import_hf_marian
 from transformer.models.gpt import GPT
@@ -76,7 +76,7 @@ def open_path(path: str | Path, *, mesh=None, rules: tuple | None = None, tokeni
     return Dictionary(SAE(config), jax.device_put(params), None, None, f"{path} (Gemma Scope)")
   if (path / sae_formats.CONFIG).is_file():
     return _saelens(path)
-  if sae_formats.circuit_tracer_kind(path):
+  if tracer_formats.kind(path):
     _, transcoders = dictionaries.load_transcoders([str(path)])
     return Dictionary(transcoders, transcoders.params, transcoders.point_in, None, f"{path} (circuit-tracer)")
   if (path / workdir_files.CHECKPOINTS).is_dir() and (path / workdir_files.CONFIG).is_file():

@@ -25,7 +25,7 @@ from launch.bench import peer_env
 from transformer import benchmark, metrics
 from transformer.interp import graph, replacement
 from transformer.interp.interventions import run_with_cache
-from transformer.models import gpt, sae_formats
+from transformer.models import gpt, tracer_formats
 from transformer.models.formats.gpt2 import export_hf_gpt2
 from transformer.models.sae import SAE, SAEConfig
 
@@ -81,7 +81,7 @@ def graph_table(o) -> str:
   with tempfile.TemporaryDirectory() as tmp:
     export_hf_gpt2(cfg, params, Path(tmp) / "model")
     layers = [(sae.config, p) for sae, p in zip(transcoders.saes, transcoders.params)]
-    sae_formats.export_circuit_tracer(layers, Path(tmp) / "transcoders", model_name="gpt2-shape")
+    tracer_formats.export_circuit_tracer(layers, Path(tmp) / "transcoders", model_name="gpt2-shape")
     np.save(Path(tmp) / "tokens.npy", tokens_T)
     python = peer_env.peer_python(o.peer_python, CT_REQUIREMENTS, "circuit-tracer-peer-venv")
     spec = {

@@ -17,6 +17,7 @@ TransformerLens's name, `blocks.{l}.` before it):
 | `attn_out`, `mlp_out` | `hook_attn_out`, `hook_mlp_out` | B x T x D |
 | `mlp_in` (the MLP's own copy of the stream) | `hook_mlp_in` | B x T x D |
 | `mlp_pre`, `mlp_post`, gated: `mlp_pre_linear` | `mlp.hook_pre`, `mlp.hook_post`, `mlp.hook_pre_linear` | B x T x F |
+| `mlp_input`, `mlp_output` (what the MLP reads and writes) | `mlp.hook_in`, `mlp.hook_out` | B x T x D |
 
 and a GPT's `embed` (`hook_embed`), `pos_embed` (`hook_pos_embed`), `ln_f.scale`,
 `ln_f.normalized` (`ln_final.hook_scale`, `ln_final.hook_normalized`), `final_norm` (its output)
@@ -27,7 +28,11 @@ The open families (transformer.models.formats) name their points as TransformerL
 (tests/test_families.py checks them against it): with grouped-query attention the keys and values, their
 inputs and `rot_k` have the G kv heads, not H; a block with norms after its branches (Gemma 2 and 3, OLMo 2)
 has `attn_out` and `mlp_out` after them (what enters the stream); a parallel block (GPT-NeoX, Pythia) has
-no `resid_mid`, and its `mlp_in` is a copy of `resid_pre`.
+no `resid_mid`, and its `mlp_in` is a copy of `resid_pre`. `mlp.hook_in` and `mlp.hook_out` are circuit-tracer's
+names, not TransformerLens's own: the input and output of the MLP it wraps in a model loaded with fold_ln=False.
+There `mlp.hook_in` is ln2's output with its weight (and bias), not `ln2.hook_normalized` (before the weight):
+the two are one tensor only where TransformerLens folds the norm's weight into the MLP (fold_ln=True, its
+default). `mlp.hook_out` is `hook_mlp_out` wherever no norm follows the MLP (all but Gemma 2 and 3, OLMo 2).
 
     >>> logits, cache = run_with_cache(model, params, tokens_BxT, names=("pattern", "resid_post"))
     >>> cache["pattern"].shape          # L x B x H x T x T

@@ -28,7 +28,11 @@ from transformer.layers.points import functions_at, split_path
 from transformer.models.clt import CrossLayerTranscoder, activation
 from transformer.models.sae import SAE
 
-POINTS_IN = ("mlp_in", "resid_mid", "ln_2.normalized")
+# Where a transcoder the replacement model splices in reads (the MLP branch's stream, ln_2's normalised input
+# before its weight, or the MLP's own input after it: circuit-tracer's mlp.hook_in) and writes (what the block
+# adds; `mlp_output`, circuit-tracer's mlp.hook_out, is that wherever no norm follows the MLP).
+POINTS_IN = ("mlp_in", "resid_mid", "ln_2.normalized", "mlp_input")
+POINTS_OUT = ("mlp_out", "mlp_output")
 
 
 class Transcoders(abc.ABC):
@@ -103,10 +107,17 @@ class Transcoders(abc.ABC):
       raise UserError(
         f"transcoders of different widths ({sorted({c.latents for c in self.configs()})}): give one width"
       )
-    if self.point_out != "mlp_out" or self.point_in not in POINTS_IN:
+    if self.point_out not in POINTS_OUT or self.point_in not in POINTS_IN:
       raise UserError(
         f"a replacement model replaces MLPs: transcoders from {', '.join(POINTS_IN[:-1])} or {POINTS_IN[-1]} "
-        f"to mlp_out, not {self.point_in} -> {self.point_out}"
+        f"to mlp_out (or mlp_output), not {self.point_in} -> {self.point_out}"
+      )
+    if self.point_out == "mlp_output" and cfg.block.branch_norms != "pre":
+      raise UserError(
+        "these transcoders write the MLP's output before the norm after it (mlp_output, circuit-tracer's "
+        f"mlp.hook_out), and this model's blocks have norms after their branches (branch_norms="
+        f"{cfg.block.branch_norms!r}, as Gemma 2 and 3 and OLMo 2): the replacement model here splices in what the "
+        "block adds (mlp_out, hook_mlp_out); give transcoders that write hook_mlp_out"
       )
     return self
 

@@ -24,6 +24,9 @@ class MLP(nn.Module):
   @nn.compact
   def __call__(self, x_BxTxD):
     cfg, projection = self.cfg, projections(self.cfg, self.forms)
+    # What the MLP itself reads, after the norm before it (its weight and bias applied): circuit-tracer's
+    # mlp.hook_in, where its published transcoders read (`mlp_in` is the stream before that norm).
+    x_BxTxD = point(self, "mlp_input", x_BxTxD)
     h_BxTxF = projection((cfg.mlp_width,), ("embed", "mlp"), name="fc")(x_BxTxD)
     if cfg.activation in GATED:  # gated: silu (gelu) of a second projection of x scales each hidden unit
       gate_BxTxF = point(self, "mlp_pre", projection((cfg.mlp_width,), ("embed", "mlp"), name="gate")(x_BxTxD))
@@ -35,7 +38,10 @@ class MLP(nn.Module):
       # losses and gradients; without a gradient it is the plain activation.
       h_BxTxF = jax.checkpoint(ACTIVATIONS[cfg.activation])(point(self, "mlp_pre", h_BxTxF))
     h_BxTxF = nn.with_logical_constraint(point(self, "mlp_post", h_BxTxF), ("batch", "length", "mlp"))
-    return projection((cfg.d_model,), ("mlp", "embed"), std=self.residual_std, name="proj")(h_BxTxF)
+    # What it writes, before a norm after it (Gemma 2's post-feedforward norm; `mlp_out` is after that norm,
+    # what the block adds): circuit-tracer's mlp.hook_out
+    out_BxTxD = projection((cfg.d_model,), ("mlp", "embed"), std=self.residual_std, name="proj")(h_BxTxF)
+    return point(self, "mlp_output", out_BxTxD)
 
 
 class Block(nn.Module):

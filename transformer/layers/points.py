@@ -130,6 +130,10 @@ TL_NAMES = {
   "attn_out": "hook_attn_out",
   "mlp_out": "hook_mlp_out",
   "mlp_in": "hook_mlp_in",
+  # circuit-tracer's names (its ReplacementMLP's hooks on TransformerLens's MLP, whose ln2 is not folded):
+  # the MLP's own input, after ln2 and its weight, and its output before any norm after it
+  "mlp_input": "mlp.hook_in",
+  "mlp_output": "mlp.hook_out",
   "mlp_pre": "mlp.hook_pre",
   "mlp_pre_linear": "mlp.hook_pre_linear",
   "mlp_post": "mlp.hook_post",

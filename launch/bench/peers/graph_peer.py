@@ -23,8 +23,9 @@ import torch
 import yaml
 from circuit_tracer import attribute
 from circuit_tracer.replacement_model.replacement_model_transformerlens import TransformerLensReplacementModel
-from circuit_tracer.transcoder.cross_layer_transcoder import load_clt
 from circuit_tracer.transcoder.single_layer_transcoder import load_transcoder_set
+from circuit_tracer.utils.caching import load_transcoders_from_cache
+from circuit_tracer.utils.hf_utils import load_transcoders, parse_hf_uri
 from safetensors.torch import load_file
 from transformer_lens import HookedTransformerConfig
 from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights, convert_llama_weights
@@ -102,23 +103,33 @@ def tl_config(hf) -> HookedTransformerConfig:
   )
 
 
+def load(transcoder_dir: Path):
+  """A transcoder set or a cross-layer transcoder by circuit-tracer's own loaders, in any of its layouts: the cache
+  layout (config.yaml, and layer_<l>.safetensors or W_enc_<l>/W_dec_<l> beside it) by load_transcoders_from_cache;
+  a published one (config.yaml listing hf:// URIs, the files downloaded beside it) by load_transcoders, each URI
+  read where a download of its repository put it (the one step offline); the first releases' (entries of id,
+  layer and filepath, which 0.5's loaders no longer read) by load_transcoder_set with the paths the entries name."""
+  config = yaml.safe_load((transcoder_dir / "config.yaml").read_text())
+  cpu = dict(device=torch.device("cpu"), dtype=torch.float32, lazy_encoder=False, lazy_decoder=False)
+  entries = config.get("transcoders")
+  if entries is None:
+    return load_transcoders_from_cache(transcoder_dir.name, cache_dir=transcoder_dir.parent, **cpu)[0]
+  if all(isinstance(e, dict) for e in entries):
+    hooks = dict(feature_input_hook=config["feature_input_hook"], feature_output_hook=config["feature_output_hook"])
+    paths = {e["layer"]: str(transcoder_dir / e["filepath"]) for e in entries}
+    return load_transcoder_set(paths, scan=config.get("scan", "tiny"), **hooks, **cpu)
+  local = [str(transcoder_dir / (parse_hf_uri(e).file_path if e.startswith("hf://") else e)) for e in entries]
+  repo = parse_hf_uri(entries[0]).repo_id if entries[0].startswith("hf://") else ""
+  return load_transcoders({**config, "transcoders": local, "repo_id": repo, "scan": config.get("scan", repo)}, **cpu)
+
+
 def replacement_model(model_dir: Path, transcoder_dir: Path, first: int) -> TransformerLensReplacementModel:
   """circuit-tracer's TransformerLens replacement model of a GPT-2 or Llama directory and a transcoder set or a
   cross-layer transcoder in circuit-tracer's files (config.yaml's model_kind says which)."""
   hf = hf_model(model_dir)
   cfg = tl_config(hf)
   convert = convert_gpt2_weights if hf.config.model_type == "gpt2" else convert_llama_weights
-  config = yaml.safe_load((transcoder_dir / "config.yaml").read_text())
-  hooks = dict(feature_input_hook=config["feature_input_hook"], feature_output_hook=config["feature_output_hook"])
-  if config.get("model_kind") == "cross_layer_transcoder":
-    transcoders = load_clt(
-      str(transcoder_dir), scan="tiny", device=torch.device("cpu"), dtype=torch.float32, lazy_decoder=False, **hooks
-    )
-  else:
-    paths = {t["layer"]: str(transcoder_dir / t["filepath"]) for t in config["transcoders"]}
-    transcoders = load_transcoder_set(
-      paths, scan="tiny", device=torch.device("cpu"), lazy_encoder=False, lazy_decoder=False, **hooks
-    )
+  transcoders = load(transcoder_dir)
   model = TransformerLensReplacementModel(cfg)
   model.load_and_process_state_dict(convert(hf, cfg), fold_ln=False, center_writing_weights=False, center_unembed=False)
   model._configure_replacement_model(transcoders)
