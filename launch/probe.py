@@ -339,8 +339,9 @@ def attribution_graph(texts: list[str]) -> None:
     raise UserError("the transcoders' workdirs name their model: leave out --workdir and --hf")
   _gpt(trained.model, "graph")
   print(f"# {trained.source}", file=sys.stderr)
+  names = dictionaries.names(_TRANSCODERS.value)
   record = graph_view.study(
-    trained.model, trained.params, trained.tokenizer, texts[0], transcoders, Path(_OUT.value), _held_out(trained)
+    trained.model, trained.params, trained.tokenizer, texts[0], transcoders, Path(_OUT.value), _held_out(trained), names
   )
   print(f"{record['active_features']} active features; kept {record['kept_nodes']} nodes, {record['kept_edges']} edges")
   print(f"replacement score {record['replacement']:.3f}, completeness {record['completeness']:.3f}")

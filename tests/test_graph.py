@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -354,6 +355,21 @@ def test_bad_input_is_one_error(tiny, gpt2_tiny, tmp_path):
     tracer_formats.import_circuit_tracer(tmp_path)
 
 
+def test_a_graphs_metadata_names_the_transcoders_as_circuit_tracers_viewer_reads_them():
+  """scan and transcoder_list: a circuit-tracer set's config.yaml scan and its layers' files (its URIs where it
+  lists them); several workdirs, a custom-<digest> as circuit-tracer names a list."""
+  scan, files = dictionaries.names([str(FIXTURES / "published")])
+  assert scan == "published" and files == tuple(f"hf://tiny-org/tiny-transcoders/layer_{l}.safetensors" for l in (0, 1))
+  scan, files = dictionaries.names([str(FIXTURES / "cache_mlp_hook_in")])
+  assert scan == "tiny-org/tiny-transcoders" and [Path(f).name for f in files] == [
+    "layer_0.safetensors",
+    "layer_1.safetensors",
+  ]
+  scan, files = dictionaries.names(["runs/tc0", "runs/tc1"])
+  assert scan.startswith("custom-") and files == ("runs/tc0", "runs/tc1")
+  assert scan == dictionaries.names(["runs/tc0", "runs/tc1"])[0] != dictionaries.names(["runs/tc1", "runs/tc0"])[0]
+
+
 def test_launch_probe_refuses_a_graph_without_transcoders_before_loading_anything(tmp_path):
   refused = run_module("launch.probe", "--graph", "--text=ROMEO:", f"--out={tmp_path / 'g'}")
   assert refused.returncode != 0 and "--graph draws a graph through --transcoders: give both" in refused.stderr
@@ -394,6 +410,9 @@ def test_launch_probe_draws_the_graph_of_a_text_through_transcoders_trained_here
     assert "with every MLP replaced" in shown.stdout
     data = json.loads((tmp_path / name / "graph.json").read_text())
     assert {"metadata", "qParams", "nodes", "links"} <= set(data) and data["links"]
+    meta = data["metadata"]  # what circuit-tracer's viewer names the transcoders by
+    assert meta["transcoder_list"] == [str(p) for p in str(tcs).split(",")]
+    assert meta["scan"] == ("clt" if name == "clt" else dictionaries.names(str(tcs).split(","))[0])
     assert any(n["feature_type"] == "logit" for n in data["nodes"])
     page = (tmp_path / name / "graph.html").read_text()
     kept_features = any(n["feature_type"] == "cross layer transcoder" for n in data["nodes"])

@@ -11,6 +11,7 @@ restores a run, which is why this stands beside transformer.inference and not in
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,19 @@ def load_sae(workdir: str | Path) -> tuple[inference.Trained, ModelActivations]:
   if not isinstance(source, ModelActivations):
     raise UserError(f"{workdir} learned rows without text (an array or synthetic ones): pages show a model's text")
   return trained, source
+
+
+def names(paths: list[str]) -> tuple[str, tuple[str, ...]]:
+  """(the transcoders' name, their layers' sources) of `load_transcoders`' paths: what circuit-tracer's viewer
+  reads as a graph's `scan` and `transcoder_list`. A circuit-tracer set's are its config.yaml's scan and its
+  files; a cross-layer transcoder's workdir is its own name; a workdir a layer, named as circuit-tracer names a
+  list of them (custom-<digest>)."""
+  if len(paths) == 1 and tracer_formats.kind(paths[0]):
+    return tracer_formats.names(paths[0])
+  if len(paths) == 1:
+    return Path(paths[0]).name, (str(paths[0]),)
+  digest = hashlib.sha1("-".join(map(str, paths)).encode()).hexdigest()[:12]
+  return f"custom-{digest}", tuple(map(str, paths))
 
 
 def load_transcoders(paths: list[str]) -> tuple[Any, Transcoders]:

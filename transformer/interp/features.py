@@ -149,7 +149,7 @@ def feature_pages(
       text_latents.append((piece(token), [(int(s), float(z_1xTxZ[t, s])) for s in firing if z_1xTxZ[t, s] > 0]))
   result = FeatureReport(report, text_latents)
   if out is not None:
-    result.path = _write(result, Path(out))
+    result.path = write_pages(result, Path(out))
   return result
 
 
@@ -170,7 +170,8 @@ def _shaded(context: list, centre: int, peak: float) -> str:
   return "".join(spans)
 
 
-def _write(report: FeatureReport, out: Path) -> Path:
+def write_pages(report: FeatureReport, out: Path) -> Path:
+  """features.html (and each latent's histogram, features.json) of `report` in `out`."""
   out.mkdir(parents=True, exist_ok=True)
   parts = [
     "<!doctype html><meta charset='utf-8'><title>SAE features</title>",

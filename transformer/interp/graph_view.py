@@ -127,9 +127,18 @@ def node_ids(graph: Graph) -> list[str]:
   return ids
 
 
-def to_json(graph: Graph, kept: Pruned, decode, slug: str = "graph", node_threshold: float = 0.8) -> dict:
+def to_json(
+  graph: Graph,
+  kept: Pruned,
+  decode,
+  slug: str = "graph",
+  node_threshold: float = 0.8,
+  scan: str = "",
+  transcoder_list: tuple[str, ...] = (),
+) -> dict:
   """The pruned graph in the form circuit-tracer writes for its viewer (metadata, qParams, nodes, links):
-  `decode(id) -> str` names tokens."""
+  `decode(id) -> str` names tokens; `scan` names the transcoders (default: the slug) and `transcoder_list` the
+  files or runs of their layers (dictionaries.names gives both)."""
   ids = node_ids(graph)
   T, L, n = graph.num_positions, graph.num_layers, graph.num_features
   show = lambda text: text.replace("\n", "⏎").replace("\t", "→").replace("\r", "↵")
@@ -159,8 +168,8 @@ def to_json(graph: Graph, kept: Pruned, decode, slug: str = "graph", node_thresh
   ]
   metadata = {
     "slug": slug,
-    "scan": slug,
-    "transcoder_list": [],
+    "scan": scan or slug,
+    "transcoder_list": list(transcoder_list),
     "prompt_tokens": [show(decode(t)) for t in graph.tokens],
     "prompt": "".join(decode(t) for t in graph.tokens),
     "node_threshold": node_threshold,
@@ -177,13 +186,22 @@ def write_json(graph: Graph, kept: Pruned, path: str | Path, decode, slug: str =
 
 
 def study(
-  model, params, tokenizer, text: str, transcoders, out: str | Path | None = None, held_out_BxT=None, **attribute_kwargs
+  model,
+  params,
+  tokenizer,
+  text: str,
+  transcoders,
+  out: str | Path | None = None,
+  held_out_BxT=None,
+  names: tuple[str, tuple[str, ...]] = ("", ()),
+  **attribute_kwargs,
 ) -> dict:
   """The attribution graph of `text` through `transcoders`, pruned (the first position left out, as
-  circuit-tracer leaves out its BOS): its numbers, and in `out` graph.json (circuit-tracer's viewer's),
-  graph.html (transformer.interp.graph_page; with `held_out_BxT`, windows of held-out text, each kept
-  feature's top contexts in them) and graph.npz (the whole adjacency and its nodes). With held-out text,
-  `replacement_losses` too: the model's loss on it clean, with every MLP replaced and with every MLP zeroed."""
+    circuit-tracer leaves out its BOS): its numbers, and in `out` graph.json (circuit-tracer's viewer's),
+    graph.html (transformer.interp.graph_page; with `held_out_BxT`, windows of held-out text, each kept
+    feature's top contexts in them) and graph.npz (the whole adjacency and its nodes); `names`: the transcoders'
+  scan and the sources of their layers, as the viewer's metadata (dictionaries.names). With held-out text,
+    `replacement_losses` too: the model's loss on it clean, with every MLP replaced and with every MLP zeroed."""
   tokens = tokenizer.encode(text)
   if len(tokens) < 2:
     raise UserError(f"the text {text!r} is {len(tokens)} token(s): a graph needs a first token and one to explain")
@@ -202,7 +220,7 @@ def study(
     record["replacement_losses"] = replacement.replacement_losses(model, params, np.asarray(held_out_BxT), transcoders)
   if out is not None:
     out = Path(out)
-    data = to_json(graph, kept, decode, slug=out.name or "graph")
+    data = to_json(graph, kept, decode, slug=out.name or "graph", scan=names[0], transcoder_list=names[1])
     out.mkdir(parents=True, exist_ok=True)
     (out / "graph.json").write_text(json.dumps(data, indent=1))
     summary = (

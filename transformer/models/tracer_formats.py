@@ -135,6 +135,21 @@ def export_circuit_tracer(
   return out_dir
 
 
+def names(directory: str | Path) -> tuple[str, tuple[str, ...]]:
+  """(the set's scan, its layers' files) of a circuit-tracer directory: config.yaml's `scan` (else the directory's
+  name) and its transcoders list (else the files beside it)."""
+  directory = Path(directory)
+  cfg = _read_config(directory / CONFIG)
+  listed = cfg.get("transcoders")
+  if isinstance(listed, list) and all(isinstance(e, str) for e in listed):
+    files = tuple(listed)
+  elif cfg.get("model_kind") == "cross_layer_transcoder":
+    files = tuple(str(f) for f in sorted(directory.glob("W_*_*.safetensors")))
+  else:
+    files = tuple(str(f) for _, f in sorted(_layer_files(directory, cfg, directory / CONFIG).items()))
+  return str(cfg.get("scan") or directory.name), files
+
+
 def import_circuit_tracer(directory: str | Path) -> tuple[list[tuple[SAEConfig, dict]], str, str]:
   """(one (config, params) a layer, the point they read, the point they write) of circuit-tracer's transcoder
   set in `directory`, in any of its layouts (the module docstring)."""
