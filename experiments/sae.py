@@ -8,6 +8,9 @@ trained here, and on rows whose features are known.
   python -m launch.train --config=experiments/sae.py:synthetic --workdir=/tmp/sae-synthetic
       # 512 features in superposition in 64 dimensions: the decoder's recovery of them (mcc)
   python -m launch.probe --sae=workdirs/char-sae --out=features/char    # the features' pages
+  python -m launch.train --config=experiments/sae.py:hf:path/to/SmolLM2-135M --config.data.input_files=my.txt \
+      --config.point=mlp_input --config.target_point=mlp_output --workdir=workdirs/smollm-tc
+      # a transcoder of a Hugging Face model's MLP (circuit-tracer's hooks) on your own text, read by its tokenizer
 
 Any field changes from the command line: --config.model.activation=batchtopk (or jumprelu, relu),
 --config.model.k=16, --config.point=mlp_out --config.layer=1, --config.run=another/workdir. The
@@ -29,8 +32,9 @@ MAIN_JOB = "workdirs/shakespeare-char"
 
 
 def get_config(preset: str = "char"):
-  if preset not in PRESETS:
-    raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+  preset, _, directory = preset.partition(":")  # hf:DIR: a Hugging Face model's directory
+  if preset not in (*PRESETS, "hf") or (preset == "hf") != bool(directory):
+    raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}, or hf:path/to/model")
   c = tasks.defaults("sae")
   c.model.activation, c.model.k, c.model.expansion = "topk", 32, 8
   c.optimizer.update(dict(lr=4e-4, b2=0.999, weight_decay=0.0, grad_clip_norm=0.0, warmup_steps=50))
@@ -41,6 +45,8 @@ def get_config(preset: str = "char"):
   c.dead_tokens = 2_000_000  # a quarter of the tokens a run sees (Gao et al.: 10M of billions)
   if preset == "char":
     c.run, c.point, c.layer, c.seq_len = MAIN_JOB, "resid_pre", 2, 128
+  elif preset == "hf":  # its middle block's resid_pre, on config.data's text (--config.data.input_files: yours)
+    c.hf, c.point, c.seq_len = directory, "resid_pre", 128
   elif preset == "english":
     c.run, c.point, c.layer, c.seq_len = english.RUN, "resid_pre", 2, 128
   elif preset == "synthetic":

@@ -56,11 +56,13 @@ import numpy as np
 from absl import flags
 
 import launch
-from transformer import cli, dictionaries, inference
+from transformer import cli, dictionaries, inference, opening
 from transformer import workdir as workdir_files
 from transformer.errors import UserError
 from transformer.interp import features, graph_view, interventions, probes, studies
+from transformer.layers.points import Point
 from transformer.models.gpt import GPT
+from transformer.models.sae import SAE
 
 _MODEL = launch.ModelFlags(
   "A training workdir (launch.train's --workdir).",
@@ -130,6 +132,30 @@ _SAE = flags.DEFINE_list(
   "sae",
   [],
   "A sparse autoencoder's workdir (config.task=sae): its features' pages; several: their L0 vs explained variance.",
+)
+_POINT = flags.DEFINE_string(
+  "point",
+  None,
+  "With --sae of files that name no point (a Gemma Scope params.npz): the point it reads, in our words or "
+  "TransformerLens's (blocks.12.hook_resid_post, L12.resid_post).",
+)
+_INPUT_FILE = flags.DEFINE_string(
+  "input_file",
+  None,
+  "With --sae of a dictionary's files: the text its pages show contexts in, read by the model's tokenizer (with "
+  "--workdir, the run's own text by default).",
+)
+_EXPORT = flags.DEFINE_string(
+  "export",
+  None,
+  "Write the --sae workdir (an SAE or a transcoder) or the --transcoders' as a peer reads them, into this directory.",
+)
+_EXPORT_AS = flags.DEFINE_enum(
+  "export_as",
+  None,
+  list(dictionaries.EXPORTS),
+  "With --export: saelens (an SAE or a transcoder: cfg.json + sae_weights.safetensors) or circuit-tracer "
+  "(transcoders: config.yaml + a file a layer); default: saelens for --sae, circuit-tracer for --transcoders.",
 )
 _LATENTS = flags.DEFINE_list(
   "latents", [], "With --sae: the latents to show (default: 8 a reader learns from, features.readable_latents)."
@@ -312,18 +338,44 @@ def sae_features(texts: list[str]) -> None:
     latents = [int(i) for i in _LATENTS.value] or None
   except ValueError:
     raise UserError(f"--latents={','.join(_LATENTS.value)}: give latent numbers, e.g. 3,17") from None
-  trained, source = dictionaries.load_sae(_SAE.value[0])
-  print(
-    f"# {trained.source or _SAE.value[0]}: {trained.model.config.latents} latents on {source.point}", file=sys.stderr
-  )
+  sae, params, source, tokenizer, where = _dictionary(_SAE.value[0])
+  print(f"# {where}: {sae.config.latents} latents on {source.point}", file=sys.stderr)
   text = " ".join(texts) or None
-  report = features.feature_pages(
-    trained.model, trained.params, source, trained.tokenizer, latents=latents, text=text, out=Path(_OUT.value)
-  )
+  report = features.feature_pages(sae, params, source, tokenizer, latents=latents, text=text, out=Path(_OUT.value))
   for latent in report.latents:
     top = features.marked(latent.top_contexts[0], latent.centres[0]) if latent.top_contexts else ""
     print(f"latent {latent.index}: density {100 * latent.density:.2f}%, top context {top!r}")
   print(report.path)
+
+
+def _dictionary(path: str):
+  """(the SAE, its params, its activations, the tokenizer, where it came from) of --sae: a training workdir (with
+  the model it learned from), or a dictionary's files (SAELens's, Gemma Scope's) on the --workdir / --hf model, at
+  the point the files name (or --point)."""
+  if (Path(path) / workdir_files.CONFIG).is_file():
+    if _MODEL.workdir.value or _MODEL.hf.value:
+      raise UserError(f"{path} is an SAE workdir, which names its model: leave out --workdir and --hf")
+    trained, source = dictionaries.load_sae(path)
+    return trained.model, trained.params, source, trained.tokenizer, trained.source or path
+  opened = opening.open_path(path)
+  if not isinstance(opened, opening.Dictionary) or not isinstance(opened.module, SAE):
+    raise UserError(f"--sae={path} is not an SAE (a training workdir, SAELens's files or a Gemma Scope params.npz)")
+  point = _POINT.value or (str(Point(opened.point, opened.layer)) if opened.point else None)
+  if point is None:
+    raise UserError(f"{opened.source} names no point it reads: give --point (e.g. blocks.12.hook_resid_post)")
+  if not (_MODEL.workdir.value or _MODEL.hf.value):
+    raise UserError(f"{opened.source} names no model of ours: give --workdir or --hf, the model it reads")
+  trained = _MODEL.load()
+  text = dictionaries.text_for(trained, _MODEL.workdir.value, _INPUT_FILE.value)
+  source = dictionaries.on_model(opened.module, opened.params, point, None, trained, text)
+  return opened.module, opened.params, source, trained.tokenizer, f"{opened.source} on {trained.source}"
+
+
+def export_dictionaries(texts: list[str]) -> None:
+  """dictionaries.export of --sae or --transcoders into --export."""
+  paths = _SAE.value or _TRANSCODERS.value
+  kind = _EXPORT_AS.value or ("saelens" if _SAE.value else "circuit-tracer")
+  print(dictionaries.export(paths, Path(_EXPORT.value), kind))
 
 
 def attribution_graph(texts: list[str]) -> None:
@@ -423,11 +475,15 @@ def _check_verbs() -> str:
   """The one verb of this run ("look": none given), after refusing, before a model loads, two verbs at once
   and a verb's own flags without it."""
   verbs = [name for name, flag in _VERBS.items() if flag.value]
+  if _EXPORT.value:  # --sae or --transcoders are what it writes
+    verbs = [v for v in verbs if v != "sae"] + ["export"]
+    if bool(_SAE.value) == bool(_TRANSCODERS.value):
+      raise UserError("--export writes --sae (one dictionary's workdir) or --transcoders: give one of them")
   if len(verbs) > 1:
     raise UserError(f"give one of {', '.join('--' + v for v in _VERBS)} at a time, not {' and '.join(verbs)}")
   if _ABLATE.value and not _HEADS.value:
     raise UserError("--ablate names heads to remove while --heads scores them: give --heads with it")
-  if _GRAPH.value != bool(_TRANSCODERS.value):
+  if _GRAPH.value != bool(_TRANSCODERS.value) and not _EXPORT.value:
     raise UserError("--graph draws a graph through --transcoders: give both (a transcoder workdir a layer)")
   if _PATH.value and (_SENDER.value is None or not _RECEIVERS.value):
     raise UserError("--path needs --sender (a head, e.g. L0.H1) and --receivers (e.g. L1.k)")
@@ -492,6 +548,7 @@ RUNS = {
   "probe": lambda texts: probe(*_with_validation()),
   "sae": sae_features,
   "graph": attribution_graph,
+  "export": export_dictionaries,
   "look": _run_look,
 }
 _NEED_TEXT = ("compare", "attribute", "look")

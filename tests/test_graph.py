@@ -21,7 +21,7 @@ from transformer import dictionaries, inference
 from transformer.errors import CheckpointError, ConfigError, UserError
 from transformer.interp import graph as G
 from transformer.interp import graph_view, interventions, replacement
-from transformer.models import formats, gpt, tracer_formats
+from transformer.models import formats, gpt, sae_formats, tracer_formats
 from transformer.models.clt import CrossLayerTranscoder
 from transformer.models.formats.gpt2 import import_hf_gpt2
 from transformer.models.gpt import GPT, GPTConfig
@@ -421,6 +421,36 @@ def test_launch_probe_draws_the_graph_of_a_text_through_transcoders_trained_here
     "launch.probe", "--graph", f"--transcoders={tmp_path / 'tc0'}", "--text=RO", f"--out={tmp_path / 'n'}"
   )
   assert refused.returncode != 0 and f"one transcoder at each of the {layers} layers" in refused.stderr
+  # the workdirs exported: the per-layer ones and the cross-layer one as circuit-tracer's sets, one as SAELens's
+  per_layer = ",".join(str(tmp_path / f"tc{layer}") for layer in range(layers))
+  for name, flags in [
+    ("ct", [f"--transcoders={per_layer}"]),
+    ("ct_clt", [f"--transcoders={tmp_path / 'clt'}"]),
+    ("saelens", [f"--sae={tmp_path / 'tc0'}"]),
+  ]:
+    done = run_module("launch.probe", *flags, f"--export={tmp_path / name}")
+    assert done.returncode == 0, done.stderr[-3000:]
+  lm, tokens = inference.load(workdir=tmp_path / "lm"), np.arange(1, 9)
+  for name, paths in [("ct", per_layer.split(",")), ("ct_clt", [str(tmp_path / "clt")])]:
+    ours = G.attribute(lm.model, lm.params, tokens, dictionaries.load_transcoders(paths)[1])
+    back = G.attribute(lm.model, lm.params, tokens, dictionaries.load_transcoders([str(tmp_path / name)])[1])
+    np.testing.assert_allclose(back.adjacency_NxN, ours.adjacency_NxN, atol=1e-4 * np.abs(ours.adjacency_NxN).max())
+  config, _ = sae_formats.import_saelens(tmp_path / "saelens")
+  cfg = json.loads((tmp_path / "saelens" / "cfg.json").read_text())
+  assert config.transcoder and cfg["metadata"]["hook_name"] == "blocks.0.hook_mlp_in"
+  refused = run_module("launch.probe", f"--sae={tmp_path / 'clt'}", f"--export={tmp_path / 'no'}")
+  assert refused.returncode == 1 and "cannot hold: export it to circuit-tracer" in refused.stderr
+  assert not (tmp_path / "no").exists()
+  if os.environ.get("TRANSFORMER_CT_PYTHON"):  # circuit-tracer's own loader reads the exports
+    for name in ("ct", "ct_clt"):
+      load = (
+        "import sys, torch; from circuit_tracer.utils.caching import load_transcoders_from_cache as f; "
+        "t, c = f(sys.argv[1], cache_dir=sys.argv[2], device=torch.device('cpu')); print(type(t).__name__, c['scan'])"
+      )
+      read = subprocess.run(
+        [os.environ["TRANSFORMER_CT_PYTHON"], "-c", load, name, str(tmp_path)], capture_output=True, text=True
+      )
+      assert read.returncode == 0 and read.stdout.split()[0] in ("TranscoderSet", "CrossLayerTranscoder"), read.stderr
 
 
 @pytest.mark.slow

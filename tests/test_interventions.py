@@ -142,6 +142,7 @@ def test_every_transformer_lens_name_parses_to_ours_and_back():
   for ours, tl in TL_NAMES.items():
     point = Point.parse(f"blocks.3.{tl}")
     assert point == Point(ours, 3) == Point.parse(f"L3.{ours}") and point.tl_name() == f"blocks.3.{tl}"
+    assert Point.parse(tl) == Point(ours)  # without its block, as circuit-tracer's config.yaml names its hooks
   for ours, tl in TL_OUTSIDE.items():
     assert Point.parse(tl) == Point(ours) == Point.parse(ours) and Point(ours).tl_name() == tl
   assert str(Point("z", 3, 5)) == "L3H5.z" and Point.parse("L3H5.z") == Point("z", 3, 5)

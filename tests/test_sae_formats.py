@@ -17,7 +17,7 @@ from transformer.models.sae import SAE, SAEConfig
 from transformer.models.sae_formats import export_saelens, import_gemma_scope, import_saelens
 from transformer.tasks.sae import spliced_losses
 
-from conftest import REPO, compiled_apply, compiled_init
+from conftest import REPO, compiled_apply, compiled_init, run_module
 
 FIXTURES = REPO / "tests" / "fixtures" / "saelens"
 ARCHITECTURES = ["standard", "topk", "jumprelu", "transcoder", "skip_transcoder", "jumprelu_transcoder"]
@@ -155,3 +155,55 @@ def test_a_gemma_scope_params_npz_is_its_jumprelu_sae(tmp_path):
   np.savez(tmp_path / "other.npz", W_enc=arrays["W_enc"])
   with pytest.raises(CheckpointError, match="lacks W_dec, b_dec, b_enc, threshold: not a Gemma Scope JumpReLU SAE"):
     import_gemma_scope(tmp_path / "other.npz")
+
+
+@pytest.mark.slow  # launch.probe, a process a case
+def test_launch_probe_opens_dictionaries_from_their_files_on_a_model_it_is_given(tmp_path):
+  """--sae with SAELens's files (their hook_name the point) and with a Gemma Scope params.npz (--point), and
+  --graph through circuit-tracer's set, each on a Hugging Face GPT-2 (--hf) over --input_file's text: the
+  feature pages and the graph written; a dictionary of another width, or files that name no point, one error."""
+  from transformer.models import tracer_formats
+
+  model = REPO / "tests" / "fixtures" / "gpt2_own_tokenizer"  # d_model 32, its own tokenizer
+  text = tmp_path / "text.txt"
+  text.write_text(" ".join([(model / "text.txt").read_text()] * 60))
+  rng = np.random.default_rng(3)
+  config = SAEConfig(d_in=32, d_sae=64, activation="jumprelu").check()
+  params = dict(compiled_init(SAE(config), np.zeros((2, 32), np.float32)))
+  params.update(W_enc=rng.normal(size=(32, 64)).astype(np.float32), threshold=np.full(64, 0.1, np.float32))
+  export_saelens(config, params, tmp_path / "saelens", hook_name="blocks.1.hook_resid_pre")
+  gemma = {k: np.asarray(v) for k, v in params.items() if k in ("W_enc", "W_dec", "b_enc", "b_dec", "threshold")}
+  np.savez(tmp_path / "params.npz", **gemma)
+  common = [f"--hf={model}", f"--input_file={text}", "--latents=0,1"]
+  for name, extra in [("saelens", []), ("params.npz", ["--point=blocks.1.hook_resid_pre"])]:
+    out = tmp_path / f"pages-{name}"
+    shown = run_module("launch.probe", f"--sae={tmp_path / name}", *common, *extra, f"--out={out}")
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert (out / "features.html").is_file() and "latent 0: density" in shown.stdout
+  refused = run_module("launch.probe", f"--sae={tmp_path / 'params.npz'}", *common, f"--out={tmp_path / 'no'}")
+  assert refused.returncode == 1 and "names no point it reads: give --point" in refused.stderr
+  narrow = SAEConfig(d_in=16, d_sae=32, activation="relu").check()
+  export_saelens(
+    narrow, compiled_init(SAE(narrow), np.zeros((2, 16), np.float32)), tmp_path / "narrow", "blocks.0.hook_resid_pre"
+  )
+  refused = run_module("launch.probe", f"--sae={tmp_path / 'narrow'}", *common, f"--out={tmp_path / 'no'}")
+  assert refused.returncode == 1 and "reads 16-wide rows; L0.resid_pre of" in refused.stderr
+  assert refused.stderr.count("error:") == 1 and not (tmp_path / "no").exists()
+  transcoder = SAEConfig(d_in=32, d_out=32, d_sae=64, activation="relu").check()
+  layers = []
+  for layer in range(2):
+    p = dict(compiled_init(SAE(transcoder), np.zeros((2, 32), np.float32), seed=layer))
+    p.update(W_enc=rng.normal(size=(32, 64)).astype(np.float32) * 0.5)
+    layers.append((transcoder, p))
+  tracer_formats.export_circuit_tracer(layers, tmp_path / "set", point_in="mlp_input", point_out="mlp_output")
+  drawn = run_module(
+    "launch.probe",
+    "--graph",
+    f"--transcoders={tmp_path / 'set'}",
+    f"--hf={model}",
+    "--text=To be, or not",
+    f"--out={tmp_path / 'graph'}",
+  )
+  assert drawn.returncode == 0, drawn.stderr[-3000:]
+  meta = json.loads((tmp_path / "graph" / "graph.json").read_text())["metadata"]
+  assert meta["scan"] == "set" and len(meta["transcoder_list"]) == 2 and "To be" in meta["prompt"]

@@ -227,6 +227,29 @@ def test_a_transcoder_learns_an_mlp_from_its_input_to_its_output_and_replaces_it
     tasks.resolve(_sae_config(synthetic_features=128, target_point="mlp_out"))
 
 
+@pytest.mark.slow  # a training run in its own process
+def test_a_transcoder_of_a_hugging_face_model_trains_on_your_own_text_in_one_command(tmp_path):
+  """launch.train --config=experiments/sae.py:hf:DIR with --config.data.input_files: the text given (not an array,
+  with a model to read it) read by the model's own tokenizer, a transcoder on circuit-tracer's hooks (mlp.hook_in
+  -> mlp.hook_out) of the Llama fixture; the replacement model takes it."""
+  smollm = REPO / "tests" / "fixtures" / "families" / "smollm"
+  text = tmp_path / "mine.txt"
+  text.write_text("\n\n".join(f"Line {i}: the quick brown fox jumps over the lazy dog." for i in range(400)))
+  flags = [f"--config=experiments/sae.py:hf:{smollm}", f"--config.data.input_files={text}", "--config.seq_len=32"]
+  flags += ["--config.point=blocks.1.mlp.hook_in", "--config.target_point=mlp.hook_out", f"--workdir={tmp_path / 'w'}"]
+  flags += [f"--config.data.root={tmp_path / 'data'}", "--config.data.piece_chars=2000", "--config.batch_size=128"]
+  flags += ["--config.buffer_sequences=16"]
+  flags += ["--config.lm_batch_size=8", "--config.eval_sequences=4", "--config.model.d_sae=96", "--config.model.k=8"]
+  flags += ["--config.num_train_steps=4", "--config.eval_every_steps=4", "--config.checkpoint_every_steps=4"]
+  done = run_module("launch.train", *flags)
+  assert done.returncode == 0, done.stderr[-3000:]
+  trained = inference.restore(tmp_path / "w")
+  c = trained.run.task_config
+  assert (c.point, c.target_point, c.layer, trained.model.config.d_in) == ("mlp_input", "mlp_output", 1, 48)
+  assert trained.run.data.input_files == (str(text),)
+  assert any("mine" in p.name for p in (tmp_path / "data").iterdir())  # the text prepared is the one given
+
+
 def test_a_point_named_as_transformer_lens_names_it_is_ours_with_its_block():
   """--config.point and --config.target_point in TransformerLens's words (as SAELens's cfg.json carries them)
   resolve to our names, and the block the name says is the run's layer."""

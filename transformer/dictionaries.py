@@ -11,6 +11,7 @@ restores a run, which is why this stands beside transformer.inference and not in
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from pathlib import Path
 from typing import Any
@@ -19,14 +20,16 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from transformer import inference, metrics, tasks
+from transformer import data, inference, metrics, tasks, tokenizers
 from transformer.errors import UserError
 from transformer.interp import probes
 from transformer.interp.activations import ModelActivations, middle_layer
 from transformer.interp.replacement import CrossLayerTranscoders, PerLayerTranscoders, Transcoders
-from transformer.models import tracer_formats
+from transformer.layers.points import Point
+from transformer.models import sae_formats, tracer_formats
 from transformer.models.clt import CrossLayerTranscoder
 from transformer.models.sae import SAE
+from transformer.tasks.sae import source_model
 
 
 def load_sae(workdir: str | Path) -> tuple[inference.Trained, ModelActivations]:
@@ -93,6 +96,82 @@ def load_transcoders(paths: list[str]) -> tuple[Any, Transcoders]:
   order = np.argsort(layers)
   saes = tuple(trained[i].model for i in order)
   return model, PerLayerTranscoders(saes, tuple(nn.unbox(trained[i].params) for i in order), c.point, c.target_point)
+
+
+def on_model(sae: SAE, sae_params, point: str, layer: int | None, trained: inference.Trained, text) -> ModelActivations:
+  """A dictionary opened from files (SAELens's, Gemma Scope's: opening.open_path) on a model of ours: its point's
+  activations on `text` (prepared, `text_for`), what its feature pages read; one error where the widths differ."""
+  point = Point.parse(point)
+  layer = point.layer if point.layer is not None else layer
+  if layer is None and point.name not in ("embed", "pos_embed"):
+    raise UserError(f"the dictionary reads {point.name!r} of no block: name its block ({Point(point.name, 0)}, ...)")
+  source = ModelActivations(
+    trained.model,
+    trained.params,
+    text,
+    point=point.name,
+    layer=layer or 0,
+    seq_len=min(128, trained.model.config.max_len),
+    buffer_sequences=32,
+    batch_sequences=8,
+    eval_sequences=32,
+    seed=0,
+  )
+  if source.d_in != sae.config.d_in:
+    raise UserError(
+      f"the dictionary reads {sae.config.d_in}-wide rows; {Point(point.name, layer)} of {trained.source} is "
+      f"{source.d_in} wide: it is a dictionary of another model (or another point)"
+    )
+  return source
+
+
+def text_for(trained: inference.Trained, workdir: str | None, input_file: str | None):
+  """The text a dictionary's pages show their contexts in: `input_file` read by the model's tokenizer, else the
+  run's own text (a workdir's)."""
+  if input_file:
+    size = Path(input_file).stat().st_size if Path(input_file).is_file() else 0
+    # pieces small enough that a short file still has held-out ones (a tenth of them)
+    pieces = max(256, min(trained.run.data.piece_chars, size // 20))
+    config = dataclasses.replace(trained.run.data, input_files=(str(input_file),), dataset="", piece_chars=pieces)
+  elif workdir and trained.run.task == "lm":
+    config = trained.run.data
+  else:
+    raise UserError("the dictionary's pages show held-out text: give --input_file (a text file the model reads)")
+  text = data.prepared_for(config, data.source_of(config, "text"))
+  if not tokenizers.identical(text.tokenizer, trained.tokenizer):
+    raise UserError(f"{text.directory} is tokenized by {text.tokenizer.name}, not the model's tokenizer")
+  return text
+
+
+EXPORTS = ("saelens", "circuit-tracer")
+
+
+def export(paths: list[str], out: str | Path, kind: str) -> Path:
+  """Trained dictionaries' workdirs written as a peer reads them: an SAE's or a transcoder's as SAELens's files
+  (its hook_name TransformerLens's name of the point), transcoders (one a layer, or a cross-layer one) as
+  circuit-tracer's set; checked whole before anything is written."""
+  if kind not in EXPORTS:
+    raise UserError(f"--export_as={kind!r}: choose {' or '.join(EXPORTS)}")
+  out = Path(out)
+  if kind == "saelens":
+    if len(paths) != 1:
+      raise UserError(f"SAELens's files hold one dictionary; give one workdir, not {len(paths)}")
+    trained = inference.restore(paths[0], task="sae")
+    c = trained.run.task_config
+    if trained.model.config.layers:
+      raise UserError(
+        f"{paths[0]} is a cross-layer transcoder, which SAELens's files cannot hold: export it to circuit-tracer"
+      )
+    layer = middle_layer(source_model(c)[0], c.layer)  # (the model's shapes alone)
+    hook = Point(c.point, layer).tl_name()
+    return sae_formats.export_saelens(trained.model.config, trained.params, out, hook_name=hook)
+  model, transcoders = load_transcoders(paths)
+  scan = names(paths)[0]
+  if isinstance(transcoders, CrossLayerTranscoders):
+    args = (transcoders.clt.config, transcoders.params, out, transcoders.point_in, transcoders.point_out)
+    return tracer_formats.export_circuit_tracer_clt(*args, scan=scan)
+  layers = [(sae.config, p) for sae, p in zip(transcoders.saes, transcoders.params)]
+  return tracer_formats.export_circuit_tracer(layers, out, transcoders.point_in, transcoders.point_out, scan=scan)
 
 
 def _learned_from(trained: inference.Trained) -> inference.Trained:

@@ -182,7 +182,8 @@ class Point:
   @classmethod
   def parse(cls, text: str) -> Point:
     """A point written in our words (`resid_post`, `L3.resid_post`, `L3H5.z`) or TransformerLens's
-    (`blocks.3.hook_resid_post`, `blocks.0.attn.hook_pattern`, `hook_embed`, `ln_final.hook_normalized`).
+    (`blocks.3.hook_resid_post`, `blocks.0.attn.hook_pattern`, `hook_embed`, `ln_final.hook_normalized`; a
+    block's without its block, `hook_mlp_out`, `mlp.hook_in`, as circuit-tracer's hooks are named).
     A TransformerLens-shaped name that is not one of its points is one error naming the ones it has."""
     if isinstance(text, Point):
       return text
@@ -192,6 +193,8 @@ class Point:
     block = _TL_BLOCK.fullmatch(text)
     if block and block.group(2) in _FROM_TL:
       return cls(_FROM_TL[block.group(2)], int(block.group(1)))
+    if text in _FROM_TL:  # a block's point without its block (`mlp.hook_out`: as circuit-tracer's config.yaml names it)
+      return cls(_FROM_TL[text])
     if block or text.startswith("hook_") or ".hook_" in text:
       raise KeyError(f"no named point {text!r}: TransformerLens's names of the points are {', '.join(_tl_examples())}")
     ours = _OURS.fullmatch(text)

@@ -6,7 +6,8 @@ The activations (transformer.data.activations; a model's, transformer.interp.act
                                z, ...) of block --config.layer (-1: the middle one), computed on the
                                fly from that run's text
   --config.hf=DIR              a Hugging Face model's (an open family's or GPT-2's), on the text of config.data
-  --config.data.input_files=acts.npy   an array you bring (.npy or .safetensors, rows x d_in)
+                               (--config.data.input_files=my.txt: your own text; the model's tokenizer reads it)
+  --config.data.input_files=acts.npy   an array you bring (.npy or .safetensors, rows x d_in), without a model
   --config.synthetic_features=N        N features in superposition whose directions are known
 
 Inputs are scaled to a mean norm of √d_in (config.normalize: SAELens's "expected_average_only_in"),
@@ -158,7 +159,11 @@ class SAETaskConfig:
       )
 
   def sources(self, run: RunConfig) -> tuple:
-    return self.run, self.hf, run.data.input_files, self.synthetic_features
+    return self.run, self.hf, self.arrays(run), self.synthetic_features
+
+  def arrays(self, run: RunConfig) -> tuple[str, ...]:
+    """data.input_files as activations to learn; with a model (run or hf) they are its text instead."""
+    return () if self.run or self.hf else tuple(run.data.input_files)
 
   def superposition(self) -> Superposition:
     try:
@@ -223,7 +228,7 @@ class SparseAutoencoder(Task):
     c = run.task_config
     if c.synthetic_features:
       return c.synthetic_d, 0, 0
-    if run.data.input_files:
+    if c.arrays(run):
       return read_array(run.data.input_files[0]).shape[1], 0, 0
     model, params = source_model(c)
     layer = 0 if c.cross_layer else middle_layer(model, c.layer)
@@ -238,7 +243,7 @@ class SparseAutoencoder(Task):
     if c.synthetic_features:
       source = SyntheticActivations(c.superposition(), batch_size=c.batch_size, eval_rows=c.eval_rows)
       return SAEData(source, tokenizers.get_tokenizer("gpt2"))
-    if run.data.input_files:
+    if c.arrays(run):
       if len(run.data.input_files) != 1:
         raise DataError(f"an SAE reads one array of activations; got {len(run.data.input_files)} files")
       rows = read_array(run.data.input_files[0])
@@ -247,8 +252,12 @@ class SparseAutoencoder(Task):
       )
       return SAEData(source, tokenizers.get_tokenizer("gpt2"))
     trained = load(workdir=c.run) if c.run else load(hf=c.hf, tokenizer=run.data.tokenizer)
-    text_run = trained.run if c.run else run
-    text = data.prepared_for(text_run.data, data.source_of(text_run.data, "text"))
+    if c.run and not run.data.input_files:  # the run's own text
+      text_data = trained.run.data
+    else:  # config.data's text (a data set, or your files), read by the model's own tokenizer
+      own = str(Path(c.run) / workdir_files.TOKENIZER) if c.run else trained.run.data.tokenizer
+      text_data = dataclasses.replace(run.data, tokenizer=own)
+    text = data.prepared_for(text_data, data.source_of(text_data, "text"))
     if not tokenizers.identical(text.tokenizer, trained.tokenizer):
       raise DataError(f"{text.directory} is tokenized by {text.tokenizer.name}, not the model's tokenizer")
     source = ModelActivations(
