@@ -24,14 +24,16 @@ logit difference) beside attribution patching's estimate (patching.png). --path 
 --sender head's output from --corrupt, seen only by the --receivers (heads' queries, keys or values in
 later layers), beside patching the sender outright (path.json). --probe fits linear probes for the token
 --probe_offset away at the embeddings and after every layer (probe.json); --circuit traces a 2-layer
-attention-only model's induction circuit (circuit.json). --sae=SAE_WORKDIR (a config.task=sae run)
+attention-only model's induction circuit (circuit.json). --sae=SAE_WORKDIR (a config.task=sae run; or SAELens's
+files, or a Gemma Scope params.npz with --point, on the --hf / --workdir model over --input_file's text)
 writes its features' pages (features.html: each --latents', or by default readable ones', top contexts
 on held-out text, activation histogram, density and the logits it promotes; with --text, the latents
 firing on each token); --sae=W1,W2,... draws their explained variance against L0 (frontier.png). --graph
 draws the attribution graph of a --text through --transcoders (a transcoder a layer: graph.json in
-circuit-tracer's viewer's form, graph.html to open in a browser, graph.npz; transformer.interp.graph). The
-same in Python: transformer.interp.studies and transformer.interp.features, over transformer.interp's
-probes, interventions, activation_cache, patching and probing.
+circuit-tracer's viewer's form, graph.html to open in a browser, graph.npz; transformer.interp.graph; or
+circuit-tracer's own set with --hf / --workdir). --export writes the --sae workdir as SAELens's files, or the
+--transcoders as circuit-tracer's set (--export_as). The same in Python: transformer.interp.studies and
+transformer.interp.features, over transformer.interp's probes, interventions, activation_cache, patching and probing.
 
   python -m launch.probe --workdir=workdirs/shakespeare-char --heads --ablate=L1.H0 --ablation=mean
   python -m launch.probe --workdir=workdirs/shakespeare-char --attribute --text="ROMEO: O Juli" --target=e
@@ -46,6 +48,9 @@ probes, interventions, activation_cache, patching and probing.
   python -m launch.probe --sae=workdirs/char-sae --latents=3,17 --text="ROMEO: O Juliet" --out=features/char
   python -m launch.probe --graph --transcoders=workdirs/char-tc-0,workdirs/char-tc-1,workdirs/char-tc-2,... \
       --text="ROMEO:\nO Juliet!\n\nJULI" --out=graphs/juliet
+  python -m launch.probe --sae=path/to/saelens-sae --hf=path/to/gpt2 --input_file=my.txt --out=features/theirs
+  python -m launch.probe --graph --transcoders=path/to/circuit-tracer-set --hf=path/to/model --text="..." --out=graphs/t
+  python -m launch.probe --transcoders=workdirs/char-tc-0,...,workdirs/char-tc-3 --export=exported/char-tc
 """
 
 import json
@@ -131,7 +136,8 @@ _PROBE_OFFSET = flags.DEFINE_integer(
 _SAE = flags.DEFINE_list(
   "sae",
   [],
-  "A sparse autoencoder's workdir (config.task=sae): its features' pages; several: their L0 vs explained variance.",
+  "A sparse autoencoder's workdir (config.task=sae), SAELens's files or a Gemma Scope params.npz (with --hf or "
+  "--workdir): its features' pages; several workdirs: their L0 vs explained variance.",
 )
 _POINT = flags.DEFINE_string(
   "point",
