@@ -8,6 +8,8 @@ Not run by the test suite (torch is not a dependency of this project). Regenerat
   python3.11 -m venv /tmp/ctenv
   /tmp/ctenv/bin/pip install torch==2.13.0 circuit-tracer==0.5.0
   /tmp/ctenv/bin/python tests/make_graph_fixtures.py          # writes tests/fixtures/graph/<variant>/
+  /tmp/ctenv/bin/python tests/make_graph_fixtures.py --layouts        # circuit-tracer 0.5's layouts and hooks
+  /tmp/ctenv/bin/python tests/make_graph_fixtures.py --gemma2-hooks   # its hooks on Gemma 2 (nnsight 0.6)
   /tmp/ctenv/bin/python tests/make_graph_fixtures.py --check DIR
       # circuit-tracer's graph of transcoders we exported (DIR: config.yaml, layer_<l>.safetensors, tokens.npy)
       # on the same model, written to DIR/circuit_tracer.npz
@@ -19,6 +21,7 @@ node_mask, edge_mask, cumulative_scores, scores: circuit-tracer's `Graph`, `prun
 """
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -168,6 +171,52 @@ def kept_hooks(out: Path, model_dir: Path) -> None:
   np.savez(out / "hooks.npz", **{n: cache[n][0].numpy() for n in names if n in cache})
 
 
+GEMMA2 = HERE / "fixtures" / "families" / "gemma2"
+HOOK_ORDER = ("hook_resid_mid", "ln2.hook_normalized", "mlp.hook_in", "mlp.hook_out", "hook_mlp_out")  # as they run
+
+
+def gemma2_hooks(out: Path) -> None:
+  """circuit-tracer's own reading of its hooks on Gemma 2 (its nnsight backend: TransformerLens has no tiny Gemma 2),
+  each at the place its `tl_nnsight_mapping` names for Gemma2ForCausalLM, on TOKENS of the gemma2 family fixture:
+  hooks.npz. The fixture has no tokenizer and nnsight loads one: a copy of it with the Llama fixture's
+  tokenizer.json beside (the ids are given, never encoded). Needs nnsight 0.6 (`pip install 'nnsight==0.6.*'`)."""
+  import shutil
+  import tempfile
+
+  import nnsight
+  from circuit_tracer.replacement_model.replacement_model_nnsight import NNSightReplacementModel
+  from circuit_tracer.transcoder.single_layer_transcoder import SingleLayerTranscoder, TranscoderSet
+  from circuit_tracer.utils.tl_nnsight_mapping import get_mapping
+
+  with tempfile.TemporaryDirectory() as tmp:
+    model_dir = Path(tmp) / "gemma2"
+    shutil.copytree(GEMMA2, model_dir)
+    shutil.copy(LLAMA / "tokenizer.json", model_dir)
+    special = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"}
+    (model_dir / "tokenizer_config.json").write_text(json.dumps(special))
+    config = json.loads((GEMMA2 / "config.json").read_text())
+    D, L = config["hidden_size"], config["num_hidden_layers"]
+    tcs = {l: SingleLayerTranscoder(D, 32, torch.nn.functional.relu, l, dtype=torch.float32) for l in range(L)}
+    transcoders = TranscoderSet(tcs, "ln2.hook_normalized", "hook_mlp_out", scan="tiny")
+    model = NNSightReplacementModel.from_pretrained_and_transcoders(
+      str(model_dir), transcoders, device="cpu", dtype=torch.float32
+    )
+    mapping = get_mapping(config["architectures"][0]).feature_hook_mapping
+    tokens = torch.tensor(TOKENS % config["vocab_size"])[None]
+    saved = {}
+    with model.trace(tokens):
+      for layer in range(L):
+        for hook in [h for h in HOOK_ORDER if h in mapping]:
+          pattern, io = mapping[hook]
+          envoy = model
+          for part in pattern.format(layer=layer).replace("[", ".").replace("]", "").split("."):
+            envoy = envoy[int(part)] if part.isdigit() else getattr(envoy, part)
+          saved[f"blocks.{layer}.{hook}"] = nnsight.save(envoy.output if io == "output" else envoy.input)
+  out.mkdir(parents=True, exist_ok=True)
+  np.save(out / "tokens.npy", tokens[0].numpy())
+  np.savez(out / "hooks.npz", **{k: v[0].detach().numpy() for k, v in saved.items()})
+
+
 def random_clt(out: Path, seed: int, jumprelu: bool) -> None:
   """A random cross-layer transcoder over both layers in circuit-tracer's files (its own `to_safetensors`), scaled
   as `random_transcoders` scales its per-layer ones."""
@@ -227,6 +276,9 @@ def main(argv: list[str]) -> None:
   if argv[:1] == ["--check"]:
     out = Path(argv[1])
     np.savez(out / "circuit_tracer.npz", **graph_of(out, np.load(out / "tokens.npy")))
+    return
+  if argv[:1] == ["--gemma2-hooks"]:
+    gemma2_hooks(FIXTURES / "gemma2_hooks")
     return
   if argv[:1] == ["--layouts"]:  # the layout variants alone (the others' files stay as they were made)
     variants = {k: v for k, v in LAYOUT_VARIANTS.items() if k in argv[1:]} or LAYOUT_VARIANTS

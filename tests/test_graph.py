@@ -126,19 +126,25 @@ def test_the_graph_equals_circuit_tracers_on_its_own_transcoder_files(name, requ
   assert {n["feature_type"] for n in viewer["nodes"]} >= {"cross layer transcoder", "embedding", "logit"}
 
 
-@pytest.mark.parametrize("name", ["cache_mlp_hook_in", "llama_cache_mlp_hook_in"])
+@pytest.mark.parametrize("name", ["cache_mlp_hook_in", "llama_cache_mlp_hook_in", "gemma2_hooks"])
 def test_each_circuit_tracer_hook_is_the_tensor_its_replacement_model_reads(name, request):
   """Each hook circuit-tracer's sets name, read by that name from our run, is the tensor circuit-tracer's own
-  replacement model has there on the same prompt (hooks.npz): mlp.hook_in (the MLP's input after ln2's weight)
-  apart from ln2.hook_normalized (before it), mlp.hook_out and hook_mlp_out one tensor here (no norm after the MLP)."""
-  model, params = request.getfixturevalue("llama_tiny" if name.startswith("llama") else "gpt2_tiny")
+  replacement model has there on the same prompt (hooks.npz; Gemma 2's through its nnsight backend's mapping, the
+  norms after each branch): mlp.hook_in (the MLP's input after ln2's weight) apart from ln2.hook_normalized (before
+  it), mlp.hook_out and hook_mlp_out one tensor where no norm follows the MLP."""
+  if name == "gemma2_hooks":
+    config, params = formats.import_lm(REPO / "tests" / "fixtures" / "families" / "gemma2")
+    model = GPT(config)
+  else:
+    model, params = request.getfixturevalue("llama_tiny" if name.startswith("llama") else "gpt2_tiny")
   theirs = np.load(FIXTURES / name / "hooks.npz")
   tokens = np.load(FIXTURES / name / "tokens.npy")[None]
   _, cache = interventions.run_with_cache(model, params, tokens, names=tuple(theirs.files))
   for hook in theirs.files:
     np.testing.assert_allclose(cache[hook][0], theirs[hook], atol=2e-5, err_msg=hook)
-  assert np.abs(theirs["blocks.1.mlp.hook_in"] - theirs["blocks.1.ln2.hook_normalized"]).max() > 1e-2
-  np.testing.assert_array_equal(theirs["blocks.1.mlp.hook_out"], theirs["blocks.1.hook_mlp_out"])
+  if name != "gemma2_hooks":
+    assert np.abs(theirs["blocks.1.mlp.hook_in"] - theirs["blocks.1.ln2.hook_normalized"]).max() > 1e-2
+    np.testing.assert_array_equal(theirs["blocks.1.mlp.hook_out"], theirs["blocks.1.hook_mlp_out"])
 
 
 @pytest.mark.parametrize("which", ["tiny", "tiny_clt"])

@@ -174,7 +174,7 @@ def _layer_files(directory: Path, cfg: dict, path: Path) -> dict[int, Path]:
     files = {int(e["layer"]): directory / e["filepath"] for e in entries}
   else:
     repos = [_repo_and_file(e, path, layer)[0] for layer, e in enumerate(entries)]
-    home = max(set(repos), key=repos.count)  # the repository the set is published in: most of its files'
+    home = max(repos, key=repos.count)  # the set's own repository: most of its files' (a tie: the first layer's)
     files = {layer: _local(directory, entry, path, layer, home) for layer, entry in enumerate(entries)}
   if not files or sorted(files) != list(range(len(files))):
     raise CheckpointError(
