@@ -6,6 +6,7 @@ installs it where it is missing."""
 
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -72,12 +73,7 @@ def _attributes(tag: str) -> dict[str, str]:
 def test_the_graph_page_draws_every_node_inside_the_picture(tmp_path):
   """graph.html of a graph through circuit-tracer's transcoders: every node (tokens, features, errors, the logits
   every edge converges on) drawn, each inside the picture; no console message."""
-  cfg, params = import_hf_gpt2(REPO / "tests" / "fixtures" / "gpt2_tiny_a")
-  fixture = REPO / "tests" / "fixtures" / "graph" / "relu"
-  _, transcoders = dictionaries.load_transcoders([str(fixture)])
-  graph = G.attribute(GPT(cfg), params, np.load(fixture / "tokens.npy"), transcoders)
-  kept = graph_view.prune(graph)
-  data = graph_view.to_json(graph, kept, str, slug="relu", scan="tiny", transcoder_list=("layer_0", "layer_1"))
+  graph, data = _relu_graph()
   page = graph_page.write_page(data, graph.num_layers, tmp_path / "graph.html")
   dom, console = _open(page, "graph")
   assert not console, console
@@ -91,6 +87,42 @@ def test_the_graph_page_draws_every_node_inside_the_picture(tmp_path):
   logits = [n for n in data["nodes"] if n["feature_type"] == "logit"]
   drawn_y = sorted({float(n["cy"]) for n in nodes if "cy" in n})
   assert drawn_y[0] < height / 4 and len(logits) > 0  # the logits' row at the top, inside it
+
+
+def _relu_graph():
+  """graph.json (circuit-tracer's viewer's form) of a graph through circuit-tracer's ReLU transcoders."""
+  cfg, params = import_hf_gpt2(REPO / "tests" / "fixtures" / "gpt2_tiny_a")
+  fixture = REPO / "tests" / "fixtures" / "graph" / "relu"
+  _, transcoders = dictionaries.load_transcoders([str(fixture)])
+  graph = G.attribute(GPT(cfg), params, np.load(fixture / "tokens.npy"), transcoders)
+  kept = graph_view.prune(graph)
+  scan, files = dictionaries.names([str(fixture)])
+  return graph, graph_view.to_json(graph, kept, str, slug="relu", scan=scan, transcoder_list=files)
+
+
+@pytest.mark.skipif(
+  not os.environ.get("TRANSFORMER_CT_PYTHON") or shutil.which("npm") is None,
+  reason="set TRANSFORMER_CT_PYTHON to a python with circuit-tracer (and have npm, for its viewer's scripts)",
+)
+def test_circuit_tracers_own_viewer_draws_our_graph(tmp_path):
+  """Our graph.json, taken by circuit-tracer's own schema, served by its own local_server and drawn by its own
+  viewer (its scripts from the npm registry's packages, not its CDNs: tests/ct_viewer.py): every node its pruning
+  keeps drawn, no uncaught error."""
+  _, data = _relu_graph()
+  (tmp_path / "graph.json").write_text(json.dumps(data))
+  script = REPO / "tests" / "ct_viewer.py"
+  done = subprocess.run(
+    [os.environ["TRANSFORMER_CT_PYTHON"], script, tmp_path / "graph.json", tmp_path / "viewer"],
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  found = json.loads(done.stdout.splitlines()[-1])
+  assert found["schema"] and not found["errors"], found
+  assert found["drawn"] == found["expected"] > len(data["metadata"]["prompt_tokens"]), found
+  ARTIFACTS.mkdir(parents=True, exist_ok=True)
+  shutil.copy(tmp_path / "viewer" / "viewer.png", ARTIFACTS / "circuit_tracer_viewer.png")
 
 
 def test_the_feature_page_shades_a_firing_newline_where_it_shows(tmp_path):

@@ -218,9 +218,10 @@ def family_tokenizer(directory: str | Path, vocab_size: int):
 def _fitting(tokenizer, directory: Path, vocab_size: int):
   """The directory's own tokenizer, refused where its ids outrun the model's embedding."""
   if tokenizer.vocab_size > vocab_size:
+    files = directory / CONFIG_FILE if (directory / CONFIG_FILE).is_file() else f"{directory}'s vocab.json"
     raise CheckpointError(
-      f"{directory}'s tokenizer files have {tokenizer.vocab_size} tokens but the model's embedding "
-      f"{vocab_size} rows: the files are of different models"
+      f"{files} has {tokenizer.vocab_size} tokens but the model's embedding {vocab_size} rows: the files are "
+      "of different models"
     )
   return tokenizer
 
