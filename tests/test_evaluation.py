@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from transformer import evaluation, tokenizers
-from transformer.errors import ConfigError
+from transformer.errors import ConfigError, TokenizerError
 from transformer.models.gpt import GPT, GPTConfig
 from transformer.tasks import classification
 
@@ -51,6 +51,17 @@ def test_bits_per_byte_by_hand(gpt2_shaped):
   np.testing.assert_allclose(score.bits_per_byte, nll / math.log(2) / len(TEXT.encode("utf-8")), rtol=1e-5)
   np.testing.assert_allclose(score.bits_per_char, nll / math.log(2) / len(TEXT), rtol=1e-5)
   np.testing.assert_allclose(score.perplexity, math.exp(nll / (len(tokens) - 1)), rtol=1e-5)
+
+
+def test_special_tokens_in_the_text_are_refused_unless_allowed(gpt2_shaped):
+  """A text with <|endoftext|> written in it: refused, naming the flag both programs define (launch.sample and
+  launch.evaluate --allow_special); allowed, read as its id."""
+  model, params, tok = gpt2_shaped
+  text = "ROMEO: O<|endoftext|>JULIET: Ay"
+  with pytest.raises(TokenizerError, match="--allow_special in launch.sample and launch.evaluate"):
+    evaluation.score_text(model, params, tok, text, context=64)
+  score = evaluation.score_text(model, params, tok, text, allow_special=True, context=64)
+  assert score.tokens == len(tok.encode(text, allow_special=True)) and tok.eot_id in tok.encode(text, allow_special=True)
 
 
 def test_windows_score_each_token_from_its_own_window(gpt2_shaped):

@@ -277,3 +277,12 @@ def test_the_readmes_python_tour_of_the_instrument_runs_as_written():
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert proc.stdout.startswith("ran")
+
+
+def test_the_documented_output_folders_are_not_committed():
+  """What the README and experiments/README.md tell a user to write (graphs/, probes/, features/, workdirs/, data/)
+  is ignored by git: a run in the repository leaves nothing to commit by mistake."""
+  paths = ["graphs/juliet/graph.json", "probes/romeo/attention.png", "features/char/features.html"]
+  paths += ["workdirs/shakespeare-char/config.json", "data/shakespeare-gpt2/train.bin", "build/pages/graph.png"]
+  ignored = subprocess.run(["git", "check-ignore", *paths], cwd=REPO, capture_output=True, text=True).stdout.split()
+  assert ignored == paths
