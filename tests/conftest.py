@@ -40,6 +40,13 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ and os.environ.get("TRANSFORMER
   os.environ["JAX_COMPILATION_CACHE_DIR"] = str(XLA_CACHE)
   os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
   os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+  # (this process imported jax, and the library set its own cache, before this line: the same, here too)
+  jax.config.update("jax_compilation_cache_dir", str(XLA_CACHE))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+elif "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # no cache: nor the library's own (transformer.compile_cache)
+  os.environ["TRANSFORMER_COMPILATION_CACHE"] = "off"
+  jax.config.update("jax_compilation_cache_dir", None)
 
 
 # XLA's LLVM backend at -O0 for the whole run, in the test processes and every program they start:

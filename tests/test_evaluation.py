@@ -61,7 +61,9 @@ def test_special_tokens_in_the_text_are_refused_unless_allowed(gpt2_shaped):
   with pytest.raises(TokenizerError, match="--allow_special in launch.sample and launch.evaluate"):
     evaluation.score_text(model, params, tok, text, context=64)
   score = evaluation.score_text(model, params, tok, text, allow_special=True, context=64)
-  assert score.tokens == len(tok.encode(text, allow_special=True)) and tok.eot_id in tok.encode(text, allow_special=True)
+  assert score.tokens == len(tok.encode(text, allow_special=True)) and tok.eot_id in tok.encode(
+    text, allow_special=True
+  )
 
 
 def test_windows_score_each_token_from_its_own_window(gpt2_shaped):

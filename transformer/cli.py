@@ -7,9 +7,16 @@ from pathlib import Path
 import jax
 from absl import app, flags, logging
 
-from transformer import hostmem
+from transformer import compile_cache, hostmem
 from transformer.data import sources
 from transformer.errors import InputWarning, UserError
+
+flags.DEFINE_string(
+  "compilation_cache",
+  None,
+  "JAX's persistent compilation cache: a directory, or off (default: $TRANSFORMER_COMPILATION_CACHE, else "
+  "~/.cache/transformer/xla; transformer.compile_cache).",
+)
 
 
 def run(main) -> None:
@@ -26,6 +33,8 @@ def clean_errors(main):
   calls it once for each bad input)."""
 
   def main_with_clean_errors(argv):
+    if flags.FLAGS["compilation_cache"].present:  # before anything compiles
+      compile_cache.enable(flags.FLAGS.compilation_cache)
     # Libraries (Orbax above all) log a lot at INFO; keep warnings unless --verbosity is given.
     if not flags.FLAGS["verbosity"].present:
       logging.set_verbosity(logging.WARNING)
