@@ -177,6 +177,12 @@ _TRANSCODERS = flags.DEFINE_list(
   "With --graph: one transcoder workdir a layer (config.task=sae with --config.target_point; their model is the "
   "one they learned from), or a directory of circuit-tracer's transcoder set (config.yaml; with --workdir or --hf).",
 )
+_MAX_FEATURE_NODES = flags.DEFINE_integer(
+  "max_feature_nodes",
+  None,
+  "With --graph: at most this many features as nodes, those of the most influence on the logits "
+  "(circuit-tracer's max_feature_nodes; default: every active feature).",
+)
 _CLEAN = flags.DEFINE_string("clean", None, "With --patch or --path: the clean text.")
 _CORRUPT = flags.DEFINE_string(
   "corrupt", None, "With --patch or --path: the corrupted text, as many tokens as --clean."
@@ -399,9 +405,13 @@ def attribution_graph(texts: list[str]) -> None:
   print(f"# {trained.source}", file=sys.stderr)
   names = dictionaries.names(_TRANSCODERS.value)
   record = graph_view.study(
-    trained.model, trained.params, trained.tokenizer, texts[0], transcoders, Path(_OUT.value), _held_out(trained), names
+    *(trained.model, trained.params, trained.tokenizer, texts[0], transcoders, Path(_OUT.value)),
+    *(_held_out(trained), names),
+    max_feature_nodes=_MAX_FEATURE_NODES.value,
   )
-  print(f"{record['active_features']} active features; kept {record['kept_nodes']} nodes, {record['kept_edges']} edges")
+  capped = f" ({record['feature_nodes']} of them nodes)" if record["feature_nodes"] < record["active_features"] else ""
+  kept = f"kept {record['kept_nodes']} nodes, {record['kept_edges']} edges"
+  print(f"{record['active_features']} active features{capped}; {kept}")
   print(f"replacement score {record['replacement']:.3f}, completeness {record['completeness']:.3f}")
   if "replacement_losses" in record:
     r = record["replacement_losses"]

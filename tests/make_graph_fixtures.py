@@ -10,6 +10,7 @@ Not run by the test suite (torch is not a dependency of this project). Regenerat
   /tmp/ctenv/bin/python tests/make_graph_fixtures.py          # writes tests/fixtures/graph/<variant>/
   /tmp/ctenv/bin/python tests/make_graph_fixtures.py --layouts        # circuit-tracer 0.5's layouts and hooks
   /tmp/ctenv/bin/python tests/make_graph_fixtures.py --gemma2-hooks   # its hooks on Gemma 2 (nnsight 0.6)
+  /tmp/ctenv/bin/python tests/make_graph_fixtures.py --capped         # its capped graphs (max_feature_nodes)
   /tmp/ctenv/bin/python tests/make_graph_fixtures.py --check DIR
       # circuit-tracer's graph of transcoders we exported (DIR: config.yaml, layer_<l>.safetensors, tokens.npy)
       # on the same model, written to DIR/circuit_tracer.npz
@@ -252,9 +253,16 @@ def random_clt(out: Path, seed: int, jumprelu: bool) -> None:
   (out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
 
-def graph_of(transcoder_dir: Path, tokens: np.ndarray, model_dir: Path = MODEL) -> dict:
+# circuit-tracer's capped attribution (max_feature_nodes; batch_size 16 and its update_interval 4: a re-ranking
+# every 64 rows), two caps, on a GPT-2 and a Llama set: graph_capped_<cap>.npz beside the set's graph.npz
+CAPPED = {"skip_jumprelu": MODEL, "llama_skip_jumprelu": LLAMA}
+CAPS, CAPPED_BATCH = (64, 200), 16
+
+
+def graph_of(transcoder_dir: Path, tokens: np.ndarray, model_dir: Path = MODEL, **options) -> dict:
   model = PEER.replacement_model(model_dir, transcoder_dir, int(tokens[0]))
-  graph = attribute(torch.tensor(tokens), model, max_n_logits=10, desired_logit_prob=0.95, batch_size=64)
+  options = {"batch_size": 64, **options}
+  graph = attribute(torch.tensor(tokens), model, max_n_logits=10, desired_logit_prob=0.95, **options)
   node_mask, edge_mask, scores = prune_graph(graph, node_threshold=0.8, edge_threshold=0.98)
   replacement, completeness = compute_graph_scores(graph)
   return {
@@ -276,6 +284,16 @@ def main(argv: list[str]) -> None:
   if argv[:1] == ["--check"]:
     out = Path(argv[1])
     np.savez(out / "circuit_tracer.npz", **graph_of(out, np.load(out / "tokens.npy")))
+    return
+  if argv[:1] == ["--capped"]:
+    for name, model_dir in CAPPED.items():
+      out = FIXTURES / name
+      for cap in CAPS:
+        options = dict(max_feature_nodes=cap, batch_size=CAPPED_BATCH)
+        np.savez_compressed(
+          out / f"graph_capped_{cap}.npz", **graph_of(out, np.load(out / "tokens.npy"), model_dir, **options)
+        )
+        print(name, cap, np.load(out / f"graph_capped_{cap}.npz")["adjacency_matrix"].shape)
     return
   if argv[:1] == ["--gemma2-hooks"]:
     gemma2_hooks(FIXTURES / "gemma2_hooks")

@@ -126,6 +126,32 @@ def test_the_graph_equals_circuit_tracers_on_its_own_transcoder_files(name, requ
   assert {n["feature_type"] for n in viewer["nodes"]} >= {"cross layer transcoder", "embedding", "logit"}
 
 
+@pytest.mark.parametrize("name", ["skip_jumprelu", "llama_skip_jumprelu"])
+def test_a_capped_graph_is_circuit_tracers_capped_graph(name, request):
+  """max_feature_nodes (64 and 200 of 400-odd active features; batch_size 16, a re-ranking every 64 rows):
+  the features circuit-tracer 0.5 chooses by their partial influence on the logits, its adjacency over them (to
+  1e-4 of its largest entry), its pruning of it; a cap above the active features gives the uncapped graph."""
+  model, params = request.getfixturevalue("llama_tiny" if name.startswith("llama") else "gpt2_tiny")
+  _, transcoders = dictionaries.load_transcoders([str(FIXTURES / name)])
+  tokens = np.load(FIXTURES / name / "tokens.npy")
+  for cap in (64, 200):
+    ref = np.load(FIXTURES / name / f"graph_capped_{cap}.npz")
+    graph = G.attribute(model, params, tokens, transcoders, batch_size=16, max_feature_nodes=cap)
+    assert graph.num_features == cap and graph.num_active == len(ref["active_features"])
+    np.testing.assert_array_equal(graph.active_features, ref["active_features"][ref["selected_features"]])
+    A, R = graph.adjacency_NxN, ref["adjacency_matrix"]
+    assert A.shape == R.shape and np.abs(A - R).max() <= 1e-4 * np.abs(R).max()
+    kept = graph_view.prune(graph)
+    np.testing.assert_array_equal(kept.node_mask, ref["node_mask"])
+    np.testing.assert_array_equal(kept.edge_mask, ref["edge_mask"])
+  whole = np.load(FIXTURES / name / "graph.npz")
+  graph = G.attribute(model, params, tokens, transcoders, max_feature_nodes=10_000)
+  assert (
+    graph.num_active == -1
+    and np.abs(graph.adjacency_NxN - whole["adjacency_matrix"]).max() <= 1e-4 * np.abs(whole["adjacency_matrix"]).max()
+  )
+
+
 @pytest.mark.parametrize("name", ["cache_mlp_hook_in", "llama_cache_mlp_hook_in", "gemma2_hooks"])
 def test_each_circuit_tracer_hook_is_the_tensor_its_replacement_model_reads(name, request):
   """Each hook circuit-tracer's sets name, read by that name from our run, is the tensor circuit-tracer's own

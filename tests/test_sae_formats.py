@@ -206,4 +206,9 @@ def test_launch_probe_opens_dictionaries_from_their_files_on_a_model_it_is_given
   )
   assert drawn.returncode == 0, drawn.stderr[-3000:]
   meta = json.loads((tmp_path / "graph" / "graph.json").read_text())["metadata"]
+  capped = run_module(
+    *("launch.probe", "--graph", f"--transcoders={tmp_path / 'set'}", f"--hf={model}", "--text=To be, or not"),
+    *("--max_feature_nodes=5", f"--out={tmp_path / 'capped'}"),
+  )
+  assert capped.returncode == 0 and "(5 of them nodes)" in capped.stdout, capped.stderr[-3000:]
   assert meta["scan"] == "set" and len(meta["transcoder_list"]) == 2 and "To be" in meta["prompt"]

@@ -58,6 +58,9 @@ class Graph:
   logit_probabilities: np.ndarray  # K
   adjacency_NxN: np.ndarray
   num_layers: int
+  # The prompt's active features before a cap chose `active_features` among them (attribute's max_feature_nodes;
+  # -1: no cap, they are all nodes)
+  num_active: int = -1
 
   @property
   def num_features(self) -> int:
@@ -98,12 +101,16 @@ def attribute(
   desired_logit_prob: float = 0.95,
   batch_size: int = 256,
   zero_first: bool = True,
+  max_feature_nodes: int | None = None,
+  update_interval: int = 4,
 ) -> Graph:
   """The attribution graph of one prompt (`tokens_T`, its ids) through `transcoders` (one a layer):
   every active feature's row (its direct effects from every node) and the top logits', by batched
   backward passes of the local replacement model (this module's docstring). `zero_first`: the first
   position's features and error left out (circuit-tracer's: the first position is an attention sink, a
-  BOS, whose activations are outliers; its MLP output stays in the replacement model as a constant)."""
+  BOS, whose activations are outliers; its MLP output stays in the replacement model as a constant).
+  `max_feature_nodes`: at most this many features become nodes, chosen as circuit-tracer 0.5 chooses them
+  (`_capped_rows`): the rest stay in the replacement model, as no node."""
   tc = transcoders.check(model).unboxed()
   tokens_T = np.asarray(tokens_T, np.int32).reshape(-1)
   if len(tokens_T) > model.config.max_len:
@@ -116,13 +123,68 @@ def attribute(
   logit_tokens, logit_p = salient_logits(np.asarray(setup.logits_V), max_n_logits, desired_logit_prob)
   sources = _sources(tc, setup, active_nx3, activations_n)
   targets = _targets(model, params, tc, active_nx3, logit_tokens, len(tokens_T))
-  rows = _rows(model, tc, params, jax.device_put(tokens_T), setup, sources, targets, batch_size)
+  rows_of = lambda ids: _rows(
+    model, tc, params, jax.device_put(tokens_T), setup, sources, {k: v[ids] for k, v in targets.items()}, batch_size
+  )
   n, K = len(active_nx3), len(logit_tokens)
-  N = n + (model.config.num_layers + 1) * len(tokens_T) + K
+  if max_feature_nodes is not None and max_feature_nodes < 1:
+    raise UserError(f"max_feature_nodes={max_feature_nodes}: give at least 1 (None: every active feature)")
+  if max_feature_nodes is None or max_feature_nodes >= n:
+    selected, rows = np.arange(n), rows_of(np.arange(n + K))
+  else:
+    selected, rows = _capped_rows(rows_of, n, logit_p, max_feature_nodes, batch_size * update_interval)
+  m = len(selected)
+  columns = np.concatenate([selected, np.arange(n, rows.shape[1])])  # the nodes': features chosen, then the rest
+  N = m + (model.config.num_layers + 1) * len(tokens_T) + K
   adjacency_NxN = np.zeros((N, N), np.float32)
-  adjacency_NxN[:n, : N - K] = rows[:n]
-  adjacency_NxN[N - K :, : N - K] = rows[n:]
-  return Graph(tokens_T, active_nx3, activations_n, logit_tokens, logit_p, adjacency_NxN, model.config.num_layers)
+  adjacency_NxN[:m, : N - K] = rows[:m, columns]
+  adjacency_NxN[N - K :, : N - K] = rows[m:, columns]
+  num_active = -1 if m == n else n
+  L = model.config.num_layers
+  return Graph(
+    tokens_T, active_nx3[selected], activations_n[selected], logit_tokens, logit_p, adjacency_NxN, L, num_active
+  )
+
+
+def _capped_rows(rows_of, n: int, logit_p, cap: int, queue: int) -> tuple[np.ndarray, np.ndarray]:
+  """(the `cap` features chosen, ascending; their rows in that order, then the logits') as circuit-tracer 0.5's
+  `_run_attribution` chooses them: the logits' rows first, then, `queue` rows at a time (its update_interval x
+  batch_size), the unvisited features of the largest partial influence on the logits through the rows so far."""
+  logit_rows = rows_of(np.arange(n, n + len(logit_p)))
+  C = logit_rows.shape[1]
+  feature_rows = np.zeros((cap, C), np.float32)
+  order = np.zeros(0, np.int64)
+  visited = np.zeros(n, bool)
+  while len(order) < cap:
+    nodes = np.concatenate([C + np.arange(len(logit_p)), order])  # each row's node, as a column of the influence
+    influence = partial_influences(np.concatenate([logit_rows, feature_rows[: len(order)]]), logit_p, nodes)
+    rank = np.argsort(-influence[:n], kind="stable")
+    pending = rank[~visited[rank]][: min(queue, cap - len(order))]
+    feature_rows[len(order) : len(order) + len(pending)] = rows_of(pending)
+    visited[pending] = True
+    order = np.concatenate([order, pending])
+  by_index = np.argsort(order)
+  return order[by_index], np.concatenate([feature_rows[by_index], logit_rows])
+
+
+def partial_influences(rows_RxC, logit_p, row_nodes, max_iter: int = 128) -> np.ndarray:
+  """Each node's influence on the logits through the rows computed so far (circuit-tracer's
+  `compute_partial_influences`): the logits' probabilities carried back through the rows' absolute values,
+  each row normalised to sum 1, summed over every path length. `row_nodes`: the node of each row (logits after
+  the C sources). C + K."""
+  K = len(logit_p)
+  A_RxN = np.zeros((len(rows_RxC), rows_RxC.shape[1] + K), np.float32)
+  A_RxN[:, : rows_RxC.shape[1]] = np.abs(rows_RxC)
+  A_RxN /= np.maximum(A_RxN.sum(1, keepdims=True), 1e-8)
+  prod_N = np.zeros(A_RxN.shape[1], np.float32)
+  prod_N[-K:] = logit_p
+  influence_N = np.zeros_like(prod_N)
+  for _ in range(max_iter):
+    prod_N = prod_N[row_nodes] @ A_RxN
+    if not prod_N.any():
+      return influence_N
+    influence_N += prod_N
+  raise RuntimeError("the partial influences did not converge: the rows hold a cycle")
 
 
 def salient_logits(logits_V, max_n_logits: int = 10, desired_logit_prob: float = 0.95):

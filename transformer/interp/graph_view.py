@@ -210,7 +210,8 @@ def study(
   decode = lambda token: tokenizer.decode([int(token)])
   record = {
     "tokens": [decode(t) for t in graph.tokens],
-    "active_features": graph.num_features,
+    "active_features": graph.num_features if graph.num_active < 0 else graph.num_active,
+    "feature_nodes": graph.num_features,
     "kept_nodes": int(kept.node_mask.sum()),
     "kept_edges": int(kept.edge_mask.sum()),
     "logits": [(decode(t), float(p)) for t, p in zip(graph.logit_tokens, graph.logit_probabilities)],
