@@ -65,6 +65,7 @@ from transformer import cli, dictionaries, inference, opening
 from transformer import workdir as workdir_files
 from transformer.errors import UserError
 from transformer.interp import features, graph_view, interventions, probes, studies
+from transformer.interp import graph as G
 from transformer.layers.points import Point
 from transformer.models.gpt import GPT
 from transformer.models.sae import SAE
@@ -77,11 +78,13 @@ _TEXT = flags.DEFINE_multi_string("text", [], "A text (a source sentence for a t
 _TARGET = flags.DEFINE_string(
   "target",
   None,
-  "Translation: the target sentence to probe (default: the model's greedy translation). With --attribute "
-  "or --patch: the next token whose logit is explained (one token, e.g. ' Juliet').",
+  "Translation: the target sentence to probe (default: the model's greedy translation). With --attribute, "
+  "--patch or --graph: the next token whose logit is explained (one token, e.g. ' Juliet').",
 )
 _VERSUS = flags.DEFINE_string(
-  "versus", None, "With --attribute or --patch: a second token; the logit difference target - versus is explained."
+  "versus",
+  None,
+  "With --attribute, --patch or --graph: a second token; the logit difference target - versus is explained.",
 )
 _OUT = flags.DEFINE_string(
   "out",
@@ -404,10 +407,19 @@ def attribution_graph(texts: list[str]) -> None:
   _gpt(trained.model, "graph")
   print(f"# {trained.source}", file=sys.stderr)
   names = dictionaries.names(_TRANSCODERS.value)
+  targets = None  # the top logits; --target: that token's; with --versus: the logit difference
+  if _TARGET.value is not None:
+    ids = [
+      studies.one_token(trained.tokenizer, v, f)
+      for f, v in (("--target", _TARGET.value), ("--versus", _VERSUS.value))
+      if v
+    ]
+    targets = ids if len(ids) == 1 else [G.logit_difference(trained.model.config, trained.params, *ids)]
   record = graph_view.study(
     *(trained.model, trained.params, trained.tokenizer, texts[0], transcoders, Path(_OUT.value)),
     *(_held_out(trained), names),
     max_feature_nodes=_MAX_FEATURE_NODES.value,
+    targets=targets,
   )
   capped = f" ({record['feature_nodes']} of them nodes)" if record["feature_nodes"] < record["active_features"] else ""
   kept = f"kept {record['kept_nodes']} nodes, {record['kept_edges']} edges"

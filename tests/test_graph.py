@@ -152,6 +152,30 @@ def test_a_capped_graph_is_circuit_tracers_capped_graph(name, request):
   )
 
 
+def test_targets_beyond_the_top_logits_are_tokens_and_directions(gpt2_tiny):
+  """targets as circuit-tracer's AttributionTargets takes them: token ids (a top logit's row is the uncapped graph's
+  row for it), and a custom direction: a logit difference's row is the difference of its two tokens' rows (the
+  vocabulary's mean cancels), labelled, weight 1; a bad target one error."""
+  model, params = gpt2_tiny
+  _, transcoders = dictionaries.load_transcoders([str(FIXTURES / "relu")])
+  tokens = np.load(FIXTURES / "relu" / "tokens.npy")
+  top = G.attribute(model, params, tokens, transcoders)
+  a, b = int(top.logit_tokens[0]), int(top.logit_tokens[3])
+  pair = G.attribute(model, params, tokens, transcoders, targets=[a, b])
+  np.testing.assert_allclose(pair.logit_probabilities, top.logit_probabilities[[0, 3]], rtol=1e-5)
+  rows = lambda g: g.adjacency_NxN[g.logit_index(0) :, : g.logit_index(0)]  # the logits' rows over the sources
+  np.testing.assert_allclose(rows(pair), rows(top)[[0, 3]], atol=1e-6)
+  diff = G.attribute(model, params, tokens, transcoders, targets=[G.logit_difference(model.config, params, a, b)])
+  np.testing.assert_allclose(rows(diff)[0], rows(pair)[0] - rows(pair)[1], atol=1e-5)
+  assert diff.logit_labels == (f"logit({a})-logit({b})",) and diff.logit_probabilities.tolist() == [1.0]
+  data = graph_view.to_json(diff, graph_view.prune(diff), str)
+  assert [n["clerp"] for n in data["nodes"] if n["feature_type"] == "logit"] == [
+    f'Output "logit({a})-logit({b})" (p=1.000)'
+  ]
+  with pytest.raises(UserError, match="target tokens \\[97\\]: give ids of the vocabulary, 0 to 96"):
+    G.attribute(model, params, tokens, transcoders, targets=[97])
+
+
 @pytest.mark.parametrize("name", ["cache_mlp_hook_in", "llama_cache_mlp_hook_in", "gemma2_hooks"])
 def test_each_circuit_tracer_hook_is_the_tensor_its_replacement_model_reads(name, request):
   """Each hook circuit-tracer's sets name, read by that name from our run, is the tensor circuit-tracer's own
@@ -198,7 +222,7 @@ def test_an_edge_is_the_change_of_its_targets_input_when_its_source_is_removed(w
   tc = transcoders.unboxed()
   setup = G._setup(model, tc.static(), params, tc.params, jax.device_put(TOKENS), True)
   sources = G._sources(tc, setup, graph.active_features, graph.activations)
-  targets = G._targets(model, params, tc, graph.active_features, graph.logit_tokens, len(TOKENS))
+  targets = G._targets(tc, graph.active_features, graph.logit_vectors_KxD, model.config.num_layers, len(TOKENS))
   L, T, D = setup.errors_LxTxD.shape
   zeros = {"mlp_out": np.zeros((L, T, D), np.float32), "embed": np.zeros((T, D), np.float32)}
   run = jax.jit(lambda delta: G.replacement_inputs(model, tc, params, jax.device_put(TOKENS), setup, delta))

@@ -211,4 +211,15 @@ def test_launch_probe_opens_dictionaries_from_their_files_on_a_model_it_is_given
     *("--max_feature_nodes=5", f"--out={tmp_path / 'capped'}"),
   )
   assert capped.returncode == 0 and "(5 of them nodes)" in capped.stdout, capped.stderr[-3000:]
+  from transformer import tokenizers
+
+  tok = tokenizers.load_tokenizer(model)
+  a, b = (tok.decode([int(i)]) for i in np.load(model / "input_ids.npy")[0][2:4])
+  versus = run_module(
+    *("launch.probe", "--graph", f"--transcoders={tmp_path / 'set'}", f"--hf={model}", "--text=To be, or not"),
+    *(f"--target={a}", f"--versus={b}", f"--out={tmp_path / 'versus'}"),
+  )
+  assert versus.returncode == 0, versus.stderr[-3000:]
+  nodes = json.loads((tmp_path / "versus" / "graph.json").read_text())["nodes"]
+  assert [n["clerp"].startswith('Output "logit(') for n in nodes if n["feature_type"] == "logit"] == [True]
   assert meta["scan"] == "set" and len(meta["transcoder_list"]) == 2 and "To be" in meta["prompt"]

@@ -61,6 +61,10 @@ class Graph:
   # The prompt's active features before a cap chose `active_features` among them (attribute's max_feature_nodes;
   # -1: no cap, they are all nodes)
   num_active: int = -1
+  # Each logit node's direction on the final norm's output (a token's unembedding column less the vocabulary's
+  # mean; a custom target's own) and, for custom targets, their labels (their logit_tokens: vocab_size + k)
+  logit_vectors_KxD: np.ndarray | None = None
+  logit_labels: tuple[str, ...] = ()
 
   @property
   def num_features(self) -> int:
@@ -103,6 +107,7 @@ def attribute(
   zero_first: bool = True,
   max_feature_nodes: int | None = None,
   update_interval: int = 4,
+  targets=None,
 ) -> Graph:
   """The attribution graph of one prompt (`tokens_T`, its ids) through `transcoders` (one a layer):
   every active feature's row (its direct effects from every node) and the top logits', by batched
@@ -110,7 +115,8 @@ def attribute(
   position's features and error left out (circuit-tracer's: the first position is an attention sink, a
   BOS, whose activations are outliers; its MLP output stays in the replacement model as a constant).
   `max_feature_nodes`: at most this many features become nodes, chosen as circuit-tracer 0.5 chooses them
-  (`_capped_rows`): the rest stay in the replacement model, as no node."""
+  (`_capped_rows`): the rest stay in the replacement model, as no node. `targets`: what the logit nodes are
+  (None: the top logits; token ids; custom directions: `logit_targets`, `logit_difference`)."""
   tc = transcoders.check(model).unboxed()
   tokens_T = np.asarray(tokens_T, np.int32).reshape(-1)
   if len(tokens_T) > model.config.max_len:
@@ -120,11 +126,17 @@ def attribute(
   z_LxTxZ = np.asarray(setup.z_LxTxZ)
   active_nx3 = np.argwhere(z_LxTxZ > 0)  # layer-major, then position, then latent: circuit-tracer's order
   activations_n = z_LxTxZ[tuple(active_nx3.T)]
-  logit_tokens, logit_p = salient_logits(np.asarray(setup.logits_V), max_n_logits, desired_logit_prob)
+  unembed_DxV = np.asarray(gpt.unembedding(model.config, params), np.float32).T
+  if targets is None:  # the top logits
+    logit_tokens, logit_p = salient_logits(np.asarray(setup.logits_V), max_n_logits, desired_logit_prob)
+  logit_tokens, logit_p, vectors_KxD, labels = logit_targets(
+    unembed_DxV, np.asarray(setup.logits_V), logit_tokens if targets is None else targets
+  )
   sources = _sources(tc, setup, active_nx3, activations_n)
-  targets = _targets(model, params, tc, active_nx3, logit_tokens, len(tokens_T))
+  rows_targets = _targets(tc, active_nx3, vectors_KxD, model.config.num_layers, len(tokens_T))
   rows_of = lambda ids: _rows(
-    model, tc, params, jax.device_put(tokens_T), setup, sources, {k: v[ids] for k, v in targets.items()}, batch_size
+    *(model, tc, params, jax.device_put(tokens_T), setup, sources),
+    *({k: v[ids] for k, v in rows_targets.items()}, batch_size),
   )
   n, K = len(active_nx3), len(logit_tokens)
   if max_feature_nodes is not None and max_feature_nodes < 1:
@@ -141,9 +153,37 @@ def attribute(
   adjacency_NxN[N - K :, : N - K] = rows[m:, columns]
   num_active = -1 if m == n else n
   L = model.config.num_layers
-  return Graph(
-    tokens_T, active_nx3[selected], activations_n[selected], logit_tokens, logit_p, adjacency_NxN, L, num_active
-  )
+  features = (active_nx3[selected], activations_n[selected])
+  logits = (logit_tokens, logit_p, adjacency_NxN, L, num_active, vectors_KxD, labels)
+  return Graph(tokens_T, *features, *logits)
+
+
+def logit_targets(unembed_DxV, logits_V, targets) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]]:
+  """(ids, probabilities, K x D directions, labels) of what a graph explains, as circuit-tracer's
+  AttributionTargets takes them: token ids (their probabilities; their unembedding columns less the vocabulary's
+  mean), or (label, weight, direction_D) triples (`logit_difference`'s, or any direction on the final norm's
+  output; their ids vocab_size + k, circuit-tracer's virtual indices)."""
+  V = unembed_DxV.shape[1]
+  if len(targets) and not np.isscalar(targets[0]) and not isinstance(targets[0], np.integer):
+    labels = tuple(str(label) for label, _, _ in targets)
+    vectors = np.stack([np.asarray(vector, np.float32).reshape(-1) for _, _, vector in targets])
+    if vectors.shape[1] != unembed_DxV.shape[0]:
+      raise UserError(f"a target's direction is {vectors.shape[1]} wide; the model's stream is {unembed_DxV.shape[0]}")
+    weights = np.asarray([weight for _, weight, _ in targets], np.float32)
+    return np.arange(V, V + len(targets), dtype=np.int32), weights, vectors, labels
+  ids = np.asarray(targets, np.int64).reshape(-1)
+  if not len(ids) or ids.min() < 0 or ids.max() >= V:
+    raise UserError(f"target tokens {ids.tolist()}: give ids of the vocabulary, 0 to {V - 1}")
+  p_V = np.exp(np.asarray(logits_V, np.float64) - np.max(logits_V))
+  p_V /= p_V.sum()
+  demeaned_KxD = (unembed_DxV[:, ids] - unembed_DxV.mean(1, keepdims=True)).T
+  return ids.astype(np.int32), p_V[ids].astype(np.float32), demeaned_KxD.astype(np.float32), ()
+
+
+def logit_difference(model_config, params, target: int, versus: int) -> tuple[str, float, np.ndarray]:
+  """A custom target: logit(target) - logit(versus), as the probe's --target/--versus explain it (weight 1)."""
+  unembed_DxV = np.asarray(gpt.unembedding(model_config, nn.unbox(params)), np.float32).T
+  return f"logit({target})-logit({versus})", 1.0, unembed_DxV[:, target] - unembed_DxV[:, versus]
 
 
 def _capped_rows(rows_of, n: int, logit_p, cap: int, queue: int) -> tuple[np.ndarray, np.ndarray]:
@@ -289,21 +329,19 @@ def _cells(active_nx3, entries: list, T: int, D: int) -> dict:
   }
 
 
-def _targets(model, params, tc: Transcoders, active_nx3, logit_tokens, T: int) -> dict:
+def _targets(tc: Transcoders, active_nx3, logit_vectors_KxD, L: int, T: int) -> dict:
   """Every target's input direction, where it reads: a feature's encoder column (its input_scale folded in)
-  at its transcoder's input point (layer, position); a logit's unembedding column minus the vocabulary's
-  mean, on the final norm's output at the last position (layer L)."""
-  L = model.config.num_layers
+  at its transcoder's input point (layer, position); a logit node's direction (`logit_targets`) on the final
+  norm's output at the last position (layer L)."""
   vectors = []
   for layer in range(L):
     mine = active_nx3[:, 0] == layer
     vectors.append(np.asarray(tc.encoders(tc.params, layer)).T[active_nx3[mine, 2]])
-  unembed_DxV = np.asarray(gpt.unembedding(model.config, params), np.float32).T
-  demeaned_KxD = (unembed_DxV[:, logit_tokens] - unembed_DxV.mean(1, keepdims=True)).T
+  K = len(logit_vectors_KxD)
   return {
-    "vectors_NxD": np.concatenate([*vectors, demeaned_KxD]).astype(np.float32),
-    "layer_N": np.concatenate([active_nx3[:, 0], np.full(len(logit_tokens), L)]).astype(np.int32),
-    "position_N": np.concatenate([active_nx3[:, 1], np.full(len(logit_tokens), T - 1)]).astype(np.int32),
+    "vectors_NxD": np.concatenate([*vectors, logit_vectors_KxD]).astype(np.float32),
+    "layer_N": np.concatenate([active_nx3[:, 0], np.full(K, L)]).astype(np.int32),
+    "position_N": np.concatenate([active_nx3[:, 1], np.full(K, T - 1)]).astype(np.int32),
   }
 
 
@@ -410,7 +448,11 @@ def dense_rows(model, params, tokens_T, transcoders: Transcoders, graph: Graph, 
   tokens = jax.device_put(np.asarray(tokens_T, np.int32).reshape(-1))
   setup = _setup(model, tc.static(), params, tc.params, tokens, zero_first)
   sources = _sources(tc, setup, graph.active_features, graph.activations)
-  targets = _targets(model, params, tc, graph.active_features, graph.logit_tokens, len(tokens))
+  vectors_KxD = graph.logit_vectors_KxD
+  if vectors_KxD is None:  # (a graph made before it kept them: its tokens' directions)
+    unembed_DxV = np.asarray(gpt.unembedding(model.config, params), np.float32).T
+    vectors_KxD = logit_targets(unembed_DxV, np.zeros(unembed_DxV.shape[1]), graph.logit_tokens)[2]
+  targets = _targets(tc, graph.active_features, vectors_KxD, model.config.num_layers, len(tokens))
   L, T, D = setup.errors_LxTxD.shape
   n = len(graph.active_features)
 

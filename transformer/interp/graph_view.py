@@ -158,7 +158,7 @@ def to_json(
     else:
       k = i - graph.logit_index(0)
       p = float(graph.logit_probabilities[k])
-      token = show(decode(graph.logit_tokens[k]))
+      token = show(graph.logit_labels[k] if graph.logit_labels else decode(graph.logit_tokens[k]))
       node.update(feature=int(graph.logit_tokens[k]), layer=str(L + 1), ctx_idx=T - 1, feature_type="logit")
       node.update(token_prob=p, is_target_logit=k == 0, clerp=f'Output "{token}" (p={p:.3f})')
     nodes.append(node)
@@ -214,7 +214,10 @@ def study(
     "feature_nodes": graph.num_features,
     "kept_nodes": int(kept.node_mask.sum()),
     "kept_edges": int(kept.edge_mask.sum()),
-    "logits": [(decode(t), float(p)) for t, p in zip(graph.logit_tokens, graph.logit_probabilities)],
+    "logits": [
+      (graph.logit_labels[k] if graph.logit_labels else decode(t), float(p))
+      for k, (t, p) in enumerate(zip(graph.logit_tokens, graph.logit_probabilities))
+    ],
     **scores(graph),
   }
   if held_out_BxT is not None:  # how much of the model the transcoders are: every MLP replaced at once
