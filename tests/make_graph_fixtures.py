@@ -279,6 +279,18 @@ def graph_of(transcoder_dir: Path, tokens: np.ndarray, model_dir: Path = MODEL, 
   }
 
 
+def make_layout(i: int, name: str) -> None:
+  """LAYOUT_VARIANTS[name]'s files, its graph by circuit-tracer and its hooks' tensors."""
+  how = LAYOUT_VARIANTS[name]
+  out = FIXTURES / name
+  out.mkdir(parents=True, exist_ok=True)
+  random_set(out, seed=20 + i, **how)
+  np.save(out / "tokens.npy", TOKENS)
+  np.savez_compressed(out / "graph.npz", **graph_of(out, TOKENS, how.get("model_dir", MODEL)))
+  kept_hooks(out, how.get("model_dir", MODEL))
+  print(name, {k: v.shape for k, v in np.load(out / "graph.npz").items()})
+
+
 def main(argv: list[str]) -> None:
   torch.manual_seed(0)
   if argv[:1] == ["--check"]:
@@ -300,15 +312,9 @@ def main(argv: list[str]) -> None:
     return
   if argv[:1] == ["--layouts"]:  # the layout variants alone (the others' files stay as they were made)
     variants = {k: v for k, v in LAYOUT_VARIANTS.items() if k in argv[1:]} or LAYOUT_VARIANTS
-    for i, (name, how) in enumerate(LAYOUT_VARIANTS.items()):
+    for i, name in enumerate(LAYOUT_VARIANTS):
       if name in variants:
-        out = FIXTURES / name
-        out.mkdir(parents=True, exist_ok=True)
-        random_set(out, seed=20 + i, **how)
-        np.save(out / "tokens.npy", TOKENS)
-        np.savez_compressed(out / "graph.npz", **graph_of(out, TOKENS, how.get("model_dir", MODEL)))
-        kept_hooks(out, how.get("model_dir", MODEL))
-        print(name, {k: v.shape for k, v in np.load(out / "graph.npz").items()})
+        make_layout(i, name)
     return
   for i, (name, how) in enumerate(VARIANTS.items()):
     out = FIXTURES / name
@@ -317,14 +323,8 @@ def main(argv: list[str]) -> None:
     np.save(out / "tokens.npy", TOKENS)
     np.savez_compressed(out / "graph.npz", **graph_of(out, TOKENS, how.get("model_dir", MODEL)))
     print(name, {k: v.shape for k, v in np.load(out / "graph.npz").items()})
-  for i, (name, how) in enumerate(LAYOUT_VARIANTS.items()):
-    out = FIXTURES / name
-    out.mkdir(parents=True, exist_ok=True)
-    random_set(out, seed=20 + i, **how)
-    np.save(out / "tokens.npy", TOKENS)
-    np.savez_compressed(out / "graph.npz", **graph_of(out, TOKENS, how.get("model_dir", MODEL)))
-    kept_hooks(out, how.get("model_dir", MODEL))
-    print(name, {k: v.shape for k, v in np.load(out / "graph.npz").items()})
+  for i, name in enumerate(LAYOUT_VARIANTS):
+    make_layout(i, name)
   for i, (name, how) in enumerate(CLT_VARIANTS.items()):
     out = FIXTURES / name
     out.mkdir(parents=True, exist_ok=True)
