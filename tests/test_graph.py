@@ -17,7 +17,7 @@ import pytest
 
 from experiments import sae as sae_experiment
 from experiments import shakespeare
-from transformer import dictionaries, inference
+from transformer import dictionaries, hostmem, inference
 from transformer.errors import CheckpointError, ConfigError, UserError
 from transformer.interp import graph as G
 from transformer.interp import graph_view, interventions, replacement
@@ -371,7 +371,7 @@ def test_circuit_tracers_files_round_trip_and_carry_our_scales(tiny, tmp_path):
   np.testing.assert_allclose(g_back.adjacency_NxN, g_ours.adjacency_NxN, atol=1e-5)
 
 
-def test_bad_input_is_one_error(tiny, gpt2_tiny, tmp_path):
+def test_bad_input_is_one_error(tiny, gpt2_tiny, tmp_path, monkeypatch):
   model, params, transcoders = tiny
   with pytest.raises(UserError, match="it was trained for another model"):
     G.attribute(*gpt2_tiny, TOKENS, transcoders)
@@ -401,6 +401,13 @@ def test_bad_input_is_one_error(tiny, gpt2_tiny, tmp_path):
     r"fetch it there with `huggingface-cli download other/repo sub/layer_1.safetensors --local-dir",
   ):
     tracer_formats.import_circuit_tracer(published)
+  monkeypatch.setattr(hostmem, "available_bytes", lambda: 50_000)  # a set larger than the memory free: said first
+  for name in ("published", "clt_jumprelu"):
+    with pytest.raises(
+      CheckpointError, match=r"read whole in float32 need 0.00 GiB \(\d[\d,]* values\) and this machine"
+    ):
+      dictionaries.load_transcoders([str(FIXTURES / name)])
+  monkeypatch.undo()
   cache = tmp_path / "cache"
   shutil.copytree(FIXTURES / "cache_mlp_hook_in", cache)
   (cache / "layer_0.safetensors").unlink()

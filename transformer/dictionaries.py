@@ -165,7 +165,7 @@ def export(paths: list[str], out: str | Path, kind: str) -> Path:
     layer = middle_layer(source_model(c)[0], c.layer)  # (the model's shapes alone)
     hook = Point(c.point, layer).tl_name()
     return sae_formats.export_saelens(trained.model.config, trained.params, out, hook_name=hook)
-  model, transcoders = load_transcoders(paths)
+  _, transcoders = load_transcoders(paths)
   scan = names(paths)[0]
   if isinstance(transcoders, CrossLayerTranscoders):
     args = (transcoders.clt.config, transcoders.params, out, transcoders.point_in, transcoders.point_out)

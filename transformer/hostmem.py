@@ -62,3 +62,16 @@ def jax_runs_on_cpu() -> bool:
     return platforms.split(",")[0].strip() == "cpu"
   plugins = importlib.util.find_spec("jax_plugins") or list(importlib.metadata.entry_points(group="jax_plugins"))
   return not (plugins or importlib.util.find_spec("libtpu"))
+
+
+def available_bytes() -> int | None:
+  """The memory the kernel says a new allocation can take without swapping (/proc/meminfo's MemAvailable);
+  None where it does not say."""
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024
+  except (OSError, ValueError, IndexError):
+    pass
+  return None

@@ -83,6 +83,15 @@ def read_tensors(file: Path, skip: Callable[[str], bool] = lambda key: False) ->
     raise CheckpointError(f"{file} is not a safetensors file ({e}); give a Hugging Face model's directory") from None
 
 
+def numel(file: Path) -> int:
+  """The number of values in a safetensors file (its header's shapes: nothing read but the header)."""
+  try:
+    with safe_open(file, framework="numpy") as f:
+      return sum(int(np.prod(f.get_slice(key).get_shape())) for key in f.keys())
+  except SafetensorError as e:
+    raise CheckpointError(f"{file} is not a safetensors file ({e})") from None
+
+
 def save_safetensors(tensors: dict[str, np.ndarray], path: Path) -> None:
   """Writes `tensors` as the safetensors file transformers' `save_pretrained` writes (PyTorch's
   format tag), readable as any file the process writes: safetensors creates its file 0600, which

@@ -23,6 +23,7 @@ W_enc_<l>.safetensors (W_enc_<l> Z x D, b_enc_<l>, b_dec_<l>, threshold_<l>) and
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
@@ -31,6 +32,7 @@ import jax
 import numpy as np
 import yaml
 
+from transformer import hostmem
 from transformer.errors import CheckpointError, ConfigError
 from transformer.models import hf_files
 from transformer.models.sae import SAEConfig
@@ -160,7 +162,36 @@ def import_circuit_tracer(directory: str | Path) -> tuple[list[tuple[SAEConfig, 
   cfg = _read_config(path)
   point_in, point_out = _points(cfg, path)
   files = _layer_files(directory, cfg, path)
+  fits_in_memory(list(files.values()), directory)
   return [_layer(files[layer]) for layer in range(len(files))], point_in, point_out
+
+
+def fits_in_memory(files: list[Path], directory: Path) -> None:
+  """One error, before anything is read, where the set read whole in float32 (what the graph holds) needs more
+  than the host has free: the bytes it needs, the bytes there are."""
+  available = hostmem.available_bytes()
+  if available is None:
+    return
+  values = sum(map(_values, files))
+  if 4 * values > available:
+    raise CheckpointError(
+      f"{directory}: its transcoders read whole in float32 need {4 * values / 2**30:.2f} GiB ({values:,} values) "
+      f"and this machine has {available / 2**30:.2f} GiB free: read them on a machine with that much memory"
+    )
+
+
+def _values(file: Path) -> int:
+  """The values a layer's file holds, from its headers alone."""
+  if file.suffix != ".npz":
+    return hf_files.numel(file)
+  total = 0
+  with zipfile.ZipFile(file) as archive:
+    for name in archive.namelist():
+      with archive.open(name) as member:
+        version = np.lib.format.read_magic(member)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        total += int(np.prod(read(member)[0]))
+  return total
 
 
 def _layer_files(directory: Path, cfg: dict, path: Path) -> dict[int, Path]:
@@ -309,6 +340,9 @@ def import_circuit_tracer_clt(directory: str | Path) -> tuple[SAEConfig, dict, s
     raise CheckpointError(
       f"{directory}: no W_enc_<l> and W_dec_<l>.safetensors for layers 0 .. L-1 (circuit-tracer's CLT)"
     )
+  fits_in_memory(
+    [directory / f"W_{kind}_{layer}.safetensors" for kind in ("enc", "dec") for layer in range(L)], directory
+  )
   enc = [dict(hf_files.read_tensors(directory / f"W_enc_{layer}.safetensors")) for layer in range(L)]
   Z, D = enc[0]["W_enc_0"].shape
   jumprelu = "threshold_0" in enc[0]
