@@ -5,7 +5,10 @@ loop's JumpReLU and BatchTopK thresholds (their mechanisms are test_sae.py's, in
 the slow tier, which CI runs all the same."""
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -325,6 +328,47 @@ def test_an_sae_trains_on_eight_devices_as_on_one(tmp_path):
   losses = [metrics.last_per_step(metrics.read_jsonl(tmp_path / w / "metrics.jsonl"), "loss") for w in ("one", "eight")]
   assert len(losses[0]) == 20
   np.testing.assert_allclose([losses[1][s] for s in range(1, 21)], [losses[0][s] for s in range(1, 21)], rtol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cross_layer", [False, True])
+def test_a_transcoder_and_a_cross_layer_one_train_on_eight_devices_as_on_one(tmp_path, cross_layer):
+  """A Hugging Face model's transcoder (mlp.hook_in -> mlp.hook_out of block 1) and cross-layer transcoder, the
+  model run on the mesh too, its latents over the tensor axis (a cross-layer one's every layer's), the rows over
+  data and fsdp: the same losses as one device's, and the latents' axis sharded in the checkpoint."""
+  smollm = REPO / "tests" / "fixtures" / "families" / "smollm"
+  text = tmp_path / "text.txt"
+  text.write_text(
+    "\n\n".join(f"Line {i}: the quick brown fox jumps over the lazy dog, then sleeps." for i in range(600))
+  )
+  args = [f"--config=experiments/sae.py:hf:{smollm}", f"--config.data.input_files={text}", "--config.seq_len=32"]
+  args += ["--config.data.piece_chars=2000", f"--config.data.root={tmp_path / 'data'}", "--config.log_every_steps=1"]
+  args += ["--config.point=blocks.1.mlp.hook_in", "--config.target_point=mlp.hook_out", "--config.batch_size=128"]
+  args += [
+    "--config.buffer_sequences=16",
+    "--config.lm_batch_size=8",
+    "--config.eval_sequences=8",
+    "--config.model.k=8",
+  ]
+  args += ["--config.model.d_sae=64", "--config.num_train_steps=6", "--config.eval_every_steps=6"]
+  args += ["--config.checkpoint_every_steps=6", f"--config.cross_layer={cross_layer}"]
+  one = run_module("launch.train", *args, f"--workdir={tmp_path / 'one'}")
+  assert one.returncode == 0, one.stderr[-3000:]
+  mesh = ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2"]
+  eight = run_module("launch.train", *args, *mesh, f"--workdir={tmp_path / 'eight'}", env={"JAX_NUM_CPU_DEVICES": "8"})
+  assert eight.returncode == 0 and "8 x cpu" in eight.stdout, eight.stderr[-3000:]
+  losses = [metrics.last_per_step(metrics.read_jsonl(tmp_path / w / "metrics.jsonl"), "loss") for w in ("one", "eight")]
+  assert len(losses[0]) == 6
+  np.testing.assert_allclose([losses[1][s] for s in range(1, 7)], [losses[0][s] for s in range(1, 7)], rtol=1e-5)
+  check = (
+    "import sys; from transformer import inference; p = inference.restore(sys.argv[1]).params['W_enc']; "
+    "print(getattr(p, 'value', p).sharding.spec)"
+  )
+  env = {**os.environ, "JAX_NUM_CPU_DEVICES": "8"}
+  spec = subprocess.run(
+    [sys.executable, "-c", check, str(tmp_path / "eight")], cwd=REPO, env=env, capture_output=True, text=True
+  )
+  assert "'tensor'" in spec.stdout, spec.stdout + spec.stderr[-2000:]
 
 
 def test_the_pages_show_by_default_latents_a_reader_learns_from():

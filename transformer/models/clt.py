@@ -44,17 +44,22 @@ class CrossLayerTranscoder(nn.Module):
 
       return init
 
+    # The latents' axis is the SAE's ("mlp": the mesh's tensor axis by the logical axis rules), the model's width
+    # "embed", the layers' axis replicated: a mesh shards a cross-layer transcoder's latents as an SAE's.
+    axes = lambda init, *names: nn.with_logical_partitioning(init, names)
     zeros, ones = nn.initializers.zeros_init(), nn.initializers.ones_init()
-    self.W_enc = self.param("W_enc", rows((L, D, Z), 1), (L, D, Z), dtype)
-    self.b_enc = self.param("b_enc", zeros, (L, Z), dtype)
+    self.W_enc = self.param("W_enc", axes(rows((L, D, Z), 1), None, "embed", "mlp"), (L, D, Z), dtype)
+    self.b_enc = self.param("b_enc", axes(zeros, None, "mlp"), (L, Z), dtype)
     # A latent's decoders to the L - l layers it writes, shared in norm across them (a feature's one size).
-    self.W_dec = [self.param(f"W_dec_{l}", rows((Z, L - l, O), (1, 2)), (Z, L - l, O), dtype) for l in range(L)]
-    self.b_dec = self.param("b_dec", zeros, (L, O), dtype)
+    decoder = lambda l: axes(rows((Z, L - l, O), (1, 2)), "mlp", None, "embed")
+    self.W_dec = [self.param(f"W_dec_{l}", decoder(l), (Z, L - l, O), dtype) for l in range(L)]
+    self.b_dec = self.param("b_dec", axes(zeros, None, "embed"), (L, O), dtype)
     if cfg.activation == "jumprelu":
-      self.threshold = self.param("threshold", nn.initializers.constant(cfg.initial_threshold), (L, Z), dtype)
-    self.since_fired = self.param("since_fired", zeros, (L, Z), jnp.float32)
-    self.input_scale = self.param("input_scale", ones, (L,), jnp.float32)
-    self.output_scale = self.param("output_scale", ones, (L,), jnp.float32)
+      threshold = axes(nn.initializers.constant(cfg.initial_threshold), None, "mlp")
+      self.threshold = self.param("threshold", threshold, (L, Z), dtype)
+    self.since_fired = self.param("since_fired", axes(zeros, None, "mlp"), (L, Z), jnp.float32)
+    self.input_scale = self.param("input_scale", axes(ones, None), (L,), jnp.float32)
+    self.output_scale = self.param("output_scale", axes(ones, None), (L,), jnp.float32)
 
   def pre_activations(self, x_LxNxD) -> jax.Array:
     """Of inputs already scaled (each layer's times its input_scale)."""
