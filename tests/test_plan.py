@@ -197,3 +197,20 @@ def test_an_accelerator_run_is_planned_with_the_accelerators_program(data_root, 
   )
   assert "block.attention=cudnn compiles on an NVIDIA GPU only: planned with block.attention=xla" in printed
   assert cudnn["temporaries"] == gpu["temporaries"]
+
+
+@pytest.mark.slow  # a plan in its own process of 8 fake devices
+def test_a_million_latent_topk_sae_on_gemma_2_2bs_stream_is_planned_on_eight_devices(tmp_path):
+  """An SAE of 2^20 latents (TopK, k 64) on rows of Gemma 2 2B's width (2,304), its latents split over tensor 4 and
+  its 4,096 rows a step over data 2: the train step compiled ahead of time, nothing allocated, and the params a
+  quarter of 2 x 2^20 x 2,304 float32 values on each device (the encoder and decoder; the vectors are small)."""
+  out = tmp_path / "plan.json"
+  args = ["--config=experiments/sae.py:synthetic", "--config.synthetic_d=2304", "--config.synthetic_features=4096"]
+  args += ["--config.model.d_sae=1048576", "--config.model.k=64", "--config.batch_size=4096", "--devices=8"]
+  args += ["--config.mesh.data=2", "--config.mesh.tensor=4", "--decode_batch_size=-1", f"--json={out}"]
+  proc = run_module("launch.plan", *args)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  [step] = json.loads(out.read_text())
+  weights = 2 * 2**20 * 2304 * 4 / 4  # W_enc and W_dec, float32, a quarter a device
+  assert step["mesh"] == {"data": 2, "fsdp": 1, "tensor": 4} and weights <= step["params"] < 1.01 * weights
+  assert step["optimizer"] == pytest.approx(2 * step["params"], rel=0.01)  # Adam's two moments

@@ -216,7 +216,8 @@ def for_platform(run: RunConfig, platform: str) -> tuple[RunConfig, list[str]]:
   if model.kernels == "auto":
     model = model.replace(kernels=kernels.for_platform(platform))
     notes.append(f"planned for {platform}: config.model.kernels=auto compiles as {model.kernels!r}")
-  if model.family != "lstm" and model.block.attention == "cudnn" and jax.default_backend() != "gpu":
+  block = getattr(model, "block", None)  # (an LSTM or a sparse dictionary has no attention)
+  if block is not None and block.attention == "cudnn" and jax.default_backend() != "gpu":
     model = model.replace(attention="xla")
     notes.append(
       "block.attention=cudnn compiles on an NVIDIA GPU only: planned with block.attention=xla, whose "
