@@ -315,17 +315,23 @@ def test_launch_probe_writes_an_saes_pages_and_refuses_a_model_that_is_not_one(l
   assert not (tmp_path / "no").exists()
 
 
-@pytest.mark.slow
-def test_an_sae_trains_on_eight_devices_as_on_one(tmp_path):
-  """The latents split over the tensor axis, the encoder's input over fsdp, the rows over data and
-  fsdp (the logical axis rules): the same losses as one device's."""
-  args = ["--config=experiments/sae.py:tiny", "--config.log_every_steps=1"]
+def _losses_on_one_and_eight_devices(args: list[str], tmp_path) -> list[dict]:
+  """The per-step losses of launch.train with `args` on one device (tmp_path/one) and on 8 fake devices of mesh
+  data 2 x fsdp 2 x tensor 2 (tmp_path/eight)."""
   one = run_module("launch.train", *args, f"--workdir={tmp_path / 'one'}")
   assert one.returncode == 0, one.stderr[-3000:]
   mesh = ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2"]
   eight = run_module("launch.train", *args, *mesh, f"--workdir={tmp_path / 'eight'}", env={"JAX_NUM_CPU_DEVICES": "8"})
   assert eight.returncode == 0 and "8 x cpu" in eight.stdout, eight.stderr[-3000:]
-  losses = [metrics.last_per_step(metrics.read_jsonl(tmp_path / w / "metrics.jsonl"), "loss") for w in ("one", "eight")]
+  return [metrics.last_per_step(metrics.read_jsonl(tmp_path / w / "metrics.jsonl"), "loss") for w in ("one", "eight")]
+
+
+@pytest.mark.slow
+def test_an_sae_trains_on_eight_devices_as_on_one(tmp_path):
+  """The latents split over the tensor axis, the encoder's input over fsdp, the rows over data and
+  fsdp (the logical axis rules): the same losses as one device's."""
+  args = ["--config=experiments/sae.py:tiny", "--config.log_every_steps=1"]
+  losses = _losses_on_one_and_eight_devices(args, tmp_path)
   assert len(losses[0]) == 20
   np.testing.assert_allclose([losses[1][s] for s in range(1, 21)], [losses[0][s] for s in range(1, 21)], rtol=1e-5)
 
@@ -352,12 +358,7 @@ def test_a_transcoder_and_a_cross_layer_one_train_on_eight_devices_as_on_one(tmp
   ]
   args += ["--config.model.d_sae=64", "--config.num_train_steps=6", "--config.eval_every_steps=6"]
   args += ["--config.checkpoint_every_steps=6", f"--config.cross_layer={cross_layer}"]
-  one = run_module("launch.train", *args, f"--workdir={tmp_path / 'one'}")
-  assert one.returncode == 0, one.stderr[-3000:]
-  mesh = ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2"]
-  eight = run_module("launch.train", *args, *mesh, f"--workdir={tmp_path / 'eight'}", env={"JAX_NUM_CPU_DEVICES": "8"})
-  assert eight.returncode == 0 and "8 x cpu" in eight.stdout, eight.stderr[-3000:]
-  losses = [metrics.last_per_step(metrics.read_jsonl(tmp_path / w / "metrics.jsonl"), "loss") for w in ("one", "eight")]
+  losses = _losses_on_one_and_eight_devices(args, tmp_path)
   assert len(losses[0]) == 6
   np.testing.assert_allclose([losses[1][s] for s in range(1, 7)], [losses[0][s] for s in range(1, 7)], rtol=1e-5)
   check = (

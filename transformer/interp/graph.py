@@ -164,7 +164,7 @@ def logit_targets(unembed_DxV, logits_V, targets) -> tuple[np.ndarray, np.ndarra
   mean), or (label, weight, direction_D) triples (`logit_difference`'s, or any direction on the final norm's
   output; their ids vocab_size + k, circuit-tracer's virtual indices)."""
   V = unembed_DxV.shape[1]
-  if len(targets) and not np.isscalar(targets[0]) and not isinstance(targets[0], np.integer):
+  if len(targets) and not np.isscalar(targets[0]):  # (label, weight, direction) triples
     labels = tuple(str(label) for label, _, _ in targets)
     vectors = np.stack([np.asarray(vector, np.float32).reshape(-1) for _, _, vector in targets])
     if vectors.shape[1] != unembed_DxV.shape[0]:
