@@ -24,7 +24,7 @@ import launch
 from transformer import cli
 from transformer.errors import UserError
 from transformer.generation import sampling
-from transformer.models import formats, hf_files
+from transformer.models import formats
 
 _MODEL = launch.ModelFlags(
   "A training workdir (launch.train's --workdir).",
@@ -73,7 +73,7 @@ def _export() -> None:
     raise UserError(f"--export={out} is not empty; give a new directory (nothing there is overwritten)")
   trained = _MODEL.load("lm")
   source = trained.run.task_config.init_from
-  model_type = _EXPORT_AS.value or (hf_files.read_config(source)["model_type"] if formats.is_family(source) else "gpt2")
+  model_type = _EXPORT_AS.value or (formats.model_type(source) if formats.is_open_model(source) else "gpt2")
   formats.export_lm(trained.task.model_config, trained.params, out, model_type, trained.tokenizer)
   print(f"wrote {out} ({model_type}): AutoModelForCausalLM.from_pretrained({str(out)!r}) loads it")
 

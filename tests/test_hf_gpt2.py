@@ -138,7 +138,7 @@ def test_errors_name_the_tensor(tmp_path):
   def extra(t):
     t["transformer.h.0.attn.rotary"] = np.zeros(3, np.float32)
 
-  with pytest.raises(CheckpointError, match="tensors a GPT-2 does not: h.0.attn.rotary"):
+  with pytest.raises(CheckpointError, match="has a tensor a GPT-2 of this config.json does not: 'h.0.attn.rotary'"):
     import_hf_gpt2(_broken(tmp_path / "c", extra))
   with pytest.raises(CheckpointError, match="no GPT-2 safetensors at /nowhere"):
     import_hf_gpt2("/nowhere")

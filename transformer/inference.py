@@ -120,7 +120,7 @@ def load(
 ) -> Trained:
   """A trained model, whatever made it: a training run's `workdir` (at `step`: None is
   `default_step`'s choice; `average` > 1 averages that many checkpoints) or a Hugging Face directory
-  `hf` (Marian's files, an open family's (Llama, Qwen, Gemma, ...: formats.FAMILIES) with its own
+  `hf` (Marian's files, an open model's (Llama, Qwen, Gemma, ...: formats.OPEN_MODELS) with its own
   tokenizer.json, or GPT-2's read with the tokenizer named `tokenizer`). `task` (a config.task
   name), when given, is what the caller can use: another one is a `WrongTaskError`. What every
   launch program and the notebook load a model with."""
@@ -133,12 +133,12 @@ def load(
   if step is not None or average > 1:
     raise UserError("--step and --average choose a training run's checkpoints: give --workdir, or leave them out")
   # The format: what the caller can use, else what the directory holds (Marian's config, an open
-  # family's config.json, or GPT-2's).
+  # model's config.json, or GPT-2's).
   marian = task == "translation" or (task is None and is_marian(hf))
   if marian:
     trained = import_marian(hf)
-  elif formats.is_family(hf):
-    trained = import_family(hf)
+  elif formats.is_open_model(hf):
+    trained = import_open_model(hf)
   else:
     _check_gpt2(hf)
     trained = import_gpt2(hf, tokenizer)
@@ -206,8 +206,8 @@ def marian_tokenizer(directory: str | Path, vocab_size: int):
   return tokenizer
 
 
-def family_tokenizer(directory: str | Path, vocab_size: int):
-  """An open family's directory's tokenizer.json (refused where its ids outrun the model's embedding), or
+def open_model_tokenizer(directory: str | Path, vocab_size: int):
+  """An open model's directory's tokenizer.json (refused where its ids outrun the model's embedding), or
   none: the model alone opens, on token ids (as transformers' model classes load), and what needs text says so."""
   directory = Path(directory)
   if not tokenizers.is_hf_tokenizer(directory):
@@ -232,7 +232,7 @@ def has_own_tokenizer(directory: str | Path) -> bool:
 
 
 def gpt2_tokenizer(directory: str | Path, name: str, vocab_size: int, required: bool = True):
-  """A GPT-2 directory's own tokenizer files where it has them (as an open family's); else the tokenizer
+  """A GPT-2 directory's own tokenizer files where it has them (as an open model's); else the tokenizer
   `name` (OpenAI's gpt2) where its ids fit the model's embedding; else, `required`, one error saying which files
   to put beside the weights, or (not `required`) none: the model opens on token ids."""
   directory = Path(directory)
@@ -258,7 +258,7 @@ def import_gpt2(directory: str | Path, tokenizer: str = "gpt2") -> Trained:
   chosen = gpt2_tokenizer(directory, tokenizer, config.vocab_size)
   config_dict = defaults_for(LanguageModel)
   config_dict.model = model_dict(config)
-  # (a directory's own files are named by the directory, as an open family's are)
+  # (a directory's own files are named by the directory, as an open model's are)
   own = not isinstance(chosen, tokenizers.TiktokenTokenizer)
   config_dict.data.tokenizer = str(chosen.name) if own else tokenizer
   config_dict.data.dataset = ""  # no data is read
@@ -273,19 +273,19 @@ def _check_gpt2(hf: str | Path) -> None:
   model_type = hf_files.read_config(hf).get("model_type") if path.is_file() else None
   if model_type not in (None, "gpt2"):
     raise CheckpointError(
-      f"{path}: model_type {model_type!r} is not one we open; supported: gpt2, marian, {', '.join(formats.FAMILIES)}"
+      f"{path}: model_type {model_type!r} is not one we open; supported: gpt2, marian, {', '.join(formats.OPEN_MODELS)}"
     )
 
 
-def import_family(directory: str | Path) -> Trained:
-  """An open family's Hugging Face directory (config.json, safetensors, and tokenizer.json with
+def import_open_model(directory: str | Path) -> Trained:
+  """An open model's Hugging Face directory (config.json, safetensors, and tokenizer.json with
   tokenizer_config.json: from the Hub or an export: transformer.models.formats) as a trained language model on
   this machine's devices, each param read in its stored dtype straight onto its shards. Without tokenizer
   files the model alone opens (as transformers' model classes load): what needs text says so."""
   directory = Path(directory)
   config = formats.read_model_config(directory)
   model_type = hf_files.read_config(directory)["model_type"]
-  tokenizer = family_tokenizer(directory, config.vocab_size)
+  tokenizer = open_model_tokenizer(directory, config.vocab_size)
   has_tokenizer = isinstance(tokenizer, tokenizers.HFTokenizer)
   config_dict = defaults_for(LanguageModel)
   config_dict.model = model_dict(config)

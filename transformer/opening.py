@@ -1,7 +1,7 @@
 """One function opens what a user points at, as plain values every tool takes: `open_path`.
 
   a training run's workdir                    -> Model (a checkpoint of it: transformer.inference.load)
-  a Hugging Face directory                    -> Model (GPT-2, Marian, an open family: transformer.models.formats;
+  a Hugging Face directory                    -> Model (GPT-2, Marian, an open model: transformer.models.formats;
                                                  the module, params and tokenizer alone, no training run built)
   an SAE task's workdir, SAELens's files      -> Dictionary (an SAE or a transcoder, and the point it reads)
   (cfg.json), a Gemma Scope params.npz
@@ -120,12 +120,12 @@ def _hugging_face(directory: Path, mesh, rules: tuple, tokenizer_name: str) -> M
     config, params = import_hf_marian(directory)
     module, tokenizer = Transformer(config), inference.marian_tokenizer(directory, config.vocab_size)
     inputs = (jnp.zeros((1, 2), jnp.int32),) * 2
-  elif formats.is_family(directory):
+  elif formats.is_open_model(directory):
     config = formats.read_model_config(directory)
     module, inputs = GPT(config), (jnp.zeros((1, min(8, config.max_len)), jnp.int32),)
     shardings = _shardings(module, inputs, mesh, rules)
     config, params = formats.import_hf(directory, shardings=shardings)
-    tokenizer = inference.family_tokenizer(directory, config.vocab_size)
+    tokenizer = inference.open_model_tokenizer(directory, config.vocab_size)
     return Model(module, params, tokenizer, f"{directory} ({model_type})", shardings)
   else:
     config, params = import_hf_gpt2(directory)

@@ -11,12 +11,10 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import flax.linen as nn
 import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from transformer import layers
 from transformer.errors import CheckpointError
 
 
@@ -83,13 +81,18 @@ def read_tensors(file: Path, skip: Callable[[str], bool] = lambda key: False) ->
     raise CheckpointError(f"{file} is not a safetensors file ({e}); give a Hugging Face model's directory") from None
 
 
-def numel(file: Path) -> int:
-  """The number of values in a safetensors file (its header's shapes: nothing read but the header)."""
+def header_shapes(file: Path) -> dict[str, tuple[int, ...]]:
+  """Each tensor's shape in a safetensors file (its header: nothing read but the header)."""
   try:
     with safe_open(file, framework="numpy") as f:
-      return sum(int(np.prod(f.get_slice(key).get_shape())) for key in f.keys())
+      return {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
   except SafetensorError as e:
     raise CheckpointError(f"{file} is not a safetensors file ({e})") from None
+
+
+def numel(file: Path) -> int:
+  """The number of values in a safetensors file (its header's shapes)."""
+  return sum(int(np.prod(shape)) for shape in header_shapes(file).values())
 
 
 def save_safetensors(tensors: dict[str, np.ndarray], path: Path) -> None:
@@ -127,14 +130,6 @@ def _fields(a, b, prefix: str = ""):
       yield from _fields(x, y, f"{prefix}{f.name}.")
     else:
       yield f"{prefix}{f.name}", x, y
-
-
-def unrolled(config, params) -> dict:
-  """A GPT's params as a layout names them: unboxed, a scanned stack's layers apart (`h.layer_<i>`)."""
-  params = nn.unbox(params)
-  if config.scan_layers:
-    params = {**params, "h": layers.unstack_layers(params["h"], config.num_layers)}
-  return params
 
 
 def get_path(tree, path, default=...):

@@ -51,7 +51,7 @@ class LMConfig:
   # A GPT's heads scored at every evaluation (metrics.jsonl, TensorBoard): previous-token,
   # duplicate-token and induction scores per head, and the in-context score (transformer.interp.interventions).
   head_scores: bool = False
-  # A Hugging Face language model's directory (an open family's, transformer.models.formats, or
+  # A Hugging Face language model's directory (an open model's, transformer.models.formats, or
   # GPT-2's) whose weights a new run starts from: fine-tuning. experiments/hf.py:DIR sets config.model
   # and the tokenizer from it (`hf_defaults`); a resumed run starts from its own checkpoints.
   init_from: str = ""
@@ -132,7 +132,7 @@ def _check_pretrained(path: str, run: RunConfig) -> None:
 
 def hf_defaults(directory: str):
   """The config of a language-model run that starts from the Hugging Face model in `directory` (an open
-  family's or GPT-2's): its model (every field read from its config.json), its tokenizer for the data
+  model's or GPT-2's): its model (every field read from its config.json), its tokenizer for the data
   (tokenizer.json; GPT-2's files have none: gpt2), its weights (init_from), AdamW at a fine-tuning rate.
   The data is yours (config.data.input_files, or a named data set)."""
   c = defaults_for(LanguageModel)
@@ -191,14 +191,14 @@ class LanguageModel(Task):
     path = self.config.init_from
     if not path:
       return params
-    family = formats.is_family(path)
-    if family and not tokenizers.is_hf_tokenizer(path):
+    own = formats.is_open_model(path)
+    if own and not tokenizers.is_hf_tokenizer(path):
       raise ConfigError(f"--config.init_from={path} has no tokenizer.json: the data must be tokenized as the model was")
-    theirs = tokenizers.load_tokenizer(path) if family else tokenizers.get_tokenizer("gpt2")
+    theirs = tokenizers.load_tokenizer(path) if own else tokenizers.get_tokenizer("gpt2")
     if not tokenizers.identical(theirs, self.tokenizer):
       raise ConfigError(
         f"--config.init_from={path} reads other tokens ({theirs}) than this run's data ({self.tokenizer}); "
-        f"prepare the data with its tokenizer: --config.data.tokenizer={path if family else 'gpt2'}"
+        f"prepare the data with its tokenizer: --config.data.tokenizer={path if own else 'gpt2'}"
       )
     _, pretrained = formats.import_lm(path, scan_layers=self.model_config.scan_layers)
     return jax.tree.map(lambda p, ours: jnp.asarray(p, ours.dtype), pretrained, nn.unbox(params))

@@ -5,7 +5,7 @@ The activations (transformer.data.activations; a model's, transformer.interp.act
   --config.run=WORKDIR         a trained GPT's, at --config.point (resid_pre, resid_post, mlp_out,
                                z, ...) of block --config.layer (-1: the middle one), computed on the
                                fly from that run's text
-  --config.hf=DIR              a Hugging Face model's (an open family's or GPT-2's), on the text of config.data
+  --config.hf=DIR              a Hugging Face model's (an open model's or GPT-2's), on the text of config.data
                                (--config.data.input_files=my.txt: your own text; the model's tokenizer reads it)
   --config.data.input_files=acts.npy   an array you bring (.npy or .safetensors, rows x d_in), without a model
   --config.synthetic_features=N        N features in superposition whose directions are known

@@ -15,9 +15,11 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
+import jax
 import numpy as np
 
 from transformer.errors import CheckpointError
+from transformer.models import gpt, hf_files
 
 # config.json keys that never change the function a model computes: which class saved it, special tokens'
 # ids, generation and caching switches, initialisation, dropout (training only), the attention's
@@ -126,6 +128,12 @@ class Format:
   fixed: ClassVar[dict] = {}  # keys read only at this value (what we compute); another value is refused
   ignored: ClassVar[re.Pattern | None] = None  # buffers older checkpoints carry, not parameters
   tied_copies: ClassVar[tuple[str, ...]] = ()  # a tied checkpoint's copy of its embedding, skipped
+  prefix: ClassVar[str] = ""  # what stored keys may start with that the layout's do not (GPT-2's "transformer.")
+
+  @property
+  def name(self) -> str:
+    """The format's name in messages."""
+    return self.model_type
 
   def config_from_hf(self, hf: dict, where: str) -> Any:
     raise NotImplementedError
@@ -135,6 +143,34 @@ class Format:
 
   def layout(self, config) -> Iterator[Tensor]:
     raise NotImplementedError
+
+  def param_shapes(self, config) -> dict:
+    """The model's params as ShapeDtypeStructs (unrolled layers), allocating nothing."""
+    return gpt.param_shapes(config)
+
+  def stacks(self, config) -> dict[str, int]:
+    """Our params' layer stacks (name -> layers) that a scanned model holds as one."""
+    return {"h": config.num_layers}
+
+  def copies(self, config) -> tuple[str, ...]:
+    """Stored tensors outside the layout that copy what our model holds once (read, then `check_copies`)."""
+    return ()
+
+  def check_copies(self, copies: dict, params: dict, config, where: str) -> None:
+    """One error for a copy (`copies`: key -> array) that is not what our model computes."""
+
+  def cannot_hold(self, config, hf: dict) -> list[str]:
+    """ "field=ours (the format's: theirs)" for every field of `config` that the config.json `hf` written for
+    it would read back as another value of: what an export refuses."""
+    return hf_files.differences(config, self.config_from_hf(hf, "the export"), self.name, hf_files.FREE)
+
+  def exported(self, params: dict, entry: Tensor, config) -> np.ndarray:
+    """Our param of `entry` as the host array the export converts (in its dtype: bfloat16 stays)."""
+    return np.asarray(jax.device_get(hf_files.get_path(params, entry.ours)))
+
+  def stored_key(self, key: str) -> str:
+    """The key an export writes for the layout's `key`."""
+    return key
 
   def check_keys(self, hf: dict, where: str) -> None:
     """One error naming every config.json key neither this format handles nor is metadata (`METADATA`), or

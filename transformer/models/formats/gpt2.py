@@ -3,7 +3,8 @@
 Hugging Face's GPT-2 stores its linear layers as `Conv1D` with weights `[in, out]` (the same
 orientation as a Flax kernel) and fuses Q, K, V into one `c_attn` of width 3·D, split into heads
 as (3, H, K): exactly our `qkv` kernel (D, 3, H, K), so import is a reshape, never a transpose.
-Every key and shape is checked and the offending key named. No torch is needed.
+Its files may come without config.json (the shapes then say all but the heads). Read and written by the one
+streaming importer and exporter (formats/streaming.py); no torch is needed.
 
     >>> config, params = import_hf_gpt2("path/to/gpt2")            # dir with model.safetensors
     >>> logits = GPT(config).apply({"params": params}, tokens)
@@ -12,24 +13,19 @@ Every key and shape is checked and the offending key named. No torch is needed.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
-from safetensors import SafetensorError
-from safetensors.numpy import load_file
 
 from transformer import layers
-from transformer.errors import CheckpointError, ConfigError
+from transformer.errors import CheckpointError
 from transformer.models import hf_files
+from transformer.models.formats import streaming
 from transformer.models.formats.base import Format, Tensor, as_is, linear, reshaped
-from transformer.models.gpt import GPTConfig, param_shapes
-from transformer.models.hf_files import save_safetensors
+from transformer.models.gpt import GPTConfig
 
 # d_model -> heads of the four OpenAI GPT-2 sizes: heads cannot be read off any tensor shape.
 _GPT2_HEADS = {768: 12, 1024: 16, 1280: 20, 1600: 25}
@@ -66,8 +62,31 @@ class GPT2Format(Format):
       shapes if hf.get("tie_word_embeddings", True) else shapes | {"lm_head.weight": (V, D)}, hf, where
     )
 
+  ignored = _IGNORED
+  tied_copies = ("lm_head.weight",)
+  prefix = "transformer."  # GPT2LMHeadModel's keys; the Hub's gpt2 files have none
+
+  @property
+  def name(self) -> str:
+    return "GPT-2"
+
   def config_to_hf(self, config: GPTConfig) -> dict:
     return _export_config(config)
+
+  def cannot_hold(self, config: GPTConfig, hf: dict) -> list[str]:
+    # The MLP's width as a number on both sides (d_mlp 0 means 4 * d_model); biases of zeros where the
+    # model has none compute the same function (GPT-2 always has them).
+    ours = layers.replace_model(config, {"d_mlp": config.block.mlp_width})
+    theirs = self.config_from_hf(hf, "the export")
+    return hf_files.differences(ours, theirs, self.name, hf_files.FREE | {"use_bias"})
+
+  def exported(self, params: dict, entry: Tensor, config: GPTConfig) -> np.ndarray:
+    if entry.ours[-1] == "bias" and not config.block.use_bias:
+      return entry.to_ours([np.zeros(entry.shapes[0], np.float32)])  # the same function: GPT-2 always has biases
+    return np.asarray(jax.device_get(hf_files.get_path(params, entry.ours)), np.float32)
+
+  def stored_key(self, key: str) -> str:
+    return key if key.startswith("lm_head") else self.prefix + key  # as GPT2LMHeadModel.save_pretrained writes
 
   def layout(self, cfg: GPTConfig) -> Iterator[Tensor]:
     for key, ours, hf_shape in _hf_layout(cfg):
@@ -138,87 +157,34 @@ def _gpt2_config(shapes: dict[str, tuple[int, ...]], hf: dict, where: str) -> GP
   )
 
 
-def _read_config_json(directory: Path) -> dict:
-  path = directory / "config.json"
-  return json.loads(path.read_text()) if path.exists() else {}
-
-
-def _read_tensors(path: Path) -> tuple[Path, dict]:
-  """(the safetensors file at `path`, its GPT-2 tensors under their names without `transformer.`); one error
-  for a missing or unreadable file or one that is not a GPT-2's."""
+def config_of_files(path: Path) -> tuple[list[Path], GPTConfig]:
+  """(the safetensors files, the GPTConfig) of a GPT-2 directory or its model.safetensors alone: from
+  config.json where it is beside them, else from the tensors' shapes (the header alone is read)."""
+  path = Path(path)
   file = path / "model.safetensors" if path.is_dir() else path
+  directory = file.parent
+  if (directory / "config.json").is_file():
+    hf = hf_files.read_config(directory)
+    files = hf_files.shard_files(directory) if path.is_dir() else [file]
+    return files, FORMAT.config_from_hf(hf, str(directory / "config.json"))
   if not file.is_file():
-    raise CheckpointError(f"no GPT-2 safetensors at {path} (looked for {file}){hf_files.torch_only(file.parent)}")
-  try:
-    tensors = load_file(file)
-  except SafetensorError as e:  # random bytes, an empty or cut file: its header cannot be read
-    raise CheckpointError(
-      f"{file} is not a safetensors file ({e}); give a Hugging Face GPT-2 model.safetensors or its directory"
-    ) from None
-  tensors = {k.removeprefix("transformer."): v for k, v in tensors.items()}
-  tensors = {k: v for k, v in tensors.items() if not _IGNORED.match(k)}
+    raise CheckpointError(f"no GPT-2 safetensors at {path} (looked for {file}){hf_files.torch_only(directory)}")
+  shapes = {k.removeprefix(FORMAT.prefix): v for k, v in hf_files.header_shapes(file).items()}
   for key in ("wte.weight", "wpe.weight", "h.0.mlp.c_fc.weight"):
-    if key not in tensors:
+    if key not in shapes:
       raise CheckpointError(f"{file} has no tensor {key!r}: not a GPT-2 checkpoint")
-  return file, tensors
-
-
-def _params_of(cfg: GPTConfig, tensors: dict, file: Path) -> dict:
-  """Our params from the checkpoint's tensors: every key of the layout there in its shape, and no other."""
-  params: dict = {}
-  expected = set()
-  dtypes = jax.tree.map(lambda x: x.dtype, nn.unbox(param_shapes(cfg)))
-  for entry in FORMAT.layout(cfg):
-    (key,), (hf_shape,) = entry.keys, entry.shapes
-    expected.add(key)
-    if key not in tensors:
-      raise CheckpointError(f"{file} is missing tensor {key!r} (expected shape {hf_shape})")
-    value = tensors[key]
-    if value.shape != hf_shape:
-      raise CheckpointError(
-        f"tensor {key!r} in {file} has shape {value.shape}, expected {hf_shape} "
-        f"for a GPT-2 with {cfg.num_layers} layers, d_model={cfg.block.d_model}, vocab={cfg.vocab_size}"
-      )
-    dtype = hf_files.get_path(dtypes, entry.ours)
-    hf_files.set_path(params, entry.ours, jnp.asarray(entry.to_ours([value]), dtype=dtype))
-  unexpected = sorted(set(tensors) - expected)
-  if unexpected:
-    raise CheckpointError(f"{file} has tensors a GPT-2 does not: {', '.join(unexpected[:5])}")
-  return params
+  return [file], _gpt2_config(shapes, {}, str(file))
 
 
 def import_hf_gpt2(path: str | Path, **overrides) -> tuple[GPTConfig, dict]:
-  """Loads a Hugging Face GPT-2 `model.safetensors` (gpt2 ... gpt2-xl, or any GPT-2 shape).
+  """Loads a Hugging Face GPT-2 (gpt2 ... gpt2-xl, or any GPT-2 shape): its directory or model.safetensors.
 
-  The config is inferred from the tensor shapes (and `config.json` beside it, for the number of
-  heads and the LayerNorm epsilon); `overrides` change fields that do not alter shapes (dtype,
-  attention, scan_layers, ...), or shorten `max_len`. Returns (config, params).
+  The config is config.json's (without one, the tensors' shapes, the heads of OpenAI's sizes); `overrides`
+  change fields that do not alter shapes (dtype, attention, scan_layers, ...), or shorten `max_len` (the
+  position table's first rows kept). Returns (config, params).
   """
-  file, tensors = _read_tensors(Path(path))
-  hf = _read_config_json(file.parent)
-  if hf:
-    FORMAT.check_keys(hf, str(file.parent / "config.json"))
-  tied = "lm_head.weight" not in tensors or np.array_equal(tensors["lm_head.weight"], tensors["wte.weight"])
-  if tied:
-    tensors.pop("lm_head.weight", None)
-  cfg = _gpt2_config({k: v.shape for k, v in tensors.items()}, hf, str(file))
-  table_length = cfg.max_len
-  scan = overrides.pop("scan_layers", False)
-  cfg = cfg.replace(**overrides)
-  if cfg.max_len > table_length:
-    raise CheckpointError(
-      f"max_len={cfg.max_len} is longer than the position table of "
-      f"{file} ({table_length} rows); use max_len <= {table_length}"
-    )
-  if cfg.max_len < table_length:  # keep the first rows: positions beyond are never used
-    tensors["wpe.weight"] = tensors["wpe.weight"][: cfg.max_len]
-  cfg.check()
-
-  params = _params_of(cfg, tensors, file)
-  if scan:
-    cfg = cfg.replace(scan_layers=True)
-    params["h"] = layers.stack_layers(params["h"], cfg.num_layers)
-  return cfg, params
+  files, stored = config_of_files(Path(path))
+  return streaming.read(FORMAT, files, stored, None, overrides)
 
 
 def _export_config(config: GPTConfig) -> dict:
@@ -249,27 +215,4 @@ def export_hf_gpt2(config: GPTConfig, params: dict, out_dir: str | Path) -> Path
   """Writes `model.safetensors` + `config.json` that `GPT2LMHeadModel.from_pretrained` loads. A model
   GPT-2's format cannot hold is refused, each such field named: what is written must read back (as
   `import_hf_gpt2` reads it) as this model."""
-  block = config.block
-  hf_config = _export_config(config)
-  shapes = {key: shape for key, _, shape in _hf_layout(config)}
-  theirs = _gpt2_config(shapes, hf_config, "the export")
-  # The MLP's width as a number on both sides (d_mlp 0 means 4 * d_model); biases of zeros where the
-  # model has none compute the same function (GPT-2 always has them).
-  ours = layers.replace_model(config, {"d_mlp": block.mlp_width})
-  other = hf_files.differences(ours, theirs, "GPT-2", hf_files.FREE | {"use_bias"})
-  if other:
-    raise ConfigError(f"the Hugging Face GPT-2 format cannot hold this model: {'; '.join(other)}")
-  params = hf_files.unrolled(config, params)
-  tensors = {}
-  for entry in FORMAT.layout(config):
-    (key,), (hf_shape,) = entry.keys, entry.shapes
-    if entry.ours[-1] == "bias" and not block.use_bias:
-      value = np.zeros(hf_shape, np.float32)  # the same function: GPT-2 always has biases
-    else:
-      (value,) = entry.to_hf(np.asarray(jax.device_get(hf_files.get_path(params, entry.ours)), dtype=np.float32))
-    tensors[f"transformer.{key}" if not key.startswith("lm_head") else key] = np.ascontiguousarray(value)
-  out_dir = Path(out_dir)
-  out_dir.mkdir(parents=True, exist_ok=True)
-  save_safetensors(tensors, out_dir / "model.safetensors")
-  (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
-  return out_dir
+  return streaming.write(FORMAT, config, params, out_dir, _export_config(config))

@@ -20,34 +20,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import flax.linen as nn
-import flax.traverse_util
 import jax
 import jax.numpy as jnp
 import numpy as np
-from safetensors import SafetensorError
-from safetensors.numpy import load_file
 
 from transformer import layers
 from transformer.errors import CheckpointError, ConfigError
 from transformer.models import hf_files
-from transformer.models.formats.base import Format, as_is, linear, reshaped, stacked, stacked_bias, vector
-from transformer.models.hf_files import save_safetensors
+from transformer.models.formats import streaming
+from transformer.models.formats.base import Format, Tensor, as_is, linear, reshaped, stacked, stacked_bias, vector
 from transformer.models.seq2seq import Seq2SeqConfig, Transformer
 
 _ACTIVATIONS = {"swish": "swish", "silu": "swish", "gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh"}
-
-
-class _Reading(dict):
-  """The tensors of a file, remembering which keys were read: the rest are what our model lacks."""
-
-  def __init__(self, tensors: dict):
-    super().__init__(tensors)
-    self.read: set[str] = set()
-
-  def __getitem__(self, key: str):
-    self.read.add(key)
-    return super().__getitem__(key)
 
 
 class MarianFormat(Format):
@@ -75,11 +59,42 @@ class MarianFormat(Format):
   def config_from_hf(self, hf: dict, where: str) -> Seq2SeqConfig:
     return marian_config(hf, where)
 
+  @property
+  def name(self) -> str:
+    return "Marian"
+
   def config_to_hf(self, config: Seq2SeqConfig, tokenizer=None) -> dict:
-    return export_config(config, tokenizer)
+    return _export_checked(config, tokenizer)
 
   def layout(self, config: Seq2SeqConfig):
     return _layout(config.replace(scan_layers=False))
+
+  def param_shapes(self, config: Seq2SeqConfig) -> dict:
+    tokens = jax.ShapeDtypeStruct((1, 2), jnp.int32)
+    return jax.eval_shape(lambda s, t: Transformer(config).init(jax.random.key(0), s, t), tokens, tokens)["params"]
+
+  def stacks(self, config: Seq2SeqConfig) -> dict[str, int]:
+    return {"encoder": config.num_layers, "decoder": config.decoder_layers()}
+
+  def copies(self, config: Seq2SeqConfig) -> tuple[str, ...]:
+    # older files keep copies of the shared embedding and the sinusoid tables
+    tied = ("lm_head.weight",) if config.tie_output else ()
+    return (
+      *(f"model.{side}.{t}.weight" for side in ("encoder", "decoder") for t in ("embed_tokens", "embed_positions")),
+      *tied,
+    )
+
+  def check_copies(self, copies: dict, params: dict, config: Seq2SeqConfig, where: str) -> None:
+    shared = np.asarray(params["source_embed"]["table"]["embedding"])
+    sinusoids = layers.sinusoidal_positions(config.max_len, config.block.d_model, "halves")
+    for key, value in copies.items():
+      if "embed_positions" in key and not np.allclose(value, sinusoids, atol=1e-5):
+        raise CheckpointError(f"{where}: {key} is not Marian's sinusoid table; ours computes that table")
+      if "embed_positions" not in key and not np.array_equal(value, shared):
+        raise CheckpointError(f"{where}: {key} differs from the shared embedding; ours ties them")
+
+  def exported(self, params: dict, entry: Tensor, config: Seq2SeqConfig) -> np.ndarray:
+    return np.asarray(jax.device_get(hf_files.get_path(params, entry.ours)), np.float32)
 
 
 FORMAT = MarianFormat()
@@ -193,11 +208,6 @@ def _layout(cfg: Seq2SeqConfig):
         yield as_is(ours + ("mlp", mine, "bias"), f"{key}.{theirs}.bias", shape[:1])
 
 
-def _param_shapes(cfg: Seq2SeqConfig) -> dict:
-  tokens = jnp.zeros((1, 2), jnp.int32)
-  return nn.unbox(jax.eval_shape(lambda: Transformer(cfg).init(jax.random.key(0), tokens, tokens)))["params"]
-
-
 def import_hf_marian(directory: str | Path) -> tuple[Seq2SeqConfig, dict]:
   """(config, params) of a Marian directory (`config.json`, `model.safetensors`), every tensor
   checked against the shape our model gives it. The copies older files keep of the shared embedding
@@ -210,47 +220,7 @@ def import_hf_marian(directory: str | Path) -> tuple[Seq2SeqConfig, dict]:
       f"{directory} has no model.safetensors: give a Marian model's directory (MarianMTModel; an older one's "
       f"pytorch_model.bin converts with MarianMTModel.from_pretrained(DIR).save_pretrained(DIR))"
     )
-  try:
-    tensors = load_file(weights)
-  except SafetensorError as e:
-    raise CheckpointError(f"{weights} is not a safetensors file ({e})") from None
-  tensors = _Reading({k.removeprefix("model."): v for k, v in tensors.items()})
-  if "shared.weight" not in tensors:
-    raise CheckpointError(f"{weights} has no tensor 'model.shared.weight': not a Marian checkpoint")
-  shared = tensors["shared.weight"]
-  # Older files keep copies of the shared embedding and the sinusoid tables: read (so not leftovers)
-  # and checked to be what our model computes.
-  copies = ["encoder.embed_tokens.weight", "decoder.embed_tokens.weight"]
-  copies += ["lm_head.weight"] if cfg.tie_output else []
-  for key in copies:
-    if key in tensors and not np.array_equal(tensors[key], shared):
-      raise CheckpointError(f"{weights}: {key} differs from the shared embedding; ours ties them")
-  sinusoids = layers.sinusoidal_positions(cfg.max_len, cfg.block.d_model, "halves")
-  for key in ("encoder.embed_positions.weight", "decoder.embed_positions.weight"):
-    if key in tensors and not np.allclose(tensors[key], sinusoids, atol=1e-5):
-      raise CheckpointError(f"{weights}: {key} is not Marian's sinusoid table; ours computes that table")
-
-  flat_shapes = flax.traverse_util.flatten_dict(_param_shapes(cfg))
-  layout = list(_layout(cfg.replace(scan_layers=False)))
-  uncovered = set(flat_shapes) - {t.ours for t in layout}
-  if uncovered:  # the table and the model disagree: a bug here, not in the file
-    raise AssertionError(f"the Marian layout has no tensor for {sorted(uncovered)[:3]}")
-  arrays = {}
-  for t in layout:
-    pieces = []
-    for key, shape in zip(t.keys, t.shapes):
-      if key.removeprefix("model.") not in tensors:
-        raise CheckpointError(f"{weights} is missing tensor {key!r} for {cfg.num_layers}+{cfg.decoder_layers()} layers")
-      value = tensors[key.removeprefix("model.")]
-      if value.shape != shape:
-        raise CheckpointError(f"{weights}: {key} has shape {value.shape}, our model needs {shape}")
-      pieces.append(value)
-    arrays[t.ours] = jnp.asarray(t.to_ours(pieces), flat_shapes[t.ours].dtype)
-  unexpected = sorted(set(tensors) - tensors.read)
-  if unexpected:
-    raise CheckpointError(f"{weights} has tensors our model does not: {', '.join(unexpected[:5])}")
-  params = flax.traverse_util.unflatten_dict(arrays)
-  return cfg, params
+  return cfg, streaming.read_params([weights], FORMAT, cfg, cfg)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -297,8 +267,8 @@ def export_config(cfg: Seq2SeqConfig, tokenizer) -> dict:
 
 
 def _export_checked(cfg: Seq2SeqConfig, tokenizer) -> dict:
-  """export_config(cfg), after refusing (naming each field) what Marian's format cannot hold: the
-  config it writes must read back as this model."""
+  """export_config(cfg), after refusing a tokenizer that is no Marian pair and an activation the format has no
+  name for (the rest it cannot hold, streaming.write refuses by `cannot_hold`)."""
   if getattr(tokenizer, "name", None) != "marian":
     raise ConfigError(
       f"the model reads {tokenizer} tokens; MarianTokenizer reads SentencePiece pairs (source.spm, target.spm, "
@@ -308,11 +278,7 @@ def _export_checked(cfg: Seq2SeqConfig, tokenizer) -> dict:
   block = cfg.block
   if block.activation not in _ACTIVATIONS.values():
     raise ConfigError(f"Marian's format cannot hold block.activation={block.activation!r} ({', '.join(_ACTIVATIONS)})")
-  hf = export_config(cfg, tokenizer)
-  other = differences(cfg, marian_config(hf, "the export"))
-  if other:
-    raise ConfigError(f"Marian's format cannot hold this model: {'; '.join(other)}")
-  return hf
+  return export_config(cfg, tokenizer)
 
 
 def export_hf_marian(cfg: Seq2SeqConfig, params: dict, tokenizer, out_dir: str | Path) -> Path:
@@ -322,20 +288,13 @@ def export_hf_marian(cfg: Seq2SeqConfig, params: dict, tokenizer, out_dir: str |
   A model Marian's format cannot hold (pre-LN blocks, interleaved sinusoids, no logits bias, ...)
   is refused, each such field named."""
   hf = _export_checked(cfg, tokenizer)
-  params = jax.tree.map(lambda x: np.asarray(jax.device_get(x), np.float32), nn.unbox(params))
-  if cfg.scan_layers:
-    params |= {
-      side: layers.unstack_layers(params[side], n)
-      for side, n in (("encoder", cfg.num_layers), ("decoder", cfg.decoder_layers()))
-    }
-  flat = flax.traverse_util.flatten_dict(params)
-  tensors = {
-    key: array for t in _layout(cfg.replace(scan_layers=False)) for key, array in zip(t.keys, t.to_hf(flat[t.ours]))
-  }
-  out_dir = Path(out_dir)
-  out_dir.mkdir(parents=True, exist_ok=True)
-  save_safetensors(tensors, out_dir / "model.safetensors")
-  (out_dir / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+  out_dir = streaming.write(FORMAT, cfg, params, out_dir, hf)
+  write_beside(out_dir, hf, tokenizer)
+  return out_dir
+
+
+def write_beside(out_dir: Path, hf: dict, tokenizer) -> None:
+  """What a Marian directory holds beside its weights: generation_config.json and the tokenizer pair."""
   generation = {k: hf[k] for k in ("decoder_start_token_id", "eos_token_id", "forced_eos_token_id", "pad_token_id")}
   generation["bad_words_ids"] = [[tokenizer.pad_id]]  # the decoder's start, never generated
   (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
@@ -343,4 +302,3 @@ def export_hf_marian(cfg: Seq2SeqConfig, params: dict, tokenizer, out_dir: str |
   tokenizer_config = {"tokenizer_class": "MarianTokenizer", "model_max_length": 512, "separate_vocabs": False}
   tokenizer_config |= {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
   (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
-  return out_dir
