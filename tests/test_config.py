@@ -242,7 +242,7 @@ BEFORE_BLOCK = Path(__file__).parent / "fixtures" / "configs_before_block"
 def test_configs_written_before_the_block_was_nested_resolve_to_the_same_model(name, model, block):
   saved = json.loads((BEFORE_BLOCK / f"{name}.json").read_text())
   assert "block" not in saved["model"]  # the old layout, flat
-  run = resolve(ml_collections.ConfigDict(workdir.upgrade_config_from_v1(saved)))
+  run = resolve(ml_collections.ConfigDict(workdir.upgraded_config(saved)))
   assert {k: getattr(run.model, k) for k in model} == model
   if block is not None:
     assert {k: getattr(run.model.block, k) for k in block} == block
@@ -252,3 +252,15 @@ def test_configs_written_before_the_block_was_nested_resolve_to_the_same_model(n
   c = ml_collections.ConfigDict(saved)
   with pytest.raises(ConfigError, match="is not a field of this task's config"):
     resolve(c)
+
+
+def test_an_sae_config_written_with_the_keys_it_no_longer_has_resolves_to_the_same_run():
+  """An SAE's config.json once held model.vocab_size (unused) and model.layers (a cross-layer transcoder's span,
+  taken from the model it reads): read back, they are dropped, and the run is the one written today."""
+  run = resolve(sae.get_config("synthetic"))
+  saved = config.to_config_dict(run).to_dict()
+  assert "vocab_size" not in saved["model"] and "layers" not in saved["model"]
+  old = {**saved, "model": {**saved["model"], "vocab_size": 0, "layers": 0}}
+  assert resolve(ml_collections.ConfigDict(workdir.upgraded_config(old))) == run
+  with pytest.raises(ConfigError, match="is not a field of this task's config"):
+    resolve(ml_collections.ConfigDict(old))

@@ -22,7 +22,7 @@ from transformer.errors import CheckpointError, ConfigError, UserError
 from transformer.interp import graph as G
 from transformer.interp import graph_view, interventions, replacement
 from transformer.models import formats, gpt, sae_formats, tracer_formats
-from transformer.models.clt import CrossLayerTranscoder
+from transformer.models.clt import CLTConfig, CrossLayerTranscoder
 from transformer.models.formats.gpt2 import import_hf_gpt2
 from transformer.models.gpt import GPT, GPTConfig
 from transformer.models.sae import SAE, SAEConfig
@@ -75,7 +75,7 @@ def tiny():
 def tiny_clt(tiny):
   """The tiny GPT and a random cross-layer transcoder (TopK, k 4) over its two layers, scales not 1."""
   model, params, _ = tiny
-  clt = CrossLayerTranscoder(SAEConfig(d_in=16, d_out=16, d_sae=48, layers=2, activation="topk", k=4))
+  clt = CrossLayerTranscoder(CLTConfig(layers=2, d_in=16, d_out=16, d_sae=48, activation="topk", k=4))
   p = {k: np.asarray(v) for k, v in compiled_init(clt, np.zeros((2, 3, 16), np.float32)).items()}
   rng = np.random.default_rng(1)
   p.update(W_enc=rng.normal(size=(2, 16, 48)).astype(np.float32) * 10, b_enc=np.full((2, 48), -0.2, np.float32))

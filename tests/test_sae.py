@@ -13,7 +13,7 @@ import pytest
 from transformer import layers
 from transformer.data.superposition import Superposition
 from transformer.errors import ConfigError
-from transformer.models.clt import CrossLayerTranscoder, clt_loss
+from transformer.models.clt import CLTConfig, CrossLayerTranscoder, clt_loss
 from transformer.models.sae import (
   SAE,
   SAEConfig,
@@ -319,7 +319,7 @@ def test_a_transcoder_learns_another_points_values_and_its_widths_are_checked():
 def test_a_cross_layer_transcoders_decoders_reach_only_later_layers():
   """Layer l's latents write layers l, l + 1, ... and none before (W_dec_l: S x (L - l) x d_out); its loss
   is every layer's squared error; JumpReLU's θ learns a layer at a time."""
-  cfg = SAEConfig(d_in=6, d_out=5, d_sae=8, layers=3, activation="jumprelu", initial_threshold=0.1).check()
+  cfg = CLTConfig(layers=3, d_in=6, d_out=5, d_sae=8, activation="jumprelu", initial_threshold=0.1).check()
   clt = CrossLayerTranscoder(cfg)
   params = compiled_init(clt, np.zeros((3, 2, 6), np.float32))
   assert [params[f"W_dec_{l}"].shape for l in range(3)] == [(8, 3, 5), (8, 2, 5), (8, 1, 5)]
@@ -335,4 +335,4 @@ def test_a_cross_layer_transcoders_decoders_reach_only_later_layers():
   grads = jax.jit(jax.grad(lambda p: clt_loss(clt, p, x, y)[0]))(params)
   assert grads["threshold"].shape == (3, 8) and all(np.abs(grads[f"W_dec_{l}"]).max() > 0 for l in range(3))
   with pytest.raises(ConfigError, match="a cross-layer transcoder is TopK, JumpReLU or ReLU \\+ L1, without a skip"):
-    SAEConfig(d_in=6, d_out=5, layers=3, skip=True).check()
+    CLTConfig.of(SAEConfig(d_in=6, d_out=5, skip=True), layers=3)

@@ -69,7 +69,7 @@ def load_transcoders(paths: list[str]) -> tuple[Any, Transcoders]:
     params = tuple(jax.device_put(p) for _, p in layers)
     return None, PerLayerTranscoders(tuple(SAE(c) for c, _ in layers), params, point_in, point_out)
   trained = [inference.restore(path, task="sae") for path in paths]
-  if len(trained) == 1 and trained[0].model.config.layers:  # one cross-layer transcoder
+  if len(trained) == 1 and isinstance(trained[0].model, CrossLayerTranscoder):
     c = trained[0].run.task_config
     model = _learned_from(trained[0])
     return model, CrossLayerTranscoders(trained[0].model, nn.unbox(trained[0].params), c.point, c.target_point)
@@ -158,7 +158,7 @@ def export(paths: list[str], out: str | Path, kind: str) -> Path:
       raise UserError(f"SAELens's files hold one dictionary; give one workdir, not {len(paths)}")
     trained = inference.restore(paths[0], task="sae")
     c = trained.run.task_config
-    if trained.model.config.layers:
+    if isinstance(trained.model, CrossLayerTranscoder):
       raise UserError(
         f"{paths[0]} is a cross-layer transcoder, which SAELens's files cannot hold: export it to circuit-tracer"
       )

@@ -33,7 +33,6 @@ from transformer.config import MeshConfig
 from transformer.errors import CheckpointError
 from transformer.layers.points import Point
 from transformer.models import formats, hf_files, sae_formats, tracer_formats
-from transformer.models.formats.gpt2 import import_hf_gpt2
 from transformer.models.formats.marian import import_hf_marian
 from transformer.models.gpt import GPT
 from transformer.models.sae import SAE
@@ -119,21 +118,19 @@ def _hugging_face(directory: Path, mesh, rules: tuple, tokenizer_name: str) -> M
   if model_type == "marian":
     config, params = import_hf_marian(directory)
     module, tokenizer = Transformer(config), inference.marian_tokenizer(directory, config.vocab_size)
-    inputs = (jnp.zeros((1, 2), jnp.int32),) * 2
-  elif formats.is_open_model(directory):
-    config = formats.read_model_config(directory)
-    module, inputs = GPT(config), (jnp.zeros((1, min(8, config.max_len)), jnp.int32),)
-    shardings = _shardings(module, inputs, mesh, rules)
-    config, params = formats.import_hf(directory, shardings=shardings)
-    tokenizer = inference.open_model_tokenizer(directory, config.vocab_size)
+    shardings = _shardings(module, (jnp.zeros((1, 2), jnp.int32),) * 2, mesh, rules)
+    params = jax.device_put(params, shardings) if shardings is not None else jax.device_put(params)
     return Model(module, params, tokenizer, f"{directory} ({model_type})", shardings)
+  # A language model (an open model's, or GPT-2's, whose files may come without config.json): read onto its
+  # shardings as each tensor is read.
+  config = formats.read_model_config(directory)
+  module = GPT(config)
+  shardings = _shardings(module, (jnp.zeros((1, min(8, config.max_len)), jnp.int32),), mesh, rules)
+  config, params = formats.import_lm(directory, shardings=shardings)
+  if formats.is_open_model(directory):
+    tokenizer = inference.open_model_tokenizer(directory, config.vocab_size)
   else:
-    config, params = import_hf_gpt2(directory)
-    module = GPT(config)
     tokenizer = inference.gpt2_tokenizer(directory, tokenizer_name, config.vocab_size, required=False)
-    inputs = (jnp.zeros((1, min(8, config.max_len)), jnp.int32),)
-  shardings = _shardings(module, inputs, mesh, rules)
-  params = jax.device_put(params, shardings) if shardings is not None else jax.device_put(params)
   return Model(module, params, tokenizer, f"{directory} ({model_type or 'gpt2'})", shardings)
 
 

@@ -115,19 +115,22 @@ def saved_config_dict(workdir: Path) -> ml_collections.ConfigDict | None:
     saved = json.loads(path.read_text())
   except ValueError as e:  # a torn file (JSONDecodeError)
     raise WorkdirError(f"{path} is unreadable ({e}); restore it, or use another --workdir") from None
-  return ml_collections.ConfigDict(upgrade_config_from_v1(saved))
+  return ml_collections.ConfigDict(upgraded_config(saved))
 
 
 # The block's config keys, which config format 1 held flat in config.model.
 _BLOCK_KEYS = tuple(f.name for f in dataclasses.fields(BlockConfig))
 
 
-def upgrade_config_from_v1(saved: dict) -> dict:
+def upgraded_config(saved: dict) -> dict:
   """A config.json in the format this version writes (2), from one in format 1, whose model config
   held its block's fields itself (format 2: config.model.block.*) and whose GPT or LSTM named its
-  longest sequence `context_length` (format 2: `max_len`, as every model); a format-2 file unchanged.
-  (The formats differ in those keys alone, so the file's keys say which it is.)"""
+  longest sequence `context_length` (format 2: `max_len`, as every model); and an SAE's without the two
+  keys its config no longer has (`vocab_size`, unused; `layers`, a cross-layer transcoder's, taken from
+  the model it reads). (The formats differ in those keys alone, so the file's keys say which it is.)"""
   model = dict(saved.get("model") or {})
+  if model.get("family") == "sae":
+    model = {k: v for k, v in model.items() if k not in ("vocab_size", "layers")}
   if "context_length" in model:
     model["max_len"] = model.pop("context_length")
   # An LSTM has no block (its d_model is its own), nor has an SAE (which format 1 did not know).

@@ -53,7 +53,7 @@ class Transcoders(abc.ABC):
 
   @abc.abstractmethod
   def configs(self) -> list:
-    """The SAEConfig of each dictionary (one, for a cross-layer transcoder)."""
+    """The config of each dictionary: an SAEConfig a layer, or the one CLTConfig of a cross-layer transcoder."""
 
   @abc.abstractmethod
   def encode(self, params, layer: int, x_NxD) -> jax.Array:

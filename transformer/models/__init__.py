@@ -7,7 +7,7 @@
   lstm       stacked LSTMs, one-way or bidirectional: the recurrent baselines
   classifier heads on a body (gpt, encoder, lstm): a label per text or per token
   sae        sparse autoencoders on a point's activations (TopK, BatchTopK, JumpReLU, ReLU + L1) and transcoders;
-             clt: cross-layer transcoders (an SAEConfig with `layers`)
+             clt: cross-layer transcoders (CLTConfig)
   formats    Hugging Face checkpoints <-> our params and configs: one Format a model type (GPT-2, Marian, the
              open families: Llama ... OLMo 2), chosen by config.json's model_type
   hf_files   what the two weight formats share (writing model.safetensors)

@@ -6,31 +6,100 @@ jointly, so that a feature computed once writes wherever the model uses it:
     ŷ_m = Σ_{l ≤ m} z_l W_dec_l[:, m - l] + b_dec[m]          layer m's MLP output, from every layer up to it
 
 in the scaled spaces the SAEs learn in (layer l's input times input_scale[l], layer m's output times
-output_scale[m]; each set from the data, as an SAE's). An SAEConfig with `layers` = L > 0 and `d_out` configures
-one (TopK a layer, JumpReLU or ReLU + L1, whose penalty weighs a latent by the norm of all its decoders); the SAE
-task trains it with --config.cross_layer (transformer.tasks.sae) and transformer.interp.graph draws graphs
-through it. Its decoders are kept as circuit-tracer keeps them, `W_dec_<l>`: Z x (L - l) x d_out.
+output_scale[m]; each set from the data, as an SAE's). A `CLTConfig` configures one (TopK a layer, JumpReLU or
+ReLU + L1, whose penalty weighs a latent by the norm of all its decoders); the SAE task trains it with
+--config.cross_layer (transformer.tasks.sae: `CLTConfig.of` its config.model) and transformer.interp.graph draws
+graphs through it. Its decoders are kept as circuit-tracer keeps them, `W_dec_<l>`: Z x (L - l) x d_out.
 
-    >>> clt = CrossLayerTranscoder(SAEConfig(d_in=64, d_out=64, d_sae=256, layers=4, activation="topk", k=8))
+    >>> clt = CrossLayerTranscoder(CLTConfig(layers=4, d_in=64, d_out=64, d_sae=256, activation="topk", k=8))
     >>> y_LxNxO, z_LxNxZ = clt.apply({"params": params}, x_LxNxD)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.models.sae import SAEConfig, init_decoder_bias, jump_relu, norm_scale, step, top_k_mask
+from transformer.errors import ConfigError
+from transformer.models import sae
+from transformer.models.sae import SAEConfig, init_decoder_bias, norm_scale, step
+
+ACTIVATIONS = ("topk", "jumprelu", "relu")
+
+
+@dataclasses.dataclass(frozen=True)
+class CLTConfig:
+  """A cross-layer transcoder's shape and recipe (the fields an SAEConfig shares keep its meaning there)."""
+
+  layers: int  # L: the layers it reads and writes (the model's)
+  d_in: int  # each layer's input width
+  d_out: int  # each layer's output width
+  d_sae: int = 0  # latents a layer (0: expansion x d_in)
+  expansion: int = 8
+  activation: str = "topk"  # ACTIVATIONS
+  k: int = 32  # topk: latents a row, a layer
+  l1_coefficient: float = 5.0
+  l0_coefficient: float = 1.0
+  bandwidth: float = 0.05
+  initial_threshold: float = 0.01
+  initial_density: float = 1e-3
+  decoder_init_norm: float = 0.1
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+
+  transcoder: ClassVar[bool] = True  # as SAEConfig.transcoder: it writes another point than it reads
+
+  @classmethod
+  def of(cls, config: SAEConfig, layers: int) -> CLTConfig:
+    """The cross-layer transcoder over `layers` layers of the SAE task's config.model (an SAEConfig: what
+    --config.model.* sets), its shared fields kept."""
+    check_recipe(config)
+    shared = {f.name: getattr(config, f.name) for f in dataclasses.fields(cls) if f.name != "layers"}
+    return cls(layers=layers, **shared).check()
+
+  def replace(self, **changes) -> CLTConfig:
+    return dataclasses.replace(self, **changes)
+
+  @property
+  def latents(self) -> int:
+    return self.d_sae or self.expansion * self.d_in
+
+  @property
+  def out_width(self) -> int:
+    return self.d_out
+
+  def check(self) -> CLTConfig:
+    if self.layers <= 0 or self.d_in <= 0 or self.d_out <= 0:
+      raise ConfigError(
+        f"a cross-layer transcoder needs its layers, d_in and d_out (all positive); got {self.layers}, "
+        f"{self.d_in}, {self.d_out}"
+      )
+    if self.activation not in ACTIVATIONS:
+      raise ConfigError(f"a cross-layer transcoder's activation is {', '.join(ACTIVATIONS)}, not {self.activation!r}")
+    # The checks of the fields it shares with an SAE (widths, k, the penalties) are an SAE's.
+    SAEConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "layers"}).check()
+    return self
+
+
+def check_recipe(config: SAEConfig) -> None:
+  """Refuses what an SAE's config may ask and a cross-layer transcoder has no recipe for: a skip path, BatchTopK."""
+  if config.skip or config.activation not in ACTIVATIONS:
+    raise ConfigError(
+      "a cross-layer transcoder is TopK, JumpReLU or ReLU + L1, without a skip path: set "
+      "--config.model.activation to one of those and --config.model.skip=False"
+    )
 
 
 class CrossLayerTranscoder(nn.Module):
   """The cross-layer transcoder of `config` (layers L, d_in D, latents Z a layer, d_out O)."""
 
-  config: SAEConfig
+  config: CLTConfig
 
   def setup(self):
     cfg = self.config
@@ -91,14 +160,10 @@ class CrossLayerTranscoder(nn.Module):
     return self.decode(z_LxNxZ) / self.output_scale[:, None, None], z_LxNxZ
 
 
-def activation(config, pre_NxZ, threshold_Z=None) -> jax.Array:
-  """One layer's latents of its pre-activations (N x Z): TopK, JumpReLU (at that layer's `threshold_Z`) or
-  ReLU. What training and a replacement model reading one layer at a time both call."""
-  if config.activation == "topk":
-    return jax.nn.relu(pre_NxZ) * top_k_mask(pre_NxZ, config.k)
-  if config.activation == "jumprelu":
-    return jump_relu(pre_NxZ, jnp.maximum(threshold_Z, 0.0), config.bandwidth)
-  return jax.nn.relu(pre_NxZ)
+def activation(config: CLTConfig, pre_NxZ, threshold_Z=None) -> jax.Array:
+  """One layer's latents of its pre-activations (N x Z): an SAE's activation, JumpReLU's at that layer's
+  `threshold_Z` clamped at 0. What training and a replacement model reading one layer at a time both call."""
+  return sae.activate(config, pre_NxZ, None if threshold_Z is None else jnp.maximum(threshold_Z, 0.0))
 
 
 def clt_loss(clt: CrossLayerTranscoder, params, x_LxNxD, y_LxNxO, dead_tokens: float | None = None):

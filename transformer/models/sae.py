@@ -59,7 +59,6 @@ class SAEConfig:
   d_sae: int = 0  # latents (0: expansion x d_in)
   d_out: int = 0  # a transcoder's output width (0: an SAE, whose output is its input)
   skip: bool = False  # a transcoder's linear skip from input to output (W_skip)
-  layers: int = 0  # a cross-layer transcoder over this many layers (transformer.models.clt); 0: one point
   # The decoder's rows unit vectors (every activation but relu). False: taken as they are (one imported
   # from SAELens, whose decoders are not normalised: transformer.models.sae_formats).
   normalize_decoder: bool = True
@@ -80,7 +79,6 @@ class SAEConfig:
   threshold_rate: float = 0.01  # batchtopk: the inference threshold's moving-average rate
   dtype: str = "float32"
   param_dtype: str = "float32"
-  vocab_size: int = 0  # unused: the config of every family carries the tokenizer's (RunConfig.model_config)
   kernels: str = "auto"  # "auto" | "reference" | "cpu" | "accelerator": TopK's CPU form (transformer.kernels)
 
   def replace(self, **changes) -> SAEConfig:
@@ -115,10 +113,6 @@ class SAEConfig:
         f"d_in, d_sae and d_out are widths (0: from the activations, expansion x d_in, an SAE); got "
         f"{self.d_in}, {self.d_sae}, {self.d_out}"
       )
-    if self.layers < 0:
-      raise ConfigError(f"layers is a cross-layer transcoder's span (0: none), got {self.layers}")
-    if self.layers and (self.skip or self.activation == "batchtopk"):
-      raise ConfigError("a cross-layer transcoder is TopK, JumpReLU or ReLU + L1, without a skip path")
     if self.skip and not self.d_out:
       raise ConfigError("skip is a transcoder's linear path from input to output: give d_out (0 is an SAE)")
     if self.activation in ("topk", "batchtopk") and 0 < self.latents < self.k:  # 0: not known before the activations
@@ -195,6 +189,23 @@ def top_k_mask(values_NxZ, k: int):
   return jnp.zeros(values_NxZ.shape, bool).at[jnp.arange(values_NxZ.shape[0])[:, None], index_Nxk].set(True)
 
 
+def activate(config, pre_NxZ, threshold_Z=None, train: bool = False) -> jax.Array:
+  """The latents of pre-activations (N x Z) by `config.activation` (an SAE's, a transcoder's, a cross-layer
+  one's a layer at a time): `threshold_Z` is JumpReLU's θ or BatchTopK's inference threshold; `train`,
+  BatchTopK's selection of the batch's k·N largest instead."""
+  if config.activation == "relu":
+    return jax.nn.relu(pre_NxZ)
+  if config.activation == "topk":
+    return jax.nn.relu(pre_NxZ) * top_k_mask(pre_NxZ, config.k)
+  if config.activation == "jumprelu":
+    return jump_relu(pre_NxZ, threshold_Z, config.bandwidth)
+  relu_NxZ = jax.nn.relu(pre_NxZ)
+  if train:
+    kept = top_k_mask(relu_NxZ.reshape(1, -1), config.k * pre_NxZ.shape[0]).reshape(pre_NxZ.shape)
+    return relu_NxZ * kept
+  return relu_NxZ * (relu_NxZ >= threshold_Z)
+
+
 class SAE(nn.Module):
   """The sparse autoencoder of `SAEConfig`. `__call__(x_NxD, train)` -> (reconstruction, latents);
   `train=True` is BatchTopK's batch selection (else its inference threshold)."""
@@ -269,18 +280,11 @@ class SAE(nn.Module):
     return x_NxD @ self.W_skip if self.config.skip else 0.0
 
   def activate(self, pre_NxZ, train: bool = False) -> jax.Array:
-    cfg = self.config
-    if cfg.activation == "relu":
-      return jax.nn.relu(pre_NxZ)
-    if cfg.activation == "topk":
-      return jax.nn.relu(pre_NxZ) * top_k_mask(pre_NxZ, cfg.k)
-    if cfg.activation == "jumprelu":
-      return jump_relu(pre_NxZ, self.jump_threshold(), cfg.bandwidth)
-    relu_NxZ = jax.nn.relu(pre_NxZ)
-    if train:  # the k·N largest of the batch
-      kept = top_k_mask(relu_NxZ.reshape(1, -1), cfg.k * pre_NxZ.shape[0]).reshape(pre_NxZ.shape)
-      return relu_NxZ * kept
-    return relu_NxZ * (relu_NxZ >= jax.lax.stop_gradient(self.threshold))
+    activation = self.config.activation
+    threshold_Z = self.jump_threshold() if activation == "jumprelu" else None
+    if activation == "batchtopk":
+      threshold_Z = jax.lax.stop_gradient(self.threshold)
+    return activate(self.config, pre_NxZ, threshold_Z, train)
 
   def decode(self, z_NxZ) -> jax.Array:
     return z_NxZ @ self.decoder() + self.b_dec

@@ -35,6 +35,7 @@ import yaml
 from transformer import hostmem
 from transformer.errors import CheckpointError, ConfigError
 from transformer.models import hf_files
+from transformer.models.clt import CLTConfig
 from transformer.models.sae import SAEConfig
 from transformer.models.sae_formats import folded
 
@@ -290,7 +291,7 @@ def _layer(file: Path) -> tuple[SAEConfig, dict]:
 
 
 def export_circuit_tracer_clt(
-  config: SAEConfig,
+  config: CLTConfig,
   params: dict,
   out_dir: str | Path,
   point_in: str = "mlp_in",
@@ -325,7 +326,7 @@ def export_circuit_tracer_clt(
   return out_dir
 
 
-def import_circuit_tracer_clt(directory: str | Path) -> tuple[SAEConfig, dict, str, str]:
+def import_circuit_tracer_clt(directory: str | Path) -> tuple[CLTConfig, dict, str, str]:
   """(config, params, the point it reads, the point it writes) of circuit-tracer's cross-layer transcoder files
   in `directory` (W_enc_<l>.safetensors, W_dec_<l>.safetensors; config.yaml for the hooks, when there is one)."""
   directory = Path(directory)
@@ -361,5 +362,5 @@ def import_circuit_tracer_clt(directory: str | Path) -> tuple[SAEConfig, dict, s
     thresholds = [e[f"threshold_{layer}"].reshape(-1) for layer, e in enumerate(enc)]
     params["threshold"] = np.stack(thresholds).astype(np.float32)
   activation = "jumprelu" if jumprelu else "relu"
-  config = SAEConfig(d_in=D, d_out=D, d_sae=Z, layers=L, activation=activation, normalize_decoder=False).check()
+  config = CLTConfig(layers=L, d_in=D, d_out=D, d_sae=Z, activation=activation).check()
   return config, params, point_in, point_out

@@ -42,7 +42,7 @@ from transformer.interp.activations import ModelActivations, locate, middle_laye
 from transformer.interp.interventions import Patch
 from transformer.layers.points import Point
 from transformer.models import formats
-from transformer.models.clt import CrossLayerTranscoder, clt_loss, init_clt_params
+from transformer.models.clt import CLTConfig, CrossLayerTranscoder, check_recipe, clt_loss, init_clt_params
 from transformer.models.gpt import GPT
 from transformer.models.sae import (
   SAE,
@@ -149,6 +149,8 @@ class SAETaskConfig:
       raise ConfigError(
         "--config.cross_layer makes a cross-layer transcoder: give --config.target_point (e.g. mlp_in -> mlp_out)"
       )
+    if self.cross_layer:
+      check_recipe(run.model)
     if bool(self.target_point) != bool(run.model.d_out) and run.model.d_out:
       raise ConfigError(
         "--config.model.d_out is a transcoder's: set --config.target_point (its width is taken from it)"
@@ -218,7 +220,9 @@ class SparseAutoencoder(Task):
         f"--config.model.d_in={run.model.d_in}, but the activations are {d_in} wide; set it to 0 "
         f"(take theirs) or {d_in}"
       )
-    model = run.model.replace(d_in=d_in, d_out=d_out, layers=layers)
+    model = run.model.replace(d_in=d_in, d_out=d_out)
+    if layers:
+      model = CLTConfig.of(model, layers)
     super().__init__(dataclasses.replace(run, model=model), tokenizer, mesh, data)
 
   @classmethod
@@ -277,18 +281,18 @@ class SparseAutoencoder(Task):
     return SAEData(source, trained.tokenizer)
 
   def build_model(self, model_config):
-    return CrossLayerTranscoder(model_config) if model_config.layers else SAE(model_config)
+    return CrossLayerTranscoder(model_config) if _cross_layer(model_config) else SAE(model_config)
 
   def init_inputs(self) -> tuple:
     cfg = self.model_config
-    return (jnp.zeros((cfg.layers, 2, cfg.d_in)),) if cfg.layers else (jnp.zeros((2, cfg.d_in)),)
+    return (jnp.zeros((cfg.layers, 2, cfg.d_in)),) if _cross_layer(cfg) else (jnp.zeros((2, cfg.d_in)),)
 
   def init_params(self, params, restore):
     """b_dec at the first refill's mean or geometric median, and the inputs' scale, from its rows (a
     transcoder's: b_dec and `output_scale` from the target's columns); JumpReLU's θ₀ from them too
     (`initial_density`)."""
     rows = self.data.source.chunk(0)[: 16 * self.config.batch_size]
-    if self.model_config.layers:
+    if _cross_layer(self.model_config):
       return init_clt_params(
         self.model, params, *_split(self.model_config, rows), self.config.normalize, self.config.init_b_dec
       )
@@ -314,7 +318,7 @@ class SparseAutoencoder(Task):
   def loss(self, params, batch_NxD, rng, train: bool):
     """The summed loss of the rows, their number, and (training) the statistics' new values."""
     x_NxD, y_NxO = _split(self.model_config, batch_NxD)
-    if self.model_config.layers:
+    if _cross_layer(self.model_config):
       loss, _, stats = clt_loss(self.model, params, x_NxD, y_NxO, dead_tokens=self.config.dead_tokens)
     else:
       loss, _, stats = sae_loss(
@@ -328,7 +332,7 @@ class SparseAutoencoder(Task):
 
   def batch_shapes(self):
     cfg = self.model_config  # a transcoder's rows: its input, then its target (a cross-layer one's: every layer's)
-    width = (cfg.d_in + cfg.d_out) * max(1, cfg.layers)
+    width = (cfg.d_in + cfg.d_out) * (cfg.layers if _cross_layer(cfg) else 1)
     return jax.ShapeDtypeStruct((self.config.batch_size, width), jnp.float32)
 
   def count_tokens(self, host_batch) -> int:
@@ -351,7 +355,7 @@ class SparseAutoencoder(Task):
     result["dead_latents"] = float(np.mean(np.asarray(params["since_fired"]) >= self.config.dead_tokens))
     result["dense_latents"] = float(np.mean(density_Z > DENSE))
     source = self.data.source
-    if isinstance(source, ModelActivations) and self.model_config.layers:
+    if isinstance(source, ModelActivations) and _cross_layer(self.model_config):
       result.update(_replaced_losses(source, self.model, params))
     elif isinstance(source, ModelActivations):
       result.update(spliced_losses(source, self.model, params))
@@ -372,12 +376,16 @@ class SparseAutoencoder(Task):
     return line
 
 
+def _cross_layer(cfg) -> bool:
+  return isinstance(cfg, CLTConfig)
+
+
 def _split(cfg, rows_NxW):
   """(the input columns, a transcoder's target columns or None): rows are d_in (+ d_out) wide; a cross-layer
   transcoder's, every layer's input then every layer's target: (L x N x d_in, L x N x d_out)."""
   if not cfg.d_out:
     return rows_NxW, None
-  if cfg.layers:
+  if _cross_layer(cfg):
     L, N = cfg.layers, rows_NxW.shape[0]
     x_LxNxD = rows_NxW[:, : L * cfg.d_in].reshape(N, L, cfg.d_in).transpose(1, 0, 2)
     return x_LxNxD, rows_NxW[:, L * cfg.d_in :].reshape(N, L, cfg.d_out).transpose(1, 0, 2)
@@ -391,7 +399,7 @@ def _scaled_forward(sae: SAE, params, rows_NxW):
   SAE's target is its input; a transcoder's, the point it writes."""
   x_NxD, y_NxO = _split(sae.config, rows_NxW)
   y_hat_NxO, z_NxZ = sae.apply({"params": params}, x_NxD)
-  if sae.config.layers:  # every layer's target side by side (N x L·O), every layer's latents (N x L·Z)
+  if _cross_layer(sae.config):  # every layer's target side by side (N x L·O), every layer's latents (N x L·Z)
     side_by_side = lambda a_LxNxW: a_LxNxW.transpose(1, 0, 2).reshape(a_LxNxW.shape[1], -1)
     scale_LxNx1 = params["output_scale"][:, None, None]
     return side_by_side(y_NxO * scale_LxNx1), side_by_side(y_hat_NxO * scale_LxNx1), side_by_side(z_NxZ)

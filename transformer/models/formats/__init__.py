@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from transformer import tokenizers
 from transformer.errors import CheckpointError, ConfigError
 from transformer.models import hf_files
 from transformer.models.formats import gemma, gpt2, gpt_neox, llama, marian, olmo2, streaming
@@ -67,18 +66,11 @@ def config_from_hf(hf: dict, where: str = "config.json"):
   return format_of(hf, where).config_from_hf(hf, where)
 
 
-def export_config(cfg: GPTConfig, model_type: str) -> dict:
-  """The config.json transformers reads for `cfg` as a language model's `model_type` (`Format.config_to_hf`)."""
-  if model_type not in DECODERS:
-    raise ConfigError(f"no weight format for model_type {model_type!r}; supported: {', '.join(DECODERS)}")
-  return DECODERS[model_type].config_to_hf(cfg)
-
-
 def read_model_config(directory: str | Path) -> GPTConfig:
   """The GPTConfig of a Hugging Face language model's directory, from its config.json alone (no weights
   read); a GPT-2's without one from its tensors' shapes (the header)."""
   directory = Path(directory)
-  if model_type(directory) is None and not (directory / "config.json").is_file():
+  if not (directory / "config.json").is_file():
     return gpt2.config_of_files(directory)[0]
   return config_from_hf(hf_files.read_config(directory), str(directory / "config.json"))
 
@@ -95,15 +87,16 @@ def import_hf(path: str | Path, shardings=None, **overrides) -> tuple:
   return streaming.read(FORMATS[hf["model_type"]], hf_files.shard_files(directory), stored, shardings, overrides)
 
 
-def import_lm(path: str | Path, **overrides) -> tuple[GPTConfig, dict]:
-  """A Hugging Face language model's directory (or a GPT-2's model.safetensors alone), whichever format."""
+def import_lm(path: str | Path, shardings=None, **overrides) -> tuple[GPTConfig, dict]:
+  """A Hugging Face language model's directory (or a GPT-2's model.safetensors alone), whichever format, as
+  `import_hf` reads it."""
   path = Path(path)
   if path.is_file() or not (path / "config.json").is_file():  # GPT-2's files may come without config.json
     files, stored = gpt2.config_of_files(path)
-    return streaming.read(gpt2.FORMAT, files, stored, None, overrides)
+    return streaming.read(gpt2.FORMAT, files, stored, shardings, overrides)
   if model_type(path) == "marian":
     raise CheckpointError(f"{path} holds a Marian translation model, not a language model: open it with import_hf")
-  return import_hf(path, **overrides)
+  return import_hf(path, shardings, **overrides)
 
 
 def export_hf(config, params: dict, out_dir: str | Path, model_type: str, tokenizer=None) -> Path:
@@ -111,12 +104,11 @@ def export_hf(config, params: dict, out_dir: str | Path, model_type: str, tokeni
   MarianMTModel with Marian's `tokenizer`). A model the format cannot hold is refused, each such field
   named, before anything is written: what is written must read back (as `import_hf` reads it) as this model."""
   if model_type not in FORMATS:
-    raise ConfigError(f"no weight format for model_type {model_type!r}; supported: {', '.join(DECODERS)}")
+    raise ConfigError(f"no weight format for model_type {model_type!r}; supported: {supported()}")
   fmt = FORMATS[model_type]
-  hf = fmt.config_to_hf(config, tokenizer) if model_type == "marian" else fmt.config_to_hf(config)
+  hf = fmt.config_to_hf(config, tokenizer)
   out_dir = streaming.write(fmt, config, params, out_dir, hf)
-  if model_type == "marian":
-    marian.write_beside(out_dir, hf, tokenizer)
+  fmt.write_beside(out_dir, hf, tokenizer)
   return out_dir
 
 
@@ -124,15 +116,6 @@ def export_lm(config: GPTConfig, params: dict, out_dir: str | Path, model_type: 
   """A language model written as a Hugging Face directory of `model_type` (an open model's, or gpt2),
   with the tokenizer's tokenizer.json and tokenizer_config.json when it has them (an HFTokenizer): what
   `launch.sample --export` writes. Refused, before anything is written, where the format cannot hold it."""
-  export_config(config, model_type)  # (a model type that is no language model's: one error)
-  out_dir = export_hf(config, params, Path(out_dir), model_type)
-  if tokenizer is not None and not isinstance(tokenizer, tokenizers.NoTokenizer):
-    # the ids generation starts and stops on (transformers' generate reads them from config.json)
-    path = out_dir / "config.json"
-    hf = json.loads(path.read_text())
-    bos = getattr(tokenizer, "bos_id", tokenizer.eot_id)  # (GPT-2's: its <|endoftext|>, both)
-    hf.update(eos_token_id=tokenizer.eot_id, **({} if bos is None else {"bos_token_id": bos}))
-    path.write_text(json.dumps(hf, indent=2) + "\n")
-  if isinstance(tokenizer, tokenizers.HFTokenizer):
-    tokenizer.save(out_dir)
-  return out_dir
+  if model_type not in DECODERS:
+    raise ConfigError(f"no weight format for model_type {model_type!r}; supported: {', '.join(DECODERS)}")
+  return export_hf(config, params, out_dir, model_type, tokenizer)

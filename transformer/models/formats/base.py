@@ -11,13 +11,16 @@ torch's Linear stores [out, in], our kernels (in, out...): import transposes.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, ClassVar
 
 import jax
 import numpy as np
 
+from transformer import tokenizers
 from transformer.errors import CheckpointError
 from transformer.models import gpt, hf_files
 
@@ -138,7 +141,9 @@ class Format:
   def config_from_hf(self, hf: dict, where: str) -> Any:
     raise NotImplementedError
 
-  def config_to_hf(self, config) -> dict:
+  def config_to_hf(self, config, tokenizer=None) -> dict:
+    """The config.json an export writes for `config` (and its `tokenizer`, for a format whose config holds
+    the tokenizer's ids: Marian's)."""
     raise NotImplementedError
 
   def layout(self, config) -> Iterator[Tensor]:
@@ -171,6 +176,18 @@ class Format:
   def stored_key(self, key: str) -> str:
     """The key an export writes for the layout's `key`."""
     return key
+
+  def write_beside(self, out_dir: Path, hf: dict, tokenizer) -> None:
+    """What an export writes beside the weights and `hf` (out_dir's config.json) from the model's `tokenizer`
+    (None: nothing). A language model's: the ids generation starts and stops on, in config.json (where
+    transformers' generate reads them), and an HFTokenizer's tokenizer.json and tokenizer_config.json."""
+    if tokenizer is None or isinstance(tokenizer, tokenizers.NoTokenizer):
+      return
+    bos = getattr(tokenizer, "bos_id", tokenizer.eot_id)  # (GPT-2's: its <|endoftext|>, both)
+    hf = {**hf, "eos_token_id": tokenizer.eot_id, **({} if bos is None else {"bos_token_id": bos})}
+    (out_dir / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    if isinstance(tokenizer, tokenizers.HFTokenizer):
+      tokenizer.save(out_dir)
 
   def check_keys(self, hf: dict, where: str) -> None:
     """One error naming every config.json key neither this format handles nor is metadata (`METADATA`), or

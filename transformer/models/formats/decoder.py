@@ -193,7 +193,7 @@ class DecoderFormat(Format):
       local_theta=float(_rope_parameters(hf, "sliding_attention")["rope_theta"]) if self.local_rope else 0.0,
     )
 
-  def config_to_hf(self, cfg: GPTConfig) -> dict:
+  def config_to_hf(self, cfg: GPTConfig, tokenizer=None) -> dict:
     """The config.json transformers reads (its 5.x form, rope_parameters) for `cfg` as this model type,
     its weights stored in the params' dtype (block.param_dtype)."""
     b = cfg.block

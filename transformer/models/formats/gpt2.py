@@ -70,7 +70,7 @@ class GPT2Format(Format):
   def name(self) -> str:
     return "GPT-2"
 
-  def config_to_hf(self, config: GPTConfig) -> dict:
+  def config_to_hf(self, config: GPTConfig, tokenizer=None) -> dict:
     return _export_config(config)
 
   def cannot_hold(self, config: GPTConfig, hf: dict) -> list[str]:

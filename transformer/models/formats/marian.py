@@ -96,6 +96,9 @@ class MarianFormat(Format):
   def exported(self, params: dict, entry: Tensor, config: Seq2SeqConfig) -> np.ndarray:
     return np.asarray(jax.device_get(hf_files.get_path(params, entry.ours)), np.float32)
 
+  def write_beside(self, out_dir: Path, hf: dict, tokenizer) -> None:
+    _write_beside(out_dir, hf, tokenizer)
+
 
 FORMAT = MarianFormat()
 
@@ -289,11 +292,11 @@ def export_hf_marian(cfg: Seq2SeqConfig, params: dict, tokenizer, out_dir: str |
   is refused, each such field named."""
   hf = _export_checked(cfg, tokenizer)
   out_dir = streaming.write(FORMAT, cfg, params, out_dir, hf)
-  write_beside(out_dir, hf, tokenizer)
+  FORMAT.write_beside(out_dir, hf, tokenizer)
   return out_dir
 
 
-def write_beside(out_dir: Path, hf: dict, tokenizer) -> None:
+def _write_beside(out_dir: Path, hf: dict, tokenizer) -> None:
   """What a Marian directory holds beside its weights: generation_config.json and the tokenizer pair."""
   generation = {k: hf[k] for k in ("decoder_start_token_id", "eos_token_id", "forced_eos_token_id", "pad_token_id")}
   generation["bad_words_ids"] = [[tokenizer.pad_id]]  # the decoder's start, never generated
