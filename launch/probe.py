@@ -32,8 +32,8 @@ firing on each token); --sae=W1,W2,... draws their explained variance against L0
 draws the attribution graph of a --text through --transcoders (a transcoder a layer: graph.json in
 circuit-tracer's viewer's form, graph.html to open in a browser, graph.npz; transformer.interp.graph; or
 circuit-tracer's own set with --hf / --workdir). --export writes the --sae workdir as SAELens's files, or the
---transcoders as circuit-tracer's set (--export_as). The same in Python: transformer.interp.studies and
-transformer.interp.features, over transformer.interp's probes, interventions, activation_cache, patching and probing.
+--transcoders as circuit-tracer's set (--export_as). Every other verb ends with --out's index.html: one page of all
+it holds (transformer.interp.probe_page). The same in Python: transformer.interp.studies and .features.
 
   python -m launch.probe --workdir=workdirs/shakespeare-char --heads --ablate=L1.H0 --ablation=mean
   python -m launch.probe --workdir=workdirs/shakespeare-char --attribute --text="ROMEO: O Juli" --target=e
@@ -54,6 +54,7 @@ transformer.interp.features, over transformer.interp's probes, interventions, ac
 """
 
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -64,7 +65,7 @@ import launch
 from transformer import cli, dictionaries, inference, opening
 from transformer import workdir as workdir_files
 from transformer.errors import UserError
-from transformer.interp import features, graph_view, interventions, probes, studies
+from transformer.interp import features, graph_view, interventions, probe_page, probes, studies
 from transformer.interp import graph as G
 from transformer.layers.points import Point
 from transformer.models.gpt import GPT
@@ -591,6 +592,8 @@ def main(argv):
       "give a --text to look inside (or --heads, --circuit, --probe, or --patch or --path with --clean and --corrupt)"
     )
   RUNS[verb](texts)
+  if verb != "export" and Path(_OUT.value).is_dir():  # what the run wrote, on one page
+    print(probe_page.write(Path(_OUT.value), shlex.join(["python", "-m", "launch.probe", *sys.argv[1:]])))
 
 
 if __name__ == "__main__":

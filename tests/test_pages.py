@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from transformer import dictionaries
-from transformer.interp import features, graph_page, graph_view, probes
+from transformer.interp import features, graph_page, graph_view, probe_page, probes
 from transformer.interp import graph as G
 from transformer.models.formats.gpt2 import import_hf_gpt2
 from transformer.models.gpt import GPT
@@ -155,3 +155,24 @@ def _png() -> bytes:
   fig.savefig(buffer, format="png")
   plt.close(fig)
   return buffer.getvalue()
+
+
+def test_a_probe_runs_page_shows_every_picture_and_names_one_that_is_gone(tmp_path):
+  """index.html of a probe run's --out (pictures, numbers, another page, a text's subfolder): every picture loaded
+  by the browser, no console message; a picture deleted after the page was written is named where it stood."""
+  out = tmp_path / "probe"
+  (out / "2").mkdir(parents=True)
+  for path in (out / "attention.png", out / "2" / "logit_lens.png"):
+    path.write_bytes(_png())
+  (out / "inside.json").write_text(json.dumps({"tokens": ["R", "O"]}))
+  (out / "features.html").write_text("<!DOCTYPE html><title>features</title>")
+  page = probe_page.write(out, "python -m launch.probe --text=RO")
+  dom, console = _open(page, "probe")
+  assert not console, console
+  images = [_attributes(tag) for tag in re.findall(r"<img [^>]*>", dom)]
+  assert sorted(img["src"] for img in images) == ["2/logit_lens.png", "attention.png"]
+  assert all(int(img["data-natural-width"]) > 0 for img in images), images
+  assert 'href="inside.json"' in dom and 'href="features.html"' in dom and "python -m launch.probe --text=RO" in dom
+  (out / "attention.png").unlink()
+  dom, _ = _open(page, "probe_missing")
+  assert '<p class="missing">missing: attention.png</p>' in dom and dom.count("<img ") == 1

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from transformer.errors import UserError
-from transformer.interp import probes, studies
+from transformer.interp import probe_page, probes, studies
 from transformer.layers import stack_layers
 from transformer.models.gpt import GPT, GPTConfig
 from transformer.models.seq2seq import Seq2SeqConfig, Transformer
@@ -128,6 +128,9 @@ def test_launch_probe_draws_pictures_and_compares_a_word(trained, tmp_path):
   numbers = json.loads((tmp_path / "p" / "inside.json").read_text())
   assert numbers["tokens"] == list("ROMEO: But soft") and len(numbers["attention"]) == 2
   assert "logit lens at the last position, by layer" in proc.stdout
+  page = (tmp_path / "p" / "index.html").read_text()  # the run's one page, its path printed last
+  assert proc.stdout.splitlines()[-1] == str(tmp_path / "p" / "index.html") and 'href="inside.json"' in page
+  assert all(f'<img src="{name}"' in page for name in ("attention.png", "residual_norms.png", "logit_lens.png"))
   proc = run_module(
     "launch.probe",
     f"--workdir={trained}",
@@ -306,3 +309,19 @@ def test_the_circuit_study_reports_every_part_and_writes_its_json(tmp_path):
   assert json.loads((tmp_path / "circuit.json").read_text())["alignment"]["rank"] == 4
   with pytest.raises(UserError, match="an induction circuit needs two layers"):
     studies.induction_circuit(GPT(cfg.replace(num_layers=1)), params)
+
+
+def test_a_probe_runs_page_lists_what_its_folder_holds(tmp_path):
+  """probe_page.write: every picture shown, a small JSON's numbers on the page, a large or broken one only
+  linked, a name that is HTML escaped; an empty folder says it holds nothing (the browser check: test_pages.py)."""
+  assert "wrote no pictures or numbers" in probe_page.write(tmp_path).read_text()
+  (tmp_path / "a<b>.png").write_bytes(b"\x89PNG")
+  (tmp_path / "small.json").write_text(json.dumps({"loss": 1.25}))
+  (tmp_path / "large.json").write_text(json.dumps(list(range(probe_page.SHOWN_JSON_BYTES))))
+  (tmp_path / "broken.json").write_text("{")
+  page = probe_page.write(tmp_path, "launch.probe --text='<x>'").read_text()
+  assert '<img src="a&lt;b&gt;.png"' in page and "launch.probe --text=&#x27;&lt;x&gt;&#x27;" in page
+  assert "&quot;loss&quot;: 1.25" in page
+  for name in ("large.json", "broken.json"):
+    assert f'<p>numbers: <a href="{name}">{name}</a></p>' in page
+  assert "index.html" not in page.split("<body>")[1]  # the page does not list itself

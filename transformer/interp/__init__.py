@@ -5,6 +5,7 @@ activation_cache  the residual stream's algebra over a cache (TransformerLens's 
 patching          patching sweeps, attribution patching, path patching, edge attribution
 probing           linear probes and distributed alignment search
 probes            what launch.probe draws: attention maps, residual norms, the logit lens, embeddings
+probe_page        one page (index.html) of everything a probe run wrote
 studies           launch.probe's verbs as calls with arguments (heads, attribution, patching, circuits)
 features          an SAE's features: top contexts, histograms, the logits they promote (features.html)
 fourier           grokking's Fourier progress measures
