@@ -22,6 +22,8 @@ from transformer.models.gpt import GPT, GPTConfig
 from transformer.models.seq2seq import Transformer, preset
 from transformer.tasks.lm import document_ids
 
+from conftest import compiled_init
+
 
 def alibi_scores(attn, x_BxTxD, q_BxTxHxK, k_BxSxHxK, positions):
   """ALiBi: dot products minus a per-head slope times the distance from the query back to the key
@@ -57,7 +59,7 @@ def _gpt(variant: str):
   model = GPT(cfg)
   if variant == "reference":  # the kernels change no parameter: gpt2's, not another compiled init
     return model, _gpt("gpt2")[1]
-  return model, jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
+  return model, {"params": compiled_init(model, jnp.zeros((1, 8), jnp.int32))}
 
 
 def _future_changed(tokens_T, vocab_size: int):
@@ -113,7 +115,7 @@ def test_a_gpt_document_sees_only_itself_and_padding_changes_nothing(variant):
 def _initialised(model, num_inputs: int):
   """`model`'s parameters, initialised once in a test process: a model's kernels change none of them,
   nor do its inputs' lengths, so every test and kernels setting of a model reads the same ones."""
-  return jax.jit(model.init)(jax.random.key(0), *[jnp.zeros((1, 4), jnp.int32)] * num_inputs)
+  return {"params": compiled_init(model, *[jnp.zeros((1, 4), jnp.int32)] * num_inputs)}
 
 
 @pytest.mark.parametrize("kernels", ["auto", "reference"])

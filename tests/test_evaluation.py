@@ -15,6 +15,8 @@ from transformer.errors import ConfigError, TokenizerError
 from transformer.models.gpt import GPT, GPTConfig
 from transformer.tasks import classification
 
+from conftest import compiled_init
+
 # Three-byte and two-byte characters: bytes, characters and tokens all differ.
 TEXT = "Naïve café — a snowman ☃ in the rain.\nEvery effort moves you, and the second line ends here.\n"
 
@@ -23,7 +25,7 @@ TEXT = "Naïve café — a snowman ☃ in the rain.\nEvery effort moves you, and
 def gpt2_shaped():
   """A random tiny GPT with GPT-2's vocabulary, and the gpt2 tokenizer."""
   cfg = GPTConfig().replace(vocab_size=50257, max_len=64, num_layers=2, num_heads=2, d_model=32)
-  params = jax.jit(GPT(cfg).init)(jax.random.key(0), np.zeros((1, 8), np.int32))["params"]
+  params = compiled_init(GPT(cfg), np.zeros((1, 8), np.int32))
   return GPT(cfg), params, tokenizers.get_tokenizer("gpt2")
 
 

@@ -20,7 +20,7 @@ from transformer.layers.points import TL_NAMES, TL_OUTSIDE, Point, functions_at
 from transformer.models.gpt import GPT, GPTConfig
 from transformer.models.seq2seq import Transformer, preset
 
-from conftest import REPO, compiled_apply, nontrivial_png, replaced
+from conftest import REPO, compiled_apply, compiled_init, nontrivial_png, replaced
 
 CFG = GPTConfig().replace(vocab_size=40, max_len=16, num_layers=2, num_heads=2, d_model=16)
 TOKENS = np.array([[3, 7, 1, 9, 4, 4, 12, 5], [8, 2, 2, 6, 11, 3, 1, 0]], np.int32)
@@ -33,7 +33,7 @@ def _corrupted(tokens_BxT, position=2, token=30):
 
 @functools.lru_cache  # initialised once per config in a test process (tests copy what they change)
 def _params(cfg=CFG):
-  return jax.jit(GPT(cfg).init)(jax.random.key(0), TOKENS)["params"]
+  return compiled_init(GPT(cfg), TOKENS)
 
 
 def test_a_run_that_asks_for_nothing_compiles_to_the_same_program(monkeypatch):
@@ -293,7 +293,7 @@ def test_an_encoder_decoder_names_its_points_by_stack():
   cfg = preset("cpu-tiny", vocab_size=30, dropout_rate=0.0)
   model = Transformer(cfg)
   source, target = jnp.array([[3, 4, 5, 6]]), jnp.array([[1, 7, 8]])
-  params = jax.jit(model.init)(jax.random.key(0), source, target)["params"]
+  params = compiled_init(model, source, target)
   _, cache = interventions.run_with_cache(model, params, source, target)
   L, H = cfg.num_layers, cfg.block.num_heads
   assert cache["encoder.pattern"].shape == (L, 1, H, 4, 4)

@@ -4,7 +4,6 @@ safetensors; prompts from flags, a file and stdin; streaming; bad input."""
 import dataclasses
 import re
 
-import jax
 import numpy as np
 import pytest
 
@@ -15,7 +14,7 @@ from transformer.generation import sampling as sampler
 from transformer.models.formats.gpt2 import export_hf_gpt2, import_hf_gpt2
 from transformer.models.gpt import GPT, GPTConfig
 
-from conftest import run_cases, run_module
+from conftest import compiled_init, run_cases, run_module
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +91,7 @@ def test_sampling_flags_and_seeds(workdir):
 def test_from_gpt2_safetensors(tmp_path):
   """A GPT-2-shaped model with the real vocabulary, exported to HF safetensors, sampled via --hf."""
   cfg = GPTConfig().replace(vocab_size=50257, max_len=64, num_layers=2, num_heads=2, d_model=32)
-  params = jax.jit(GPT(cfg).init)(jax.random.key(0), np.zeros((1, 8), np.int32))["params"]
+  params = compiled_init(GPT(cfg), np.zeros((1, 8), np.int32))
   export_hf_gpt2(cfg, params, tmp_path)
   proc = _sample(f"--hf={tmp_path}", "--prompt=Every effort moves you", "--temperature=0", "--max_new_tokens=8")
   assert proc.returncode == 0, proc.stderr
@@ -175,7 +174,7 @@ def test_evaluate_scores_a_file_a_split_and_gpt2_weights(workdir, tmp_path):
   text = "ROMEO: But soft, what light through yonder window breaks?\nJULIET: Ay me, café!\n" * 3
   (tmp_path / "text.txt").write_text(text)
   cfg = GPTConfig().replace(vocab_size=50257, max_len=64, num_layers=2, num_heads=2, d_model=32)
-  params = jax.jit(GPT(cfg).init)(jax.random.key(1), np.zeros((1, 8), np.int32))["params"]
+  params = compiled_init(GPT(cfg), np.zeros((1, 8), np.int32), seed=1)
   export_hf_gpt2(cfg, params, tmp_path / "gpt2")
   runs = [
     [f"--workdir={workdir}", f"--input_file={tmp_path / 'text.txt'}", "--stride=16"],
