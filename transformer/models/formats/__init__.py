@@ -101,8 +101,9 @@ def import_lm(path: str | Path, shardings=None, **overrides) -> tuple[GPTConfig,
 
 def export_hf(config, params: dict, out_dir: str | Path, model_type: str, tokenizer=None) -> Path:
   """Writes config.json + model.safetensors that transformers loads as `model_type` (AutoModelForCausalLM,
-  MarianMTModel with Marian's `tokenizer`). A model the format cannot hold is refused, each such field
-  named, before anything is written: what is written must read back (as `import_hf` reads it) as this model."""
+  MarianMTModel with Marian's `tokenizer`), and what `tokenizer` puts beside them (`Format.write_beside`). A
+  model the format cannot hold is refused, each such field named, before anything is written: what is written
+  must read back (as `import_hf` reads it) as this model."""
   if model_type not in FORMATS:
     raise ConfigError(f"no weight format for model_type {model_type!r}; supported: {supported()}")
   fmt = FORMATS[model_type]
