@@ -232,7 +232,7 @@ class RunConfig:
   def model_config(self, vocab_size: int):
     """The model config for a tokenizer of `vocab_size` tokens (vocab_size 0 takes it; a larger one
     pads the vocabulary, e.g. to a multiple of the tensor-parallel size)."""
-    if not hasattr(self.model, "vocab_size"):  # a model of activations (an SAE's), not of tokens
+    if not _has_vocabulary(self.model):
       return self.model
     if not self.model.vocab_size:
       return self.model.replace(vocab_size=vocab_size)
@@ -264,7 +264,7 @@ def resolve_for(task_cls, config: ml_collections.ConfigDict, *, num_devices: int
   optimizer.check()
   task_cls.check_data(data_config)
   try:  # every model check but the vocabulary size, which may come from the tokenizer
-    (model.replace(vocab_size=model.vocab_size or 1) if hasattr(model, "vocab_size") else model).check()
+    (model.replace(vocab_size=model.vocab_size or 1) if _has_vocabulary(model) else model).check()
   except UserError as e:
     raise ConfigError(f"--config.model: {e}") from None
   if num_devices is not None:
@@ -315,17 +315,21 @@ def defaults_for(task_cls) -> ml_collections.ConfigDict:
     (OptimizerConfig(), "optimizer."),
     (MeshConfig(), "mesh."),
     (DataConfig(), "data."),
-    (_without_vocabulary(task_cls.model_config_class(None)), "model."),
+    (_defaults(task_cls.model_config_class(None)), "model."),
     (task_cls.Config(), ""),
   ):
     _write(piece, c, prefix)
   return c
 
 
-def _without_vocabulary(config_class):
+def _has_vocabulary(model_config) -> bool:
+  """A model config of tokens (vocab_size), not of activations (an SAE's)."""
+  return hasattr(model_config, "vocab_size")
+
+
+def _defaults(config_class):
   """A model config class's defaults, its vocabulary taken from the tokenizer (vocab_size 0) where it has one."""
-  fields = {f.name for f in dataclasses.fields(config_class)}
-  return config_class(vocab_size=0) if "vocab_size" in fields else config_class()
+  return config_class(vocab_size=0) if _has_vocabulary(config_class) else config_class()
 
 
 def model_dict(model_config) -> ml_collections.ConfigDict:

@@ -192,8 +192,8 @@ def _init_fn(run: Run):
 
 
 def init_state(run: Run) -> TrainState:
-  # The seed a constant of the program, not an argument: XLA folds the key's derivation, and the program
-  # compiles in about two thirds of the time, to the same values.
+  # The seed a constant of the program, not an argument: XLA folds the key's derivation, a smaller program
+  # to compile that gives the same values.
   with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.config.mesh.rules):
     return jax.jit(_init_fn(run), static_argnums=0, out_shardings=run.state_shardings)(run.config.loop.seed)
 
