@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -152,6 +153,71 @@ def test_a_capped_graph_is_circuit_tracers_capped_graph(name, request):
   )
 
 
+@pytest.mark.parametrize("name", ["skip_jumprelu", "gemma_scope"])
+def test_transcoders_read_a_piece_at_a_time_give_the_graph_of_those_read_whole(name, gpt2_tiny, tmp_path):
+  """A set read from its files a piece at a time (StreamedTranscoders: each layer's encoder while it encodes, the
+  firing latents' encoder and decoder rows) gives exactly the graph of the same set read whole: Gemma Scope's npz
+  files, and circuit-tracer's safetensors stored in bfloat16, capped; what needs the set whole reads it whole."""
+  model, params = gpt2_tiny
+  tokens = np.load(FIXTURES / name / "tokens.npy")
+  directory, cap = FIXTURES / name, None
+  if name != "gemma_scope":  # the same set stored in bfloat16, its graph capped
+    directory, cap = tmp_path / "bf16", 40
+    shutil.copytree(FIXTURES / name, directory)
+    for file in directory.glob("*.safetensors"):
+      tensors = {k: v.astype(jnp.bfloat16) for k, v in tracer_formats.hf_files.read_tensors(file)}
+      tracer_formats.hf_files.save_safetensors(tensors, file)
+  streamed = dictionaries.load_transcoders([str(directory)])[1]
+  whole = streamed.in_memory()
+  assert isinstance(streamed, replacement.StreamedTranscoders) and not isinstance(whole, type(streamed))
+  a, b = (G.attribute(model, params, tokens, tc, max_feature_nodes=cap) for tc in (streamed, whole))
+  np.testing.assert_array_equal(a.active_features, b.active_features)
+  np.testing.assert_array_equal(a.activations, b.activations)
+  np.testing.assert_array_equal(a.adjacency_NxN, b.adjacency_NxN)
+  assert cap is None or (a.num_features == cap and a.num_active > cap)
+  with pytest.raises(UserError, match=r"read from their files a piece at a time: .in_memory\(\) reads them whole"):
+    streamed.encode(streamed.params, 0, np.zeros((1, 64), np.float32))
+
+
+@pytest.mark.slow
+def test_a_graph_over_transcoders_larger_than_the_memory_it_may_use_stays_under_it(tmp_path):
+  """A 4-layer model's transcoder set of 524,288 latents a layer, stored in bfloat16 (512 MiB; 1 GiB read whole in
+  float32): its graph, in a process of its own, grows that process by less than half of what reading it whole
+  would, measured (the peak resident bytes from the graph's start, /proc's VmHWM reset then, less those before)."""
+  directory, Z, D = tmp_path / "set", 524_288, 64
+  directory.mkdir()
+  rng = np.random.default_rng(0)
+  for layer in range(4):  # random directions; a bias that leaves a few latents a position firing
+    tensors = {"W_enc": (rng.standard_normal((Z, D), np.float32) / 8).astype(jnp.bfloat16), "b_enc": np.full(Z, -4.0)}
+    tensors |= {"W_dec": (0.01 * rng.standard_normal((Z, D), np.float32)).astype(jnp.bfloat16), "b_dec": np.zeros(D)}
+    tracer_formats.hf_files.save_safetensors(tensors, directory / f"layer_{layer}.safetensors")
+  hooks = {"feature_input_hook": "ln2.hook_normalized", "feature_output_hook": "hook_mlp_out"}
+  (directory / "config.yaml").write_text(json.dumps({"model_kind": "transcoder_set", **hooks}))
+  script = """
+import json, sys
+from pathlib import Path
+import jax, numpy as np
+from transformer import dictionaries
+from transformer.interp import graph
+from transformer.models.gpt import GPT, GPTConfig
+model = GPT(GPTConfig().replace(vocab_size=64, max_len=16, num_layers=4, num_heads=2, d_model=64))
+params = jax.jit(model.init)(jax.random.key(0), np.zeros((1, 8), np.int32))["params"]
+status = lambda key: next(int(l.split()[1]) for l in Path("/proc/self/status").open() if l.startswith(key)) * 1024
+before = status("VmRSS:")
+Path("/proc/self/clear_refs").write_text("5")  # the peak resident bytes (VmHWM) counted from here
+transcoders = dictionaries.load_transcoders([sys.argv[1]])[1]
+g = graph.attribute(model, params, np.array([0, 5, 9, 3, 5, 9, 3, 7, 1, 5]), transcoders, max_feature_nodes=64)
+print(json.dumps({"grown": status("VmHWM:") - before, "active": g.num_active}))
+"""
+  proc = subprocess.run(
+    [sys.executable, "-c", script, str(directory)], capture_output=True, text=True, cwd=REPO, timeout=600
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  whole = 4 * 2 * 524_288 * 64 * 4  # every layer's encoder and decoder, float32
+  assert result["active"] > 64 and result["grown"] < whole / 2, result
+
+
 def test_targets_beyond_the_top_logits_are_tokens_and_directions(gpt2_tiny):
   """targets as circuit-tracer's AttributionTargets takes them: token ids (a top logit's row is the uncapped graph's
   row for it), and a custom direction: a logit difference's row is the difference of its two tokens' rows (the
@@ -220,8 +286,8 @@ def test_an_edge_is_the_change_of_its_targets_input_when_its_source_is_removed(w
   model, params, transcoders = request.getfixturevalue(which)
   graph = G.attribute(model, params, TOKENS, transcoders)
   tc = transcoders.unboxed()
-  setup = G._setup(model, tc.static(), params, tc.params, jax.device_put(TOKENS), True)
-  sources = G._sources(tc, setup, graph.active_features, graph.activations)
+  setup, _, _, entries = G._setup(model, tc, params, jax.device_put(TOKENS), True)
+  sources = G._sources(setup, entries, graph.active_features)
   targets = G._targets(tc, graph.active_features, graph.logit_vectors_KxD, model.config.num_layers, len(TOKENS))
   L, T, D = setup.errors_LxTxD.shape
   zeros = {"mlp_out": np.zeros((L, T, D), np.float32), "embed": np.zeros((T, D), np.float32)}
@@ -271,7 +337,7 @@ def test_the_replacement_model_gives_the_models_logits_and_a_perfect_transcoder_
     saes.append(sae)
     tc_params.append(p)
   perfect = replacement.PerLayerTranscoders(tuple(saes), tuple(tc_params), point_in="ln_2.normalized")
-  setup = G._setup(model, perfect.static(), params, perfect.params, jax.device_put(TOKENS), False)
+  setup = G._setup(model, perfect, params, jax.device_put(TOKENS), False)[0]
   assert np.abs(np.asarray(setup.errors_LxTxD)).max() < 1e-5
   zeros = {"mlp_out": np.zeros((2, 10, 16), np.float32), "embed": np.zeros((10, 16), np.float32)}
   run = jax.jit(lambda d: G.replacement_inputs(model, perfect, params, jax.device_put(TOKENS), setup, d))
@@ -401,12 +467,16 @@ def test_bad_input_is_one_error(tiny, gpt2_tiny, tmp_path, monkeypatch):
     r"fetch it there with `huggingface-cli download other/repo sub/layer_1.safetensors --local-dir",
   ):
     tracer_formats.import_circuit_tracer(published)
-  monkeypatch.setattr(hostmem, "available_bytes", lambda: 50_000)  # a set larger than the memory free: said first
-  for name in ("published", "clt_jumprelu"):
-    with pytest.raises(
-      CheckpointError, match=r"read whole in float32 need 0.00 GiB \(\d[\d,]* values\) and this machine"
-    ):
-      dictionaries.load_transcoders([str(FIXTURES / name)])
+  monkeypatch.setattr(hostmem, "available_bytes", lambda: 60_000)  # a set larger than the memory free: said first
+  whole = r"reading its transcoders? whole in float32 needs 0.00 GiB and this machine has 0.00 GiB free"
+  with pytest.raises(CheckpointError, match=whole):
+    tracer_formats.import_circuit_tracer(FIXTURES / "published")
+  with pytest.raises(CheckpointError, match=whole):
+    dictionaries.load_transcoders([str(FIXTURES / "clt_jumprelu")])
+  dictionaries.load_transcoders([str(FIXTURES / "published")])  # streamed: one layer's encoder at a time fits
+  monkeypatch.setattr(hostmem, "available_bytes", lambda: 20_000)
+  with pytest.raises(CheckpointError, match="reading one layer's encoder to encode it needs 0.00 GiB"):
+    dictionaries.load_transcoders([str(FIXTURES / "published")])
   monkeypatch.undo()
   cache = tmp_path / "cache"
   shutil.copytree(FIXTURES / "cache_mlp_hook_in", cache)

@@ -24,7 +24,7 @@ from transformer import data, inference, metrics, tasks, tokenizers
 from transformer.errors import UserError
 from transformer.interp import probes
 from transformer.interp.activations import ModelActivations, middle_layer
-from transformer.interp.replacement import CrossLayerTranscoders, PerLayerTranscoders, Transcoders
+from transformer.interp.replacement import CrossLayerTranscoders, PerLayerTranscoders, StreamedTranscoders, Transcoders
 from transformer.layers.points import Point
 from transformer.models import sae_formats, tracer_formats
 from transformer.models.clt import CrossLayerTranscoder
@@ -64,10 +64,8 @@ def load_transcoders(paths: list[str]) -> tuple[Any, Transcoders]:
   if kind == "cross_layer_transcoder":
     config, params, point_in, point_out = tracer_formats.import_circuit_tracer_clt(paths[0])
     return None, CrossLayerTranscoders(CrossLayerTranscoder(config), jax.device_put(params), point_in, point_out)
-  if kind:
-    layers, point_in, point_out = tracer_formats.import_circuit_tracer(paths[0])
-    params = tuple(jax.device_put(p) for _, p in layers)
-    return None, PerLayerTranscoders(tuple(SAE(c) for c, _ in layers), params, point_in, point_out)
+  if kind:  # read a piece at a time: a published set is larger than most machines' memory
+    return None, StreamedTranscoders.of(*tracer_formats.open_circuit_tracer(paths[0]))
   trained = [inference.restore(path, task="sae") for path in paths]
   if len(trained) == 1 and isinstance(trained[0].model, CrossLayerTranscoder):
     c = trained[0].run.task_config
@@ -165,7 +163,7 @@ def export(paths: list[str], out: str | Path, kind: str) -> Path:
     layer = middle_layer(source_model(c)[0], c.layer)  # (the model's shapes alone)
     hook = Point(c.point, layer).tl_name()
     return sae_formats.export_saelens(trained.model.config, trained.params, out, hook_name=hook)
-  _, transcoders = load_transcoders(paths)
+  transcoders = load_transcoders(paths)[1].in_memory()
   scan = names(paths)[0]
   if isinstance(transcoders, CrossLayerTranscoders):
     args = (transcoders.clt.config, transcoders.params, out, transcoders.point_in, transcoders.point_out)

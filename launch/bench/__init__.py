@@ -17,6 +17,7 @@ r"""Benchmarks that print tables (medians of several runs). Speed is measured he
   python -m launch.bench --what=patching --preset=gpt2 --seq_len=64  # patching sweeps vs TransformerLens
   python -m launch.bench --what=sae    # a TopK SAE's training vs SAELens on the same activations
   python -m launch.bench --what=graph --preset=gpt2 --seq_len=64 --repeats=3  # an attribution graph vs circuit-tracer
+  python -m launch.bench --what=graph_published --hf_shape=qwen3-0.6b --seq_len=32 --graph_l0=64  # at a published width
   python -m launch.bench --what=hf --hf_shape=smollm2-135m   # an open family vs transformers (launch/bench/hf.py)
   python -m launch.bench --what=load --hf_shape=llama3.2-1b  # host memory opening a checkpoint (launch/bench/load.py)
 
@@ -72,6 +73,7 @@ TABLES = {
   "patching": bench_patching.patching_table,
   "sae": bench_sae.sae_table,
   "graph": bench_graph.graph_table,
+  "graph_published": bench_graph.published_table,
   "hf": bench_hf.hf_table,
   "load": bench_load.load_table,
 }
@@ -176,6 +178,13 @@ _SAE_LR = flags.DEFINE_float("sae_lr", 4e-4, "--what=sae: Adam's learning rate."
 _GRAPH_EXPANSION = flags.DEFINE_integer("graph_expansion", 8, "--what=graph: the transcoders' latents per d_model.")
 _GRAPH_L0 = flags.DEFINE_integer("graph_l0", 16, "--what=graph: the transcoders' active latents a position.")
 _GRAPH_BATCH = flags.DEFINE_integer("graph_batch", 256, "--what=graph: backward passes a batch (both).")
+_GRAPH_LATENTS = flags.DEFINE_integer(
+  "graph_latents", 163_840, "--what=graph_published: each layer's transcoder's latents (Qwen3-0.6B's published set's)."
+)
+_GRAPH_CAP = flags.DEFINE_integer("graph_cap", 1024, "--what=graph_published: max_feature_nodes (both).")
+_GRAPH_DIR = flags.DEFINE_string(
+  "graph_dir", None, "--what=graph_published: where the model and transcoders are written (kept); default a temp dir."
+)
 _PEER_PYTHON = flags.DEFINE_string(
   "peer_python",
   None,

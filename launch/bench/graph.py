@@ -12,20 +12,27 @@ and the median of the next --repeats - 1, the features found, and how far the tw
 
 from __future__ import annotations
 
+import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
+from experiments import shapes
+from launch.bench import load as bench_load
 from launch.bench import models as bench_models
 from launch.bench import peer_env
-from transformer import benchmark, metrics
+from transformer import benchmark, dictionaries, metrics, opening
+from transformer.errors import UserError
 from transformer.interp import graph, replacement
 from transformer.interp.interventions import run_with_cache
-from transformer.models import gpt, tracer_formats
+from transformer.models import gpt, hf_files, tracer_formats
 from transformer.models.formats.gpt2 import export_hf_gpt2
 from transformer.models.sae import SAE, SAEConfig
 
@@ -115,3 +122,108 @@ def graph_table(o) -> str:
     f"peer: {theirs['versions']}, {theirs['threads']} threads; "
     f"ours: jax {jax.__version__} on {metrics.device_summary()}"
   )
+
+
+# --what=graph_published: circuit-tracer's capped attribution at a published transcoder width, in fresh processes.
+
+
+def write_published_set(cfg, out_dir: Path, latents: int, l0: int) -> Path:
+  """Random per-layer transcoders of `latents` a layer in circuit-tracer's cache layout, stored in bfloat16, a
+  layer at a time (the set is larger than the memory this writes it in), reading mlp.hook_in (the MLP's own input)
+  and writing mlp.hook_out: encoder rows of norm ~1 on inputs of norm sqrt(d_model) (a normalised stream), each
+  bias the normal quantile that leaves about `l0` latents of a position firing. Kept if already written."""
+  stamp = out_dir / "bench_set.txt"
+  what = f"{cfg.num_layers} x {latents} x {cfg.block.d_model}, l0 {l0}"
+  if stamp.exists() and stamp.read_text() == what:
+    return out_dir
+  out_dir.mkdir(parents=True, exist_ok=True)
+  D, Z = cfg.block.d_model, latents
+  bias = -statistics.NormalDist().inv_cdf(1 - l0 / Z)
+  rng = np.random.default_rng(0)
+  bf16 = lambda x: x.astype(jnp.bfloat16)
+  for layer in range(cfg.num_layers):
+    tensors = {
+      "W_enc": bf16(rng.standard_normal((Z, D), np.float32) / np.float32(np.sqrt(D))),
+      "W_dec": bf16(rng.standard_normal((Z, D), np.float32) / np.float32(np.sqrt(l0 * D))),
+      "b_enc": bf16(np.full(Z, bias, np.float32)),
+      "b_dec": bf16(np.zeros(D, np.float32)),
+    }
+    hf_files.save_safetensors(tensors, out_dir / f"layer_{layer}.safetensors")
+    del tensors
+  tracer_formats.write_config(out_dir, "transcoder_set", "mlp_input", "mlp_output", model_name="random")
+  stamp.write_text(what)
+  return out_dir
+
+
+def published_table(o) -> str:
+  """A graph of a published shape (--hf_shape, e.g. qwen3-0.6b) through --graph_latents-wide transcoders on every
+  layer, capped at --graph_cap features, each side in a fresh process that reads the files lazily: its peak
+  resident memory (the whole process: model, transcoders, graph) and its seconds."""
+  directory = Path(o.graph_dir or tempfile.mkdtemp(prefix="bench-graph-"))
+  cfg = shapes.shape(o.hf_shape, dtype="bfloat16", param_dtype="bfloat16")
+  model_dir = bench_load.write_checkpoint(o.hf_shape, directory / "model")
+  set_dir = write_published_set(cfg, directory / "transcoders", o.graph_latents, o.graph_l0)
+  tokens_T = np.random.default_rng(1).integers(0, cfg.vocab_size, o.seq_len).astype(np.int32)
+  np.save(directory / "tokens.npy", tokens_T)
+  spec = {
+    "model": str(model_dir),
+    "transcoders": str(set_dir),
+    "tokens": str(directory / "tokens.npy"),
+    "batch_size": o.graph_batch,
+    "max_feature_nodes": o.graph_cap,
+    "repeats": 1,
+    "lazy": True,
+    "out": str(directory / "theirs.npz"),
+  }
+  proc = subprocess.run(
+    [sys.executable, "-m", "launch.bench.graph", json.dumps(spec)], capture_output=True, text=True, check=False
+  )
+  if proc.returncode:
+    raise RuntimeError(f"ours failed:\n{proc.stderr[-3000:]}")
+  ours = json.loads(proc.stdout.strip().splitlines()[-1])
+  python = peer_env.peer_python(o.peer_python, CT_REQUIREMENTS, "circuit-tracer-peer-venv")
+  try:
+    theirs = peer_env.run_peers(python, spec, "graph_peer.py")
+  except UserError as e:  # (killed for memory, say)
+    theirs = {"seconds": float("nan"), "peak_bytes": float("nan"), "versions": f"failed: {str(e)[-300:]}"}
+    theirs |= {"threads": "?", "active": -1}
+  file_bytes = sum(f.stat().st_size for f in set_dir.glob("*.safetensors"))
+  gib = lambda n: f"{n / 2**30:.2f} GiB"
+  rows = [
+    [name, f"{r['seconds']:.0f}", gib(r["peak_bytes"]), f"{r['active']:,}"]
+    for name, r in (("ours", ours), ("circuit-tracer", theirs))
+  ]
+  table = benchmark.table(["", "graph (s)", "peak host memory", "active features"], rows)
+  header = (
+    f"Capped attribution graph at a published size: {o.hf_shape} shape, random weights in bfloat16; "
+    f"{cfg.num_layers} transcoders of {o.graph_latents:,} latents (bfloat16, {gib(file_bytes)} of files, L0 "
+    f"~{o.graph_l0}), a {o.seq_len}-token prompt, max_feature_nodes={o.graph_cap}, batches of {o.graph_batch}"
+  )
+  return (
+    f"{header}\n{table}\nours / circuit-tracer: {theirs['seconds'] / ours['seconds']:.2f}x\n"
+    f"peer: {theirs['versions']}, {theirs['threads']} threads; ours: jax {jax.__version__} on "
+    f"{metrics.device_summary()}"
+  )
+
+
+def _measure(spec: dict) -> dict:
+  """In this process (a fresh one): the graph of `spec` (published_table's), its seconds and the peak resident
+  bytes of the whole process."""
+  start = time.perf_counter()
+  trained = opening.open_path(spec["model"])
+  transcoders = dictionaries.load_transcoders([spec["transcoders"]])[1]
+  tokens_T = np.load(spec["tokens"])
+  g = graph.attribute(
+    trained.model,
+    trained.params,
+    tokens_T,
+    transcoders,
+    batch_size=spec["batch_size"],
+    max_feature_nodes=spec["max_feature_nodes"],
+  )
+  seconds = time.perf_counter() - start
+  return {"seconds": seconds, "peak_bytes": bench_load.peak_rss(), "active": g.num_active, "nodes": g.num_features}
+
+
+if __name__ == "__main__":
+  print(json.dumps(_measure(json.loads(sys.argv[1]))))

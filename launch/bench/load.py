@@ -47,15 +47,15 @@ def measure(directory: str) -> dict:
   `directory`, and its seconds."""
   from transformer import inference  # noqa: F401  (imported before the baseline is taken)
 
-  baseline = _peak_rss()
+  baseline = peak_rss()
   start = time.perf_counter()
   trained = inference.load(hf=directory)
   jax.block_until_ready(trained.params)
   seconds = time.perf_counter() - start
-  return {"peak_bytes": _peak_rss() - baseline, "seconds": seconds, "baseline_bytes": baseline}
+  return {"peak_bytes": peak_rss() - baseline, "seconds": seconds, "baseline_bytes": baseline}
 
 
-def _peak_rss() -> int:
+def peak_rss() -> int:
   """This process's peak resident bytes so far: /proc's VmHWM, which a new program starts afresh
   (getrusage's ru_maxrss keeps the forking parent's peak across exec)."""
   for line in Path("/proc/self/status").read_text().splitlines():

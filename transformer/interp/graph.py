@@ -24,7 +24,9 @@ replacement model (one a target, vmapped), the columns the sources' output vecto
     >>> kept = graph_view.prune(graph)                 # transformer.interp.graph_view: pruning, JSON, HTML
 
 The freezing goes through the named points (transformer.layers.points.functions_at): the model that
-draws the graph is the model itself, any family it opens.
+draws the graph is the model itself, any family it opens. The transcoders are read a layer at a time and only
+where features fire (`Transcoders.latents`, `decoder_rows`, `encoder_rows`), so that a published set left in its
+files (replacement.StreamedTranscoders) is never held whole.
 """
 
 from __future__ import annotations
@@ -38,7 +40,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer.errors import UserError
-from transformer.interp import replacement
 from transformer.interp.replacement import Transcoders
 from transformer.layers.points import functions_at, split_path
 from transformer.models import gpt
@@ -86,14 +87,18 @@ class Graph:
 
 @dataclasses.dataclass(frozen=True)
 class _Setup:
-  """What the prompt's clean run fixes, and the nodes it finds (all device arrays)."""
+  """What the prompt's clean run fixes, and the errors of its transcoders (all device arrays)."""
 
   frozen: dict  # path -> the value of every pattern, norm divisor and MLP output
   inputs_LxTxD: jax.Array  # the transcoders' input point, each layer
-  z_LxTxZ: jax.Array  # the features' activations (position 0 zeroed when it is a BOS)
-  errors_LxTxD: jax.Array
+  errors_LxTxD: jax.Array  # each MLP's output less what its transcoders write (position 0 zeroed when it is a BOS)
   embed_TxD: jax.Array
   logits_V: jax.Array  # the last position's logits
+
+
+jax.tree_util.register_dataclass(
+  _Setup, data_fields=["frozen", "inputs_LxTxD", "errors_LxTxD", "embed_TxD", "logits_V"], meta_fields=[]
+)
 
 
 def attribute(
@@ -122,20 +127,17 @@ def attribute(
   if len(tokens_T) > model.config.max_len:
     raise UserError(f"a prompt of {len(tokens_T)} tokens is longer than the model's context ({model.config.max_len})")
   params = nn.unbox(params)
-  setup = _setup(model, tc.static(), params, tc.params, jax.device_put(tokens_T), zero_first)
-  z_LxTxZ = np.asarray(setup.z_LxTxZ)
-  active_nx3 = np.argwhere(z_LxTxZ > 0)  # layer-major, then position, then latent: circuit-tracer's order
-  activations_n = z_LxTxZ[tuple(active_nx3.T)]
+  setup, active_nx3, activations_n, entries = _setup(model, tc, params, jax.device_put(tokens_T), zero_first)
   unembed_DxV = np.asarray(gpt.unembedding(model.config, params), np.float32).T
   if targets is None:  # the top logits
     logit_tokens, logit_p = salient_logits(np.asarray(setup.logits_V), max_n_logits, desired_logit_prob)
   logit_tokens, logit_p, vectors_KxD, labels = logit_targets(
     unembed_DxV, np.asarray(setup.logits_V), logit_tokens if targets is None else targets
   )
-  sources = _sources(tc, setup, active_nx3, activations_n)
+  sources = _sources(setup, entries, active_nx3)
   rows_targets = _targets(tc, active_nx3, vectors_KxD, model.config.num_layers, len(tokens_T))
   rows_of = lambda ids: _rows(
-    *(model, tc, params, jax.device_put(tokens_T), setup, sources),
+    *(model, tc.fixed_part(), params, jax.device_put(tokens_T), setup, sources),
     *({k: v[ids] for k, v in rows_targets.items()}, batch_size),
   )
   n, K = len(active_nx3), len(logit_tokens)
@@ -244,16 +246,44 @@ def _frozen_kind(name: str) -> bool:
   return name == "pattern" or name.rsplit(".", 1)[-1] == "scale"
 
 
-def _acted_on(tc: Transcoders) -> frozenset:
-  """The points' names the replacement model's functions act on (`functions_at`'s `names`: the others, e.g.
-  each head's result, are not made)."""
-  return frozenset({"pattern", "scale", "mlp_out", "embed", tc.point_in.rsplit(".", 1)[-1]})
+def _acted_on(point_in: str) -> frozenset:
+  """The points' names the replacement model's functions act on, its transcoders reading `point_in`
+  (`functions_at`'s `names`: the others, e.g. each head's result, are not made)."""
+  return frozenset({"pattern", "scale", "mlp_out", "embed", point_in.rsplit(".", 1)[-1]})
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 5))
-def _setup(model, static: Transcoders, params, tc_params, tokens_T, zero_first: bool) -> _Setup:
-  """The clean run: what the replacement model fixes, the transcoders' features and errors."""
-  tc = static.with_params(tc_params)
+def _setup(model, tc: Transcoders, params, tokens_T, zero_first: bool):
+  """(the clean run's `_Setup`; the active features, n x 3: layer, position, latent, in circuit-tracer's order;
+  their activations; what they write, `_entries`): each layer's transcoder encoded on its input a layer at a
+  time, and the errors of what the active features write."""
+  frozen, inputs_LxTxD, outputs_LxTxD, embed_TxD, logits_V = _clean_run(model, tc.point_in, params, tokens_T)
+  inputs = np.asarray(inputs_LxTxD)
+  active, values = [], []
+  for layer in range(tc.num_layers):
+    z_TxZ = np.array(tc.latents(layer, inputs[layer]))
+    if zero_first:
+      z_TxZ[0] = 0.0
+    position_k, latent_k = np.nonzero(z_TxZ > 0)
+    active.append(np.stack([np.full_like(position_k, layer), position_k, latent_k], 1))
+    values.append(z_TxZ[position_k, latent_k])
+  active_nx3, activations_n = np.concatenate(active), np.concatenate(values)
+  entries = _entries(tc, active_nx3, activations_n)
+  # Each MLP's output less its transcoders' (their biases and skip paths, then each active feature's vectors)
+  fixed = tc.fixed_part()
+  errors_LxTxD = np.asarray(outputs_LxTxD) - np.asarray(_fixed_outputs(fixed.static(), fixed.params, inputs_LxTxD))
+  for layer, written in enumerate(entries):
+    for features_k, vectors_kxD in written:
+      np.add.at(errors_LxTxD[layer], active_nx3[features_k, 1], -vectors_kxD)
+  if zero_first:
+    errors_LxTxD[:, 0] = 0.0
+  setup = _Setup(frozen, inputs_LxTxD, jax.device_put(errors_LxTxD), embed_TxD, logits_V)
+  return setup, active_nx3, activations_n, entries
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _clean_run(model, point_in: str, params, tokens_T):
+  """The model's run on the prompt: (what the replacement model fixes, each transcoder's input and each MLP's
+  output (L x T x D, float32), the token embeddings, the last position's logits)."""
   frozen, inputs, outputs = {}, {}, {}
 
   def record(path, x):
@@ -262,42 +292,43 @@ def _setup(model, static: Transcoders, params, tc_params, tokens_T, zero_first: 
       frozen[path] = x
     if name == "mlp_out":
       outputs[layer] = x[0]
-    if name == tc.point_in:
+    if name == point_in:
       inputs[layer] = x[0]
     return x
 
-  with functions_at(record, _acted_on(tc)):
+  with functions_at(record, _acted_on(point_in)):
     logits_BxTxV = model.apply({"params": params}, tokens_T[None])
-  L = tc.num_layers
-  inputs_LxTxD = jnp.stack([inputs[layer] for layer in range(L)]).astype(jnp.float32)
-  z_LxTxZ = jnp.stack([tc.encode(tc_params, layer, inputs_LxTxD[layer]) for layer in range(L)])
-  if zero_first:
-    z_LxTxZ = z_LxTxZ.at[:, 0].set(0.0)
-  y_hat_LxTxD = replacement.outputs(tc, tc_params, z_LxTxZ, inputs_LxTxD)
-  errors_LxTxD = jnp.stack([outputs[layer] for layer in range(L)]).astype(jnp.float32) - y_hat_LxTxD
-  if zero_first:
-    errors_LxTxD = errors_LxTxD.at[:, 0].set(0.0)
+  stack = lambda by_layer: jnp.stack([by_layer[layer] for layer in range(len(by_layer))]).astype(jnp.float32)
   embed_TxD = next(x for path, x in frozen.items() if split_path(path)[0] == "embed")[0]
-  return _Setup(frozen, inputs_LxTxD, z_LxTxZ, errors_LxTxD, embed_TxD, logits_BxTxV[0, -1])
+  return frozen, stack(inputs), stack(outputs), embed_TxD, logits_BxTxV[0, -1]
 
 
-jax.tree_util.register_dataclass(
-  _Setup, data_fields=["frozen", "inputs_LxTxD", "z_LxTxZ", "errors_LxTxD", "embed_TxD", "logits_V"], meta_fields=[]
-)
+@functools.partial(jax.jit, static_argnums=0)
+def _fixed_outputs(static: Transcoders, tc_params, inputs_LxTxD) -> jax.Array:
+  """What the transcoders write whatever fires: each layer's output bias and skip path (L x T x D)."""
+  tc = static.with_params(tc_params)
+  T, D = inputs_LxTxD.shape[1:]
+  fixed = [tc.output_bias(tc_params, m) + tc.skip(tc_params, m, inputs_LxTxD[m]) for m in range(tc.num_layers)]
+  return jnp.stack([jnp.broadcast_to(y, (T, D)) for y in fixed])
 
 
-def _sources(tc: Transcoders, setup: _Setup, active_nx3, activations_n) -> dict:
-  """Every source node's output vectors: each feature's a·W_dec at each (layer, position) it writes (one for a
-  transcoder a layer; its layer and every later one for a cross-layer transcoder), an entry each, grouped by the
-  layer written (its vector, feature, position and slot among that cell's entries); the errors (L x T x D) and
-  the token embeddings (T x D)."""
-  L, T, D = setup.errors_LxTxD.shape
-  entries = [[] for _ in range(L)]  # by the layer written: (features, their vectors)
-  for layer in range(L):
+def _entries(tc: Transcoders, active_nx3, activations_n) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+  """What the active features write, by the layer written: (the features, each one's a·W_dec vector there), an
+  entry for each layer a feature's decoder writes (its own for a transcoder a layer; its own and every later
+  one for a cross-layer transcoder). Only the active latents' decoder rows are read."""
+  entries = [[] for _ in range(tc.num_layers)]
+  for layer in range(tc.num_layers):
     mine = np.flatnonzero(active_nx3[:, 0] == layer)
-    dec_ZxMxD, first = map(np.asarray, tc.decoders(tc.params, layer))
-    for m in range(dec_ZxMxD.shape[1]):
-      entries[first + m].append((mine, activations_n[mine, None] * dec_ZxMxD[active_nx3[mine, 2], m]))
+    dec_kxMxD, first = tc.decoder_rows(layer, active_nx3[mine, 2])
+    for m in range(dec_kxMxD.shape[1]):
+      entries[first + m].append((mine, activations_n[mine, None] * dec_kxMxD[:, m]))
+  return entries
+
+
+def _sources(setup: _Setup, entries: list, active_nx3) -> dict:
+  """Every source node's output vectors: each feature's `_entries` as cells, by the layer written (its vector,
+  feature, position and slot among that cell's entries); the errors (L x T x D) and the token embeddings (T x D)."""
+  L, T, D = setup.errors_LxTxD.shape
   written = [_cells(active_nx3, entries[layer], T, D) for layer in range(L)]
   return {
     "written": [{k: jax.device_put(v) for k, v in cells.items()} for cells in written],
@@ -336,7 +367,7 @@ def _targets(tc: Transcoders, active_nx3, logit_vectors_KxD, L: int, T: int) -> 
   vectors = []
   for layer in range(L):
     mine = active_nx3[:, 0] == layer
-    vectors.append(np.asarray(tc.encoders(tc.params, layer)).T[active_nx3[mine, 2]])
+    vectors.append(tc.encoder_rows(layer, active_nx3[mine, 2]))
   K = len(logit_vectors_KxD)
   return {
     "vectors_NxD": np.concatenate([*vectors, logit_vectors_KxD]).astype(np.float32),
@@ -398,7 +429,7 @@ def _replacement_run(model, tc: Transcoders, params, tokens_T, setup: _Setup, de
       return x + delta["embed"].astype(x.dtype)
     return x
 
-  with functions_at(replace, _acted_on(tc)):
+  with functions_at(replace, _acted_on(tc.point_in)):
     final_BxTxD = model.apply({"params": params}, tokens_T[None], method=type(model).hidden_states)
   return {layer: x[0].astype(jnp.float32) for layer, x in live_in.items()}, final_BxTxD[0].astype(jnp.float32)
 
@@ -446,8 +477,8 @@ def dense_rows(model, params, tokens_T, transcoders: Transcoders, graph: Graph, 
   tc = transcoders.check(model).unboxed()
   params = nn.unbox(params)
   tokens = jax.device_put(np.asarray(tokens_T, np.int32).reshape(-1))
-  setup = _setup(model, tc.static(), params, tc.params, tokens, zero_first)
-  sources = _sources(tc, setup, graph.active_features, graph.activations)
+  setup = _setup(model, tc, params, tokens, zero_first)[0]
+  sources = _sources(setup, _entries(tc, graph.active_features, graph.activations), graph.active_features)
   vectors_KxD = graph.logit_vectors_KxD
   if vectors_KxD is None:  # (a graph made before it kept them: its tokens' directions)
     unembed_DxV = np.asarray(gpt.unembedding(model.config, params), np.float32).T
@@ -464,7 +495,7 @@ def dense_rows(model, params, tokens_T, transcoders: Transcoders, graph: Graph, 
       moved_TxD = jnp.zeros((T, D)).at[written["position_e"]].add(c_feat[written["feature_e"], None] * vectors_ExD)
       moved.append(moved_TxD + c_err[w * T : (w + 1) * T, None] * sources["errors_LxTxD"][w])
     delta = {"mlp_out": jnp.stack(moved), "embed": c_tok[:, None] * sources["embed_TxD"]}
-    inputs_LxTxD, final_TxD = replacement_inputs(model, tc, params, tokens, setup, delta)
+    inputs_LxTxD, final_TxD = replacement_inputs(model, tc.fixed_part(), params, tokens, setup, delta)
     read_NxD = jnp.concatenate([inputs_LxTxD, final_TxD[None]])[targets["layer_N"], targets["position_N"]]
     return jnp.sum(read_NxD * targets["vectors_NxD"], -1)
 
@@ -485,17 +516,18 @@ def intervene(
   fixed at the prompt's. Later transcoders read the changed stream, so later features respond. `direct_effects`:
   the norms' divisors and the MLPs' outputs fixed as well (the local replacement model), where a logit
   moves by exactly what the graph's edges from the set features say."""
-  tc = transcoders.check(model).unboxed()
+  tc = transcoders.check(model).unboxed().in_memory()
   tokens = jax.device_put(np.asarray(tokens_T, np.int32).reshape(-1))
   params = nn.unbox(params)
-  setup = _setup(model, tc.static(), params, tc.params, tokens, True)
+  frozen, inputs_LxTxD = _clean_run(model, tc.point_in, params, tokens)[:2]
   where = jax.device_put(np.asarray(interventions, np.float32).reshape(-1, 4))
-  logits_V, z_LxTxZ = _intervened(model, tc.static(), params, tc.params, tokens, setup, where, direct_effects)
+  static = tc.static()
+  logits_V, z_LxTxZ = _intervened(model, static, params, tc.params, tokens, frozen, inputs_LxTxD, where, direct_effects)
   return np.asarray(logits_V), np.asarray(z_LxTxZ)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 7))
-def _intervened(model, static, params, tc_params, tokens_T, setup: _Setup, where_Ix4, direct_effects: bool):
+@functools.partial(jax.jit, static_argnums=(0, 1, 8))
+def _intervened(model, static, params, tc_params, tokens_T, frozen, inputs_LxTxD, where_Ix4, direct_effects: bool):
   tc = static.with_params(tc_params)
   live_in, z, moved = {}, {}, {}  # moved[l]: layer l's latents' change (set - as they came)
   layer_I, position_I, latent_I = (where_Ix4[:, i].astype(int) for i in range(3))
@@ -503,7 +535,7 @@ def _intervened(model, static, params, tc_params, tokens_T, setup: _Setup, where
   def change(path, x):
     name, layer, _ = split_path(path)
     if name == "pattern" or (direct_effects and _frozen_kind(name)):
-      return setup.frozen[path]
+      return frozen[path]
     if name == tc.point_in:
       live_in[layer] = x[0]
       z_TxZ = tc.encode(tc_params, layer, x[0])
@@ -514,11 +546,11 @@ def _intervened(model, static, params, tc_params, tokens_T, setup: _Setup, where
       return x
     change_TxD = sum(_written(tc, tc_params, source, layer, moved[source]) for source in range(layer + 1))
     if direct_effects:  # the MLP fixed, its skip path live, as in the replacement model
-      change_TxD = change_TxD + tc.skip(tc_params, layer, live_in[layer] - setup.inputs_LxTxD[layer])
-      x = setup.frozen[path]
+      change_TxD = change_TxD + tc.skip(tc_params, layer, live_in[layer] - inputs_LxTxD[layer])
+      x = frozen[path]
     return x + change_TxD[None].astype(x.dtype)
 
-  with functions_at(change, _acted_on(tc)):
+  with functions_at(change, _acted_on(tc.point_in)):
     logits_BxTxV = model.apply({"params": params}, tokens_T[None])
   return logits_BxTxV[0, -1], jnp.stack([z[layer] for layer in range(tc.num_layers)])
 

@@ -14,18 +14,15 @@ then the edges that carry `edge_threshold` of it, then drops features left witho
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 from pathlib import Path
 
-import jax
 import numpy as np
 
 from transformer.errors import UserError
 from transformer.interp import graph_page, replacement
 from transformer.interp.graph import Graph, attribute
 from transformer.interp.interventions import run_with_cache
-from transformer.interp.replacement import Transcoders
 
 
 @dataclasses.dataclass
@@ -254,16 +251,11 @@ def top_contexts(model, params, tokenizer, transcoders, tokens_BxT, features: li
   out = {}
   B, T = tokens_BxT.shape
   for layer in sorted({layer for layer, _ in features}):
-    z_NxZ = np.asarray(_encoded(tc.static(), tc.params, layer, inputs_LxBxTxD[layer].reshape(B * T, -1)))
+    z_NxZ = tc.latents(layer, inputs_LxBxTxD[layer].reshape(B * T, -1))
     for latent in sorted({latent for l, latent in features if l == layer}):
       best = np.argsort(-z_NxZ[:, latent], kind="stable")[:count]
       out[(layer, latent)] = [_context(tokenizer, tokens_BxT[n // T], n % T) for n in best if z_NxZ[n, latent] > 0]
   return out
-
-
-@functools.partial(jax.jit, static_argnums=(0, 2))
-def _encoded(static: Transcoders, tc_params, layer: int, x_NxD):
-  return static.encode(tc_params, layer, x_NxD)
 
 
 def _context(tokenizer, row_T, position: int, before: int = 12, after: int = 3) -> str:

@@ -21,12 +21,15 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from transformer.errors import UserError
 from transformer.interp.interventions import next_token_nll
 from transformer.layers.points import functions_at, split_path
-from transformer.models.clt import CrossLayerTranscoder, activation
+from transformer.models import sae as sae_lib
+from transformer.models.clt import CLTConfig, CrossLayerTranscoder, activation
 from transformer.models.sae import SAE
+from transformer.models.tracer_formats import LayerFile
 
 # Where a transcoder the replacement model splices in reads (the MLP branch's stream, ln_2's normalised input
 # before its weight, or the MLP's own input after it: circuit-tracer's mlp.hook_in) and writes (what the block
@@ -74,6 +77,32 @@ class Transcoders(abc.ABC):
   def skip(self, params, layer: int, x_NxD) -> jax.Array:
     """A skip transcoder's linear path of layer `layer`; 0 without one."""
     return jnp.zeros((), jnp.float32)
+
+  # What the attribution graph reads of a layer on the host, a piece at a time, so that a kind whose params stay
+  # in their files (StreamedTranscoders) reads no more than these: a layer's encoder to encode, and the rows of
+  # the latents that fire.
+  @abc.abstractmethod
+  def latents(self, layer: int, x_TxD) -> np.ndarray:
+    """Layer `layer`'s latents (T x Z, float32) of its input, on the host."""
+
+  def decoder_rows(self, layer: int, latents_k) -> tuple[np.ndarray, int]:
+    """(k x M x D: these latents' output vectors, float32; the first layer they write)."""
+    dec_ZxMxD, first = self.decoders(self.params, layer)
+    return np.asarray(dec_ZxMxD, np.float32)[np.asarray(latents_k, np.int64)], first
+
+  def encoder_rows(self, layer: int, latents_k) -> np.ndarray:
+    """k x D, float32: these latents' `encoders` directions."""
+    return np.asarray(self.encoders(self.params, layer), np.float32).T[np.asarray(latents_k, np.int64)]
+
+  def in_memory(self) -> Transcoders:
+    """These transcoders with every param in memory (what the traced methods above need)."""
+    return self
+
+  @abc.abstractmethod
+  def fixed_part(self) -> Transcoders:
+    """These transcoders with only the params of what they write whatever fires (the output biases, skip paths
+    and their scales): what the replacement model's backward passes read, and the same compiled programs
+    whether the features are in memory or in their files."""
 
   @abc.abstractmethod
   def unboxed(self) -> Transcoders:
@@ -141,6 +170,9 @@ class PerLayerTranscoders(Transcoders):
   def encode(self, params, layer: int, x_NxD) -> jax.Array:
     return self.saes[layer].apply({"params": params[layer]}, x_NxD.astype(jnp.float32))[1]
 
+  def latents(self, layer: int, x_TxD) -> np.ndarray:
+    return np.asarray(_sae_latents(self.saes[layer].config, self.params[layer], x_TxD))
+
   def decoders(self, params, layer: int) -> tuple[jax.Array, int]:
     p = params[layer]
     return (self.saes[layer].apply({"params": p}, method=SAE.decoder) / p["output_scale"])[:, None], layer
@@ -159,6 +191,12 @@ class PerLayerTranscoders(Transcoders):
 
   def unboxed(self) -> PerLayerTranscoders:
     return self.with_params(tuple(nn.unbox(p) for p in self.params))
+
+  def fixed_part(self) -> PerLayerTranscoders:
+    fixed = tuple(
+      {k: v for k, v in p.items() if k in ("b_dec", "W_skip", "input_scale", "output_scale")} for p in self.params
+    )
+    return PerLayerTranscoders(self.saes, fixed, self.point_in, self.point_out)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,6 +221,10 @@ class CrossLayerTranscoders(Transcoders):
     threshold_Z = params["threshold"][layer] if "threshold" in params else None
     return activation(self.clt.config, x_NxD @ params["W_enc"][layer] + params["b_enc"][layer], threshold_Z)
 
+  def latents(self, layer: int, x_TxD) -> np.ndarray:
+    encoder = {k: v for k, v in self.params.items() if k in ("W_enc", "b_enc", "input_scale", "threshold")}
+    return np.asarray(_clt_latents(self.clt.config, encoder, layer, x_TxD))
+
   def decoders(self, params, layer: int) -> tuple[jax.Array, int]:
     return params[f"W_dec_{layer}"] / params["output_scale"][layer:, None], layer
 
@@ -195,23 +237,70 @@ class CrossLayerTranscoders(Transcoders):
   def unboxed(self) -> CrossLayerTranscoders:
     return self.with_params(nn.unbox(self.params))
 
+  def fixed_part(self) -> CrossLayerTranscoders:
+    return self.with_params({k: v for k, v in self.params.items() if k in ("b_dec", "output_scale")})
 
-def outputs(tc: Transcoders, params, z_LxNxZ, inputs_LxNxD) -> jax.Array:
-  """Every layer's output (L x N x D, model units) from every layer's latents (and inputs: skip paths)."""
-  L = tc.num_layers
-  y = [tc.output_bias(params, m) + tc.skip(params, m, inputs_LxNxD[m]) for m in range(L)]
-  y_LxNxD = jnp.stack([jnp.broadcast_to(v, inputs_LxNxD.shape[1:]) for v in y])
-  for layer in range(L):
-    dec_ZxMxD, first = tc.decoders(params, layer)
-    y_LxNxD = y_LxNxD.at[first : first + dec_ZxMxD.shape[1]].add(jnp.einsum("ns,smd->mnd", z_LxNxZ[layer], dec_ZxMxD))
-  return y_LxNxD
+
+@dataclasses.dataclass(frozen=True)
+class StreamedTranscoders(PerLayerTranscoders):
+  """One transcoder a layer whose features stay in their files (`files[l]`: tracer_formats.LayerFile), read a
+  piece at a time in their stored dtype: each layer's encoder while that layer is encoded, and the encoder and
+  decoder rows of the latents that fire. `params[l]` holds what the replacement model needs of the rest (the
+  output bias, a skip path, the scales): a published set (Qwen3-0.6B's: 28 layers of 163,840 latents, 18.8 GB
+  in bfloat16) that could never be held whole gives its graph in the memory of one layer's encoder."""
+
+  files: tuple[LayerFile, ...] = ()
+
+  @classmethod
+  def of(cls, files: list[LayerFile], point_in: str, point_out: str) -> StreamedTranscoders:
+    saes = tuple(SAE(f.config) for f in files)
+    return cls(saes, tuple(jax.device_put(f.small_params()) for f in files), point_in, point_out, tuple(files))
+
+  def latents(self, layer: int, x_TxD) -> np.ndarray:
+    return np.asarray(_sae_latents(self.saes[layer].config, self.files[layer].encoder(), x_TxD))
+
+  def decoder_rows(self, layer: int, latents_k) -> tuple[np.ndarray, int]:
+    rows_kxD = self.files[layer].rows("W_dec", latents_k) / np.asarray(self.params[layer]["output_scale"])
+    return rows_kxD[:, None], layer
+
+  def encoder_rows(self, layer: int, latents_k) -> np.ndarray:
+    return self.files[layer].rows("W_enc", latents_k) * np.asarray(self.params[layer]["input_scale"])
+
+  def encode(self, params, layer: int, x_NxD) -> jax.Array:
+    raise self._whole_needed()
+
+  def decoders(self, params, layer: int) -> tuple[jax.Array, int]:
+    raise self._whole_needed()
+
+  def encoders(self, params, layer: int) -> jax.Array:
+    raise self._whole_needed()
+
+  def _whole_needed(self) -> UserError:
+    return UserError("these transcoders are read from their files a piece at a time: .in_memory() reads them whole")
+
+  def in_memory(self) -> PerLayerTranscoders:
+    layers = [f.load() for f in self.files]
+    params = tuple(jax.device_put(p) for _, p in layers)
+    return PerLayerTranscoders(self.saes, params, self.point_in, self.point_out)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _sae_latents(config, params, x_TxD) -> jax.Array:
+  return sae_lib.encode(config, params, x_TxD)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _clt_latents(config: CLTConfig, params, layer, x_TxD) -> jax.Array:
+  at = {k: jax.lax.dynamic_index_in_dim(v, layer, keepdims=False) for k, v in params.items()}
+  pre_TxZ = (x_TxD.astype(jnp.float32) * at["input_scale"]) @ at["W_enc"] + at["b_enc"]
+  return activation(config, pre_TxZ, at.get("threshold"))
 
 
 def replacement_losses(model, params, tokens_BxT, tc: Transcoders) -> dict[str, float]:
   """The next-token loss on these windows of the model (`clean`), of the replacement model (`replaced`:
   every MLP's output the transcoders' of the stream as it is in that run), and with every MLP's output zeroed
   (`zero_mlp`); `score` = (zero_mlp - replaced) / (zero_mlp - clean): 1, the transcoders lose nothing."""
-  tc = tc.check(model).unboxed()
+  tc = tc.check(model).unboxed().in_memory()
   clean, replaced, zero = map(float, _losses(model, tc.static(), nn.unbox(params), tc.params, tokens_BxT))
   score = (zero - replaced) / (zero - clean) if zero != clean else float("nan")
   return {"clean": clean, "replaced": replaced, "zero_mlp": zero, "score": score}

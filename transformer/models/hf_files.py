@@ -81,6 +81,26 @@ def read_tensors(file: Path, skip: Callable[[str], bool] = lambda key: False) ->
     raise CheckpointError(f"{file} is not a safetensors file ({e}); give a Hugging Face model's directory") from None
 
 
+def read_rows(file: Path, key: str, rows_k) -> np.ndarray:
+  """Rows `rows_k` (in that order) of one tensor of a safetensors file, in its stored dtype, reading only them:
+  a slice a run of consecutive rows, so that a few rows of a large matrix cost a few pages, not the file."""
+  rows_k = np.asarray(rows_k, np.int64).reshape(-1)
+  order = np.argsort(rows_k, kind="stable")
+  wanted = rows_k[order]
+  starts = np.flatnonzero(np.diff(wanted, prepend=-2) != 1)  # where a run of consecutive rows begins
+  ends = np.append(starts[1:], len(wanted))
+  try:
+    with safe_open(file, framework="numpy") as f:
+      tensor = f.get_slice(key)
+      shape = tuple(tensor.get_shape())
+      runs = [tensor[int(wanted[a]) : int(wanted[b - 1]) + 1] for a, b in zip(starts, ends)] or [tensor[0:0]]
+  except SafetensorError as e:
+    raise CheckpointError(f"{file} is not a safetensors file ({e})") from None
+  out = np.empty((len(rows_k), *shape[1:]), runs[0].dtype)
+  out[order] = np.concatenate(runs)
+  return out
+
+
 def header_shapes(file: Path) -> dict[str, tuple[int, ...]]:
   """Each tensor's shape in a safetensors file (its header: nothing read but the header)."""
   try:
@@ -88,6 +108,13 @@ def header_shapes(file: Path) -> dict[str, tuple[int, ...]]:
       return {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
   except SafetensorError as e:
     raise CheckpointError(f"{file} is not a safetensors file ({e})") from None
+
+
+def itemsize(file: Path, key: str) -> int:
+  """The bytes of one value of a tensor as a safetensors file stores it (its header)."""
+  with safe_open(file, framework="numpy") as f:
+    dtype = f.get_slice(key).get_dtype()
+  return {"F64": 8, "I64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "I16": 2}.get(dtype, 1)
 
 
 def numel(file: Path) -> int:

@@ -206,6 +206,21 @@ def activate(config, pre_NxZ, threshold_Z=None, train: bool = False) -> jax.Arra
   return relu_NxZ * (relu_NxZ >= threshold_Z)
 
 
+def encode(config, params, x_NxD) -> jax.Array:
+  """The latents (N x Z, float32) of inputs in the model's units from the encoder's params alone (`W_enc`,
+  `b_enc`, `input_scale`; an SAE's `b_dec`; the activation's `threshold`), in whatever dtype they are stored:
+  `SAE.__call__`'s latents, for a dictionary read from its files a layer at a time, with no decoder."""
+  f32 = lambda name: jnp.asarray(params[name]).astype(jnp.float32)
+  x_NxD = x_NxD.astype(jnp.float32) * f32("input_scale")
+  if not config.transcoder:
+    x_NxD = x_NxD - f32("b_dec")
+  pre_NxZ = x_NxD @ f32("W_enc") + f32("b_enc")
+  threshold_Z = None
+  if config.activation in ("jumprelu", "batchtopk"):
+    threshold_Z = f32("threshold") if config.activation == "batchtopk" else jnp.maximum(f32("threshold"), 0.0)
+  return activate(config, pre_NxZ, threshold_Z)
+
+
 class SAE(nn.Module):
   """The sparse autoencoder of `SAEConfig`. `__call__(x_NxD, train)` -> (reconstruction, latents);
   `train=True` is BatchTopK's batch selection (else its inference threshold)."""

@@ -23,6 +23,7 @@ W_enc_<l>.safetensors (W_enc_<l> Z x D, b_enc_<l>, b_dec_<l>, threshold_<l>) and
 
 from __future__ import annotations
 
+import dataclasses
 import zipfile
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
@@ -85,6 +86,13 @@ def _points(cfg: dict, path: Path) -> tuple[str, str]:
       f"to {', '.join(HOOKS_OUT)}"
     )
   return HOOKS_IN[hook_in], HOOKS_OUT[hook_out]
+
+
+def write_config(out_dir: Path, model_kind: str, point_in: str, point_out: str, model_name: str = "", scan: str = ""):
+  """config.yaml of a set whose files are written beside it (one layer at a time, by a caller that cannot hold
+  the set whole): `model_kind`, the hooks of our points, the scan (default: the directory's name)."""
+  cfg = _config(model_kind, point_in, point_out, model_name, scan or Path(out_dir).name)
+  (Path(out_dir) / CONFIG).write_text(yaml.safe_dump(cfg, sort_keys=False))
 
 
 def _config(model_kind: str, point_in: str, point_out: str, model_name: str, scan: str) -> dict:
@@ -154,8 +162,19 @@ def names(directory: str | Path) -> tuple[str, tuple[str, ...]]:
 
 
 def import_circuit_tracer(directory: str | Path) -> tuple[list[tuple[SAEConfig, dict]], str, str]:
-  """(one (config, params) a layer, the point they read, the point they write) of circuit-tracer's transcoder
-  set in `directory`, in any of its layouts (the module docstring)."""
+  """(one (config, params) a layer, read whole in float32; the point they read, the point they write) of
+  circuit-tracer's transcoder set in `directory`, in any of its layouts (the module docstring)."""
+  layers, point_in, point_out = open_circuit_tracer(directory)
+  _refuse_unless_fits(
+    4 * sum(layer.values() for layer in layers), "reading its transcoders whole in float32", directory
+  )
+  return [layer.load() for layer in layers], point_in, point_out
+
+
+def open_circuit_tracer(directory: str | Path) -> tuple[list[LayerFile], str, str]:
+  """(each layer's file, its headers read and nothing else; the point they read, the point they write) of
+  circuit-tracer's transcoder set in `directory`: what a graph over a set too large to hold reads a piece at a
+  time. Refused up front where even one layer's encoder (stored, and in float32) would not fit in memory."""
   directory = Path(directory)
   path = directory / CONFIG
   if not path.is_file():
@@ -163,36 +182,133 @@ def import_circuit_tracer(directory: str | Path) -> tuple[list[tuple[SAEConfig, 
   cfg = _read_config(path)
   point_in, point_out = _points(cfg, path)
   files = _layer_files(directory, cfg, path)
-  fits_in_memory(list(files.values()), directory)
-  return [_layer(files[layer]) for layer in range(len(files))], point_in, point_out
+  layers = [LayerFile.of(files[layer]) for layer in range(len(files))]
+  _refuse_unless_fits(
+    max(layer.encoder_bytes() for layer in layers), "reading one layer's encoder to encode it", directory
+  )
+  return layers, point_in, point_out
 
 
-def fits_in_memory(files: list[Path], directory: Path) -> None:
-  """One error, before anything is read, where the set read whole in float32 (what the graph holds) needs more
-  than the host has free: the bytes it needs, the bytes there are."""
+def _refuse_unless_fits(needed: int, what: str, directory: Path) -> None:
+  """One error, before anything is read, where `needed` bytes are more than the host has free."""
   available = hostmem.available_bytes()
-  if available is None:
-    return
-  values = sum(map(_values, files))
-  if 4 * values > available:
+  if available is not None and needed > available:
     raise CheckpointError(
-      f"{directory}: its transcoders read whole in float32 need {4 * values / 2**30:.2f} GiB ({values:,} values) "
-      f"and this machine has {available / 2**30:.2f} GiB free: read them on a machine with that much memory"
+      f"{directory}: {what} needs {needed / 2**30:.2f} GiB and this machine has {available / 2**30:.2f} GiB "
+      "free: read it on a machine with that much memory"
     )
 
 
-def _values(file: Path) -> int:
-  """The values a layer's file holds, from its headers alone."""
-  if file.suffix != ".npz":
-    return hf_files.numel(file)
-  total = 0
+@dataclasses.dataclass(frozen=True)
+class LayerFile:
+  """One layer's transcoder as its file holds it (circuit-tracer's safetensors, or Gemma Scope's params.npz),
+  read a piece at a time in its stored dtype: the encoder whole to encode, the rows of the latents that fire,
+  the rest (biases, a skip path) small. `shapes`: each tensor's, in circuit-tracer's names and orientation."""
+
+  path: Path
+  config: SAEConfig
+  shapes: tuple[tuple[str, tuple[int, ...]], ...]
+
+  @classmethod
+  def of(cls, path: Path) -> LayerFile:
+    shapes = _npz_shapes(path) if path.suffix == ".npz" else hf_files.header_shapes(path)
+    if path.suffix == ".npz":
+      if not {"W_enc", "W_dec", "b_enc", "b_dec", "threshold"} <= set(shapes):
+        raise CheckpointError(f"{path} is not a Gemma Scope transcoder (W_enc, W_dec, b_enc, b_dec, threshold)")
+      shapes["W_enc"] = shapes["W_enc"][::-1]  # stored d_model x d_sae
+      shapes[_THRESHOLD] = shapes.pop("threshold")
+    if "W_enc" not in shapes or "log_thresholds" in shapes:
+      raise CheckpointError(f"{path} is not a circuit-tracer ReLU or JumpReLU transcoder (W_enc, W_dec, b_enc, b_dec)")
+    d_sae, d_in = shapes["W_enc"]
+    jumprelu = _THRESHOLD in shapes
+    config = SAEConfig(
+      d_in=d_in,
+      d_sae=d_sae,
+      d_out=shapes["W_dec"][1],
+      skip="W_skip" in shapes,
+      activation="jumprelu" if jumprelu else "relu",
+      normalize_decoder=False,
+    ).check()
+    return cls(path, config, tuple(sorted(shapes.items())))
+
+  def values(self) -> int:
+    return sum(int(np.prod(shape)) for _, shape in self.shapes)
+
+  def encoder_bytes(self) -> int:
+    """The bytes encoding reads at once: the encoder as stored and in float32."""
+    return int(np.prod(dict(self.shapes)["W_enc"])) * (self._itemsize("W_enc") + 4)
+
+  def _itemsize(self, key: str) -> int:
+    return 4 if self.path.suffix == ".npz" else hf_files.itemsize(self.path, key)
+
+  def _read(self, keys) -> dict[str, np.ndarray]:
+    """Whole tensors by circuit-tracer's names, stored dtype (W_enc Z x D)."""
+    if self.path.suffix != ".npz":
+      return {k: v for k, v in hf_files.read_tensors(self.path, skip=lambda key: key not in keys)}
+    named = {_THRESHOLD: "threshold"}
+    with np.load(self.path) as npz:
+      t = {k: np.asarray(npz[named.get(k, k)]) for k in keys}
+    if "W_enc" in t:
+      t["W_enc"] = t["W_enc"].T
+    return t
+
+  def small_params(self) -> dict[str, np.ndarray]:
+    """What a replacement model holds of this layer beside its features: the output bias, a skip path (D x D)
+    and the unit scales (float32, in our params' names and orientation)."""
+    t = self._read([k for k in ("b_dec", "W_skip") if k in dict(self.shapes)])
+    params = {"b_dec": t["b_dec"].astype(np.float32), "input_scale": np.ones((), np.float32)}
+    params["output_scale"] = np.ones((), np.float32)
+    if "W_skip" in t:
+      params["W_skip"] = t["W_skip"].T.astype(np.float32)
+    return params
+
+  def encoder(self) -> dict[str, np.ndarray]:
+    """The encoder as `sae.encode` reads it: W_enc (D x Z), b_enc, a JumpReLU's threshold, stored dtype."""
+    t = self._read([k for k in ("W_enc", "b_enc", _THRESHOLD) if k in dict(self.shapes)])
+    params = {"W_enc": t["W_enc"].T, "b_enc": t["b_enc"], "input_scale": np.ones((), np.float32)}
+    if _THRESHOLD in t:
+      params["threshold"] = t[_THRESHOLD].reshape(-1)
+    return params
+
+  def rows(self, key: str, latents_k) -> np.ndarray:
+    """`W_enc`'s or `W_dec`'s rows (Z x D, circuit-tracer's orientation) of these latents, float32: only those
+    rows are read from a safetensors file."""
+    if self.path.suffix == ".npz":
+      return self._read([key])[key][np.asarray(latents_k, np.int64)].astype(np.float32)
+    return hf_files.read_rows(self.path, key, latents_k).astype(np.float32)
+
+  def load(self) -> tuple[SAEConfig, dict]:
+    """(config, params) of the whole layer, float32."""
+    t = {k: np.asarray(v, np.float32) for k, v in self._read([k for k, _ in self.shapes]).items()}
+    params = {
+      "W_enc": t["W_enc"].T,
+      "b_enc": t["b_enc"],
+      "W_dec": t["W_dec"],
+      "b_dec": t["b_dec"],
+      "since_fired": np.zeros(self.config.d_sae, np.float32),
+      "input_scale": np.ones((), np.float32),
+      "output_scale": np.ones((), np.float32),
+    }
+    if _THRESHOLD in t:
+      params["threshold"] = t[_THRESHOLD].reshape(-1)
+    if "W_skip" in t:
+      params["W_skip"] = t["W_skip"].T
+    return self.config, params
+
+
+_THRESHOLD = "activation_function.threshold"
+
+
+def _npz_shapes(file: Path) -> dict[str, tuple[int, ...]]:
+  """Each array's shape in an .npz, from its headers alone."""
+  shapes = {}
   with zipfile.ZipFile(file) as archive:
     for name in archive.namelist():
       with archive.open(name) as member:
         version = np.lib.format.read_magic(member)
         read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        total += int(np.prod(read(member)[0]))
-  return total
+        shapes[name.removesuffix(".npy")] = tuple(read(member)[0])
+  return shapes
 
 
 def _layer_files(directory: Path, cfg: dict, path: Path) -> dict[int, Path]:
@@ -252,44 +368,6 @@ def _local(directory: Path, entry: str, path: Path, layer: int, home: str) -> Pa
   )
 
 
-def _layer(file: Path) -> tuple[SAEConfig, dict]:
-  """(config, params) of one layer's file: circuit-tracer's safetensors, or Gemma Scope's params.npz."""
-  if file.suffix == ".npz":
-    with np.load(file) as npz:
-      t = {k: np.asarray(npz[k], np.float32) for k in npz.files}
-    if not {"W_enc", "W_dec", "b_enc", "b_dec", "threshold"} <= set(t):
-      raise CheckpointError(f"{file} is not a Gemma Scope transcoder (W_enc, W_dec, b_enc, b_dec, threshold)")
-    t["W_enc"], t["activation_function.threshold"] = t["W_enc"].T, t.pop("threshold")  # stored d_model x d_sae
-  else:
-    t = {k: np.asarray(v, np.float32) for k, v in hf_files.read_tensors(file)}
-  if "W_enc" not in t or "log_thresholds" in t:
-    raise CheckpointError(f"{file} is not a circuit-tracer ReLU or JumpReLU transcoder (W_enc, W_dec, b_enc, b_dec)")
-  d_sae, d_in = t["W_enc"].shape
-  jumprelu = "activation_function.threshold" in t
-  config = SAEConfig(
-    d_in=d_in,
-    d_sae=d_sae,
-    d_out=t["W_dec"].shape[1],
-    skip="W_skip" in t,
-    activation="jumprelu" if jumprelu else "relu",
-    normalize_decoder=False,
-  ).check()
-  params = {
-    "W_enc": t["W_enc"].T,
-    "b_enc": t["b_enc"],
-    "W_dec": t["W_dec"],
-    "b_dec": t["b_dec"],
-    "since_fired": np.zeros(d_sae, np.float32),
-    "input_scale": np.ones((), np.float32),
-    "output_scale": np.ones((), np.float32),
-  }
-  if jumprelu:
-    params["threshold"] = t["activation_function.threshold"].reshape(-1)
-  if "W_skip" in t:
-    params["W_skip"] = t["W_skip"].T
-  return config, params
-
-
 def export_circuit_tracer_clt(
   config: CLTConfig,
   params: dict,
@@ -341,9 +419,8 @@ def import_circuit_tracer_clt(directory: str | Path) -> tuple[CLTConfig, dict, s
     raise CheckpointError(
       f"{directory}: no W_enc_<l> and W_dec_<l>.safetensors for layers 0 .. L-1 (circuit-tracer's CLT)"
     )
-  fits_in_memory(
-    [directory / f"W_{kind}_{layer}.safetensors" for kind in ("enc", "dec") for layer in range(L)], directory
-  )
+  files = [directory / f"W_{kind}_{layer}.safetensors" for kind in ("enc", "dec") for layer in range(L)]
+  _refuse_unless_fits(4 * sum(map(hf_files.numel, files)), "reading its transcoder whole in float32", directory)
   enc = [dict(hf_files.read_tensors(directory / f"W_enc_{layer}.safetensors")) for layer in range(L)]
   Z, D = enc[0]["W_enc_0"].shape
   jumprelu = "threshold_0" in enc[0]

@@ -28,8 +28,12 @@ from circuit_tracer.utils.caching import load_transcoders_from_cache
 from circuit_tracer.utils.hf_utils import load_transcoders, parse_hf_uri
 from safetensors.torch import load_file
 from transformer_lens import HookedTransformerConfig
-from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights, convert_llama_weights
-from transformers import GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformer_lens.pretrained.weight_conversions import (
+  convert_gpt2_weights,
+  convert_llama_weights,
+  convert_qwen3_weights,
+)
+from transformers import GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 
 class IdTokenizer:
@@ -47,22 +51,28 @@ class IdTokenizer:
 
 
 def hf_model(model_dir: Path):
-  """transformers' model of a directory: GPT-2's, or a Llama's (the families' fixtures, written by transformers 5,
-  whose rope_parameters this transformers reads as rope_theta)."""
+  """transformers' model of a directory: GPT-2's, or a Llama's or a Qwen3's (the families' fixtures and the
+  benchmark's published shapes, written in transformers 5's form, whose rope_parameters this transformers reads as
+  rope_theta), in float32."""
   config = json.loads((model_dir / "config.json").read_text())
   if config["model_type"] == "gpt2":
     return GPT2LMHeadModel.from_pretrained(model_dir)
   config["rope_theta"] = config.pop("rope_parameters", {}).get("rope_theta", 10000.0)
   for key in ("transformers_version", "dtype", "architectures", "attn_implementation"):
     config.pop(key, None)
-  hf = LlamaForCausalLM(LlamaConfig(**config))
-  hf.load_state_dict(load_file(model_dir / "model.safetensors"), strict=False)  # a tied head is not in the file
+  qwen3 = config["model_type"] == "qwen3"
+  hf = Qwen3ForCausalLM(Qwen3Config(**config)) if qwen3 else LlamaForCausalLM(LlamaConfig(**config))
+  state = {}
+  for file in sorted(model_dir.glob("*.safetensors")):
+    state |= {k: v.float() for k, v in load_file(file).items()}
+  hf.load_state_dict(state, strict=False)  # a tied head is not in the file
   hf.tie_weights()
   return hf.eval()
 
 
 def tl_config(hf) -> HookedTransformerConfig:
   c = hf.config
+  qwen3 = c.model_type == "qwen3"
   if c.model_type == "gpt2":
     shape = dict(
       n_layers=c.n_layer, d_model=c.n_embd, n_ctx=c.n_positions, d_head=c.n_embd // c.n_head, n_heads=c.n_head
@@ -96,21 +106,22 @@ def tl_config(hf) -> HookedTransformerConfig:
     gated_mlp=True,
     final_rms=True,
     eps=c.rms_norm_eps,
-    model_name="llama-tiny",
-    original_architecture="LlamaForCausalLM",
+    use_qk_norm=qwen3,
+    model_name="qwen3-shape" if qwen3 else "llama-tiny",
+    original_architecture="Qwen3ForCausalLM" if qwen3 else "LlamaForCausalLM",
     default_prepend_bos=False,
     device="cpu",
   )
 
 
-def load(transcoder_dir: Path):
+def load(transcoder_dir: Path, lazy: bool = False):
   """A transcoder set or a cross-layer transcoder by circuit-tracer's own loaders, in any of its layouts: the cache
   layout (config.yaml, and layer_<l>.safetensors or W_enc_<l>/W_dec_<l> beside it) by load_transcoders_from_cache;
   a published one (config.yaml listing hf:// URIs, the files downloaded beside it) by load_transcoders, each URI
   read where a download of its repository put it (the one step offline); the first releases' (entries of id,
   layer and filepath, which 0.5's loaders no longer read) by load_transcoder_set with the paths the entries name."""
   config = yaml.safe_load((transcoder_dir / "config.yaml").read_text())
-  cpu = dict(device=torch.device("cpu"), dtype=torch.float32, lazy_encoder=False, lazy_decoder=False)
+  cpu = dict(device=torch.device("cpu"), dtype=torch.float32, lazy_encoder=lazy, lazy_decoder=lazy)
   entries = config.get("transcoders")
   if entries is None:
     return load_transcoders_from_cache(transcoder_dir.name, cache_dir=transcoder_dir.parent, **cpu)[0]
@@ -123,37 +134,58 @@ def load(transcoder_dir: Path):
   return load_transcoders({**config, "transcoders": local, "repo_id": repo, "scan": config.get("scan", repo)}, **cpu)
 
 
-def replacement_model(model_dir: Path, transcoder_dir: Path, first: int) -> TransformerLensReplacementModel:
-  """circuit-tracer's TransformerLens replacement model of a GPT-2 or Llama directory and a transcoder set or a
-  cross-layer transcoder in circuit-tracer's files (config.yaml's model_kind says which)."""
+def replacement_model(
+  model_dir: Path, transcoder_dir: Path, first: int, lazy: bool = False
+) -> TransformerLensReplacementModel:
+  """circuit-tracer's TransformerLens replacement model of a GPT-2, Llama or Qwen3 directory and a transcoder set
+  or a cross-layer transcoder in circuit-tracer's files (config.yaml's model_kind says which; `lazy`: its encoders
+  and decoders read from the files when used, as it reads published sets)."""
   hf = hf_model(model_dir)
   cfg = tl_config(hf)
-  convert = convert_gpt2_weights if hf.config.model_type == "gpt2" else convert_llama_weights
-  transcoders = load(transcoder_dir)
+  converts = {"gpt2": convert_gpt2_weights, "qwen3": convert_qwen3_weights}
+  convert = converts.get(hf.config.model_type, convert_llama_weights)
+  transcoders = load(transcoder_dir, lazy)
   model = TransformerLensReplacementModel(cfg)
   model.load_and_process_state_dict(convert(hf, cfg), fold_ln=False, center_writing_weights=False, center_unembed=False)
+  vocab_size = hf.config.vocab_size
+  del hf  # (its float32 copy of the weights)
   model._configure_replacement_model(transcoders)
-  model.tokenizer = IdTokenizer(first, hf.config.vocab_size)
+  model.tokenizer = IdTokenizer(first, vocab_size)
   return model
 
 
 def main(spec: dict) -> dict:
   torch.manual_seed(0)
   tokens = np.load(spec["tokens"])
-  model = replacement_model(Path(spec["model"]), Path(spec["transcoders"]), int(tokens[0]))
+  start = time.perf_counter()
+  lazy = spec.get("lazy", False)
+  model = replacement_model(Path(spec["model"]), Path(spec["transcoders"]), int(tokens[0]), lazy)
+  loaded = time.perf_counter() - start
   times, graph = [], None
+  cap = spec.get("max_feature_nodes")
   for _ in range(spec["repeats"]):
     start = time.perf_counter()
-    graph = attribute(torch.tensor(tokens), model, batch_size=spec["batch_size"])
+    graph = attribute(torch.tensor(tokens), model, batch_size=spec["batch_size"], max_feature_nodes=cap)
     times.append(time.perf_counter() - start)
   np.savez(spec["out"], active_features=graph.active_features.numpy(), adjacency=graph.adjacency_matrix.numpy())
   return {
     "first_seconds": times[0],
     "seconds": statistics.median(times[1:] or times),
     "features": int(len(graph.active_features)),
+    "active": int(len(graph.active_features)),
+    "load_seconds": loaded,
+    "peak_bytes": peak_rss(),
     "versions": f"circuit-tracer {getattr(circuit_tracer, '__version__', '0.5')}, torch {torch.__version__}",
     "threads": torch.get_num_threads(),
   }
+
+
+def peak_rss() -> int:
+  """This process's peak resident bytes (/proc's VmHWM)."""
+  for line in Path("/proc/self/status").read_text().splitlines():
+    if line.startswith("VmHWM:"):
+      return int(line.split()[1]) * 1024
+  return -1
 
 
 if __name__ == "__main__":
