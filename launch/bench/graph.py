@@ -210,12 +210,12 @@ def _measure(spec: dict) -> dict:
   """In this process (a fresh one): the graph of `spec` (published_table's), its seconds and the peak resident
   bytes of the whole process."""
   start = time.perf_counter()
-  trained = opening.open_path(spec["model"])
+  opened = opening.open_path(spec["model"])
   transcoders = dictionaries.load_transcoders([spec["transcoders"]])[1]
   tokens_T = np.load(spec["tokens"])
   g = graph.attribute(
-    trained.model,
-    trained.params,
+    opened.module,
+    opened.params,
     tokens_T,
     transcoders,
     batch_size=spec["batch_size"],

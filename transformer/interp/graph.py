@@ -376,21 +376,31 @@ def _targets(tc: Transcoders, active_nx3, logit_vectors_KxD, L: int, T: int) -> 
   }
 
 
+# The targets' layers (0 .. L, L the logits') fall in this many groups of consecutive layers, one program each:
+# a target's backward pass starts at the top of its group, not at its own layer (a few layers of zeros more), so
+# that a graph compiles this many programs, not one a layer (on a 30-layer model, tracing and compiling 27 of them
+# was most of a first call).
+_LAYER_GROUPS = 4
+
+
 def _rows(model, tc: Transcoders, params, tokens_T, setup, sources, targets, batch_size: int) -> np.ndarray:
-  """The adjacency's rows of every target (features', then logits'), `batch_size` backward passes at a time,
-  one program for the targets of each layer (a target at layer l reads nothing later: its backward pass starts
-  there), the last batch of each padded so that one program serves each layer's batches."""
+  """The adjacency's rows of every target (features', then logits'), `batch_size` backward passes at a time, one
+  program for the targets of each group of layers (`_LAYER_GROUPS`: a target at layer l reads nothing later, so
+  that its backward pass starts at its group's top), the last batch of each padded so that one program serves
+  each group's batches."""
   N = len(targets["layer_N"])
   L, T, _ = setup.errors_LxTxD.shape
   out = np.zeros((N, sources["num_features"] + (L + 1) * T), np.float32)
   arrays = {k: v for k, v in sources.items() if k != "num_features"}
-  for layer in np.unique(targets["layer_N"]):
-    mine = np.flatnonzero(targets["layer_N"] == layer)
+  width = -(-(L + 1) // _LAYER_GROUPS)
+  for group in np.unique(targets["layer_N"] // width):
+    mine = np.flatnonzero(targets["layer_N"] // width == group)
+    lowest, top = int(group) * width, min(L, (int(group) + 1) * width - 1)  # the group's, whichever are present
     B = max(1, min(batch_size, len(mine)))
     for start in range(0, len(mine), B):
       rows_b = mine[start : start + B]
-      chunk = {k: _padded(targets[k][rows_b], B) for k in ("vectors_NxD", "position_N")}
-      static = (tc.static(), sources["num_features"], int(layer))
+      chunk = {k: _padded(targets[k][rows_b], B) for k in ("vectors_NxD", "position_N", "layer_N")}
+      static = (tc.static(), sources["num_features"], lowest, top)
       rows = _row_batch(model, static, params, tc.params, tokens_T, setup, arrays, chunk)
       out[rows_b] = np.asarray(rows)[: len(rows_b)]
   return out
@@ -436,27 +446,34 @@ def _replacement_run(model, tc: Transcoders, params, tokens_T, setup: _Setup, de
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _row_batch(model, static, params, tc_params, tokens_T, setup, sources, targets) -> jax.Array:
-  """B rows of the adjacency, of targets that read one layer's input (`static`'s layer; L: the final norm's
-  output): one backward pass of the replacement model a target (vmapped) from that layer down, each gradient
-  contracted with every source's output vectors. B x (features + errors + tokens)."""
-  static_tc, n, layer = static
+  """B rows of the adjacency, of targets that read layers `lowest` .. `top` (`static`'s; `targets["layer_N"]`
+  each one's; L: the final norm's output): one backward pass of the replacement model a target (vmapped) from the
+  top down, its cotangent where it reads, each gradient contracted with every source's output vectors.
+  B x (features + errors + tokens)."""
+  static_tc, n, lowest, top = static
   tc = static_tc.with_params(tc_params)
   L, T, D = setup.errors_LxTxD.shape
-  # Only the MLP outputs before the targets' layer move what they read: the others are no inputs of the pass.
-  zeros = {"mlp_out": {w: jnp.zeros((T, D), jnp.float32) for w in range(layer)}, "embed": jnp.zeros((T, D))}
+  # Only the MLP outputs before the top layer move what they read: the others are no inputs of the pass.
+  zeros = {"mlp_out": {w: jnp.zeros((T, D), jnp.float32) for w in range(top)}, "embed": jnp.zeros((T, D))}
 
   def read(delta):  # what the targets read: the backward pass starts there
     inputs, final_TxD = _replacement_run(model, tc, params, tokens_T, setup, delta)
-    return final_TxD if layer == L else inputs[layer]
+    return [final_TxD if layer == L else inputs[layer] for layer in range(lowest, top + 1)]
 
   _, backward = jax.vjp(read, zeros)
-  at_TxD = lambda vector_D, position: jnp.zeros((T, D)).at[position].set(vector_D)
+
+  def cotangents(vector_D, position, target_layer):  # zero but where the target reads
+    at_TxD = jnp.zeros((T, D)).at[position].set(vector_D)
+    return [jnp.where(target_layer == layer, at_TxD, 0.0) for layer in range(lowest, top + 1)]
+
   # Gradients position-major (T x B x D): the contraction's batch is the position.
-  (grads,) = jax.vmap(lambda v, p: backward(at_TxD(v, p)), out_axes=1)(targets["vectors_NxD"], targets["position_N"])
+  (grads,) = jax.vmap(lambda *target: backward(cotangents(*target)), out_axes=1)(
+    targets["vectors_NxD"], targets["position_N"], targets["layer_N"]
+  )
   B = targets["position_N"].shape[0]
   features_Bxn, errors = jnp.zeros((B, n)), []
   for w in range(L):
-    if w >= layer:
+    if w >= top:
       errors.append(jnp.zeros((B, T)))
       continue
     g_TxBxD, written = grads["mlp_out"][w], sources["written"][w]
