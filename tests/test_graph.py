@@ -179,6 +179,19 @@ def test_transcoders_read_a_piece_at_a_time_give_the_graph_of_those_read_whole(n
     streamed.encode(streamed.params, 0, np.zeros((1, 64), np.float32))
 
 
+def test_the_planner_gives_a_graphs_memory_before_it_is_made(gpt2_tiny):
+  """graph.plan compiles the graph's programs against abstract arrays (no params allocated): its parts sum to its
+  peak, a larger batch of rows needs more, and more firing features more host memory (the rows computed)."""
+  model, params = gpt2_tiny
+  transcoders = dictionaries.load_transcoders([str(FIXTURES / "relu")])[1]
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+  small, large = (G.plan(model, abstract, transcoders, 10, 20, batch_size=b) for b in (8, 64))
+  assert large["rows a batch"] > small["rows a batch"] > 0 and large["host"] == small["host"] > 0
+  assert small["params"] == sum(x.nbytes for x in jax.tree.leaves(params)) and small["encode a layer"] > 0
+  assert small["peak"] > small["params"] + small["host"]
+  assert G.plan(model, abstract, transcoders, 10, 40, batch_size=8)["host"] > small["host"]
+
+
 @pytest.mark.slow
 def test_a_graph_over_transcoders_larger_than_the_memory_it_may_use_stays_under_it(tmp_path):
   """A 4-layer model's transcoder set of 524,288 latents a layer, stored in bfloat16 (512 MiB; 1 GiB read whole in

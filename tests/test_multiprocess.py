@@ -101,3 +101,33 @@ def test_two_processes_of_four_devices_match_one_of_eight_and_one_process_resume
   b = metrics.last_per_step(metrics.read_jsonl(tmp_path / "two" / "metrics.jsonl"), "loss")
   assert sorted(a) == sorted(b) == list(range(1, 13))
   np.testing.assert_allclose([b[s] for s in sorted(b)], [a[s] for s in sorted(a)], atol=1e-5)
+
+
+@pytest.mark.slow
+def test_an_sae_trains_in_two_processes_as_in_one(tmp_path):
+  """A TopK SAE's latents over the tensor axis and its rows over data and fsdp, the mesh across 2 processes x 4
+  devices: the same losses, step for step, as 1 process x 8 devices (TopK's selection across the latents' shards)."""
+  sae = ["--config=experiments/sae.py:tiny", "--config.log_every_steps=1", "--config.num_train_steps=8"]
+  sae += ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2"]
+  one = run_module("launch.train", *sae, f"--workdir={tmp_path / 'one'}", env={"JAX_NUM_CPU_DEVICES": "8"})
+  assert one.returncode == 0, one.stderr[-3000:]
+  port = _free_port()
+  procs = [
+    subprocess.Popen(
+      [sys.executable, "-m", "launch.train", *sae, f"--workdir={tmp_path / 'two'}"]
+      + [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
+      cwd=REPO,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+      env={**os.environ, "JAX_NUM_CPU_DEVICES": "4"},
+    )
+    for i in range(2)
+  ]
+  outs = [p.communicate(timeout=300) for p in procs]
+  assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+  assert "8 x cpu (cpu), 2 process(es)" in outs[0][0]
+  a = metrics.last_per_step(metrics.read_jsonl(tmp_path / "one" / "metrics.jsonl"), "loss")
+  b = metrics.last_per_step(metrics.read_jsonl(tmp_path / "two" / "metrics.jsonl"), "loss")
+  assert sorted(a) == sorted(b) == list(range(1, 9))
+  np.testing.assert_allclose([b[s] for s in sorted(b)], [a[s] for s in sorted(a)], rtol=1e-5)

@@ -42,7 +42,7 @@ import numpy as np
 from transformer.errors import UserError
 from transformer.interp.replacement import Transcoders
 from transformer.layers.points import functions_at, split_path
-from transformer.models import gpt
+from transformer.models import gpt, sae
 
 
 @dataclasses.dataclass
@@ -484,6 +484,62 @@ def _row_batch(model, static, params, tc_params, tokens_T, setup, sources, targe
     errors.append(jnp.einsum("tbd,td->bt", g_TxBxD, sources["errors_LxTxD"][w]))
   tokens_BxT = jnp.einsum("tbd,td->bt", grads["embed"], sources["embed_TxD"])
   return jnp.concatenate([features_Bxn, *errors, tokens_BxT], axis=1)
+
+
+def plan(
+  model,
+  params,
+  transcoders: Transcoders,
+  num_tokens: int,
+  l0: int,
+  batch_size: int = 256,
+  max_feature_nodes: int | None = None,
+  max_n_logits: int = 10,
+) -> dict[str, int]:
+  """The bytes a graph of `num_tokens` tokens needs, before one is made (nothing is allocated: `params` may be
+  abstract, jax.ShapeDtypeStruct), for `l0` features of each layer firing at each position: each program that
+  `attribute` runs, compiled against abstract arrays for this machine's backend (XLA's memory analysis: arguments
+  + outputs + temporaries; on an accelerator, the device's), and the host arrays that grow with the active
+  features (the rows computed, the targets' directions, the unembedding, one layer's latents). "peak": the model's
+  params, the largest program's outputs and temporaries and one layer's encoder beside them, and the host's."""
+  tc = transcoders.check(model)
+  L, D, T = model.config.num_layers, model.config.block.d_model, num_tokens
+  Z, V = tc.configs()[0].latents, model.config.vocab_size
+  n, K = L * (T - 1) * l0, max_n_logits  # (the first position's left out)
+  f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+  i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
+  size = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+  total = lambda compiled: sum(_memory_parts(compiled))
+  tokens_T = i32(T)
+  clean = _clean_run.lower(model, tc.point_in, params, tokens_T).compile()
+  frozen, *_, embed_TxD, logits_V = jax.eval_shape(lambda p, t: _clean_run(model, tc.point_in, p, t), params, tokens_T)
+  config = tc.configs()[0]
+  encoder = {"W_enc": f32(D, Z), "b_enc": f32(Z), "input_scale": f32()} | (
+    {"threshold": f32(Z)} if config.activation in ("jumprelu", "batchtopk") else {}
+  )
+  per_layer = hasattr(tc, "saes")  # (a cross-layer transcoder's encoders: its params, counted with them)
+  encode = jax.jit(sae.encode, static_argnums=0).lower(config, encoder, f32(T, D)).compile() if per_layer else None
+  setup = _Setup(frozen, f32(L, T, D), f32(L, T, D), embed_TxD, logits_V)
+  cells = {"cells_TxMxD": f32(T, l0, D), "feature_e": i32(T * l0), "position_e": i32(T * l0), "slot_e": i32(T * l0)}
+  sources = {"written": [cells] * L, "errors_LxTxD": f32(L, T, D), "embed_TxD": f32(T, D)}
+  B = batch_size
+  targets = {"vectors_NxD": f32(B, D), "position_N": i32(B), "layer_N": i32(B)}
+  fixed = tc.fixed_part()
+  width = -(-(L + 1) // _LAYER_GROUPS)
+  static = (fixed.static(), n, (L // width) * width, L)  # the top group's: the deepest backward passes
+  rows = _row_batch.lower(model, static, params, fixed.params, tokens_T, setup, sources, targets).compile()
+  computed = min(n, max_feature_nodes or n) + K
+  host = 4 * (computed * (n + (L + 1) * T) + n * D + V * D + T * Z)
+  programs = {"clean run": total(clean), "encode a layer": total(encode) if encode else 0, "rows a batch": total(rows)}
+  largest = max(sum(_memory_parts(c)[1:]) for c in (clean, rows, encode) if c is not None)
+  peak = size(params) + largest + size(encoder) + host
+  return {"params": size(params), **programs, "host": host, "peak": peak}
+
+
+def _memory_parts(compiled) -> tuple[int, int, int]:
+  """(arguments, outputs, temporaries) of a compiled program, bytes."""
+  m = compiled.memory_analysis()
+  return m.argument_size_in_bytes, m.output_size_in_bytes, m.temp_size_in_bytes
 
 
 def dense_rows(model, params, tokens_T, transcoders: Transcoders, graph: Graph, zero_first: bool = True) -> np.ndarray:

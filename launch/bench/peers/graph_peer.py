@@ -165,7 +165,9 @@ def main(spec: dict) -> dict:
   cap = spec.get("max_feature_nodes")
   for _ in range(spec["repeats"]):
     start = time.perf_counter()
-    graph = attribute(torch.tensor(tokens), model, batch_size=spec["batch_size"], max_feature_nodes=cap)
+    graph = attribute(
+      torch.tensor(tokens), model, batch_size=spec["batch_size"], max_feature_nodes=cap, offload=spec.get("offload")
+    )
     times.append(time.perf_counter() - start)
   np.savez(spec["out"], active_features=graph.active_features.numpy(), adjacency=graph.adjacency_matrix.numpy())
   return {
