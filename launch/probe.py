@@ -65,8 +65,7 @@ import launch
 from transformer import cli, dictionaries, inference, opening
 from transformer import workdir as workdir_files
 from transformer.errors import UserError
-from transformer.interp import features, graph_view, interventions, probe_page, probes, studies
-from transformer.interp import graph as G
+from transformer.interp import features, graph_targets, graph_view, interventions, probe_page, probes, studies
 from transformer.layers.points import Point
 from transformer.models.gpt import GPT
 from transformer.models.sae import SAE
@@ -415,7 +414,7 @@ def attribution_graph(texts: list[str]) -> None:
       for f, v in (("--target", _TARGET.value), ("--versus", _VERSUS.value))
       if v
     ]
-    targets = ids if len(ids) == 1 else [G.logit_difference(trained.model.config, trained.params, *ids)]
+    targets = ids if len(ids) == 1 else [graph_targets.logit_difference(trained.model.config, trained.params, *ids)]
   record = graph_view.study(
     *(trained.model, trained.params, trained.tokenizer, texts[0], transcoders, Path(_OUT.value)),
     *(_held_out(trained), names),

@@ -21,7 +21,7 @@ from experiments import shakespeare
 from transformer import dictionaries, hostmem, inference
 from transformer.errors import CheckpointError, ConfigError, UserError
 from transformer.interp import graph as G
-from transformer.interp import graph_view, interventions, replacement
+from transformer.interp import graph_targets, graph_view, interventions, replacement
 from transformer.models import formats, gpt, sae_formats, tracer_formats
 from transformer.models.clt import CLTConfig, CrossLayerTranscoder
 from transformer.models.formats.gpt2 import import_hf_gpt2
@@ -244,7 +244,9 @@ def test_targets_beyond_the_top_logits_are_tokens_and_directions(gpt2_tiny):
   np.testing.assert_allclose(pair.logit_probabilities, top.logit_probabilities[[0, 3]], rtol=1e-5)
   rows = lambda g: g.adjacency_NxN[g.logit_index(0) :, : g.logit_index(0)]  # the logits' rows over the sources
   np.testing.assert_allclose(rows(pair), rows(top)[[0, 3]], atol=1e-6)
-  diff = G.attribute(model, params, tokens, transcoders, targets=[G.logit_difference(model.config, params, a, b)])
+  diff = G.attribute(
+    model, params, tokens, transcoders, targets=[graph_targets.logit_difference(model.config, params, a, b)]
+  )
   np.testing.assert_allclose(rows(diff)[0], rows(pair)[0] - rows(pair)[1], atol=1e-5)
   assert diff.logit_labels == (f"logit({a})-logit({b})",) and diff.logit_probabilities.tolist() == [1.0]
   data = graph_view.to_json(diff, graph_view.prune(diff), str)
