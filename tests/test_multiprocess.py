@@ -30,6 +30,28 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+def _train_in_two_processes(args: list[str]) -> list[str]:
+  """launch.train with `args` in 2 processes of 4 fake CPU devices each over loopback: their stdouts, once both
+  finished (each must succeed)."""
+  port = _free_port()
+  procs = [
+    subprocess.Popen(
+      [sys.executable, "-m", "launch.train", *args]
+      + [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
+      cwd=REPO,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+      env={**os.environ, "JAX_NUM_CPU_DEVICES": "4"},
+    )
+    for i in range(2)
+  ]
+  outs = [p.communicate(timeout=300) for p in procs]
+  assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+  assert "8 x cpu (cpu), 2 process(es)" in outs[0][0]
+  return [out for out, _ in outs]
+
+
 @pytest.mark.slow
 def test_two_processes_of_four_devices_match_one_of_eight_and_one_process_resumes_them(tmp_path):
   """2 processes x 4 devices (data 2 x fsdp 4 over both) train like 1 process x 8, step for step; the
@@ -48,33 +70,8 @@ def test_two_processes_of_four_devices_match_one_of_eight_and_one_process_resume
     env={"JAX_NUM_CPU_DEVICES": "8"},
   )
   assert one.returncode == 0, one.stderr
-  port = _free_port()
-  procs = [
-    subprocess.Popen(
-      [
-        sys.executable,
-        "-m",
-        "launch.train",
-        *ARGS,
-        *mesh,
-        *longer,
-        f"--config.data.root={tmp_path / 'data2'}",  # prepared anew: by process 0, process 1 waiting
-        f"--workdir={tmp_path / 'two'}",
-        f"--coordinator_address=127.0.0.1:{port}",
-        "--num_processes=2",
-        f"--process_id={i}",
-      ],
-      cwd=REPO,
-      stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE,
-      text=True,
-      env={**os.environ, "JAX_NUM_CPU_DEVICES": "4"},
-    )
-    for i in range(2)
-  ]
-  outs = [p.communicate(timeout=300) for p in procs]
-  assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
-  assert "8 x cpu (cpu), 2 process(es)" in outs[0][0]
+  two = [*ARGS, *mesh, *longer, f"--workdir={tmp_path / 'two'}"]
+  _train_in_two_processes([*two, f"--config.data.root={tmp_path / 'data2'}"])  # prepared anew: by process 0
   # The two processes' data is one preparation, the one a single process wrote, and nothing else.
   [one_dir], [two_dir] = [list(root.iterdir()) for root in (data_root, tmp_path / "data2")]
   written = lambda d: {
@@ -111,22 +108,7 @@ def test_an_sae_trains_in_two_processes_as_in_one(tmp_path):
   sae += ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2"]
   one = run_module("launch.train", *sae, f"--workdir={tmp_path / 'one'}", env={"JAX_NUM_CPU_DEVICES": "8"})
   assert one.returncode == 0, one.stderr[-3000:]
-  port = _free_port()
-  procs = [
-    subprocess.Popen(
-      [sys.executable, "-m", "launch.train", *sae, f"--workdir={tmp_path / 'two'}"]
-      + [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
-      cwd=REPO,
-      stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE,
-      text=True,
-      env={**os.environ, "JAX_NUM_CPU_DEVICES": "4"},
-    )
-    for i in range(2)
-  ]
-  outs = [p.communicate(timeout=300) for p in procs]
-  assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
-  assert "8 x cpu (cpu), 2 process(es)" in outs[0][0]
+  _train_in_two_processes([*sae, f"--workdir={tmp_path / 'two'}"])
   a = metrics.last_per_step(metrics.read_jsonl(tmp_path / "one" / "metrics.jsonl"), "loss")
   b = metrics.last_per_step(metrics.read_jsonl(tmp_path / "two" / "metrics.jsonl"), "loss")
   assert sorted(a) == sorted(b) == list(range(1, 9))

@@ -29,7 +29,7 @@ from transformer.layers.points import functions_at, split_path
 from transformer.models import sae as sae_lib
 from transformer.models.clt import CLTConfig, CrossLayerTranscoder, activation
 from transformer.models.sae import SAE
-from transformer.models.tracer_formats import LayerFile
+from transformer.models.tracer_formats import LayerFile, refuse_unless_fits
 
 # Where a transcoder the replacement model splices in reads (the MLP branch's stream, ln_2's normalised input
 # before its weight, or the MLP's own input after it: circuit-tracer's mlp.hook_in) and writes (what the block
@@ -279,6 +279,8 @@ class StreamedTranscoders(PerLayerTranscoders):
     return UserError("these transcoders are read from their files a piece at a time: .in_memory() reads them whole")
 
   def in_memory(self) -> PerLayerTranscoders:
+    needed = 4 * sum(f.values() for f in self.files)
+    refuse_unless_fits(needed, "reading its transcoders whole in float32", self.files[0].path.parent)
     layers = [f.load() for f in self.files]
     params = tuple(jax.device_put(p) for _, p in layers)
     return PerLayerTranscoders(self.saes, params, self.point_in, self.point_out)

@@ -17,7 +17,8 @@ W_enc_<l>.safetensors (W_enc_<l> Z x D, b_enc_<l>, b_dec_<l>, threshold_<l>) and
 (W_dec_<l> Z x (L - l) x D) beside config.yaml. Neither subtracts b_dec from the input it encodes.
 
     >>> export_circuit_tracer([(config, params), ...], "set/", point_in="mlp_input")   # one transcoder a layer
-    >>> layers, point_in, point_out = import_circuit_tracer("set/")
+    >>> layers, point_in, point_out = import_circuit_tracer("set/")   # read whole, float32
+    >>> files, point_in, point_out = open_circuit_tracer("set/")     # LayerFiles: headers only, read a piece at a time
     >>> config, params, point_in, point_out = import_circuit_tracer_clt("clt/")
 """
 
@@ -165,9 +166,7 @@ def import_circuit_tracer(directory: str | Path) -> tuple[list[tuple[SAEConfig, 
   """(one (config, params) a layer, read whole in float32; the point they read, the point they write) of
   circuit-tracer's transcoder set in `directory`, in any of its layouts (the module docstring)."""
   layers, point_in, point_out = open_circuit_tracer(directory)
-  _refuse_unless_fits(
-    4 * sum(layer.values() for layer in layers), "reading its transcoders whole in float32", directory
-  )
+  refuse_unless_fits(4 * sum(layer.values() for layer in layers), "reading its transcoders whole in float32", directory)
   return [layer.load() for layer in layers], point_in, point_out
 
 
@@ -183,13 +182,13 @@ def open_circuit_tracer(directory: str | Path) -> tuple[list[LayerFile], str, st
   point_in, point_out = _points(cfg, path)
   files = _layer_files(directory, cfg, path)
   layers = [LayerFile.of(files[layer]) for layer in range(len(files))]
-  _refuse_unless_fits(
+  refuse_unless_fits(
     max(layer.encoder_bytes() for layer in layers), "reading one layer's encoder to encode it", directory
   )
   return layers, point_in, point_out
 
 
-def _refuse_unless_fits(needed: int, what: str, directory: Path) -> None:
+def refuse_unless_fits(needed: int, what: str, directory: Path) -> None:
   """One error, before anything is read, where `needed` bytes are more than the host has free."""
   available = hostmem.available_bytes()
   if available is not None and needed > available:
@@ -420,7 +419,7 @@ def import_circuit_tracer_clt(directory: str | Path) -> tuple[CLTConfig, dict, s
       f"{directory}: no W_enc_<l> and W_dec_<l>.safetensors for layers 0 .. L-1 (circuit-tracer's CLT)"
     )
   files = [directory / f"W_{kind}_{layer}.safetensors" for kind in ("enc", "dec") for layer in range(L)]
-  _refuse_unless_fits(4 * sum(map(hf_files.numel, files)), "reading its transcoder whole in float32", directory)
+  refuse_unless_fits(4 * sum(map(hf_files.numel, files)), "reading its transcoder whole in float32", directory)
   enc = [dict(hf_files.read_tensors(directory / f"W_enc_{layer}.safetensors")) for layer in range(L)]
   Z, D = enc[0]["W_enc_0"].shape
   jumprelu = "threshold_0" in enc[0]
