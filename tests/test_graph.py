@@ -179,6 +179,24 @@ def test_transcoders_read_a_piece_at_a_time_give_the_graph_of_those_read_whole(n
     streamed.encode(streamed.params, 0, np.zeros((1, 64), np.float32))
 
 
+def test_a_new_prompt_of_the_same_length_reuses_the_row_programs(gpt2_tiny):
+  """The rows' programs are compiled for bucketed sizes (the features' count, each layer's entries and slots, the
+  batch): another prompt of the same length whose counts fall in the same buckets compiles no new one, and its
+  rows are the dense Jacobian's (the padding adds nothing)."""
+  model, params = gpt2_tiny
+  transcoders = dictionaries.load_transcoders([str(FIXTURES / "relu")])[1]
+  tokens = np.load(FIXTURES / "relu" / "tokens.npy")
+  first = G.attribute(model, params, tokens, transcoders)
+  compiled = G._row_batch._cache_size()
+  other = replaced(tokens, len(tokens) - 1, (tokens[-1] + 1) % model.config.vocab_size)
+  second = G.attribute(model, params, other, transcoders)
+  assert G._row_batch._cache_size() == compiled and second.num_features != first.num_features
+  n, K = second.num_features, len(second.logit_tokens)
+  rows = np.concatenate([second.adjacency_NxN[:n], second.adjacency_NxN[-K:]])[:, :-K]
+  dense = G.dense_rows(model, params, other, transcoders, second)
+  np.testing.assert_allclose(rows, dense, atol=1e-5 * np.abs(dense).max())
+
+
 def test_the_planner_gives_a_graphs_memory_before_it_is_made(gpt2_tiny):
   """graph.plan compiles the graph's programs against abstract arrays (no params allocated): its parts sum to its
   peak, a larger batch of rows needs more, and more firing features more host memory (the rows computed)."""

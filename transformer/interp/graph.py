@@ -290,19 +290,29 @@ def _sources(setup: _Setup, entries: list, active_nx3) -> dict:
   """Every source node's output vectors: each feature's `_entries` as cells, by the layer written (its vector,
   feature, position and slot among that cell's entries); the errors (L x T x D) and the token embeddings (T x D)."""
   L, T, D = setup.errors_LxTxD.shape
-  written = [_cells(active_nx3, entries[layer], T, D) for layer in range(L)]
+  padded = _bucket(len(active_nx3) + 1)  # one column at least past the features': where padding entries add
+  written = [_cells(active_nx3, entries[layer], T, D, padded - 1) for layer in range(L)]
   return {
     "written": [{k: jax.device_put(v) for k, v in cells.items()} for cells in written],
     "num_features": len(active_nx3),
+    "num_padded": padded,
     "errors_LxTxD": setup.errors_LxTxD,
     "embed_TxD": setup.embed_TxD.astype(jnp.float32),
   }
 
 
-def _cells(active_nx3, entries: list, T: int, D: int) -> dict:
+def _bucket(count: int, per_octave: int = 1) -> int:
+  """`count` rounded up to one of `per_octave` sizes an octave (a power of 2 by default): the sizes a graph's
+  programs are compiled for, so that a new prompt's counts of features, entries and targets fall in compiled ones."""
+  step = 1 << max(0, count.bit_length() - per_octave.bit_length())
+  return max(1, -(-count // step) * step)
+
+
+def _cells(active_nx3, entries: list, T: int, D: int, spare: int) -> dict:
   """One layer's written entries (features, vectors) as cells: each position's entries side by side, padded to
   the fullest position's count, so that the rows' contraction is one batched product, not a gather of
-  B x E x D gradients, which XLA:CPU makes by transposing all of them."""
+  B x E x D gradients, which XLA:CPU makes by transposing all of them. The slots and the entries are padded to
+  `_bucket` sizes, the padding entries adding to the `spare` feature column (dropped)."""
   feature_e = np.concatenate([f for f, _ in entries] or [np.zeros(0, np.int64)])
   vectors_ExD = np.concatenate([v for _, v in entries] or [np.zeros((0, D))]).astype(np.float32)
   position_e = active_nx3[feature_e, 1]
@@ -310,14 +320,16 @@ def _cells(active_nx3, entries: list, T: int, D: int) -> dict:
   order = np.argsort(position_e, kind="stable")
   slot_e = np.empty_like(position_e)
   slot_e[order] = np.arange(len(position_e)) - np.concatenate([[0], np.cumsum(counts)])[position_e[order]]
-  cells_TxMxD = np.zeros((T, max(1, int(counts.max(initial=0))), D), np.float32)
+  # (the slots at 4 sizes an octave: the rows' contraction is a product over them)
+  cells_TxMxD = np.zeros((T, _bucket(max(1, int(counts.max(initial=0))), per_octave=4), D), np.float32)
   cells_TxMxD[position_e, slot_e] = vectors_ExD
-  as_int = lambda x: x.astype(np.int32)
+  pad = _bucket(len(feature_e)) - len(feature_e)
+  as_int = lambda x, fill: np.concatenate([x, np.full(pad, fill)]).astype(np.int32)
   return {
     "cells_TxMxD": cells_TxMxD,
-    "feature_e": as_int(feature_e),
-    "position_e": as_int(position_e),
-    "slot_e": as_int(slot_e),
+    "feature_e": as_int(feature_e, spare),
+    "position_e": as_int(position_e, 0),
+    "slot_e": as_int(slot_e, 0),
   }
 
 
@@ -337,10 +349,9 @@ def _targets(tc: Transcoders, active_nx3, logit_vectors_KxD, L: int, T: int) -> 
   }
 
 
-# The targets' layers (0 .. L, L the logits') fall in this many groups of consecutive layers, one program each:
-# a target's backward pass starts at the top of its group, not at its own layer (a few layers of zeros more), so
-# that a graph compiles this many programs, not one a layer (on a 30-layer model, tracing and compiling 27 of them
-# was most of a first call).
+# The targets' layers (0 .. L, L the logits') fall in this many groups, one program each: a target's backward pass
+# starts at its group's top, not its own layer (a few layers of zeros more), so that a deep model's graph compiles
+# four programs, not one a layer (tracing and compiling them was most of a first call).
 _LAYER_GROUPS = 4
 
 
@@ -351,19 +362,20 @@ def _rows(model, tc: Transcoders, params, tokens_T, setup, sources, targets, bat
   each group's batches."""
   N = len(targets["layer_N"])
   L, T, _ = setup.errors_LxTxD.shape
-  out = np.zeros((N, sources["num_features"] + (L + 1) * T), np.float32)
-  arrays = {k: v for k, v in sources.items() if k != "num_features"}
+  n, padded = sources["num_features"], sources["num_padded"]
+  out = np.zeros((N, n + (L + 1) * T), np.float32)
+  arrays = {k: v for k, v in sources.items() if k not in ("num_features", "num_padded")}
   width = -(-(L + 1) // _LAYER_GROUPS)
   for group in np.unique(targets["layer_N"] // width):
     mine = np.flatnonzero(targets["layer_N"] // width == group)
     lowest, top = int(group) * width, min(L, (int(group) + 1) * width - 1)  # the group's, whichever are present
-    B = max(1, min(batch_size, len(mine)))
+    B = max(1, min(batch_size, _bucket(len(mine))))
     for start in range(0, len(mine), B):
       rows_b = mine[start : start + B]
       chunk = {k: _padded(targets[k][rows_b], B) for k in ("vectors_NxD", "position_N", "layer_N")}
-      static = (tc.static(), sources["num_features"], lowest, top)
-      rows = _row_batch(model, static, params, tc.params, tokens_T, setup, arrays, chunk)
-      out[rows_b] = np.asarray(rows)[: len(rows_b)]
+      static = (tc.static(), padded, lowest, top)
+      rows = np.asarray(_row_batch(model, static, params, tc.params, tokens_T, setup, arrays, chunk))[: len(rows_b)]
+      out[rows_b] = np.concatenate([rows[:, :n], rows[:, padded:]], axis=1)  # the padding columns dropped
   return out
 
 
@@ -447,22 +459,15 @@ def _row_batch(model, static, params, tc_params, tokens_T, setup, sources, targe
   return jnp.concatenate([features_Bxn, *errors, tokens_BxT], axis=1)
 
 
-def plan(
-  model,
-  params,
-  transcoders: Transcoders,
-  num_tokens: int,
-  l0: int,
-  batch_size: int = 256,
-  max_feature_nodes: int | None = None,
-  max_n_logits: int = 10,
-) -> dict[str, int]:
+def plan(model, params, transcoders: Transcoders, num_tokens: int, l0: int, batch_size: int = 256, **caps) -> dict:
   """The bytes a graph of `num_tokens` tokens needs, before one is made (nothing is allocated: `params` may be
   abstract, jax.ShapeDtypeStruct), for `l0` features of each layer firing at each position: each program that
   `attribute` runs, compiled against abstract arrays for this machine's backend (XLA's memory analysis: arguments
   + outputs + temporaries; on an accelerator, the device's), and the host arrays that grow with the active
   features (the rows computed, the targets' directions, the unembedding, one layer's latents). "peak": the model's
-  params, the largest program's outputs and temporaries and one layer's encoder beside them, and the host's."""
+  params, the largest program's outputs and temporaries and one layer's encoder beside them, and the host's.
+  `caps`: attribute's max_feature_nodes and max_n_logits."""
+  max_feature_nodes, max_n_logits = caps.get("max_feature_nodes"), caps.get("max_n_logits", 10)
   tc = transcoders.check(model)
   L, D, T = model.config.num_layers, model.config.block.d_model, num_tokens
   Z, V = tc.configs()[0].latents, model.config.vocab_size
@@ -470,7 +475,8 @@ def plan(
   f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
   i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
   size = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
-  total = lambda compiled: sum(_memory_parts(compiled))
+  parts = lambda m: (m.argument_size_in_bytes, m.output_size_in_bytes, m.temp_size_in_bytes)
+  total = lambda compiled: sum(parts(compiled.memory_analysis()))
   tokens_T = i32(T)
   clean = _clean_run.lower(model, tc.point_in, params, tokens_T).compile()
   frozen, *_, embed_TxD, logits_V = jax.eval_shape(lambda p, t: _clean_run(model, tc.point_in, p, t), params, tokens_T)
@@ -481,26 +487,20 @@ def plan(
   per_layer = hasattr(tc, "saes")  # (a cross-layer transcoder's encoders: its params, counted with them)
   encode = jax.jit(sae.encode, static_argnums=0).lower(config, encoder, f32(T, D)).compile() if per_layer else None
   setup = _Setup(frozen, f32(L, T, D), f32(L, T, D), embed_TxD, logits_V)
-  cells = {"cells_TxMxD": f32(T, l0, D), "feature_e": i32(T * l0), "position_e": i32(T * l0), "slot_e": i32(T * l0)}
+  entries = {k: i32(_bucket(T * l0)) for k in ("feature_e", "position_e", "slot_e")}
+  cells = {"cells_TxMxD": f32(T, _bucket(l0, per_octave=4), D), **entries}
   sources = {"written": [cells] * L, "errors_LxTxD": f32(L, T, D), "embed_TxD": f32(T, D)}
-  B = batch_size
-  targets = {"vectors_NxD": f32(B, D), "position_N": i32(B), "layer_N": i32(B)}
+  targets = {"vectors_NxD": f32(batch_size, D), "position_N": i32(batch_size), "layer_N": i32(batch_size)}
   fixed = tc.fixed_part()
   width = -(-(L + 1) // _LAYER_GROUPS)
-  static = (fixed.static(), n, (L // width) * width, L)  # the top group's: the deepest backward passes
+  static = (fixed.static(), _bucket(n + 1), (L // width) * width, L)  # the top group's: the deepest passes
   rows = _row_batch.lower(model, static, params, fixed.params, tokens_T, setup, sources, targets).compile()
   computed = min(n, max_feature_nodes or n) + K
   host = 4 * (computed * (n + (L + 1) * T) + n * D + V * D + T * Z)
   programs = {"clean run": total(clean), "encode a layer": total(encode) if encode else 0, "rows a batch": total(rows)}
-  largest = max(sum(_memory_parts(c)[1:]) for c in (clean, rows, encode) if c is not None)
+  largest = max(sum(parts(c.memory_analysis())[1:]) for c in (clean, rows, encode) if c is not None)
   peak = size(params) + largest + size(encoder) + host
   return {"params": size(params), **programs, "host": host, "peak": peak}
-
-
-def _memory_parts(compiled) -> tuple[int, int, int]:
-  """(arguments, outputs, temporaries) of a compiled program, bytes."""
-  m = compiled.memory_analysis()
-  return m.argument_size_in_bytes, m.output_size_in_bytes, m.temp_size_in_bytes
 
 
 def dense_rows(model, params, tokens_T, transcoders: Transcoders, graph: Graph, zero_first: bool = True) -> np.ndarray:
@@ -526,7 +526,8 @@ def dense_rows(model, params, tokens_T, transcoders: Transcoders, graph: Graph, 
     moved = []
     for w, written in enumerate(sources["written"]):
       vectors_ExD = written["cells_TxMxD"][written["position_e"], written["slot_e"]]
-      moved_TxD = jnp.zeros((T, D)).at[written["position_e"]].add(c_feat[written["feature_e"], None] * vectors_ExD)
+      coefficient_e = jnp.where(written["feature_e"] < n, c_feat[jnp.minimum(written["feature_e"], n - 1)], 0.0)
+      moved_TxD = jnp.zeros((T, D)).at[written["position_e"]].add(coefficient_e[:, None] * vectors_ExD)
       moved.append(moved_TxD + c_err[w * T : (w + 1) * T, None] * sources["errors_LxTxD"][w])
     delta = {"mlp_out": jnp.stack(moved), "embed": c_tok[:, None] * sources["embed_TxD"]}
     inputs_LxTxD, final_TxD = replacement_inputs(model, tc.fixed_part(), params, tokens, setup, delta)
