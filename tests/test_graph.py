@@ -628,7 +628,7 @@ def test_circuit_tracer_reads_our_exported_transcoders_and_draws_our_graph(gpt2_
   """Transcoders of ours (scales not 1; a skip path, or cross-layer) exported to circuit-tracer's format:
   circuit-tracer 0.5's graph of them on the tiny GPT-2 equals ours."""
   model, params = gpt2_tiny
-  _, tc = dictionaries.load_transcoders([str(FIXTURES / name)])
+  tc = dictionaries.load_transcoders([str(FIXTURES / name)])[1].in_memory()
   if isinstance(tc, replacement.PerLayerTranscoders):
     layers = []
     for sae, p in zip(tc.saes, tc.params):
