@@ -41,7 +41,7 @@ import numpy as np
 
 from transformer.errors import UserError
 from transformer.interp.graph_targets import logit_targets, salient_logits
-from transformer.interp.replacement import Transcoders
+from transformer.interp.replacement import PerLayerTranscoders, Transcoders
 from transformer.layers.points import functions_at, split_path
 from transformer.models import gpt, sae
 
@@ -484,7 +484,7 @@ def plan(model, params, transcoders: Transcoders, num_tokens: int, l0: int, batc
   encoder = {"W_enc": f32(D, Z), "b_enc": f32(Z), "input_scale": f32()} | (
     {"threshold": f32(Z)} if config.activation in ("jumprelu", "batchtopk") else {}
   )
-  per_layer = hasattr(tc, "saes")  # (a cross-layer transcoder's encoders: its params, counted with them)
+  per_layer = isinstance(tc, PerLayerTranscoders)  # (a cross-layer transcoder's encoders: its params, counted)
   encode = jax.jit(sae.encode, static_argnums=0).lower(config, encoder, f32(T, D)).compile() if per_layer else None
   setup = _Setup(frozen, f32(L, T, D), f32(L, T, D), embed_TxD, logits_V)
   entries = {k: i32(_bucket(T * l0)) for k in ("feature_e", "position_e", "slot_e")}
