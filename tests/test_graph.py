@@ -191,9 +191,40 @@ def test_a_new_prompt_of_the_same_length_reuses_the_row_programs(gpt2_tiny):
   other = replaced(tokens, len(tokens) - 1, (tokens[-1] + 1) % model.config.vocab_size)
   second = G.attribute(model, params, other, transcoders)
   assert G._row_batch._cache_size() == compiled and second.num_features != first.num_features
-  n, K = second.num_features, len(second.logit_tokens)
-  rows = np.concatenate([second.adjacency_NxN[:n], second.adjacency_NxN[-K:]])[:, :-K]
-  dense = G.dense_rows(model, params, other, transcoders, second)
+  _assert_rows_are_the_dense_jacobians(model, params, other, transcoders, second)
+
+
+def test_a_prompt_of_a_nearby_length_runs_at_the_same_length_and_the_filler_changes_nothing(gpt2_tiny):
+  """A prompt runs at its length's bucket (`prompt_bucket`: 4 sizes an octave), filler after it: one a token
+  longer in the same bucket, whose counts fall in the same buckets, compiles no new program, and both graphs'
+  rows are the dense Jacobian's of the prompt unpadded; a prompt padded further gives the graph of its own length."""
+  model, params = gpt2_tiny
+  transcoders = dictionaries.load_transcoders([str(FIXTURES / "relu")])[1]
+  tokens = np.load(FIXTURES / "relu" / "tokens.npy")
+  assert [G.prompt_bucket(T, 16) for T in (8, 9, 10, 11, 13, 15, 17)] == [8, 10, 10, 12, 14, 16, 17]
+  prompt = np.concatenate([tokens, [4]])  # 11 tokens, run at 12
+  first = G.attribute(model, params, prompt, transcoders)
+  compiled = G._clean_run._cache_size(), G._row_batch._cache_size()
+  longer = G.attribute(model, params, np.concatenate([prompt, [4]]), transcoders)
+  assert (G._clean_run._cache_size(), G._row_batch._cache_size()) == compiled
+  L, K = model.config.num_layers, len(first.logit_tokens)
+  assert first.num_positions == 11 and first.adjacency_NxN.shape[0] == first.num_features + (L + 1) * 11 + K
+  _assert_rows_are_the_dense_jacobians(model, params, prompt, transcoders, first)
+  _assert_rows_are_the_dense_jacobians(model, params, np.concatenate([prompt, [4]]), transcoders, longer)
+  own = G.attribute(model, params, tokens, transcoders)  # 10 tokens: a bucket's size, run unpadded
+  padded = G.attribute(model, params, tokens, transcoders, padded_length=16)
+  np.testing.assert_array_equal(padded.active_features, own.active_features)
+  np.testing.assert_array_equal(padded.logit_tokens, own.logit_tokens)
+  A = own.adjacency_NxN
+  assert padded.adjacency_NxN.shape == A.shape and np.abs(padded.adjacency_NxN - A).max() <= 1e-6 * np.abs(A).max()
+  with pytest.raises(UserError, match="padded_length=40: give one from the prompt's 10 tokens to the context's 32"):
+    G.attribute(model, params, tokens, transcoders, padded_length=40)
+
+
+def _assert_rows_are_the_dense_jacobians(model, params, tokens, transcoders, graph):
+  n, K = graph.num_features, len(graph.logit_tokens)
+  rows = np.concatenate([graph.adjacency_NxN[:n], graph.adjacency_NxN[-K:]])[:, :-K]
+  dense = G.dense_rows(model, params, tokens, transcoders, graph)
   np.testing.assert_allclose(rows, dense, atol=1e-5 * np.abs(dense).max())
 
 
@@ -319,7 +350,7 @@ def test_an_edge_is_the_change_of_its_targets_input_when_its_source_is_removed(w
   model, params, transcoders = request.getfixturevalue(which)
   graph = G.attribute(model, params, TOKENS, transcoders)
   tc = transcoders.unboxed()
-  setup, _, _, entries = G._setup(model, tc, params, jax.device_put(TOKENS), True)
+  setup, _, _, entries = G._setup(model, tc, params, jax.device_put(TOKENS), True, len(TOKENS))
   sources = G._sources(setup, entries, graph.active_features)
   targets = G._targets(tc, graph.active_features, graph.logit_vectors_KxD, model.config.num_layers, len(TOKENS))
   L, T, D = setup.errors_LxTxD.shape
@@ -370,7 +401,7 @@ def test_the_replacement_model_gives_the_models_logits_and_a_perfect_transcoder_
     saes.append(sae)
     tc_params.append(p)
   perfect = replacement.PerLayerTranscoders(tuple(saes), tuple(tc_params), point_in="ln_2.normalized")
-  setup = G._setup(model, perfect, params, jax.device_put(TOKENS), False)[0]
+  setup = G._setup(model, perfect, params, jax.device_put(TOKENS), False, len(TOKENS))[0]
   assert np.abs(np.asarray(setup.errors_LxTxD)).max() < 1e-5
   zeros = {"mlp_out": np.zeros((2, 10, 16), np.float32), "embed": np.zeros((10, 16), np.float32)}
   run = jax.jit(lambda d: G.replacement_inputs(model, perfect, params, jax.device_put(TOKENS), setup, d))

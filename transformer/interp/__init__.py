@@ -12,4 +12,5 @@ fourier           grokking's Fourier progress measures
 replacement       the model with its MLPs replaced by transcoders (one a layer, or cross-layer): losses, shared parts
 graph             attribution graphs through transcoders: the local replacement model, edges, feature interventions
 graph_view        pruning a graph, its scores, circuit-tracer's viewer JSON; graph_page: its HTML page
+graph_targets     what a graph explains; graph_selection: which features a cap keeps as nodes
 """

@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer.errors import UserError
+from transformer.interp.graph_selection import capped_rows
 from transformer.interp.graph_targets import logit_targets, salient_logits
 from transformer.interp.replacement import PerLayerTranscoders, Transcoders
 from transformer.layers.points import functions_at, split_path
@@ -114,6 +115,7 @@ def attribute(
   max_feature_nodes: int | None = None,
   update_interval: int = 4,
   targets=None,
+  padded_length: int | None = None,
 ) -> Graph:
   """The attribution graph of one prompt (`tokens_T`, its ids) through `transcoders` (one a layer):
   every active feature's row (its direct effects from every node) and the top logits', by batched
@@ -121,14 +123,17 @@ def attribute(
   position's features and error left out (circuit-tracer's: the first position is an attention sink, a
   BOS, whose activations are outliers; its MLP output stays in the replacement model as a constant).
   `max_feature_nodes`: at most this many features become nodes, chosen as circuit-tracer 0.5 chooses them
-  (`_capped_rows`): the rest stay in the replacement model, as no node. `targets`: what the logit nodes are
-  (None: the top logits; token ids; custom directions: `logit_targets`, `logit_difference`)."""
+  (`graph_selection.capped_rows`): the rest stay in the replacement model, as no node. `targets`: what the logit
+  nodes are (None: the top logits; token ids; custom directions: `logit_targets`, `logit_difference`).
+  `padded_length`: the length the prompt runs at (None: `prompt_bucket`'s), filler after it, so that prompts of
+  nearby lengths share their programs: the model is causal, the filler changes nothing before it and is no node."""
   tc = transcoders.check(model).unboxed()
   tokens_T = np.asarray(tokens_T, np.int32).reshape(-1)
   if len(tokens_T) > model.config.max_len:
     raise UserError(f"a prompt of {len(tokens_T)} tokens is longer than the model's context ({model.config.max_len})")
   params = nn.unbox(params)
-  setup, active_nx3, activations_n, entries = _setup(model, tc, params, jax.device_put(tokens_T), zero_first)
+  tokens_P = jax.device_put(_padded_prompt(tokens_T, model.config.max_len, padded_length))
+  setup, active_nx3, activations_n, entries = _setup(model, tc, params, tokens_P, zero_first, len(tokens_T))
   unembed_DxV = np.asarray(gpt.unembedding(model.config, params), np.float32).T
   if targets is None:  # the top logits
     logit_tokens, logit_p = salient_logits(np.asarray(setup.logits_V), max_n_logits, desired_logit_prob)
@@ -138,8 +143,8 @@ def attribute(
   sources = _sources(setup, entries, active_nx3)
   rows_targets = _targets(tc, active_nx3, vectors_KxD, model.config.num_layers, len(tokens_T))
   rows_of = lambda ids: _rows(
-    *(model, tc.fixed_part(), params, jax.device_put(tokens_T), setup, sources),
-    *({k: v[ids] for k, v in rows_targets.items()}, batch_size),
+    *(model, tc.fixed_part(), params, tokens_P, setup, sources),
+    *({k: v[ids] for k, v in rows_targets.items()}, batch_size, len(tokens_T)),
   )
   n, K = len(active_nx3), len(logit_tokens)
   if max_feature_nodes is not None and max_feature_nodes < 1:
@@ -147,7 +152,7 @@ def attribute(
   if max_feature_nodes is None or max_feature_nodes >= n:
     selected, rows = np.arange(n), rows_of(np.arange(n + K))
   else:
-    selected, rows = _capped_rows(rows_of, n, logit_p, max_feature_nodes, batch_size * update_interval)
+    selected, rows = capped_rows(rows_of, n, logit_p, max_feature_nodes, batch_size * update_interval)
   m = len(selected)
   columns = np.concatenate([selected, np.arange(n, rows.shape[1])])  # the nodes': features chosen, then the rest
   N = m + (model.config.num_layers + 1) * len(tokens_T) + K
@@ -161,47 +166,6 @@ def attribute(
   return Graph(tokens_T, *features, *logits)
 
 
-def _capped_rows(rows_of, n: int, logit_p, cap: int, queue: int) -> tuple[np.ndarray, np.ndarray]:
-  """(the `cap` features chosen, ascending; their rows in that order, then the logits') as circuit-tracer 0.5's
-  `_run_attribution` chooses them: the logits' rows first, then, `queue` rows at a time (its update_interval x
-  batch_size), the unvisited features of the largest partial influence on the logits through the rows so far."""
-  logit_rows = rows_of(np.arange(n, n + len(logit_p)))
-  C = logit_rows.shape[1]
-  feature_rows = np.zeros((cap, C), np.float32)
-  order = np.zeros(0, np.int64)
-  visited = np.zeros(n, bool)
-  while len(order) < cap:
-    nodes = np.concatenate([C + np.arange(len(logit_p)), order])  # each row's node, as a column of the influence
-    influence = partial_influences(np.concatenate([logit_rows, feature_rows[: len(order)]]), logit_p, nodes)
-    rank = np.argsort(-influence[:n], kind="stable")
-    pending = rank[~visited[rank]][: min(queue, cap - len(order))]
-    feature_rows[len(order) : len(order) + len(pending)] = rows_of(pending)
-    visited[pending] = True
-    order = np.concatenate([order, pending])
-  by_index = np.argsort(order)
-  return order[by_index], np.concatenate([feature_rows[by_index], logit_rows])
-
-
-def partial_influences(rows_RxC, logit_p, row_nodes, max_iter: int = 128) -> np.ndarray:
-  """Each node's influence on the logits through the rows computed so far (circuit-tracer's
-  `compute_partial_influences`): the logits' probabilities carried back through the rows' absolute values,
-  each row normalised to sum 1, summed over every path length. `row_nodes`: the node of each row (logits after
-  the C sources). C + K."""
-  K = len(logit_p)
-  A_RxN = np.zeros((len(rows_RxC), rows_RxC.shape[1] + K), np.float32)
-  A_RxN[:, : rows_RxC.shape[1]] = np.abs(rows_RxC)
-  A_RxN /= np.maximum(A_RxN.sum(1, keepdims=True), 1e-8)
-  prod_N = np.zeros(A_RxN.shape[1], np.float32)
-  prod_N[-K:] = logit_p
-  influence_N = np.zeros_like(prod_N)
-  for _ in range(max_iter):
-    prod_N = prod_N[row_nodes] @ A_RxN
-    if not prod_N.any():
-      return influence_N
-    influence_N += prod_N
-  raise RuntimeError("the partial influences did not converge: the rows hold a cycle")
-
-
 def _frozen_kind(name: str) -> bool:
   """The points the local replacement model fixes at the prompt's values."""
   return name == "pattern" or name.rsplit(".", 1)[-1] == "scale"
@@ -213,15 +177,17 @@ def _acted_on(point_in: str) -> frozenset:
   return frozenset({"pattern", "scale", "mlp_out", "embed", point_in.rsplit(".", 1)[-1]})
 
 
-def _setup(model, tc: Transcoders, params, tokens_T, zero_first: bool):
+def _setup(model, tc: Transcoders, params, tokens_P, zero_first: bool, T: int):
   """(the clean run's `_Setup`; the active features, n x 3: layer, position, latent, in circuit-tracer's order;
   their activations; what they write, `_entries`): each layer's transcoder encoded on its input a layer at a
-  time, and the errors of what the active features write."""
-  frozen, inputs_LxTxD, outputs_LxTxD, embed_TxD, logits_V = _clean_run(model, tc.point_in, params, tokens_T)
+  time, and the errors of what the active features write. The prompt is `tokens_P`'s first T, the rest filler
+  (`_padded_prompt`): no feature and no error there."""
+  frozen, inputs_LxTxD, outputs_LxTxD, embed_TxD, logits_V = _clean_run(model, tc.point_in, params, tokens_P, T - 1)
   inputs = np.asarray(inputs_LxTxD)
   active, values = [], []
   for layer in range(tc.num_layers):
     z_TxZ = np.array(tc.latents(layer, inputs[layer]))
+    z_TxZ[T:] = 0.0
     if zero_first:
       z_TxZ[0] = 0.0
     position_k, latent_k = np.nonzero(z_TxZ > 0)
@@ -235,6 +201,7 @@ def _setup(model, tc: Transcoders, params, tokens_T, zero_first: bool):
   for layer, written in enumerate(entries):
     for features_k, vectors_kxD in written:
       np.add.at(errors_LxTxD[layer], active_nx3[features_k, 1], -vectors_kxD)
+  errors_LxTxD[:, T:] = 0.0
   if zero_first:
     errors_LxTxD[:, 0] = 0.0
   setup = _Setup(frozen, inputs_LxTxD, jax.device_put(errors_LxTxD), embed_TxD, logits_V)
@@ -242,9 +209,9 @@ def _setup(model, tc: Transcoders, params, tokens_T, zero_first: bool):
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _clean_run(model, point_in: str, params, tokens_T):
+def _clean_run(model, point_in: str, params, tokens_T, last):
   """The model's run on the prompt: (what the replacement model fixes, each transcoder's input and each MLP's
-  output (L x T x D, float32), the token embeddings, the last position's logits)."""
+  output (L x T x D, float32), the token embeddings, the logits at position `last`, the prompt's last)."""
   frozen, inputs, outputs = {}, {}, {}
 
   def record(path, x):
@@ -261,7 +228,7 @@ def _clean_run(model, point_in: str, params, tokens_T):
     logits_BxTxV = model.apply({"params": params}, tokens_T[None])
   stack = lambda by_layer: jnp.stack([by_layer[layer] for layer in range(len(by_layer))]).astype(jnp.float32)
   embed_TxD = next(x for path, x in frozen.items() if split_path(path)[0] == "embed")[0]
-  return frozen, stack(inputs), stack(outputs), embed_TxD, logits_BxTxV[0, -1]
+  return frozen, stack(inputs), stack(outputs), embed_TxD, logits_BxTxV[0, last]
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -291,7 +258,9 @@ def _sources(setup: _Setup, entries: list, active_nx3) -> dict:
   feature, position and slot among that cell's entries); the errors (L x T x D) and the token embeddings (T x D)."""
   L, T, D = setup.errors_LxTxD.shape
   padded = _bucket(len(active_nx3) + 1)  # one column at least past the features': where padding entries add
-  written = [_cells(active_nx3, entries[layer], T, D, padded - 1) for layer in range(L)]
+  # Every layer's entries padded to one size: a new prompt's programs are new only when its fullest layer's are.
+  E = _bucket(max(sum(len(f) for f, _ in written) for written in entries))
+  written = [_cells(active_nx3, entries[layer], T, D, padded - 1, E) for layer in range(L)]
   return {
     "written": [{k: jax.device_put(v) for k, v in cells.items()} for cells in written],
     "num_features": len(active_nx3),
@@ -308,11 +277,26 @@ def _bucket(count: int, per_octave: int = 1) -> int:
   return max(1, -(-count // step) * step)
 
 
-def _cells(active_nx3, entries: list, T: int, D: int, spare: int) -> dict:
+def prompt_bucket(T: int, max_len: int) -> int:
+  """The length a prompt of T tokens runs at in a graph: T rounded up to one of 4 sizes an octave (8, 10, 12, 14,
+  16, 20, ...), at most the model's context."""
+  return max(T, min(max_len, _bucket(T, per_octave=4)))
+
+
+def _padded_prompt(tokens_T: np.ndarray, max_len: int, length: int | None) -> np.ndarray:
+  length = prompt_bucket(len(tokens_T), max_len) if length is None else length
+  if not len(tokens_T) <= length <= max_len:
+    raise UserError(
+      f"padded_length={length}: give one from the prompt's {len(tokens_T)} tokens to the context's {max_len}"
+    )
+  return np.concatenate([tokens_T, np.zeros(length - len(tokens_T), np.int32)])
+
+
+def _cells(active_nx3, entries: list, T: int, D: int, spare: int, E: int) -> dict:
   """One layer's written entries (features, vectors) as cells: each position's entries side by side, padded to
   the fullest position's count, so that the rows' contraction is one batched product, not a gather of
-  B x E x D gradients, which XLA:CPU makes by transposing all of them. The slots and the entries are padded to
-  `_bucket` sizes, the padding entries adding to the `spare` feature column (dropped)."""
+  B x E x D gradients, which XLA:CPU makes by transposing all of them. The slots are padded to a `_bucket` size,
+  the entries to E, the padding entries adding to the `spare` feature column (dropped)."""
   feature_e = np.concatenate([f for f, _ in entries] or [np.zeros(0, np.int64)])
   vectors_ExD = np.concatenate([v for _, v in entries] or [np.zeros((0, D))]).astype(np.float32)
   position_e = active_nx3[feature_e, 1]
@@ -323,7 +307,7 @@ def _cells(active_nx3, entries: list, T: int, D: int, spare: int) -> dict:
   # (the slots at 4 sizes an octave: the rows' contraction is a product over them)
   cells_TxMxD = np.zeros((T, _bucket(max(1, int(counts.max(initial=0))), per_octave=4), D), np.float32)
   cells_TxMxD[position_e, slot_e] = vectors_ExD
-  pad = _bucket(len(feature_e)) - len(feature_e)
+  pad = E - len(feature_e)
   as_int = lambda x, fill: np.concatenate([x, np.full(pad, fill)]).astype(np.int32)
   return {
     "cells_TxMxD": cells_TxMxD,
@@ -355,13 +339,13 @@ def _targets(tc: Transcoders, active_nx3, logit_vectors_KxD, L: int, T: int) -> 
 _LAYER_GROUPS = 4
 
 
-def _rows(model, tc: Transcoders, params, tokens_T, setup, sources, targets, batch_size: int) -> np.ndarray:
+def _rows(model, tc: Transcoders, params, tokens_P, setup, sources, targets, batch_size: int, T: int) -> np.ndarray:
   """The adjacency's rows of every target (features', then logits'), `batch_size` backward passes at a time, one
   program for the targets of each group of layers (`_LAYER_GROUPS`: a target at layer l reads nothing later, so
   that its backward pass starts at its group's top), the last batch of each padded so that one program serves
-  each group's batches."""
+  each group's batches. The prompt: `tokens_P`'s first T (the columns of the filler's positions dropped)."""
   N = len(targets["layer_N"])
-  L, T, _ = setup.errors_LxTxD.shape
+  L, P, _ = setup.errors_LxTxD.shape
   n, padded = sources["num_features"], sources["num_padded"]
   out = np.zeros((N, n + (L + 1) * T), np.float32)
   arrays = {k: v for k, v in sources.items() if k not in ("num_features", "num_padded")}
@@ -374,8 +358,9 @@ def _rows(model, tc: Transcoders, params, tokens_T, setup, sources, targets, bat
       rows_b = mine[start : start + B]
       chunk = {k: _padded(targets[k][rows_b], B) for k in ("vectors_NxD", "position_N", "layer_N")}
       static = (tc.static(), padded, lowest, top)
-      rows = np.asarray(_row_batch(model, static, params, tc.params, tokens_T, setup, arrays, chunk))[: len(rows_b)]
-      out[rows_b] = np.concatenate([rows[:, :n], rows[:, padded:]], axis=1)  # the padding columns dropped
+      rows = np.asarray(_row_batch(model, static, params, tc.params, tokens_P, setup, arrays, chunk))[: len(rows_b)]
+      by_position = rows[:, padded:].reshape(len(rows_b), L + 1, P)[:, :, :T].reshape(len(rows_b), -1)
+      out[rows_b] = np.concatenate([rows[:, :n], by_position], axis=1)  # the padding columns dropped
   return out
 
 
@@ -469,17 +454,19 @@ def plan(model, params, transcoders: Transcoders, num_tokens: int, l0: int, batc
   `caps`: attribute's max_feature_nodes and max_n_logits."""
   max_feature_nodes, max_n_logits = caps.get("max_feature_nodes"), caps.get("max_n_logits", 10)
   tc = transcoders.check(model)
-  L, D, T = model.config.num_layers, model.config.block.d_model, num_tokens
+  L, D, T = model.config.num_layers, model.config.block.d_model, prompt_bucket(num_tokens, model.config.max_len)
   Z, V = tc.configs()[0].latents, model.config.vocab_size
-  n, K = L * (T - 1) * l0, max_n_logits  # (the first position's left out)
+  n, K = L * (num_tokens - 1) * l0, max_n_logits  # (the first position's left out)
   f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
   i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
   size = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
   parts = lambda m: (m.argument_size_in_bytes, m.output_size_in_bytes, m.temp_size_in_bytes)
   total = lambda compiled: sum(parts(compiled.memory_analysis()))
   tokens_T = i32(T)
-  clean = _clean_run.lower(model, tc.point_in, params, tokens_T).compile()
-  frozen, *_, embed_TxD, logits_V = jax.eval_shape(lambda p, t: _clean_run(model, tc.point_in, p, t), params, tokens_T)
+  clean = _clean_run.lower(model, tc.point_in, params, tokens_T, i32()).compile()
+  frozen, *_, embed_TxD, logits_V = jax.eval_shape(
+    lambda p, t: _clean_run(model, tc.point_in, p, t, T - 1), params, tokens_T
+  )
   config = tc.configs()[0]
   encoder = {"W_enc": f32(D, Z), "b_enc": f32(Z), "input_scale": f32()} | (
     {"threshold": f32(Z)} if config.activation in ("jumprelu", "batchtopk") else {}
@@ -496,7 +483,7 @@ def plan(model, params, transcoders: Transcoders, num_tokens: int, l0: int, batc
   static = (fixed.static(), _bucket(n + 1), (L // width) * width, L)  # the top group's: the deepest passes
   rows = _row_batch.lower(model, static, params, fixed.params, tokens_T, setup, sources, targets).compile()
   computed = min(n, max_feature_nodes or n) + K
-  host = 4 * (computed * (n + (L + 1) * T) + n * D + V * D + T * Z)
+  host = 4 * (computed * (n + (L + 1) * num_tokens) + n * D + V * D + T * Z)
   programs = {"clean run": total(clean), "encode a layer": total(encode) if encode else 0, "rows a batch": total(rows)}
   largest = max(sum(parts(c.memory_analysis())[1:]) for c in (clean, rows, encode) if c is not None)
   peak = size(params) + largest + size(encoder) + host
@@ -511,7 +498,7 @@ def dense_rows(model, params, tokens_T, transcoders: Transcoders, graph: Graph, 
   tc = transcoders.check(model).unboxed()
   params = nn.unbox(params)
   tokens = jax.device_put(np.asarray(tokens_T, np.int32).reshape(-1))
-  setup = _setup(model, tc, params, tokens, zero_first)[0]
+  setup = _setup(model, tc, params, tokens, zero_first, len(tokens))[0]  # (unpadded: another road)
   sources = _sources(setup, _entries(tc, graph.active_features, graph.activations), graph.active_features)
   vectors_KxD = graph.logit_vectors_KxD
   if vectors_KxD is None:  # (a graph made before it kept them: its tokens' directions)
@@ -554,7 +541,7 @@ def intervene(
   tc = transcoders.check(model).unboxed().in_memory()
   tokens = jax.device_put(np.asarray(tokens_T, np.int32).reshape(-1))
   params = nn.unbox(params)
-  frozen, inputs_LxTxD = _clean_run(model, tc.point_in, params, tokens)[:2]
+  frozen, inputs_LxTxD = _clean_run(model, tc.point_in, params, tokens, len(tokens) - 1)[:2]
   where = jax.device_put(np.asarray(interventions, np.float32).reshape(-1, 4))
   static = tc.static()
   logits_V, z_LxTxZ = _intervened(model, static, params, tc.params, tokens, frozen, inputs_LxTxD, where, direct_effects)
