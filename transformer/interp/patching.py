@@ -306,7 +306,9 @@ def _sweep_from_each_layer(model, params, corrupt_BxT, metric, point, value_LxBx
 
     return jax.lax.map(layer_sweep, jnp.arange(L))
 
-  # The arrays as arguments, not constants of the program: XLA would fold a model's weights into it.
+  # The arrays as arguments, not constants of the program: XLA would fold a model's weights into it. (Not run at a
+  # length bucket, as a graph's prompt is: `metric` is traced on the B x T x V logits it is given, so the program
+  # is the prompt length's; splitting the metric off would return every cell's stream at the positions it reads.)
   return jax.jit(sweep)(params, value_LxBx, below["resid_pre"]).reshape(L, *sizes)
 
 
