@@ -160,9 +160,8 @@ def attribute(
   adjacency_NxN[:m, : N - K] = rows[:m, columns]
   adjacency_NxN[N - K :, : N - K] = rows[m:, columns]
   num_active = -1 if m == n else n
-  L = model.config.num_layers
   features = (active_nx3[selected], activations_n[selected])
-  logits = (logit_tokens, logit_p, adjacency_NxN, L, num_active, vectors_KxD, labels)
+  logits = (logit_tokens, logit_p, adjacency_NxN, model.config.num_layers, num_active, vectors_KxD, labels)
   return Graph(tokens_T, *features, *logits)
 
 
