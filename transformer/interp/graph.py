@@ -258,7 +258,7 @@ def _sources(setup: _Setup, entries: list, active_nx3) -> dict:
   L, T, D = setup.errors_LxTxD.shape
   padded = _bucket(len(active_nx3) + 1)  # one column at least past the features': where padding entries add
   # Every layer's entries padded to one size: a new prompt's programs are new only when its fullest layer's are.
-  E = _bucket(max(sum(len(f) for f, _ in written) for written in entries))
+  E = _bucket(max(sum(len(f) for f, _ in layer_entries) for layer_entries in entries))
   written = [_cells(active_nx3, entries[layer], T, D, padded - 1, E) for layer in range(L)]
   return {
     "written": [{k: jax.device_put(v) for k, v in cells.items()} for cells in written],
