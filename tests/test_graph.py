@@ -202,15 +202,15 @@ def test_a_prompt_of_a_nearby_length_runs_at_the_same_length_and_the_filler_chan
   transcoders = dictionaries.load_transcoders([str(FIXTURES / "relu")])[1]
   tokens = np.load(FIXTURES / "relu" / "tokens.npy")
   assert [G.prompt_bucket(T, 16) for T in (8, 9, 10, 11, 13, 15, 17)] == [8, 10, 10, 12, 14, 16, 17]
-  prompt = np.concatenate([tokens, [4]])  # 11 tokens, run at 12
+  prompt, prompt_12 = np.concatenate([tokens, [4]]), np.concatenate([tokens, [4, 4]])  # both run at 12
   first = G.attribute(model, params, prompt, transcoders)
   compiled = G._clean_run._cache_size(), G._row_batch._cache_size()
-  longer = G.attribute(model, params, np.concatenate([prompt, [4]]), transcoders)
+  longer = G.attribute(model, params, prompt_12, transcoders)
   assert (G._clean_run._cache_size(), G._row_batch._cache_size()) == compiled
   L, K = model.config.num_layers, len(first.logit_tokens)
   assert first.num_positions == 11 and first.adjacency_NxN.shape[0] == first.num_features + (L + 1) * 11 + K
   _assert_rows_are_the_dense_jacobians(model, params, prompt, transcoders, first)
-  _assert_rows_are_the_dense_jacobians(model, params, np.concatenate([prompt, [4]]), transcoders, longer)
+  _assert_rows_are_the_dense_jacobians(model, params, prompt_12, transcoders, longer)
   own = G.attribute(model, params, tokens, transcoders)  # 10 tokens: a bucket's size, run unpadded
   padded = G.attribute(model, params, tokens, transcoders, padded_length=16)
   np.testing.assert_array_equal(padded.active_features, own.active_features)
