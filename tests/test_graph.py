@@ -18,7 +18,7 @@ import pytest
 
 from experiments import sae as sae_experiment
 from experiments import shakespeare
-from transformer import dictionaries, hostmem, inference
+from transformer import dictionaries, hostmem, inference, jit_args
 from transformer.errors import CheckpointError, ConfigError, UserError
 from transformer.interp import graph as G
 from transformer.interp import graph_targets, graph_view, interventions, replacement
@@ -201,7 +201,7 @@ def test_a_prompt_of_a_nearby_length_runs_at_the_same_length_and_the_filler_chan
   model, params = gpt2_tiny
   transcoders = dictionaries.load_transcoders([str(FIXTURES / "relu")])[1]
   tokens = np.load(FIXTURES / "relu" / "tokens.npy")
-  assert [G.prompt_bucket(T, 16) for T in (8, 9, 10, 11, 13, 15, 17)] == [8, 10, 10, 12, 14, 16, 17]
+  assert [jit_args.prompt_bucket(T, 16) for T in (8, 9, 10, 11, 13, 15, 17)] == [8, 10, 10, 12, 14, 16, 17]
   prompt, prompt_12 = np.concatenate([tokens, [4]]), np.concatenate([tokens, [4, 4]])  # both run at 12
   first = G.attribute(model, params, prompt, transcoders)
   compiled = G._clean_run._cache_size(), G._row_batch._cache_size()

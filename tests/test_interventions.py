@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from transformer import layers, tokenizers
+from transformer.errors import UserError
 from transformer.interp import interventions, patching, probes
 from transformer.interp.interventions import Patch
 from transformer.layers import heads
@@ -384,6 +385,34 @@ def test_a_patching_sweep_is_each_patch_run_alone(over, name):
   if over == "positions":  # the corrupted token's own position at layer 0 restores the clean run
     plain, _ = interventions.run_with_cache(model, params, TOKENS, names=())
     np.testing.assert_allclose(sweep[0, 2], metric(plain), atol=1e-5)
+
+
+def test_a_sweep_runs_at_a_length_bucket_and_a_prompt_of_a_nearby_length_compiles_no_new_sweep(monkeypatch):
+  """A sweep's runs go at the prompt's length bucket (9 tokens at 10), filler after the prompt: the same metrics
+  as at the prompt's own length, or with the metric inside the sweep's program (where the streams it reads would
+  be too large to return), over positions, heads and a pattern's queries with a value given at the prompt's
+  length; a prompt of another length in the bucket reuses the program."""
+  model, params = GPT(CFG), _params()
+  last = lambda logits: logits[:, -1, 5].mean() - logits[:, -1, 7].mean()
+  reads_two = lambda logits: logits[:, -3, 5].mean() - logits[:, -1, 7].mean()
+  tokens = np.concatenate([TOKENS, TOKENS[:, :2]], axis=1)
+  clean, corrupt = tokens[:, :9], _corrupted(tokens[:, :9])
+  sweep = functools.partial(patching.patching_sweep, model, params, clean, corrupt)
+  padded = sweep(last)
+  compiled = patching._patched_runs._cache_size()
+  patching.patching_sweep(model, params, tokens, _corrupted(tokens), last)  # 10: 9's bucket
+  assert patching._patched_runs._cache_size() == compiled
+  assert padded.shape == (2, 9)
+  np.testing.assert_allclose(padded, sweep(last, padded_length=9), atol=1e-6)
+  np.testing.assert_allclose(sweep(reads_two, over="heads"), sweep(reads_two, over="heads", padded_length=9), atol=1e-6)
+  ablated = {"point": "pattern", "value_LxBx": jnp.zeros((2, 2, 2, 9, 9))}
+  with monkeypatch.context() as m:
+    m.setattr(patching, "_STREAMS_BYTES", 0)
+    np.testing.assert_allclose(sweep(last), padded, atol=1e-6)
+    inside = sweep(last, **ablated)
+  np.testing.assert_allclose(sweep(last, **ablated), inside, atol=1e-6)
+  with pytest.raises(UserError, match="padded_length=8: give one from the prompt's 9 tokens"):
+    sweep(last, padded_length=8)
 
 
 @pytest.mark.parametrize("over", ["positions", "heads"])

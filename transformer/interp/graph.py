@@ -43,6 +43,7 @@ from transformer.errors import UserError
 from transformer.interp.graph_selection import capped_rows
 from transformer.interp.graph_targets import logit_targets, salient_logits
 from transformer.interp.replacement import PerLayerTranscoders, Transcoders
+from transformer.jit_args import bucket, padded_prompt, prompt_bucket
 from transformer.layers.points import functions_at, split_path
 from transformer.models import gpt, sae
 
@@ -132,7 +133,7 @@ def attribute(
   if len(tokens_T) > model.config.max_len:
     raise UserError(f"a prompt of {len(tokens_T)} tokens is longer than the model's context ({model.config.max_len})")
   params = nn.unbox(params)
-  tokens_P = jax.device_put(_padded_prompt(tokens_T, model.config.max_len, padded_length))
+  tokens_P = jax.device_put(padded_prompt(tokens_T, model.config.max_len, padded_length))
   setup, active_nx3, activations_n, entries = _setup(model, tc, params, tokens_P, zero_first, len(tokens_T))
   unembed_DxV = np.asarray(gpt.unembedding(model.config, params), np.float32).T
   if targets is None:  # the top logits
@@ -180,7 +181,7 @@ def _setup(model, tc: Transcoders, params, tokens_P, zero_first: bool, T: int):
   """(the clean run's `_Setup`; the active features, n x 3: layer, position, latent, in circuit-tracer's order;
   their activations; what they write, `_entries`): each layer's transcoder encoded on its input a layer at a
   time, and the errors of what the active features write. The prompt is `tokens_P`'s first T, the rest filler
-  (`_padded_prompt`): no feature and no error there."""
+  (`padded_prompt`): no feature and no error there."""
   frozen, inputs_LxTxD, outputs_LxTxD, embed_TxD, logits_V = _clean_run(model, tc.point_in, params, tokens_P, T - 1)
   inputs = np.asarray(inputs_LxTxD)
   active, values = [], []
@@ -256,9 +257,9 @@ def _sources(setup: _Setup, entries: list, active_nx3) -> dict:
   """Every source node's output vectors: each feature's `_entries` as cells, by the layer written (its vector,
   feature, position and slot among that cell's entries); the errors (L x T x D) and the token embeddings (T x D)."""
   L, T, D = setup.errors_LxTxD.shape
-  padded = _bucket(len(active_nx3) + 1)  # one column at least past the features': where padding entries add
+  padded = bucket(len(active_nx3) + 1)  # one column at least past the features': where padding entries add
   # Every layer's entries padded to one size: a new prompt's programs are new only when its fullest layer's are.
-  E = _bucket(max(sum(len(f) for f, _ in layer_entries) for layer_entries in entries))
+  E = bucket(max(sum(len(f) for f, _ in layer_entries) for layer_entries in entries))
   written = [_cells(active_nx3, entries[layer], T, D, padded - 1, E) for layer in range(L)]
   return {
     "written": [{k: jax.device_put(v) for k, v in cells.items()} for cells in written],
@@ -269,32 +270,10 @@ def _sources(setup: _Setup, entries: list, active_nx3) -> dict:
   }
 
 
-def _bucket(count: int, per_octave: int = 1) -> int:
-  """`count` rounded up to one of `per_octave` sizes an octave (a power of 2 by default): the sizes a graph's
-  programs are compiled for, so that a new prompt's counts of features, entries and targets fall in compiled ones."""
-  step = 1 << max(0, count.bit_length() - per_octave.bit_length())
-  return max(1, -(-count // step) * step)
-
-
-def prompt_bucket(T: int, max_len: int) -> int:
-  """The length a prompt of T tokens runs at in a graph: T rounded up to one of 4 sizes an octave (8, 10, 12, 14,
-  16, 20, ...), at most the model's context."""
-  return max(T, min(max_len, _bucket(T, per_octave=4)))
-
-
-def _padded_prompt(tokens_T: np.ndarray, max_len: int, length: int | None) -> np.ndarray:
-  length = prompt_bucket(len(tokens_T), max_len) if length is None else length
-  if not len(tokens_T) <= length <= max_len:
-    raise UserError(
-      f"padded_length={length}: give one from the prompt's {len(tokens_T)} tokens to the context's {max_len}"
-    )
-  return np.concatenate([tokens_T, np.zeros(length - len(tokens_T), np.int32)])
-
-
 def _cells(active_nx3, entries: list, T: int, D: int, spare: int, E: int) -> dict:
   """One layer's written entries (features, vectors) as cells: each position's entries side by side, padded to
   the fullest position's count, so that the rows' contraction is one batched product, not a gather of
-  B x E x D gradients, which XLA:CPU makes by transposing all of them. The slots are padded to a `_bucket` size,
+  B x E x D gradients, which XLA:CPU makes by transposing all of them. The slots are padded to a `bucket` size,
   the entries to E, the padding entries adding to the `spare` feature column (dropped)."""
   feature_e = np.concatenate([f for f, _ in entries] or [np.zeros(0, np.int64)])
   vectors_ExD = np.concatenate([v for _, v in entries] or [np.zeros((0, D))]).astype(np.float32)
@@ -304,7 +283,7 @@ def _cells(active_nx3, entries: list, T: int, D: int, spare: int, E: int) -> dic
   slot_e = np.empty_like(position_e)
   slot_e[order] = np.arange(len(position_e)) - np.concatenate([[0], np.cumsum(counts)])[position_e[order]]
   # (the slots at 4 sizes an octave: the rows' contraction is a product over them)
-  cells_TxMxD = np.zeros((T, _bucket(max(1, int(counts.max(initial=0))), per_octave=4), D), np.float32)
+  cells_TxMxD = np.zeros((T, bucket(max(1, int(counts.max(initial=0))), per_octave=4), D), np.float32)
   cells_TxMxD[position_e, slot_e] = vectors_ExD
   pad = E - len(feature_e)
   as_int = lambda x, fill: np.concatenate([x, np.full(pad, fill)]).astype(np.int32)
@@ -352,7 +331,7 @@ def _rows(model, tc: Transcoders, params, tokens_P, setup, sources, targets, bat
   for group in np.unique(targets["layer_N"] // width):
     mine = np.flatnonzero(targets["layer_N"] // width == group)
     lowest, top = int(group) * width, min(L, (int(group) + 1) * width - 1)  # the group's, whichever are present
-    B = max(1, min(batch_size, _bucket(len(mine))))
+    B = max(1, min(batch_size, bucket(len(mine))))
     for start in range(0, len(mine), B):
       rows_b = mine[start : start + B]
       chunk = {k: _padded(targets[k][rows_b], B) for k in ("vectors_NxD", "position_N", "layer_N")}
@@ -473,13 +452,13 @@ def plan(model, params, transcoders: Transcoders, num_tokens: int, l0: int, batc
   per_layer = isinstance(tc, PerLayerTranscoders)  # (a cross-layer transcoder's encoders: its params, counted)
   encode = jax.jit(sae.encode, static_argnums=0).lower(config, encoder, f32(T, D)).compile() if per_layer else None
   setup = _Setup(frozen, f32(L, T, D), f32(L, T, D), embed_TxD, logits_V)
-  entries = {k: i32(_bucket(T * l0)) for k in ("feature_e", "position_e", "slot_e")}
-  cells = {"cells_TxMxD": f32(T, _bucket(l0, per_octave=4), D), **entries}
+  entries = {k: i32(bucket(T * l0)) for k in ("feature_e", "position_e", "slot_e")}
+  cells = {"cells_TxMxD": f32(T, bucket(l0, per_octave=4), D), **entries}
   sources = {"written": [cells] * L, "errors_LxTxD": f32(L, T, D), "embed_TxD": f32(T, D)}
   targets = {"vectors_NxD": f32(batch_size, D), "position_N": i32(batch_size), "layer_N": i32(batch_size)}
   fixed = tc.fixed_part()
   width = -(-(L + 1) // _LAYER_GROUPS)
-  static = (fixed.static(), _bucket(n + 1), (L // width) * width, L)  # the top group's: the deepest passes
+  static = (fixed.static(), bucket(n + 1), (L // width) * width, L)  # the top group's: the deepest passes
   rows = _row_batch.lower(model, static, params, fixed.params, tokens_T, setup, sources, targets).compile()
   computed = min(n, max_feature_nodes or n) + K
   host = 4 * (computed * (n + (L + 1) * num_tokens) + n * D + V * D + T * Z)

@@ -203,17 +203,32 @@ def _point_shapes(model, treedef, leaves: tuple, static: tuple) -> dict:
   return flax.traverse_util.flatten_dict(jax.eval_shape(activations, params, arrays, array_kwargs))
 
 
-def patches_collection(model, params, patches: dict, *args, **kwargs) -> dict:
-  """The "patches" collection that applies `patches` ({(name, layer): Patch}; layer None for a point
-  outside the blocks; or {point: Patch}, a `Point` or its name in any spelling, `blocks.1.hook_resid_pre`)
-  to a run of `model` on these inputs. Scanned blocks take one entry per point
-  with a leading layer axis, in which only the patched layers' entries act."""
+def _points_of_run(model, params, args, kwargs) -> dict:
+  """{a named point's path in the "activations" collection: its shape} in a run of `model` on these inputs."""
   (arrays, array_kwargs), static = split_static(args, kwargs)
   specs = jax.tree.map(
     lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), (nn.unbox(params), arrays, array_kwargs)
   )
   leaves, treedef = jax.tree.flatten(specs)
-  flat_shapes = _point_shapes(model, treedef, tuple(leaves), static)
+  return _point_shapes(model, treedef, tuple(leaves), static)
+
+
+def point_path(model, params, name: str, *args, **kwargs) -> tuple[str, ...]:
+  """The path of the blocks' point `name` (layer 0's, or the scanned blocks') in a run of `model` on these
+  inputs: where its patch goes in the "patches" collection."""
+  for path in _points_of_run(model, params, args, kwargs):
+    point, layer, block = split_path(path)
+    if point == name and block and layer in (0, None):
+      return path
+  raise KeyError(f"no named point {name!r} in the blocks of this model")
+
+
+def patches_collection(model, params, patches: dict, *args, **kwargs) -> dict:
+  """The "patches" collection that applies `patches` ({(name, layer): Patch}; layer None for a point
+  outside the blocks; or {point: Patch}, a `Point` or its name in any spelling, `blocks.1.hook_resid_pre`)
+  to a run of `model` on these inputs. Scanned blocks take one entry per point
+  with a leading layer axis, in which only the patched layers' entries act."""
+  flat_shapes = _points_of_run(model, params, args, kwargs)
   by_point = {split_path(path)[:2]: path for path in flat_shapes}
   scanned = {(split_path(path)[0]): path for path in flat_shapes if split_path(path)[2] == "layers"}
   out = {}

@@ -26,13 +26,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import kernels, layers
-from transformer.interp.interventions import Patch, patches_collection, run_with_cache, run_with_patches
+from transformer import jit_args, kernels, layers
+from transformer.interp.interventions import Patch, patches_collection, point_path, run_with_cache, run_with_patches
 from transformer.models import gpt
 
 # The axes of a point's activation (without its layer axis) that a sweep can go over.
 _BY_HEAD_FIRST = ("attn_scores", "pattern")  # B x H x T x S
 _PER_HEAD = ("q", "k", "v", "rot_q", "rot_k", "z", "result", "q_input", "k_input", "v_input")  # B x T x H x ...
+
+
+def _position_axes(point: str) -> tuple[int, ...]:
+  """The axes of `point`'s activation (B first) that go over positions: a pattern's queries and keys."""
+  return (2, 3) if point.rsplit(".", 1)[-1] in _BY_HEAD_FIRST else (1,)
 
 
 def _axes(point: str, over: str) -> tuple[int, ...]:
@@ -67,32 +72,36 @@ def patching_sweep(
   chunk_size: int = 32,
   source_BxT=None,
   value_LxBx=None,
+  padded_length: int | None = None,
 ):
   """Activation patching (Meng et al. 2022; Wang et al. 2023): `metric` of the corrupted run with one
   piece of one layer's `point` taken from the clean run, for every layer and piece (L x P, or
   L x T x H for `over="positions_and_heads"`), in one compiled call. `point` defaults to `resid_pre`
   over positions and `z` over heads. `chunk_size`: patched runs computed at once (lax.map's batch).
   The piece's new value is the clean run's, or `value_LxBx` (the whole point, every layer: e.g. a
-  resample ablation's other input, a mean), or another input's (`source_BxT`)."""
+  resample ablation's other input, a mean), or another input's (`source_BxT`).
+  The runs go at a length bucket (`padded_length`; None: `jit_args.prompt_bucket`'s), filler after the
+  prompt, so that prompts of nearby lengths share the sweep's program: the model is causal, the filler changes
+  nothing before it, and `metric` is given the prompt's own positions. (None runs at the prompt's length where
+  the cells' streams at the positions `metric` reads would pass `_STREAMS_BYTES`: see `_sweep_from_each_layer`.)"""
   point = point or ("resid_pre" if over == "positions" else "z")
   _check_block_point(model, point)
   axes = _axes(point, over)
+  T = corrupt_BxT.shape[1]
+  first = _first_position_read(metric, (*corrupt_BxT.shape, model.config.vocab_size))
+  inside = padded_length is None and _streams_bytes(model, corrupt_BxT, over, T - first) > _STREAMS_BYTES
+  padded_length = T if inside else padded_length  # the metric inside the sweep's program, at the prompt's length
+  Tp = jit_args.prompt_bucket(T, model.config.max_len) if padded_length is None else padded_length
+  pad = functools.partial(jit_args.padded_prompt, max_len=model.config.max_len, length=Tp)
   if value_LxBx is None:
-    _, cache = run_with_cache(model, params, clean_BxT if source_BxT is None else source_BxT, names=(point,))
+    _, cache = run_with_cache(model, params, pad(clean_BxT if source_BxT is None else source_BxT), names=(point,))
     value_LxBx = cache[point]
-  shape = value_LxBx.shape[1:]
-  sizes = tuple(shape[a] for a in axes)
-  params = jax_params(params)
-
-  def chosen(pieces):  # True at the swept piece, broadcast to the point's shape
-    where = jnp.ones((), bool)
-    for axis, size, piece in zip(axes, sizes, pieces):
-      mask_shape = [1] * len(shape)
-      mask_shape[axis] = size
-      where = where & (jnp.arange(size) == piece).reshape(mask_shape)
-    return where
-
-  return _sweep_from_each_layer(model, params, corrupt_BxT, metric, point, value_LxBx, chosen, sizes, chunk_size)
+  else:  # zeros at the filler's positions (each position axis: a pattern's keys too)
+    widths = [(0, Tp - T if i - 1 in _position_axes(point) else 0) for i in range(value_LxBx.ndim)]
+    value_LxBx = jnp.pad(jnp.asarray(value_LxBx), widths)
+  return _sweep_from_each_layer(
+    model, jax_params(params), pad(corrupt_BxT), (metric, first, T, inside), point, value_LxBx, axes, chunk_size
+  )
 
 
 def jax_params(params):
@@ -260,56 +269,108 @@ def edge_attribution_patching(model, params, clean_BxT, corrupt_BxT, metric) -> 
   return edges
 
 
-def _sweep_from_each_layer(model, params, corrupt_BxT, metric, point, value_LxBx, chosen, sizes, chunk_size):
-  """`patching_sweep`, each patched run started at the patched layer: every patch at
-  layer l leaves the corrupted run below l as it was, so the blocks from l run on the corrupted stream
-  entering l, one block at a time in a loop of dynamic length (one block compiled, not a program per
-  layer), and the head from the first position the metric reads."""
+# At most this many bytes of the cells' streams (at the positions the metric reads) come out of a sweep's
+# program run at a length bucket; past them it runs at the prompt's length with the metric inside.
+_STREAMS_BYTES = 256 * 2**20
+
+
+def _streams_bytes(model, tokens_BxT, over: str, read: int) -> int:
+  cfg = model.config
+  B, T = tokens_BxT.shape
+  cells = {"positions": T, "heads": cfg.block.num_heads, "positions_and_heads": T * cfg.block.num_heads}[over]
+  return 4 * cfg.num_layers * cells * B * read * cfg.block.d_model
+
+
+def _sweep_from_each_layer(model, params, corrupt_BxTp, read_by, point, value_LxBx, axes, chunk_size) -> jax.Array:
+  """`patching_sweep`'s metrics (L x the pieces), each patched run started at the patched layer: every
+  patch at layer l leaves the corrupted run below l as it was, so the blocks from l run on the corrupted stream
+  entering l, and the head from the first position the metric reads. `corrupt_BxTp`: the prompt's T tokens,
+  filler after them up to the length the sweep runs at; `read_by`: (metric, the first position it reads, T, whether
+  the metric runs inside the sweep's program)."""
+  metric, first, T, inside = read_by
+  _, below = run_with_cache(model, params, corrupt_BxTp, names=("resid_pre",))
+  inside_block = point_path(model, params, point, corrupt_BxTp)[2:]  # the patch's entry in a block ("attn", "z")
+  head = (metric, first) if inside else None
+  runs = _patched_runs(
+    model, inside_block, axes, chunk_size, (T - first, head), params, value_LxBx, below["resid_pre"], first
+  )
+  if inside:
+    return runs
+  sizes = tuple(value_LxBx.shape[1:][a] for a in axes)
+  cut = (sizes, T if axes[0] in _position_axes(point) else None)  # no cells at the filler's positions
+  return _metric_of_streams(model, metric, first, chunk_size, cut, params, runs)
+
+
+def _head_metric(model, metric, first: int, params, read_BxRxD) -> jax.Array:
+  """`metric` of the logits of the stream at the positions it reads (R = T - first), zeros before them."""
+  read_BxRxV = model.apply({"params": params}, read_BxRxD, method=type(model).output_logits)
+  B, _, V = read_BxRxV.shape
+  return metric(jnp.concatenate([jnp.zeros((B, first, V), read_BxRxV.dtype), read_BxRxV], axis=1))
+
+
+# A program of its own, compiled for the prompt's T: the sweep's (at a length bucket) holds no T.
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
+def _metric_of_streams(model, metric, first: int, chunk_size: int, cut: tuple, params, read_LxPxBxRxD) -> jax.Array:
+  """The metric of every cell's stream, L x (the pieces' `sizes`), their first axis cut to `keep`: `cut`."""
+  sizes, keep = cut
+  read = functools.partial(_head_metric, model, metric, first, params)
+  L, P = read_LxPxBxRxD.shape[:2]
+  metric_LxP = jax.lax.map(read, read_LxPxBxRxD.reshape(L * P, *read_LxPxBxRxD.shape[2:]), batch_size=chunk_size)
+  return metric_LxP.reshape(L, *sizes)[:, :keep]
+
+
+# The arrays are arguments, not constants of the program (XLA would fold a model's weights into it); where the
+# metric reads (`first_read`) is traced, so that at a length bucket the program is the same for any prompt
+# length of its bucket (and any metric of the same reach, which runs after it: `_metric_of_streams`).
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
+def _patched_runs(
+  model, inside: tuple, axes: tuple, chunk_size: int, read: tuple, params, value_LxBx, stream_LxBx, first_read
+):
+  """For every layer and swept piece, the corrupted run with the piece of `value_LxBx` patched in at that layer
+  (`inside`: the patch's entry in a block), from that layer up, one block at a time in a loop of dynamic length
+  (one block compiled, not a program per layer): the stream at the R positions the metric reads from
+  `first_read` (L x P x B x R x D), or, given `read`'s head (metric, first), the metric (L x the pieces)."""
   cfg = model.config
   L = cfg.num_layers
-  logits, below = run_with_cache(model, params, corrupt_BxT, names=("resid_pre",))
-  first = _first_position_read(metric, logits.shape)
+  R, head = read
+  shape = value_LxBx.shape[1:]
+  sizes = tuple(shape[a] for a in axes)
   stack = gpt.blocks(cfg, kernels.resolve(cfg.kernels), parent=None)
   block, kinds_L = stack.block(), stack.layer_kinds()  # each layer local or global (a sliding window)
-  # The patch's entry inside a block ("attn", "z"), and the blocks' params with a leading layer axis.
-  full = patches_collection(model, params, {(point, 0): Patch.replace(value_LxBx[0])}, corrupt_BxT)
-  [(path, _)] = flax.traverse_util.flatten_dict(full, is_leaf=lambda _, x: "replace" in x).items()
-  inside = path[2:]
-  T = corrupt_BxT.shape[1]
-  positions = (np.arange(T)[None], np.arange(T)[None])
+  Tp = stream_LxBx.shape[2]
+  positions = (np.arange(Tp)[None], np.arange(Tp)[None])
+  stacked = params["h"]["layers"] if cfg.scan_layers else layers.stack_layers(params["h"], L)["layers"]
 
-  def from_layer(params, stacked, layer, x_BxTxD, patch: Patch):
-    entry = patch.collection_entry(value_LxBx.shape[1:])
+  def chosen(pieces):  # True at the swept piece, broadcast to the point's shape
+    where = jnp.ones((), bool)
+    for axis, size, piece in zip(axes, sizes, pieces):
+      mask_shape = [1] * len(shape)
+      mask_shape[axis] = size
+      where = where & (jnp.arange(size) == piece).reshape(mask_shape)
+    return where
+
+  def from_layer(layer, x_BxTxD, patch: Patch):
+    entry = patch.collection_entry(shape)
 
     def one_block(i, x_BxTxD):
       params_i = jax.tree.map(lambda p: p[i], stacked)
       entry_i = {**entry, "replace": entry["replace"] & (i == layer)}
-      patches_i = flax.traverse_util.unflatten_dict({inside: entry_i})
-      variables = {"params": params_i, "patches": patches_i}
+      variables = {"params": params_i, "patches": flax.traverse_util.unflatten_dict({inside: entry_i})}
       local = kinds_L[i] if 0 < len(set(cfg.global_layers)) < L else None
       return block().apply(variables, x_BxTxD, None, positions=positions, local=local, mutable=["activations"])[0]
 
-    x_BxTxD = jax.lax.fori_loop(layer, L, one_block, x_BxTxD)
-    read_BxTxV = model.apply({"params": params}, x_BxTxD[:, first:], method=type(model).output_logits)
-    B, _, V = read_BxTxV.shape
-    return metric(jnp.concatenate([jnp.zeros((B, first, V), read_BxTxV.dtype), read_BxTxV], axis=1))
+    read_BxRxD = jax.lax.dynamic_slice_in_dim(jax.lax.fori_loop(layer, L, one_block, x_BxTxD), first_read, R, axis=1)
+    return read_BxRxD if head is None else _head_metric(model, *head, params, read_BxRxD)
 
-  def sweep(params, value_LxBx, stream_LxBxTxD):
-    stacked = params["h"]["layers"] if cfg.scan_layers else layers.stack_layers(params["h"], L)["layers"]
+  def layer_sweep(layer):
+    def patched(cell):
+      patch = Patch.replace(value_LxBx[layer], where=chosen(jnp.unravel_index(cell, sizes)))
+      return from_layer(layer, stream_LxBx[layer], patch)
 
-    def layer_sweep(layer):
-      def patched(cell):
-        patch = Patch.replace(value_LxBx[layer], where=chosen(jnp.unravel_index(cell, sizes)))
-        return from_layer(params, stacked, layer, stream_LxBxTxD[layer], patch)
+    return jax.lax.map(patched, jnp.arange(math.prod(sizes)), batch_size=chunk_size)
 
-      return jax.lax.map(patched, jnp.arange(math.prod(sizes)), batch_size=chunk_size)
-
-    return jax.lax.map(layer_sweep, jnp.arange(L))
-
-  # The arrays as arguments, not constants of the program: XLA would fold a model's weights into it. (Not run at a
-  # length bucket, as a graph's prompt is: `metric` is traced on the B x T x V logits it is given, so the program
-  # is the prompt length's; splitting the metric off would return every cell's stream at the positions it reads.)
-  return jax.jit(sweep)(params, value_LxBx, below["resid_pre"]).reshape(L, *sizes)
+  runs_LxPx = jax.lax.map(layer_sweep, jnp.arange(L))
+  return runs_LxPx if head is None else runs_LxPx.reshape(L, *sizes)
 
 
 def _first_position_read(metric, shape) -> int:
