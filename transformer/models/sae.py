@@ -44,7 +44,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 
 from transformer import kernels
 from transformer.errors import ConfigError
@@ -477,6 +476,8 @@ def recovery(learned_ZxD, true_FxD, found_at: float = 0.9) -> dict[str, float]:
   their best cosine similarity with a learned one, the share of true features whose best is at least
   `found_at` (`recovered`), and the mean cosine of a one-to-one matching (Hungarian: the mean
   correlation coefficient, MCC, of dictionary-learning papers)."""
+  from scipy.optimize import linear_sum_assignment  # here: importing SciPy's optimizers takes 0.2 s, every process
+
   unit = lambda m: m / np.maximum(np.linalg.norm(m, axis=1, keepdims=True), 1e-12)
   cosine_FxZ = unit(np.asarray(true_FxD)) @ unit(np.asarray(learned_ZxD)).T
   rows, cols = linear_sum_assignment(-cosine_FxZ)
