@@ -472,6 +472,12 @@ def test_a_feature_set_through_the_model_moves_the_logits_as_its_edges_say(which
   assert z_moved[layer, pos, latent] == 0 and z[layer, pos, latent] > 0
   through, _ = G.intervene(model, params, TOKENS, transcoders, [(layer, pos, latent, 0.0)])
   assert np.abs(through - base).max() > 1e-4
+  # A prompt of a nearby length runs at the same length bucket (filler after it): no new program, its own logits.
+  compiled = G._intervened._cache_size()
+  shorter, z_shorter = G.intervene(model, params, TOKENS[:9], transcoders, [])
+  assert G._intervened._cache_size() == compiled and z_shorter.shape == (z.shape[0], 9, z.shape[2])
+  np.testing.assert_allclose(shorter, compiled_apply(model, {"params": params}, TOKENS[None, :9])[0, -1], atol=1e-5)
+  np.testing.assert_allclose(z_shorter, z[:, :9], atol=1e-5)
 
 
 def test_circuit_tracers_files_round_trip_and_carry_our_scales(tiny, tmp_path):

@@ -517,17 +517,35 @@ def intervene(
   the norms' divisors and the MLPs' outputs fixed as well (the local replacement model), where a logit
   moves by exactly what the graph's edges from the set features say."""
   tc = transcoders.check(model).unboxed().in_memory()
-  tokens = jax.device_put(np.asarray(tokens_T, np.int32).reshape(-1))
+  tokens_T = np.asarray(tokens_T, np.int32).reshape(-1)
+  T, max_len = len(tokens_T), model.config.max_len
+  tokens = jax.device_put(padded_prompt(tokens_T, max_len, None))  # at its length bucket, as `attribute` runs
   params = nn.unbox(params)
-  frozen, inputs_LxTxD = _clean_run(model, tc.point_in, params, tokens, len(tokens) - 1)[:2]
-  where = jax.device_put(np.asarray(interventions, np.float32).reshape(-1, 4))
-  static = tc.static()
-  logits_V, z_LxTxZ = _intervened(model, static, params, tc.params, tokens, frozen, inputs_LxTxD, where, direct_effects)
-  return np.asarray(logits_V), np.asarray(z_LxTxZ)
+  frozen, inputs_LxTxD = _clean_run(model, tc.point_in, params, tokens, T - 1)[:2]
+  # The interventions padded to a bucket of their count with ones at a position past the prompt, which set nothing.
+  where_Ix4 = np.asarray(interventions, np.float32).reshape(-1, 4)
+  where_Ix4 = np.concatenate(
+    [where_Ix4, np.tile([[0, len(tokens), 0, 0]], (bucket(len(where_Ix4)) - len(where_Ix4), 1))]
+  )
+  logits_V, z_LxTxZ = _intervened(
+    model,
+    tc.static(),
+    params,
+    tc.params,
+    tokens,
+    T - 1,
+    frozen,
+    inputs_LxTxD,
+    jax.device_put(where_Ix4),
+    direct_effects,
+  )
+  return np.asarray(logits_V), np.asarray(z_LxTxZ)[:, :T]
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 8))
-def _intervened(model, static, params, tc_params, tokens_T, frozen, inputs_LxTxD, where_Ix4, direct_effects: bool):
+@functools.partial(jax.jit, static_argnums=(0, 1, 9))
+def _intervened(
+  model, static, params, tc_params, tokens_T, last, frozen, inputs_LxTxD, where_Ix4, direct_effects: bool
+):
   tc = static.with_params(tc_params)
   live_in, z, moved = {}, {}, {}  # moved[l]: layer l's latents' change (set - as they came)
   layer_I, position_I, latent_I = (where_Ix4[:, i].astype(int) for i in range(3))
@@ -552,7 +570,7 @@ def _intervened(model, static, params, tc_params, tokens_T, frozen, inputs_LxTxD
 
   with functions_at(change, _acted_on(tc.point_in)):
     logits_BxTxV = model.apply({"params": params}, tokens_T[None])
-  return logits_BxTxV[0, -1], jnp.stack([z[layer] for layer in range(tc.num_layers)])
+  return logits_BxTxV[0, last], jnp.stack([z[layer] for layer in range(tc.num_layers)])
 
 
 def _written(tc: Transcoders, tc_params, source: int, layer: int, z_TxZ) -> jax.Array:
