@@ -522,10 +522,10 @@ def intervene(
   tokens = jax.device_put(padded_prompt(tokens_T, max_len, None))  # at its length bucket, as `attribute` runs
   params = nn.unbox(params)
   frozen, inputs_LxTxD = _clean_run(model, tc.point_in, params, tokens, T - 1)[:2]
-  # The interventions padded to a bucket of their count with ones at a position past the prompt, which set nothing.
+  # The interventions padded to a bucket of their count with ones of no layer past the prompt (dropped: no change).
   where_Ix4 = np.asarray(interventions, np.float32).reshape(-1, 4)
   where_Ix4 = np.concatenate(
-    [where_Ix4, np.tile([[0, len(tokens), 0, 0]], (bucket(len(where_Ix4)) - len(where_Ix4), 1))]
+    [where_Ix4, np.tile([[-1, len(tokens), 0, 0]], (bucket(len(where_Ix4)) - len(where_Ix4), 1))]
   )
   logits_V, z_LxTxZ = _intervened(
     model,
@@ -558,7 +558,7 @@ def _intervened(
       live_in[layer] = x[0]
       z_TxZ = tc.encode(tc_params, layer, x[0])
       kept_I = z_TxZ[position_I, latent_I]
-      z[layer] = z_TxZ.at[position_I, latent_I].set(jnp.where(layer_I == layer, where_Ix4[:, 3], kept_I))
+      z[layer] = z_TxZ.at[position_I, latent_I].set(jnp.where(layer_I == layer, where_Ix4[:, 3], kept_I), mode="drop")
       moved[layer] = z[layer] - z_TxZ
     if name != "mlp_out":  # (a pattern, and with direct effects a norm's divisor, fixed above)
       return x

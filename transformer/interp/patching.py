@@ -75,15 +75,15 @@ def patching_sweep(
   padded_length: int | None = None,
 ):
   """Activation patching (Meng et al. 2022; Wang et al. 2023): `metric` of the corrupted run with one
-  piece of one layer's `point` taken from the clean run, for every layer and piece (L x P, or
-  L x T x H for `over="positions_and_heads"`), in one compiled call. `point` defaults to `resid_pre`
-  over positions and `z` over heads. `chunk_size`: patched runs computed at once (lax.map's batch).
-  The piece's new value is the clean run's, or `value_LxBx` (the whole point, every layer: e.g. a
+  piece of one layer's `point` taken from the clean run, for every layer and piece (L x pieces, or
+  L x T x H for `over="positions_and_heads"`), in one compiled call (the metric in a small one after it).
+  `point` defaults to `resid_pre` over positions and `z` over heads. `chunk_size`: patched runs computed at once
+  (lax.map's batch). The piece's new value is the clean run's, or `value_LxBx` (the whole point, every layer: e.g. a
   resample ablation's other input, a mean), or another input's (`source_BxT`).
   The runs go at a length bucket (`padded_length`; None: `jit_args.prompt_bucket`'s), filler after the
   prompt, so that prompts of nearby lengths share the sweep's program: the model is causal, the filler changes
-  nothing before it, and `metric` is given the prompt's own positions. (None runs at the prompt's length where
-  the cells' streams at the positions `metric` reads would pass `_STREAMS_BYTES`: see `_sweep_from_each_layer`.)"""
+  nothing before it, and `metric` is given the prompt's own positions. (None runs at the prompt's length, the
+  metric inside the sweep's program, where the cells' streams at the positions it reads would pass `_STREAMS_BYTES`.)"""
   point = point or ("resid_pre" if over == "positions" else "z")
   _check_block_point(model, point)
   axes = _axes(point, over)
@@ -91,13 +91,13 @@ def patching_sweep(
   first = _first_position_read(metric, (*corrupt_BxT.shape, model.config.vocab_size))
   inside = padded_length is None and _streams_bytes(model, corrupt_BxT, over, T - first) > _STREAMS_BYTES
   padded_length = T if inside else padded_length  # the metric inside the sweep's program, at the prompt's length
-  Tp = jit_args.prompt_bucket(T, model.config.max_len) if padded_length is None else padded_length
-  pad = functools.partial(jit_args.padded_prompt, max_len=model.config.max_len, length=Tp)
+  P = jit_args.prompt_bucket(T, model.config.max_len) if padded_length is None else padded_length
+  pad = functools.partial(jit_args.padded_prompt, max_len=model.config.max_len, length=P)
   if value_LxBx is None:
     _, cache = run_with_cache(model, params, pad(clean_BxT if source_BxT is None else source_BxT), names=(point,))
     value_LxBx = cache[point]
   else:  # zeros at the filler's positions (each position axis: a pattern's keys too)
-    widths = [(0, Tp - T if i - 1 in _position_axes(point) else 0) for i in range(value_LxBx.ndim)]
+    widths = [(0, P - T if i - 1 in _position_axes(point) else 0) for i in range(value_LxBx.ndim)]
     value_LxBx = jnp.pad(jnp.asarray(value_LxBx), widths)
   return _sweep_from_each_layer(
     model, jax_params(params), pad(corrupt_BxT), (metric, first, T, inside), point, value_LxBx, axes, chunk_size
@@ -281,15 +281,15 @@ def _streams_bytes(model, tokens_BxT, over: str, read: int) -> int:
   return 4 * cfg.num_layers * cells * B * read * cfg.block.d_model
 
 
-def _sweep_from_each_layer(model, params, corrupt_BxTp, read_by, point, value_LxBx, axes, chunk_size) -> jax.Array:
+def _sweep_from_each_layer(model, params, corrupt_BxP, read_by, point, value_LxBx, axes, chunk_size) -> jax.Array:
   """`patching_sweep`'s metrics (L x the pieces), each patched run started at the patched layer: every
   patch at layer l leaves the corrupted run below l as it was, so the blocks from l run on the corrupted stream
-  entering l, and the head from the first position the metric reads. `corrupt_BxTp`: the prompt's T tokens,
+  entering l, and the head from the first position the metric reads. `corrupt_BxP`: the prompt's T tokens,
   filler after them up to the length the sweep runs at; `read_by`: (metric, the first position it reads, T, whether
   the metric runs inside the sweep's program)."""
   metric, first, T, inside = read_by
-  _, below = run_with_cache(model, params, corrupt_BxTp, names=("resid_pre",))
-  inside_block = point_path(model, params, point, corrupt_BxTp)[2:]  # the patch's entry in a block ("attn", "z")
+  _, below = run_with_cache(model, params, corrupt_BxP, names=("resid_pre",))
+  inside_block = point_path(model, params, point, corrupt_BxP)[2:]  # the patch's entry in a block ("attn", "z")
   head = (metric, first) if inside else None
   runs = _patched_runs(
     model, inside_block, axes, chunk_size, (T - first, head), params, value_LxBx, below["resid_pre"], first
@@ -310,18 +310,20 @@ def _head_metric(model, metric, first: int, params, read_BxRxD) -> jax.Array:
 
 # A program of its own, compiled for the prompt's T: the sweep's (at a length bucket) holds no T.
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
-def _metric_of_streams(model, metric, first: int, chunk_size: int, cut: tuple, params, read_LxPxBxRxD) -> jax.Array:
-  """The metric of every cell's stream, L x (the pieces' `sizes`), their first axis cut to `keep`: `cut`."""
+def _metric_of_streams(model, metric, first: int, chunk_size: int, cut: tuple, params, read_LxCxBxRxD) -> jax.Array:
+  """The metric of every cell's stream: L x the pieces. `cut`: (the pieces' sizes, how many of the first axis's to
+  keep: the prompt's positions, not the filler's; None: all)."""
   sizes, keep = cut
   read = functools.partial(_head_metric, model, metric, first, params)
-  L, P = read_LxPxBxRxD.shape[:2]
-  metric_LxP = jax.lax.map(read, read_LxPxBxRxD.reshape(L * P, *read_LxPxBxRxD.shape[2:]), batch_size=chunk_size)
-  return metric_LxP.reshape(L, *sizes)[:, :keep]
+  L, C = read_LxCxBxRxD.shape[:2]
+  metric_LxC = jax.lax.map(read, read_LxCxBxRxD.reshape(L * C, *read_LxCxBxRxD.shape[2:]), batch_size=chunk_size)
+  return metric_LxC.reshape(L, *sizes)[:, :keep]
 
 
 # The arrays are arguments, not constants of the program (XLA would fold a model's weights into it); where the
 # metric reads (`first_read`) is traced, so that at a length bucket the program is the same for any prompt
-# length of its bucket (and any metric of the same reach, which runs after it: `_metric_of_streams`).
+# length of its bucket (and any metric of the same reach, which runs after it: `_metric_of_streams`). With the
+# metric inside (`read`'s head), the program is the metric's, a function: one compiled for each new function.
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
 def _patched_runs(
   model, inside: tuple, axes: tuple, chunk_size: int, read: tuple, params, value_LxBx, stream_LxBx, first_read
@@ -329,7 +331,8 @@ def _patched_runs(
   """For every layer and swept piece, the corrupted run with the piece of `value_LxBx` patched in at that layer
   (`inside`: the patch's entry in a block), from that layer up, one block at a time in a loop of dynamic length
   (one block compiled, not a program per layer): the stream at the R positions the metric reads from
-  `first_read` (L x P x B x R x D), or, given `read`'s head (metric, first), the metric (L x the pieces)."""
+  `first_read` (L x C x B x R x D, C the cells: the pieces swept), or, given `read`'s head (metric, first), the
+  metric (L x the pieces)."""
   cfg = model.config
   L = cfg.num_layers
   R, head = read
@@ -337,8 +340,8 @@ def _patched_runs(
   sizes = tuple(shape[a] for a in axes)
   stack = gpt.blocks(cfg, kernels.resolve(cfg.kernels), parent=None)
   block, kinds_L = stack.block(), stack.layer_kinds()  # each layer local or global (a sliding window)
-  Tp = stream_LxBx.shape[2]
-  positions = (np.arange(Tp)[None], np.arange(Tp)[None])
+  P = stream_LxBx.shape[2]
+  positions = (np.arange(P)[None], np.arange(P)[None])
   stacked = params["h"]["layers"] if cfg.scan_layers else layers.stack_layers(params["h"], L)["layers"]
 
   def chosen(pieces):  # True at the swept piece, broadcast to the point's shape
@@ -369,8 +372,8 @@ def _patched_runs(
 
     return jax.lax.map(patched, jnp.arange(math.prod(sizes)), batch_size=chunk_size)
 
-  runs_LxPx = jax.lax.map(layer_sweep, jnp.arange(L))
-  return runs_LxPx if head is None else runs_LxPx.reshape(L, *sizes)
+  runs_LxCx = jax.lax.map(layer_sweep, jnp.arange(L))
+  return runs_LxCx if head is None else runs_LxCx.reshape(L, *sizes)
 
 
 def _first_position_read(metric, shape) -> int:
