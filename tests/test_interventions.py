@@ -399,9 +399,16 @@ def test_a_sweep_runs_at_a_length_bucket_and_a_prompt_of_a_nearby_length_compile
   clean, corrupt = tokens[:, :9], _corrupted(tokens[:, :9])
   sweep = functools.partial(patching.patching_sweep, model, params, clean, corrupt)
   padded = sweep(last)
-  compiled = patching._patched_runs._cache_size()
+  estimate = patching.attribution_patching(model, params, clean, corrupt, last)
+  compiled = patching._patched_runs._cache_size(), patching._attribution_effects._cache_size()
   patching.patching_sweep(model, params, tokens, _corrupted(tokens), last)  # 10: 9's bucket
-  assert patching._patched_runs._cache_size() == compiled
+  patching.attribution_patching(model, params, tokens, _corrupted(tokens), last)
+  assert (patching._patched_runs._cache_size(), patching._attribution_effects._cache_size()) == compiled
+  own = patching.attribution_patching(model, params, clean, corrupt, last, padded_length=9)
+  assert estimate.shape == (2, 9)
+  np.testing.assert_allclose(estimate, own, atol=1e-6)
+  by_head = functools.partial(patching.attribution_patching, model, params, clean, corrupt, reads_two, over="heads")
+  np.testing.assert_allclose(by_head(), by_head(padded_length=9), atol=1e-6)
   assert padded.shape == (2, 9)
   np.testing.assert_allclose(padded, sweep(last, padded_length=9), atol=1e-6)
   np.testing.assert_allclose(sweep(reads_two, over="heads"), sweep(reads_two, over="heads", padded_length=9), atol=1e-6)

@@ -124,28 +124,45 @@ def fraction_recovered(values, model, params, clean_BxT, corrupt_BxT, metric) ->
   return (values - corrupt) / (clean - corrupt)
 
 
-def attribution_patching(model, params, clean_BxT, corrupt_BxT, metric, *, point: str | None = None, over="positions"):
+def attribution_patching(
+  model, params, clean_BxT, corrupt_BxT, metric, *, point: str | None = None, over="positions", padded_length=None
+):
   """`patching_sweep`'s effects (metric of the patched run minus the corrupted run's) to first order,
   from one forward and one backward pass (Nanda 2023, "attribution patching"): (clean - corrupt
-  activation) · d metric / d activation at the corrupted run, summed over each piece."""
+  activation) · d metric / d activation at the corrupted run, summed over each piece. The runs go at a length
+  bucket as the sweep's do (`padded_length`): the metric's gradient with respect to the logits it reads is taken
+  on the prompt's own B x T x V logits, in a small program of its own, and carried back at the bucket's length."""
   point = point or ("resid_pre" if over == "positions" else "z")
   _check_block_point(model, point)
   axes = _axes(point, over)
-  _, clean = run_with_cache(model, params, clean_BxT, names=(point,))
-  _, corrupt = run_with_cache(model, params, corrupt_BxT, names=(point,))
-  L = clean[point].shape[0]
-  params = jax_params(params)
+  T = corrupt_BxT.shape[1]
+  first = _first_position_read(metric, (*corrupt_BxT.shape, model.config.vocab_size))
+  pad = functools.partial(jit_args.padded_prompt, max_len=model.config.max_len, length=padded_length)
+  corrupt_BxP = pad(corrupt_BxT)
+  _, clean = run_with_cache(model, params, pad(clean_BxT), names=(point,))
+  logits_BxPxV, corrupt = run_with_cache(model, params, corrupt_BxP, names=(point,))
+  # (one program a call, small: the metric is a new function each time it is given)
+  dmetric_BxRxV = jax.jit(lambda logits_BxPxV: jax.grad(metric)(logits_BxPxV[:, :T])[:, first:])(logits_BxPxV)
+  effect = _attribution_effects(
+    model, point, axes, jax_params(params), clean[point], corrupt[point], corrupt_BxP, first, dmetric_BxRxV
+  )
+  return effect[:, :T] if axes[0] in _position_axes(point) else effect  # not the filler's positions
 
-  def metric_with(add_LxBx):
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _attribution_effects(model, point, axes, params, clean_LxBx, corrupt_LxBx, tokens_BxP, first_read, dmetric_BxRxV):
+  """(clean - corrupt) · the gradient of the corrupted run's logits at the R positions from `first_read`, against
+  `dmetric_BxRxV` (the metric's gradient there), with respect to `point` in every layer: summed but over `axes`."""
+  L, R = corrupt_LxBx.shape[0], dmetric_BxRxV.shape[1]
+
+  def read(add_LxBx):
     patches = {(point, l): Patch.steer(add_LxBx[l]) for l in range(L)}
-    return metric(patched_logits(model, params, patches, corrupt_BxT))
+    logits_BxPxV = patched_logits(model, params, patches, tokens_BxP)
+    return jax.lax.dynamic_slice_in_dim(logits_BxPxV, first_read, R, axis=1)
 
-  @jax.jit  # the gradient and the effects: one program
-  def effect(clean_LxBx, corrupt_LxBx):
-    effect_LxBx = (clean_LxBx - corrupt_LxBx) * jax.grad(metric_with)(jnp.zeros_like(corrupt_LxBx))
-    return effect_LxBx.sum(axis=tuple(i for i in range(1, effect_LxBx.ndim) if i - 1 not in axes))
-
-  return effect(clean[point], corrupt[point])
+  _, backward = jax.vjp(read, jnp.zeros_like(corrupt_LxBx))
+  effect_LxBx = (clean_LxBx - corrupt_LxBx) * backward(dmetric_BxRxV.astype(jnp.float32))[0]
+  return effect_LxBx.sum(axis=tuple(i for i in range(1, effect_LxBx.ndim) if i - 1 not in axes))
 
 
 def _sender_delta(model, params, sender, base, source, sender_value=None):
