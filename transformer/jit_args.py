@@ -49,6 +49,8 @@ def padded_prompt(tokens_xT, max_len: int, length: int | None) -> np.ndarray:
   after the prompt: a causal model's outputs before the filler are those of the prompt alone."""
   tokens_xT = np.asarray(tokens_xT)
   T = tokens_xT.shape[-1]
+  if T > max_len:
+    raise UserError(f"a prompt of {T} tokens is longer than the model's context ({max_len})")
   length = prompt_bucket(T, max_len) if length is None else length
   if not T <= length <= max_len:
     raise UserError(f"padded_length={length}: give one from the prompt's {T} tokens to the context's {max_len}")

@@ -130,10 +130,8 @@ def attribute(
   nearby lengths share their programs: the model is causal, the filler changes nothing before it and is no node."""
   tc = transcoders.check(model).unboxed()
   tokens_T = np.asarray(tokens_T, np.int32).reshape(-1)
-  if len(tokens_T) > model.config.max_len:
-    raise UserError(f"a prompt of {len(tokens_T)} tokens is longer than the model's context ({model.config.max_len})")
-  params = nn.unbox(params)
   tokens_P = jax.device_put(padded_prompt(tokens_T, model.config.max_len, padded_length))
+  params = nn.unbox(params)
   setup, active_nx3, activations_n, entries = _setup(model, tc, params, tokens_P, zero_first, len(tokens_T))
   unembed_DxV = np.asarray(gpt.unembedding(model.config, params), np.float32).T
   if targets is None:  # the top logits
@@ -518,27 +516,15 @@ def intervene(
   moves by exactly what the graph's edges from the set features say."""
   tc = transcoders.check(model).unboxed().in_memory()
   tokens_T = np.asarray(tokens_T, np.int32).reshape(-1)
-  T, max_len = len(tokens_T), model.config.max_len
-  tokens = jax.device_put(padded_prompt(tokens_T, max_len, None))  # at its length bucket, as `attribute` runs
+  T, tokens_P = len(tokens_T), jax.device_put(padded_prompt(tokens_T, model.config.max_len, None))  # as `attribute`
   params = nn.unbox(params)
-  frozen, inputs_LxTxD = _clean_run(model, tc.point_in, params, tokens, T - 1)[:2]
+  frozen, inputs_LxTxD = _clean_run(model, tc.point_in, params, tokens_P, T - 1)[:2]
   # The interventions padded to a bucket of their count with ones of no layer past the prompt (dropped: no change).
   where_Ix4 = np.asarray(interventions, np.float32).reshape(-1, 4)
-  where_Ix4 = np.concatenate(
-    [where_Ix4, np.tile([[-1, len(tokens), 0, 0]], (bucket(len(where_Ix4)) - len(where_Ix4), 1))]
-  )
-  logits_V, z_LxTxZ = _intervened(
-    model,
-    tc.static(),
-    params,
-    tc.params,
-    tokens,
-    T - 1,
-    frozen,
-    inputs_LxTxD,
-    jax.device_put(where_Ix4),
-    direct_effects,
-  )
+  spare = np.tile([[-1, len(tokens_P), 0, 0]], (bucket(len(where_Ix4)) - len(where_Ix4), 1))
+  where_Ix4 = jax.device_put(np.concatenate([where_Ix4, spare]))
+  run = (frozen, inputs_LxTxD, where_Ix4, direct_effects)
+  logits_V, z_LxTxZ = _intervened(model, tc.static(), params, tc.params, tokens_P, T - 1, *run)
   return np.asarray(logits_V), np.asarray(z_LxTxZ)[:, :T]
 
 

@@ -90,17 +90,18 @@ def patching_sweep(
   T = corrupt_BxT.shape[1]
   first = _first_position_read(metric, (*corrupt_BxT.shape, model.config.vocab_size))
   inside = padded_length is None and _streams_bytes(model, corrupt_BxT, over, T - first) > _STREAMS_BYTES
-  padded_length = T if inside else padded_length  # the metric inside the sweep's program, at the prompt's length
-  P = jit_args.prompt_bucket(T, model.config.max_len) if padded_length is None else padded_length
-  pad = functools.partial(jit_args.padded_prompt, max_len=model.config.max_len, length=P)
+  # (inside: the metric inside the sweep's program, at the prompt's length)
+  pad = functools.partial(jit_args.padded_prompt, max_len=model.config.max_len, length=T if inside else padded_length)
+  corrupt_BxP = pad(corrupt_BxT)
   if value_LxBx is None:
     _, cache = run_with_cache(model, params, pad(clean_BxT if source_BxT is None else source_BxT), names=(point,))
     value_LxBx = cache[point]
   else:  # zeros at the filler's positions (each position axis: a pattern's keys too)
-    widths = [(0, P - T if i - 1 in _position_axes(point) else 0) for i in range(value_LxBx.ndim)]
+    filler = corrupt_BxP.shape[1] - T
+    widths = [(0, filler if i - 1 in _position_axes(point) else 0) for i in range(value_LxBx.ndim)]
     value_LxBx = jnp.pad(jnp.asarray(value_LxBx), widths)
   return _sweep_from_each_layer(
-    model, jax_params(params), pad(corrupt_BxT), (metric, first, T, inside), point, value_LxBx, axes, chunk_size
+    model, jax_params(params), corrupt_BxP, (metric, first, T, inside), point, value_LxBx, axes, chunk_size
   )
 
 
@@ -141,12 +142,18 @@ def attribution_patching(
   corrupt_BxP = pad(corrupt_BxT)
   _, clean = run_with_cache(model, params, pad(clean_BxT), names=(point,))
   logits_BxPxV, corrupt = run_with_cache(model, params, corrupt_BxP, names=(point,))
-  # (one program a call, small: the metric is a new function each time it is given)
-  dmetric_BxRxV = jax.jit(lambda logits_BxPxV: jax.grad(metric)(logits_BxPxV[:, :T])[:, first:])(logits_BxPxV)
+  dmetric_BxRxV = _metric_gradient(metric, first, T, logits_BxPxV)
   effect = _attribution_effects(
     model, point, axes, jax_params(params), clean[point], corrupt[point], corrupt_BxP, first, dmetric_BxRxV
   )
   return effect[:, :T] if axes[0] in _position_axes(point) else effect  # not the filler's positions
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _metric_gradient(metric, first: int, T: int, logits_BxPxV) -> jax.Array:
+  """The metric's gradient with respect to the prompt's logits at the positions it reads (B x R x V), R = T - first:
+  one small program for each metric (a function) and prompt length."""
+  return jax.grad(metric)(logits_BxPxV[:, :T])[:, first:]
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
@@ -393,7 +400,8 @@ def _patched_runs(
   return runs_LxCx if head is None else runs_LxCx.reshape(L, *sizes)
 
 
-def _first_position_read(metric, shape) -> int:
+@functools.lru_cache(maxsize=32)  # a tool's calls with one metric (a probe's sweeps and estimates) find it once
+def _first_position_read(metric, shape: tuple) -> int:
   """The first position whose logits `metric` depends on (0 when it reads none: e.g. an argmax, whose
   gradient is zero everywhere): where its gradient at random logits is not zero."""
   gradient = jax.jit(lambda: jax.grad(lambda x: jnp.sum(metric(x)))(jax.random.normal(jax.random.key(0), shape)))
