@@ -391,7 +391,7 @@ def test_a_sweep_runs_at_a_length_bucket_and_a_prompt_of_a_nearby_length_compile
   """A sweep's runs go at the prompt's length bucket (9 tokens at 10), filler after the prompt: the same metrics
   as at the prompt's own length, or with the metric inside the sweep's program (where the streams it reads would
   be too large to return), over positions, heads and a pattern's queries with a value given at the prompt's
-  length; a prompt of another length in the bucket reuses the program."""
+  length; a prompt of another length in the bucket reuses the program. Attribution patching's estimates too."""
   model, params = GPT(CFG), _params()
   last = lambda logits: logits[:, -1, 5].mean() - logits[:, -1, 7].mean()
   reads_two = lambda logits: logits[:, -3, 5].mean() - logits[:, -1, 7].mean()
